@@ -1,0 +1,1 @@
+"""Model and hardware catalogues (shared FACTS.md), with name resolution."""
