@@ -1,0 +1,19 @@
+"""Bole's Triton kernels (DESIGN.md §3): closed-form tree verify, factorised commit,
+tree-parallel conv and gates. Each has a float64 reference in `reference.py`.
+
+    from bole_cli.kernels import tree_verify, tree_commit
+
+Importing this package picks Triton's CPU interpreter when no CUDA device exists.
+"""
+
+from bole_cli.kernels._env import ensure_triton_backend
+
+ensure_triton_backend()
+
+from bole_cli.kernels.gates import gdn_gates  # noqa: E402
+from bole_cli.kernels.reference import VerifyResult  # noqa: E402
+from bole_cli.kernels.tree_commit import tree_commit  # noqa: E402
+from bole_cli.kernels.tree_conv import tree_conv, tree_conv_commit  # noqa: E402
+from bole_cli.kernels.tree_verify import tree_verify  # noqa: E402
+
+__all__ = ["VerifyResult", "gdn_gates", "tree_commit", "tree_conv", "tree_conv_commit", "tree_verify"]

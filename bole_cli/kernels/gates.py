@@ -1,0 +1,55 @@
+"""GDN gate preparation, elementwise over all nodes: g = -exp(A_log) softplus(a + dt_bias),
+beta = sigmoid(b). Tree-parallel by construction (no node depends on another)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from bole_cli.errors import InputError
+from bole_cli.kernels.validate import ACTIVATION_DTYPES, check_shape, check_tensor
+
+
+@triton.jit
+def _gdn_gates_kernel(A_log, a, dt_bias, b, g, beta, n, s_an, s_bn,
+                      HV: tl.constexpr, BN: tl.constexpr, HP: tl.constexpr, THRESHOLD: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    heads = tl.arange(0, HP)
+    mask = (rows < n)[:, None] & (heads < HV)[None, :]
+    x = tl.load(a + rows[:, None] * s_an + heads[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(dt_bias + heads, mask=heads < HV, other=0.0).to(tl.float32)[None, :]
+    ex = tl.exp(tl.minimum(x, THRESHOLD))
+    # log(1 + e) loses everything in fp32 once e < 1e-7; there log1p(e) ~= e.
+    sp = tl.where(x > THRESHOLD, x, tl.where(x < -15.0, ex, tl.log(1.0 + ex)))
+    decay = -tl.exp(tl.load(A_log + heads, mask=heads < HV, other=0.0).to(tl.float32))
+    bb = tl.load(b + rows[:, None] * s_bn + heads[None, :], mask=mask, other=0.0).to(tl.float32)
+    out = rows[:, None] * HV + heads[None, :]
+    tl.store(g + out, decay[None, :] * sp, mask=mask)
+    tl.store(beta + out, tl.sigmoid(bb), mask=mask)
+
+
+def gdn_gates(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor,
+              *, softplus_threshold: float = 20.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """a, b [N, HV] (rows may be strided); A_log, dt_bias [HV]. Returns float32 (g, beta) [N, HV]."""
+    dev = a.device
+    check_tensor("a", a, 2, ACTIVATION_DTYPES, dev)
+    n, hv = a.shape
+    check_tensor("b", b, 2, ACTIVATION_DTYPES, dev)
+    check_shape("b", b, (n, hv))
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        check_tensor(name, t, 1, ACTIVATION_DTYPES, dev)
+        check_shape(name, t, (hv,))
+    for name, t in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
+        if t.numel() and t.stride(-1) != 1:
+            raise InputError(f"{name}: the head dimension must be contiguous")
+    g = torch.empty(n, hv, device=dev, dtype=torch.float32)
+    beta = torch.empty_like(g)
+    if n:
+        hp = triton.next_power_of_2(hv)
+        bn = max(1, min(64, 4096 // hp))
+        _gdn_gates_kernel[(triton.cdiv(n, bn),)](
+            A_log, a, dt_bias, b, g, beta, n, a.stride(0), b.stride(0),
+            HV=hv, BN=bn, HP=hp, THRESHOLD=softplus_threshold,
+        )
+    return g, beta

@@ -1,0 +1,240 @@
+"""Float64-capable PyTorch references for one GDN layer over a packed forest of draft trees.
+
+These are the ground truth the Triton kernels are tested against (DESIGN.md §2-3). They
+follow the kernels' tensor contract exactly and favour clarity over speed:
+
+- `tree_verify_sequential_ref`: the baseline's semantics, node by node with a full state
+  snapshot per node (what SGLang's serial verifier computes).
+- `tree_verify_ref`: Theorem 1's closed form, O = D_P Q S + C (I+G)^-1 D_beta (V - D_P K S).
+- `tree_commit_ref`: Eq. 10, the exact state after the accepted node.
+- `tree_conv_ref` / `tree_conv_commit_ref`: the depthwise causal conv along ancestor chains.
+- `gdn_gates_ref`: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
+
+Layouts (SGLang's): q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; state [S, HV, V, K]
+(the transposed state, K contiguous); parents [N] local to each request, -1 = child of the
+committed prefix; cu_seqlens [B+1]. Ratios of decay products are always exp(logP_i -
+logP_j), never P_i / P_j, so long chains with strong decay do not underflow to 0/0.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+L2NORM_EPS = 1e-6
+
+
+class VerifyResult(NamedTuple):
+    """Outputs of a tree verify: o [N, HV, V], the factors u [N, HV, V] and log_p [N, HV]."""
+
+    o: torch.Tensor
+    u: torch.Tensor
+    log_p: torch.Tensor
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum x^2 + 1e-6) over the last dim, as SGLang and fla normalise q and k."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def _requests(cu_seqlens: torch.Tensor):
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    return [(b, cu[b], cu[b + 1]) for b in range(len(cu) - 1)]
+
+
+def ancestor_mask(parents_local: list[int]) -> torch.Tensor:
+    """M[i, j] = True when j is i or a proposal ancestor of i (A+(i))."""
+    t = len(parents_local)
+    mask = torch.zeros(t, t, dtype=torch.bool)
+    for i, p in enumerate(parents_local):
+        mask[i, i] = True
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
+
+
+def _prepare_qk(q, k, scale, use_qk_l2norm, dtype):
+    q = q.to(dtype)
+    k = k.to(dtype)
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return q * scale, k
+
+
+def _gqa(x: torch.Tensor, hv: int) -> torch.Tensor:
+    """Expand key heads [.., H, K] to value heads [.., HV, K]: value head h reads key head h // (HV // H)."""
+    return x.repeat_interleave(hv // x.shape[-2], dim=-2)
+
+
+def _log_p(parents_local: list[int], g: torch.Tensor) -> torch.Tensor:
+    """logP_i = sum of g over A+(i), accumulated down each root path. g: [T, HV]."""
+    out = torch.empty_like(g)
+    for i, p in enumerate(parents_local):
+        out[i] = g[i] + (out[p] if p >= 0 else 0.0)
+    return out
+
+
+def tree_verify_sequential_ref(
+    q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
+    *, scale: Optional[float] = None, use_qk_l2norm: bool = True, dtype=torch.float64,
+):
+    """Node-by-node recurrence with one full state snapshot per node (the baseline).
+
+    Returns (o [N, HV, V], snapshots [N, HV, V, K]) in `dtype`.
+    """
+    hv = v.shape[1]
+    q, k = _prepare_qk(q, k, scale, use_qk_l2norm, dtype)
+    q, k = _gqa(q, hv), _gqa(k, hv)
+    v, g, beta = v.to(dtype), g.to(dtype), beta.to(dtype)
+    n = q.shape[0]
+    o = torch.empty(n, hv, v.shape[-1], dtype=dtype)
+    snaps = torch.empty(n, hv, v.shape[-1], q.shape[-1], dtype=dtype)
+    for b, start, end in _requests(cu_seqlens):
+        s_pre = state[int(state_indices[b])].to(dtype)  # [HV, V, K]
+        for t in range(start, end):
+            p = int(parents[t])
+            s_par = snaps[start + p] if p >= 0 else s_pre
+            s_dec = torch.exp(g[t])[:, None, None] * s_par
+            pred = torch.einsum("hvk,hk->hv", s_dec, k[t])
+            u = beta[t][:, None] * (v[t] - pred)
+            s_new = s_dec + torch.einsum("hv,hk->hvk", u, k[t])
+            snaps[t] = s_new
+            o[t] = torch.einsum("hvk,hk->hv", s_new, q[t])
+    return o, snaps
+
+
+def tree_verify_ref(
+    q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
+    *, scale: Optional[float] = None, use_qk_l2norm: bool = True, dtype=torch.float64,
+) -> VerifyResult:
+    """Theorem 1's closed form; u solves (I + G) U = R by triangular substitution."""
+    hv = v.shape[1]
+    q, k = _prepare_qk(q, k, scale, use_qk_l2norm, dtype)
+    q, k = _gqa(q, hv), _gqa(k, hv)
+    v, g, beta = v.to(dtype), g.to(dtype), beta.to(dtype)
+    o = torch.empty(v.shape, dtype=dtype)
+    u_all = torch.empty(v.shape, dtype=dtype)
+    log_p_all = torch.empty(g.shape, dtype=dtype)
+    for b, start, end in _requests(cu_seqlens):
+        if end == start:
+            continue
+        par = [int(p) for p in parents[start:end].tolist()]
+        mask = ancestor_mask(par).to(dtype)  # [T, T], A+(i)
+        strict = mask - torch.eye(len(par), dtype=dtype)
+        log_p = _log_p(par, g[start:end])  # [T, HV]
+        qs, ks, vs, bs = (x[start:end].transpose(0, 1) for x in (q, k, v, beta))  # head-major
+        lp = log_p.transpose(0, 1)  # [HV, T]
+        diff = lp[:, :, None] - lp[:, None, :]  # logP_i - logP_j
+        ratio = torch.exp(torch.where(mask.bool(), diff, torch.full_like(diff, -torch.inf)))
+        s_pre = state[int(state_indices[b])].to(dtype)  # [HV, V, K]
+        kk = ks @ ks.transpose(1, 2)
+        qk = qs @ ks.transpose(1, 2)
+        gram = bs[:, :, None] * ratio * kk * strict
+        c = ratio * qk * mask
+        p = torch.exp(lp)[:, :, None]  # [HV, T, 1]
+        ks_pre = ks @ s_pre.transpose(1, 2)  # [HV, T, V] rows k_i^T S
+        qs_pre = qs @ s_pre.transpose(1, 2)
+        r = bs[:, :, None] * (vs - p * ks_pre)
+        eye = torch.eye(len(par), dtype=dtype).expand_as(gram)
+        u = torch.linalg.solve_triangular(eye + gram, r, upper=False, unitriangular=True)
+        o[start:end] = (p * qs_pre + c @ u).transpose(0, 1)
+        u_all[start:end] = u.transpose(0, 1)
+        log_p_all[start:end] = log_p
+    return VerifyResult(o, u_all, log_p_all)
+
+
+def tree_commit_ref(
+    state, state_indices, k, u, log_p, parents, cu_seqlens, accepted,
+    *, use_qk_l2norm: bool = True,
+) -> torch.Tensor:
+    """Eq. 10: S_new = P_a S + sum_{j in A+(a)} ratio(a, j) k_j u_j^T for each request's
+    accepted node a. Returns a new state pool in state's dtype (input untouched); a
+    leading layer dimension on state/k/u/log_p is handled by recursion.
+    """
+    if state.dim() == 5:
+        return torch.stack([
+            tree_commit_ref(state[l], state_indices, k[l], u[l], log_p[l], parents, cu_seqlens,
+                            accepted, use_qk_l2norm=use_qk_l2norm)
+            for l in range(state.shape[0])
+        ])
+    new = state.clone()
+    hv = u.shape[1]
+    k = k.to(torch.float64)
+    k = _gqa(l2norm(k) if use_qk_l2norm else k, hv)
+    for b, start, _end in _requests(cu_seqlens):
+        a = int(accepted[b])
+        if a < 0:
+            continue
+        path = [a]
+        while int(parents[start + path[-1]]) >= 0:
+            path.append(int(parents[start + path[-1]]))
+        lp = log_p[start + a].to(torch.float64)  # [HV]
+        slot = int(state_indices[b])
+        s = torch.exp(lp)[:, None, None] * state[slot].to(torch.float64)
+        for j in path:
+            w = torch.exp(lp - log_p[start + j].to(torch.float64))
+            s = s + w[:, None, None] * torch.einsum("hv,hk->hvk", u[start + j].to(torch.float64), k[start + j])
+        new[slot] = s.to(state.dtype)
+    return new
+
+
+def _chain(parents_local: list[int], i: int, width: int) -> list[int]:
+    """Local indices i, parent(i), ... up to `width` nodes (shorter when a root is hit)."""
+    out = [i]
+    while len(out) < width and parents_local[out[-1]] >= 0:
+        out.append(parents_local[out[-1]])
+    return out
+
+
+def tree_conv_ref(x, conv_state, weight, bias, state_indices, parents, cu_seqlens, *, activation: bool = True):
+    """Depthwise causal conv (width W) along each node's ancestor chain.
+
+    x [N, D]; conv_state [S, D, W-1] (the last W-1 committed inputs, oldest first);
+    weight [D, W] (weight[:, W-1] multiplies the newest input); bias [D] or None.
+    Above the root the chain continues into conv_state. Returns y [N, D] in float64.
+    """
+    width = weight.shape[1]
+    x64, w64 = x.to(torch.float64), weight.to(torch.float64)
+    y = torch.empty(x.shape, dtype=torch.float64)
+    for b, start, end in _requests(cu_seqlens):
+        par = [int(p) for p in parents[start:end].tolist()]
+        hist = conv_state[int(state_indices[b])].to(torch.float64)  # [D, W-1]
+        for i in range(end - start):
+            chain = _chain(par, i, width)
+            cols = [x64[start + j] for j in reversed(chain)]  # oldest .. newest
+            need = width - len(cols)
+            window = [hist[:, width - 1 - need + c] for c in range(need)] + cols
+            acc = (torch.stack(window, dim=1) * w64).sum(1)
+            if bias is not None:
+                acc = acc + bias.to(torch.float64)
+            y[start + i] = torch.nn.functional.silu(acc) if activation else acc
+    return y
+
+
+def tree_conv_commit_ref(conv_state, x, state_indices, parents, cu_seqlens, accepted):
+    """New conv windows: the last W-1 inputs along the root path ending at the accepted node."""
+    new = conv_state.clone()
+    keep = conv_state.shape[-1]
+    for b, start, end in _requests(cu_seqlens):
+        a = int(accepted[b])
+        if a < 0:
+            continue
+        par = [int(p) for p in parents[start:end].tolist()]
+        chain = _chain(par, a, keep)
+        slot = int(state_indices[b])
+        cols = [x[start + j].to(conv_state.dtype) for j in reversed(chain)]
+        need = keep - len(cols)
+        old = conv_state[slot]
+        window = [old[:, keep - need + c] for c in range(need)] + cols
+        new[slot] = torch.stack(window, dim=1)
+    return new
+
+
+def gdn_gates_ref(A_log, a, dt_bias, b, *, softplus_threshold: float = 20.0):
+    """g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), in float64. a, b: [N, HV]."""
+    x = a.to(torch.float64) + dt_bias.to(torch.float64)
+    sp = torch.where(x > softplus_threshold, x, torch.log1p(torch.exp(torch.clamp(x, max=softplus_threshold))))
+    g = -torch.exp(A_log.to(torch.float64)) * sp
+    return g, torch.sigmoid(b.to(torch.float64))
