@@ -1,0 +1,1 @@
+"""GPU benchmarks behind `bole bench`."""

@@ -1,0 +1,310 @@
+"""Side-by-side GPU timing of one GDN layer's tree verify + commit: SGLang 0.5.23 vs Bole.
+
+(a) SGLang: `fused_sigmoid_gating_delta_rule_update` exactly as TritonGDNKernel.target_verify
+    calls it (gates fused, a float32 snapshot per node into intermediate_states_buffer),
+    then the copy of each request's accepted snapshot back into the pool
+    (fused_mamba_state_scatter_with_mask, as update_mamba_state_after_mtp_verify does).
+(b) Bole: gdn_gates + tree_verify + tree_commit on the same inputs.
+(c) The memory-traffic floor: bytes that must move / measured device copy bandwidth.
+
+Timing: each variant is captured in a CUDA graph that runs it over ROTATE input sets
+(so repeated runs do not measure the L2 cache), replayed under triton.testing.do_bench
+(CUDA events, warm-up, median); the per-call time is the replay time / ROTATE.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+from bole_cli.catalog.models import ModelSpec
+
+ROTATE = 4
+L2_BYTES = 64 << 20
+
+
+@dataclass
+class KernelCase:
+    batch: int
+    nodes: int
+    tree: str  # "random" (depth <= 8) or "chain"
+    sglang_us: Optional[float] = None
+    bole_us: Optional[float] = None
+    bole_verify_us: Optional[float] = None
+    bole_commit_us: Optional[float] = None
+    floor_us: float = 0.0
+    floor_bytes: int = 0
+    sglang_transient_bytes: int = 0
+    bole_transient_bytes: int = 0
+    max_rel_diff_o: Optional[float] = None
+    max_rel_diff_state: Optional[float] = None
+
+    @property
+    def speedup(self) -> Optional[float]:
+        if self.sglang_us and self.bole_us:
+            return self.sglang_us / self.bole_us
+        return None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["speedup"] = self.speedup
+        d["pct_of_floor"] = (100.0 * self.floor_us / self.bole_us) if self.bole_us else None
+        return d
+
+
+@dataclass
+class CommitCase:
+    layers: int
+    batch: int
+    bole_us: float
+    sglang_copy_us: Optional[float]
+    floor_us: float
+    floor_bytes: int
+
+
+@dataclass
+class KernelBenchResult:
+    device: str
+    versions: dict
+    model: str
+    copy_bandwidth: float  # bytes/s, read + written
+    cases: list[KernelCase] = field(default_factory=list)
+    commits: list[CommitCase] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "device": self.device, "versions": self.versions, "model": self.model,
+            "copy_bandwidth_tb_s": self.copy_bandwidth / 1e12,
+            "cases": [c.to_dict() for c in self.cases],
+            "commits": [asdict(c) for c in self.commits],
+            "notes": self.notes,
+        }
+
+
+def tree_parents(kind: str, nodes: int, rng: random.Random) -> list[int]:
+    """One request's local parents: a random tree of depth <= 8 (one root, like SGLang's
+    drafts), or a pure chain."""
+    from bole_cli.trees import random_tree
+
+    if kind == "chain":
+        return list(random_tree(rng, nodes, shape="chain").parents)
+    return list(random_tree(rng, nodes, max_depth=8, n_roots=1, shape="random").parents)
+
+
+def measure_copy_bandwidth(torch) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second)."""
+    import triton.testing
+
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=200, return_mode="median")
+    del src, dst
+    return 2 * n / (ms * 1e-3)
+
+
+def time_graph(torch, fns: list[Callable[[], None]]) -> float:
+    """Microseconds per call: capture all fns (one per input set) in one CUDA graph."""
+    import triton.testing
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+    return ms * 1e3 / len(fns)
+
+
+class LayerInputs:
+    """One GDN layer's verify inputs for a batch of same-size trees, on the GPU."""
+
+    def __init__(self, torch, spec: ModelSpec, batch: int, nodes: int, tree: str, seed: int,
+                 act_dtype, state_dtype):
+        dev = "cuda"
+        rng = random.Random(seed)
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
+        n = batch * nodes
+        self.batch, self.nodes = batch, nodes
+        local = []
+        for _ in range(batch):
+            local.extend(tree_parents(tree, nodes, rng))
+        self.parents = torch.tensor(local, dtype=torch.int32, device=dev)
+        self.cu = torch.arange(0, n + 1, nodes, dtype=torch.int32, device=dev)
+        # SGLang's retrieve_parent_token: [B, T], entry 0 unused (0), else the local parent.
+        rpt = self.parents.view(batch, nodes).clone()
+        rpt[:, 0] = 0
+        self.rpt = rpt.contiguous()
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=gen, device=dev)
+
+        self.q = randn(n, h, kd).to(act_dtype)
+        self.k = randn(n, h, kd).to(act_dtype)
+        self.v = randn(n, hv, vd).to(act_dtype)
+        self.a = randn(n, hv).to(act_dtype)
+        self.b = randn(n, hv).to(act_dtype)
+        self.A_log = (torch.rand(hv, generator=gen, device=dev) * 2.0 - 1.0).float()
+        self.dt_bias = randn(hv).float()
+        slots = batch + 1
+        self.pool = randn(slots, hv, vd, kd).to(state_dtype)
+        self.slots = torch.randperm(slots, generator=gen, device=dev)[:batch].to(torch.int32)
+        self.accepted = torch.tensor([rng.randint(0, nodes - 1) for _ in range(batch)],
+                                     dtype=torch.int32, device=dev)
+        self.snapshots = torch.empty(batch, nodes, hv, vd, kd, dtype=torch.float32, device=dev)
+        self.snap_rows = torch.arange(batch, dtype=torch.int32, device=dev)
+
+    # (a) SGLang: verify with a snapshot per node, then copy the accepted one back.
+    def sglang_step(self, sg) -> Callable[[], None]:
+        def run():
+            sg.target_verify(
+                self.A_log, self.dt_bias, self.q[None], self.k[None], self.v[None], self.a, self.b,
+                ssm_states=self.pool, cache_indices=self.slots, query_start_loc=self.cu,
+                intermediate_states_buffer=self.snapshots, intermediate_state_indices=self.snap_rows,
+                cache_steps=self.nodes, retrieve_parent_token=self.rpt,
+            )
+            sg.copy_back_accepted(self.pool[None], self.snapshots[None], self.slots, self.accepted)
+        return run
+
+    # (b) Bole: gates, closed-form verify, factorised commit.
+    def bole_verify(self, kernels, out) -> Callable[[], None]:
+        def run():
+            g, beta = kernels.gdn_gates(self.A_log, self.a, self.dt_bias, self.b)
+            kernels.tree_verify(self.q, self.k, self.v, g, beta, self.pool, self.slots, self.parents,
+                                self.cu, check_trees=False, out=out)
+        return run
+
+    def bole_commit(self, kernels, out) -> Callable[[], None]:
+        def run():
+            kernels.tree_commit(self.pool, self.slots, self.k, out.u, out.log_p, self.parents, self.cu,
+                                self.accepted, check_trees=False)
+        return run
+
+    def floor_bytes(self, spec: ModelSpec) -> int:
+        """Bytes that must move: state read once; q, k, v, a, b read; o, u, log_p written;
+        the accepted states read and written back."""
+        el = self.q.element_size()
+        n, hv, vd, kd = self.q.shape[0], spec.gdn_value_heads, spec.gdn_value_dim, spec.gdn_key_dim
+        state = self.batch * hv * vd * kd * self.pool.element_size()
+        inputs = n * (2 * spec.gdn_key_heads * kd + hv * vd + 2 * hv) * el
+        outputs = n * hv * vd * (el + 4) + n * hv * 4
+        return state + inputs + outputs + 2 * state
+
+
+def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="bfloat16",
+                     state_dtype="float32", with_sglang=True, commit_layers=True,
+                     progress: Optional[Callable[[str], None]] = None) -> KernelBenchResult:
+    import torch
+    import triton
+
+    from bole_cli import __version__
+    from bole_cli import kernels
+    from bole_cli.kernels.reference import VerifyResult
+    from bole_cli.memory import factor_bytes_per_node_layer, snapshot_bytes_per_node_layer
+
+    act = getattr(torch, act_dtype)
+    sdt = getattr(torch, state_dtype)
+    sg = None
+    notes = []
+    if with_sglang:
+        from bole_cli.sglang.compat import load_sglang_kernels
+
+        sg = load_sglang_kernels()
+        notes.append(f"SGLang kernels from {sg.source.describe()}")
+    versions = {"torch": torch.__version__, "triton": triton.__version__, "bole": __version__,
+                "sglang": getattr(sg, "version", None)}
+    bw = measure_copy_bandwidth(torch)
+    result = KernelBenchResult(torch.cuda.get_device_name(), versions, spec.name, bw, notes=notes)
+    snap_node = snapshot_bytes_per_node_layer(spec, "float32")
+    fact_node = factor_bytes_per_node_layer(spec)
+    for tree in trees:
+        for batch in batches:
+            for nodes in nodes_list:
+                if progress:
+                    progress(f"{tree} tree, batch {batch}, {nodes} nodes")
+                sets = [LayerInputs(torch, spec, batch, nodes, tree, 1000 * i + batch * 7 + nodes, act, sdt)
+                        for i in range(ROTATE)]
+                case = KernelCase(batch, nodes, tree)
+                n = batch * nodes
+                outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, spec.gdn_value_heads, spec.gdn_value_dim,
+                                                                      device="cuda"),
+                                     torch.empty(n, spec.gdn_value_heads, device="cuda")) for s in sets]
+                verify = [s.bole_verify(kernels, o) for s, o in zip(sets, outs)]
+                commit = [s.bole_commit(kernels, o) for s, o in zip(sets, outs)]
+                case.bole_verify_us = time_graph(torch, verify)
+                case.bole_commit_us = time_graph(torch, commit)
+                case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair])
+                if sg is not None:
+                    # same inputs: check agreement before timing (the pool is read only here)
+                    s0 = sets[0]
+                    pool0 = s0.pool.clone()
+                    verify[0]()
+                    o_bole = outs[0].o.float()
+                    sg_o = sg.target_verify(
+                        s0.A_log, s0.dt_bias, s0.q[None], s0.k[None], s0.v[None], s0.a, s0.b,
+                        ssm_states=s0.pool, cache_indices=s0.slots, query_start_loc=s0.cu,
+                        intermediate_states_buffer=s0.snapshots, intermediate_state_indices=s0.snap_rows,
+                        cache_steps=nodes, retrieve_parent_token=s0.rpt)
+                    o_sg = sg_o[0].reshape(o_bole.shape).float() if isinstance(sg_o, torch.Tensor) else sg_o[0]
+                    case.max_rel_diff_o = ((o_bole - o_sg).norm() / o_sg.norm()).item()
+                    commit[0]()
+                    idx = s0.accepted.long()
+                    want = s0.snapshots[torch.arange(batch, device="cuda"), idx]
+                    got = s0.pool[s0.slots.long()].float()
+                    case.max_rel_diff_state = ((got - want).norm() / want.norm()).item()
+                    s0.pool.copy_(pool0)
+                    case.sglang_us = time_graph(torch, [s.sglang_step(sg) for s in sets])
+                bytes_ = sets[0].floor_bytes(spec)
+                case.floor_bytes = bytes_
+                case.floor_us = bytes_ / bw * 1e6
+                case.sglang_transient_bytes = n * snap_node
+                case.bole_transient_bytes = n * fact_node
+                result.cases.append(case)
+                del sets, outs, verify, commit
+                torch.cuda.empty_cache()
+    if commit_layers:
+        result.commits.append(_bench_commit_all_layers(torch, kernels, spec, 16, sg, bw))
+    return result
+
+
+def _bench_commit_all_layers(torch, kernels, spec: ModelSpec, batch: int, sg, bw) -> CommitCase:
+    """One launch committing every GDN layer of the model at `batch` (random depth-8 trees of 64)."""
+    layers, nodes = spec.n_gdn_layers, 64
+    h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
+    base = LayerInputs(torch, spec, batch, nodes, "random", 7, torch.bfloat16, torch.float32)
+    n = batch * nodes
+    pool = torch.randn(layers, batch + 1, hv, vd, kd, device="cuda")
+    k = torch.randn(layers, n, h, kd, device="cuda").to(torch.bfloat16)
+    u = torch.randn(layers, n, hv, vd, device="cuda")
+    log_p = -torch.rand(layers, n, hv, device="cuda")
+
+    def commit():
+        kernels.tree_commit(pool, base.slots, k, u, log_p, base.parents, base.cu, base.accepted, check_trees=False)
+
+    bole = time_graph(torch, [commit])
+    sg_us = None
+    if sg is not None:
+        # the copy reads one snapshot per request, so a short buffer times the same work
+        steps = 8
+        snaps = torch.randn(layers, batch, steps, hv, vd, kd, device="cuda")
+        acc = base.accepted % steps
+        sg_us = time_graph(torch, [lambda: sg.copy_back_accepted(pool, snaps, base.slots, acc)])
+        del snaps
+    floor_bytes = 2 * layers * batch * hv * vd * kd * 4
+    return CommitCase(layers, batch, bole, sg_us, floor_bytes / bw * 1e6, floor_bytes)
+
+
+def geomean(xs) -> Optional[float]:
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None

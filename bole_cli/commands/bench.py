@@ -1,0 +1,147 @@
+"""`bole bench kernels`: SGLang 0.5.23's tree verify + copy-back vs Bole's verify + commit, on a GPU."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from bole_cli.errors import BoleError, InputError
+
+bench_app = typer.Typer(help="GPU benchmarks (need CUDA).", no_args_is_help=True)
+
+
+def parse_int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise InputError(f"{option}: expected positive integers, got {text!r}")
+    return values
+
+
+def _table(result):
+    from rich.table import Table
+
+    t = Table(title=f"One GDN layer, {result.model} shape, {result.device} "
+                    f"(copy bandwidth {result.copy_bandwidth / 1e12:.2f} TB/s)", title_justify="left")
+    for col in ("tree", "batch", "nodes", "SGLang us", "Bole us", "verify us", "commit us", "speedup",
+                "floor us", "% floor", "snapshots", "factors", "rel.diff o"):
+        t.add_column(col, justify="right" if col not in ("tree",) else "left")
+    from bole_cli.memory import format_bytes
+
+    for c in result.cases:
+        d = c.to_dict()
+        t.add_row(c.tree, str(c.batch), str(c.nodes),
+                  f"{c.sglang_us:.1f}" if c.sglang_us else "-", f"{c.bole_us:.1f}",
+                  f"{c.bole_verify_us:.1f}", f"{c.bole_commit_us:.1f}",
+                  f"{c.speedup:.1f}x" if c.speedup else "-", f"{c.floor_us:.1f}",
+                  f"{d['pct_of_floor']:.0f}%", format_bytes(c.sglang_transient_bytes),
+                  format_bytes(c.bole_transient_bytes),
+                  f"{c.max_rel_diff_o:.1e}" if c.max_rel_diff_o is not None else "-")
+    return t
+
+
+def _plot(result, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bole_cli.console import save_figure
+
+    trees = sorted({c.tree for c in result.cases})
+    fig, axes = plt.subplots(1, len(trees), figsize=(6 * len(trees), 4.2), squeeze=False)
+    for ax, tree in zip(axes[0], trees):
+        for batch in sorted({c.batch for c in result.cases}):
+            cs = [c for c in result.cases if c.tree == tree and c.batch == batch]
+            xs = [c.nodes for c in cs]
+            line, = ax.plot(xs, [c.bole_us for c in cs], "o-", label=f"Bole B={batch}")
+            if any(c.sglang_us for c in cs):
+                ax.plot(xs, [c.sglang_us for c in cs], "s--", color=line.get_color(), alpha=0.6,
+                        label=f"SGLang B={batch}")
+            ax.plot(xs, [c.floor_us for c in cs], ":", color=line.get_color(), alpha=0.4)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tree nodes per request")
+        ax.set_ylabel("microseconds (verify + commit)")
+        ax.set_title(f"{tree} trees (dotted: memory floor)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{result.model} GDN layer on {result.device}")
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def kernels_cmd(
+    model: str = typer.Option("9b", "--model", "-m", help="Model whose GDN shape to use."),
+    batch: str = typer.Option("1,4,16,64", "--batch", help="Batch sizes."),
+    nodes: str = typer.Option("8,16,32,64,128", "--nodes", help="Tree nodes per request."),
+    trees: str = typer.Option("random,chain", "--trees", help="random (depth <= 8) and/or chain."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype: bfloat16, float16, float32."),
+    state_dtype: str = typer.Option("float32", "--state-dtype", help="State pool dtype: float32 or bfloat16."),
+    no_sglang: bool = typer.Option(False, "--no-sglang", help="Time Bole alone (no SGLang baseline)."),
+    out_dir: Path = typer.Option(Path("bench/results"), "--out-dir", help="Where the JSON and PNG go."),
+    tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: kernels-<gpu>-<model>)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Time SGLang's serial tree verify + snapshot copy-back against Bole's closed form + commit."""
+    from bole_cli.catalog.models import resolve_model
+    from bole_cli.console import atomic_write_text, dumps_json, emit_json, err, out
+
+    spec = resolve_model(model)
+    batches = parse_int_list(batch, "--batch")
+    node_list = parse_int_list(nodes, "--nodes")
+    tree_kinds = [t.strip() for t in trees.split(",") if t.strip()]
+    bad = [t for t in tree_kinds if t not in ("random", "chain")]
+    if bad or not tree_kinds:
+        raise InputError(f"--trees: expected random and/or chain, got {trees!r}")
+    if max(node_list) > 256:
+        raise InputError("--nodes: at most 256 nodes per request")
+    for name, value, allowed in (("--dtype", dtype, ("bfloat16", "float16", "float32")),
+                                 ("--state-dtype", state_dtype, ("float32", "bfloat16"))):
+        if value not in allowed:
+            raise InputError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BoleError("bole bench kernels needs a CUDA GPU (timings on CPU would mean nothing)")
+    from bole_cli.bench.kernel_bench import geomean, run_kernel_bench
+
+    started = time.time()
+    with err.status("benchmarking") as status:
+        result = run_kernel_bench(spec, batches, node_list, tree_kinds, act_dtype=dtype, state_dtype=state_dtype,
+                                  with_sglang=not no_sglang,
+                                  progress=lambda msg: status.update(f"benchmarking: {msg}"))
+    data = result.to_dict()
+    core = [c.speedup for c in result.cases if c.tree == "random" and c.batch in (1, 4, 16) and c.nodes in (16, 32, 64)]
+    data["summary"] = {"geomean_speedup_b1_4_16_n16_32_64": geomean(core),
+                       "command": " ".join(["bole"] + sys.argv[1:]), "seconds": time.time() - started,
+                       "dtype": dtype, "state_dtype": state_dtype}
+    gpu = result.device.replace("NVIDIA ", "").replace(" ", "-").lower()
+    stem = tag or f"kernels-{gpu}-{spec.name.split('/')[-1].lower()}"
+    json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
+    _plot(result, out_dir / f"{stem}.png")
+    if json_out:
+        emit_json(data)
+        return
+    out.print(_table(result))
+    for c in result.commits:
+        sg = f", SGLang copy-back {c.sglang_copy_us:.0f} us" if c.sglang_copy_us else ""
+        out.print(f"commit of all {c.layers} GDN layers at batch {c.batch}: Bole {c.bole_us:.0f} us in one launch, "
+                  f"floor {c.floor_us:.0f} us ({c.floor_bytes / 2**30:.2f} GiB){sg}")
+    if data["summary"]["geomean_speedup_b1_4_16_n16_32_64"]:
+        out.print(f"geometric-mean speedup (random trees, batch 1/4/16 x nodes 16/32/64): "
+                  f"{data['summary']['geomean_speedup_b1_4_16_n16_32_64']:.1f}x")
+    out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}")
+
+
+bench_app.command("kernels")(kernels_cmd)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")
