@@ -2,10 +2,12 @@
 
 Conventions every command follows (see tests/test_cli_conventions.py):
 - `--json` on every command that prints data; stable keys.
-- Bad input -> one red line on stderr, exit 2; runtime failure -> exit 1;
-  the traceback only with `bole --debug ...`.
+- Bad input (InputError, a usage error) -> one red line on stderr, exit 2; runtime
+  failure (BoleError, any other exception) -> exit 1; the traceback only with
+  `bole --debug ...`.
 - No torch/triton/sglang import on the `--help` path: command modules import them
-  inside the command function.
+  inside the command function. A command that prints no data names itself in its
+  module's `JSON_EXEMPT = {"name": "why"}`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import sys
 import traceback
 from typing import Any, Optional
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -26,31 +27,64 @@ from bole_cli.errors import BoleError
 COMMAND_MODULES = (
     "bole_cli.commands.models",
     "bole_cli.commands.hardware",
+    "bole_cli.commands.inspect_tree",
+    "bole_cli.commands.calibrate",
+    "bole_cli.commands.bench",
 )
 
 _state = {"debug": False}
 
+# Click's exception base, wherever this typer takes it from (typer >= 0.2x vendors click,
+# older typer re-exports click's own classes): BadParameter always derives from it.
+_ClickException: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
 
 def _report(message: str, code: int) -> None:
+    from rich.markup import escape
+
     from bole_cli.console import err
 
     if _state["debug"]:
-        err.print(traceback.format_exc(), markup=False, end="")
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+        err.print(traceback.format_exc(), markup=False, highlight=False, end="",
+                  soft_wrap=True)
+    line = " ".join(str(message).split())  # one line, whatever the message holds
+    err.print(f"[bold red]error:[/] {escape(line)}", markup=True, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _report_usage(exc: Exception) -> None:
+    """Click's usage errors (unknown option, missing argument, ...) as one red line."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # `bole` alone prints the help
+        raise exc
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    message = exc.format_message().rstrip(".")  # type: ignore[attr-defined]
+    _report(f"{message}{hint}", getattr(exc, "exit_code", 2))
 
 
 class BoleGroup(TyperGroup):
     """Turns Bole's errors into one red line and the right exit code."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:  # keep registration order
+    def list_commands(self, ctx: Any) -> list[str]:  # keep registration order
         return list(self.commands)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if ctx.parent is None:
+            _state["debug"] = False  # set again by the root callback
+        try:
+            return super().parse_args(ctx, args)
+        except _ClickException as exc:
+            _report_usage(exc)
+            raise  # pragma: no cover - _report_usage always raises
+
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except (typer.Exit, click.exceptions.Exit, click.ClickException, click.Abort):
+        except (typer.Exit, typer.Abort):
             raise
+        except _ClickException as exc:
+            _report_usage(exc)
         except BoleError as exc:
             _report(str(exc), exc.exit_code)
         except KeyboardInterrupt:

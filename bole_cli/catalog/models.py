@@ -6,8 +6,13 @@ KV per token) is derived from it, never hard-coded per model.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
+
+from bole_cli.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -30,15 +35,31 @@ class ModelSpec:
     gdn_value_dim: int = 128  # dv
     conv_kernel: int = 4
     attn_head_dim: int = 256
-    full_attention_interval: int = 4
-    full_attention_layers: tuple[int, ...] = field(default=())  # explicit layer_types wins
+    full_attention_interval: int = 4  # 0 = irregular (then full_attention_layers is given)
+    # Explicit full-attention layer ids (from a config's layer_types); None = use the
+    # interval. An empty tuple means "no full-attention layer at all".
+    full_attention_layers: Optional[tuple[int, ...]] = None
     mtp_layers: int = 1
     aliases: tuple[str, ...] = field(default=(), compare=False)
+    source: str = field(default="catalogue", compare=False)  # "catalogue" or a config path
+
+    def __post_init__(self) -> None:
+        if self.full_attention_layers is None and self.full_attention_interval <= 0:
+            raise ValueError(f"{self.name}: full_attention_interval must be > 0 "
+                             "when full_attention_layers is not given")
+        if self.full_attention_layers is not None:
+            object.__setattr__(self, "full_attention_layers",
+                               tuple(int(i) for i in self.full_attention_layers))
 
     # ---- layer structure -------------------------------------------------------------
     @property
+    def short_name(self) -> str:
+        """The name without the organisation prefix ("Qwen3.5-9B")."""
+        return self.name.rsplit("/", 1)[-1]
+
+    @property
     def attention_layer_ids(self) -> tuple[int, ...]:
-        if self.full_attention_layers:
+        if self.full_attention_layers is not None:
             return self.full_attention_layers
         k = self.full_attention_interval
         return tuple(i for i in range(self.layers) if (i + 1) % k == 0)
@@ -54,6 +75,11 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
+
+    @property
+    def gqa_group(self) -> int:
+        """GDN value heads per key head (value head hv reads key head hv // gqa_group)."""
+        return self.gdn_value_heads // self.gdn_key_heads
 
     @property
     def conv_dim(self) -> int:
@@ -77,6 +103,18 @@ class ModelSpec:
         """Per draft node, all GDN layers: one full state snapshot (SGLang's verifier)."""
         return self.gdn_state_bytes(state_bytes)
 
+    def factor_bytes_per_node(self, elem_bytes: int = 4) -> int:
+        """Per draft node, all GDN layers: Bole's factors k (shared across the GQA group),
+        u and log_p, (H*dk + HV*dv + HV) elements per layer."""
+        per_layer = (self.gdn_key_heads * self.gdn_key_dim
+                     + self.gdn_value_heads * self.gdn_value_dim + self.gdn_value_heads)
+        return self.n_gdn_layers * per_layer * elem_bytes
+
+    def snapshot_factor_ratio(self) -> float:
+        """How many times smaller the per-node factors are than a per-node snapshot."""
+        factors = self.factor_bytes_per_node()
+        return self.snapshot_bytes_per_node() / factors if factors else float("inf")
+
     def kv_bytes_per_token(self, elem_bytes: int = 2) -> int:
         """KV cache bytes one token costs across all full-attention layers."""
         return self.n_attention_layers * 2 * self.attn_kv_heads * self.attn_head_dim * elem_bytes
@@ -92,6 +130,22 @@ class ModelSpec:
         d["aliases"] = list(self.aliases)
         d["full_attention_layers"] = list(self.attention_layer_ids)
         return d
+
+    def derived(self) -> dict[str, Any]:
+        """Every derived count and byte figure (fp32 state, bf16 conv/KV), stable keys."""
+        return {
+            "n_gdn_layers": self.n_gdn_layers,
+            "n_attention_layers": self.n_attention_layers,
+            "gqa_group": self.gqa_group,
+            "conv_dim": self.conv_dim,
+            "gdn_state_bytes_per_layer": self.gdn_state_bytes_per_layer(),
+            "gdn_state_bytes": self.gdn_state_bytes(),
+            "conv_state_bytes": self.conv_state_bytes(),
+            "snapshot_bytes_per_node": self.snapshot_bytes_per_node(),
+            "factor_bytes_per_node": self.factor_bytes_per_node(),
+            "snapshot_factor_ratio": round(self.snapshot_factor_ratio(), 2),
+            "kv_bytes_per_token": self.kv_bytes_per_token(),
+        }
 
 
 _QWEN35_VOCAB = 248320
@@ -117,3 +171,209 @@ CATALOGUE: tuple[ModelSpec, ...] = (
               experts_top_k=10, expert_ffn=512, shared_expert_ffn=512,
               aliases=("80b", "next-80b", "qwen3-next")),
 )
+
+
+# ---- name resolution -------------------------------------------------------------------
+
+def _norm(name: str) -> str:
+    return name.strip().lower()
+
+
+def _index() -> dict[str, ModelSpec]:
+    idx: dict[str, ModelSpec] = {}
+    for spec in CATALOGUE:
+        for key in (spec.name, spec.short_name, *spec.aliases):
+            idx[_norm(key)] = spec
+    return idx
+
+
+_INDEX = _index()
+
+
+def known_model_names() -> list[str]:
+    """Canonical names of the catalogue, in catalogue order."""
+    return [spec.name for spec in CATALOGUE]
+
+
+def resolve_model(name_or_path: "str | os.PathLike[str]") -> ModelSpec:
+    """A catalogue model by name or alias (case-insensitive: ``9b``, ``qwen3.5-9b``,
+    ``Qwen/Qwen3.5-9B``), else a user's model from a Hugging Face ``config.json`` (or a
+    directory holding one). Catalogue names win over same-named local paths.
+
+    Raises InputError listing the known names when neither matches.
+    """
+    text = os.fspath(name_or_path)
+    spec = _INDEX.get(_norm(text))
+    if spec is not None:
+        return spec
+    path = Path(text).expanduser()
+    if text.strip() and path.exists():
+        return load_hf_config(path)
+    if text.endswith(".json") or text.startswith((".", "/", "~")):
+        raise InputError(f"model config not found: {text}")
+    aliases = ", ".join(f"{s.short_name} ({'/'.join(s.aliases)})" for s in CATALOGUE)
+    raise InputError(f"unknown model {text!r}; known: {aliases}; "
+                     "or give the path of a Hugging Face config.json")
+
+
+# ---- Hugging Face config.json ----------------------------------------------------------
+
+_LAYER_TYPES = {"linear_attention", "full_attention"}
+
+
+class _Fields:
+    """Typed, named access to a config dict; text_config fields win over top-level ones."""
+
+    def __init__(self, data: dict, path: Path) -> None:
+        self.path = path
+        text = data.get("text_config")
+        if text is not None and not isinstance(text, dict):
+            raise InputError(f"{path}: field 'text_config' must be an object, "
+                             f"got {type(text).__name__}")
+        self.text: dict = text or {}
+        self.top = data
+
+    def _lookup(self, key: str) -> tuple[bool, Any, str]:
+        if key in self.text:
+            return True, self.text[key], f"text_config.{key}"
+        if key in self.top:
+            return True, self.top[key], key
+        return False, None, (f"text_config.{key}" if self.text else key)
+
+    def has(self, key: str) -> bool:
+        found, value, _ = self._lookup(key)
+        return found and value is not None
+
+    def get_int(self, key: str, default: Optional[int] = None, *, minimum: int = 1) -> int:
+        found, value, where = self._lookup(key)
+        if not found or value is None:
+            if default is None:
+                raise InputError(f"{self.path}: missing required field '{where}'")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(f"{self.path}: field '{where}' must be an integer, "
+                             f"got {json.dumps(value)}")
+        if value < minimum:
+            raise InputError(f"{self.path}: field '{where}' must be >= {minimum}, got {value}")
+        return value
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        found, value, where = self._lookup(key)
+        if not found or value is None:
+            return default
+        if not isinstance(value, bool):
+            raise InputError(f"{self.path}: field '{where}' must be true or false, "
+                             f"got {json.dumps(value)}")
+        return value
+
+    def layer_types(self, n_layers: int) -> Optional[tuple[int, ...]]:
+        found, value, where = self._lookup("layer_types")
+        if not found or value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InputError(f"{self.path}: field '{where}' must be a list of strings")
+        bad = sorted({v for v in value if v not in _LAYER_TYPES})
+        if bad:
+            raise InputError(f"{self.path}: field '{where}' has unknown layer type(s) "
+                             f"{', '.join(map(repr, bad))}; expected 'linear_attention' "
+                             "or 'full_attention'")
+        if len(value) != n_layers:
+            raise InputError(f"{self.path}: field '{where}' lists {len(value)} layers "
+                             f"but num_hidden_layers is {n_layers}")
+        return tuple(i for i, v in enumerate(value) if v == "full_attention")
+
+
+def _config_file(path: Path) -> Path:
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise InputError(f"model config not found: {path}")
+    return path
+
+
+def _regular_interval(ids: tuple[int, ...], n_layers: int) -> int:
+    """The interval k whose pattern (layers k-1, 2k-1, ...) gives ids, else 0."""
+    if not ids:
+        return 0
+    k = ids[0] + 1
+    pattern = tuple(i for i in range(n_layers) if (i + 1) % k == 0)
+    return k if pattern == ids else 0
+
+
+def load_hf_config(path: "str | os.PathLike[str]") -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json (or a directory holding one).
+
+    Reads Qwen3-Next style flat configs and Qwen3.5 multimodal configs whose language
+    model fields sit under ``text_config`` (those win; top-level values fill the gaps,
+    e.g. ``tie_word_embeddings``). A missing or wrong-typed required field raises
+    InputError naming the field and the file.
+    """
+    file = _config_file(Path(path).expanduser())
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{file}: not a UTF-8 text file ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: "
+                         f"{exc.msg}") from None
+    except OSError as exc:
+        raise InputError(f"{file}: cannot read ({exc.strerror or exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    f = _Fields(data, file)
+
+    layers = f.get_int("num_hidden_layers")
+    hidden = f.get_int("hidden_size")
+    attn_heads = f.get_int("num_attention_heads")
+    kv_heads = f.get_int("num_key_value_heads")
+    head_dim = f.get_int("head_dim", default=hidden // attn_heads)
+    key_heads = f.get_int("linear_num_key_heads")
+    value_heads = f.get_int("linear_num_value_heads")
+    key_dim = f.get_int("linear_key_head_dim")
+    value_dim = f.get_int("linear_value_head_dim")
+    conv_kernel = f.get_int("linear_conv_kernel_dim", default=4)
+    vocab = f.get_int("vocab_size")
+    tied = f.get_bool("tie_word_embeddings", default=False)
+    mtp = f.get_int("mtp_num_hidden_layers", default=0, minimum=0)
+
+    full_ids = f.layer_types(layers)
+    if full_ids is None:
+        if not f.has("full_attention_interval"):
+            raise InputError(f"{file}: missing required field 'layer_types' "
+                             "(or 'full_attention_interval')")
+        interval = f.get_int("full_attention_interval")
+    else:
+        interval = _regular_interval(full_ids, layers)
+
+    experts = f.get_int("num_experts", default=0, minimum=0)
+    if experts:
+        moe = dict(experts=experts, experts_top_k=f.get_int("num_experts_per_tok"),
+                   expert_ffn=f.get_int("moe_intermediate_size"),
+                   shared_expert_ffn=f.get_int("shared_expert_intermediate_size", default=0,
+                                           minimum=0))
+        if moe["experts_top_k"] > experts:
+            raise InputError(f"{file}: field 'num_experts_per_tok' ({moe['experts_top_k']}) "
+                             f"exceeds 'num_experts' ({experts})")
+        ffn = 0
+    else:
+        moe = {}
+        ffn = f.get_int("intermediate_size")
+
+    if value_heads % key_heads:
+        raise InputError(f"{file}: field 'linear_num_value_heads' ({value_heads}) must be a "
+                         f"multiple of 'linear_num_key_heads' ({key_heads})")
+    if attn_heads % kv_heads:
+        raise InputError(f"{file}: field 'num_attention_heads' ({attn_heads}) must be a "
+                         f"multiple of 'num_key_value_heads' ({kv_heads})")
+
+    name = data.get("_name_or_path")
+    if not isinstance(name, str) or not name.strip():
+        name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
+    return ModelSpec(
+        name=name, layers=layers, hidden=hidden, attn_heads=attn_heads,
+        attn_kv_heads=kv_heads, gdn_value_heads=value_heads, vocab=vocab, ffn=ffn,
+        tied_embeddings=tied, gdn_key_heads=key_heads, gdn_key_dim=key_dim,
+        gdn_value_dim=value_dim, conv_kernel=conv_kernel, attn_head_dim=head_dim,
+        full_attention_interval=interval, full_attention_layers=full_ids, mtp_layers=mtp,
+        source=str(file), **moe,
+    )

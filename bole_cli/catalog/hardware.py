@@ -1,0 +1,165 @@
+"""The GPU catalogue (shared FACTS.md): datasheet ceilings plus what we measured.
+
+Plain numbers in SI units so a roofline model can use them directly: FLOP/s, bytes/s,
+bytes. Datasheet memory is decimal (80 GB = 80e9 bytes), as the vendors quote it.
+Importing this module is cheap; only `detect_gpu()` imports torch, and only when called.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from bole_cli.errors import InputError
+
+TERA = 1e12
+GIGA = 1e9
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    key: str  # short canonical name: "h200"
+    name: str  # marketing name: "H200 SXM"
+    bf16_flops: float  # dense bf16 tensor-core peak, FLOP/s (datasheet)
+    mem_bandwidth: float  # device memory bandwidth, bytes/s (datasheet)
+    memory_bytes: int  # device memory, bytes (datasheet, decimal GB)
+    memory_kind: str = "HBM"
+    unified_memory: bool = False  # CPU and GPU share the memory (GB10)
+    # Measured ceilings on a real device (None = not measured here).
+    measured_bf16_flops: Optional[float] = None  # large bf16 matmul, FLOP/s
+    measured_mem_bandwidth: Optional[float] = None  # device-to-device copy, bytes/s
+    note: str = ""
+    # A word matched in torch's device name ("NVIDIA H200" -> H200).
+    match: str = ""
+    aliases: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def attainable_bf16_flops(self) -> float:
+        """The measured ceiling when we have one, else the datasheet peak."""
+        return self.measured_bf16_flops or self.bf16_flops
+
+    @property
+    def attainable_mem_bandwidth(self) -> float:
+        return self.measured_mem_bandwidth or self.mem_bandwidth
+
+    @property
+    def ridge_point(self) -> float:
+        """Arithmetic intensity (FLOP/byte) where bf16 compute and bandwidth balance."""
+        return self.bf16_flops / self.mem_bandwidth
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["aliases"] = list(self.aliases)
+        d["ridge_point"] = round(self.ridge_point, 1)
+        return d
+
+
+CATALOGUE: tuple[GpuSpec, ...] = (
+    GpuSpec("a100", "A100 SXM4 80GB", 312 * TERA, 2.04 * TERA, 80 * 10**9,
+            memory_kind="HBM2e", match="A100", aliases=("a100-80gb", "a100-sxm4-80gb")),
+    GpuSpec("h100", "H100 SXM", 989 * TERA, 3.35 * TERA, 80 * 10**9,
+            memory_kind="HBM3", match="H100", aliases=("h100-sxm",)),
+    GpuSpec("h200", "H200 SXM", 989 * TERA, 4.8 * TERA, 141 * 10**9,
+            memory_kind="HBM3e", match="H200", aliases=("h200-sxm",),
+            measured_bf16_flops=790 * TERA, measured_mem_bandwidth=4.27 * TERA,
+            note="measured: 8192^3 bf16 matmul ~790 TFLOP/s, device-to-device copy 4.27 TB/s"),
+    GpuSpec("gb10", "GB10 (DGX Spark)", 256 * TERA, 273 * GIGA, 128 * 10**9,
+            memory_kind="LPDDR5x", unified_memory=True, match="GB10",
+            aliases=("dgx-spark", "spark"), note="bf16 figure as quoted by the Bole paper"),
+    GpuSpec("b200", "B200", 2250 * TERA, 8 * TERA, 180 * 10**9,
+            memory_kind="HBM3e", match="B200", aliases=("b200-sxm",)),
+)
+
+_INDEX: dict[str, GpuSpec] = {}
+for _g in CATALOGUE:
+    for _k in (_g.key, _g.name, *_g.aliases):
+        _INDEX[_k.strip().lower()] = _g
+
+
+def known_gpu_names() -> list[str]:
+    return [g.key for g in CATALOGUE]
+
+
+def resolve_gpu(name: str) -> GpuSpec:
+    """A catalogue GPU by key, name or alias (case-insensitive); InputError lists the known."""
+    spec = _INDEX.get(str(name).strip().lower())
+    if spec is None:
+        spec = match_gpu(str(name))  # also accept a device name: "NVIDIA H200"
+    if spec is None:
+        known = ", ".join(f"{g.key} ({g.name})" for g in CATALOGUE)
+        raise InputError(f"unknown GPU {name!r}; known: {known}")
+    return spec
+
+
+def match_gpu(device_name: str) -> Optional[GpuSpec]:
+    """The catalogue entry whose family word appears in a device name, else None.
+
+    Whole words only, so "NVIDIA GB200" is not taken for a B200.
+    """
+    for g in CATALOGUE:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(g.match)}(?![0-9])", device_name, re.I):
+            return g
+    return None
+
+
+@dataclass(frozen=True)
+class DetectedGpu:
+    """The CUDA device present, as torch reports it, and its catalogue entry (if any)."""
+
+    name: str
+    memory_bytes: int
+    sm_count: int
+    compute_capability: tuple[int, int]
+    index: int = 0
+    spec: Optional[GpuSpec] = None
+    mismatch: str = ""  # why the catalogue figures may not apply (another memory size...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "index": self.index,
+            "memory_bytes": self.memory_bytes,
+            "sm_count": self.sm_count,
+            "compute_capability": list(self.compute_capability),
+            "catalogue": self.spec.key if self.spec else None,
+            "mismatch": self.mismatch,
+        }
+
+
+def _mismatch(name: str, memory_bytes: int, spec: GpuSpec) -> str:
+    words = [w for w in ("PCIe", "NVL") if re.search(rf"\b{w}\b", name, re.I)]
+    if words:
+        return f"{name} is a {'/'.join(words)} part; catalogue figures are for the {spec.name}"
+    if abs(memory_bytes - spec.memory_bytes) > 0.15 * spec.memory_bytes:
+        return (f"{memory_bytes / 1e9:.0f} GB of memory differs from the catalogue "
+                f"{spec.name} ({spec.memory_bytes / 1e9:.0f} GB)")
+    return ""
+
+
+def detect_gpu(index: Optional[int] = None) -> Optional[DetectedGpu]:
+    """The present CUDA device (the current one unless `index`), or None without CUDA.
+
+    Imports torch, so call it only when the answer is needed.
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    if index is None:
+        index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    name = str(props.name)
+    memory = int(props.total_memory)
+    spec = match_gpu(name)
+    return DetectedGpu(
+        name=name,
+        memory_bytes=memory,
+        sm_count=int(props.multi_processor_count),
+        compute_capability=(int(props.major), int(props.minor)),
+        index=int(index),
+        spec=spec,
+        mismatch=_mismatch(name, memory, spec) if spec else "",
+    )

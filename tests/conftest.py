@@ -1,0 +1,60 @@
+"""Shared pytest setup for the whole suite.
+
+- Without CUDA, Triton kernels run under Triton's CPU interpreter: TRITON_INTERPRET=1 is
+  set here, at conftest import, before any test module can import triton.
+- Tests marked `@pytest.mark.gpu` are skipped when no CUDA device is present.
+- Hypothesis profiles: "default" (no deadline: the interpreter and first-call compiles
+  are slow), "ci" (fewer examples, derandomised) and "thorough". Pick one with
+  HYPOTHESIS_PROFILE=name; CI=true selects "ci".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+try:
+    import torch
+
+    CUDA_AVAILABLE = bool(torch.cuda.is_available())
+except Exception:  # noqa: BLE001 - no torch (or a broken one) means no CUDA
+    CUDA_AVAILABLE = False
+
+if not CUDA_AVAILABLE:
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        import warnings
+
+        warnings.warn("triton was imported before tests/conftest.py could set "
+                      "TRITON_INTERPRET=1; kernels may not run on CPU", stacklevel=1)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # hypothesis is a test extra; tests that need it import it themselves
+    settings = None
+
+if settings is not None:
+    settings.register_profile("default", deadline=None, max_examples=50)
+    settings.register_profile("ci", deadline=None, max_examples=20, derandomize=True,
+                              print_blob=True,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("thorough", deadline=None, max_examples=500)
+    _profile = os.environ.get("HYPOTHESIS_PROFILE") or (
+        "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "default")
+    settings.load_profile(_profile)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    interp = os.environ.get("TRITON_INTERPRET", "0")
+    return f"bole: CUDA {'available' if CUDA_AVAILABLE else 'absent'}, TRITON_INTERPRET={interp}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if CUDA_AVAILABLE:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
