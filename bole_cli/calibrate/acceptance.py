@@ -1,0 +1,264 @@
+"""Acceptance models: expected committed tokens per verify step for a tree of n tokens.
+
+Model (Sequoia's positional acceptance, per depth). A drafter proposes, below every tree
+node, its top-K candidates. Let q[d][r] be the probability that the rank-r candidate at
+depth d (d = 1..D, r = 1..K) is the target's token, given that its parent was accepted.
+The target token is one token, so the K events at one node exclude each other
+(sum_r q[d][r] <= 1), and a draft node v = (r_1, ..., r_j) is accepted with probability
+P(v) = prod_i q[i][r_i]. At most one node per depth is accepted, so
+
+    E[accepted draft tokens | tree] = sum_{v in tree} P(v)
+
+exactly. P never grows from a parent to a child, so the best tree of n tokens (the root,
+i.e. the last verified token, plus n - 1 draft nodes) is the n - 1 nodes of highest P,
+which is prefix-connected: the same greedy rule as DESIGN.md §4. Counting the bonus
+(correction) token that every verify step commits,
+
+    E1(n) = 1 + sum of the n - 1 largest P(v)          (committed tokens per request)
+
+is increasing and concave in n (its increments are the sorted P values), and E1(1) = 1 is
+plain decoding. For a batch of b identical requests sharing a budget of N tokens, the
+global best-N rule gives every request its root and hands the N - b draft slots out in
+score order, so E_b(N) = b + sum_{j < N-b} P_(floor(j / b)).
+
+Per-depth statistics. The built-in presets (and a file's `per_depth` list) give, per depth,
+the top-1 acceptance a_d; lower ranks follow a fixed rule: the rank-r candidate is right,
+given that ranks < r were wrong, with probability a_d * rank_factor^(r-1)
+(rank_factor = 0.5 by default). A file may instead give the full `per_depth_rank` matrix
+q[d][r], or a measured `curve` of E1 against n.
+
+Presets: a_d = a * 0.97^(d-1) with a fitted so that a tree of depth 8, top-k 4 and 128
+tokens commits the paper's mean accepted length (FACTS.md: MBPP 6.70, GSM8K 7.08,
+ShareGPT 5.51, CNN/DailyMail 4.98; read as tokens committed per step, bonus included,
+the usual convention for "mean accepted tokens").
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from bole_cli.errors import InputError
+
+DEFAULT_RANK_FACTOR = 0.5
+DEFAULT_TOP_K = 4
+PAPER_DEPTH = 8
+PAPER_BUDGET = 128
+_DEPTH_DECAY = 0.97
+
+# preset -> the paper's mean accepted tokens (depth 8, top-k 4, budget 128), and the depth-1
+# top-1 acceptance fitted to it with fit_preset_a1 (tests/test_calibrate.py checks the fit).
+PRESET_TARGETS = {
+    "paper-mbpp": 6.70,
+    "paper-gsm8k": 7.08,
+    "paper-sharegpt": 5.51,
+    "paper-cnndm": 4.98,
+}
+_PRESET_A1 = {
+    "paper-mbpp": 0.9060,
+    "paper-gsm8k": 0.9327,
+    "paper-sharegpt": 0.8152,
+    "paper-cnndm": 0.7696,
+}
+DEFAULT_PRESET = "paper-mbpp"
+
+
+def rank_matrix(per_depth: Sequence[float], top_k: int = DEFAULT_TOP_K,
+                rank_factor: float = DEFAULT_RANK_FACTOR) -> list[list[float]]:
+    """q[d][r] from per-depth top-1 acceptance (see the module docstring)."""
+    q = []
+    for a in per_depth:
+        row, miss = [], 1.0
+        for r in range(top_k):
+            c = a * rank_factor**r
+            row.append(miss * c)
+            miss *= 1.0 - c
+        q.append(row)
+    return q
+
+
+@dataclass
+class AcceptanceModel:
+    """E[committed tokens] per request as a function of its tree tokens n (root included)."""
+
+    name: str
+    source: str
+    q: Optional[list[list[float]]] = None  # per depth, per rank
+    curve_n: Optional[list[float]] = None  # or a measured curve E1(n)
+    curve_e: Optional[list[float]] = None
+
+    def __post_init__(self) -> None:
+        self._probs: list[float] = []  # the largest P(v) found so far, decreasing
+        self._prefix: list[float] = [0.0]  # their prefix sums
+        # best-first frontier: (-P, depth of the node); a node's children are the rank-
+        # ordered candidates one level down
+        self._heap = [(-p, 1) for p in (self.q[0] if self.q else ()) if p > 0]
+        heapq.heapify(self._heap)
+
+    def _prefix_upto(self, count: int) -> list[float]:
+        """Prefix sums of the `count` largest P(v) (fewer if the tree is smaller)."""
+        assert self.q is not None
+        while len(self._probs) < count and self._heap:
+            negp, depth = heapq.heappop(self._heap)
+            p = -negp
+            self._probs.append(p)
+            self._prefix.append(self._prefix[-1] + p)
+            if depth < len(self.q):
+                for c in self.q[depth]:
+                    if c > 0:
+                        heapq.heappush(self._heap, (-(p * c), depth + 1))
+        return self._prefix
+
+    def _drafts(self, k: int) -> float:
+        """Sum of the k largest P(v)."""
+        pre = self._prefix_upto(k)
+        return pre[min(k, len(pre) - 1)]
+
+    def per_request(self, n: float) -> float:
+        """E1(n): committed tokens (bonus included) for one request with n tree tokens;
+        linear between integers."""
+        if n < 1:
+            raise ValueError("a request needs at least its root token")
+        if self.curve_n is not None:
+            return _interp(self.curve_n, self.curve_e, n)
+        k = int(math.floor(n)) - 1
+        lo, hi = self._drafts(k), self._drafts(k + 1)
+        return 1.0 + lo + (n - math.floor(n)) * (hi - lo)
+
+    def batch(self, n_total: int, batch: int) -> Optional[float]:
+        """E_b(N): committed tokens of a batch of identical requests sharing N tree tokens
+        (None if N < b: every request needs its root)."""
+        if n_total < batch:
+            return None
+        if self.curve_n is not None:
+            return batch * self.per_request(n_total / batch)
+        full, rest = divmod(n_total - batch, batch)  # drafts each, and how many get one more
+        lo, hi = self._drafts(full), self._drafts(full + 1)
+        return batch * (1.0 + lo) + rest * (hi - lo)
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "source": self.source}
+        if self.q is not None:
+            d["per_depth_rank"] = [[round(x, 5) for x in row] for row in self.q]
+        else:
+            d["curve"] = {"n": list(self.curve_n or []), "e_acc": list(self.curve_e or [])}
+        return d
+
+
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def preset(name: str) -> AcceptanceModel:
+    a1 = _PRESET_A1[name]
+    per_depth = [a1 * _DEPTH_DECAY**d for d in range(PAPER_DEPTH)]
+    return AcceptanceModel(
+        name=name,
+        source=(f"built-in: per-depth top-1 acceptance {a1} x 0.97^(d-1), depth {PAPER_DEPTH}, "
+                f"top-k {DEFAULT_TOP_K}, rank factor {DEFAULT_RANK_FACTOR}; reproduces the "
+                f"paper's mean accepted tokens {PRESET_TARGETS[name]} at budget {PAPER_BUDGET}"),
+        q=rank_matrix(per_depth),
+    )
+
+
+def fit_preset_a1(target: float, lo: float = 0.05, hi: float = 0.999) -> float:
+    """Top-1 acceptance at depth 1 that makes E1(128) equal `target` (for regenerating presets)."""
+    def e(a: float) -> float:
+        per_depth = [a * _DEPTH_DECAY**d for d in range(PAPER_DEPTH)]
+        return AcceptanceModel("fit", "", q=rank_matrix(per_depth)).per_request(PAPER_BUDGET)
+
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if e(mid) < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+# ---- files ----------------------------------------------------------------------------------
+def _numbers(value: Any, where: str, *, lo: float = 0.0, hi: float = math.inf) -> list[float]:
+    if not isinstance(value, list) or not value or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in value
+    ):
+        raise InputError(f"{where}: expected a non-empty list of numbers")
+    for i, x in enumerate(value):
+        if not (lo <= x <= hi):
+            raise InputError(f"{where}[{i}]: {x} is outside [{lo}, {hi}]")
+    return [float(x) for x in value]
+
+
+def from_data(data: Any, source: str) -> AcceptanceModel:
+    """Build a model from a parsed acceptance file (see the module docstring for the keys)."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: expected a mapping with per_depth, per_depth_rank or curve")
+    name = str(data.get("name") or Path(source).stem)
+    top_k = data.get("top_k", DEFAULT_TOP_K)
+    rank_factor = data.get("rank_factor", DEFAULT_RANK_FACTOR)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise InputError(f"{source}: top_k: expected a positive integer")
+    if not isinstance(rank_factor, (int, float)) or not 0 <= rank_factor <= 1:
+        raise InputError(f"{source}: rank_factor: expected a number in [0, 1]")
+    present = [k for k in ("per_depth", "per_depth_rank", "curve") if k in data]
+    if len(present) != 1:
+        raise InputError(f"{source}: give exactly one of per_depth, per_depth_rank, curve")
+    key = present[0]
+    if key == "per_depth":
+        per_depth = _numbers(data[key], f"{source}: per_depth", hi=1.0)
+        return AcceptanceModel(name, f"file {source} (per-depth top-1, top-k {top_k})",
+                               q=rank_matrix(per_depth, top_k, float(rank_factor)))
+    if key == "per_depth_rank":
+        rows = data[key]
+        if not isinstance(rows, list) or not rows:
+            raise InputError(f"{source}: per_depth_rank: expected a list of per-rank lists")
+        q = []
+        for d, row in enumerate(rows):
+            row = _numbers(row, f"{source}: per_depth_rank[{d}]", hi=1.0)
+            if sum(row) > 1 + 1e-9:
+                raise InputError(f"{source}: per_depth_rank[{d}]: probabilities sum above 1")
+            q.append(row)
+        return AcceptanceModel(name, f"file {source} (per-depth, per-rank)", q=q)
+    curve = data[key]
+    if not isinstance(curve, dict):
+        raise InputError(f"{source}: curve: expected a mapping with n and e_acc")
+    ns = _numbers(curve.get("n"), f"{source}: curve.n", lo=1.0)
+    es = _numbers(curve.get("e_acc"), f"{source}: curve.e_acc", lo=1.0)
+    if len(ns) != len(es):
+        raise InputError(f"{source}: curve: n and e_acc differ in length")
+    if any(b <= a for a, b in zip(ns, ns[1:])):
+        raise InputError(f"{source}: curve.n: expected strictly increasing values")
+    if any(b < a for a, b in zip(es, es[1:])):
+        raise InputError(f"{source}: curve.e_acc: expected non-decreasing values")
+    if ns[0] > 1:
+        ns, es = [1.0] + ns, [1.0] + es
+    return AcceptanceModel(name, f"file {source} (measured curve)", curve_n=ns, curve_e=es)
+
+
+def load_acceptance(spec: str) -> AcceptanceModel:
+    """A preset name (paper-mbpp, ...) or a YAML/JSON file."""
+    if spec in PRESET_TARGETS:
+        return preset(spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise InputError(
+            f"--acceptance: {spec!r} is neither a preset ({', '.join(PRESET_TARGETS)}) nor a file"
+        )
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error is the user's file
+        raise InputError(f"{spec}: cannot parse: {exc}") from None
+    return from_data(data, spec)

@@ -1,0 +1,8 @@
+"""Sweep defaults (kept import-free so the CLI's --help path stays fast)."""
+
+DEFAULT_BATCHES = (1, 2, 4, 8, 16)
+DEFAULT_KV_LENS = (1024, 4096, 16384)
+# Powers of two with their 1.5x midpoints: the knee falls between doublings on most GPUs,
+# and a 2x step would move B_ver by a factor 2.
+DEFAULT_GRID = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+DEFAULT_EPS = 0.05

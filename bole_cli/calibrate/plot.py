@@ -1,0 +1,57 @@
+"""The calibration plot: T_ver / T_dec against N per batch size, knee and N* marked."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def plot_profile(profile: dict, path: "str | os.PathLike[str]") -> Path:
+    """One panel per KV bucket, one line per batch size; a circle marks B_ver (the knee
+    of Eq. 12), a star N*, the dashed line the (1 + eps) threshold. Saved atomically."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    from bole_cli.console import save_figure
+
+    configs = profile.get("configs") or []
+    kvs = sorted({c["kv_len"] for c in configs}) or [0]
+    batches = sorted({c["batch"] for c in configs})
+    fig = Figure(figsize=(4.2 * len(kvs), 3.8))
+    axes = fig.subplots(1, len(kvs), sharey=True, squeeze=False)[0]
+    colors = {b: f"C{i % 10}" for i, b in enumerate(batches)}
+    eps = float(profile.get("eps", 0.05))
+    for ax, kv in zip(axes, kvs):
+        for cfg in sorted((c for c in configs if c["kv_len"] == kv), key=lambda c: c["batch"]):
+            ratio = [t / cfg["t_dec"] for t in cfg["t_ver"]]
+            color = colors[cfg["batch"]]
+            ax.plot(cfg["n"], ratio, "-", color=color, lw=1.4, label=f"batch {cfg['batch']}")
+            i = cfg["n"].index(cfg["b_ver"])
+            ax.plot([cfg["b_ver"]], [ratio[i]], "o", color=color, ms=7, mfc="none", mew=1.6)
+            if cfg.get("n_star") is not None:
+                j = cfg["n"].index(cfg["n_star"])
+                ax.plot([cfg["n_star"]], [ratio[j]], "*", color=color, ms=10)
+        ax.axhline(1 + eps, ls="--", color="0.4", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+        ax.xaxis.set_major_formatter(plain)
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("tree tokens N (whole batch)")
+        ax.set_title(f"KV {kv}")
+        ax.grid(True, which="both", alpha=0.25)
+    axes[0].set_ylabel("T_ver(N) / T_dec")
+    handles, _ = axes[0].get_legend_handles_labels()
+    handles += [Line2D([], [], marker="o", ls="", mfc="none", color="0.3", label="B_ver (Eq. 12)"),
+                Line2D([], [], marker="*", ls="", color="0.3", ms=10, label="N* (throughput)"),
+                Line2D([], [], ls="--", color="0.4", label=f"1 + eps = {1 + eps:g}")]
+    axes[-1].legend(handles=handles, fontsize=7, loc="upper left")
+    prov = profile.get("provenance", {})
+    kind = prov.get("kind", "?")
+    label = "ESTIMATED (roofline model)" if kind == "estimated" else f"measured on {prov.get('device_name')}"
+    if prov.get("partial"):
+        label += ", PARTIAL"
+    fig.suptitle(f"{profile.get('model')} on {profile.get('gpu')}: {label}", fontsize=10)
+    return save_figure(fig, path)

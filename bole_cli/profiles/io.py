@@ -1,0 +1,148 @@
+"""Reading and writing profiles: atomic writes, section merges, default locations."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import yaml
+
+from bole_cli.console import atomic_write_text
+from bole_cli.errors import InputError
+from bole_cli.profiles.schema import PROFILE_VERSION, validate_profile
+
+_SIG_DIGITS = 5
+
+
+def user_profiles_dir() -> Path:
+    """Where `bole calibrate` writes by default: $XDG_CACHE_HOME/bole/profiles
+    (~/.cache/bole/profiles when XDG_CACHE_HOME is unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "bole" / "profiles"
+
+
+def shipped_profiles_dir() -> Path:
+    """The repository's profiles/ (present in a source checkout or an editable install)."""
+    return Path(__file__).resolve().parents[2] / "profiles"
+
+
+def default_search_dirs() -> list[Path]:
+    return [user_profiles_dir(), shipped_profiles_dir()]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "model"
+
+
+def profile_path(directory: "str | os.PathLike[str]", gpu_key: str, model_name: str) -> Path:
+    """<directory>/<gpu>/<model short name>.yaml, e.g. profiles/a100/Qwen3.5-9B.yaml."""
+    return Path(directory) / _slug(gpu_key.lower()) / f"{_slug(model_name.rsplit('/', 1)[-1])}.yaml"
+
+
+def _round(obj: Any) -> Any:
+    """Floats to a few significant digits so the YAML stays readable."""
+    if isinstance(obj, float) and math.isfinite(obj) and obj != 0:
+        return float(f"{obj:.{_SIG_DIGITS}g}")
+    if isinstance(obj, dict):
+        return {k: _round(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_round(v) for v in obj]
+    return obj
+
+
+_KEY_ORDER = ("bole_profile", "gpu", "model", "dtype", "provenance", "eps", "grid",
+              "acceptance", "configs", "kernels")
+
+
+def dump_profile(data: dict) -> str:
+    """YAML text: known sections in schema order, then any others as they came."""
+    ordered = {k: data[k] for k in _KEY_ORDER if k in data}
+    ordered.update((k, v) for k, v in data.items() if k not in ordered)
+    return yaml.safe_dump(_round(ordered), sort_keys=False, default_flow_style=None, width=100,
+                          allow_unicode=True)
+
+
+def parse_profile(text: str, source: str) -> dict:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError(f"{source}: not valid YAML: {exc}") from None
+    return validate_profile(data, source)
+
+
+def load_profile(path: "str | os.PathLike[str]") -> dict:
+    """Read and validate a profile; InputError names the file and the field at fault."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such profile") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ({exc})") from None
+    return parse_profile(text, str(path))
+
+
+def save_profile(path: "str | os.PathLike[str]", data: dict) -> Path:
+    """Validate and write atomically (readers see the old or the new file, never half)."""
+    validate_profile(data, str(path))
+    return atomic_write_text(path, dump_profile(data))
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialise read-modify-write cycles on one directory (POSIX; a no-op elsewhere)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def update_profile(path: "str | os.PathLike[str]", updates: dict, *,
+                   create: Optional[dict] = None) -> dict:
+    """Replace the top-level keys in `updates`, keep every other section, write atomically.
+
+    A missing file is an error unless `create` gives the skeleton to start from (its
+    gpu, model and provenance); an existing file for another gpu/model is an error.
+    """
+    path = Path(path)
+    with _locked(path):
+        if path.exists():
+            data = load_profile(path)
+            for key in ("gpu", "model"):
+                new = updates.get(key)
+                if new is not None and new != data.get(key):
+                    raise InputError(f"{path}: holds {key} {data.get(key)!r}, not {new!r}; "
+                                     "choose another file")
+        elif create is not None:
+            data = {"bole_profile": PROFILE_VERSION, **create}
+        else:
+            raise InputError(f"{path}: no such profile; run `bole calibrate` first")
+        data.update(updates)
+        data["bole_profile"] = PROFILE_VERSION
+        save_profile(path, data)
+        return data
+
+
+def merge_section(path: "str | os.PathLike[str]", key: str, section: Any, *,
+                  create: Optional[dict] = None) -> dict:
+    """Set one top-level section (e.g. "kernels") of a profile, keeping all the others.
+
+    Used by `bole tune-kernels`: merge_section(path, "kernels", {...}). To start a new
+    file give `create={"gpu": ..., "model": ..., "provenance": {...}}`.
+    """
+    if key == "bole_profile":
+        raise InputError("merge_section: the version key is not a section")
+    return update_profile(path, {key: section}, create=create)

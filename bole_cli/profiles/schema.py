@@ -1,0 +1,214 @@
+"""The profile schema (DESIGN.md §5) and its validation.
+
+A profile is one YAML mapping per (gpu, model):
+
+    bole_profile: 1                  # format version; its absence marks a foreign file
+    gpu: a100                        # catalogue key
+    model: Qwen/Qwen3.5-9B
+    dtype: bf16
+    provenance:
+      kind: estimated                # measured | estimated
+      partial: false                 # true when a sweep was interrupted
+      note: ""                       # free text (e.g. "placeholder until measured")
+      sampled_layers: null           # layers the runtime ran, when it sampled a subset
+      bole_version: 0.1.0
+      torch_version: 2.13.0          # null when unknown
+      triton_version: 3.5.0
+      device_name: NVIDIA H200
+      date: 2025-01-01T00:00:00Z
+      command: bole calibrate --gpu a100 --model 9b
+      (measured: timing {warmup, repeats, spread_tol, max_rounds} and runtime {...};
+       estimated: cost_model {...}; failures: [...] when points raised)
+    eps: 0.05
+    grid: [8, 12, 16, ...]           # tree tokens across the batch (root tokens included)
+    acceptance: {name, source, ...}  # the model behind n_star / e_acc (optional)
+    configs:                         # one per (batch, kv_len)
+      - batch: 8
+        kv_len: 4096
+        t_dec: 0.0116                # seconds, one decode step
+        n: [8, 12, ...]              # grid points measured (those >= batch)
+        t_ver: [0.0118, ...]         # seconds, one per n
+        b_ver: 64                    # Eq. 12
+        below_threshold: false       # true: no point met the threshold, b_ver = n[0]
+        n_star: 128                  # throughput-optimal budget, null without acceptance
+        e_acc: [8.0, ...]            # expected committed tokens per n (optional)
+        noisy: []                    # n whose timing spread stayed high (optional)
+        t_dec_noisy: true            # the decode step's spread stayed high (optional)
+    kernels: {}                      # tuned tile configurations keyed by shape
+
+Unknown keys are kept (other tools may add sections); known keys are checked and the
+first problem raises InputError naming the file and the field:
+"profile.yaml: configs[3].t_ver: expected a list of numbers".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from bole_cli.errors import InputError
+
+PROFILE_VERSION = 1
+KINDS = ("measured", "estimated")
+
+
+class _Checker:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, msg: str) -> InputError:
+        return InputError(f"{self.source}: {where}: {msg}")
+
+    def get(self, obj: dict, key: str, where: str, *, required: bool = True) -> Any:
+        if key not in obj:
+            if required:
+                raise self.fail(where, "missing required field")
+            return None
+        return obj[key]
+
+    def mapping(self, value: Any, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"expected a mapping, got {_kind(value)}")
+        return value
+
+    def string(self, value: Any, where: str, *, nullable: bool = False) -> Optional[str]:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str):
+            raise self.fail(where, f"expected a string, got {_kind(value)}")
+        return value
+
+    def boolean(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, f"expected true or false, got {_kind(value)}")
+        return value
+
+    def integer(self, value: Any, where: str, *, minimum: int = 1, nullable: bool = False) -> Optional[int]:
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(where, f"expected an integer, got {_kind(value)}")
+        if value < minimum:
+            raise self.fail(where, f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    def number(self, value: Any, where: str, *, positive: bool = True) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(where, f"expected a number, got {_kind(value)}")
+        if positive and value <= 0:
+            raise self.fail(where, f"expected a number > 0, got {value}")
+        return float(value)
+
+    def numbers(self, value: Any, where: str) -> list[float]:
+        if not isinstance(value, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+            for x in value
+        ):
+            raise self.fail(where, "expected a list of numbers")
+        return [float(x) for x in value]
+
+    def integers(self, value: Any, where: str, *, increasing: bool = True,
+                 minimum: int = 1) -> list[int]:
+        if not isinstance(value, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in value
+        ):
+            what = "positive integers" if minimum == 1 else f"integers >= {minimum}"
+            raise self.fail(where, f"expected a list of {what}")
+        if increasing and any(b <= a for a, b in zip(value, value[1:])):
+            raise self.fail(where, "expected strictly increasing values")
+        return list(value)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def validate_profile(data: Any, source: str = "profile") -> dict:
+    """Check a parsed profile; return it unchanged or raise InputError naming the field."""
+    c = _Checker(source)
+    if not isinstance(data, dict) or "bole_profile" not in data:
+        raise InputError(f"{source}: not a Bole profile (no 'bole_profile' version key); "
+                         "profiles are written by `bole calibrate`")
+    version = c.integer(data["bole_profile"], "bole_profile")
+    if version > PROFILE_VERSION:
+        raise c.fail("bole_profile", f"version {version} is newer than this bole reads "
+                                     f"({PROFILE_VERSION}); upgrade bole")
+    c.string(c.get(data, "gpu", "gpu"), "gpu")
+    c.string(c.get(data, "model", "model"), "model")
+    if "dtype" in data:
+        c.string(data["dtype"], "dtype")
+
+    prov = c.mapping(c.get(data, "provenance", "provenance"), "provenance")
+    kind = c.string(c.get(prov, "kind", "provenance.kind"), "provenance.kind")
+    if kind not in KINDS:
+        raise c.fail("provenance.kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+    for key in ("bole_version", "date", "device_name"):
+        c.string(c.get(prov, key, f"provenance.{key}"), f"provenance.{key}")
+    for key in ("torch_version", "triton_version", "command", "note"):
+        if key in prov:
+            c.string(prov[key], f"provenance.{key}", nullable=True)
+    if "partial" in prov:
+        c.boolean(prov["partial"], "provenance.partial")
+    sampled = prov.get("sampled_layers")  # layer ids, or how many layers ran
+    if isinstance(sampled, int) and not isinstance(sampled, bool):
+        c.integer(sampled, "provenance.sampled_layers")
+    elif sampled is not None:
+        c.integers(sampled, "provenance.sampled_layers", minimum=0)
+
+    configs = data.get("configs")
+    grid: list[int] = []
+    if configs is not None or "grid" in data:
+        grid = c.integers(c.get(data, "grid", "grid"), "grid")
+        if not grid:
+            raise c.fail("grid", "expected at least one grid point")
+        c.number(c.get(data, "eps", "eps"), "eps")
+    if "acceptance" in data and data["acceptance"] is not None:
+        acc = c.mapping(data["acceptance"], "acceptance")
+        c.string(c.get(acc, "name", "acceptance.name"), "acceptance.name")
+    if "kernels" in data:
+        c.mapping(data["kernels"], "kernels")
+
+    if configs is None:
+        return data
+    if not isinstance(configs, list):
+        raise c.fail("configs", f"expected a list, got {_kind(configs)}")
+    seen: set[tuple[int, int]] = set()
+    grid_set = set(grid)
+    for i, cfg in enumerate(configs):
+        w = f"configs[{i}]"
+        c.mapping(cfg, w)
+        batch = c.integer(c.get(cfg, "batch", f"{w}.batch"), f"{w}.batch")
+        kv = c.integer(c.get(cfg, "kv_len", f"{w}.kv_len"), f"{w}.kv_len")
+        if (batch, kv) in seen:
+            raise c.fail(w, f"duplicate configuration batch {batch}, kv_len {kv}")
+        seen.add((batch, kv))
+        c.number(c.get(cfg, "t_dec", f"{w}.t_dec"), f"{w}.t_dec")
+        n = c.integers(c.get(cfg, "n", f"{w}.n"), f"{w}.n")
+        t_ver = c.numbers(c.get(cfg, "t_ver", f"{w}.t_ver"), f"{w}.t_ver")
+        if len(n) != len(t_ver):
+            raise c.fail(f"{w}.t_ver", f"expected {len(n)} values (one per n), got {len(t_ver)}")
+        if not n:
+            raise c.fail(f"{w}.n", "expected at least one measured point")
+        off = [x for x in n if x not in grid_set]
+        if off:
+            raise c.fail(f"{w}.n", f"{off[0]} is not a grid point")
+        b_ver = c.integer(c.get(cfg, "b_ver", f"{w}.b_ver"), f"{w}.b_ver")
+        if b_ver not in n:
+            raise c.fail(f"{w}.b_ver", f"{b_ver} is not one of the measured n")
+        if "below_threshold" in cfg:
+            c.boolean(cfg["below_threshold"], f"{w}.below_threshold")
+        n_star = c.integer(cfg.get("n_star"), f"{w}.n_star", nullable=True)
+        if n_star is not None and n_star not in n:
+            raise c.fail(f"{w}.n_star", f"{n_star} is not one of the measured n")
+        if cfg.get("e_acc") is not None:
+            e_acc = cfg["e_acc"]
+            if not isinstance(e_acc, list) or len(e_acc) != len(n) or not all(
+                x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in e_acc
+            ):
+                raise c.fail(f"{w}.e_acc", "expected a list of numbers, one per n")
+        if cfg.get("noisy") is not None:
+            c.integers(cfg["noisy"], f"{w}.noisy")
+    return data

@@ -1,0 +1,510 @@
+"""Calibration: Eq. 12 selection, N*, acceptance models, the roofline cost model, the sweep
+driver (with a fake Forward) and the `bole calibrate` command, all on CPU."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import sys
+import types
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from bole_cli import cli
+from bole_cli.calibrate.acceptance import (PRESET_TARGETS, AcceptanceModel, from_data,
+                                           load_acceptance, preset, rank_matrix)
+from bole_cli.calibrate.costmodel import RooflineForward
+from bole_cli.calibrate.selection import select_b_ver, throughput_optimal
+from bole_cli.calibrate.defaults import DEFAULT_GRID
+from bole_cli.calibrate.sweep import (EXACT, Forward, Timing, build_profile, measure, run_sweep,
+                                      sweep_steps)
+from bole_cli.catalog.hardware import resolve_gpu
+from bole_cli.catalog.models import resolve_model
+from bole_cli.errors import InputError
+from bole_cli.profiles import load_profile, validate_profile
+
+try:  # click < 8.2 mixes stderr into stdout unless told not to
+    runner = CliRunner(mix_stderr=False)
+except TypeError:
+    runner = CliRunner()
+
+GRID = [8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+# ---- Eq. 12 on synthetic curves --------------------------------------------------------------
+def test_b_ver_monotone_curve():
+    t_dec = 10.0
+    t_ver = [t_dec * (1 + n / 1000) for n in GRID]  # crosses 1.05 between 32 and 64
+    b = select_b_ver(GRID, t_ver, t_dec, 0.05)
+    assert (b.b_ver, b.below_threshold) == (32, False)
+    assert select_b_ver(GRID, t_ver, t_dec, 0.2).b_ver == 128
+
+
+def test_b_ver_flat_then_rising():
+    t_dec = 5.0
+    t_ver = [5.1 if n <= 128 else 5.1 * n / 128 for n in GRID]
+    assert select_b_ver(GRID, t_ver, t_dec, 0.05).b_ver == 128
+    # exactly on the threshold counts as within it
+    assert select_b_ver(GRID, [5.25] * len(GRID), t_dec, 0.05).b_ver == 1024
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_b_ver_noisy_curve_ignores_a_late_dip(seed):
+    rng = random.Random(seed)
+    t_dec = 1.0
+    t_ver = [(1.0 + rng.uniform(-0.03, 0.03)) if n <= 128 else n / 128 * 1.02 for n in GRID]
+    t_ver[GRID.index(512)] = 1.0  # a lucky outlier far past the knee
+    b = select_b_ver(GRID, t_ver, t_dec, 0.05)
+    assert b.b_ver == 128
+    assert t_ver[GRID.index(b.b_ver)] <= 1.05
+
+
+def test_b_ver_never_under_threshold_is_smallest_point_with_warning():
+    t_dec = 1.0
+    t_ver = [1.2 * (1 + n / 100) for n in GRID]
+    b = select_b_ver(GRID, t_ver, t_dec, 0.05)
+    assert (b.b_ver, b.below_threshold) == (8, True)
+    curve = run_sweep(_Fake(lambda b, kv: 1.0, lambda b, kv, n: 1.3), [1], [1024], GRID, EXACT)
+    profile, warnings = build_profile(gpu_key="a100", model_name="m", kind="measured",
+                                      sweep=curve, grid=GRID, eps=0.05, acceptance=None,
+                                      device_name="fake")
+    assert profile["configs"][0]["below_threshold"] is True
+    assert profile["configs"][0]["b_ver"] == 8
+    assert any("no grid point" in w for w in warnings)
+
+
+@given(st.lists(st.floats(0.5, 3.0), min_size=1, max_size=12), st.floats(0.01, 0.5))
+def test_b_ver_never_exceeds_the_threshold(ratios, eps):
+    n = [8 * (i + 1) for i in range(len(ratios))]
+    b = select_b_ver(n, ratios, 1.0, eps)
+    i = n.index(b.b_ver)
+    if b.below_threshold:
+        assert b.b_ver == n[0] and ratios[0] > 1 + eps
+    else:
+        assert all(r <= 1 + eps for r in ratios[: i + 1])
+        assert i + 1 == len(n) or max(ratios[: i + 2]) > 1 + eps
+
+
+def test_select_b_ver_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        select_b_ver([8, 16], [1.0], 1.0, 0.05)
+    with pytest.raises(ValueError):
+        select_b_ver([8], [1.0], 1.0, 0.0)
+
+
+def test_throughput_optimal_trades_acceptance_against_time():
+    n = [8, 16, 32, 64]
+    t = [1.0, 1.0, 1.0, 2.0]
+    best, e = throughput_optimal(n, t, lambda x: float(x) ** 0.5)
+    assert best == 32 and e == [x ** 0.5 for x in n]
+    # infeasible points (None) are skipped
+    best, _ = throughput_optimal(n, t, lambda x: None if x < 64 else 1.0)
+    assert best == 64
+
+
+# ---- acceptance models -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(PRESET_TARGETS))
+def test_presets_reproduce_the_paper_mean_accepted_tokens(name):
+    assert preset(name).per_request(128) == pytest.approx(PRESET_TARGETS[name], abs=0.02)
+
+
+def test_acceptance_is_increasing_and_concave():
+    m = preset("paper-mbpp")
+    e = [m.per_request(n) for n in range(1, 400)]
+    assert e[0] == 1.0
+    inc = [b - a for a, b in zip(e, e[1:])]
+    assert all(d >= 0 for d in inc)
+    assert all(b <= a + 1e-12 for a, b in zip(inc, inc[1:]))
+    assert e[-1] <= 9.0  # depth 8 plus the bonus token
+
+
+def test_batch_acceptance_shares_the_budget():
+    m = preset("paper-gsm8k")
+    assert m.batch(7, 8) is None
+    assert m.batch(8, 8) == pytest.approx(8.0)
+    for b in (1, 2, 4, 8, 16):
+        for per in (1, 3, 16):
+            assert m.batch(b * per, b) == pytest.approx(b * m.per_request(per))
+    # between multiples the extra drafts go to some requests only
+    assert 8 * m.per_request(2) < m.batch(20, 8) < 8 * m.per_request(3)
+
+
+def test_acceptance_matches_the_batch_budget_selector():
+    """The closed form equals selecting the best N nodes of explicit trees (bole_cli.budget)."""
+    from bole_cli.budget import expected_accepted_curve
+    from bole_cli.trees import ProposalTree
+    import math
+
+    q = rank_matrix([0.8, 0.7, 0.6], top_k=2)
+    parents, logp, frontier = [-1], [0.0], [(0, 0)]
+    for depth in range(3):
+        nxt = []
+        for node, _ in frontier:
+            for r in range(2):
+                parents.append(node)
+                logp.append(math.log(q[depth][r]))
+                nxt.append((len(parents) - 1, depth + 1))
+        frontier = nxt
+    tree = ProposalTree(parents, logp)
+    model = AcceptanceModel("t", "", q=q)
+    budgets = [2, 3, 4, 6, 9, 15]
+    got = expected_accepted_curve([tree, tree], budgets)
+    assert got == pytest.approx([model.batch(n, 2) for n in budgets])
+
+
+def test_acceptance_files(tmp_path):
+    per_depth = tmp_path / "a.yaml"
+    per_depth.write_text("name: mine\nper_depth: [0.9, 0.8, 0.7]\ntop_k: 2\n")
+    m = load_acceptance(str(per_depth))
+    assert m.name == "mine" and len(m.q) == 3 and len(m.q[0]) == 2
+    assert m.per_request(2) == pytest.approx(1.9)
+    curve = tmp_path / "c.json"
+    curve.write_text(json.dumps({"curve": {"n": [2, 4, 8], "e_acc": [1.8, 2.6, 3.0]}}))
+    c = load_acceptance(str(curve))
+    assert c.per_request(1) == 1.0 and c.per_request(3) == pytest.approx(2.2)
+    assert c.per_request(100) == 3.0
+    assert c.batch(24, 8) == pytest.approx(8 * 2.2)
+    matrix = from_data({"per_depth_rank": [[0.5, 0.3], [0.4, 0.2]]}, "m.yaml")
+    assert matrix.per_request(3) == pytest.approx(1.8)
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"per_depth": [0.9, 1.5]}, "per_depth[1]"),
+    ({"per_depth": "high"}, "per_depth"),
+    ({"per_depth_rank": [[0.7, 0.5]]}, "sum above 1"),
+    ({"curve": {"n": [4, 2], "e_acc": [2, 3]}}, "curve.n"),
+    ({"curve": {"n": [2, 4], "e_acc": [3, 2]}}, "curve.e_acc"),
+    ({"per_depth": [0.9], "curve": {}}, "exactly one"),
+    ([0.9, 0.8], "expected a mapping"),
+])
+def test_acceptance_file_errors_name_the_field(data, field):
+    with pytest.raises(InputError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        from_data(data, "acc.yaml")
+
+
+def test_unknown_acceptance_is_an_input_error():
+    with pytest.raises(InputError, match="--acceptance"):
+        load_acceptance("paper-nothing")
+
+
+# ---- the roofline model ------------------------------------------------------------------------
+def _n_star(gpu: str, model: str, batch: int, kv: int) -> int:
+    f = RooflineForward(resolve_model(model), resolve_gpu(gpu))
+    sweep = run_sweep(f, [batch], [kv], DEFAULT_GRID, EXACT)
+    profile, _ = build_profile(gpu_key=gpu, model_name=model, kind="estimated", sweep=sweep,
+                               grid=DEFAULT_GRID, eps=0.05, acceptance=preset("paper-mbpp"),
+                               device_name="model")
+    return profile["configs"][0]["n_star"]
+
+
+@pytest.mark.parametrize("kv", [1024, 4096, 16384])
+def test_estimated_n_star_matches_the_paper_peaks_for_9b_batch_8(kv):
+    a100, gb10 = _n_star("a100", "9b", 8, kv), _n_star("gb10", "9b", 8, kv)
+    assert 128 / 2 <= a100 <= 128 * 2
+    assert 256 / 2 <= gb10 <= 256 * 2
+    assert gb10 > a100
+
+
+def test_roofline_curve_is_flat_then_compute_bound():
+    f = RooflineForward(resolve_model("9b"), resolve_gpu("a100"))
+    t_dec = f.time_decode(8, 4096)
+    t = [f.time_verify(8, 4096, n) for n in DEFAULT_GRID]
+    assert all(b >= a for a, b in zip(t, t[1:]))
+    assert t[0] < 1.05 * t_dec  # a tree of one token per request costs about a decode
+    assert t[-1] / t[DEFAULT_GRID.index(512)] > 1.8  # far past the knee: ~linear in N
+    assert f.time_decode(8, 16384) > f.time_decode(8, 1024)  # KV reads count
+
+
+def test_roofline_moe_reads_only_touched_experts():
+    m = resolve_model("35b")
+    f = RooflineForward(m, resolve_gpu("h200"))
+    one = f.components(1, 1024, 1, verify=False)["matmul.mlp"]
+    many = f.components(64, 1024, 64, verify=False)["matmul.mlp"]
+    # 1 token touches 8 of 256 experts; 64 tokens touch about 256 * (1 - (1 - 8/256)^64) = 223
+    assert 10 < many / one < 256 / 8 + 1
+
+
+# ---- the sweep driver with a fake Forward ------------------------------------------------------
+class _Fake:
+    def __init__(self, dec, ver, interrupt_after=None):
+        self.dec, self.ver = dec, ver
+        self.calls = 0
+        self.interrupt_after = interrupt_after
+        self.device_name = "Fake GPU"
+
+    def _tick(self):
+        self.calls += 1
+        if self.interrupt_after is not None and self.calls > self.interrupt_after:
+            raise KeyboardInterrupt
+
+    def time_decode(self, batch, kv_len):
+        self._tick()
+        return self.dec(batch, kv_len)
+
+    def time_verify(self, batch, kv_len, n_tree_tokens):
+        self._tick()
+        return self.ver(batch, kv_len, n_tree_tokens)
+
+    def info(self):
+        return {"sampled_layers": [0, 3], "graphs": True}
+
+
+def test_fake_forward_satisfies_the_protocol():
+    assert isinstance(_Fake(None, None), Forward)
+    assert isinstance(RooflineForward(resolve_model("4b"), resolve_gpu("a100")), Forward)
+
+
+def test_measure_warms_up_and_takes_the_median():
+    values = iter([100.0, 100.0, 3.0, 1.0, 2.0, 50.0, 2.0])
+    calls = []
+    p = measure(lambda: calls.append(1) or next(values), Timing(warmup=2, repeats=5, spread_tol=100))
+    assert len(calls) == 7 and p.seconds == 2.0 and not p.noisy
+
+
+def test_measure_remeasures_noisy_points():
+    rounds = [[1.0, 2.0, 1.0, 2.0], [1.0, 1.01, 1.0, 1.01]]
+    values = iter(rounds[0] + rounds[1])
+    p = measure(lambda: next(values), Timing(warmup=0, repeats=4, spread_tol=0.10, max_rounds=3))
+    assert p.seconds == pytest.approx(1.005) and not p.noisy
+    calls = []
+    alternating = itertools.cycle([1.0, 2.0])
+    p = measure(lambda: calls.append(1) or next(alternating),
+                Timing(warmup=0, repeats=8, max_rounds=3))
+    assert p.noisy and len(calls) == 24  # three rounds, then kept and flagged
+
+
+def test_sweep_covers_every_configuration_and_feasible_point():
+    steps = []
+    fake = _Fake(lambda b, kv: 1.0 + kv / 1e5, lambda b, kv, n: 1.0 + kv / 1e5 + n / 1e3)
+    res = run_sweep(fake, [1, 16], [1024, 4096], [8, 16, 32], EXACT, on_step=steps.append)
+    assert not res.interrupted
+    assert [(c.batch, c.kv_len) for c in res.curves] == [(1, 1024), (16, 1024), (1, 4096), (16, 4096)]
+    assert res.curves[1].n == [16, 32]  # 8 tree tokens cannot hold 16 roots
+    assert len(steps) == sweep_steps([1, 16], [1024, 4096], [8, 16, 32]) == 2 * (4 + 3)
+
+
+def test_a_failing_point_ends_its_configuration_only():
+    def ver(b, kv, n):
+        if b == 2 and n >= 32:
+            raise RuntimeError("CUDA out of memory")
+        return 1.0 + n / 100
+
+    def dec(b, kv):
+        if kv == 4096 and b == 1:
+            raise RuntimeError("CUDA out of memory")
+        return 1.0
+
+    steps = []
+    res = run_sweep(_Fake(dec, ver), [1, 2], [1024, 4096], [8, 16, 32, 64], EXACT,
+                    on_step=steps.append)
+    assert len(steps) == sweep_steps([1, 2], [1024, 4096], [8, 16, 32, 64])
+    assert [(c.batch, c.kv_len, c.n) for c in res.curves] == [
+        (1, 1024, [8, 16, 32, 64]), (2, 1024, [8, 16]), (2, 4096, [8, 16])]
+    assert len(res.failures) == 3 and "out of memory" in res.failures[0]
+    profile, warnings = build_profile(gpu_key="h200", model_name="m", kind="measured",
+                                      sweep=res, grid=[8, 16, 32, 64], eps=0.05,
+                                      acceptance=None, device_name="fake")
+    validate_profile(profile, "p.yaml")
+    assert len(profile["provenance"]["failures"]) == 3
+    assert sum(w.startswith("failed:") for w in warnings) == 3
+
+
+def test_ctrl_c_keeps_what_was_measured():
+    fake = _Fake(lambda b, kv: 1.0, lambda b, kv, n: 1.0 + n / 100, interrupt_after=7)
+    res = run_sweep(fake, [1, 2], [1024], [8, 16, 32, 64], EXACT)
+    assert res.interrupted
+    assert [c.batch for c in res.curves] == [1, 2]
+    assert res.curves[0].n == [8, 16, 32, 64] and res.curves[1].n == [8]
+    profile, warnings = build_profile(gpu_key="h200", model_name="m", kind="measured",
+                                      sweep=res, grid=[8, 16, 32, 64], eps=0.05,
+                                      acceptance=preset("paper-mbpp"), device_name="fake")
+    validate_profile(profile, "partial.yaml")
+    assert profile["provenance"]["partial"] is True
+    assert any("partial" in w for w in warnings)
+
+
+# ---- the command --------------------------------------------------------------------------------
+@pytest.fixture
+def no_gpu(monkeypatch):
+    import bole_cli.catalog.hardware as hw
+
+    monkeypatch.setattr(hw, "detect_gpu", lambda index=None: None)
+
+
+def _invoke(*args):
+    return runner.invoke(cli.app, list(args))
+
+
+def test_estimate_is_the_default_without_the_gpu(no_gpu, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    r = _invoke("calibrate", "--gpu", "a100", "--model", "27b")
+    assert r.exit_code == 0, r.stderr
+    assert "ESTIMATED (roofline model, no A100 present" in r.stdout
+    assert "B_ver" in r.stdout and "N*" in r.stdout
+    path = tmp_path / "cache" / "bole" / "profiles" / "a100" / "Qwen3.5-27B.yaml"
+    profile = load_profile(path)
+    assert profile["provenance"]["kind"] == "estimated"
+    assert "ESTIMATED" in profile["provenance"]["note"]
+    assert len(profile["configs"]) == 15 and profile["kernels"] == {}
+    assert path.with_suffix(".png").stat().st_size > 1000
+
+
+def test_json_output_and_options(no_gpu, tmp_path):
+    out = tmp_path / "p.yaml"
+    r = _invoke("calibrate", "--gpu", "gb10", "--model", "9b", "--batch", "8,1", "--kv", "4096",
+                "--grid", "8,64,128,256,512", "--eps", "0.1", "--acceptance", "paper-gsm8k",
+                "--out", str(out), "--no-plot", "--json")
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["path"] == str(out) and data["plot"] is None
+    assert data["label"].startswith("ESTIMATED")
+    prof = data["profile"]
+    assert [(c["batch"], c["kv_len"]) for c in prof["configs"]] == [(1, 4096), (8, 4096)]
+    assert prof["eps"] == 0.1 and prof["acceptance"]["name"] == "paper-gsm8k"
+    assert "--eps 0.1" in prof["provenance"]["command"]
+    assert not out.with_suffix(".png").exists()
+
+
+def test_rewrite_keeps_the_kernels_section(no_gpu, tmp_path):
+    from bole_cli.profiles import merge_section
+
+    out = tmp_path / "p.yaml"
+    args = ("calibrate", "--gpu", "a100", "--model", "4b", "--batch", "1", "--kv", "1024",
+            "--out", str(out), "--no-plot")
+    assert _invoke(*args).exit_code == 0
+    merge_section(out, "kernels", {"verify/T64": {"BLOCK": 64}})
+    assert _invoke(*args, "--eps", "0.1").exit_code == 0
+    p = load_profile(out)
+    assert p["kernels"] == {"verify/T64": {"BLOCK": 64}} and p["eps"] == 0.1
+    r = _invoke("calibrate", "--gpu", "a100", "--model", "9b", "--out", str(out), "--no-plot")
+    assert r.exit_code == 2 and "Qwen/Qwen3.5-4B" in r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--grid", "8,abc"], "--grid"),
+    (["--grid", ""], "--grid"),
+    (["--batch", "0"], "--batch"),
+    (["--kv", ","], "--kv"),
+    (["--eps", "0"], "--eps"),
+    (["--eps", "-1"], "--eps"),
+    (["--measure", "--estimate"], "--measure"),
+    (["--acceptance", "nope"], "--acceptance"),
+    (["--grid", "8", "--batch", "16"], "--grid"),
+    (["--layers-sample", "0"], "--layers-sample"),
+])
+def test_bad_input_is_exit_2_naming_the_option(no_gpu, tmp_path, args, needle):
+    r = _invoke("calibrate", "--gpu", "a100", "--model", "9b", "--out", str(tmp_path / "x.yaml"),
+                "--no-plot", *args)
+    assert r.exit_code == 2, r.stdout
+    assert needle in r.stderr
+    assert not (tmp_path / "x.yaml").exists()
+
+
+@pytest.mark.parametrize("gpu, model, needle", [("z9000", "9b", "unknown GPU"),
+                                                ("a100", "99b", "unknown model")])
+def test_unknown_gpu_or_model(no_gpu, gpu, model, needle):
+    r = _invoke("calibrate", "--gpu", gpu, "--model", model, "--no-plot")
+    assert r.exit_code == 2 and needle in r.stderr
+
+
+def test_measure_without_the_gpu_is_a_runtime_error(no_gpu):
+    r = _invoke("calibrate", "--gpu", "h200", "--model", "9b", "--measure", "--no-plot")
+    assert r.exit_code == 1 and "--measure: no H200 present" in r.stderr
+
+
+def _present(monkeypatch, key="h200"):
+    import bole_cli.catalog.hardware as hw
+
+    detected = hw.DetectedGpu(name="NVIDIA H200", memory_bytes=141 * 10**9, sm_count=132,
+                              compute_capability=(9, 0), spec=hw.resolve_gpu(key))
+    monkeypatch.setattr(hw, "detect_gpu", lambda index=None: detected)
+
+
+def test_measured_path_without_runtime_is_a_clear_error(monkeypatch):
+    _present(monkeypatch)
+    monkeypatch.setitem(sys.modules, "bole_cli.runtime", None)  # import fails
+    monkeypatch.delitem(sys.modules, "bole_cli.runtime.timer", raising=False)
+    r = _invoke("calibrate", "--gpu", "h200", "--model", "9b", "--no-plot")
+    assert r.exit_code == 1 and "bole_cli.runtime" in r.stderr and "--estimate" in r.stderr
+
+
+def _fake_runtime(monkeypatch, interrupt_after=None):
+    """Stand-in for bole_cli.runtime.timer.HybridForwardTimer (no torch model built)."""
+    made = {}
+
+    def timer(spec, device, dtype, layers_sample=None):
+        made["args"] = (spec.name, device, layers_sample)
+        return _Fake(lambda b, kv: 0.01 * (1 + kv / 1e5),
+                     lambda b, kv, n: 0.01 * (1 + kv / 1e5) * max(1.0, n / 100),
+                     interrupt_after=interrupt_after)
+
+    package = types.ModuleType("bole_cli.runtime")
+    package.__path__ = []
+    monkeypatch.setitem(sys.modules, "bole_cli.runtime", package)
+    monkeypatch.setitem(sys.modules, "bole_cli.runtime.timer",
+                        types.SimpleNamespace(HybridForwardTimer=timer))
+    return made
+
+
+def test_measured_path_runs_the_sweep_through_the_runtime(monkeypatch, tmp_path):
+    _present(monkeypatch)
+    made = _fake_runtime(monkeypatch)
+    out = tmp_path / "h200.yaml"
+    r = _invoke("calibrate", "--gpu", "h200", "--model", "9b", "--batch", "1,8", "--kv", "1024",
+                "--grid", "8,64,128,256", "--repeats", "3", "--warmup", "1", "--out", str(out),
+                "--layers-sample", "2", "--no-plot")
+    assert r.exit_code == 0, r.stderr
+    assert made["args"] == ("Qwen/Qwen3.5-9B", "cuda:0", 2)
+    assert "MEASURED on NVIDIA H200" in r.stdout
+    p = load_profile(out)
+    assert p["provenance"]["kind"] == "measured" and p["provenance"]["partial"] is False
+    assert p["provenance"]["sampled_layers"] == [0, 3]
+    assert p["provenance"]["timing"]["repeats"] == 3
+    assert p["provenance"]["device_name"] == "Fake GPU"
+    cfg = {(c["batch"], c["kv_len"]): c for c in p["configs"]}
+    assert cfg[(8, 1024)]["b_ver"] == 64  # 0.01 flat up to N = 100, then linear
+
+
+def test_measured_ctrl_c_writes_a_partial_profile(monkeypatch, tmp_path):
+    _present(monkeypatch)
+    _fake_runtime(monkeypatch, interrupt_after=7)
+    out = tmp_path / "h200.yaml"
+    r = _invoke("calibrate", "--gpu", "h200", "--model", "9b", "--batch", "1,8", "--kv", "1024",
+                "--grid", "8,64,128,256", "--repeats", "1", "--warmup", "0", "--out", str(out),
+                "--no-plot")
+    assert r.exit_code == 130
+    assert "partial" in r.stderr
+    p = load_profile(out)
+    assert p["provenance"]["partial"] is True and p["provenance"]["kind"] == "measured"
+    assert 1 <= len(p["configs"]) <= 2
+
+
+def test_estimate_flag_on_the_present_gpu(monkeypatch, tmp_path):
+    _present(monkeypatch)
+    monkeypatch.setitem(sys.modules, "bole_cli.runtime", None)
+    r = _invoke("calibrate", "--gpu", "h200", "--model", "4b", "--estimate", "--batch", "1",
+                "--kv", "1024", "--out", str(tmp_path / "e.yaml"), "--no-plot")
+    assert r.exit_code == 0, r.stderr
+    assert "ESTIMATED (roofline model, --estimate)" in r.stdout
+
+
+def test_the_real_runtime_timer_drives_the_sweep_on_cpu():
+    """Interface check against bole_cli.runtime (tiny model, CPU, eager): the timer is a
+    Forward and its curves make a valid profile."""
+    torch = pytest.importorskip("torch")
+    timer_mod = pytest.importorskip("bole_cli.runtime.timer")
+    from bole_cli.runtime.model import tiny_spec
+
+    timer = timer_mod.HybridForwardTimer(tiny_spec(), "cpu", torch.float32)
+    assert isinstance(timer, Forward)
+    res = run_sweep(timer, [1, 2], [16], [2, 4], Timing(warmup=1, repeats=2, max_rounds=1))
+    assert not res.failures and [c.n for c in res.curves] == [[2, 4], [2, 4]]
+    profile, _ = build_profile(gpu_key="cpu", model_name="tiny", kind="measured", sweep=res,
+                               grid=[2, 4], eps=0.05, acceptance=preset("paper-mbpp"),
+                               device_name=timer.device_name,
+                               extra_provenance={"sampled_layers": timer.info()["sampled_layers"]})
+    validate_profile(profile, "tiny.yaml")
