@@ -15,7 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
-from bole_cli.kernels import VerifyResult, gdn_gates, tree_commit, tree_conv, tree_conv_commit, tree_verify
+from bole_cli.kernels import (
+    VerifyResult,
+    gdn_gates,
+    tree_commit,
+    tree_conv,
+    tree_conv_commit,
+    tree_verify,
+    tree_verify_gated,
+)
 from bole_cli.kernels.reference import (
     gdn_gates_ref,
     tree_commit_ref,
@@ -71,7 +79,7 @@ def args(case):
 
 def check_verify_and_commit(case, forest, tol, config=None, seed=0):
     res = tree_verify(*args(case), out=poisoned_out(case), config=config)
-    ref = tree_verify_ref(*args(case))
+    ref = tree_verify_ref(*[x.cpu() for x in args(case)])
     assert rel_err(res.o, ref.o) <= tol
     assert rel_err(res.u, ref.u) <= tol
     assert rel_err(res.log_p, ref.log_p) <= tol
@@ -229,3 +237,17 @@ def test_gpu_real_shapes(dtype, tol, group):
     case, forest = make_case(123, sizes, h=16, group=group, kdim=128, vdim=128,
                              decay=(-8.0, -1e-4), dtype=dtype, device="cuda")
     check_verify_and_commit(case, forest, tol)
+
+
+def test_tree_verify_gated_equals_gates_then_verify():
+    case, forest = make_case(9, [12, 30], h=2, group=2, kdim=16, vdim=16, decay=(-1.0, -0.1))
+    gen = torch.Generator().manual_seed(9)
+    n, hv = case["g"].shape
+    a, b = torch.randn(n, hv, generator=gen) * 4, torch.randn(n, hv, generator=gen) * 3
+    A_log, dt_bias = torch.randn(hv, generator=gen), torch.randn(hv, generator=gen)
+    g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
+    ref = tree_verify_ref(*args(dict(case, g=g, beta=beta)))
+    res = tree_verify_gated(case["q"], case["k"], case["v"], a, b, A_log, dt_bias, case["state"],
+                            case["state_indices"], case["parents"], case["cu_seqlens"])
+    for got, want in zip(res, ref):
+        assert rel_err(got, want) <= 1e-5

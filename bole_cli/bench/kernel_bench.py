@@ -4,7 +4,7 @@
     calls it (gates fused, a float32 snapshot per node into intermediate_states_buffer),
     then the copy of each request's accepted snapshot back into the pool
     (fused_mamba_state_scatter_with_mask, as update_mamba_state_after_mtp_verify does).
-(b) Bole: gdn_gates + tree_verify + tree_commit on the same inputs.
+(b) Bole: tree_verify_gated (gates fused, like SGLang's) + tree_commit on the same inputs.
 (c) The memory-traffic floor: bytes that must move / measured device copy bandwidth.
 
 Timing: each variant is captured in a CUDA graph that runs it over ROTATE input sets
@@ -106,8 +106,9 @@ def measure_copy_bandwidth(torch) -> float:
     return 2 * n / (ms * 1e-3)
 
 
-def time_graph(torch, fns: list[Callable[[], None]]) -> float:
-    """Microseconds per call: capture all fns (one per input set) in one CUDA graph."""
+def time_graph(torch, fns: list[Callable[[], None]], rep_ms: int = 200, calls: Optional[int] = None) -> float:
+    """Microseconds per call: capture all fns in one CUDA graph; `calls` is how many
+    logical calls they make (default: one per fn, i.e. one per input set)."""
     import triton.testing
 
     stream = torch.cuda.Stream()
@@ -122,8 +123,20 @@ def time_graph(torch, fns: list[Callable[[], None]]) -> float:
         for fn in fns:
             fn()
     torch.cuda.synchronize()
-    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
-    return ms * 1e3 / len(fns)
+    ms = triton.testing.do_bench(graph.replay, warmup=100, rep=rep_ms, return_mode="median")
+    return ms * 1e3 / (calls or len(fns))
+
+
+def warm_gpu(torch, seconds: float = 1.0) -> None:
+    """Run matmuls until the clocks have ramped up (an idle H200 sits at ~500 MHz)."""
+    import time
+
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.time() + seconds
+    while time.time() < end:
+        for _ in range(20):
+            x = (x @ x).clamp_(-1, 1)
+        torch.cuda.synchronize()
 
 
 class LayerInputs:
@@ -178,11 +191,11 @@ class LayerInputs:
         return run
 
     # (b) Bole: gates, closed-form verify, factorised commit.
-    def bole_verify(self, kernels, out) -> Callable[[], None]:
+    def bole_verify(self, kernels, out, config=None) -> Callable[[], None]:
         def run():
-            g, beta = kernels.gdn_gates(self.A_log, self.a, self.dt_bias, self.b)
-            kernels.tree_verify(self.q, self.k, self.v, g, beta, self.pool, self.slots, self.parents,
-                                self.cu, check_trees=False, out=out)
+            kernels.tree_verify_gated(self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias,
+                                      self.pool, self.slots, self.parents, self.cu, check_trees=False,
+                                      out=out, config=config)
         return run
 
     def bole_commit(self, kernels, out) -> Callable[[], None]:
@@ -224,6 +237,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
         notes.append(f"SGLang kernels from {sg.source.describe()}")
     versions = {"torch": torch.__version__, "triton": triton.__version__, "bole": __version__,
                 "sglang": getattr(sg, "version", None)}
+    warm_gpu(torch)
     bw = measure_copy_bandwidth(torch)
     result = KernelBenchResult(torch.cuda.get_device_name(), versions, spec.name, bw, notes=notes)
     snap_node = snapshot_bytes_per_node_layer(spec, "float32")
@@ -244,7 +258,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                 commit = [s.bole_commit(kernels, o) for s, o in zip(sets, outs)]
                 case.bole_verify_us = time_graph(torch, verify)
                 case.bole_commit_us = time_graph(torch, commit)
-                case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair])
+                case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
                 if sg is not None:
                     # same inputs: check agreement before timing (the pool is read only here)
                     s0 = sets[0]

@@ -14,6 +14,7 @@ from bole_cli.kernels.gates import gdn_gates  # noqa: E402
 from bole_cli.kernels.reference import VerifyResult  # noqa: E402
 from bole_cli.kernels.tree_commit import tree_commit  # noqa: E402
 from bole_cli.kernels.tree_conv import tree_conv, tree_conv_commit  # noqa: E402
-from bole_cli.kernels.tree_verify import tree_verify  # noqa: E402
+from bole_cli.kernels.tree_verify import tree_verify, tree_verify_gated  # noqa: E402
 
-__all__ = ["VerifyResult", "gdn_gates", "tree_commit", "tree_conv", "tree_conv_commit", "tree_verify"]
+__all__ = ["VerifyResult", "gdn_gates", "tree_commit", "tree_conv", "tree_conv_commit", "tree_verify",
+           "tree_verify_gated"]

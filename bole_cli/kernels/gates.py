@@ -8,23 +8,19 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import InputError
+from bole_cli.kernels.tree_verify import _softplus
 from bole_cli.kernels.validate import ACTIVATION_DTYPES, check_shape, check_tensor
 
 
 @triton.jit
 def _gdn_gates_kernel(A_log, a, dt_bias, b, g, beta, n, s_an, s_bn,
-                      HV: tl.constexpr, BN: tl.constexpr, HP: tl.constexpr, THRESHOLD: tl.constexpr):
+                      HV: tl.constexpr, BN: tl.constexpr, HP: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     heads = tl.arange(0, HP)
     mask = (rows < n)[:, None] & (heads < HV)[None, :]
     x = tl.load(a + rows[:, None] * s_an + heads[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(dt_bias + heads, mask=heads < HV, other=0.0).to(tl.float32)[None, :]
-    ex = tl.exp(tl.minimum(x, THRESHOLD))
-    # softplus = log1p(e^x), with Kahan's log1p: log(1 + e) alone loses the digits of
-    # small e in float32 (e = 1e-5 would be 0.5% off).
-    one_plus = 1.0 + ex
-    log1p = tl.where(one_plus == 1.0, ex, tl.log(one_plus) * ex / (one_plus - 1.0))
-    sp = tl.where(x > THRESHOLD, x, log1p)
+    sp = _softplus(x)
     decay = -tl.exp(tl.load(A_log + heads, mask=heads < HV, other=0.0).to(tl.float32))
     bb = tl.load(b + rows[:, None] * s_bn + heads[None, :], mask=mask, other=0.0).to(tl.float32)
     out = rows[:, None] * HV + heads[None, :]
@@ -32,8 +28,8 @@ def _gdn_gates_kernel(A_log, a, dt_bias, b, g, beta, n, s_an, s_bn,
     tl.store(beta + out, tl.sigmoid(bb), mask=mask)
 
 
-def gdn_gates(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor,
-              *, softplus_threshold: float = 20.0) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gates(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """a, b [N, HV] (rows may be strided); A_log, dt_bias [HV]. Returns float32 (g, beta) [N, HV]."""
     dev = a.device
     check_tensor("a", a, 2, ACTIVATION_DTYPES, dev)
@@ -53,6 +49,6 @@ def gdn_gates(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: to
         bn = max(1, min(64, 4096 // hp))
         _gdn_gates_kernel[(triton.cdiv(n, bn),)](
             A_log, a, dt_bias, b, g, beta, n, a.stride(0), b.stride(0),
-            HV=hv, BN=bn, HP=hp, THRESHOLD=softplus_threshold,
+            HV=hv, BN=bn, HP=hp,
         )
     return g, beta

@@ -21,6 +21,7 @@ from bole_cli.kernels.configs import launch_config
 from bole_cli.kernels.validate import (
     check_accepted,
     ACTIVATION_DTYPES,
+    MAX_TREE_NODES,
     STATE_DTYPES,
     check_forest,
     check_index_vector,
@@ -36,7 +37,7 @@ def _tree_commit_kernel(
     n_req,
     s_sl, s_sn, s_sh, s_sv, s_kl, s_kn, s_kh, s_ul, s_un, s_uh, s_ll, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
-    USE_L2NORM: tl.constexpr,
+    NP: tl.constexpr, PB: tl.constexpr, USE_L2NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     layer = (pid // n_req).to(tl.int64)
@@ -47,6 +48,7 @@ def _tree_commit_kernel(
     if a >= 0:
         h = hv // GROUP
         start = tl.load(cu + b).to(tl.int64)
+        n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)
         slot = tl.load(state_idx + b).to(tl.int64)
         offs_k = tl.arange(0, KP)
         kmask = offs_k < K
@@ -57,17 +59,29 @@ def _tree_commit_kernel(
         lp_base = log_p + layer * s_ll + hv
         lp_a = tl.load(lp_base + (start + a) * s_ln)
         acc = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32) * tl.exp(lp_a)
+        # The request's parents in registers: the path walk is then register work, and
+        # the path's k/u rows are fetched PB at a time with independent loads.
+        nodes = tl.arange(0, NP)
+        par = tl.load(parents + start + nodes, mask=nodes < n_nodes, other=-1).to(tl.int32)
+        steps = tl.arange(0, PB)
         cur = a
         while cur >= 0:
-            row = start + cur
-            kj = tl.load(k + layer * s_kl + row * s_kn + h * s_kh + offs_k, mask=kmask, other=0.0).to(tl.float32)
+            path = tl.full([PB], -1, tl.int32)
+            for s in tl.static_range(PB):
+                path = tl.where(steps == s, cur, path)
+                nxt = tl.sum(tl.where(nodes == cur, par, 0), axis=0)
+                cur = tl.where((cur >= 0) & (nxt < cur), nxt, -1)
+            on = path >= 0
+            rows = start + path
+            kp = tl.load(k + layer * s_kl + rows[:, None] * s_kn + h * s_kh + offs_k[None, :],
+                         mask=on[:, None] & kmask[None, :], other=0.0).to(tl.float32)
             if USE_L2NORM:
-                kj = kj / tl.sqrt(tl.sum(kj * kj, axis=0) + 1e-6)
-            uj = tl.load(u + layer * s_ul + row * s_un + hv * s_uh + offs_v, mask=vmask, other=0.0)
-            w = tl.exp(tl.minimum(lp_a - tl.load(lp_base + row * s_ln), 0.0))
-            acc += (w * uj)[:, None] * kj[None, :]
-            nxt = tl.load(parents + row).to(tl.int32)
-            cur = tl.where(nxt < cur, nxt, -1)
+                kp = kp / tl.sqrt(tl.sum(kp * kp, axis=1) + 1e-6)[:, None]
+            up = tl.load(u + layer * s_ul + rows[:, None] * s_un + hv * s_uh + offs_v[None, :],
+                         mask=on[:, None] & vmask[None, :], other=0.0)
+            lpj = tl.load(lp_base + rows * s_ln, mask=on, other=0.0)
+            w = tl.where(on, tl.exp(tl.minimum(lp_a - lpj, 0.0)), 0.0)
+            acc += tl.dot(tl.trans(up * w[:, None]), kp, input_precision="ieee")
         tl.store(s_ptr, acc.to(state.dtype.element_ty), mask=tile_mask)
 
 
@@ -141,7 +155,7 @@ def tree_commit(
         lstr[2], uu.stride(0), uu.stride(1),
         lstr[3], ll.stride(0),
         GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim), BV=bv,
-        USE_L2NORM=use_qk_l2norm,
+        NP=MAX_TREE_NODES, PB=16, USE_L2NORM=use_qk_l2norm,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return state

@@ -53,6 +53,15 @@ def _block_mask(bits, cols, c0, NW: tl.constexpr):
 
 
 @triton.jit
+def _softplus(x):
+    """log1p(exp(x)) with SGLang's threshold 20 and Kahan's log1p for small exp(x)."""
+    ex = tl.exp(tl.minimum(x, 20.0))
+    one_plus = 1.0 + ex
+    log1p = tl.where(one_plus == 1.0, ex, tl.log(one_plus) * ex / (one_plus - 1.0))
+    return tl.where(x > 20.0, x, log1p)
+
+
+@triton.jit
 def _load_qk_rows(ptr, rows_g, rmask, h, stride_n, stride_h, offs_k, kmask, USE_L2NORM: tl.constexpr):
     x = tl.load(ptr + rows_g[:, None] * stride_n + h * stride_h + offs_k[None, :],
                 mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
@@ -63,13 +72,13 @@ def _load_qk_rows(ptr, rows_g, rmask, h, stride_n, stride_h, offs_k, kmask, USE_
 
 @triton.jit
 def _tree_verify_kernel(
-    q, k, v, g, beta, state, state_idx, parents, cu, o, u, log_p,
+    q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
     scale,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     BC: tl.constexpr, BV: tl.constexpr, NW: tl.constexpr,
-    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -85,6 +94,12 @@ def _tree_verify_kernel(
     vmask = offs_v < V
     lane = tl.arange(0, BC)
     words = tl.arange(0, NW)
+    if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
+        neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
+        bias = tl.load(dt_bias + hv).to(tl.float32)
+    else:
+        neg_a = 0.0
+        bias = 0.0
 
     s_tile = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :],
                      mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BV, KP]
@@ -105,7 +120,10 @@ def _tree_verify_kernel(
             hit = act[:, None] & (words[None, :] == (cur // 64)[:, None])
             one = tl.full([BC, NW], 1, tl.int64)
             bits = bits | tl.where(hit, one << (cur % 64).to(tl.int64)[:, None], 0)
-            lp += tl.load(g + (start + cur) * s_gn + hv * s_gh, mask=act, other=0.0).to(tl.float32)
+            gj = tl.load(g + (start + cur) * s_gn + hv * s_gh, mask=act, other=0.0).to(tl.float32)
+            if GATED:
+                gj = tl.where(act, neg_a * _softplus(gj + bias), 0.0)
+            lp += gj
             n_in += (act & (cur >= c0)).to(tl.int32)
             nxt = tl.load(parents + start + cur, mask=act, other=-1).to(tl.int32)
             cur = tl.where(act & (nxt < cur), nxt, -1)  # a malformed parent cannot loop forever
@@ -115,6 +133,8 @@ def _tree_verify_kernel(
         vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
                      mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
         bc = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
+        if GATED:
+            bc = tl.where(rmask, tl.sigmoid(bc), 0.0)
         p = tl.exp(lp)
 
         ks = tl.dot(kc, tl.trans(s_tile), input_precision=PRECISION)  # [BC, BV] rows k_i^T S
@@ -185,6 +205,39 @@ def tree_verify(
     -1 for a root; cu_seqlens [B+1]. Returns VerifyResult(o [N, HV, V] in v's dtype,
     u [N, HV, V] float32, log_p [N, HV] float32). `out` reuses preallocated outputs.
     """
+    return _verify(q, k, v, g, beta, None, None, state, state_indices, parents, cu_seqlens,
+                   scale=scale, use_qk_l2norm=use_qk_l2norm, check_trees=check_trees, config=config, out=out)
+
+
+def tree_verify_gated(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    parents: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    **kwargs,
+) -> VerifyResult:
+    """tree_verify with the gates fused in: a, b [N, HV] raw (g = -exp(A_log) softplus(a +
+    dt_bias), beta = sigmoid(b)), as SGLang's target_verify receives them. Saves a launch
+    and a round trip of g and beta through memory."""
+    hv = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        check_tensor(name, t, 1, (torch.float32, torch.bfloat16, torch.float16), q.device)
+        if hv is not None:
+            check_shape(name, t, (hv,))
+    return _verify(q, k, v, a, b, A_log, dt_bias, state, state_indices, parents, cu_seqlens, **kwargs)
+
+
+def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_seqlens, *,
+            scale=None, use_qk_l2norm=True, check_trees=True, config=None, out=None) -> VerifyResult:
+    gated = A_log is not None
+    gname, bname = ("a", "b") if gated else ("g", "beta")
     dev = q.device
     check_tensor("q", q, 3, ACTIVATION_DTYPES, dev)
     n, h, kdim = q.shape
@@ -196,7 +249,7 @@ def tree_verify(
     hv, vdim = v.shape[1], v.shape[2]
     if h == 0 or hv % h:
         raise InputError(f"v: {hv} value heads is not a multiple of q/k's {h} key heads")
-    for name, t in (("g", g), ("beta", beta)):
+    for name, t in ((gname, g), (bname, beta)):
         check_tensor(name, t, 2, ACTIVATION_DTYPES, dev)
         check_shape(name, t, (n, hv))
     check_tensor("state", state, 4, STATE_DTYPES, dev)
@@ -224,10 +277,14 @@ def tree_verify(
         return VerifyResult(o, u, log_p)
 
     cfg = launch_config("tree_verify", {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "N": n}, config)
+    # tf32 dots are well inside bf16/fp16 activations' noise; float32 activations get tf32x3
+    # (three tf32 products, about float32's accuracy).
+    precision = cfg["precision"] or ("tf32x3" if q.dtype == torch.float32 else "tf32")
     bv = min(cfg["BV"], triton.next_power_of_2(vdim))
     grid = (bsz, hv, triton.cdiv(vdim, bv))
     _tree_verify_kernel[grid](
-        q, k, v, g, beta, state, state_indices, parents, cu_seqlens, o, u, log_p,
+        q, k, v, g, beta, A_log if gated else g, dt_bias if gated else g,
+        state, state_indices, parents, cu_seqlens, o, u, log_p,
         float(kdim ** -0.5 if scale is None else scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
@@ -235,7 +292,7 @@ def tree_verify(
         o.stride(0), o.stride(1), u.stride(0), u.stride(1), log_p.stride(0),
         GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim),
         BC=cfg["BC"], BV=bv, NW=NW,
-        USE_L2NORM=use_qk_l2norm, PRECISION=cfg["precision"],
+        USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return VerifyResult(o, u, log_p)
