@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 DEFAULTS: dict[str, dict] = {
-    # BC: node chunk of the blocked solve; BV: value tile; warps and stages as Triton's;
+    # BC: node chunk of the blocked solve; BV: value tile; BK: key-dim slice of the dots;
+    # warps and stages as Triton's;
     # precision of tree_verify's dots (None: by activation dtype, see tree_verify).
-    "tree_verify": {"BC": 32, "BV": 64, "num_warps": 4, "num_stages": 1, "precision": None},
+    "tree_verify": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 4, "num_stages": 1, "precision": None},
     "tree_commit": {"BV": 32, "num_warps": 4, "num_stages": 1},
     "tree_conv": {"BN": 16, "BD": 128, "num_warps": 4, "num_stages": 1},
 }

@@ -63,25 +63,20 @@ def _tree_commit_kernel(
         # the path's k/u rows are fetched PB at a time with independent loads.
         nodes = tl.arange(0, NP)
         par = tl.load(parents + start + nodes, mask=nodes < n_nodes, other=-1).to(tl.int32)
-        steps = tl.arange(0, PB)
         cur = a
         while cur >= 0:
-            path = tl.full([PB], -1, tl.int32)
-            for s in tl.static_range(PB):
-                path = tl.where(steps == s, cur, path)
+            for _s in tl.static_range(PB):  # PB path nodes per pass; loads do not wait on the walk
+                on = cur >= 0
+                row = start + tl.maximum(cur, 0)  # past the root: a valid row, weighted 0
+                kj = tl.load(k + layer * s_kl + row * s_kn + h * s_kh + offs_k, mask=kmask, other=0.0).to(tl.float32)
+                if USE_L2NORM:
+                    kj = kj / tl.sqrt(tl.sum(kj * kj, axis=0) + 1e-6)
+                uj = tl.load(u + layer * s_ul + row * s_un + hv * s_uh + offs_v, mask=vmask, other=0.0)
+                lpj = tl.load(lp_base + row * s_ln)
+                w = tl.where(on, tl.exp(tl.minimum(lp_a - lpj, 0.0)), 0.0)
+                acc += (w * uj)[:, None] * kj[None, :]
                 nxt = tl.sum(tl.where(nodes == cur, par, 0), axis=0)
-                cur = tl.where((cur >= 0) & (nxt < cur), nxt, -1)
-            on = path >= 0
-            rows = start + path
-            kp = tl.load(k + layer * s_kl + rows[:, None] * s_kn + h * s_kh + offs_k[None, :],
-                         mask=on[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            if USE_L2NORM:
-                kp = kp / tl.sqrt(tl.sum(kp * kp, axis=1) + 1e-6)[:, None]
-            up = tl.load(u + layer * s_ul + rows[:, None] * s_un + hv * s_uh + offs_v[None, :],
-                         mask=on[:, None] & vmask[None, :], other=0.0)
-            lpj = tl.load(lp_base + rows * s_ln, mask=on, other=0.0)
-            w = tl.where(on, tl.exp(tl.minimum(lp_a - lpj, 0.0)), 0.0)
-            acc += tl.dot(tl.trans(up * w[:, None]), kp, input_precision="ieee")
+                cur = tl.where(on & (nxt < cur), nxt, -1)
         tl.store(s_ptr, acc.to(state.dtype.element_ty), mask=tile_mask)
 
 

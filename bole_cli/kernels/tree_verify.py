@@ -62,12 +62,22 @@ def _softplus(x):
 
 
 @triton.jit
-def _load_qk_rows(ptr, rows_g, rmask, h, stride_n, stride_h, offs_k, kmask, USE_L2NORM: tl.constexpr):
-    x = tl.load(ptr + rows_g[:, None] * stride_n + h * stride_h + offs_k[None, :],
-                mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+def _inv_norm(ptr, rows_g, rmask, h, stride_n, stride_h, offs_k, kmask, USE_L2NORM: tl.constexpr):
+    """1 / sqrt(sum x^2 + 1e-6) per row (1 without the L2 norm), from one full-row load."""
     if USE_L2NORM:
-        x = x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
-    return x
+        x = tl.load(ptr + rows_g[:, None] * stride_n + h * stride_h + offs_k[None, :],
+                    mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        return 1.0 / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)
+    else:
+        return tl.full(rmask.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def _load_k_chunk(ptr, rows_g, rmask, h, stride_n, stride_h, offs, K: tl.constexpr, inv):
+    """Rows' key-dim slice `offs`, normalised by the precomputed inverse norms."""
+    x = tl.load(ptr + rows_g[:, None] * stride_n + h * stride_h + offs[None, :],
+                mask=rmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+    return x * inv[:, None]
 
 
 @triton.jit
@@ -77,7 +87,7 @@ def _tree_verify_kernel(
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
-    BC: tl.constexpr, BV: tl.constexpr, NW: tl.constexpr,
+    BC: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NW: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -101,8 +111,6 @@ def _tree_verify_kernel(
         neg_a = 0.0
         bias = 0.0
 
-    s_tile = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :],
-                     mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BV, KP]
 
     for c in range(0, tl.cdiv(n_nodes, BC)):
         c0 = c * BC
@@ -128,8 +136,8 @@ def _tree_verify_kernel(
             nxt = tl.load(parents + start + cur, mask=act, other=-1).to(tl.int32)
             cur = tl.where(act & (nxt < cur), nxt, -1)  # a malformed parent cannot loop forever
 
-        kc = _load_qk_rows(k, rows_g, rmask, h, s_kn, s_kh, offs_k, kmask, USE_L2NORM)
-        qc = _load_qk_rows(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, USE_L2NORM) * scale
+        inv_k = _inv_norm(k, rows_g, rmask, h, s_kn, s_kh, offs_k, kmask, USE_L2NORM)
+        inv_q = _inv_norm(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, USE_L2NORM) * scale
         vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
                      mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
         bc = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
@@ -137,8 +145,22 @@ def _tree_verify_kernel(
             bc = tl.where(rmask, tl.sigmoid(bc), 0.0)
         p = tl.exp(lp)
 
-        ks = tl.dot(kc, tl.trans(s_tile), input_precision=PRECISION)  # [BC, BV] rows k_i^T S
-        qs = tl.dot(qc, tl.trans(s_tile), input_precision=PRECISION)
+        # Every product over the key dim runs in BK-wide slices re-read from L1/L2: whole
+        # [BC, K] / [BV, K] float32 dot operands do not fit the registers (ptxas: 255 + spills).
+        ks = tl.zeros([BC, BV], dtype=tl.float32)  # rows k_i^T S
+        qs = tl.zeros([BC, BV], dtype=tl.float32)
+        kk = tl.zeros([BC, BC], dtype=tl.float32)
+        qk = tl.zeros([BC, BC], dtype=tl.float32)
+        for kb in range(0, KP, BK):
+            offs = kb + tl.arange(0, BK)
+            kcb = _load_k_chunk(k, rows_g, rmask, h, s_kn, s_kh, offs, K, inv_k)
+            qcb = _load_k_chunk(q, rows_g, rmask, h, s_qn, s_qh, offs, K, inv_q)
+            sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
+                         mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+            ks += tl.dot(kcb, tl.trans(sb), input_precision=PRECISION)
+            qs += tl.dot(qcb, tl.trans(sb), input_precision=PRECISION)
+            kk += tl.dot(kcb, tl.trans(kcb), input_precision=PRECISION)
+            qk += tl.dot(qcb, tl.trans(kcb), input_precision=PRECISION)
         r = bc[:, None] * (vc - p[:, None] * ks)
         out = p[:, None] * qs
 
@@ -146,21 +168,30 @@ def _tree_verify_kernel(
             cols = c2 * BC + lane
             m = _block_mask(bits, cols, c2 * BC, NW)
             cols_g = start + cols
-            kj = _load_qk_rows(k, cols_g, cols < n_nodes, h, s_kn, s_kh, offs_k, kmask, USE_L2NORM)
+            inv_kj = _inv_norm(k, cols_g, cols < n_nodes, h, s_kn, s_kh, offs_k, kmask, USE_L2NORM)
+            kkj = tl.zeros([BC, BC], dtype=tl.float32)
+            qkj = tl.zeros([BC, BC], dtype=tl.float32)
+            for kb in range(0, KP, BK):
+                offs = kb + tl.arange(0, BK)
+                kcb = _load_k_chunk(k, rows_g, rmask, h, s_kn, s_kh, offs, K, inv_k)
+                qcb = _load_k_chunk(q, rows_g, rmask, h, s_qn, s_qh, offs, K, inv_q)
+                kjb = _load_k_chunk(k, cols_g, cols < n_nodes, h, s_kn, s_kh, offs, K, inv_kj)
+                kkj += tl.dot(kcb, tl.trans(kjb), input_precision=PRECISION)
+                qkj += tl.dot(qcb, tl.trans(kjb), input_precision=PRECISION)
             lpj = tl.load(log_p + cols_g * s_ln + hv)
             uj = tl.load(u + cols_g[:, None] * s_un + hv * s_uh + offs_v[None, :],
                          mask=vmask[None, :], other=0.0)
             ratio = tl.where(m, tl.exp(tl.minimum(lp[:, None] - lpj[None, :], 0.0)), 0.0)
-            gram = bc[:, None] * ratio * tl.dot(kc, tl.trans(kj), input_precision=PRECISION)
-            cmat = ratio * tl.dot(qc, tl.trans(kj), input_precision=PRECISION)
+            gram = bc[:, None] * ratio * kkj
+            cmat = ratio * qkj
             r -= tl.dot(gram, uj, input_precision=PRECISION)
             out += tl.dot(cmat, uj, input_precision=PRECISION)
 
         m = _block_mask(bits, rows, c0, NW)
         ratio = tl.where(m, tl.exp(tl.minimum(lp[:, None] - lp[None, :], 0.0)), 0.0)
         strict = m & (rows[None, :] != rows[:, None])
-        gram = tl.where(strict, bc[:, None] * ratio * tl.dot(kc, tl.trans(kc), input_precision=PRECISION), 0.0)
-        cmat = ratio * tl.dot(qc, tl.trans(kc), input_precision=PRECISION)
+        gram = tl.where(strict, bc[:, None] * ratio * kk, 0.0)
+        cmat = ratio * qk
 
         # (I + G)^-1 = (I - G)(I + G^2)(I + G^4)...: G is nilpotent of index depth+1.
         depth = tl.max(n_in, axis=0) - 1
@@ -291,7 +322,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         state.stride(0), state.stride(1), state.stride(2),
         o.stride(0), o.stride(1), u.stride(0), u.stride(1), log_p.stride(0),
         GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim),
-        BC=cfg["BC"], BV=bv, NW=NW,
+        BC=cfg["BC"], BV=bv, BK=min(cfg["BK"], triton.next_power_of_2(kdim)), NW=NW,
         USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

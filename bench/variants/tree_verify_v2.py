@@ -1,0 +1,299 @@
+"""[bench variant v2, kept for comparison: S tile held in registers, full-K dot operands]
+Closed-form tree verify through one GDN layer (DESIGN.md §2, Theorem 1).
+
+One program per (request, value head, value tile). A request's nodes are processed in
+chunks of BC consecutive nodes (parents come first, so a chunk only depends on earlier
+chunks): for chunk c,
+
+    R_c = D_beta (V_c - D_P K_c S^T)  -  sum_{c' < c} G[c, c'] U_c'
+    U_c = (I + G_cc)^-1 R_c            (product form: (I-G)(I+G^2)(I+G^4)...)
+    O_c = D_P Q_c S^T  +  sum_{c' <= c} C[c, c'] U_c'
+
+G and C are the ancestor-masked Gram terms built from k, q and exp(logP_i - logP_j); they
+are rebuilt per value tile from k and q (cheap) and never materialise a per-node state.
+The ancestor sets come from walking each row's parent chain once per chunk into a
+bitmask (NW 64-bit words covering up to 256 nodes), which also sums logP. The product
+form needs ceil(log2(d+1)) factors where d is the deepest in-chunk ancestor count, so it
+is exact for any depth. U of finished chunks is written to `u` and read back by later
+chunks of the same program (hence the barrier).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from bole_cli.errors import InputError
+from bole_cli.kernels.configs import launch_config
+from bole_cli.kernels.reference import VerifyResult
+from bole_cli.kernels.validate import (
+    ACTIVATION_DTYPES,
+    MAX_TREE_NODES,
+    STATE_DTYPES,
+    check_forest,
+    check_index_vector,
+    check_last_contiguous,
+    check_shape,
+    check_tensor,
+)
+
+NW = MAX_TREE_NODES // 64  # 64-bit ancestor words per node
+
+
+@triton.jit
+def _block_mask(bits, cols, c0, NW: tl.constexpr):
+    """[BC, BC] mask: column j (local index cols[j], all in one 64-bit word) is in row i's A+."""
+    word = c0 // 64
+    sel = tl.arange(0, NW)[None, :] == word
+    row_word = tl.sum(tl.where(sel, bits, 0), axis=1)  # [BC] int64
+    shift = (cols % 64).to(tl.int64)
+    return ((row_word[:, None] >> shift[None, :]) & 1) != 0
+
+
+@triton.jit
+def _softplus(x):
+    """log1p(exp(x)) with SGLang's threshold 20 and Kahan's log1p for small exp(x)."""
+    ex = tl.exp(tl.minimum(x, 20.0))
+    one_plus = 1.0 + ex
+    log1p = tl.where(one_plus == 1.0, ex, tl.log(one_plus) * ex / (one_plus - 1.0))
+    return tl.where(x > 20.0, x, log1p)
+
+
+@triton.jit
+def _load_qk_rows(ptr, rows_g, rmask, h, stride_n, stride_h, offs_k, kmask, USE_L2NORM: tl.constexpr):
+    x = tl.load(ptr + rows_g[:, None] * stride_n + h * stride_h + offs_k[None, :],
+                mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+    return x
+
+
+@triton.jit
+def _tree_verify_kernel(
+    q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
+    scale,
+    s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
+    s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
+    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
+    BC: tl.constexpr, BV: tl.constexpr, NW: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    iv = tl.program_id(2)
+    h = hv // GROUP
+    start = tl.load(cu + b).to(tl.int64)
+    n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)
+    slot = tl.load(state_idx + b).to(tl.int64)
+
+    offs_k = tl.arange(0, KP)
+    kmask = offs_k < K
+    offs_v = iv * BV + tl.arange(0, BV)
+    vmask = offs_v < V
+    lane = tl.arange(0, BC)
+    words = tl.arange(0, NW)
+    if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
+        neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
+        bias = tl.load(dt_bias + hv).to(tl.float32)
+    else:
+        neg_a = 0.0
+        bias = 0.0
+
+    s_tile = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :],
+                     mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BV, KP]
+
+    for c in range(0, tl.cdiv(n_nodes, BC)):
+        c0 = c * BC
+        rows = c0 + lane
+        rmask = rows < n_nodes
+        rows_g = start + rows
+
+        # Walk each row's parent chain: ancestor bitmask, logP, in-chunk ancestor count.
+        cur = tl.where(rmask, rows, -1)
+        bits = tl.zeros([BC, NW], dtype=tl.int64)
+        lp = tl.zeros([BC], dtype=tl.float32)
+        n_in = tl.zeros([BC], dtype=tl.int32)
+        while tl.max(cur, axis=0) >= 0:
+            act = cur >= 0
+            hit = act[:, None] & (words[None, :] == (cur // 64)[:, None])
+            one = tl.full([BC, NW], 1, tl.int64)
+            bits = bits | tl.where(hit, one << (cur % 64).to(tl.int64)[:, None], 0)
+            gj = tl.load(g + (start + cur) * s_gn + hv * s_gh, mask=act, other=0.0).to(tl.float32)
+            if GATED:
+                gj = tl.where(act, neg_a * _softplus(gj + bias), 0.0)
+            lp += gj
+            n_in += (act & (cur >= c0)).to(tl.int32)
+            nxt = tl.load(parents + start + cur, mask=act, other=-1).to(tl.int32)
+            cur = tl.where(act & (nxt < cur), nxt, -1)  # a malformed parent cannot loop forever
+
+        kc = _load_qk_rows(k, rows_g, rmask, h, s_kn, s_kh, offs_k, kmask, USE_L2NORM)
+        qc = _load_qk_rows(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, USE_L2NORM) * scale
+        vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
+                     mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+        bc = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
+        if GATED:
+            bc = tl.where(rmask, tl.sigmoid(bc), 0.0)
+        p = tl.exp(lp)
+
+        ks = tl.dot(kc, tl.trans(s_tile), input_precision=PRECISION)  # [BC, BV] rows k_i^T S
+        qs = tl.dot(qc, tl.trans(s_tile), input_precision=PRECISION)
+        r = bc[:, None] * (vc - p[:, None] * ks)
+        out = p[:, None] * qs
+
+        for c2 in range(0, c):
+            cols = c2 * BC + lane
+            m = _block_mask(bits, cols, c2 * BC, NW)
+            cols_g = start + cols
+            kj = _load_qk_rows(k, cols_g, cols < n_nodes, h, s_kn, s_kh, offs_k, kmask, USE_L2NORM)
+            lpj = tl.load(log_p + cols_g * s_ln + hv)
+            uj = tl.load(u + cols_g[:, None] * s_un + hv * s_uh + offs_v[None, :],
+                         mask=vmask[None, :], other=0.0)
+            ratio = tl.where(m, tl.exp(tl.minimum(lp[:, None] - lpj[None, :], 0.0)), 0.0)
+            gram = bc[:, None] * ratio * tl.dot(kc, tl.trans(kj), input_precision=PRECISION)
+            cmat = ratio * tl.dot(qc, tl.trans(kj), input_precision=PRECISION)
+            r -= tl.dot(gram, uj, input_precision=PRECISION)
+            out += tl.dot(cmat, uj, input_precision=PRECISION)
+
+        m = _block_mask(bits, rows, c0, NW)
+        ratio = tl.where(m, tl.exp(tl.minimum(lp[:, None] - lp[None, :], 0.0)), 0.0)
+        strict = m & (rows[None, :] != rows[:, None])
+        gram = tl.where(strict, bc[:, None] * ratio * tl.dot(kc, tl.trans(kc), input_precision=PRECISION), 0.0)
+        cmat = ratio * tl.dot(qc, tl.trans(kc), input_precision=PRECISION)
+
+        # (I + G)^-1 = (I - G)(I + G^2)(I + G^4)...: G is nilpotent of index depth+1.
+        depth = tl.max(n_in, axis=0) - 1
+        x = r - tl.dot(gram, r, input_precision=PRECISION)
+        gpow = gram
+        covered = depth * 0 + 1
+        while covered < depth:
+            gpow = tl.dot(gpow, gpow, input_precision=PRECISION)
+            x += tl.dot(gpow, x, input_precision=PRECISION)
+            covered = 2 * covered + 1
+        out += tl.dot(cmat, x, input_precision=PRECISION)
+
+        tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], x,
+                 mask=rmask[:, None] & vmask[None, :])
+        tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty),
+                 mask=rmask[:, None] & vmask[None, :])
+        tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)
+        tl.debug_barrier()  # later chunks of this program read u and log_p back
+
+
+def tree_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    parents: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    use_qk_l2norm: bool = True,
+    check_trees: bool = True,
+    config: Optional[dict] = None,
+    out: Optional[VerifyResult] = None,
+) -> VerifyResult:
+    """Verify a packed forest of draft trees through one GDN layer in closed form.
+
+    Shapes (DESIGN.md §3): q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; state
+    [S, HV, V, K] float32 or bfloat16 (read only); state_indices [B]; parents [N] local,
+    -1 for a root; cu_seqlens [B+1]. Returns VerifyResult(o [N, HV, V] in v's dtype,
+    u [N, HV, V] float32, log_p [N, HV] float32). `out` reuses preallocated outputs.
+    """
+    return _verify(q, k, v, g, beta, None, None, state, state_indices, parents, cu_seqlens,
+                   scale=scale, use_qk_l2norm=use_qk_l2norm, check_trees=check_trees, config=config, out=out)
+
+
+def tree_verify_gated(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    parents: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    **kwargs,
+) -> VerifyResult:
+    """tree_verify with the gates fused in: a, b [N, HV] raw (g = -exp(A_log) softplus(a +
+    dt_bias), beta = sigmoid(b)), as SGLang's target_verify receives them. Saves a launch
+    and a round trip of g and beta through memory."""
+    hv = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        check_tensor(name, t, 1, (torch.float32, torch.bfloat16, torch.float16), q.device)
+        if hv is not None:
+            check_shape(name, t, (hv,))
+    return _verify(q, k, v, a, b, A_log, dt_bias, state, state_indices, parents, cu_seqlens, **kwargs)
+
+
+def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_seqlens, *,
+            scale=None, use_qk_l2norm=True, check_trees=True, config=None, out=None) -> VerifyResult:
+    gated = A_log is not None
+    gname, bname = ("a", "b") if gated else ("g", "beta")
+    dev = q.device
+    check_tensor("q", q, 3, ACTIVATION_DTYPES, dev)
+    n, h, kdim = q.shape
+    check_tensor("k", k, 3, ACTIVATION_DTYPES, dev)
+    check_shape("k", k, (n, h, kdim))
+    check_tensor("v", v, 3, ACTIVATION_DTYPES, dev)
+    if v.shape[0] != n:
+        raise InputError(f"v: expected {n} nodes like q, got shape {tuple(v.shape)}")
+    hv, vdim = v.shape[1], v.shape[2]
+    if h == 0 or hv % h:
+        raise InputError(f"v: {hv} value heads is not a multiple of q/k's {h} key heads")
+    for name, t in ((gname, g), (bname, beta)):
+        check_tensor(name, t, 2, ACTIVATION_DTYPES, dev)
+        check_shape(name, t, (n, hv))
+    check_tensor("state", state, 4, STATE_DTYPES, dev)
+    if tuple(state.shape[1:]) != (hv, vdim, kdim):
+        raise InputError(f"state: expected [S, {hv}, {vdim}, {kdim}] (slots, HV, V, K), got {tuple(state.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("state", state)):
+        check_last_contiguous(name, t)
+    check_tensor("cu_seqlens", cu_seqlens, 1, None, dev)
+    bsz = cu_seqlens.shape[0] - 1
+    if bsz < 0:
+        raise InputError("cu_seqlens: needs at least one entry")
+    check_index_vector("state_indices", state_indices, bsz, dev)
+    check_index_vector("parents", parents, n, dev)
+    check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
+    if check_trees:
+        check_forest(parents, cu_seqlens, n)
+
+    if out is None:
+        o = torch.empty_like(v)
+        u = torch.empty(n, hv, vdim, device=dev, dtype=torch.float32)
+        log_p = torch.empty(n, hv, device=dev, dtype=torch.float32)
+    else:
+        o, u, log_p = out
+    if n == 0 or bsz == 0:
+        return VerifyResult(o, u, log_p)
+
+    cfg = launch_config("tree_verify", {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "N": n}, config)
+    # tf32 dots are well inside bf16/fp16 activations' noise; float32 activations get tf32x3
+    # (three tf32 products, about float32's accuracy).
+    precision = cfg["precision"] or ("tf32x3" if q.dtype == torch.float32 else "tf32")
+    bv = min(cfg["BV"], triton.next_power_of_2(vdim))
+    grid = (bsz, hv, triton.cdiv(vdim, bv))
+    _tree_verify_kernel[grid](
+        q, k, v, g, beta, A_log if gated else g, dt_bias if gated else g,
+        state, state_indices, parents, cu_seqlens, o, u, log_p,
+        float(kdim ** -0.5 if scale is None else scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        state.stride(0), state.stride(1), state.stride(2),
+        o.stride(0), o.stride(1), u.stride(0), u.stride(1), log_p.stride(0),
+        GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim),
+        BC=cfg["BC"], BV=bv, NW=NW,
+        USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return VerifyResult(o, u, log_p)
