@@ -7,6 +7,7 @@ checked against v3's default before it is timed. Prints the best per shape; JSON
     python3 bench/sweep_verify.py OUT.json
 """
 
+import importlib
 import importlib.util
 import itertools
 import json
@@ -17,9 +18,9 @@ import torch
 
 from bole_cli.bench.kernel_bench import ROTATE, LayerInputs, time_graph, warm_gpu
 from bole_cli.catalog.models import resolve_model
-from bole_cli.kernels import tree_verify as v3
 from bole_cli.kernels.reference import VerifyResult
 
+v3 = importlib.import_module("bole_cli.kernels.tree_verify")  # the module, not the function
 spec_v2 = importlib.util.spec_from_file_location("tree_verify_v2", Path(__file__).parent / "variants/tree_verify_v2.py")
 v2 = importlib.util.module_from_spec(spec_v2)
 spec_v2.loader.exec_module(v2)

@@ -28,15 +28,18 @@ def set_resolver(fn: Optional[Callable[[str, dict], Optional[dict]]]) -> None:
 
 
 def _verify_rule(shape: dict) -> dict:
-    """tree_verify's built-in choice, from an H200 grid over BC x BV x warps (bench/NOTES.md):
-    enough programs to fill the GPU first (value tiles of 32 at batch 1), then the smallest
-    node chunk (the product-form solve costs grow with BC); long trees at small batch are
-    latency-bound and prefer fewer, larger chunks."""
+    """tree_verify's built-in choice, from the H200 grid over BC x BV x BK x warps
+    (bench/NOTES.md, bench/results/sweep-verify-h200.json): at batch 1 small value tiles
+    keep 128 programs busy; beyond, 2 warps per program (the dot operands of a 16-32 row
+    chunk are replicated per warp), value tiles of 32-64, and chunks of 32 once trees
+    average 32 nodes or more (fewer serial chunk passes)."""
     lanes = shape.get("B", 1) * shape.get("HV", 1)  # programs per value tile
     avg_nodes = shape.get("N", 0) / max(shape.get("B", 1), 1)
-    if lanes < 256 and avg_nodes >= 48:
-        return {"BC": 64, "BV": 32 if lanes <= 32 else 128}
-    return {"BC": 16, "BV": 128 if lanes >= 256 else (64 if lanes >= 128 else 32)}
+    if lanes <= 32:
+        return {"BC": 32, "BV": 32, "BK": 32, "num_warps": 4}
+    bc = 16 if avg_nodes < 32 else 32
+    return {"BC": bc, "BV": 32 if lanes < 512 else 64, "BK": 64 if bc == 16 and lanes < 512 else 32,
+            "num_warps": 2}
 
 
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:
