@@ -103,17 +103,18 @@ class ModelSpec:
         """Per draft node, all GDN layers: one full state snapshot (SGLang's verifier)."""
         return self.gdn_state_bytes(state_bytes)
 
-    def factor_bytes_per_node(self, elem_bytes: int = 4) -> int:
-        """Per draft node, all GDN layers: Bole's factors k (shared across the GQA group),
-        u and log_p, (H*dk + HV*dv + HV) elements per layer."""
-        per_layer = (self.gdn_key_heads * self.gdn_key_dim
-                     + self.gdn_value_heads * self.gdn_value_dim + self.gdn_value_heads)
-        return self.n_gdn_layers * per_layer * elem_bytes
+    def factor_bytes_per_node(self) -> int:
+        """Per draft node, all GDN layers: Bole's factors (k, u, log_p); bole_cli.memory
+        holds the arithmetic."""
+        from bole_cli.memory import factor_bytes_per_node_layer
+
+        return self.n_gdn_layers * factor_bytes_per_node_layer(self)
 
     def snapshot_factor_ratio(self) -> float:
         """How many times smaller the per-node factors are than a per-node snapshot."""
-        factors = self.factor_bytes_per_node()
-        return self.snapshot_bytes_per_node() / factors if factors else float("inf")
+        from bole_cli.memory import factor_ratio
+
+        return factor_ratio(self)
 
     def kv_bytes_per_token(self, elem_bytes: int = 2) -> int:
         """KV cache bytes one token costs across all full-attention layers."""
