@@ -30,6 +30,8 @@ COMMAND_MODULES = (
     "bole_cli.commands.inspect_tree",
     "bole_cli.commands.calibrate",
     "bole_cli.commands.bench",
+    "bole_cli.commands.tune_kernels",
+    "bole_cli.commands.serve",
 )
 
 _state = {"debug": False}

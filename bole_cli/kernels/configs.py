@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from bole_cli.errors import InputError
+
 DEFAULTS: dict[str, dict] = {
     # BC: node chunk of the blocked solve; BV: value tile; BK: key-dim slice of the dots;
     # warps and stages as Triton's;
@@ -20,11 +22,30 @@ DEFAULTS: dict[str, dict] = {
 
 # A resolver maps (kernel, shape dict) to a config dict or None; set by the tuner's loader.
 _resolver: Optional[Callable[[str, dict], Optional[dict]]] = None
+_autoload = True  # the first launch installs this GPU's tuned tables (bole tune-kernels)
 
 
 def set_resolver(fn: Optional[Callable[[str, dict], Optional[dict]]]) -> None:
-    global _resolver
-    _resolver = fn
+    """Install a tuned-table resolver; an explicit choice (even None) stops the autoload."""
+    global _resolver, _autoload
+    _resolver, _autoload = fn, False
+
+
+def get_resolver() -> Optional[Callable[[str, dict], Optional[dict]]]:
+    return _resolver
+
+
+def _load_tables_once() -> None:
+    global _autoload
+    _autoload = False
+    try:
+        from bole_cli.tuning import install_tuned_tables
+
+        install_tuned_tables()  # a no-op without CUDA
+    except Exception as exc:  # noqa: BLE001 - a bad table must never break a launch
+        import sys
+
+        print(f"bole: note: tuned kernel tables not loaded ({exc})", file=sys.stderr)
 
 
 def _verify_rule(shape: dict) -> dict:
@@ -43,6 +64,8 @@ def _verify_rule(shape: dict) -> dict:
 
 
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:
+    if _autoload:
+        _load_tables_once()
     cfg = dict(DEFAULTS[kernel])
     if kernel == "tree_verify":
         cfg.update(_verify_rule(shape))

@@ -1,0 +1,240 @@
+"""The GPU side of the search: inputs, the correctness gate and CUDA-graph timing.
+
+Inputs follow `bole bench kernels` (bole_cli.bench.kernel_bench): `LayerInputs` builds one
+GDN layer's realistic verify inputs per (batch, nodes) (random trees of depth <= 8, bf16
+activations, float32 state pool); ROTATE such sets are timed together so repeated replays
+do not measure the L2 cache, and do_bench flushes the L2 between replays. Timing follows
+`kernel_bench.time_graph` (warm-up on a side stream, every closure captured in one CUDA
+graph, replayed under triton.testing.do_bench: CUDA events, median) but keeps the captured
+graph, so a config's quick timing (pruning) and full timing share one capture, and uses a
+short warm-up (`warm_gpu` ramps the clocks once, the search keeps them busy).
+
+What is timed per kernel (one launch per input set):
+  tree_verify  tree_verify_gated (gates fused, as SGLang's verifier receives a and b)
+  tree_commit  tree_commit of a single layer (the factors of a real verify)
+  tree_conv    tree_conv then tree_conv_commit (the "tree_conv" config drives both)
+
+`make_layer_inputs` and `timer` are injectable so the tests drive this class on the CPU.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
+
+from bole_cli.tuning.buckets import Bucket
+from bole_cli.tuning.checks import Verdict, build_check_case, run_check, tolerance
+
+
+def cuda_layer_inputs(torch, dims: dict, batch: int, nodes: int, seed: int, act_dtype, state_dtype):
+    """kernel_bench.LayerInputs for a GDN shape, without its SGLang-only buffers (the
+    per-node snapshot buffer alone is B*T*HV*V*K*4 bytes)."""
+    from bole_cli.bench.kernel_bench import LayerInputs
+
+    spec = SimpleNamespace(gdn_key_heads=dims["H"], gdn_value_heads=dims["HV"],
+                           gdn_key_dim=dims["K"], gdn_value_dim=dims["V"])
+    li = LayerInputs(torch, spec, batch, nodes, "random", seed, act_dtype, state_dtype)
+    for name in ("snapshots", "snap_rows", "rpt"):
+        if hasattr(li, name):
+            delattr(li, name)
+    return li
+
+
+class ConvInputs:
+    """One GDN layer's conv inputs for `batch` same-size random trees (depth <= 8)."""
+
+    def __init__(self, torch, dim: int, width: int, batch: int, nodes: int, seed: int, act_dtype,
+                 device: Any = "cuda"):
+        from bole_cli.bench.kernel_bench import tree_parents
+
+        rng = random.Random(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        n = batch * nodes
+        local: list[int] = []
+        for _ in range(batch):
+            local.extend(tree_parents("random", nodes, rng))
+        self.parents = torch.tensor(local, dtype=torch.int32, device=device)
+        self.cu = torch.arange(0, n + 1, nodes, dtype=torch.int32, device=device)
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=gen, device=device)
+
+        self.x = randn(n, dim).to(act_dtype)
+        self.conv_state = randn(batch + 1, dim, width - 1).to(act_dtype)
+        self.weight = randn(dim, width).to(act_dtype)
+        self.bias = randn(dim).to(act_dtype)
+        self.slots = torch.randperm(batch + 1, generator=gen, device=device)[:batch].to(torch.int32)
+        self.accepted = torch.tensor([rng.randint(0, nodes - 1) for _ in range(batch)],
+                                     dtype=torch.int32, device=device)
+
+
+class CudaGraphTimer:
+    """capture(fns) -> handle; measure(handle, rep_ms, warmup_ms) -> ms per replay."""
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def capture(self, fns: list[Callable[[], Any]]):
+        torch = self.torch
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                for fn in fns:
+                    fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in fns:
+                fn()
+        torch.cuda.synchronize()
+        return graph
+
+    def measure(self, graph, rep_ms: float, warmup_ms: float) -> float:
+        import triton.testing
+
+        return float(triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+class GpuEvaluator:
+    """Evaluator (bole_cli.tuning.study) on a CUDA device."""
+
+    def __init__(self, *, device: Any = "cuda", act_dtype: str = "bfloat16", state_dtype: str = "float32",
+                 rotate: Optional[int] = None, warmup_ms: float = 10.0, seed: int = 0,
+                 make_layer_inputs: Optional[Callable] = None, timer: Any = None, kernels_mod: Any = None,
+                 device_name: Optional[str] = None):
+        import torch
+        import triton
+
+        from bole_cli.bench.kernel_bench import ROTATE
+
+        if kernels_mod is None:
+            from bole_cli import kernels as kernels_mod
+        self.torch, self.kernels, self.device = torch, kernels_mod, device
+        self.act = getattr(torch, act_dtype)
+        self.state_dtype = getattr(torch, state_dtype)
+        self.rotate = rotate or ROTATE
+        self.warmup_ms = warmup_ms
+        self.seed = seed
+        self.make_layer_inputs = make_layer_inputs or cuda_layer_inputs
+        self.timer = timer or CudaGraphTimer(torch)
+        self.device_name = device_name or (torch.cuda.get_device_name() if str(device).startswith("cuda") else str(device))
+        self.triton_version = triton.__version__
+        self.tol = tolerance(self.act)
+        self._cases: dict[tuple, dict] = {}
+        self._bucket: Optional[Bucket] = None
+        self._sets: list = []
+        self._outs: list = []
+        self._graphs: "OrderedDict[tuple, Any]" = OrderedDict()
+
+    # -- Evaluator protocol ------------------------------------------------------------
+    def default_config(self, bucket: Bucket) -> dict:
+        from bole_cli.tuning.study import builtin_default
+
+        return builtin_default(bucket)
+
+    def prepare(self, bucket: Bucket) -> None:
+        from bole_cli.kernels.reference import VerifyResult
+
+        torch = self.torch
+        self.release()
+        self._bucket = bucket
+        dims = bucket.dims
+        nodes = bucket.nodes if bucket.nodes is not None else 64  # commit: a depth-8 tree of 64
+        sets, outs = [], []
+        for i in range(self.rotate):
+            seed = self.seed * 7919 + 1000 * i + 7 * bucket.batch + nodes
+            if bucket.kernel == "tree_conv":
+                sets.append(ConvInputs(torch, dims["D"], dims["W"], bucket.batch, nodes, seed, self.act, self.device))
+                continue
+            s = self.make_layer_inputs(torch, dims, bucket.batch, nodes, seed, self.act, self.state_dtype)
+            n = bucket.batch * nodes
+            out = VerifyResult(torch.empty_like(s.v), torch.empty(n, dims["HV"], dims["V"], device=self.device),
+                               torch.empty(n, dims["HV"], device=self.device))
+            if bucket.kernel == "tree_commit":  # real factors for the commit to consume
+                self.kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
+                                               s.parents, s.cu, check_trees=False, out=out)
+            sets.append(s)
+            outs.append(out)
+        self._sets, self._outs = sets, outs
+
+    def check(self, bucket: Bucket, config: dict) -> Verdict:
+        key = (bucket.kernel, bucket.model)
+        case = self._cases.get(key)
+        if case is None:
+            case = self._cases[key] = build_check_case(bucket.kernel, bucket.dims, self.device,
+                                                       act_dtype=self.act, seed=self.seed)
+        return run_check(bucket.kernel, case, config, kernels_mod=self.kernels, tol=self.tol)
+
+    def closures(self, bucket: Bucket, config: dict) -> list[Callable[[], Any]]:
+        """One closure per input set, launching the bucket's kernel with `config`."""
+        k, cfg = self.kernels, dict(config)
+        fns: list[Callable[[], Any]] = []
+        for i, s in enumerate(self._sets):
+            if bucket.kernel == "tree_verify":
+                out = self._outs[i]
+
+                def fn(s=s, out=out):
+                    k.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
+                                        s.parents, s.cu, check_trees=False, out=out, config=cfg)
+            elif bucket.kernel == "tree_commit":
+                out = self._outs[i]
+
+                def fn(s=s, out=out):
+                    k.tree_commit(s.pool, s.slots, s.k, out.u, out.log_p, s.parents, s.cu, s.accepted,
+                                  check_trees=False, config=cfg)
+            else:
+                def fn(s=s):
+                    k.tree_conv(s.x, s.conv_state, s.weight, s.bias, s.slots, s.parents, s.cu,
+                                check_trees=False, config=cfg)
+                    k.tree_conv_commit(s.conv_state, s.x, s.slots, s.parents, s.cu, s.accepted,
+                                       check_trees=False, config=cfg)
+            fns.append(fn)
+        return fns
+
+    def time(self, bucket: Bucket, config: dict, rep_ms: float) -> float:
+        """Microseconds per launch (per input set) of `config` on the prepared inputs."""
+        if bucket != self._bucket:
+            self.prepare(bucket)
+        key = tuple(sorted(config.items()))
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self.timer.capture(self.closures(bucket, config))
+            self._graphs[key] = graph
+            while len(self._graphs) > 2:  # the best and the default alternate in `confirm`
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+        ms = self.timer.measure(graph, rep_ms, self.warmup_ms)
+        return ms * 1e3 / max(len(self._sets), 1)
+
+    def release(self) -> None:
+        self._graphs.clear()
+        self._sets, self._outs, self._bucket = [], [], None
+        if str(self.device).startswith("cuda"):
+            self.torch.cuda.empty_cache()
+
+
+def dry_run_checks(kernels_and_configs: list[tuple[str, dict]], *, device: Any = "cpu", seed: int = 0,
+                   tiny: Optional[dict] = None) -> list[dict]:
+    """Check configs on a tiny shape (Triton's interpreter on a CPU): the dry run's sample.
+
+    tiny: model dims per kernel; default H1 HV2 K32 V32 (GQA group 2) and D128 W4, float32
+    activations (tolerance 2e-3).
+    """
+    import torch
+
+    tiny = tiny or {"tree_verify": {"H": 1, "HV": 2, "K": 32, "V": 32},
+                    "tree_commit": {"H": 1, "HV": 2, "K": 32, "V": 32},
+                    "tree_conv": {"D": 128, "W": 4}}
+    cases: dict[str, dict] = {}
+    out = []
+    for kernel, cfg in kernels_and_configs:
+        if kernel not in cases:
+            cases[kernel] = build_check_case(kernel, tiny[kernel], device, act_dtype=torch.float32, seed=seed,
+                                             sizes=(70, 9, 1, 30))
+        v = run_check(kernel, cases[kernel], cfg)
+        out.append({"kernel": kernel, "config": dict(cfg), "shape": dict(tiny[kernel]), **v.to_dict()})
+    return out

@@ -1,0 +1,697 @@
+"""`bole tune-kernels` and the tuned-table lookup (bole_cli.tuning), on the CPU.
+
+The GPU path is driven with fakes: a fake evaluator for the Optuna driver, and the real
+GpuEvaluator with CPU inputs and a fake graph timer (the closures then run the real kernels
+under Triton's interpreter).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from bole_cli import cli
+from bole_cli.errors import InputError
+from bole_cli.tuning import space as sp
+from bole_cli.tuning import tables as tb
+from bole_cli.tuning.buckets import Bucket, nearest_bucket, parse_bucket_key, plan_buckets
+from bole_cli.tuning.checks import Verdict
+
+try:
+    runner = CliRunner(mix_stderr=False)
+except TypeError:
+    runner = CliRunner()
+
+GDN_9B = (16, 32, 128, 128)
+GDN_27B = (16, 48, 128, 128)
+H200 = "NVIDIA H200"
+
+
+@pytest.fixture(autouse=True)
+def _no_resolver(monkeypatch, tmp_path):
+    """Every test starts and ends without a tuned-table resolver and with fresh notices,
+    and with its own user cache directory (studies, locks, user profiles)."""
+    from bole_cli.kernels import configs
+
+    monkeypatch.delenv(tb.ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    saved = configs._resolver
+    configs.set_resolver(None)
+    tb._NOTICED.clear()
+    yield
+    configs.set_resolver(saved)
+
+
+# ---- search space -----------------------------------------------------------------------
+
+def test_search_space_per_kernel():
+    v = sp.search_space("tree_verify", {"H": 16, "HV": 32, "K": 128, "V": 128})
+    assert list(v) == ["BC", "BV", "BK", "num_warps", "num_stages"]
+    assert "precision" not in v  # numerics are not a tuning knob
+    assert v["BV"] == [32, 64, 128] and v["BK"] == [16, 32, 64, 128]
+    assert sp.space_size(v) == 3 * 3 * 4 * 3 * 2 == len(sp.candidates(v))
+    c = sp.search_space("tree_commit", {"HV": 32, "K": 128, "V": 128})
+    assert list(c) == ["BV", "num_warps", "num_stages"]
+    conv = sp.search_space("tree_conv", {"D": 8192, "W": 4})
+    assert list(conv) == ["BN", "BD", "num_warps", "num_stages"] and max(conv["BD"]) == 512
+    # values past the padded dimension collapse onto one launch and are dropped
+    tiny = sp.search_space("tree_verify", {"K": 32, "V": 32})
+    assert tiny["BV"] == [32] and tiny["BK"] == [16, 32]
+    assert sp.search_space("tree_conv", {"D": 100, "W": 4})["BD"] == [64, 128]
+    with pytest.raises(InputError, match="unknown kernel 'gdn'"):
+        sp.search_space("gdn", {})
+
+
+def test_search_space_includes_the_default_and_only_its_keys():
+    default = {"BC": 16, "BV": 16, "num_warps": 4, "num_stages": 1}  # a kernel without BK
+    s = sp.search_space("tree_verify", {"K": 128, "V": 128}, include=default)
+    assert "BK" not in s and 16 in s["BV"]
+    assert default in sp.candidates(s)
+
+
+def test_candidates_sampling_and_fingerprint():
+    s = sp.search_space("tree_commit", {"V": 128})
+    first = {"BV": 32, "num_warps": 4, "num_stages": 1}
+    a = sp.sample_candidates(s, 5, seed=3, first=first)
+    assert a[0] == first and len(a) == 5 and len({json.dumps(c, sort_keys=True) for c in a}) == 5
+    assert a == sp.sample_candidates(s, 5, seed=3, first=first)
+    assert a != sp.sample_candidates(s, 5, seed=4, first=first)
+    assert len(sp.sample_candidates(s, 1000)) == sp.space_size(s)
+    assert sp.space_fingerprint("tree_commit", s) != sp.space_fingerprint("tree_commit", dict(s, BV=[16]))
+    assert sp.format_config({"BC": 16, "num_warps": 4, "num_stages": 1}) == "BC16 w4 s1"
+
+
+def test_builtin_default_ignores_an_installed_resolver():
+    from bole_cli.kernels import configs
+    from bole_cli.tuning.study import builtin_default
+
+    b = Bucket("tree_verify", GDN_9B, 1, 64)
+    want = {k: v for k, v in configs.launch_config("tree_verify", b.launch_shape()).items() if k != "precision"}
+    weird = lambda kernel, shape: {"BC": 64, "BV": 16}  # noqa: E731
+    configs.set_resolver(weird)
+    assert builtin_default(b) == want
+    assert configs._resolver is weird  # restored
+    for kernel in sp.KERNELS:
+        model = (8192, 4) if kernel == "tree_conv" else GDN_9B
+        d = builtin_default(Bucket(kernel, model, 4, None if kernel == "tree_commit" else 16))
+        assert set(d) <= set(sp.TUNED_KEYS[kernel]) and "num_warps" in d
+
+
+# ---- buckets --------------------------------------------------------------------------
+
+def test_bucket_keys_round_trip_and_errors():
+    for b in (Bucket("tree_verify", GDN_9B, 4, 64), Bucket("tree_commit", GDN_27B, 16),
+              Bucket("tree_conv", (8192, 4), 1, 16)):
+        assert parse_bucket_key(b.key) == b
+    assert Bucket("tree_verify", GDN_9B, 4, 64).key == "tree_verify/H16-HV32-K128-V128/B4/N64"
+    assert Bucket("tree_commit", GDN_9B, 4).key == "tree_commit/H16-HV32-K128-V128/B4"
+    for bad in ("verify/T64/HV32", "tree_verify/H16-HV32-K128-V128/B4", "tree_commit/H16-HV32-K128-V128/B4/N8",
+                "tree_conv/H16-HV32-K128-V128/B4/N8", "tree_verify/HV32-H16-K128-V128/B4/N8",
+                "tree_verify/H16-HV32-K128-V128/B0/N8"):
+        with pytest.raises(InputError):
+            parse_bucket_key(bad)
+
+
+def test_plan_dedupes_models_sharing_a_shape():
+    from bole_cli.catalog.models import resolve_model
+
+    specs = [resolve_model(m) for m in ("4b", "9b", "27b")]
+    buckets, owners = plan_buckets(specs, ["tree_verify", "tree_commit", "tree_conv"], [1, 4], [16, 64])
+    assert owners[("tree_verify", GDN_9B)] == ["Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-9B"]
+    assert owners[("tree_conv", (10240, 4))] == ["Qwen/Qwen3.5-27B"]
+    kinds = [b.kernel for b in buckets]
+    assert kinds.count("tree_verify") == 2 * 2 * 2 and kinds.count("tree_commit") == 2 * 2
+    assert kinds.count("tree_conv") == 2 * 2 * 2 and len(set(buckets)) == len(buckets)
+
+
+# ---- lookup ------------------------------------------------------------------------------
+
+def _grid(kernel="tree_verify", model=GDN_9B, batches=(1, 4, 16, 64), nodes=(16, 64)):
+    return [Bucket(kernel, model, b, n) for b in batches for n in nodes]
+
+
+def _shape(b=4, n_per=64, hv=32, h=None, k=128, v=128):
+    s = {"K": k, "V": v, "HV": hv, "B": b, "N": b * n_per}
+    if h is not None:
+        s["H"] = h
+    return s
+
+
+def test_lookup_exact_nearest_and_missing():
+    grid = _grid() + _grid(model=GDN_27B)
+    assert nearest_bucket(grid, "tree_verify", _shape(4, 64, h=16)) == Bucket("tree_verify", GDN_9B, 4, 64)
+    assert nearest_bucket(grid, "tree_verify", _shape(4, 64)) == Bucket("tree_verify", GDN_9B, 4, 64)  # no H
+    # batch 8 is as far (log) from 4 as from 16: ties go to the larger
+    assert nearest_bucket(grid, "tree_verify", _shape(8, 64)).batch == 16
+    assert nearest_bucket(grid, "tree_verify", _shape(5, 64)).batch == 4
+    assert nearest_bucket(grid, "tree_verify", _shape(300, 40)) == Bucket("tree_verify", GDN_9B, 64, 64)
+    assert nearest_bucket(grid, "tree_verify", _shape(1, 20)).nodes == 16
+    # another value-head count: the nearest one with the same K and V
+    assert nearest_bucket(grid, "tree_verify", _shape(4, 64, hv=40)).model == GDN_27B
+    assert nearest_bucket(grid, "tree_verify", _shape(4, 64, hv=24)).model == GDN_9B
+    # nothing applicable: another head size, or a kernel without entries
+    assert nearest_bucket(grid, "tree_verify", _shape(4, 64, k=64)) is None
+    assert nearest_bucket(grid, "tree_commit", _shape(4, 64)) is None
+    assert nearest_bucket([], "tree_verify", _shape()) is None
+
+
+def test_lookup_commit_and_conv_shapes():
+    commits = [Bucket("tree_commit", GDN_9B, b) for b in (1, 4, 16, 64)]
+    assert nearest_bucket(commits, "tree_commit", {"K": 128, "V": 128, "HV": 32, "B": 2, "L": 8}).batch == 16
+    assert nearest_bucket(commits, "tree_commit", {"K": 128, "V": 128, "HV": 32, "B": 1, "L": 1}).batch == 1
+    convs = _grid("tree_conv", (8192, 4)) + _grid("tree_conv", (10240, 4))
+    assert nearest_bucket(convs, "tree_conv", {"D": 10240, "W": 4, "B": 16, "N": 256}) == \
+        Bucket("tree_conv", (10240, 4), 16, 16)
+    assert nearest_bucket(convs, "tree_conv", {"D": 9000, "W": 4, "B": 1, "N": 64}).model == (8192, 4)
+    assert nearest_bucket(convs, "tree_conv", {"D": 8192, "W": 2, "B": 1, "N": 64}) is None
+
+
+def _entry(bucket, cfg, default=False, version="3.9.0"):
+    return tb.TunedEntry(bucket, cfg, default, 10.0, 12.0, version)
+
+
+def test_resolver_feeds_launch_config():
+    from bole_cli.kernels import configs
+
+    tuned = {"BC": 64, "BV": 64, "BK": 64, "num_warps": 8, "num_stages": 2}
+    entries = [_entry(Bucket("tree_verify", GDN_9B, 4, 64), tuned),
+               _entry(Bucket("tree_verify", GDN_9B, 64, 64), {"BC": 32, "BV": 32, "BK": 32, "num_warps": 2,
+                                                               "num_stages": 1}, default=True)]
+    resolver = tb.make_resolver(entries)
+    configs.set_resolver(resolver)
+    cfg = configs.launch_config("tree_verify", _shape(4, 64))
+    assert {k: cfg[k] for k in tuned} == tuned and cfg["precision"] is None
+    # a bucket where the built-in config won defers to the built-in rule for the exact shape
+    builtin = (configs.set_resolver(None), configs.launch_config("tree_verify", _shape(64, 64)))[1]
+    configs.set_resolver(resolver)
+    assert configs.launch_config("tree_verify", _shape(64, 64)) == builtin
+    # an explicit override still wins over the table
+    assert configs.launch_config("tree_verify", _shape(4, 64), {"BC": 16})["BC"] == 16
+    assert resolver("tree_verify", _shape(4, 64)) is resolver("tree_verify", _shape(4, 64))  # memoised
+    assert resolver("tree_commit", {"K": 128, "V": 128, "HV": 32, "B": 4, "L": 1}) is None
+
+
+# ---- tables on disk -----------------------------------------------------------------------
+
+def _create(gpu="h200"):
+    return tb.new_kernels_profile(gpu, H200, torch_version="2.13", triton_version="3.9.0", command="test")
+
+
+def _rec(bucket, cfg, default=False):
+    return {bucket.key: {"config": cfg, "us": 10.0, "default_us": 12.0, "speedup": 1.2, "default": default}}
+
+
+V4 = Bucket("tree_verify", GDN_9B, 4, 64)
+CFG = {"BC": 16, "BV": 64, "BK": 32, "num_warps": 4, "num_stages": 1}
+
+
+def test_record_creates_a_valid_gpu_profile_and_merges(tmp_path):
+    from bole_cli.profiles import load_profile
+
+    path = tb.kernels_profile_path(tmp_path, "h200")
+    assert path == tmp_path / "h200" / "kernels.yaml"
+    tb.record_entries(path, H200, "3.9.0", _rec(V4, CFG), create=_create())
+    data = load_profile(path)
+    assert data["gpu"] == "h200" and data["model"] == "*" and data["provenance"]["kind"] == "measured"
+    assert data["kernels"]["NVIDIA H200 | triton 3.9.0"][V4.key]["config"] == CFG
+    # another bucket, another Triton version and another device: nothing is lost
+    c4 = Bucket("tree_commit", GDN_9B, 4)
+    tb.record_entries(path, H200, "3.9.0", _rec(c4, {"BV": 16, "num_warps": 2, "num_stages": 1}), create=_create())
+    tb.record_entries(path, H200, "3.5.0", _rec(V4, dict(CFG, BC=32)), create=_create())
+    tb.record_entries(path, "NVIDIA A100-SXM4-80GB", "3.9.0", _rec(V4, dict(CFG, BC=64)), create=_create())
+    k = load_profile(path)["kernels"]
+    assert set(k["NVIDIA H200 | triton 3.9.0"]) == {V4.key, c4.key}
+    assert k["NVIDIA H200 | triton 3.5.0"][V4.key]["config"]["BC"] == 32
+    assert k["NVIDIA A100-SXM4-80GB | triton 3.9.0"][V4.key]["config"]["BC"] == 64
+    assert [p.name for p in path.parent.iterdir()] == ["kernels.yaml"]  # no temp or lock files
+    with pytest.raises(InputError, match="holds gpu 'h200', not 'a100'"):
+        tb.record_entries(path, H200, "3.9.0", _rec(V4, CFG), create=_create("a100"))
+    with pytest.raises(InputError, match="not a bucket key"):
+        tb.record_entries(path, H200, "3.9.0", {"verify/T64": {"config": CFG}}, create=_create())
+
+
+def test_merge_into_a_model_profile_keeps_every_other_section(tmp_path):
+    from bole_cli.profiles import load_profile, profile_path, shipped_profiles_dir
+
+    src = profile_path(shipped_profiles_dir(), "h200", "Qwen3.5-9B")
+    path = tmp_path / "Qwen3.5-9B.yaml"
+    path.write_text(src.read_text())
+    before = load_profile(path)
+    before["kernels"] = {"someone else's key": {"x": 1}}
+    from bole_cli.profiles import save_profile
+
+    save_profile(path, before)
+    tb.record_entries(path, H200, "3.9.0", _rec(V4, CFG), create=_create())
+    after = load_profile(path)
+    assert {k: v for k, v in after.items() if k != "kernels"} == {k: v for k, v in before.items() if k != "kernels"}
+    assert after["kernels"]["someone else's key"] == {"x": 1}
+    assert after["kernels"]["NVIDIA H200 | triton 3.9.0"][V4.key]["config"] == CFG
+
+
+def test_load_priorities_and_bad_entries(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    tb.record_entries(a, H200, "3.5.0", _rec(V4, dict(CFG, BC=32)), create=_create())
+    tb.record_entries(b, H200, "3.9.0", _rec(V4, dict(CFG, BC=64)), create=_create())
+    entries, _ = tb.load_tuned_entries([a, b], H200, "3.9.0")
+    assert [e.config["BC"] for e in entries] == [64]  # the running Triton version wins
+    entries, _ = tb.load_tuned_entries([a, b], "nvidia  h200", "3.4.0")  # names compare loosely
+    assert [e.config["BC"] for e in entries] == [32]  # else the nearest Triton release
+    tb.record_entries(b, H200, "3.5.0", _rec(V4, dict(CFG, BC=16)), create=_create())
+    entries, _ = tb.load_tuned_entries([a, b], H200, "3.5.0")
+    assert [e.config["BC"] for e in entries] == [32]  # equal rank: the earlier file
+    # a malformed entry is skipped with a note, its neighbours still load
+    data = yaml.safe_load(b.read_text())
+    data["kernels"]["NVIDIA H200 | triton 3.9.0"]["tree_verify/H16-HV32-K128-V128/B1/N16"] = {"config": {"BC": "x"}}
+    b.write_text(yaml.safe_dump(data))
+    entries, notes = tb.load_tuned_entries([b], H200, "3.9.0")
+    assert [e.bucket for e in entries] == [V4] and len(notes) == 1 and "B1/N16" in notes[0]
+    (tmp_path / "broken.yaml").write_text("bole_profile: [\n")
+    entries, notes = tb.load_tuned_entries([tmp_path / "broken.yaml", tmp_path / "missing.yaml", b], H200, "3.9.0")
+    assert [e.bucket for e in entries] == [V4] and "not valid YAML" in notes[0]
+
+
+def test_install_tuned_tables(tmp_path, capsys, monkeypatch):
+    from bole_cli.kernels import configs
+
+    path = tmp_path / "k.yaml"
+    tb.record_entries(path, H200, "3.9.0", _rec(V4, dict(CFG, num_warps=8)), create=_create())
+    info = tb.install_tuned_tables(H200, paths=[path], triton_version="3.9.0")
+    assert len(info.entries) == 1 and configs.launch_config("tree_verify", _shape(4, 64))["num_warps"] == 8
+    assert capsys.readouterr().err == ""
+    # another Triton version: used, with a one-line notice
+    tb.install_tuned_tables(H200, paths=[path], triton_version="3.10.0")
+    assert configs.launch_config("tree_verify", _shape(4, 64))["num_warps"] == 8
+    assert "made with triton 3.9.0 (running 3.10.0)" in capsys.readouterr().err
+    # no table for this GPU: built-in configs and one notice, once
+    for _ in range(2):
+        info = tb.install_tuned_tables("NVIDIA B200", paths=[path], triton_version="3.9.0")
+    assert info.entries == [] and configs._resolver is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bole: note: no tuned kernel table for NVIDIA B200")
+    # the environment switch and file
+    monkeypatch.setenv(tb.ENV_VAR, "off")
+    configs.set_resolver(lambda k, s: None)
+    assert tb.install_tuned_tables(H200, paths=[path]) is None and configs._resolver is None
+    monkeypatch.setenv(tb.ENV_VAR, str(path))
+    assert tb.table_paths(H200)[0] == path
+    assert tb.table_paths(H200)[-1].as_posix().endswith("profiles/h200/kernels.yaml")
+
+
+def test_install_without_cuda_does_nothing(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    assert tb.install_tuned_tables() is None
+    assert capsys.readouterr().err == ""
+
+
+def test_gpu_key_for_device_names():
+    assert tb.gpu_key_for("NVIDIA H200") == "h200"
+    assert tb.gpu_key_for("NVIDIA GeForce RTX 4090") == "nvidia_geforce_rtx_4090"
+    assert tb.parse_device_key(tb.device_key(" NVIDIA  H200 ", "3.9.0")) == ("NVIDIA H200", "3.9.0")
+
+
+# ---- the Optuna driver with a fake evaluator -------------------------------------------------
+
+class FakeEvaluator:
+    """tree_commit-like space; time = a synthetic cost; some configs are wrong or fail."""
+
+    device_name, triton_version = "Fake GPU", "3.9.0"
+
+    def __init__(self, cost=None, wrong=lambda c: c["BV"] == 64 and c["num_warps"] == 2,
+                 broken=lambda c: c["num_stages"] == 3):
+        self.cost = cost or (lambda c: 10.0 + abs(c["BV"] - 128) / 8 + abs(c["num_warps"] - 8) + c["num_stages"])
+        self.wrong, self.broken = wrong, broken
+        self.checked, self.timed = [], []
+
+    def default_config(self, bucket):
+        return {"BV": 32, "num_warps": 4, "num_stages": 1}
+
+    def prepare(self, bucket):
+        self.prepared = bucket
+
+    def release(self):
+        self.prepared = None
+
+    def check(self, bucket, config):
+        self.checked.append(dict(config))
+        if self.broken(config):
+            return Verdict(False, "skipped", "OutOfResources: shared memory")
+        if self.wrong(config):
+            return Verdict(False, "rejected", "state rel err 3.0e-01 > 0.01", 0.3)
+        return Verdict(True, "ok", "", 1e-6)
+
+    def time(self, bucket, config, rep_ms):
+        assert self.prepared == bucket
+        self.timed.append((dict(config), rep_ms))
+        return self.cost(config)
+
+
+@pytest.fixture
+def optuna():
+    from bole_cli.tuning.study import import_optuna
+
+    return import_optuna()
+
+
+def _storage(optuna, tmp_path, kind="journal"):
+    from bole_cli.tuning.study import open_storage
+
+    return open_storage(optuna, tmp_path / "studies.sqlite3", prefer=kind)[0]
+
+
+C4 = Bucket("tree_commit", GDN_9B, 4)
+
+
+def test_tune_bucket_rejects_never_times_and_never_loses(optuna, tmp_path):
+    from bole_cli.tuning.study import TuneSettings, tune_bucket
+
+    ev = FakeEvaluator()
+    res = tune_bucket(optuna, _storage(optuna, tmp_path), C4, ev, TuneSettings(trials=20, seed=1))
+    timed = [c for c, _ in ev.timed]
+    assert not [c for c in timed if ev.wrong(c) or ev.broken(c)]  # a rejected config is never timed
+    assert ev.checked[0] == ev.default_config(C4)  # the default goes first ...
+    assert (ev.default_config(C4), 40.0) in ev.timed  # ... and is fully timed
+    assert sum(res.counts[k] for k in ("timed", "slow", "rejected", "skipped")) == 20
+    assert res.counts["rejected"] + res.counts["skipped"] >= 1
+    assert not res.is_default and res.speedup > 1 and res.us == ev.cost(res.config)
+    assert res.default_us == ev.cost(ev.default_config(C4))
+    assert res.us == min(ev.cost(c) for c in timed)
+
+
+def test_slow_trials_are_pruned_after_the_quick_timing(optuna, tmp_path):
+    from bole_cli.tuning.study import TuneSettings, tune_bucket
+
+    cost = lambda c: 10.0 if c == {"BV": 32, "num_warps": 4, "num_stages": 1} else (100.0 if c["BV"] == 16 else 11.0)  # noqa: E731
+    ev = FakeEvaluator(cost=cost, wrong=lambda c: False, broken=lambda c: False)
+    res = tune_bucket(optuna, _storage(optuna, tmp_path), C4, ev, TuneSettings(trials=16, sampler="grid"))
+    slow = [c for c, _ in ev.timed if c["BV"] == 16]
+    assert res.counts["slow"] >= 1 and slow
+    for c in slow:  # only the quick timing, never the full one
+        assert (c, 40.0) not in ev.timed and (c, 10.0) in ev.timed
+    assert res.is_default and res.speedup == 1.0  # nothing beat the default
+
+
+def test_default_kept_unless_clearly_beaten(optuna, tmp_path):
+    from bole_cli.tuning.study import TuneSettings, tune_bucket
+
+    default = {"BV": 32, "num_warps": 4, "num_stages": 1}
+    ev = FakeEvaluator(cost=lambda c: 10.0 if c == default else 9.95, wrong=lambda c: False,
+                       broken=lambda c: False)
+    res = tune_bucket(optuna, _storage(optuna, tmp_path), C4, ev, TuneSettings(trials=6))
+    assert res.best_trial_us == 9.95 and res.is_default and res.config == default and res.us == 10.0
+
+
+def test_resume_after_interruption(optuna, tmp_path):
+    from bole_cli.tuning.study import TuneSettings, study_name, tune_bucket
+
+    storage = _storage(optuna, tmp_path)
+    ev = FakeEvaluator()
+    tune_bucket(optuna, storage, C4, ev, TuneSettings(trials=5))
+    first = len(ev.checked)
+    # a process killed mid-trial leaves a RUNNING trial behind
+    name = study_name(ev.device_name, ev.triton_version, C4,
+                      sp.search_space("tree_commit", C4.dims, include=ev.default_config(C4)))
+    optuna.load_study(study_name=name, storage=storage).ask()
+    ev2 = FakeEvaluator()
+    res = tune_bucket(optuna, _storage(optuna, tmp_path), C4, ev2, TuneSettings(trials=9))
+    assert first == 5 and len(ev2.checked) == 4  # only the new trials are evaluated
+    assert ev.default_config(C4) not in ev2.checked
+    assert sum(res.counts[k] for k in ("timed", "slow", "rejected", "skipped")) == 9
+    states = {t.state.name for t in optuna.load_study(study_name=name, storage=storage).trials}
+    assert "RUNNING" not in states
+    # --fresh starts over
+    ev3 = FakeEvaluator()
+    tune_bucket(optuna, storage, C4, ev3, TuneSettings(trials=3), fresh=True)
+    assert ev3.checked[0] == ev.default_config(C4) and len(ev3.checked) == 3
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_storage_kinds_resume(optuna, tmp_path, kind):
+    from bole_cli.tuning.study import TuneSettings, open_storage, tune_bucket
+
+    if kind == "sqlite":
+        pytest.importorskip("sqlalchemy")
+        pytest.importorskip("alembic")
+    storage, path, got = open_storage(optuna, tmp_path / "s.sqlite3", prefer="auto" if kind == "sqlite" else kind)
+    assert got == kind and path.suffix == (".sqlite3" if kind == "sqlite" else ".journal")
+    tune_bucket(optuna, storage, C4, FakeEvaluator(), TuneSettings(trials=3))
+    assert path.exists()
+    ev = FakeEvaluator()
+    tune_bucket(optuna, open_storage(optuna, tmp_path / "s.sqlite3", prefer=kind)[0], C4, ev, TuneSettings(trials=3))
+    assert ev.checked == []
+
+
+def test_budget_hints_and_failed_default(optuna, tmp_path):
+    import time
+
+    from bole_cli.tuning.study import TuneSettings, run_tuning, tune_bucket
+
+    ev = FakeEvaluator()
+    res = tune_bucket(optuna, _storage(optuna, tmp_path), C4, ev, TuneSettings(trials=12),
+                      deadline=time.monotonic() - 1)
+    assert res.cut_short and ev.checked == [ev.default_config(C4)]
+    hint = {"BV": 128, "num_warps": 8, "num_stages": 1}
+    ev = FakeEvaluator()
+    tune_bucket(optuna, _storage(optuna, tmp_path), Bucket("tree_commit", GDN_9B, 16), ev, TuneSettings(trials=3),
+                hints=[hint, {"BV": 999, "num_warps": 8, "num_stages": 1}])
+    assert ev.checked[:2] == [ev.default_config(C4), hint]  # out-of-space hints are dropped
+    ev = FakeEvaluator(wrong=lambda c: c["BV"] == 32)
+    results = run_tuning(optuna, _storage(optuna, tmp_path), [Bucket("tree_commit", GDN_9B, 64)], ev,
+                         TuneSettings(trials=3))
+    assert results[0].failed.startswith("the built-in config failed its check")
+
+
+def test_estimate_is_sane():
+    from bole_cli.tuning.study import estimate_seconds
+
+    buckets = _grid() + [Bucket("tree_commit", GDN_9B, b) for b in (1, 4, 16, 64)]
+    est = estimate_seconds(buckets, 12)
+    assert 30 < est < 600
+    assert estimate_seconds(buckets, 24) > est and estimate_seconds(buckets[:2], 12) < est
+    assert estimate_seconds(buckets, 12, "grid") < est
+
+
+# ---- the real GpuEvaluator on the CPU: CPU inputs, a fake graph timer ---------------------------
+
+def cpu_layer_inputs(torch, dims, batch, nodes, seed, act_dtype, state_dtype):
+    """kernel_bench.LayerInputs' attributes, on the CPU."""
+    from bole_cli.bench.kernel_bench import tree_parents
+
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    n = batch * nodes
+    par = [p for _ in range(batch) for p in tree_parents("random", nodes, rng)]
+    h, hv, kd, vd = dims["H"], dims["HV"], dims["K"], dims["V"]
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    return SimpleNamespace(
+        parents=torch.tensor(par, dtype=torch.int32), cu=torch.arange(0, n + 1, nodes, dtype=torch.int32),
+        q=r(n, h, kd).to(act_dtype), k=r(n, h, kd).to(act_dtype), v=r(n, hv, vd).to(act_dtype),
+        a=r(n, hv).to(act_dtype), b=r(n, hv).to(act_dtype), A_log=torch.rand(hv, generator=gen) * 2 - 1,
+        dt_bias=r(hv), pool=r(batch + 1, hv, vd, kd).to(state_dtype),
+        slots=torch.randperm(batch + 1, generator=gen)[:batch].to(torch.int32),
+        accepted=torch.tensor([rng.randint(0, nodes - 1) for _ in range(batch)], dtype=torch.int32))
+
+
+class FakeTimer:
+    def __init__(self):
+        self.captures = 0
+
+    def capture(self, fns):
+        for fn in fns:
+            fn()  # the real kernels, under the interpreter
+        self.captures += 1
+        return len(fns)
+
+    def measure(self, handle, rep_ms, warmup_ms):
+        return 0.004 * handle  # ms per replay of `handle` launches -> 4 us per launch
+
+
+@pytest.mark.parametrize("kernel,model", [("tree_verify", (1, 2, 32, 32)), ("tree_commit", (1, 2, 32, 32)),
+                                          ("tree_conv", (128, 4))])
+def test_gpu_evaluator_on_cpu_with_fakes(kernel, model):
+    import torch
+
+    from bole_cli.tuning.gpu import GpuEvaluator
+
+    timer = FakeTimer()
+    ev = GpuEvaluator(device="cpu", act_dtype="float32", rotate=2, timer=timer, device_name="cpu",
+                      make_layer_inputs=cpu_layer_inputs)
+    b = Bucket(kernel, model, 2, None if kernel == "tree_commit" else 8)
+    default = ev.default_config(b)
+    ev.prepare(b)
+    assert ev.check(b, default).ok
+    before = [getattr(s, "pool", getattr(s, "conv_state", None)).clone() for s in ev._sets]
+    assert ev.time(b, default, 10.0) == pytest.approx(4.0)
+    assert ev.time(b, default, 40.0) == pytest.approx(4.0) and timer.captures == 1  # one capture, two timings
+    if kernel == "tree_verify":
+        assert all(torch.isfinite(o.o).all() and torch.isfinite(o.u).all() for o in ev._outs)
+    else:  # the commits ran on the prepared inputs
+        after = [getattr(s, "pool", getattr(s, "conv_state", None)) for s in ev._sets]
+        assert any(not torch.equal(x, y) for x, y in zip(before, after))
+    other = dict(default, num_warps=2)
+    ev.time(b, other, 10.0)
+    ev.time(b, default, 10.0)
+    assert timer.captures == 2  # the best and the default alternate without re-capturing
+    ev.release()
+    assert ev._sets == [] and ev._graphs == {}
+
+
+def test_check_rejects_a_wrong_kernel_and_skips_a_failing_one():
+    import torch
+
+    from bole_cli.tuning.checks import build_check_case, run_check
+
+    case = build_check_case("tree_commit", {"H": 1, "HV": 2, "K": 16, "V": 16}, act_dtype=torch.float32,
+                            sizes=(12, 5))
+
+    def wrong_commit(state, *args, **kw):
+        state.mul_(1.5)
+
+    def broken_commit(*args, **kw):
+        from triton.runtime.errors import OutOfResources
+
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    def leaky_commit(state, *args, **kw):  # right values, but it writes a slot that accepted nothing
+        state.copy_(case["ref_state"])
+        untouched = [s for s in range(state.shape[0]) if s not in case["slots"].tolist()]
+        state[untouched[0]] *= 1 + 1e-6
+
+    v = run_check("tree_commit", case, {"BV": 16}, kernels_mod=SimpleNamespace(tree_commit=wrong_commit))
+    assert (v.ok, v.outcome) == (False, "rejected") and "state rel err" in v.reason
+    v = run_check("tree_commit", case, {"BV": 16}, kernels_mod=SimpleNamespace(tree_commit=leaky_commit))
+    assert (v.ok, v.reason) == (False, "a slot that accepted nothing was written")
+    v = run_check("tree_commit", case, {"BV": 16}, kernels_mod=SimpleNamespace(tree_commit=broken_commit))
+    assert (v.ok, v.outcome) == (False, "skipped") and "OutOfResources" in v.reason
+    assert run_check("tree_commit", case, {"BV": 16}).ok
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+def test_dry_run_json():
+    r = runner.invoke(cli.app, ["tune-kernels", "--dry-run", "--model", "4b,9b", "--kernels", "tree_commit,tree_conv",
+                                "--sample", "2", "--json"])
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["dry_run"] and [s["kernel"] for s in data["spaces"]] == ["tree_commit", "tree_conv"]
+    assert data["spaces"][0]["models"] == ["Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-9B"]
+    assert len(data["buckets"]) == 4 + 8 and data["estimate_s"] > 0
+    assert len(data["validated"]) == 4 and all(v["ok"] for v in data["validated"])
+    assert data["validated"][0]["config"] == {"BV": 32, "num_warps": 4, "num_stages": 1}  # the default first
+
+
+def test_dry_run_table_and_a_failing_candidate(monkeypatch):
+    r = runner.invoke(cli.app, ["tune-kernels", "--dry-run", "--kernels", "tree_commit", "--sample", "1"],
+                      env={"COLUMNS": "150"})
+    assert r.exit_code == 0, r.stderr
+    assert "search space per kernel and model shape" in r.stdout and "BV: 16/32/64/128" in r.stdout
+    assert "dry run: 1 of 1 sampled candidates match the reference" in r.stdout
+    import bole_cli.tuning.gpu as gpu
+
+    monkeypatch.setattr(gpu, "run_check", lambda *a, **k: Verdict(False, "rejected", "o rel err 1.0e+00 > 0.002"))
+    r = runner.invoke(cli.app, ["tune-kernels", "--dry-run", "--kernels", "tree_commit", "--sample", "1"])
+    assert r.exit_code == 1 and "1 of 1 sampled candidates failed" in r.stderr
+
+
+def test_without_a_gpu_timing_is_a_clear_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    r = runner.invoke(cli.app, ["tune-kernels", "--kernels", "tree_commit"])
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines() == [
+        "error: bole tune-kernels times the kernels and needs a CUDA GPU (none found); `bole tune-kernels "
+        "--dry-run` prints the search space and checks candidates on the CPU"]
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--sampler", "random"], "--sampler: expected tpe or grid"),
+    (["--kernels", "tree_verify,gdn"], "--kernels: unknown gdn"),
+    (["--nodes", "16,300"], "--nodes: at most 256"),
+    (["--batch", "0"], "--batch: 0 is not a positive integer"),
+    (["--trials", "0"], "--trials: must be >= 1"),
+    (["--model", "nosuch"], "unknown model 'nosuch'"),
+])
+def test_bad_options_exit_2(args, text):
+    r = runner.invoke(cli.app, ["tune-kernels", "--dry-run", *args])
+    assert r.exit_code == 2 and text in r.stderr
+
+
+def test_gpu_command_path_with_fakes(monkeypatch, tmp_path):
+    """The whole non-dry-run command with a fake device: plan, study storage, progress,
+    profile writes per bucket, JSON, and a resumed second run."""
+    import torch
+
+    import bole_cli.bench.kernel_bench as kb
+    import bole_cli.tuning.gpu as gpu
+
+    made = []
+
+    class Fake(FakeEvaluator):
+        device_name, triton_version = H200, "3.9.0"
+
+        def __init__(self, **kw):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: H200)
+    monkeypatch.setattr(gpu, "GpuEvaluator", Fake)
+    monkeypatch.setattr(kb, "warm_gpu", lambda torch: None)
+    prof = tmp_path / "kernels.yaml"
+    args = ["tune-kernels", "--kernels", "tree_commit", "--batch", "1,4", "--trials", "4", "--profile", str(prof)]
+    r = runner.invoke(cli.app, args + ["--json"])
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["device"] == H200 and data["gpu"] == "h200" and len(data["results"]) == 2
+    assert all(x["speedup"] >= 1.0 for x in data["results"])
+    assert (tmp_path / "cache" / "bole" / "tune").is_dir()
+    assert "tuning 2 buckets x 4 trials (tpe) on NVIDIA H200: about" in r.stderr
+    entries, _ = tb.load_tuned_entries([prof], H200, data["triton"])
+    assert sorted(e.bucket.key for e in entries) == ["tree_commit/H16-HV32-K128-V128/B1",
+                                                     "tree_commit/H16-HV32-K128-V128/B4"]
+    # a second run resumes the studies: nothing new to evaluate; the table is printed
+    r = runner.invoke(cli.app, args + ["--report", str(tmp_path / "r.json")], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.stderr
+    assert made[-1].checked == []
+    assert "tuned launch configs on NVIDIA H200" in r.stdout and "2 buckets written to" in r.stdout
+    assert [x["bucket"] for x in json.loads((tmp_path / "r.json").read_text())["results"]] == \
+        [x["bucket"] for x in data["results"]]
+
+
+# ---- on a GPU (skipped without CUDA) --------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,model", [("tree_verify", GDN_27B), ("tree_commit", GDN_27B),
+                                          ("tree_conv", (10240, 4))])
+def test_gpu_builtin_configs_pass_the_gate(kernel, model):
+    from bole_cli.tuning.gpu import GpuEvaluator
+
+    ev = GpuEvaluator()
+    b = Bucket(kernel, model, 4, None if kernel == "tree_commit" else 16)
+    v = ev.check(b, ev.default_config(b))
+    assert v.ok, v.reason
+
+
+@pytest.mark.gpu
+def test_gpu_small_tuning_run(tmp_path):
+    from bole_cli.tuning.gpu import GpuEvaluator
+    from bole_cli.tuning.study import TuneSettings, import_optuna, open_storage, run_tuning
+
+    optuna = import_optuna()
+    storage = open_storage(optuna, tmp_path / "s.journal")[0]
+    buckets = [Bucket("tree_verify", GDN_9B, 4, 16), Bucket("tree_commit", GDN_9B, 4),
+               Bucket("tree_conv", (8192, 4), 4, 16)]
+    results = run_tuning(optuna, storage, buckets, GpuEvaluator(), TuneSettings(trials=4))
+    for r in results:
+        assert not r.failed, r.failed
+        assert 0 < r.us <= r.default_us and r.counts["timed"] >= 1
