@@ -1,0 +1,304 @@
+"""Device-side metadata of one decode step or one tree verify, prepared on the host.
+
+A serving engine builds these arrays on the CPU and copies them once; the forward then
+runs without a single host synchronisation, so it can be captured in a CUDA graph and
+replayed with new contents of the same shapes (`copy_from`). `signature()` is the graph
+bucket: every Python int the forward bakes in.
+
+Conventions: request b owns packed nodes cu[b]:cu[b+1]; local parents (-1 = child of the
+committed prefix, several roots allowed); a node's position is its request's committed
+KV length plus its number of strict ancestors, so a tree token sits where sequential
+decoding along its root path would put it. Tree tokens' K/V are written at
+`kv_len + local index` (scratch space past the committed length) and compacted onto the
+accepted path by the commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional, Sequence
+
+import torch
+
+from bole_cli.errors import InputError
+
+
+@dataclass
+class Rope:
+    """Partial rotary embedding over the first `dim` channels of each head (base `theta`)."""
+
+    dim: int
+    theta: float = 10_000_000.0
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        half = self.dim // 2
+        inv = self.theta ** (-torch.arange(half, device=positions.device, dtype=torch.float64) / max(half, 1))
+        ang = positions.to(torch.float64)[:, None] * inv[None, :]
+        return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+class _Prepared:
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)}
+
+    def signature(self) -> tuple:
+        return tuple((f.name, getattr(self, f.name) if not isinstance(getattr(self, f.name), torch.Tensor)
+                      else tuple(getattr(self, f.name).shape))
+                     for f in fields(self) if not f.name.startswith("host_"))
+
+    def copy_from(self, other: "_Prepared") -> None:
+        """Refill these (static, graph-captured) tensors with another batch of the same signature."""
+        if other.signature() != self.signature():
+            raise ValueError("copy_from: the batches differ in shape")
+        mine = self.tensors()
+        for name, t in other.tensors().items():
+            mine[name].copy_(t)
+        for f in fields(self):
+            if f.name.startswith("host_"):
+                setattr(self, f.name, getattr(other, f.name))
+
+
+def _contiguous_start(slots: list[int]) -> Optional[int]:
+    if slots and slots == list(range(slots[0], slots[0] + len(slots))):
+        return slots[0]
+    return None
+
+
+def _check_slots(slots: list[int], n_slots: int) -> None:
+    if len(set(slots)) != len(slots):
+        raise InputError(f"slots: a slot appears twice in {slots}")
+    for s in slots:
+        if not 0 <= s < n_slots:
+            raise InputError(f"slots: {s} is outside the cache's 0..{n_slots - 1}")
+
+
+@dataclass
+class DecodeBatch(_Prepared):
+    """One token for each of B requests."""
+
+    batch: int
+    kv_limit: int  # keys the attention reads: max committed length + 1 (or a bucket above)
+    slot_start: Optional[int]  # slots form a contiguous range starting here (cache views)
+    tokens: torch.Tensor  # [B] int64
+    slots: torch.Tensor  # [B] int64
+    positions: torch.Tensor  # [B] int64 = committed length
+    cos: torch.Tensor  # [B, rope/2] float32
+    sin: torch.Tensor
+    attn_bias: Optional[torch.Tensor]  # [B, 1, 1, kv_limit] additive, None when not needed
+    parents: torch.Tensor  # [B] int32 (all -1): a one-node tree per request, for the tree ops
+    cu_seqlens: torch.Tensor  # [B+1] int32
+    accepted: torch.Tensor  # [B] int64 zeros
+    host_slots: list[int]
+    host_kv_lens: list[int]
+
+
+def prepare_decode(tokens, slots: Sequence[int], kv_lens: Sequence[int], *, rope: Rope,
+                   dtype: torch.dtype, device, n_slots: int, max_len: int,
+                   kv_bucket: int = 1) -> DecodeBatch:
+    slots = [int(s) for s in slots]
+    _check_slots(slots, n_slots)
+    bsz = len(slots)
+    lens = [int(kv_lens[s]) for s in slots]
+    need = max(lens) + 1
+    limit = min(max_len, -(-need // kv_bucket) * kv_bucket)
+    if need > max_len:
+        raise InputError(f"decode: a request needs {need} KV positions; the cache holds {max_len}")
+    tok = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
+    if tok.numel() != bsz:
+        raise InputError(f"decode: {tok.numel()} tokens for {bsz} slots")
+    pos = torch.tensor(lens, dtype=torch.int64, device=device)
+    cos, sin = rope.tables(pos)
+    bias = None
+    if any(n + 1 != limit for n in lens):
+        vis = torch.arange(limit, device=device)[None, :] <= pos[:, None]
+        bias = _additive(vis.view(bsz, 1, 1, limit), dtype)
+    return DecodeBatch(
+        batch=bsz, kv_limit=limit, slot_start=_contiguous_start(slots),
+        tokens=tok.to(device), slots=torch.tensor(slots, dtype=torch.int64, device=device),
+        positions=pos, cos=cos, sin=sin, attn_bias=bias,
+        parents=torch.full((bsz,), -1, dtype=torch.int32, device=device),
+        cu_seqlens=torch.arange(bsz + 1, dtype=torch.int32, device=device),
+        accepted=torch.zeros(bsz, dtype=torch.int64, device=device),
+        host_slots=slots, host_kv_lens=lens,
+    )
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where visible, -inf elsewhere. Rows are padded to 16 elements (a view is returned)
+    so SDPA's memory-efficient kernel takes the mask as is instead of re-padding a copy
+    in every attention layer."""
+    width = visible.shape[-1]
+    padded = -(-width // 16) * 16
+    bias = torch.full(tuple(visible.shape[:-1]) + (padded,), float("-inf"), dtype=dtype, device=visible.device)
+    view = bias[..., :width]
+    return view.masked_fill_(visible, 0.0)
+
+
+@dataclass
+class TreeBatch(_Prepared):
+    """A packed forest of draft trees over B requests (DESIGN.md §3 tree arrays)."""
+
+    batch: int
+    n_nodes: int
+    max_nodes: int  # T: the largest tree (padded per-request layout [B, T])
+    max_depth: int  # D: nodes on the longest root path
+    kv_limit: int  # keys the attention reads
+    slot_start: Optional[int]
+    gqa_group: int
+    n_gdn_layers: int
+    n_slots: int
+    tokens: torch.Tensor  # [N] int64
+    slots: torch.Tensor  # [B] int64 (state_indices)
+    parents: torch.Tensor  # [N] int32, local
+    cu_seqlens: torch.Tensor  # [B+1] int32
+    depths: torch.Tensor  # [N] int64, strict ancestors (0 for a root)
+    positions: torch.Tensor  # [N] int64 = committed length + depth
+    cos: torch.Tensor
+    sin: torch.Tensor
+    node_slot: torch.Tensor  # [N] int64: the cache slot of each node's request
+    kv_pos: torch.Tensor  # [N] int64: scratch KV position = committed length + local index
+    pad_index: torch.Tensor  # [N] int64: row b*T + local in the padded layout
+    split_base: Optional[int]  # every request's committed length, when attention is split
+    attn_bias: Optional[torch.Tensor]  # [B, 1, T*G, kv_limit] additive over cache | tree (dense mode)
+    tree_bias: Optional[torch.Tensor]  # [B, 1, T*G, T] additive over the tree only (split mode)
+    base: torch.Tensor  # [B] int64 committed lengths
+    path_table: torch.Tensor  # [N, D] int64: local index of the ancestor at each depth, -1 pad
+    parent_rows: torch.Tensor  # [T, B] int64: snapshot row of each step's parent (b*(T+1) + p + 1)
+    sglang_parents: torch.Tensor  # [B, T] int64: SGLang's retrieve_parent_token (0 for roots/pad)
+    layer_slots: torch.Tensor  # [L*B] int64: slot + l*S, to commit every layer's conv in one call
+    layer_parents: torch.Tensor  # [L*N] int32
+    layer_cu_seqlens: torch.Tensor  # [L*B+1] int32
+    host_slots: list[int]
+    host_kv_lens: list[int]
+    host_sizes: list[int]
+    host_depths: list[int]
+    host_single_root: bool  # only node 0 of each tree is a root (what SGLang's verify supports)
+
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] packed rows -> [B, T, ...], zeros past each request's tree."""
+        rest = tuple(x.shape[1:])
+        out = x.new_zeros((self.batch * self.max_nodes,) + rest).index_copy_(0, self.pad_index, x)
+        return out.view((self.batch, self.max_nodes) + rest)
+
+
+def forest_arrays(forest) -> tuple[list[int], list[int]]:
+    """(parents, cu_seqlens) as int lists from a bole_cli.trees.Forest, a (parents,
+    cu_seqlens) pair, or anything with those two attributes."""
+    if hasattr(forest, "parents") and hasattr(forest, "cu_seqlens"):
+        parents, cu = forest.parents, forest.cu_seqlens
+    else:
+        parents, cu = forest
+    as_list = (lambda x: x.tolist() if hasattr(x, "tolist") else list(x))
+    return [int(p) for p in as_list(parents)], [int(c) for c in as_list(cu)]
+
+
+def prepare_tree(forest, tokens, slots: Sequence[int], kv_lens: Sequence[int], *, rope: Rope,
+                 dtype: torch.dtype, device, n_slots: int, max_len: int, gqa_group: int,
+                 n_gdn_layers: int, kv_bucket: int = 1, split: bool = False,
+                 bias_dtype: Optional[torch.dtype] = None) -> TreeBatch:
+    """split: when every request has the same committed length, attend to the cache
+    without a mask and to the tree with a small [T*G, T] mask, merging by log-sum-exp
+    (HybridModel); otherwise one additive mask over [cache | tree]. bias_dtype: the tree
+    mask's dtype in split mode (the tree part is computed in float32/float64)."""
+    parents, cu = forest_arrays(forest)
+    slots = [int(s) for s in slots]
+    bsz = len(cu) - 1
+    n = len(parents)
+    if bsz != len(slots):
+        raise InputError(f"forest has {bsz} requests but {len(slots)} slots were given")
+    if bsz < 1 or cu[0] != 0 or cu[-1] != n or any(cu[b + 1] < cu[b] for b in range(bsz)):
+        raise InputError(f"cu_seqlens {cu} does not partition {n} nodes")
+    _check_slots(slots, n_slots)
+    tok = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
+    if tok.numel() != n:
+        raise InputError(f"forest has {n} nodes but {tok.numel()} tokens were given")
+    lens = [int(kv_lens[s]) for s in slots]
+    sizes = [cu[b + 1] - cu[b] for b in range(bsz)]
+    t_max = max(max(sizes), 1)
+
+    depth = [0] * n
+    paths: list[list[int]] = [[] for _ in range(n)]
+    node_b, local = [0] * n, [0] * n
+    single_root = True
+    for b in range(bsz):
+        for i in range(sizes[b]):
+            g_i = cu[b] + i
+            p = parents[g_i]
+            if not -1 <= p < i:
+                raise InputError(f"parents: node {g_i} (request {b}, local {i}) has parent {p}; "
+                                 f"parents must be -1 or a local index before the node")
+            node_b[g_i], local[g_i] = b, i
+            if p < 0:
+                single_root &= i == 0
+                paths[g_i] = [i]
+            else:
+                depth[g_i] = depth[cu[b] + p] + 1
+                paths[g_i] = paths[cu[b] + p] + [i]
+    d_max = max((d + 1 for d in depth), default=1)
+    need = max(lens[b] + sizes[b] for b in range(bsz))
+    if need > max_len:
+        raise InputError(f"verify: a request needs {need} KV positions; the cache holds {max_len}")
+    limit = min(max_len, -(-need // kv_bucket) * kv_bucket)
+
+    dev = torch.device(device)
+    i64 = dict(dtype=torch.int64, device=dev)
+    base = torch.tensor(lens, **i64)
+    nb = torch.tensor(node_b, **i64)
+    loc = torch.tensor(local, **i64)
+    dep = torch.tensor(depth, **i64)
+    positions = base[nb] + dep
+    cos, sin = rope.tables(positions)
+
+    # root paths as a [N, D] table (ancestor at each depth, -1 past the node), the ancestor
+    # mask and the parents over the padded [B, T] layout
+    table = torch.tensor([p + [-1] * (d_max - len(p)) for p in paths], dtype=torch.int64).view(n, d_max)
+    row = torch.tensor(node_b, dtype=torch.int64) * t_max + torch.tensor(local, dtype=torch.int64)  # [N]
+    anc = torch.zeros(bsz * t_max * t_max, dtype=torch.bool)
+    hit = table >= 0
+    anc[(row[:, None] * t_max + table.clamp(min=0))[hit]] = True
+    anc = anc.view(bsz, t_max, t_max).to(dev)
+    par_pad = torch.full((bsz * t_max,), -1, dtype=torch.int64)
+    par_pad[row] = torch.tensor(parents, dtype=torch.int64)
+    par_pad = par_pad.view(bsz, t_max)
+    pad_row = torch.arange(t_max, device=dev)[None, :] >= torch.tensor(sizes, device=dev)[:, None]
+
+    def fold(vis):  # [B, T, keys] -> [B, 1, T*G, keys]: the query rows of the GQA fold
+        keys = vis.shape[-1]
+        return vis[:, None, :, None, :].expand(bsz, 1, t_max, gqa_group, keys).reshape(bsz, 1, t_max * gqa_group, keys)
+
+    split_base = lens[0] if split and all(x == lens[0] for x in lens) else None
+    attn_bias = tree_bias = None
+    if split_base is None:
+        pos = torch.arange(limit, device=dev)
+        rel = pos[None, :] - base[:, None]  # [B, L] position relative to the tree's start
+        in_tree = (rel >= 0) & (rel < t_max)
+        tree_vis = torch.gather(anc, 2, rel.clamp(0, t_max - 1)[:, None, :].expand(bsz, t_max, limit))
+        vis = (pos[None, None, :] < base[:, None, None]) | (tree_vis & in_tree[:, None, :])
+        vis[..., 0] |= pad_row  # padded rows see one key, so they stay finite (and are dropped)
+        attn_bias = _additive(fold(vis), dtype)
+    else:
+        anc |= torch.diag_embed(pad_row)  # padded rows see their own (zero) key
+        tree_bias = _additive(fold(anc), bias_dtype or dtype)
+
+    rows = torch.arange(bsz, dtype=torch.int64)[:, None] * (t_max + 1) + par_pad + 1  # [B, T]
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    par_t = torch.tensor(parents, dtype=torch.int32)
+    lay = torch.arange(n_gdn_layers, dtype=torch.int64)
+    layer_cu = torch.cat([torch.zeros(1, dtype=torch.int64),
+                          (cu_t[1:].to(torch.int64)[None, :] + n * lay[:, None]).reshape(-1)])
+    return TreeBatch(
+        batch=bsz, n_nodes=n, max_nodes=t_max, max_depth=d_max, kv_limit=limit,
+        slot_start=_contiguous_start(slots), gqa_group=gqa_group, n_gdn_layers=n_gdn_layers,
+        n_slots=n_slots,
+        tokens=tok.to(dev), slots=torch.tensor(slots, **i64), parents=par_t.to(dev),
+        cu_seqlens=cu_t.to(dev), depths=dep, positions=positions, cos=cos, sin=sin,
+        node_slot=torch.tensor(slots, **i64)[nb], kv_pos=base[nb] + loc,
+        pad_index=nb * t_max + loc, split_base=split_base, attn_bias=attn_bias, tree_bias=tree_bias, base=base,
+        path_table=table.to(dev), parent_rows=rows.t().contiguous().to(dev),
+        sglang_parents=par_pad.clamp(min=0).to(dev),
+        layer_slots=(torch.tensor(slots, dtype=torch.int64)[None, :] + n_slots * lay[:, None]).reshape(-1).to(dev),
+        layer_parents=par_t.repeat(n_gdn_layers).to(dev),
+        layer_cu_seqlens=layer_cu.to(torch.int32).to(dev),
+        host_slots=slots, host_kv_lens=lens, host_sizes=sizes, host_depths=depth, host_single_root=single_root,
+    )

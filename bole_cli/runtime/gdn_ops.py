@@ -1,0 +1,167 @@
+"""The runtime's one door to the GDN tree kernels (DESIGN.md §3), plus the two one-token
+ops of a plain decode step.
+
+`GDNOps` calls `bole_cli.kernels` (Triton) where it has the function, and otherwise the
+float64 references in `bole_cli.kernels.reference` (same argument order; their commits
+return new tensors, so they are copied back here to keep the in-place contract). It also
+owns everything that depends on the conv-window layout: the rest of the runtime only
+calls `conv_state_shape`, `conv_decode` and the tree ops.
+
+Precision contract of this adapter (what the model relies on):
+- o comes back in v's dtype, y (conv) in x's dtype;
+- g, beta, u and log_p come back in `factor_dtype(activation dtype)`: float32, or
+  float64 when the activations are float64 (the reference path's exact CPU tests).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from bole_cli.errors import InputError
+from bole_cli.kernels import reference as ref
+
+OPS = ("gdn_gates", "tree_verify", "tree_commit", "tree_conv", "tree_conv_commit")
+BACKENDS = ("auto", "kernels", "reference")
+
+
+# ---- layouts ----------------------------------------------------------------------------
+
+def conv_state_shape(slots: int, channels: int, width: int) -> tuple[int, int, int]:
+    """Conv windows: [slots, channels, width-1], the last width-1 inputs, oldest first."""
+    return (slots, channels, width - 1)
+
+
+def factor_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ---- one-token ops (plain decode) -------------------------------------------------------
+
+def conv_decode(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                bias: Optional[torch.Tensor], state_indices: torch.Tensor,
+                *, activation: bool = True) -> torch.Tensor:
+    """One new input per request: y = act(bias + sum_w weight[:, w] * window[w]) over the
+    committed window plus x, then slide the window (in place). x [B, D] -> y [B, D]."""
+    cdt = factor_dtype(x.dtype)
+    window = conv_state.index_select(0, state_indices)  # [B, D, W-1]
+    full = torch.cat([window, x.unsqueeze(-1).to(window.dtype)], dim=-1)  # [B, D, W]
+    conv_state.index_copy_(0, state_indices, full[..., 1:])
+    y = (full.to(cdt) * weight.to(cdt)).sum(-1)
+    if bias is not None:
+        y = y + bias.to(cdt)
+    return (F.silu(y) if activation else y).to(x.dtype)
+
+
+def recurrent_step(q, k, v, g, beta, state: torch.Tensor, state_indices: torch.Tensor,
+                   *, scale: Optional[float] = None, use_qk_l2norm: bool = True) -> torch.Tensor:
+    """The GDN one-token recurrence for B requests, updating state[state_indices] in place.
+
+    q, k [B, H, K]; v [B, HV, V]; g, beta [B, HV]; state [S, HV, V, K]. Returns o [B, HV, V]
+    in v's dtype. S <- exp(g) S; u = beta (v - S k); S <- S + u k^T; o = S q.
+    """
+    cdt = state.dtype if state.dtype == torch.float64 else torch.float32
+    hv = v.shape[1]
+    q, k = q.to(cdt), k.to(cdt)
+    if use_qk_l2norm:
+        q, k = ref.l2norm(q), ref.l2norm(k)
+    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
+    group = hv // k.shape[1]
+    q = q.repeat_interleave(group, dim=1)  # [B, HV, K]
+    k = k.repeat_interleave(group, dim=1)
+    s = state.index_select(0, state_indices).to(cdt)  # [B, HV, V, K]
+    s.mul_(torch.exp(g.to(cdt))[..., None, None])
+    pred = (s @ k.unsqueeze(-1)).squeeze(-1)  # [B, HV, V]
+    u = beta.to(cdt).unsqueeze(-1) * (v.to(cdt) - pred)
+    s.addcmul_(u.unsqueeze(-1), k.unsqueeze(-2))
+    o = (s @ q.unsqueeze(-1)).squeeze(-1)
+    state.index_copy_(0, state_indices, s.to(state.dtype))
+    return o.to(v.dtype)
+
+
+# ---- tree ops ---------------------------------------------------------------------------
+
+def _load_kernels() -> dict:
+    try:
+        import bole_cli.kernels as kernels
+    except Exception:  # noqa: BLE001 - a kernel module mid-development must not break the runtime
+        return {}
+    return {name: getattr(kernels, name) for name in OPS if callable(getattr(kernels, name, None))}
+
+
+class GDNOps:
+    """Tree-parallel GDN ops through the kernel API, with a per-function reference fallback.
+
+    backend: "kernels" (Triton wherever bole_cli.kernels has the function), "reference"
+    (float64 PyTorch; exact, slow, host-synchronising) or "auto" (kernels on CUDA, the
+    reference on CPU, where Triton only runs interpreted). `describe()` says which each op uses.
+    """
+
+    def __init__(self, backend: str = "auto", device: torch.device | str = "cpu"):
+        if backend not in BACKENDS:
+            raise InputError(f"gdn backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+        device = torch.device(device)
+        if backend == "auto":
+            backend = "kernels" if device.type == "cuda" else "reference"
+        self.backend = backend
+        self._k = _load_kernels() if backend == "kernels" else {}
+
+    def uses_kernel(self, op: str) -> bool:
+        return op in self._k
+
+    @property
+    def capturable(self) -> bool:
+        """True when every tree op is a kernel (the references read the trees on the host)."""
+        return all(op in self._k for op in OPS)
+
+    def describe(self) -> dict:
+        return {op: ("triton" if op in self._k else "reference") for op in OPS}
+
+    def gates(self, A_log, a, dt_bias, b):
+        """(g, beta) [N, HV] = (-exp(A_log) softplus(a + dt_bias), sigmoid(b))."""
+        fdt = factor_dtype(a.dtype)
+        if "gdn_gates" in self._k and fdt == torch.float32:
+            return self._k["gdn_gates"](A_log, a, dt_bias, b)
+        g, beta = ref.gdn_gates_ref(A_log, a, dt_bias, b)
+        return g.to(fdt), beta.to(fdt)
+
+    def verify(self, q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
+               *, out: Optional[ref.VerifyResult] = None) -> ref.VerifyResult:
+        """Theorem 1 over the packed forest; `out` (o, u, log_p) receives the results."""
+        if "tree_verify" in self._k:
+            return self._k["tree_verify"](q, k, v, g, beta, state, state_indices, parents,
+                                          cu_seqlens, check_trees=False, out=out)
+        o, u, log_p = ref.tree_verify_ref(q, k, v, g, beta, state, state_indices, parents, cu_seqlens)
+        fdt = factor_dtype(v.dtype)
+        if out is None:
+            return ref.VerifyResult(o.to(v.dtype), u.to(fdt), log_p.to(fdt))
+        out.o.copy_(o)
+        out.u.copy_(u)
+        out.log_p.copy_(log_p)
+        return out
+
+    def commit(self, state, state_indices, k, u, log_p, parents, cu_seqlens, accepted) -> None:
+        """Eq. 10 in place; a leading layer dim on state/k/u/log_p commits every layer at once."""
+        if "tree_commit" in self._k:
+            self._k["tree_commit"](state, state_indices, k, u, log_p, parents, cu_seqlens,
+                                   accepted, check_trees=False)
+            return
+        state.copy_(ref.tree_commit_ref(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted))
+
+    def conv(self, x, conv_state, weight, bias, state_indices, parents, cu_seqlens) -> torch.Tensor:
+        """SiLU(depthwise causal conv) along each node's ancestor chain; y [N, D] in x's dtype."""
+        if "tree_conv" in self._k:
+            return self._k["tree_conv"](x, conv_state, weight, bias, state_indices, parents,
+                                        cu_seqlens, activation=True, check_trees=False)
+        return ref.tree_conv_ref(x, conv_state, weight, bias, state_indices, parents, cu_seqlens,
+                                 activation=True).to(x.dtype)
+
+    def conv_commit(self, conv_state, x, state_indices, parents, cu_seqlens, accepted) -> None:
+        """Windows <- the last W-1 inputs on the path to each accepted node (in place)."""
+        if "tree_conv_commit" in self._k:
+            self._k["tree_conv_commit"](conv_state, x, state_indices, parents, cu_seqlens,
+                                        accepted, check_trees=False)
+            return
+        conv_state.copy_(ref.tree_conv_commit_ref(conv_state, x, state_indices, parents, cu_seqlens, accepted))

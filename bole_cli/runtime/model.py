@@ -1,0 +1,567 @@
+"""The complete Qwen3.5 hybrid forward (GDN + gated full attention + dense/MoE MLP) at a
+catalogue ModelSpec's shapes, with random weights, in plain PyTorch plus the GDN kernels.
+
+What it is for: timing a real decode step and a real tree verify (the calibrate sweep,
+`bole bench e2e`) and proving, on a tiny model on CPU, that tree verification + commit is
+exactly sequential decoding. Weights are random (cost matters, not what the model says).
+
+    model = HybridModel(spec, "cuda", torch.bfloat16)
+    cache = model.new_cache(slots=8, max_len=4096)
+    logits = model.decode(cache, tokens, slots)                 # one token per request
+    out = model.verify(cache, forest, tokens, slots)            # logits per tree node
+    model.commit(cache, out, accepted)                          # accepted[b]: local node, -1 none
+
+Layer layout (Qwen3.5 / Qwen3-Next): every layer is pre-norm mixer + residual, pre-norm
+MLP + residual; the mixer is a GDN layer or, at `spec.attention_layer_ids`, gated full
+attention. Simplifications that do not change cost: norms multiply by w (not 1 + w), the
+rotary embedding is a plain partial RoPE over a quarter of each head, the GDN conv has no
+bias (as in Qwen3.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from bole_cli.catalog.models import ModelSpec
+from bole_cli.errors import InputError
+from bole_cli.kernels.reference import VerifyResult
+from bole_cli.runtime import gdn_ops
+from bole_cli.runtime.attention import split_attention_works, split_tree_attention
+from bole_cli.runtime.batch import DecodeBatch, Rope, TreeBatch, forest_arrays, prepare_decode, prepare_tree
+from bole_cli.runtime.moe import grouped_mm_works, moe_forward, swiglu
+from bole_cli.runtime.snapshot import SnapshotGDN
+from bole_cli.trees import MAX_TREE_NODES
+
+RMS_EPS = 1e-6
+ROPE_FRACTION = 0.25
+GDN_DECODE = ("auto", "recurrent", "tree", "sglang")
+PATHS = ("bole", "snapshot")
+
+
+def tiny_spec(*, moe: bool = False, **overrides) -> ModelSpec:
+    """A small hybrid model for CPU tests: 8 layers (6 GDN + 2 attention), hidden 64,
+    H=2, HV=4, dk=dv=16, attention 4/2 heads of 16, vocab 128."""
+    kw = dict(name="tiny/hybrid-moe" if moe else "tiny/hybrid", layers=8, hidden=64,
+              attn_heads=4, attn_kv_heads=2, gdn_value_heads=4, vocab=128, gdn_key_heads=2,
+              gdn_key_dim=16, gdn_value_dim=16, attn_head_dim=16)
+    if moe:
+        kw.update(experts=8, experts_top_k=2, expert_ffn=32, shared_expert_ffn=32)
+    else:
+        kw.update(ffn=128)
+    kw.update(overrides)
+    return ModelSpec(**kw)
+
+
+# ---- parameter shapes: the one source for allocation and the memory estimate -----------
+
+def _gdn_proj_width(s: ModelSpec) -> int:
+    """in_proj_qkv | in_proj_z | in_proj_b | in_proj_a, fused."""
+    return s.conv_dim + s.gdn_value_heads * s.gdn_value_dim + 2 * s.gdn_value_heads
+
+
+def param_shapes(s: ModelSpec) -> dict[str, dict[str, tuple]]:
+    """Shapes of every weight, grouped: "model" (once), "gdn", "attn", "mlp" (per layer of
+    that kind; "mlp" and "norms" in every layer). Entries ending in "@f" are kept in the
+    factor dtype (float32) whatever the model dtype."""
+    h, hv, dv = s.hidden, s.gdn_value_heads, s.gdn_value_dim
+    dh = s.attn_head_dim
+    model = {"embed": (s.vocab, h), "final_norm": (h,)}
+    if not s.tied_embeddings:
+        model["lm_head"] = (s.vocab, h)
+    gdn = {"in_proj": (_gdn_proj_width(s), h), "conv_w": (s.conv_dim, s.conv_kernel),
+           "A_log@f": (hv,), "dt_bias@f": (hv,), "norm_w": (dv,), "out_proj": (h, hv * dv)}
+    attn = {"qkv_proj": (2 * s.attn_heads * dh + 2 * s.attn_kv_heads * dh, h), "q_norm": (dh,),
+            "k_norm": (dh,), "o_proj": (h, s.attn_heads * dh)}
+    if s.is_moe:
+        mlp = {"router": (s.experts, h), "w13": (s.experts, 2 * s.expert_ffn, h),
+               "w2": (s.experts, h, s.expert_ffn)}
+        if s.shared_expert_ffn:
+            mlp.update({"shared_gate_up": (2 * s.shared_expert_ffn, h),
+                        "shared_down": (h, s.shared_expert_ffn), "shared_gate": (1, h)})
+    else:
+        mlp = {"gate_up": (2 * s.ffn, h), "down": (h, s.ffn)}
+    return {"model": model, "gdn": gdn, "attn": attn, "mlp": mlp,
+            "norms": {"input_norm": (h,), "post_norm": (h,)}}
+
+
+def param_bytes(s: ModelSpec, dtype: torch.dtype) -> int:
+    """Exact bytes of HybridModel(s, dtype)'s weights."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    fel = torch.empty((), dtype=gdn_ops.factor_dtype(dtype)).element_size()
+
+    def size(group: dict) -> int:
+        total = 0
+        for name, shape in group.items():
+            n = 1
+            for d in shape:
+                n *= d
+            total += n * (fel if name.endswith("@f") else elem)
+        return total
+
+    g = param_shapes(s)
+    return (size(g["model"]) + s.n_gdn_layers * size(g["gdn"]) + s.n_attention_layers * size(g["attn"])
+            + s.layers * (size(g["mlp"]) + size(g["norms"])))
+
+
+class _Weights:
+    """A plain namespace of tensors (no autograd, no nn.Module machinery)."""
+
+    def __init__(self, **tensors):
+        self.__dict__.update(tensors)
+
+    def tensors(self):
+        return [t for t in self.__dict__.values() if isinstance(t, torch.Tensor)]
+
+
+@dataclass
+class Layer:
+    kind: str  # "gdn" or "attn"
+    index: int  # index among layers of its kind (cache row)
+    norms: _Weights
+    mixer: _Weights
+    mlp: _Weights
+
+
+@dataclass
+class HybridCache:
+    """Per-slot decoding state: GDN states, conv windows, KV cache, committed lengths."""
+
+    gdn_state: torch.Tensor  # [L_gdn, S, HV, V, K] float32 (float64 in exact tests)
+    conv_state: torch.Tensor  # [L_gdn, *conv_state_shape(S, D, W)]
+    k_cache: torch.Tensor  # [L_attn, S, H_kv, max_len, head_dim]
+    v_cache: torch.Tensor
+    kv_lens: list[int]  # committed tokens per slot (host)
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.kv_lens)
+
+    @property
+    def max_len(self) -> int:
+        return self.k_cache.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.gdn_state, self.conv_state, self.k_cache, self.v_cache))
+
+    def clone(self) -> "HybridCache":
+        return HybridCache(self.gdn_state.clone(), self.conv_state.clone(), self.k_cache.clone(),
+                           self.v_cache.clone(), list(self.kv_lens))
+
+
+@dataclass
+class VerifyOutput:
+    """A tree verify's results: logits per node and what the commit needs."""
+
+    logits: torch.Tensor  # [N, vocab]
+    batch: TreeBatch
+    path: str  # "bole" or "snapshot"
+    x: torch.Tensor  # [L_gdn, N, conv_dim] conv inputs (for the conv-window commit)
+    k: Optional[torch.Tensor] = None  # bole: [L_gdn, N, H, dk] raw keys
+    u: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV, dv]
+    log_p: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
+    snapshots: Optional[torch.Tensor] = None  # snapshot: [L_gdn, B, T+1, HV, V, K]
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = cos.shape[-1]
+    if half == 0:
+        return x
+    c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half: 2 * half]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half:]], dim=-1)
+
+
+class HybridModel:
+    """Random-weight Qwen3.5-style hybrid model.
+
+    gdn_backend: "auto" | "kernels" | "reference" (GDNOps). gdn_decode: the GDN core of a
+    plain decode step: "recurrent" (PyTorch one-token recurrence), "tree" (tree_verify +
+    tree_commit on one-node trees: the fused kernels), "sglang" (SGLang's fused decode
+    kernel, needs `snapshot` built with SGLang's kernels), "auto" (tree when the kernels
+    are in use, else recurrent). snapshot: the SnapshotGDN engine of path="snapshot".
+    grouped_mm: MoE experts through torch._grouped_mm (default: when it works for the
+    device and dtype) or a loop over experts. split_attention: tree attention as a
+    mask-free cache part plus a small tree part when the batch shares one committed
+    length (runtime.attention; default: when the probe passes), else one dense mask.
+    """
+
+    def __init__(self, spec: ModelSpec, device="cpu", dtype: torch.dtype = torch.bfloat16, *,
+                 seed: int = 0, gdn_backend: str = "auto", gdn_decode: str = "auto",
+                 snapshot: Optional[SnapshotGDN] = None, grouped_mm: Optional[bool] = None,
+                 split_attention: Optional[bool] = None):
+        self.spec = spec
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.fdtype = gdn_ops.factor_dtype(dtype)
+        self.ops = gdn_ops.GDNOps(gdn_backend, self.device)
+        self.snapshot = snapshot if snapshot is not None else SnapshotGDN()
+        if gdn_decode not in GDN_DECODE:
+            raise InputError(f"gdn_decode {gdn_decode!r}: expected one of {', '.join(GDN_DECODE)}")
+        if gdn_decode == "auto":
+            gdn_decode = "tree" if self.ops.uses_kernel("tree_verify") and self.ops.uses_kernel("tree_commit") else "recurrent"
+        if gdn_decode == "sglang" and self.snapshot.engine != "sglang":
+            raise InputError("gdn_decode 'sglang' needs snapshot=SnapshotGDN(load_sglang_gdn())")
+        self.gdn_decode = gdn_decode
+        self.grouped_mm = grouped_mm_works(self.device.type, dtype) if grouped_mm is None else grouped_mm
+        if spec.attn_heads % spec.attn_kv_heads or spec.gdn_value_heads % spec.gdn_key_heads:
+            raise InputError(f"{spec.name}: query heads must be a multiple of KV heads (attention and GDN)")
+        self.gqa_group = spec.attn_heads // spec.attn_kv_heads
+        self.split_attention = (split_attention_works(self.device.type, dtype, spec.attn_head_dim)
+                                if split_attention is None else split_attention)
+        self.rope = Rope(int(spec.attn_head_dim * ROPE_FRACTION) // 2 * 2)
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._build()
+
+    # ---- weights ------------------------------------------------------------------------
+    def _rand(self, shape, std: float, dtype=None) -> torch.Tensor:
+        t = torch.randn(shape, generator=self._gen, device=self.device, dtype=dtype or self.dtype)
+        return t.mul_(std)
+
+    def _linear(self, shape, scale: float = 1.0) -> torch.Tensor:
+        return self._rand(shape, scale * shape[-1] ** -0.5)
+
+    def _build(self) -> None:
+        s, shapes = self.spec, param_shapes(self.spec)
+        out_scale = (2.0 * max(s.layers, 1)) ** -0.5
+        m = shapes["model"]
+        self.embed = self._rand(m["embed"], 1.0)
+        self.final_norm = torch.ones(m["final_norm"], device=self.device, dtype=self.dtype)
+        self.lm_head = self.embed if s.tied_embeddings else self._linear(m["lm_head"])
+        attn_ids = set(s.attention_layer_ids)
+        self.layers: list[Layer] = []
+        n_gdn = n_attn = 0
+        for i in range(s.layers):
+            norms = _Weights(**{k: torch.ones(v, device=self.device, dtype=self.dtype)
+                                for k, v in shapes["norms"].items()})
+            if i in attn_ids:
+                a = shapes["attn"]
+                mixer = _Weights(qkv_proj=self._linear(a["qkv_proj"]),
+                                 q_norm=torch.ones(a["q_norm"], device=self.device, dtype=self.dtype),
+                                 k_norm=torch.ones(a["k_norm"], device=self.device, dtype=self.dtype),
+                                 o_proj=self._linear(a["o_proj"], out_scale))
+                layer = Layer("attn", n_attn, norms, mixer, None)
+                n_attn += 1
+            else:
+                g = shapes["gdn"]
+                hv = g["A_log@f"]
+                # mild decay (g around -0.1) so the committed state matters in the tests
+                a_log = torch.empty(hv, device=self.device, dtype=self.fdtype).uniform_(0.5, 2.0, generator=self._gen).log_()
+                mixer = _Weights(in_proj=self._linear(g["in_proj"]),
+                                 conv_w=self._rand(g["conv_w"], s.conv_kernel ** -0.5),
+                                 conv_b=None, A_log=a_log,
+                                 dt_bias=torch.full(hv, -2.0, device=self.device, dtype=self.fdtype),
+                                 norm_w=torch.ones(g["norm_w"], device=self.device, dtype=self.dtype),
+                                 out_proj=self._linear(g["out_proj"], out_scale))
+                layer = Layer("gdn", n_gdn, norms, mixer, None)
+                n_gdn += 1
+            layer.mlp = self._build_mlp(shapes["mlp"], out_scale)
+            self.layers.append(layer)
+        self.n_gdn, self.n_attn = n_gdn, n_attn
+
+    def _build_mlp(self, m: dict, out_scale: float) -> _Weights:
+        if not self.spec.is_moe:
+            return _Weights(gate_up=self._linear(m["gate_up"]), down=self._linear(m["down"], out_scale))
+        w = _Weights(router=self._linear(m["router"]), w13=self._linear(m["w13"]),
+                     w2=self._linear(m["w2"], out_scale), shared_gate_up=None)
+        if "shared_gate_up" in m:
+            w.shared_gate_up = self._linear(m["shared_gate_up"])
+            w.shared_down = self._linear(m["shared_down"], out_scale)
+            w.shared_gate = self._linear(m["shared_gate"])
+        return w
+
+    def weight_tensors(self) -> list[torch.Tensor]:
+        ts = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        for layer in self.layers:
+            ts += layer.norms.tensors() + layer.mixer.tensors() + layer.mlp.tensors()
+        return ts
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.weight_tensors())
+
+    # ---- cache --------------------------------------------------------------------------
+    def new_cache(self, slots: int, max_len: int, *, random_fill: bool = False, seed: int = 1) -> HybridCache:
+        """Zeroed per-slot state (or random non-zero contents, for timing)."""
+        s = self.spec
+        kw = dict(device=self.device)
+        cache = HybridCache(
+            gdn_state=torch.zeros(self.n_gdn, slots, s.gdn_value_heads, s.gdn_value_dim, s.gdn_key_dim,
+                                  dtype=self.fdtype, **kw),
+            conv_state=torch.zeros((self.n_gdn,) + gdn_ops.conv_state_shape(slots, s.conv_dim, s.conv_kernel),
+                                   dtype=self.dtype, **kw),
+            k_cache=torch.zeros(self.n_attn, slots, s.attn_kv_heads, max_len, s.attn_head_dim, dtype=self.dtype, **kw),
+            v_cache=torch.zeros(self.n_attn, slots, s.attn_kv_heads, max_len, s.attn_head_dim, dtype=self.dtype, **kw),
+            kv_lens=[0] * slots,
+        )
+        if random_fill:
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+            for t, std in ((cache.gdn_state, 0.05), (cache.conv_state, 1.0), (cache.k_cache, 1.0), (cache.v_cache, 1.0)):
+                t.normal_(0.0, std, generator=gen)
+        return cache
+
+    # ---- preparation (host) -------------------------------------------------------------
+    def prepare_decode(self, cache: HybridCache, tokens, slots: Optional[Sequence[int]] = None,
+                       *, kv_bucket: int = 1) -> DecodeBatch:
+        slots = list(range(len(tokens))) if slots is None else [int(x) for x in slots]
+        return prepare_decode(tokens, slots, cache.kv_lens, rope=self.rope, dtype=self.dtype,
+                              device=self.device, n_slots=cache.n_slots, max_len=cache.max_len,
+                              kv_bucket=kv_bucket)
+
+    def prepare_verify(self, cache: HybridCache, forest, tokens, slots: Optional[Sequence[int]] = None,
+                       *, kv_bucket: int = 1) -> TreeBatch:
+        parents, cu = forest_arrays(forest)
+        if slots is None:
+            slots = range(len(cu) - 1)
+        largest = max((cu[b + 1] - cu[b] for b in range(len(cu) - 1)), default=0)
+        if self.ops.uses_kernel("tree_verify") and largest > MAX_TREE_NODES:
+            raise InputError(f"a request's tree has {largest} nodes; the tree kernels take at most "
+                             f"{MAX_TREE_NODES} (MAX_TREE_NODES)")
+        return prepare_tree((parents, cu), tokens, slots, cache.kv_lens, rope=self.rope, dtype=self.dtype,
+                            device=self.device, n_slots=cache.n_slots, max_len=cache.max_len,
+                            gqa_group=self.gqa_group, n_gdn_layers=self.n_gdn, kv_bucket=kv_bucket,
+                            split=self.split_attention and kv_bucket == 1, bias_dtype=self.fdtype)
+
+    # ---- public steps -------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, cache: HybridCache, tokens, slots: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """One token per request (slots default 0..B-1). Returns logits [B, vocab]; the
+        cache advances by one token per request."""
+        db = self.prepare_decode(cache, tokens, slots)
+        logits = self.forward_decode(cache, db)
+        for s in db.host_slots:
+            cache.kv_lens[s] += 1
+        return logits
+
+    @torch.inference_mode()
+    def verify(self, cache: HybridCache, forest, tokens, slots: Optional[Sequence[int]] = None,
+               *, path: str = "bole") -> VerifyOutput:
+        """Score every node of a packed forest (bole_cli.trees.Forest or (parents,
+        cu_seqlens)); `tokens` [N] are the nodes' tokens. The GDN states, conv windows and
+        committed KV are left untouched until `commit`."""
+        return self.forward_verify(cache, self.prepare_verify(cache, forest, tokens, slots), path=path)
+
+    @torch.inference_mode()
+    def commit(self, cache: HybridCache, out: VerifyOutput, accepted) -> None:
+        """Make each request's root-to-`accepted[b]` path (local index, -1 = none) the
+        committed prefix: GDN states (all layers, one call), conv windows, KV cache, lengths."""
+        tb = out.batch
+        acc = [int(a) for a in (accepted.tolist() if hasattr(accepted, "tolist") else accepted)]
+        if len(acc) != tb.batch:
+            raise InputError(f"accepted has {len(acc)} entries for {tb.batch} requests")
+        start = 0
+        advance = []
+        for b, (a, size) in enumerate(zip(acc, tb.host_sizes)):
+            if not -1 <= a < size:
+                raise InputError(f"accepted: request {b} accepts node {a}, outside -1..{size - 1}")
+            advance.append(0 if a < 0 else tb.host_depths[start + a] + 1)
+            start += size
+        self.commit_device(cache, out, torch.tensor(acc, dtype=torch.int64, device=self.device))
+        for s, n in zip(tb.host_slots, advance):
+            cache.kv_lens[s] += n
+
+    # ---- device-only forwards (no host sync when the GDN ops are kernels) ----------------
+    def _run(self, tokens: torch.Tensor, gdn, attn, layers: Optional[Sequence[Layer]] = None) -> torch.Tensor:
+        x = F.embedding(tokens, self.embed)
+        for layer in self.layers if layers is None else layers:
+            h = _rms(x, layer.norms.input_norm)
+            x = x + (gdn(layer, h) if layer.kind == "gdn" else attn(layer, h))
+            x = x + self._mlp(layer.mlp, _rms(x, layer.norms.post_norm))
+        return F.linear(_rms(x, self.final_norm), self.lm_head)
+
+    def _mlp(self, m: _Weights, x: torch.Tensor) -> torch.Tensor:
+        if not self.spec.is_moe:
+            return F.linear(swiglu(F.linear(x, m.gate_up)), m.down)
+        out = moe_forward(x, m.router, m.w13, m.w2, self.spec.experts_top_k, grouped=self.grouped_mm)
+        if m.shared_gate_up is not None:
+            shared = F.linear(swiglu(F.linear(x, m.shared_gate_up)), m.shared_down)
+            out = out + torch.sigmoid(F.linear(x, m.shared_gate)) * shared
+        return out
+
+    def _gdn_in(self, w: _Weights, h: torch.Tensor):
+        """in_proj (q|k|v, z, b, a fused in one matmul) -> x [N, conv_dim], z, b, a (views)."""
+        s = self.spec
+        proj = F.linear(h, w.in_proj)
+        cd, hv = s.conv_dim, s.gdn_value_heads
+        zd = hv * s.gdn_value_dim
+        return proj[:, :cd], proj[:, cd: cd + zd], proj[:, cd + zd: cd + zd + hv], proj[:, cd + zd + hv:]
+
+    def _qkv(self, y: torch.Tensor):
+        s = self.spec
+        n, kd = y.shape[0], s.gdn_key_heads * s.gdn_key_dim
+        q = y[:, :kd].view(n, s.gdn_key_heads, s.gdn_key_dim)
+        k = y[:, kd: 2 * kd].view(n, s.gdn_key_heads, s.gdn_key_dim)
+        v = y[:, 2 * kd:].view(n, s.gdn_value_heads, s.gdn_value_dim)
+        return q, k, v
+
+    def _gdn_out(self, w: _Weights, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Gated RMSNorm per head (rms(o) * w * silu(z)), then out_proj."""
+        s = self.spec
+        n, hv, dv = o.shape[0], s.gdn_value_heads, s.gdn_value_dim
+        o = F.rms_norm(o.to(self.fdtype), (dv,), w.norm_w.to(self.fdtype), RMS_EPS)
+        o = o * F.silu(z.reshape(n, hv, dv).to(self.fdtype))
+        return F.linear(o.reshape(n, hv * dv).to(self.dtype), w.out_proj)
+
+    def _attn_in(self, w: _Weights, h: torch.Tensor, cos, sin):
+        """q_proj (query | gate per head), k_proj, v_proj fused; q/k RMSNorm, RoPE."""
+        s = self.spec
+        n, hq, hk, dh = h.shape[0], s.attn_heads, s.attn_kv_heads, s.attn_head_dim
+        proj = F.linear(h, w.qkv_proj)
+        qg = proj[:, : 2 * hq * dh].view(n, hq, 2 * dh)
+        q, gate = qg[..., :dh], qg[..., dh:].reshape(n, hq * dh)
+        k = proj[:, 2 * hq * dh: (2 * hq + hk) * dh].view(n, hk, dh)
+        v = proj[:, (2 * hq + hk) * dh:].view(n, hk, dh)
+        q = _rope(_rms(q, w.q_norm), cos, sin)
+        k = _rope(_rms(k, w.k_norm), cos, sin)
+        return q, gate, k, v
+
+    @staticmethod
+    def _kv(cache: HybridCache, l: int, slots: torch.Tensor, slot_start: Optional[int], limit: int):
+        """Keys/values [B, H_kv, limit, head_dim] of the batch's slots: a view when the slots
+        are a contiguous range (the serving layout), else a gather."""
+        kc, vc = cache.k_cache[l], cache.v_cache[l]
+        if slot_start is not None:
+            end = slot_start + slots.shape[0]
+            return kc[slot_start:end, :, :limit], vc[slot_start:end, :, :limit]
+        return kc[:, :, :limit].index_select(0, slots), vc[:, :, :limit].index_select(0, slots)
+
+    def forward_decode(self, cache: HybridCache, db: DecodeBatch,
+                       layers: Optional[Sequence[Layer]] = None) -> torch.Tensor:
+        """One decode step on prepared metadata; updates GDN states, conv windows and writes
+        the new KV at each request's committed length (lengths are the caller's)."""
+        s = self.spec
+        bsz = db.batch
+
+        def gdn(layer: Layer, h):
+            w, l = layer.mixer, layer.index
+            x, z, b, a = self._gdn_in(w, h)
+            y = gdn_ops.conv_decode(x, cache.conv_state[l], w.conv_w, w.conv_b, db.slots)
+            q, k, v = self._qkv(y)
+            state = cache.gdn_state[l]
+            if self.gdn_decode == "sglang":
+                o = self.snapshot.decode_layer(q, k, v, a, b, w.A_log, w.dt_bias, state, db.slots, db.cu_seqlens)
+            else:
+                g, beta = self.ops.gates(w.A_log, a, w.dt_bias, b)
+                if self.gdn_decode == "recurrent":
+                    o = gdn_ops.recurrent_step(q, k, v, g, beta, state, db.slots)
+                else:
+                    res = self.ops.verify(q, k, v, g, beta, state, db.slots, db.parents, db.cu_seqlens)
+                    self.ops.commit(state, db.slots, k, res.u, res.log_p, db.parents, db.cu_seqlens, db.accepted)
+                    o = res.o
+            return self._gdn_out(w, o, z)
+
+        def attn(layer: Layer, h):
+            w, l = layer.mixer, layer.index
+            q, gate, k, v = self._attn_in(w, h, db.cos, db.sin)
+            cache.k_cache[l][db.slots, :, db.positions] = k
+            cache.v_cache[l][db.slots, :, db.positions] = v
+            keys, vals = self._kv(cache, l, db.slots, db.slot_start, db.kv_limit)
+            qf = q.view(bsz, s.attn_kv_heads, self.gqa_group, s.attn_head_dim)
+            o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=db.attn_bias)
+            return F.linear(o.reshape(bsz, -1) * torch.sigmoid(gate), w.o_proj)
+
+        return self._run(db.tokens, gdn, attn, layers)
+
+    def forward_verify(self, cache: HybridCache, tb: TreeBatch, *, path: str = "bole",
+                       layers: Optional[Sequence[Layer]] = None) -> VerifyOutput:
+        """The tree forward on prepared metadata. Writes only scratch KV (past each
+        request's committed length); everything the commit needs is in the output."""
+        if path not in PATHS:
+            raise InputError(f"path {path!r}: expected one of {', '.join(PATHS)}")
+        s = self.spec
+        n, bsz, t_max, grp = tb.n_nodes, tb.batch, tb.max_nodes, self.gqa_group
+        kw = dict(device=self.device)
+        out = VerifyOutput(None, tb, path, torch.empty(self.n_gdn, n, s.conv_dim, dtype=self.dtype, **kw))
+        if path == "bole":
+            out.k = torch.empty(self.n_gdn, n, s.gdn_key_heads, s.gdn_key_dim, dtype=self.dtype, **kw)
+            out.u = torch.empty(self.n_gdn, n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.fdtype, **kw)
+            out.log_p = torch.empty(self.n_gdn, n, s.gdn_value_heads, dtype=self.fdtype, **kw)
+        else:
+            shape = SnapshotGDN.buffer_shape(self.n_gdn, bsz, t_max, cache.gdn_state)
+            out.snapshots = torch.empty(shape, dtype=cache.gdn_state.dtype, **kw)
+
+        def gdn(layer: Layer, h):
+            w, l = layer.mixer, layer.index
+            x, z, b, a = self._gdn_in(w, h)
+            xs = out.x[l]
+            xs.copy_(x)
+            y = self.ops.conv(xs, cache.conv_state[l], w.conv_w, w.conv_b, tb.slots, tb.parents, tb.cu_seqlens)
+            q, k, v = self._qkv(y)
+            g, beta = self.ops.gates(w.A_log, a, w.dt_bias, b)
+            state = cache.gdn_state[l]
+            if path == "bole":
+                out.k[l].copy_(k)
+                res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), out.u[l], out.log_p[l])
+                o = self.ops.verify(q, k, v, g, beta, state, tb.slots, tb.parents, tb.cu_seqlens, out=res).o
+            else:
+                o = self.snapshot.verify_layer(out.snapshots[l], q, k, v, g, beta, a, b, w.A_log,
+                                               w.dt_bias, state, tb)
+            return self._gdn_out(w, o, z)
+
+        def attn(layer: Layer, h):
+            w, l = layer.mixer, layer.index
+            q, gate, k, v = self._attn_in(w, h, tb.cos, tb.sin)
+            cache.k_cache[l][tb.node_slot, :, tb.kv_pos] = k
+            cache.v_cache[l][tb.node_slot, :, tb.kv_pos] = v
+            qf = tb.padded(q).view(bsz, t_max, s.attn_kv_heads, grp, s.attn_head_dim).transpose(1, 2)
+            qf = qf.reshape(bsz, s.attn_kv_heads, t_max * grp, s.attn_head_dim)
+            if tb.split_base is None:
+                keys, vals = self._kv(cache, l, tb.slots, tb.slot_start, tb.kv_limit)
+                o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=tb.attn_bias)
+            else:
+                keys, vals = self._kv(cache, l, tb.slots, tb.slot_start, tb.split_base)
+                o = split_tree_attention(qf, keys, vals, tb.padded(k).transpose(1, 2),
+                                         tb.padded(v).transpose(1, 2), tb.tree_bias)
+            o = o.view(bsz, s.attn_kv_heads, t_max, grp, s.attn_head_dim).transpose(1, 2)
+            o = o.reshape(bsz * t_max, -1).index_select(0, tb.pad_index)
+            return F.linear(o * torch.sigmoid(gate), w.o_proj)
+
+        out.logits = self._run(tb.tokens, gdn, attn, layers)
+        return out
+
+    def commit_device(self, cache: HybridCache, out: VerifyOutput, accepted: torch.Tensor) -> None:
+        """The commit's device work (no host sync with kernels; lengths are the caller's).
+        accepted [B] int64 on the device."""
+        tb = out.batch
+        if tb.n_nodes == 0:
+            return
+        if self.n_gdn:
+            if out.path == "bole":
+                self.ops.commit(cache.gdn_state, tb.slots, out.k, out.u, out.log_p, tb.parents,
+                                tb.cu_seqlens, accepted)
+            else:
+                self.snapshot.commit(cache.gdn_state, out.snapshots, tb, accepted)
+            conv = cache.conv_state
+            self.ops.conv_commit(conv.view((-1,) + tuple(conv.shape[2:])), out.x.view(-1, out.x.shape[-1]),
+                                 tb.layer_slots, tb.layer_parents, tb.layer_cu_seqlens,
+                                 accepted.repeat(self.n_gdn))
+        if self.n_attn:
+            self._compact_kv(cache, tb, accepted)
+
+    @staticmethod
+    def _compact_kv(cache: HybridCache, tb: TreeBatch, accepted: torch.Tensor) -> None:
+        """Move the accepted path's scratch K/V (at base + local index) to base + depth.
+
+        Entries past the path repeat the root's move (same value, so duplicates are
+        harmless); a request that accepts nothing self-copies its first free position."""
+        last = cache.max_len - 1
+        ok = accepted >= 0
+        first = tb.cu_seqlens[:-1].to(torch.int64) + accepted.clamp(min=0)
+        rows = tb.path_table.index_select(0, first.clamp(max=tb.n_nodes - 1))  # [B, D] local ids
+        base = tb.base[:, None]
+        valid = (rows >= 0) & ok[:, None]
+        depth = torch.arange(rows.shape[1], device=rows.device)[None, :]
+        root_move = torch.where(ok[:, None], base + rows[:, :1].clamp(min=0), base)
+        src = torch.where(valid, base + rows, root_move).clamp(max=last)
+        dst = torch.where(valid, base + depth, base).clamp(max=last)
+        slots = tb.slots[:, None].expand_as(src)
+        for c in (cache.k_cache, cache.v_cache):
+            c[:, slots, :, dst] = c[:, slots, :, src]

@@ -1,0 +1,275 @@
+"""Timing of the complete hybrid forward for the calibration sweep (calibrate.sweep.Forward).
+
+    timer = HybridForwardTimer(spec, "cuda", torch.bfloat16)            # whole model
+    timer = HybridForwardTimer(spec, "cuda", torch.bfloat16, layers_sample=2)
+    timer.time_decode(batch=8, kv_len=4096)            # seconds of one decode step
+    timer.time_verify(batch=8, kv_len=4096, n_tree_tokens=128)  # verify + commit
+
+Each call times one step (CUDA events around `inner` CUDA-graph replays, averaged; the
+sweep driver does warm-up, repeats and the median). Shapes are prepared lazily: the
+first call of a shape allocates, warms up (Triton autotune) and captures its graph.
+Data is random and non-zero: weights, KV cache, GDN states, conv windows, tokens; trees
+come from bole_cli.trees.random_tree (single root = the last verified token, depth <= 8),
+`n_tree_tokens` spread evenly over the batch, and the commit accepts each request's
+deepest node.
+
+Memory is estimated before anything is allocated (`estimate_memory`: weights + KV +
+states + the verify's transient buffers + activations + a fixed workspace) and compared
+with torch.cuda.mem_get_info. A model that does not fit raises BoleError with what it
+needs; `layers_sample=K` instead builds K blocks of four layers (three GDN, one
+attention) with the full embedding and LM head, times them, times the head alone, and
+scales the layers' share to the full depth (`info()["sampled"]`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional
+
+import torch
+
+from bole_cli.catalog.models import ModelSpec
+from bole_cli.errors import BoleError, InputError
+from bole_cli.runtime.gdn_ops import factor_dtype
+from bole_cli.runtime.graphs import try_capture
+from bole_cli.runtime.model import HybridModel, param_bytes
+
+GiB = 1024 ** 3
+WORKSPACE_BYTES = 1 * GiB  # CUDA context slack, cuBLAS workspaces, allocator fragmentation
+SAMPLE_BLOCK = 4  # layers per sampled block: 3 GDN + 1 full attention
+
+
+def _elem(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _fmt(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def tree_sizes(batch: int, n_tree_tokens: int) -> list[int]:
+    """n_tree_tokens spread over the batch as evenly as possible (earlier requests +1)."""
+    if batch < 1 or n_tree_tokens < batch:
+        raise InputError(f"n_tree_tokens={n_tree_tokens} must be at least batch={batch} "
+                         "(every request verifies at least its root)")
+    q, r = divmod(n_tree_tokens, batch)
+    return [q + (b < r) for b in range(batch)]
+
+
+def estimate_memory(spec: ModelSpec, dtype: torch.dtype, *, batch: int, kv_len: int,
+                    n_tree_tokens: int = 0, path: str = "bole") -> dict[str, int]:
+    """Bytes the runtime allocates for one step: weights, KV cache, GDN states and conv
+    windows (per slot), the verify's transient GDN buffers (Bole's factors or the snapshot
+    buffer), the attention bias, activations and logits, and a fixed workspace."""
+    e, f = _elem(dtype), _elem(factor_dtype(dtype))
+    n = max(n_tree_tokens, batch)
+    t_max = -(-n // batch)
+    n_gdn, n_attn = spec.n_gdn_layers, spec.n_attention_layers
+    hv, dk, dv = spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
+    kv_limit = kv_len + t_max
+    out = {"weights": param_bytes(spec, dtype),
+           "kv_cache": n_attn * 2 * spec.attn_kv_heads * spec.attn_head_dim * e * batch * kv_limit,
+           "gdn_states": n_gdn * batch * hv * dv * dk * f,
+           "conv_windows": n_gdn * batch * spec.conv_dim * (spec.conv_kernel - 1) * e}
+    if n_tree_tokens:
+        conv_in = n_gdn * n * spec.conv_dim * e
+        if path == "bole":
+            out["verify_factors"] = conv_in + n_gdn * n * (spec.gdn_key_heads * dk * e + hv * dv * f + hv * f)
+        else:
+            out["verify_snapshots"] = conv_in + n_gdn * batch * (t_max + 1) * hv * dv * dk * f
+        out["attention_bias"] = batch * t_max * (spec.attn_heads // spec.attn_kv_heads) * kv_limit * e
+    width = max(spec.conv_dim + hv * dv + 2 * hv, 2 * (spec.attn_heads + spec.attn_kv_heads) * spec.attn_head_dim,
+                2 * spec.ffn, 2 * spec.shared_expert_ffn,
+                spec.experts_top_k * (2 * spec.hidden + 3 * spec.expert_ffn) if spec.is_moe else 0)
+    out["activations"] = 4 * n * (width + spec.hidden) * max(e, f) + n * spec.vocab * (e + 4)
+    out["workspace"] = WORKSPACE_BYTES
+    out["total"] = sum(out.values())
+    return out
+
+
+def sampled_spec(spec: ModelSpec, blocks: int) -> ModelSpec:
+    """`blocks` four-layer blocks (GDN, GDN, GDN, attention) of `spec`, full embedding/head."""
+    if not isinstance(blocks, int) or blocks < 1:
+        raise InputError(f"layers_sample must be a positive integer (blocks of {SAMPLE_BLOCK} layers), got {blocks!r}")
+    return dataclasses.replace(spec, layers=SAMPLE_BLOCK * blocks, full_attention_interval=SAMPLE_BLOCK,
+                               full_attention_layers=None)
+
+
+class HybridForwardTimer:
+    """calibrate.sweep.Forward over HybridModel on one device.
+
+    path: GDN verify engine, "bole" (closed form + factorised commit) or "snapshot"
+    (baseline). inner: replays averaged per call. use_graphs: default True on CUDA.
+    free_bytes: memory budget override (default: torch.cuda.mem_get_info on CUDA; no
+    check on CPU). Other keyword arguments go to HybridModel (gdn_backend, gdn_decode,
+    snapshot, seed).
+    """
+
+    def __init__(self, spec: ModelSpec, device="cuda", dtype: torch.dtype = torch.bfloat16,
+                 layers_sample: Optional[int] = None, *, path: str = "bole", inner: int = 3,
+                 use_graphs: Optional[bool] = None, free_bytes: Optional[int] = None,
+                 max_depth: int = 8, **model_kw):
+        self.spec = spec
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.path = path
+        self.inner = max(1, int(inner))
+        self.max_depth = max_depth
+        self.layers_sample = layers_sample
+        self.timed_spec = spec if layers_sample is None else sampled_spec(spec, layers_sample)
+        self._free_override = free_bytes
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.eager_reason = "" if self.use_graphs else "CUDA graphs off (CPU or use_graphs=False)"
+        self._require(estimate_memory(self.timed_spec, dtype, batch=1, kv_len=1), "the weights")
+        self.model = HybridModel(self.timed_spec, self.device, dtype, **model_kw)
+        self.device_name = (torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu")
+        self._cache = None
+        self._steps: dict[tuple, Any] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._captured = False
+
+    # ---- memory ---------------------------------------------------------------------
+    def _free(self) -> Optional[int]:
+        if self._free_override is not None:
+            return self._free_override
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.mem_get_info(self.device)[0]
+
+    def _require(self, est: dict[str, int], what: str, *, held: int = 0) -> None:
+        """held: bytes already allocated that the estimate counts (weights, the cache to be freed)."""
+        free = self._free()
+        if free is None or est["total"] <= free + held:
+            return
+        parts = ", ".join(f"{k} {_fmt(v)}" for k, v in est.items() if k != "total" and v)
+        hint = ("" if self.layers_sample is not None else
+                f"; time a sample instead with layers_sample=K (K blocks of {SAMPLE_BLOCK} layers)")
+        raise BoleError(f"{self.timed_spec.name} does not fit for {what}: needs {_fmt(est['total'])} "
+                        f"({parts}), {_fmt(free + held)} available on {self.device}{hint}")
+
+    def _cache_for(self, batch: int, need_len: int, kv_len: int, n_tree_tokens: int = 0):
+        c = self._cache
+        if c is None or c.n_slots < batch or c.max_len < need_len:
+            est = estimate_memory(self.timed_spec, self.dtype, batch=batch, kv_len=kv_len,
+                                  n_tree_tokens=n_tree_tokens, path=self.path)
+            held = self.model.param_bytes + (c.nbytes if c is not None else 0)
+            what = f"batch {batch}, kv_len {kv_len}" + (f", {n_tree_tokens} tree tokens" if n_tree_tokens else "")
+            self._require(est, what, held=held)
+            slots = max(batch, c.n_slots if c is not None else 0)
+            max_len = max(-(-need_len // 256) * 256, c.max_len if c is not None else 0)
+            self._steps.clear()  # graphs and metadata of the old cache
+            self._cache = c = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+                self._pool = torch.cuda.graph_pool_handle()
+            self._cache = self.model.new_cache(slots, max_len, random_fill=True)
+        for s in range(self._cache.n_slots):
+            self._cache.kv_lens[s] = kv_len
+        return self._cache
+
+    # ---- timing -----------------------------------------------------------------------
+    def _time(self, key: tuple, fn) -> float:
+        run = self._steps.get(key)
+        if run is None:
+            run = fn
+            if self.use_graphs:
+                step, why = try_capture(fn, warmup=2, pool=self._pool)
+                if step is not None:
+                    run = step.replay
+                    self._captured = True
+                elif self._captured:  # graphed and eager points in one profile would not compare
+                    raise BoleError(f"CUDA graph capture failed for {key[:-1]} after earlier steps were "
+                                    f"captured ({why}); time with use_graphs=False")
+                else:
+                    self.use_graphs, self.eager_reason = False, why
+            for _ in range(2):
+                run()
+            self._steps[key] = run
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(self.inner):
+                run()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / self.inner
+        t0 = time.perf_counter()
+        for _ in range(self.inner):
+            run()
+        return (time.perf_counter() - t0) / self.inner
+
+    def _scaled(self, key: tuple, make_fn) -> float:
+        """Whole model, or (sampled) head + layers' share scaled to the full depth."""
+        with torch.inference_mode():
+            t = self._time(key + ("all",), make_fn(None))
+            if self.layers_sample is None:
+                return t
+            head = self._time(key + ("head",), make_fn([]))
+        return head + (t - head) * self.spec.layers / self.timed_spec.layers
+
+    def time_decode(self, batch: int, kv_len: int) -> float:
+        """Seconds of one decode step: `batch` requests, one token each, over kv_len cached tokens."""
+        cache = self._cache_for(batch, kv_len + 1, kv_len)
+        key = ("decode", batch, kv_len)
+        db = self._prepared(key, lambda: self.model.prepare_decode(
+            cache, self._tokens(batch, seed=kv_len), list(range(batch))))
+
+        def make(layers):
+            def step():  # returns nothing: a graph keeps no output alive, so captures share memory
+                self.model.forward_decode(cache, db, layers)
+            return step
+
+        return self._scaled(key, make)
+
+    def time_verify(self, batch: int, kv_len: int, n_tree_tokens: int) -> float:
+        """Seconds of one tree verify (n_tree_tokens over the batch) plus its commit."""
+        from bole_cli.trees import MAX_TREE_NODES, pack_forest, random_tree
+
+        sizes = tree_sizes(batch, n_tree_tokens)
+        if sizes[0] > MAX_TREE_NODES:
+            raise InputError(f"{n_tree_tokens} tree tokens over batch {batch} gives {sizes[0]}-node trees; "
+                             f"a request's tree holds at most {MAX_TREE_NODES} (MAX_TREE_NODES)")
+        cache = self._cache_for(batch, kv_len + sizes[0], kv_len, n_tree_tokens)
+        key = ("verify", self.path, batch, kv_len, n_tree_tokens)
+
+        def prepare():
+            trees = [random_tree(1000 * n_tree_tokens + b, n, self.max_depth) for b, n in enumerate(sizes)]
+            forest = pack_forest(trees)
+            tb = self.model.prepare_verify(cache, forest, self._tokens(n_tree_tokens, seed=n_tree_tokens),
+                                           list(range(batch)))
+            deepest = [max(range(t.n_nodes), key=lambda i: t.depths[i]) for t in trees]
+            return tb, torch.tensor(deepest, dtype=torch.int64, device=self.device)
+
+        tb, accepted = self._prepared(key, prepare)
+
+        def make(layers):  # layers=[] is the sampled head alone: no GDN layer, no commit
+            def step():
+                out = self.model.forward_verify(cache, tb, path=self.path, layers=layers)
+                if layers is None:
+                    self.model.commit_device(cache, out, accepted)
+            return step
+
+        return self._scaled(key, make)
+
+    def _prepared(self, key: tuple, build):
+        """Prepared metadata per shape, kept alive with its graphs (static inputs)."""
+        k = ("prepared",) + key
+        if k not in self._steps:
+            self._steps[k] = build()
+        return self._steps[k]
+
+    def _tokens(self, n: int, seed: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randint(self.spec.vocab, (n,), generator=gen)
+
+    def info(self) -> dict[str, Any]:
+        m = self.model
+        return {"runtime": "bole_cli.runtime", "model": self.spec.name, "dtype": str(self.dtype).replace("torch.", ""),
+                "device": self.device_name, "path": self.path, "gdn_ops": m.ops.describe(),
+                "gdn_decode": m.gdn_decode, "moe_grouped_mm": m.grouped_mm if self.spec.is_moe else None,
+                "cuda_graphs": self.use_graphs, "eager_reason": self.eager_reason or None,
+                "sampled": self.layers_sample is not None,
+                "sampled_layers": (list(range(self.timed_spec.layers)) if self.layers_sample is not None else None),
+                "timed_layers": self.timed_spec.layers, "model_layers": self.spec.layers,
+                "weights_bytes": m.param_bytes}

@@ -1,0 +1,375 @@
+"""The embedded runtime on a tiny hybrid model on CPU (float64, reference GDN ops):
+tree verify + commit is exactly sequential decoding, for Bole's factors and for the
+snapshot baseline; MoE dispatch is the per-token definition; the three decoders
+(autoregressive, snapshot tree, Bole) emit the same greedy token stream."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bole_cli.errors import BoleError, InputError
+from bole_cli.runtime import HybridModel, SnapshotGDN, param_bytes, tiny_spec
+from bole_cli.runtime.moe import grouped_mm_works, moe_forward, moe_naive
+from bole_cli.runtime.timer import HybridForwardTimer, estimate_memory, tree_sizes
+from bole_cli.trees import ProposalTree, chain_tree, pack_forest, random_tree
+
+F64 = torch.float64
+TOL = dict(atol=1e-10, rtol=1e-9)
+VOCAB = 128
+
+
+def tree(parents):
+    return ProposalTree(parents, [0.0] * len(parents))
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return HybridModel(tiny_spec(), "cpu", F64, seed=0, gdn_backend="reference")
+
+
+@pytest.fixture(scope="module")
+def moe_model():
+    return HybridModel(tiny_spec(moe=True, layers=4), "cpu", F64, seed=0, gdn_backend="reference")
+
+
+def warm_cache(model, prefix=(5, 3, 7), max_len=48, seed=1):
+    """Slots with different committed lengths and non-trivial states (decoded one by one)."""
+    cache = model.new_cache(len(prefix), max_len)
+    gen = torch.Generator().manual_seed(seed)
+    for slot, n in enumerate(prefix):
+        for _ in range(n):
+            model.decode(cache, torch.randint(VOCAB, (1,), generator=gen), [slot])
+    return cache
+
+
+def decode_path(model, cache, slot, tokens):
+    """Decode `tokens` one at a time on one slot; the logits of each step."""
+    return [model.decode(cache, [t], [slot])[0] for t in tokens]
+
+
+def assert_slot_equal(a, b, slot):
+    assert a.kv_lens[slot] == b.kv_lens[slot]
+    n = a.kv_lens[slot]
+    torch.testing.assert_close(a.gdn_state[:, slot], b.gdn_state[:, slot], **TOL)
+    torch.testing.assert_close(a.conv_state[:, slot], b.conv_state[:, slot], **TOL)
+    torch.testing.assert_close(a.k_cache[:, slot, :, :n], b.k_cache[:, slot, :, :n], **TOL)
+    torch.testing.assert_close(a.v_cache[:, slot, :, :n], b.v_cache[:, slot, :, :n], **TOL)
+
+
+def path_to(parents, node):
+    out = [node]
+    while parents[out[-1]] >= 0:
+        out.append(parents[out[-1]])
+    return out[::-1]
+
+
+# ---- structure ---------------------------------------------------------------------------
+
+def test_param_bytes_formula_matches_allocation(dense, moe_model):
+    for m in (dense, moe_model):
+        assert m.param_bytes == param_bytes(m.spec, F64)
+    est = estimate_memory(dense.spec, F64, batch=2, kv_len=10, n_tree_tokens=6)
+    assert est["weights"] == dense.param_bytes
+    cache = dense.new_cache(2, 10 + 3)
+    states = est["kv_cache"] + est["gdn_states"] + est["conv_windows"]
+    assert states == cache.nbytes
+
+
+def test_batched_decode_equals_one_slot_at_a_time(dense):
+    cache = warm_cache(dense)
+    alone = cache.clone()
+    toks = [11, 22, 33]
+    batched = dense.decode(cache, toks, [2, 0, 1])  # uneven lengths: masked attention, gathered KV
+    for row, (slot, t) in enumerate(zip([2, 0, 1], toks)):
+        torch.testing.assert_close(batched[row], decode_path(dense, alone, slot, [t])[0], **TOL)
+    for slot in range(3):
+        assert_slot_equal(cache, alone, slot)
+
+
+def test_decode_cores_agree(dense):
+    """The one-token GDN recurrence and one-node tree_verify + tree_commit are the same step."""
+    tree_core = HybridModel(dense.spec, "cpu", F64, seed=0, gdn_backend="reference", gdn_decode="tree")
+    a, b = warm_cache(dense), warm_cache(tree_core)
+    for toks in ([1, 2, 3], [4, 5, 6]):
+        torch.testing.assert_close(tree_core.decode(b, toks), dense.decode(a, toks), **TOL)
+    for slot in range(3):
+        assert_slot_equal(a, b, slot)
+
+
+# ---- (1) a chain verify is T decode steps ------------------------------------------------
+
+@pytest.mark.parametrize("which", ["dense", "moe"])
+@pytest.mark.parametrize("path", ["bole", "snapshot"])
+def test_chain_verify_equals_sequential_decode(which, path, dense, moe_model):
+    model = dense if which == "dense" else moe_model
+    cache = warm_cache(model)
+    seq = cache.clone()
+    t = 5
+    slots = [2, 0]
+    toks = torch.randint(VOCAB, (2 * t,), generator=torch.Generator().manual_seed(3))
+    out = model.verify(cache, pack_forest([chain_tree(t), chain_tree(t)]), toks, slots, path=path)
+    for b, slot in enumerate(slots):
+        ref = torch.stack(decode_path(model, seq, slot, toks[b * t:(b + 1) * t].tolist()))
+        torch.testing.assert_close(out.logits[b * t:(b + 1) * t], ref, **TOL)
+    model.commit(cache, out, [t - 1, t - 1])
+    for slot in range(3):
+        assert_slot_equal(cache, seq, slot)
+
+
+# ---- (2) every node of a branching forest gets its root path's logits ------------------
+
+@pytest.mark.parametrize("prefix", [(5, 3, 7), (4, 4, 4)], ids=["dense-mask", "split-attention"])
+def test_tree_verify_logits_equal_root_path_decode(prefix, dense):
+    cache = warm_cache(dense, prefix)
+    trees = [tree([-1, 0, 0, 1, 1, 2, 4, 4, 6]),  # branching, depth 5
+             tree([-1, -1, 0, 1, -1, 2]),  # several roots
+             random_tree(7, 10, max_depth=4)]
+    forest = pack_forest(trees)
+    slots = [1, 2, 0]
+    toks = torch.randint(VOCAB, (forest.n_nodes,), generator=torch.Generator().manual_seed(4))
+    out = dense.verify(cache, forest, toks, slots)
+    assert (out.batch.split_base is not None) == (len(set(prefix)) == 1)
+    for b, (tr, slot) in enumerate(zip(trees, slots)):
+        start = forest.cu_seqlens[b]
+        for i in range(tr.n_nodes):
+            path = path_to(tr.parents, i)
+            ref = decode_path(dense, cache.clone(), slot, [int(toks[start + j]) for j in path])[-1]
+            torch.testing.assert_close(out.logits[start + i], ref, **TOL)
+
+
+# ---- (3) the commit of an accepted node is the state after decoding its path ------------
+
+@pytest.mark.parametrize("path", ["bole", "snapshot"])
+def test_commit_equals_decoding_the_accepted_path(path, dense):
+    cache = warm_cache(dense)
+    trees = [tree([-1, 0, 0, 1, 3, 2, 5]), tree([-1, 0, 1]), tree([-1, -1, 1, 0, 2, 4])]
+    forest = pack_forest(trees)
+    slots = [2, 1, 0]
+    accepted = [6, -1, 5]  # a deep branch, nothing (the slot stays as it was), a second root's chain
+    toks = torch.randint(VOCAB, (forest.n_nodes,), generator=torch.Generator().manual_seed(5))
+    seq = cache.clone()
+    out = dense.verify(cache, forest, toks, slots, path=path)
+    dense.commit(cache, out, accepted)
+    for b, (tr, slot, a) in enumerate(zip(trees, slots, accepted)):
+        if a >= 0:
+            decode_path(dense, seq, slot, [int(toks[forest.cu_seqlens[b] + j]) for j in path_to(tr.parents, a)])
+    for slot in range(3):
+        assert_slot_equal(cache, seq, slot)
+    # the next step sees the committed prefix exactly
+    torch.testing.assert_close(dense.decode(cache, [7, 8, 9], slots), dense.decode(seq, [7, 8, 9], slots), **TOL)
+
+
+def test_empty_request_and_bucketed_runner(dense):
+    """A request with no tree nodes; the graph runner's bucketed (masked) KV reads, run
+    eagerly on CPU, give the same results as the plain calls."""
+    from bole_cli.runtime.graphs import GraphedRunner
+
+    cache = warm_cache(dense)
+    plain = cache.clone()
+    runner = GraphedRunner(dense, cache, kv_bucket=8)
+    assert not runner.enabled
+    forest = ([-1, 0, 1, -1, 0], [0, 3, 3, 5])  # request 1 owns no node
+    toks = [4, 5, 6, 7, 8]
+    got = runner.verify(forest, toks, [0, 1, 2], path="snapshot")
+    assert got.batch.kv_limit % 8 == 0
+    want = dense.verify(plain, forest, toks, [0, 1, 2])
+    torch.testing.assert_close(got.logits, want.logits, **TOL)
+    runner.commit(got, [1, -1, 0])
+    dense.commit(plain, want, [1, -1, 0])
+    torch.testing.assert_close(runner.decode([1, 2, 3]), dense.decode(plain, [1, 2, 3]), **TOL)
+    for slot in range(3):
+        assert_slot_equal(cache, plain, slot)
+
+
+def test_snapshot_buffer_holds_every_node_state(dense):
+    """The baseline really stores one full state per node ([L, B, T+1, HV, V, K])."""
+    cache = warm_cache(dense, prefix=(4, 6))
+    forest = pack_forest([tree([-1, 0, 0, 2]), tree([-1, 0])])
+    out = dense.verify(cache, forest, [1, 2, 3, 4, 5, 6], [0, 1], path="snapshot")
+    s = dense.spec
+    assert out.snapshots.shape == (dense.n_gdn, 2, 5, s.gdn_value_heads, s.gdn_value_dim, s.gdn_key_dim)
+    seq = cache.clone()
+    decode_path(dense, seq, 0, [1, 3, 4])  # root path of node 3 in request 0
+    torch.testing.assert_close(out.snapshots[:, 0, 4], seq.gdn_state[:, 0], **TOL)
+
+
+# ---- (4) MoE dispatch ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_moe_dispatch_equals_per_token_loop(dtype):
+    gen = torch.Generator().manual_seed(0)
+    n, hidden, experts, ffn, k = 37, 32, 8, 16, 3
+    x = torch.randn(n, hidden, generator=gen, dtype=dtype)
+    router = torch.randn(experts, hidden, generator=gen, dtype=dtype)
+    w13 = torch.randn(experts, 2 * ffn, hidden, generator=gen, dtype=dtype) / hidden ** 0.5
+    w2 = torch.randn(experts, hidden, ffn, generator=gen, dtype=dtype) / ffn ** 0.5
+    want = moe_naive(x, router, w13, w2, k)
+    tol = TOL if dtype == F64 else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(moe_forward(x, router, w13, w2, k, grouped=False), want, **tol)
+    if grouped_mm_works("cpu", dtype):
+        torch.testing.assert_close(moe_forward(x, router, w13, w2, k, grouped=True), want, **tol)
+    else:
+        assert dtype == F64  # torch._grouped_mm takes float32/bf16/fp16 only
+
+
+# ---- issue 8's check: three decoders, one greedy stream ----------------------------------
+
+def _greedy_run(model, path, steps, seed=0):
+    """Greedy speculative decoding of one request; path None = autoregressive."""
+    rng = random.Random(seed)
+    cache = model.new_cache(1, 96)
+    decode_path(model, cache, 0, [3, 1, 4, 1, 5])
+    pending, stream = 9, []
+    while len(stream) < steps:
+        if path is None:
+            pending = int(model.decode(cache, [pending], [0])[0].argmax())
+            stream.append(pending)
+            continue
+        # a drafter that knows the greedy continuation but errs: a true chain cut at a
+        # random depth by a wrong token, plus a random side branch
+        oracle = cache.clone()
+        truth, t = [], pending
+        for _ in range(4):
+            t = int(model.decode(oracle, [t], [0])[0].argmax())
+            truth.append(t)
+        cut = rng.randint(0, 4)
+        chain = truth[:cut] + [(truth[cut] + 1) % VOCAB if cut < 4 else truth[-1]]
+        parents = [-1] + list(range(len(chain))) + [0, len(chain) + 1]
+        toks = [pending] + chain + [rng.randrange(VOCAB), rng.randrange(VOCAB)]
+        out = model.verify(cache, pack_forest([tree(parents)]), toks, [0], path=path)
+        node = 0
+        while True:  # greedy acceptance: follow the child holding the argmax token
+            want = int(out.logits[node].argmax())
+            kids = [j for j, p in enumerate(parents) if p == node and toks[j] == want]
+            if not kids:
+                break
+            node = kids[0]
+            stream.append(want)
+        model.commit(cache, out, [node])
+        pending = want
+        stream.append(want)
+    return stream[:steps]
+
+
+def test_three_decoders_emit_the_same_greedy_stream(dense):
+    ar = _greedy_run(dense, None, 14)
+    assert _greedy_run(dense, "bole", 14) == ar
+    assert _greedy_run(dense, "snapshot", 14) == ar
+
+
+# ---- errors and the timer ----------------------------------------------------------------
+
+def test_bad_inputs_are_named(dense):
+    cache = dense.new_cache(2, 8)
+    with pytest.raises(InputError, match="parent"):
+        dense.verify(cache, ([-1, 1], [0, 2]), [1, 2], [0])
+    with pytest.raises(InputError, match="slot"):
+        dense.decode(cache, [1, 2], [0, 0])
+    with pytest.raises(InputError, match="KV positions"):
+        dense.verify(cache, pack_forest([chain_tree(9)]), list(range(9)), [0])
+    out = dense.verify(cache, pack_forest([chain_tree(2)]), [1, 2], [1])
+    with pytest.raises(InputError, match="accepted"):
+        dense.commit(cache, out, [2])
+
+
+def test_timer_runs_and_samples_on_cpu():
+    spec = tiny_spec(layers=12)
+    from bole_cli.calibrate.sweep import Forward
+
+    full = HybridForwardTimer(spec, "cpu", torch.float32, inner=1)
+    assert isinstance(full, Forward)
+    assert full.time_decode(2, 16) > 0
+    assert full.time_verify(2, 16, 9) > 0
+    assert not full.info()["sampled"] and full.info()["cuda_graphs"] is False
+    sampled = HybridForwardTimer(spec, "cpu", torch.float32, layers_sample=1, inner=1, path="snapshot")
+    assert sampled.model.spec.layers == 4 and sampled.info()["sampled"]
+    assert sampled.time_verify(3, 8, 7) > 0
+    assert tree_sizes(3, 7) == [3, 2, 2]
+    with pytest.raises(InputError, match="at least"):
+        full.time_verify(4, 16, 3)
+
+
+def test_timer_refuses_a_model_that_does_not_fit():
+    spec = tiny_spec()
+    need = estimate_memory(spec, torch.float32, batch=1, kv_len=1)["total"]
+    with pytest.raises(BoleError, match="layers_sample"):
+        HybridForwardTimer(spec, "cpu", torch.float32, free_bytes=need // 2)
+    timer = HybridForwardTimer(spec, "cpu", torch.float32, free_bytes=need + 4096)
+    with pytest.raises(BoleError, match="kv_len 100000"):
+        timer.time_decode(64, 100_000)
+
+
+# ---- through the Triton kernels (interpreted on CPU) and SGLang's verifier ---------------
+
+def _kernels_available() -> bool:
+    try:
+        import bole_cli.kernels as k
+    except Exception:  # noqa: BLE001
+        return False
+    return all(callable(getattr(k, n, None)) for n in ("tree_verify", "tree_commit", "tree_conv",
+                                                       "tree_conv_commit", "gdn_gates"))
+
+
+@pytest.mark.skipif(not _kernels_available(), reason="bole_cli.kernels does not export the tree ops yet")
+def test_kernel_path_matches_sequential_decode():
+    spec = tiny_spec(layers=4)
+    model = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="kernels", gdn_decode="recurrent")
+    assert all(v == "triton" for v in model.ops.describe().values())
+    cache = warm_cache(model, prefix=(3, 2), max_len=16)
+    seq = cache.clone()
+    forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])
+    toks = [5, 6, 7, 8, 9, 10, 11]
+    out = model.verify(cache, forest, toks, [0, 1])
+    model.commit(cache, out, [2, 2])
+    ref0 = decode_path(model, seq, 0, [5, 6, 7])
+    ref1 = decode_path(model, seq, 1, [9, 10, 11])
+    tol = dict(atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(out.logits[[0, 1, 2, 4, 5, 6]], torch.stack(ref0 + ref1), **tol)
+    for slot in (0, 1):
+        assert seq.kv_lens[slot] == cache.kv_lens[slot]
+        torch.testing.assert_close(cache.gdn_state[:, slot], seq.gdn_state[:, slot], **tol)
+        torch.testing.assert_close(cache.conv_state[:, slot], seq.conv_state[:, slot], **tol)
+    # the kernels' one-node trees as the GDN core of a plain decode step (the CUDA default)
+    tree_core = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="kernels", gdn_decode="tree")
+    torch.testing.assert_close(tree_core.decode(cache, [1, 2]), model.decode(seq, [1, 2]), **tol)
+    torch.testing.assert_close(cache.gdn_state, seq.gdn_state, **tol)
+
+
+def _sglang():
+    try:
+        from bole_cli.runtime import load_sglang_gdn
+
+        return load_sglang_gdn()
+    except Exception:  # noqa: BLE001 - no wheel, no loader: the test says so
+        return None
+
+
+def test_sglang_snapshot_engine_matches_torch_engine():
+    kernels = _sglang()
+    if kernels is None:
+        pytest.skip("SGLang 0.5.23's kernels cannot be loaded here (no wheel found)")
+    spec = tiny_spec(layers=4)
+    model = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="reference",
+                        snapshot=SnapshotGDN(kernels))
+    cache = warm_cache(model, prefix=(3, 2), max_len=16)
+    forest = pack_forest([tree([-1, 0, 1, 0]), tree([-1, 0, 0])])
+    toks = [5, 6, 7, 8, 9, 10, 11]
+    torch_engine = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="reference")
+    mine = cache.clone()
+    want = torch_engine.verify(mine, forest, toks, [1, 0], path="snapshot")
+    got = model.verify(cache, forest, toks, [1, 0], path="snapshot")
+    tol = dict(atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(got.logits, want.logits, **tol)
+    for b, size in enumerate(forest.sizes):  # rows past a request's tree are padding
+        torch.testing.assert_close(got.snapshots[:, b, 1:size + 1], want.snapshots[:, b, 1:size + 1], **tol)
+    model.commit(cache, got, [2, 1])
+    torch_engine.commit(mine, want, [2, 1])
+    torch.testing.assert_close(cache.gdn_state, mine.gdn_state, **tol)
+    # SGLang's fused one-token decode as the GDN core of a plain decode step
+    fused = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="reference",
+                        snapshot=SnapshotGDN(kernels), gdn_decode="sglang")
+    torch.testing.assert_close(fused.decode(cache, [3, 4]), torch_engine.decode(mine, [3, 4]), **tol)
+    torch.testing.assert_close(cache.gdn_state, mine.gdn_state, **tol)
