@@ -1,0 +1,295 @@
+"""The plug-in's tensor plumbing: SGLang's verify / commit arguments -> Bole's kernels.
+
+A `FactorStore` is the arena that replaces SGLang's per-node snapshot buffers for one
+MambaPool (sizes: bole_cli/sglang/plan.py). Every GDN layer owns a slice of it:
+
+    k      [L, T, H, K]        activation dtype  raw k of each draft token (verify input)
+    u      [L, T, HV, V]       float32           the verify's u
+    log_p  [L, T, HV]          float32           the verify's log-decay path sums
+    x      [L, T, conv_dim]    conv dtype        the conv inputs (mixed_qkv before the conv)
+    conv_prev [L, R, conv_dim, W-1]  conv dtype  each request's committed window before verify
+    parents [T] int32 (shared: the tree is the same in every layer)
+
+T = R x D packed token positions, exactly as SGLang packs the verify batch (request b's
+nodes at query_start_loc[b] + i). The three entry points mirror SGLang 0.5.23's calls:
+
+- `capture_conv` runs (from the GDNAttnBackend.forward_extend hook) BEFORE SGLang's tree
+  conv, which overwrites the committed conv window during verify
+  (causal_conv1d_triton.py:715-785): it keeps the conv inputs and the old window.
+- `verify` replaces TritonGDNKernel.target_verify: same arguments, same output
+  ([1, T, HV, V] in q's dtype); it runs Bole's closed form with the gates fused
+  (tree_verify_gated, SGLang's softplus/sigmoid/l2norm/scale) and writes k, u, log_p into
+  the layer's slice instead of a snapshot per node. ssm_states is only read.
+- `commit` replaces HybridLinearAttnBackend.update_mamba_state_after_mtp_verify's scatter:
+  ONE tree_commit launch over all layers (Eq. 10) plus one conv-window launch, for the
+  accepted nodes (SGLang's last_correct_step_indices: the local index of the deepest
+  accepted node, -1 = leave the slot alone), then the same for the prefix-cache track
+  slots (mamba_steps_to_track), whose state is the pre-verify state advanced to an
+  accepted ancestor: the slot is first seeded with the request's pre-verify state.
+
+No host synchronisation anywhere (shapes only; check_trees=False), so all of it can be
+captured in a CUDA graph. Layers are found from `ssm_states.data_ptr()` (temporal[l]),
+because target_verify receives no layer id.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from bole_cli.errors import BoleError
+from bole_cli.kernels import VerifyResult, tree_commit, tree_verify_gated
+from bole_cli.sglang.plan import BolePlan, canonical_dtype
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    return _TORCH_DTYPES[canonical_dtype(name)]
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _conv_window_commit_kernel(
+    conv, x, prev, dst, parents, cu, accepted,
+    n_req, dim,
+    s_cl, s_cs, s_cd, s_cw, s_xl, s_xn, s_pl, s_pb, s_pd, s_pw,
+    W1: tl.constexpr, WP: tl.constexpr, BD: tl.constexpr,
+):
+    """conv[l, dst[b]] = the last W-1 conv inputs on the root path of accepted[b]; where
+    the path is shorter, the newest columns of the pre-verify window prev[l, b]."""
+    pid = tl.program_id(0)
+    layer = (pid // n_req).to(tl.int64)
+    b = pid % n_req
+    a = tl.load(accepted + b).to(tl.int32)
+    slot = tl.load(dst + b).to(tl.int64)
+    if (a >= 0) & (slot >= 0):
+        offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
+        dmask = offs_d < dim
+        start = tl.load(cu + b).to(tl.int64)
+        cols = tl.arange(0, WP)
+        x_base = x + layer * s_xl + offs_d
+        p_base = prev + layer * s_pl + b * s_pb + offs_d * s_pd
+        new = tl.zeros([BD, WP], dtype=tl.float32)
+        cur = tl.zeros([BD], dtype=tl.int32) + a  # the path node, broadcast over channels
+        chain = tl.zeros([BD], dtype=tl.int32)  # tree nodes taken so far
+        for e in tl.static_range(W1):  # e steps back from the accepted node -> column W1-1-e
+            on = cur >= 0
+            node = tl.maximum(cur, 0)
+            xv = tl.load(x_base + (start + node) * s_xn, mask=dmask & on, other=0.0).to(tl.float32)
+            col = (W1 - 1) - e + chain  # the window column once the path has left the tree
+            pv = tl.load(p_base + col * s_pw, mask=dmask & (~on), other=0.0).to(tl.float32)
+            val = tl.where(on, xv, pv)
+            new = tl.where(cols[None, :] == (W1 - 1 - e), val[:, None], new)
+            nxt = tl.load(parents + start + node, mask=on, other=-1).to(tl.int32)
+            chain += on.to(tl.int32)
+            cur = tl.where(on & (nxt < cur), nxt, -1)
+        ptrs = conv + layer * s_cl + slot * s_cs + offs_d[:, None] * s_cd + cols[None, :] * s_cw
+        tl.store(ptrs, new.to(conv.dtype.element_ty), mask=dmask[:, None] & (cols < W1)[None, :])
+
+
+@triton.jit
+def _seed_slots_kernel(state, src, dst, steps, n_req, numel, s_l, s_s, BLOCK: tl.constexpr):
+    """state[l, dst[b]] = state[l, src[b]] where steps[b] >= 0 (whole slot entries)."""
+    pid = tl.program_id(0)
+    layer = (pid // n_req).to(tl.int64)
+    b = pid % n_req
+    st = tl.load(steps + b)
+    d = tl.load(dst + b).to(tl.int64)
+    s = tl.load(src + b).to(tl.int64)
+    if (st >= 0) & (d >= 0) & (s >= 0):
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < numel
+        v = tl.load(state + layer * s_l + s * s_s + offs, mask=m)
+        tl.store(state + layer * s_l + d * s_s + offs, v, mask=m)
+
+
+def conv_window_commit(conv: torch.Tensor, x: torch.Tensor, prev: torch.Tensor, dst: torch.Tensor,
+                       parents: torch.Tensor, cu: torch.Tensor, accepted: torch.Tensor) -> None:
+    """All layers in one launch. conv [L, S, dim, W-1] (any strides), x [L, T, dim]
+    (channel-contiguous), prev [L, B', dim, W-1] (B' >= B), dst/accepted [B], cu [B+1]."""
+    n_layers, _, dim, w1 = conv.shape
+    n_req = accepted.shape[0]
+    if n_req == 0 or n_layers == 0 or dim == 0:
+        return
+    if x.stride(-1) != 1:
+        raise BoleError("conv_window_commit: x must be channel-contiguous")
+    bd = 128
+    grid = (n_layers * n_req, triton.cdiv(dim, bd))
+    _conv_window_commit_kernel[grid](
+        conv, x, prev, dst, parents, cu, accepted, n_req, dim,
+        *conv.stride(), x.stride(0), x.stride(1), *prev.stride(),
+        W1=w1, WP=triton.next_power_of_2(max(w1, 1)), BD=bd, num_warps=4,
+    )
+
+
+def seed_slots(state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, steps: torch.Tensor) -> None:
+    """state [L, S, ...] with each slot entry contiguous: copy src slots to dst slots where
+    steps >= 0 (the track slots, before their commit reads them as the pre-verify state)."""
+    n_layers, slots = state.shape[:2]
+    n_req = steps.shape[0]
+    if n_req == 0 or n_layers == 0 or state.numel() == 0:
+        return
+    numel = state[0, 0].numel()
+    if not state[0, 0].is_contiguous() or state.stride(1) < numel:
+        raise BoleError("seed_slots: each state slot must be one contiguous block")
+    block = 4096
+    grid = (n_layers * n_req, triton.cdiv(numel, block))
+    _seed_slots_kernel[grid](state, src, dst, steps, n_req, numel, state.stride(0), state.stride(1),
+                             BLOCK=block, num_warps=4)
+
+
+# --------------------------------------------------------------------------- the store
+
+_REGISTRY: dict[int, tuple["FactorStore", int]] = {}
+_LOCK = threading.Lock()
+
+
+def lookup(ssm_states) -> Optional[tuple["FactorStore", int]]:
+    """(store, layer) owning this temporal[layer] view, or None (not a Bole pool)."""
+    if not _REGISTRY or not isinstance(ssm_states, torch.Tensor):
+        return None
+    found = _REGISTRY.get(ssm_states.data_ptr())
+    if found is not None and found[0]._temporal() is None:  # the pool is gone: a stale address
+        found[0].unbind()
+        return None
+    return found
+
+
+class FactorStore:
+    """Bole's per-pool arena; see the module docstring for the layout."""
+
+    def __init__(self, plan: BolePlan, device) -> None:
+        self.plan = plan
+        self.device = torch.device(device)
+        p, dev = plan, self.device
+        act, conv = torch_dtype(p.act_dtype), torch_dtype(p.conv_dtype)
+        t, rows, L = p.tokens, p.rows, p.layers
+        self.k = torch.zeros(L, t, p.key_heads, p.key_dim, dtype=act, device=dev)
+        self.u = torch.zeros(L, t, p.value_heads, p.value_dim, dtype=torch.float32, device=dev)
+        self.log_p = torch.zeros(L, t, p.value_heads, dtype=torch.float32, device=dev)
+        self.x = torch.zeros(L, t, p.conv_dim, dtype=conv, device=dev)
+        self.conv_prev = torch.zeros(L, rows, p.conv_dim, p.conv_window, dtype=conv, device=dev)
+        self.parents = torch.full((t,), -1, dtype=torch.int32, device=dev)
+        self.slots = torch.zeros(rows, dtype=torch.int32, device=dev)
+        self.chain = (torch.arange(p.draft_tokens, dtype=torch.int32, device=dev) - 1)
+        self.config = {"precision": p.precision} if p.precision else None
+        self._bound: list[int] = []
+        self._temporal = lambda: None
+
+    # ---- bookkeeping
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in
+                   (self.k, self.u, self.log_p, self.x, self.conv_prev, self.parents, self.slots,
+                    self.chain))
+
+    def bind(self, temporal: torch.Tensor) -> "FactorStore":
+        """Register temporal[l] (the ssm_states SGLang hands target_verify) for every layer."""
+        if temporal.dim() != 5 or temporal.shape[0] != self.plan.layers:
+            raise BoleError(f"FactorStore.bind: temporal {tuple(temporal.shape)} does not hold "
+                            f"{self.plan.layers} layers [L, S, HV, V, K]")
+        self._temporal = weakref.ref(temporal)
+        with _LOCK:
+            for layer in range(self.plan.layers):
+                ptr = temporal[layer].data_ptr()
+                _REGISTRY[ptr] = (self, layer)
+                self._bound.append(ptr)
+        return self
+
+    def unbind(self) -> None:
+        with _LOCK:
+            for ptr in self._bound:
+                if _REGISTRY.get(ptr, (None,))[0] is self:
+                    del _REGISTRY[ptr]
+            self._bound.clear()
+
+    def _check_tokens(self, n_tokens: int, bsz: int, what: str) -> None:
+        if n_tokens > self.plan.tokens or bsz > self.plan.rows:
+            raise BoleError(
+                f"Bole {what}: a verify batch of {bsz} requests / {n_tokens} tokens exceeds the "
+                f"factor arena ({self.plan.rows} rows x {self.plan.draft_tokens} tokens); raise "
+                "--max-running-requests consistently or lower the CUDA-graph batch size")
+
+    # ---- verify-time
+    def capture_conv(self, layer: int, mixed_qkv: torch.Tensor, conv_states: torch.Tensor,
+                     cache_indices: torch.Tensor, draft_token_num: int) -> None:
+        """Keep the conv inputs [T, conv_dim] and the pre-verify windows of the batch.
+
+        conv_states: this layer's pool [S, conv_dim, W-1]; cache_indices: the verify's
+        mamba_cache_indices (-1 = CUDA-graph padding: a harmless read of the last slot)."""
+        n_tokens = mixed_qkv.shape[0]
+        bsz = n_tokens // max(int(draft_token_num), 1)
+        self._check_tokens(n_tokens, bsz, "capture_conv")
+        self.x[layer, :n_tokens].copy_(mixed_qkv)
+        if bsz:
+            self.conv_prev[layer, :bsz].copy_(conv_states[cache_indices[:bsz]])
+
+    def verify(self, layer: int, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices,
+               query_start_loc, retrieve_parent_token, draft_token_num: Optional[int] = None):
+        """TritonGDNKernel.target_verify's job, in closed form. Returns [1, T, HV, V]."""
+        n_tokens = q.shape[1]
+        bsz = query_start_loc.shape[0] - 1
+        self._check_tokens(n_tokens, bsz, "verify")
+        # Node i of request b sits at query_start_loc[b] + i = b * D + i (trees: every request
+        # has D nodes). Parents from the conv kernel's retrieve_parent_token [bs, D] (entry 0
+        # is 0, "n/a": the root); a missing table (SGLang's dummy runs) means chains.
+        if retrieve_parent_token is not None:
+            width = retrieve_parent_token.shape[1]
+            rows = min(bsz, retrieve_parent_token.shape[0], n_tokens // max(width, 1))
+            pv = self.parents[: rows * width].view(rows, width)
+            pv.copy_(retrieve_parent_token[:rows])
+            pv[:, 0] = -1
+        else:
+            width = int(draft_token_num or (n_tokens // max(bsz, 1)) or 1)
+            rows = n_tokens // width
+            chain = (self.chain[:width] if width <= self.chain.shape[0] else
+                     torch.arange(width, dtype=torch.int32, device=self.device) - 1)
+            self.parents[: rows * width].view(rows, width).copy_(chain.expand(rows, width))
+        slots = self.slots[:bsz]
+        slots.copy_(cache_indices[:bsz])
+        slots.clamp_(min=0)  # PAD_SLOT_ID rows (no nodes) must not read before the pool
+        kk = self.k[layer, :n_tokens]
+        kk.copy_(k[0])
+        o = torch.empty((n_tokens, v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
+        tree_verify_gated(
+            q[0], kk, v[0], a, b, A_log, dt_bias, ssm_states, slots,
+            self.parents[:n_tokens], query_start_loc,
+            use_qk_l2norm=True, check_trees=False, config=self.config,
+            out=VerifyResult(o, self.u[layer, :n_tokens], self.log_p[layer, :n_tokens]),
+        )
+        return o.unsqueeze(0)
+
+    # ---- commit-time
+    def commit(self, temporal: torch.Tensor, conv: torch.Tensor, dst_slots: torch.Tensor,
+               accepted: torch.Tensor, query_start_loc: torch.Tensor,
+               track_slots: Optional[torch.Tensor] = None,
+               track_steps: Optional[torch.Tensor] = None) -> None:
+        """Commit every layer's accepted node (and the track slots' nodes) in place.
+
+        temporal [L, S, HV, V, K]; conv [L, S, conv_dim, W-1]; dst_slots / accepted [n];
+        query_start_loc: the verify's, >= n+1 entries."""
+        n = accepted.shape[0]
+        if n == 0:
+            return
+        self._check_tokens(0, n, "commit")
+        cu = query_start_loc[: n + 1]
+        if track_slots is not None and track_steps is not None:
+            track_slots, track_steps = track_slots[:n], track_steps[:n]
+            seed_slots(temporal, dst_slots, track_slots, track_steps)
+            self._commit(temporal, conv, track_slots, track_steps, cu)
+        self._commit(temporal, conv, dst_slots, accepted, cu)
+
+    def _commit(self, temporal, conv, slots, accepted, cu) -> None:
+        tree_commit(temporal, slots, self.k, self.u, self.log_p, self.parents, cu, accepted,
+                    use_qk_l2norm=True, check_trees=False)
+        conv_window_commit(conv, self.x, self.conv_prev, slots, self.parents, cu, accepted)

@@ -1,0 +1,175 @@
+"""When the Bole plug-in takes over an SGLang pool, and how big its factor arena is.
+
+Torch-free and SGLang-free: the plug-in's hooks gather plain facts from SGLang's
+configurator (`plugin._configurator_facts`), and `decide` turns them into a `BolePlan`
+or the one reason Bole stays out of the way. `bole serve --dry-run` uses the same byte
+arithmetic without importing anything heavy.
+
+The arena (bole_cli/sglang/factors.py) replaces SGLang's per-node snapshots
+(MambaPool.intermediate_ssm [L, rows, D, HV, V, K] in the state dtype) and per-node
+conv windows (intermediate_conv_window [L, rows, D, conv_dim, W-1], dense for trees):
+
+    per GDN layer and draft-token position (rows x D positions):
+        k      [H, K]        activation dtype   (raw; l2-normalised in the kernels)
+        u      [HV, V]       float32
+        log_p  [HV]          float32
+        x      [conv_dim]    conv-state dtype   (the conv inputs, for the conv commit)
+    per GDN layer and row:
+        conv_prev [conv_dim, W-1]  conv-state dtype (the committed window before verify:
+                                   SGLang's tree conv overwrites it during verify)
+    shared: parents [rows x D] int32, clamped slots [rows] int32, chain template [D].
+
+rows = the largest batch a verify can carry (max running requests, or SGLang's padded
+eager batch if larger) + 1, like SGLang's `spec_state_size + 1`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Optional
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The speculative algorithms whose verify runs SGLang's EAGLE tree path (NEXTN is an alias
+# of EAGLE inside SGLang). NGRAM / STANDALONE / DFLASH / DSPARK are left alone.
+TREE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+PRECISIONS = ("tf32", "tf32x3", "ieee")
+# The plug-in verifies with tf32x3 dots whatever the activation dtype: SGLang's verify is
+# float32 arithmetic, and plain tf32 (tree_verify's default for bf16 inputs) differs from
+# it by 2.5-2.8e-3 (relative, bf16 outputs) on an H200
+# (bench/results/kernels-h200-qwen3.5-9b-run2-v2.json), more than a drop-in should.
+# BOLE_VERIFY_PRECISION=tf32 trades that agreement for speed.
+DEFAULT_PRECISION = "tf32x3"
+ENV_DISABLE = "BOLE_DISABLE"
+ENV_PRECISION = "BOLE_VERIFY_PRECISION"
+
+
+def verify_precision(value: Optional[str]) -> str:
+    """BOLE_VERIFY_PRECISION's value, or the plug-in's default (tf32x3)."""
+    return (value or "").strip().lower() or DEFAULT_PRECISION
+
+
+def canonical_dtype(name: Any) -> str:
+    """'torch.bfloat16' / 'bf16' / torch.bfloat16 -> 'bfloat16' (float32/bfloat16/float16)."""
+    text = str(name).strip().lower().removeprefix("torch.")
+    text = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
+            "half": "float16"}.get(text, text)
+    return text
+
+
+@dataclass(frozen=True)
+class BolePlan:
+    """The shapes of one rank's Bole arena (per tensor-parallel shard)."""
+
+    layers: int  # GDN layers held by this pool
+    key_heads: int  # H (per TP shard)
+    key_dim: int  # K
+    value_heads: int  # HV (per TP shard)
+    value_dim: int  # V
+    conv_dim: int  # 2*H*K + HV*V (per TP shard)
+    conv_window: int  # W - 1
+    draft_tokens: int  # D (SGLang's max_speculative_num_draft_tokens)
+    rows: int  # largest verify batch + 1
+    act_dtype: str
+    conv_dtype: str
+    ssm_dtype: str
+    precision: Optional[str] = DEFAULT_PRECISION  # tree_verify's dots; None: the kernel's choice
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.draft_tokens
+
+    def node_bytes_per_layer(self) -> int:
+        """Arena bytes per draft-token position and GDN layer."""
+        act, conv = DTYPE_BYTES[self.act_dtype], DTYPE_BYTES[self.conv_dtype]
+        return (self.key_heads * self.key_dim * act + self.value_heads * self.value_dim * 4
+                + self.value_heads * 4 + self.conv_dim * conv)
+
+    def arena_bytes(self) -> int:
+        conv = DTYPE_BYTES[self.conv_dtype]
+        per_row = self.conv_dim * self.conv_window * conv
+        return (self.layers * (self.tokens * self.node_bytes_per_layer() + self.rows * per_row)
+                + 4 * (self.tokens + self.rows + self.draft_tokens))
+
+    def snapshot_node_bytes_per_layer(self) -> int:
+        """What SGLang stores per draft token and layer: a full state and a conv window."""
+        return (self.value_heads * self.value_dim * self.key_dim * DTYPE_BYTES[self.ssm_dtype]
+                + self.conv_dim * self.conv_window * DTYPE_BYTES[self.conv_dtype])
+
+    def snapshot_bytes(self) -> int:
+        """intermediate_ssm + intermediate_conv_window as SGLang would allocate them."""
+        return self.layers * self.tokens * self.snapshot_node_bytes_per_layer()
+
+    def saved_bytes(self) -> int:
+        return self.snapshot_bytes() - self.arena_bytes()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(tokens=self.tokens, arena_bytes=self.arena_bytes(),
+                 snapshot_bytes=self.snapshot_bytes(), saved_bytes=self.saved_bytes())
+        return d
+
+
+def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
+    """(plan, "") when Bole should own this pool's tree verify; else (None, why not).
+
+    Every key is optional; a missing fact counts as the conservative answer. Keys:
+    disabled, gdn, kda, draft_worker, algorithm, topk, draft_tokens, replayssm,
+    replayssm_spec, unified_memory, page_major, disagg_mode, role_switch, npu, hip,
+    pp_spec, conv_shapes [(dim, W-1), ...], temporal (HV, V, K), key_heads, layers,
+    ssm_dtype, conv_dtype, act_dtype, max_batch, precision.
+    """
+    f = dict(facts)
+    checks = (
+        (f.get("disabled"), f"{ENV_DISABLE} is set"),
+        (not f.get("gdn"), "the model has no Gated DeltaNet layers"),
+        (f.get("kda"), "KDA (Kimi linear attention) models are not handled"),
+        (f.get("draft_worker"), "draft-model pool"),
+        (str(f.get("algorithm") or "").upper() not in TREE_ALGORITHMS,
+         f"speculative algorithm {f.get('algorithm')!r} is not one of {', '.join(TREE_ALGORITHMS)}"),
+        (not isinstance(f.get("topk"), int) or f["topk"] <= 1,
+         f"--speculative-eagle-topk {f.get('topk')!r}: chains (topk 1) keep SGLang's path"),
+        (not isinstance(f.get("draft_tokens"), int) or f["draft_tokens"] < 1,
+         "no --speculative-num-draft-tokens"),
+        (f.get("replayssm") or f.get("replayssm_spec"), "ReplaySSM is enabled"),
+        (f.get("unified_memory"), "--enable-unified-memory uses its own pool"),
+        (f.get("page_major"), "page-major (envelope) state layout"),
+        (str(f.get("disagg_mode") or "null") != "null" or f.get("role_switch"),
+         "PD disaggregation"),
+        (f.get("npu") or f.get("hip"), "not an NVIDIA CUDA device"),
+        (f.get("pp_spec"), "SGLANG_ENABLE_PP_SPEC (stable-row pipeline speculation)"),
+        (len(f.get("conv_shapes") or ()) != 1, "not exactly one conv state per layer"),
+        (canonical_dtype(f.get("ssm_dtype")) not in ("float32", "bfloat16"),
+         f"--mamba-ssm-dtype {f.get('ssm_dtype')!r} (Bole supports float32, bfloat16)"),
+        (canonical_dtype(f.get("conv_dtype")) not in DTYPE_BYTES,
+         f"conv state dtype {f.get('conv_dtype')!r}"),
+        (canonical_dtype(f.get("act_dtype")) not in DTYPE_BYTES,
+         f"model dtype {f.get('act_dtype')!r}"),
+        (verify_precision(f.get("precision")) not in PRECISIONS,
+         f"{ENV_PRECISION}={f.get('precision')!r} (use one of {', '.join(PRECISIONS)})"),
+    )
+    for bad, why in checks:
+        if bad:
+            return None, why
+    try:
+        hv, vdim, kdim = (int(x) for x in f["temporal"])
+        (conv_dim, window), = [(int(a), int(b)) for a, b in f["conv_shapes"]]
+        plan = BolePlan(
+            layers=int(f["layers"]), key_heads=int(f["key_heads"]), key_dim=kdim,
+            value_heads=hv, value_dim=vdim, conv_dim=conv_dim, conv_window=window,
+            draft_tokens=int(f["draft_tokens"]), rows=max(int(f.get("max_batch") or 1), 1) + 1,
+            act_dtype=canonical_dtype(f["act_dtype"]), conv_dtype=canonical_dtype(f["conv_dtype"]),
+            ssm_dtype=canonical_dtype(f["ssm_dtype"]), precision=verify_precision(f.get("precision")))
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, f"could not read the pool shapes ({type(exc).__name__}: {exc})"
+    if plan.layers < 1 or plan.key_heads < 1 or hv % plan.key_heads:
+        return None, f"unexpected GDN shapes (layers {plan.layers}, H {plan.key_heads}, HV {hv})"
+    if conv_dim != 2 * plan.key_heads * kdim + hv * vdim:
+        return None, (f"conv dim {conv_dim} is not 2*H*K + HV*V = "
+                      f"{2 * plan.key_heads * kdim + hv * vdim} (not a GDN q|k|v conv)")
+    if plan.draft_tokens > 256:
+        return None, f"{plan.draft_tokens} draft tokens per request; Bole's kernels take at most 256"
+    return plan, ""
+
+
+def gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f} GiB"

@@ -1,0 +1,143 @@
+"""A MambaPool without per-node snapshots (built on SGLang 0.5.23's MambaPool at run time).
+
+`bole_pool_class(MambaPool, plan)` returns a subclass whose __init__ lets SGLang allocate
+everything a non-speculative pool has (conv and temporal states, same layout, same
+memory-saver region, same logging), then, instead of
+``intermediate_ssm [L, rows, D, HV, V, K]`` and ``intermediate_conv_window [L, rows, D,
+conv_dim, W-1]`` (memory_pool.py:864-977), allocates Bole's factor arena and exposes a
+``SpeculativeState`` whose
+
+- ``intermediate_ssm`` is a zero-stride placeholder of the right shape (4 bytes): the
+  GDN verify branch asserts it is not None (gdn_backend.py:1143) and hands it to
+  target_verify, which Bole replaces and which never touches it;
+- per-layer ``intermediate_conv_window`` is ``[None]``: SGLang's tree conv then skips its
+  window snapshots (SAVE_INTERMEDIATE=False) but still fills retrieve_parent_token.
+
+Anything Bole does not handle (chains, ReplaySSM, envelope layout, no speculation) gets
+SGLang's own pool unchanged. The pool carries ``bole_store`` (a FactorStore, or None).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import sys
+from typing import Any
+
+from bole_cli.sglang.plan import BolePlan, gib
+
+logger = logging.getLogger("bole_cli.sglang.plugin")
+
+_STATE_CLASSES: dict[type, type] = {}
+
+
+def bole_state_class(spec_state_cls: type) -> type:
+    """SGLang's MambaPool.SpeculativeState with Bole's per-layer view and memory count."""
+    if spec_state_cls in _STATE_CLASSES:
+        return _STATE_CLASSES[spec_state_cls]
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class BoleSpeculativeState(spec_state_cls):  # type: ignore[misc, valid-type]
+        def at_layer_idx(self, layer: int):
+            kwargs = {}
+            for f in dataclasses.fields(self):
+                value = getattr(self, f.name)
+                if f.name == "intermediate_conv_window":
+                    kwargs[f.name] = [None] * len(self.conv)
+                elif value is None:
+                    kwargs[f.name] = None
+                elif f.name == "conv":
+                    kwargs[f.name] = [c[layer] for c in value]
+                else:
+                    kwargs[f.name] = value[layer]
+            return type(self)(**kwargs)
+
+        def mem_usage_bytes(self):
+            tensors = [*self.conv, self.temporal] + [
+                getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name.startswith("replayssm_") and getattr(self, f.name) is not None]
+            return sum(t.numel() * t.element_size() for t in tensors)
+
+    BoleSpeculativeState.__qualname__ = BoleSpeculativeState.__name__
+    _STATE_CLASSES[spec_state_cls] = BoleSpeculativeState
+    return BoleSpeculativeState
+
+
+def _kv_region(pool: Any):
+    """The memory-saver region SGLang allocates pool tensors in (a no-op without one)."""
+    adapter = getattr(pool, "memory_saver_adapter", None)
+    module = sys.modules.get(type(pool).__mro__[1].__module__)
+    tag = getattr(module, "GPU_MEMORY_TYPE_KV_CACHE", None)
+    if adapter is None or tag is None:
+        return contextlib.nullcontext()
+    return adapter.region(tag)
+
+
+def eligible_pool_kwargs(kw: dict) -> str:
+    """Why SGLang's own pool must be built for these MambaPool kwargs ("" if Bole's can)."""
+    if kw.get("speculative_num_draft_tokens") is None:
+        return "no speculative decoding"
+    topk = kw.get("speculative_eagle_topk")
+    if topk is None or topk <= 1:
+        return "a draft chain (topk 1)"
+    for flag in ("enable_linear_replayssm", "enable_linear_replayssm_spec", "envelope_layout"):
+        if kw.get(flag):
+            return f"{flag} is on"
+    return ""
+
+
+def bole_pool_class(mamba_pool_cls: type, plan: BolePlan) -> type:
+    """A subclass of SGLang's MambaPool that allocates `plan`'s arena instead of snapshots."""
+
+    class BoleMambaPool(mamba_pool_cls):  # type: ignore[misc, valid-type]
+        bole_plan = plan
+
+        def __init__(self, **kw):
+            self.bole_store = None
+            why = eligible_pool_kwargs(kw)
+            if why:
+                logger.info("Bole: keeping SGLang's MambaPool (%s)", why)
+                super().__init__(**kw)
+                return
+            draft_tokens = int(kw["speculative_num_draft_tokens"])
+            super().__init__(**dict(kw, speculative_num_draft_tokens=None))
+            self._bole_install(draft_tokens, int(kw["spec_state_size"]))
+
+        def _bole_install(self, draft_tokens: int, spec_state_size: int) -> None:
+            import torch
+
+            from bole_cli.sglang.factors import FactorStore
+
+            cache = self.mamba_cache
+            temporal, conv = cache.temporal, list(cache.conv)
+            layers, _, hv, vdim, kdim = temporal.shape
+            the_plan = dataclasses.replace(
+                self.bole_plan, layers=int(layers), draft_tokens=draft_tokens,
+                rows=max(self.bole_plan.rows, spec_state_size + 1),
+                value_heads=int(hv), value_dim=int(vdim), key_dim=int(kdim),
+                conv_dim=int(conv[0].shape[-2]), conv_window=int(conv[0].shape[-1]),
+                ssm_dtype=str(temporal.dtype).removeprefix("torch."),
+                conv_dtype=str(conv[0].dtype).removeprefix("torch."))
+            with _kv_region(self):
+                store = FactorStore(the_plan, temporal.device)
+                placeholder = torch.zeros(1, dtype=temporal.dtype, device=temporal.device).expand(
+                    int(layers), the_plan.rows, draft_tokens, int(hv), int(vdim), int(kdim))
+            state_cls = bole_state_class(self.SpeculativeState)
+            extra = {f.name: getattr(cache, f.name) for f in dataclasses.fields(cache)
+                     if f.name not in ("conv", "temporal")}
+            self.mamba_cache = state_cls(conv=conv, temporal=temporal, intermediate_ssm=placeholder,
+                                         intermediate_conv_window=[], **extra)
+            self._intermediate_conv_window_phys = []
+            self.bole_store = store.bind(temporal)
+            self.mem_usage = (self.mamba_cache.mem_usage_bytes() + store.nbytes) / (1 << 30)
+            logger.info(
+                "Bole: no per-node snapshot buffers: intermediate_ssm + intermediate_conv_window "
+                "would take %s (%d GDN layers x %d rows x %d draft tokens); Bole's factor arena "
+                "takes %s; %s more for the KV cache",
+                gib(the_plan.snapshot_bytes()), the_plan.layers, the_plan.rows, draft_tokens,
+                gib(store.nbytes), gib(the_plan.snapshot_bytes() - store.nbytes))
+
+    BoleMambaPool.__qualname__ = BoleMambaPool.__name__
+    BoleMambaPool.__module__ = __name__
+    return BoleMambaPool

@@ -1,0 +1,233 @@
+"""`bole serve`: settings from profiles, the SGLang command line, and the launch checks.
+
+Runs without SGLang and without a GPU: --gpu names the profile's GPU, the launch itself
+(os.execvpe) and the installed-SGLang probe are replaced where a test needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from bole_cli import cli
+from bole_cli.commands import serve as serve_mod
+from bole_cli.errors import InputError
+from bole_cli.profiles import find_profile, load_profile, lookup_budget
+
+try:  # click < 8.2 mixes stderr into stdout unless told not to
+    runner = CliRunner(mix_stderr=False)
+except TypeError:
+    runner = CliRunner()
+
+MODELS = {"4b": "Qwen/Qwen3.5-4B", "9b": "Qwen/Qwen3.5-9B", "27b": "Qwen/Qwen3.5-27B"}
+
+
+def invoke(*args):
+    return runner.invoke(cli.app, ["serve", *args])
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.fixture
+def no_sglang(monkeypatch):
+    status = {"installed": False, "version": None, "pinned": "0.5.23", "plugin_registered": True}
+    monkeypatch.setattr(serve_mod, "sglang_status", lambda: dict(status))
+    return status
+
+
+@pytest.fixture
+def fake_sglang(monkeypatch):
+    """SGLang 0.5.23 'installed' with the entry point; the exec is captured."""
+    status = {"installed": True, "version": "0.5.23", "pinned": "0.5.23", "plugin_registered": True}
+    monkeypatch.setattr(serve_mod, "sglang_status", lambda: dict(status))
+    launched = []
+    monkeypatch.setattr(serve_mod, "_launch", lambda argv, env: launched.append((argv, env)))
+    return status, launched
+
+
+# ----------------------------------------------------------------- dry run from profiles
+
+
+@pytest.mark.parametrize("gpu", ["a100", "gb10", "h200"])
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_dry_run_command_from_shipped_profiles(no_sglang, gpu, model, batch):
+    r = invoke("--model", model, "--gpu", gpu, "--batch", str(batch), "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    res = json.loads(r.stdout)
+    prof_path = find_profile(gpu, MODELS[model])
+    assert res["profile"] == str(prof_path)
+    prof = load_profile(prof_path)
+    entry, _ = lookup_budget(prof, batch, serve_mod.DEFAULT_KV_LEN)
+    depth, topk, _ = serve_mod.tree_shape_from_profile(prof)
+    want_d = min(max(entry["b_ver"] // batch, 2), serve_mod.max_tree_tokens(depth, topk), 256)
+    s = res["settings"]
+    assert (s["algorithm"], s["eagle_topk"], s["num_draft_tokens"]) == ("NEXTN", topk, want_d)
+    assert s["num_steps"] == min(depth, want_d - 1) and s["b_ver"] == entry["b_ver"]
+    argv = res["command"]
+    assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert flag(argv, "--model-path") == MODELS[model]
+    assert flag(argv, "--speculative-algorithm") == "NEXTN"
+    assert flag(argv, "--speculative-num-steps") == str(s["num_steps"])
+    assert flag(argv, "--speculative-eagle-topk") == str(topk)
+    assert flag(argv, "--speculative-num-draft-tokens") == str(want_d)
+    assert flag(argv, "--max-running-requests") == str(batch)
+    assert flag(argv, "--port") == "30000" and "--speculative-draft-model-path" not in argv
+    assert res["env"] == {"SGLANG_PLUGINS": "bole"}
+    assert res["command_line"] == "SGLANG_PLUGINS=bole " + shlex.join(argv)
+    assert res["dry_run"] is True and res["sglang"]["installed"] is False
+    assert res["memory"]["bole_arena_bytes"] < res["memory"]["sglang_snapshot_bytes"] / 20
+
+
+def test_dry_run_panel_shows_settings_and_command(no_sglang):
+    r = runner.invoke(cli.app, ["serve", "--model", "9b", "--gpu", "h200", "--dry-run"],
+                      terminal_width=200)
+    assert r.exit_code == 0, r.stderr
+    text = r.stdout
+    for part in ("bole serve (dry run)", "NEXTN", "h200", "Qwen3.5-9B.yaml", "draft tokens",
+                 "SGLANG_PLUGINS=bole", "sglang.launch_server", "--speculative-eagle-topk 4",
+                 "Bole factors"):
+        assert part in text, part
+
+
+def test_eagle_with_a_draft_model_and_extra_args_override(no_sglang):
+    r = invoke("--model", "9b", "--gpu", "h200", "--draft-model", "/ckpt/eagle", "--port", "31000",
+               "--dry-run", "--json", "--", "--mem-fraction-static", "0.8",
+               "--max-running-requests=32", "--speculative-num-steps", "5")
+    assert r.exit_code == 0, r.stderr
+    res = json.loads(r.stdout)
+    argv = res["command"]
+    assert flag(argv, "--speculative-algorithm") == "EAGLE"
+    assert flag(argv, "--speculative-draft-model-path") == "/ckpt/eagle"
+    assert flag(argv, "--port") == "31000"
+    assert argv[-5:] == ["--mem-fraction-static", "0.8", "--max-running-requests=32",
+                         "--speculative-num-steps", "5"]
+    assert argv.count("--speculative-num-steps") == 1  # the extra one wins
+    assert not any(a == "--max-running-requests" for a in argv)
+    assert any("--max-running-requests" in n and "--speculative-num-steps" in n for n in res["notes"])
+
+
+def test_tree_shape_from_the_acceptance_model():
+    prof = {"acceptance": {"name": "x", "per_depth_rank": [[0.9, 0.05, 0.01]] * 6}}
+    assert serve_mod.tree_shape_from_profile(prof) == (6, 3, "acceptance model 'x'")
+    assert serve_mod.tree_shape_from_profile({})[:2] == (8, 4)
+
+
+def test_overrides_and_clamps():
+    base = load_profile(find_profile("h200", MODELS["9b"]))
+    prof = dict(base, configs=[dict(c, b_ver=128) for c in base["configs"]])
+    s = serve_mod.derive_settings(prof, 1, 4096)  # B_ver 128 at batch 1: one deep tree
+    assert s["num_draft_tokens"] == 117 == serve_mod.max_tree_tokens(8, 4)
+    assert any("EAGLE tree of depth 8" in n for n in s["notes"])
+    s = serve_mod.derive_settings(prof, 16, 4096, steps=3, topk=2, draft_tokens=64)
+    assert (s["num_steps"], s["eagle_topk"], s["num_draft_tokens"]) == (3, 2, 1 + 2 + 2 * 4)
+    s = serve_mod.derive_settings(prof, 8, 4096, draft_tokens=3)
+    assert (s["num_draft_tokens"], s["num_steps"]) == (3, 2)  # depth <= tokens - 1
+    with pytest.raises(InputError, match="--topk"):
+        serve_mod.derive_settings(prof, 8, 4096, topk=1)
+    with pytest.raises(InputError, match="--batch"):
+        serve_mod.derive_settings(prof, 0, 4096)
+    big = dict(prof, configs=[dict(c, b_ver=100000) for c in prof["configs"]])
+    s = serve_mod.derive_settings(big, 1, 4096, steps=40, topk=8)
+    assert s["num_draft_tokens"] == 256 and any("256" in n for n in s["notes"])
+    small = dict(prof, configs=[dict(c, b_ver=8) for c in prof["configs"]])
+    assert serve_mod.derive_settings(small, 16, 4096)["num_draft_tokens"] == 2
+
+
+def test_profile_file_for_an_uncatalogued_model(no_sglang, tmp_path):
+    prof = load_profile(find_profile("a100", MODELS["27b"]))
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    r = invoke("--model", "my-org/Qwen3.5-27B-ft", "--profile", str(path), "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["gpu"] == "a100" and res["profile"] == str(path) and res["memory"] is None
+    assert flag(res["command"], "--model-path") == "my-org/Qwen3.5-27B-ft"
+
+
+# ----------------------------------------------------------------- errors
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_missing_profile_names_the_calibrate_command(no_sglang, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    r = invoke("--model", "2b", "--gpu", "h200", "--dry-run")
+    assert r.exit_code == 1
+    line = _one_line(r.stderr)
+    assert "no profile for Qwen/Qwen3.5-2B on h200" in line
+    assert "bole calibrate --gpu h200 --model Qwen3.5-2B" in line and "--profile" in line
+
+
+def test_no_gpu_needs_gpu_option(no_sglang, monkeypatch):
+    import bole_cli.catalog.hardware as hw
+
+    monkeypatch.setattr(hw, "detect_gpu", lambda index=None: None)
+    r = invoke("--model", "9b", "--dry-run")
+    assert r.exit_code == 2
+    assert "no CUDA GPU detected" in _one_line(r.stderr) and "--gpu" in r.stderr
+
+
+def test_unknown_model_without_profile_is_input_error(no_sglang):
+    r = invoke("--model", "someone/other-model", "--gpu", "h200", "--dry-run")
+    assert r.exit_code == 2 and "--profile" in _one_line(r.stderr)
+
+
+def test_without_sglang_one_line_names_the_extra(no_sglang):
+    r = invoke("--model", "9b", "--gpu", "h200")
+    assert r.exit_code == 1 and r.stdout == ""
+    line = _one_line(r.stderr)
+    assert line.startswith("error: SGLang is not installed") and "pip install 'bole-cli[serve]'" in line
+
+
+def test_wrong_sglang_version_or_missing_entry_point(fake_sglang):
+    status, launched = fake_sglang
+    status["version"] = "0.5.22"
+    r = invoke("--model", "9b", "--gpu", "h200")
+    assert r.exit_code == 1 and "needs SGLang 0.5.23" in _one_line(r.stderr) and not launched
+    status.update(version="0.5.23", plugin_registered=False)
+    r = invoke("--model", "9b", "--gpu", "h200")
+    assert r.exit_code == 1 and "entry point 'bole'" in _one_line(r.stderr) and not launched
+
+
+def test_sglang_status_reports_the_real_environment():
+    st = serve_mod.sglang_status()
+    assert set(st) == {"installed", "version", "pinned", "plugin_registered"}
+    assert st["pinned"] == "0.5.23"
+
+
+# ----------------------------------------------------------------- launch
+
+
+def test_launch_replaces_the_process_with_the_plugin_enabled(fake_sglang, monkeypatch):
+    _, launched = fake_sglang
+    monkeypatch.setenv("SGLANG_PLUGINS", "other")
+    r = invoke("--model", "27b", "--gpu", "a100", "--batch", "2", "--", "--tp", "2")
+    assert r.exit_code == 0, r.stderr
+    (argv, env), = launched
+    assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"] and argv[-2:] == ["--tp", "2"]
+    assert flag(argv, "--model-path") == "Qwen/Qwen3.5-27B"
+    assert env["SGLANG_PLUGINS"] == "other,bole"
+    assert "sglang.launch_server" in r.stdout and "starting SGLang" in r.stderr
+
+
+def test_plugin_env_keeps_other_plugins():
+    assert serve_mod.plugin_env({})["SGLANG_PLUGINS"] == "bole"
+    assert serve_mod.plugin_env({"SGLANG_PLUGINS": "a, bole"})["SGLANG_PLUGINS"] == "a,bole"
+    assert serve_mod.plugin_env({"SGLANG_PLUGINS": "a"})["SGLANG_PLUGINS"] == "a,bole"
+
+
+def test_bad_port_is_input_error(no_sglang):
+    r = invoke("--model", "9b", "--gpu", "h200", "--port", "70000", "--dry-run")
+    assert r.exit_code == 2 and "--port" in _one_line(r.stderr)
