@@ -145,3 +145,98 @@ bench_app.command("kernels")(kernels_cmd)
 
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")
+
+
+def e2e_cmd(
+    model: str = typer.Option("9b", "--model", "-m", help="Model whose shapes to build (random weights)."),
+    batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
+    context: int = typer.Option(4096, "--context", help="Committed tokens per request (KV cache, context)."),
+    budget: str = typer.Option("profile", "--budget",
+                               help="Tree tokens verified per step over the whole batch: 'profile' (B_ver of "
+                                    "this GPU and model's calibration profile) or a number."),
+    acceptance: str = typer.Option("paper-mbpp", "--acceptance",
+                                   help="SIMULATED acceptance: paper-mbpp, paper-gsm8k, paper-sharegpt, "
+                                        "paper-cnndm, a per-depth acceptance file, or 'greedy' (accept iff the "
+                                        "draft equals the target's argmax)."),
+    depth: int = typer.Option(8, "--depth", help="Draft tree depth (drafter passes per step)."),
+    topk: int = typer.Option(4, "--topk", help="Drafts per expanded node (EAGLE beam width)."),
+    steps: int = typer.Option(32, "--steps", help="Timed decoding steps per decoder and batch."),
+    warmup: int = typer.Option(3, "--warmup", help="Untimed steps first (CUDA graph capture)."),
+    decoders: str = typer.Option("ar,snapshot,bole", "--decoders", help="Which of ar, snapshot, bole to run."),
+    snapshot_engine: str = typer.Option("auto", "--snapshot-engine",
+                                        help="Snapshot verify: auto (SGLang's kernels where they load), "
+                                             "sglang, torch."),
+    max_batch: int = typer.Option(256, "--max-batch", help="Upper end of the largest-batch search."),
+    max_probes: int = typer.Option(8, "--max-probes", help="Batches tried per decoder in that search."),
+    probe_nodes: Optional[int] = typer.Option(None, "--probe-nodes",
+                                              help="Tree tokens per request in that search (default: the "
+                                                   "per-request tree at the smallest --batch)."),
+    no_max_batch: bool = typer.Option(False, "--no-max-batch", help="Skip the largest-batch search."),
+    dtype: str = typer.Option("auto", "--dtype", help="Activations: bfloat16 (CUDA default), float16, float32."),
+    device: str = typer.Option("cuda", "--device", help="cuda, or cpu with --tiny (a smoke run)."),
+    tiny: bool = typer.Option(False, "--tiny", help="A tiny 8-layer hybrid model instead of --model (smoke runs)."),
+    no_graphs: bool = typer.Option(False, "--no-graphs", help="Run eagerly (no CUDA graphs)."),
+    seed: int = typer.Option(0, "--seed", help="Weights, prompts and the acceptance draws."),
+    out_dir: Path = typer.Option(Path("bench/results"), "--out-dir", help="Where the JSON and PNG go."),
+    tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: e2e-<gpu>-<model>)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Autoregressive vs snapshot-tree vs Bole decoding end to end (acceptance simulated, costs measured)."""
+    from bole_cli.console import atomic_write_text, dumps_json, emit_json, err, out
+
+    batches = parse_int_list(batch, "--batch")
+    names = tuple(d.strip() for d in decoders.split(",") if d.strip())
+    if device not in ("cuda", "cpu"):
+        raise InputError(f"--device: expected cuda or cpu, got {device!r}")
+    if device == "cpu" and not tiny:
+        raise InputError("--device cpu runs only with --tiny (a smoke run: CPU timings mean nothing)")
+    if dtype not in ("auto", "bfloat16", "float16", "float32"):
+        raise InputError(f"--dtype: expected auto, bfloat16, float16 or float32, got {dtype!r}")
+    for name, value, low in (("--context", context, 1), ("--steps", steps, 1), ("--warmup", warmup, 0),
+                             ("--max-batch", max_batch, 1), ("--max-probes", max_probes, 1)):
+        if value < low:
+            raise InputError(f"{name}: expected an integer >= {low}, got {value}")
+    if probe_nodes is not None and probe_nodes < 1:
+        raise InputError(f"--probe-nodes: expected a positive integer, got {probe_nodes}")
+    from bole_cli.bench.e2e import parse_budget
+
+    budget_policy = parse_budget(budget)
+    if tiny:
+        spec = None
+    else:
+        from bole_cli.catalog.models import resolve_model
+
+        spec = resolve_model(model)
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BoleError("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
+                        "for a smoke run use --device cpu --tiny")
+    from bole_cli.bench.e2e import E2EConfig, notes, plot, run_e2e, table
+
+    if spec is None:
+        from bole_cli.runtime import tiny_spec
+
+        spec = tiny_spec()
+    cfg = E2EConfig(spec=spec, batches=batches, context=context, budget=budget_policy, acceptance=acceptance,
+                    depth=depth, topk=topk, steps=steps, warmup=warmup, seed=seed, decoders=names,
+                    device=device, dtype=("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype,
+                    snapshot_engine=snapshot_engine, use_graphs=False if no_graphs else None,
+                    max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes,
+                    search=not no_max_batch, command=" ".join(["bole"] + sys.argv[1:]))
+    with err.status("bole bench e2e") as status:
+        data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
+    gpu = data["device"].replace("NVIDIA ", "").replace(" ", "-").lower()
+    stem = tag or f"e2e-{gpu}-{'tiny' if tiny else spec.name.split('/')[-1].lower()}"
+    json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
+    plot(data, out_dir / f"{stem}.png")
+    if json_out:
+        emit_json(data)
+        return
+    out.print(table(data))
+    for line in notes(data):
+        out.print(line, markup=False)
+    out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
+
+
+bench_app.command("e2e")(e2e_cmd)

@@ -21,7 +21,6 @@ from bole_cli.kernels.configs import launch_config
 from bole_cli.kernels.validate import (
     check_accepted,
     ACTIVATION_DTYPES,
-    MAX_TREE_NODES,
     STATE_DTYPES,
     check_forest,
     check_index_vector,
@@ -37,7 +36,7 @@ def _tree_commit_kernel(
     n_req,
     s_sl, s_sn, s_sh, s_sv, s_kl, s_kn, s_kh, s_ul, s_un, s_uh, s_ll, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
-    NP: tl.constexpr, PB: tl.constexpr, USE_L2NORM: tl.constexpr,
+    USE_L2NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     layer = (pid // n_req).to(tl.int64)
@@ -48,7 +47,6 @@ def _tree_commit_kernel(
     if a >= 0:
         h = hv // GROUP
         start = tl.load(cu + b).to(tl.int64)
-        n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)
         slot = tl.load(state_idx + b).to(tl.int64)
         offs_k = tl.arange(0, KP)
         kmask = offs_k < K
@@ -59,24 +57,17 @@ def _tree_commit_kernel(
         lp_base = log_p + layer * s_ll + hv
         lp_a = tl.load(lp_base + (start + a) * s_ln)
         acc = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32) * tl.exp(lp_a)
-        # The request's parents in registers: the path walk is then register work, and
-        # the path's k/u rows are fetched PB at a time with independent loads.
-        nodes = tl.arange(0, NP)
-        par = tl.load(parents + start + nodes, mask=nodes < n_nodes, other=-1).to(tl.int32)
         cur = a
         while cur >= 0:
-            for _s in tl.static_range(PB):  # PB path nodes per pass; loads do not wait on the walk
-                on = cur >= 0
-                row = start + tl.maximum(cur, 0)  # past the root: a valid row, weighted 0
-                kj = tl.load(k + layer * s_kl + row * s_kn + h * s_kh + offs_k, mask=kmask, other=0.0).to(tl.float32)
-                if USE_L2NORM:
-                    kj = kj / tl.sqrt(tl.sum(kj * kj, axis=0) + 1e-6)
-                uj = tl.load(u + layer * s_ul + row * s_un + hv * s_uh + offs_v, mask=vmask, other=0.0)
-                lpj = tl.load(lp_base + row * s_ln)
-                w = tl.where(on, tl.exp(tl.minimum(lp_a - lpj, 0.0)), 0.0)
-                acc += (w * uj)[:, None] * kj[None, :]
-                nxt = tl.sum(tl.where(nodes == cur, par, 0), axis=0)
-                cur = tl.where(on & (nxt < cur), nxt, -1)
+            row = start + cur
+            kj = tl.load(k + layer * s_kl + row * s_kn + h * s_kh + offs_k, mask=kmask, other=0.0).to(tl.float32)
+            if USE_L2NORM:
+                kj = kj / tl.sqrt(tl.sum(kj * kj, axis=0) + 1e-6)
+            uj = tl.load(u + layer * s_ul + row * s_un + hv * s_uh + offs_v, mask=vmask, other=0.0)
+            w = tl.exp(tl.minimum(lp_a - tl.load(lp_base + row * s_ln), 0.0))
+            acc += (w * uj)[:, None] * kj[None, :]
+            nxt = tl.load(parents + row).to(tl.int32)
+            cur = tl.where(nxt < cur, nxt, -1)
         tl.store(s_ptr, acc.to(state.dtype.element_ty), mask=tile_mask)
 
 
@@ -150,7 +141,7 @@ def tree_commit(
         lstr[2], uu.stride(0), uu.stride(1),
         lstr[3], ll.stride(0),
         GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim), BV=bv,
-        NP=MAX_TREE_NODES, PB=16, USE_L2NORM=use_qk_l2norm,
+        USE_L2NORM=use_qk_l2norm,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return state

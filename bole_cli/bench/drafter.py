@@ -1,0 +1,255 @@
+"""The drafter of `bole bench e2e`: an MTP-style head grown into an EAGLE beam tree.
+
+What it is: one extra decoder layer at the target's hidden size (gated full attention
+with q/k RMSNorm and partial RoPE, then the MLP), fed by fc([norm(embed(token)) |
+norm(hidden)]) as Qwen3.5's MTP layer is, and the target's own embedding and LM head
+(shared, as the MTP head shares them). It runs `depth` times per decoding step:
+
+- level 1 runs on each request's root (the last committed token) and takes the top-k
+  tokens of its softmax: the root's k children;
+- level l > 1 runs on the k "beam" nodes of level l-1 (the best k by path score) and
+  takes the top-k tokens of each: k*k children.
+
+The tree's SHAPE (which nodes the beam expands) and the draft probabilities come from
+the acceptance model (DraftLayout), not from the random-weight head: acceptance in
+`bole bench e2e` is simulated, and a calibrated drafter's draft probability of a node is
+its acceptance probability. The head's work is real and its TOKENS are real (top-k of
+its logits), so its cost and the verify's inputs are what a serving engine would have.
+
+Simplifications that do not change the cost: the head's hidden input at the root is a
+fixed random vector (the runtime does not expose the target's last hidden state); its
+attention reads its own KV cache of the committed context (random, `context` long, not
+extended by accepted tokens) plus the draft rows written so far in the step, without a
+tree mask (the head only chooses token ids; exactness is the verifier's business).
+
+Everything after `new_state` is device-only (no host sync), so `forward` can be captured
+in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from bole_cli.errors import InputError
+from bole_cli.runtime.batch import Rope
+from bole_cli.runtime.model import HybridModel
+from bole_cli.runtime.moe import swiglu
+from bole_cli.trees import MAX_TREE_NODES, ProposalTree, beam_tree_size
+
+RMS_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class DraftLayout:
+    """The beam tree the drafter grows every step (fixed by the per-depth probabilities).
+
+    Node order is `bole_cli.trees.beam_tree`'s: node 0 the root, then level by level; a
+    level's children come in the order of their parent's beam rank, each parent's k
+    children in rank order. `frontier[l]` (l = 0 .. depth-2) lists, in beam order, the
+    positions within level l+1's nodes that level l+2 expands.
+    """
+
+    depth: int
+    topk: int
+    tree: ProposalTree  # parents + draft log-probs
+    level_start: tuple[int, ...]  # node id of level l+1's first node, l = 0 .. depth-1
+    level_rows: tuple[int, ...]  # drafter rows per request at level l+1 (1, then topk)
+    frontier: tuple[tuple[int, ...], ...]
+    node_depth: tuple[int, ...]  # strict ancestors (0 for the root)
+    node_rank: tuple[int, ...]  # rank among siblings (-1 for the root)
+    children: tuple[tuple[int, ...], ...]  # children by rank ((), when not expanded)
+
+    @property
+    def n_nodes(self) -> int:
+        return self.tree.n_nodes
+
+
+def build_layout(depth: int, topk: int, level_probs: Sequence[Sequence[float]]) -> DraftLayout:
+    """The beam tree for `depth` levels of `topk` drafts, child r of any node at level l
+    having draft probability level_probs[l][r] (the same tree as trees.beam_tree)."""
+    if not isinstance(depth, int) or depth < 1:
+        raise InputError(f"--depth must be a positive integer, got {depth!r}")
+    if not isinstance(topk, int) or topk < 1:
+        raise InputError(f"--topk must be a positive integer, got {topk!r}")
+    size = beam_tree_size(depth, topk)
+    if size > MAX_TREE_NODES:
+        raise InputError(f"depth {depth} with top-k {topk} drafts {size} nodes per request; "
+                         f"the tree kernels take at most {MAX_TREE_NODES}")
+    if len(level_probs) < depth or any(len(r) < topk for r in level_probs[:depth]):
+        raise InputError(f"the acceptance model gives {len(level_probs)} depths; "
+                         f"depth {depth} and top-k {topk} need {depth} depths of {topk} ranks")
+    parents, log_probs, score = [-1], [0.0], [0.0]
+    ndepth, rank = [0], [-1]
+    starts, rows, frontier_pos = [], [], []
+    frontier = [0]
+    for lvl in range(depth):
+        start = len(parents)
+        starts.append(start)
+        rows.append(len(frontier))
+        new = []
+        for node in frontier:
+            for r in range(topk):
+                p = float(level_probs[lvl][r])
+                lp = math.log(p)
+                parents.append(node)
+                log_probs.append(lp)
+                score.append(score[node] + lp)
+                ndepth.append(lvl + 1)
+                rank.append(r)
+                new.append(len(parents) - 1)
+        frontier = sorted(new, key=lambda i: (-score[i], i))[:topk]
+        if lvl < depth - 1:
+            frontier_pos.append(tuple(i - start for i in frontier))
+    kids: list[list[int]] = [[] for _ in parents]
+    for i, p in enumerate(parents):
+        if p >= 0:
+            kids[p].append(i)
+    return DraftLayout(depth, topk, ProposalTree(parents, log_probs), tuple(starts), tuple(rows),
+                       tuple(frontier_pos), tuple(ndepth), tuple(rank), tuple(tuple(k) for k in kids))
+
+
+@dataclass
+class DraftState:
+    """Per-batch drafter buffers; the graph's static inputs and outputs."""
+
+    batch: int
+    context: int
+    kv: torch.Tensor  # [2, B, H_kv, context + scratch, head_dim]
+    hidden: torch.Tensor  # [B, hidden]: the root's hidden input
+    pending: torch.Tensor  # [B] int64: each request's root token (last committed token)
+    cos: list[torch.Tensor]  # per level [1, rope/2]
+    sin: list[torch.Tensor]
+    frontier: list[torch.Tensor]  # per level > 1: int64 positions of the expanded parents
+    parent_row: list[torch.Tensor]  # per level > 1: the previous level's row of each parent
+
+
+class MTPDrafter:
+    """An MTP-style draft head on a HybridModel (shares its embedding and LM head)."""
+
+    def __init__(self, model: HybridModel, layout: DraftLayout, *, seed: int = 4321):
+        self.model, self.layout = model, layout
+        s = model.spec
+        self.device, self.dtype = model.device, model.dtype
+        h, hq, hk, dh = s.hidden, s.attn_heads, s.attn_kv_heads, s.attn_head_dim
+        self.ffn = s.ffn or (s.experts_top_k * s.expert_ffn + s.shared_expert_ffn)  # MoE: active width
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        out_scale = 0.5 ** 0.5
+
+        def lin(o, i, scale=1.0):
+            w = torch.randn((o, i), generator=gen, device=self.device, dtype=self.dtype)
+            return w.mul_(scale * i ** -0.5)
+
+        def ones(n):
+            return torch.ones(n, device=self.device, dtype=self.dtype)
+
+        self.w = dict(
+            emb_norm=ones(h), hid_norm=ones(h), fc=lin(h, 2 * h),
+            input_norm=ones(h), qkv=lin(2 * hq * dh + 2 * hk * dh, h), q_norm=ones(dh), k_norm=ones(dh),
+            o_proj=lin(h, hq * dh, out_scale), post_norm=ones(h),
+            gate_up=lin(2 * self.ffn, h), down=lin(h, self.ffn, out_scale), final_norm=ones(h),
+        )
+        self.rope: Rope = model.rope
+        self._gen = gen
+
+    @property
+    def param_bytes(self) -> int:
+        """The head's own weights (the embedding and LM head are the target's)."""
+        return sum(t.numel() * t.element_size() for t in self.w.values())
+
+    @staticmethod
+    def param_bytes_for(spec, dtype: torch.dtype) -> int:
+        h, hq, hk, dh = spec.hidden, spec.attn_heads, spec.attn_kv_heads, spec.attn_head_dim
+        ffn = spec.ffn or (spec.experts_top_k * spec.expert_ffn + spec.shared_expert_ffn)
+        n = 5 * h + 2 * dh + 2 * h * h + (2 * hq * dh + 2 * hk * dh) * h + h * hq * dh + 3 * ffn * h
+        return n * torch.empty((), dtype=dtype).element_size()
+
+    def scratch(self) -> int:
+        """KV rows one step writes past the context: every level's input rows."""
+        return sum(self.layout.level_rows)
+
+    def new_state(self, batch: int, context: int, *, seed: int = 7) -> DraftState:
+        s, dev = self.model.spec, self.device
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        kv = torch.empty(2, batch, s.attn_kv_heads, context + self.scratch(), s.attn_head_dim,
+                         device=dev, dtype=self.dtype)
+        kv.normal_(0.0, 1.0, generator=gen)
+        hidden = torch.randn(batch, s.hidden, generator=gen, device=dev, dtype=self.dtype)
+        cos, sin = [], []
+        for lvl in range(self.layout.depth):
+            c, si = self.rope.tables(torch.tensor([context + lvl], device=dev))
+            cos.append(c)
+            sin.append(si)
+        k = self.layout.topk
+        frontier = [torch.tensor(f, dtype=torch.int64, device=dev) for f in self.layout.frontier]
+        parent_row = [torch.div(f, k, rounding_mode="floor") for f in frontier]
+        return DraftState(batch, context, kv, hidden, torch.zeros(batch, dtype=torch.int64, device=dev),
+                          cos, sin, frontier, parent_row)
+
+    # ---- the forward -------------------------------------------------------------------
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = cos.shape[-1]
+        if half == 0:
+            return x
+        c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+        x1, x2 = x[..., :half], x[..., half: 2 * half]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half:]], dim=-1)
+
+    def _level(self, st: DraftState, lvl: int, tokens: torch.Tensor, hidden: torch.Tensor, kv_off: int):
+        """One pass of the head over B*R rows (R per request). tokens [B, R], hidden
+        [B, R, h] -> (output hidden [B, R, h], top-k token ids [B, R, k])."""
+        s, w = self.model.spec, self.w
+        bsz, rows = tokens.shape
+        n = bsz * rows
+        hq, hk, dh, h = s.attn_heads, s.attn_kv_heads, s.attn_head_dim, s.hidden
+        grp = hq // hk
+        e = F.embedding(tokens.reshape(n), self.model.embed)
+        x = torch.cat([F.rms_norm(e, (h,), w["emb_norm"], RMS_EPS),
+                       F.rms_norm(hidden.reshape(n, h), (h,), w["hid_norm"], RMS_EPS)], dim=-1)
+        x = F.linear(x, w["fc"])
+        a = F.rms_norm(x, (h,), w["input_norm"], RMS_EPS)
+        proj = F.linear(a, w["qkv"])
+        qg = proj[:, : 2 * hq * dh].view(n, hq, 2 * dh)
+        q, gate = qg[..., :dh], qg[..., dh:].reshape(n, hq * dh)
+        k = proj[:, 2 * hq * dh: (2 * hq + hk) * dh].view(n, hk, dh)
+        v = proj[:, (2 * hq + hk) * dh:].view(n, hk, dh)
+        cos, sin = st.cos[lvl].expand(n, -1), st.sin[lvl].expand(n, -1)
+        q = self._rope(F.rms_norm(q, (dh,), w["q_norm"], RMS_EPS), cos, sin)
+        k = self._rope(F.rms_norm(k, (dh,), w["k_norm"], RMS_EPS), cos, sin)
+        pos = st.context + kv_off
+        st.kv[0, :, :, pos: pos + rows] = k.view(bsz, rows, hk, dh).transpose(1, 2)
+        st.kv[1, :, :, pos: pos + rows] = v.view(bsz, rows, hk, dh).transpose(1, 2)
+        keys, vals = st.kv[0, :, :, : pos + rows], st.kv[1, :, :, : pos + rows]
+        qf = q.view(bsz, rows, hk, grp, dh).permute(0, 2, 1, 3, 4).reshape(bsz, hk, rows * grp, dh)
+        o = F.scaled_dot_product_attention(qf, keys, vals)
+        o = o.view(bsz, hk, rows, grp, dh).permute(0, 2, 1, 3, 4).reshape(n, hq * dh)
+        x = x + F.linear(o * torch.sigmoid(gate), w["o_proj"])
+        x = x + F.linear(swiglu(F.linear(F.rms_norm(x, (h,), w["post_norm"], RMS_EPS), w["gate_up"])), w["down"])
+        logits = F.linear(F.rms_norm(x, (h,), w["final_norm"], RMS_EPS), self.model.lm_head)
+        probs = torch.softmax(logits.float(), dim=-1)
+        top = torch.topk(probs, self.layout.topk, dim=-1).indices  # [n, k]
+        return x.view(bsz, rows, h), top.view(bsz, rows, self.layout.topk)
+
+    def forward(self, st: DraftState) -> torch.Tensor:
+        """Draft every node of the beam tree: token ids [B, n_nodes] in layout order
+        (column 0 is the root, st.pending)."""
+        lay = self.layout
+        bsz = st.batch
+        out = [st.pending.view(bsz, 1)]
+        tokens = st.pending.view(bsz, 1)
+        hidden = st.hidden.view(bsz, 1, -1)
+        off = 0
+        for lvl in range(lay.depth):
+            x, top = self._level(st, lvl, tokens, hidden, off)
+            off += tokens.shape[1]
+            flat = top.reshape(bsz, -1)  # children of this level, in layout order
+            out.append(flat)
+            if lvl < lay.depth - 1:
+                tokens = flat.index_select(1, st.frontier[lvl])
+                hidden = x.index_select(1, st.parent_row[lvl])
+        return torch.cat(out, dim=1)
+

@@ -1,0 +1,315 @@
+"""`bole bench e2e` (issue 8): the drafter's tree, the simulated acceptance model, the
+batch budget, the largest-batch search, and the exactness check: on a tiny model on CPU
+(float64, reference GDN ops) autoregressive, snapshot-tree and Bole decoding emit the same
+greedy token stream. A CPU smoke run of the whole command, and its errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from bole_cli import cli
+from bole_cli.bench import e2e
+from bole_cli.bench.drafter import MTPDrafter, build_layout
+from bole_cli.calibrate import acceptance as acc_mod
+from bole_cli.catalog.models import resolve_model
+from bole_cli.errors import InputError
+from bole_cli.runtime import tiny_spec
+from bole_cli.trees import beam_tree
+
+try:
+    runner = CliRunner(mix_stderr=False)
+except TypeError:
+    runner = CliRunner()
+
+F64 = torch.float64
+DEPTH, TOPK = 3, 2
+
+
+# ---- the drafter's tree and the acceptance model ------------------------------------------
+
+@pytest.mark.parametrize("depth,topk", [(8, 4), (3, 2), (5, 3), (1, 1)])
+def test_layout_is_the_eagle_beam_tree(depth, topk):
+    rows = e2e._preset_rows(0.9, depth, topk)
+    lay = build_layout(depth, topk, rows)
+    want = beam_tree(depth, topk, level_probs=rows)
+    assert lay.tree.parents == want.parents and lay.tree.log_probs == want.log_probs
+    assert lay.level_rows == (1,) + (topk,) * (depth - 1)
+    for lvl, front in enumerate(lay.frontier):  # the expanded nodes are the next level's parents
+        start, nxt = lay.level_start[lvl], lay.level_start[lvl + 1]
+        parents = [lay.tree.parents[nxt + j * topk] for j in range(len(front))]
+        assert parents == [start + f for f in front]
+    for node, kids in enumerate(lay.children):
+        assert [lay.node_rank[k] for k in kids] == list(range(len(kids)))
+        assert all(lay.node_depth[k] == lay.node_depth[node] + 1 for k in kids)
+
+
+@pytest.mark.parametrize("preset", sorted(acc_mod.PRESET_TARGETS))
+def test_presets_reproduce_the_papers_mean_accepted_tokens(preset):
+    acc = e2e.load_e2e_acceptance(preset)
+    assert not acc.greedy and "simulated" in acc.statement() and "measured" in acc.statement()
+    assert e2e.paper_shape_expected(acc) == pytest.approx(acc_mod.PRESET_TARGETS[preset], abs=2e-3)
+
+
+def test_simulated_walk_matches_the_model_and_is_seeded():
+    acc = e2e.load_e2e_acceptance("paper-mbpp")
+    q = acc.rows(8, 4)
+    lay = build_layout(8, 4, q)
+    plan = e2e.plan_trees(lay, 1, 128)
+    assert plan.sizes == (lay.n_nodes,) and plan.expected == pytest.approx(6.70, abs=2e-3)
+    kept = plan.local[0]
+    n, total = 4000, 0
+    for step in range(n):
+        path = e2e.walk_simulated(lay, q, kept, e2e.step_rng(0, 0, step))
+        assert all(lay.tree.parents[c] == p for p, c in zip([0] + path, path))  # a root path
+        total += len(path) + 1
+    mean = total / n
+    assert abs(mean - 6.70) < 4 * 1.5 / math.sqrt(n)  # within 4 sigma (sd of the length < 1.5)
+    # same (seed, request, step) -> same path; a smaller budget cuts paths at unkept nodes
+    assert e2e.walk_simulated(lay, q, kept, e2e.step_rng(3, 1, 7)) == e2e.walk_simulated(
+        lay, q, kept, e2e.step_rng(3, 1, 7))
+    small = e2e.plan_trees(lay, 4, 32)
+    assert sum(small.sizes) == 32 and small.expected < plan.expected
+    for b in range(4):
+        for step in range(50):
+            path = e2e.walk_simulated(lay, q, small.local[b], e2e.step_rng(0, b, step))
+            assert all(i in small.local[b] for i in path)
+
+
+def test_acceptance_inputs(tmp_path):
+    f = tmp_path / "acc.json"
+    f.write_text(json.dumps({"name": "mine", "per_depth": [0.8, 0.7, 0.6]}))
+    acc = e2e.load_e2e_acceptance(str(f))
+    assert acc.name == "mine" and len(acc.rows(3, 2)) == 3
+    with pytest.raises(InputError, match="depth"):
+        acc.rows(4, 2)
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"curve": {"n": [1, 8], "e_acc": [1, 3]}}))
+    with pytest.raises(InputError, match="per-depth"):
+        e2e.load_e2e_acceptance(str(curve))
+    with pytest.raises(InputError, match="neither a preset"):
+        e2e.load_e2e_acceptance("paper-nothing")
+    assert e2e.load_e2e_acceptance("greedy").greedy
+
+
+def test_budget_resolution():
+    spec = resolve_model("9b")
+    from bole_cli.profiles import find_profile, load_profile, lookup_budget
+
+    path = find_profile("h200", spec)
+    assert path is not None, "the shipped H200 profile of Qwen3.5-9B"
+    want = lookup_budget(load_profile(path), 16, 4096)[0]["b_ver"]
+    n, src = e2e.resolve_budget("profile", spec, "NVIDIA H200", 16, 4096, 117)
+    assert n == max(16, min(want, 16 * 117)) and "profile" in src and "Qwen3.5-9B" in src
+    n, src = e2e.resolve_budget("profile", spec, "cpu", 4, 4096, 117)
+    assert n == 128 and "no profile" in src
+    assert e2e.resolve_budget(300, spec, "cpu", 2, 4096, 117) == (234, "--budget 300; 234 kept (every drafted node)")
+    with pytest.raises(InputError, match="smaller than batch"):
+        e2e.resolve_budget(8, spec, "cpu", 16, 4096, 117)
+    assert e2e.parse_budget("Profile") == "profile" and e2e.parse_budget("96") == 96
+    for bad in ("x", "0", "-3"):
+        with pytest.raises(InputError, match="--budget"):
+            e2e.parse_budget(bad)
+
+
+@pytest.mark.parametrize("limit,cap,probes", [(5, 256, 8), (1, 256, 8), (0, 256, 8), (300, 256, 8),
+                                              (200, 256, 8), (37, 256, 3)])
+def test_max_batch_search(limit, cap, probes):
+    calls = []
+
+    def fits(b):
+        calls.append(b)
+        return (b <= limit, "" if b <= limit else "out of memory")
+
+    got = e2e.search_max_batch(fits, cap, probes)
+    assert len(calls) <= probes and calls[0] == cap
+    if limit >= cap:
+        assert got["capped"] and got["max_batch"] == cap
+    elif got["exact"]:
+        assert got["max_batch"] == limit and got["fails_at"] == limit + 1
+    else:  # out of probes: a bracket that holds the answer
+        assert got["max_batch"] <= limit < got["fails_at"]
+    if probes == 8 and limit <= 16:
+        assert got["exact"], got  # small answers (the snapshot decoder's) are settled exactly
+    if probes == 8 and limit < cap:
+        assert got["fails_at"] - got["max_batch"] <= 8
+    err = e2e.search_max_batch(lambda b: (False, "RuntimeError: boom"), 64, 8)
+    assert err["error"] == "RuntimeError: boom" and err["max_batch"] is None
+
+
+# ---- the exactness check -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bench():
+    return e2e.E2EBench(tiny_spec(), device="cpu", dtype=F64, context=6, depth=DEPTH, topk=TOPK,
+                        acceptance="greedy", budget=14, seed=0, gdn_backend="reference", warmup=1, steps=2)
+
+
+def oracle(seed: int):
+    """A drafter that knows the target's greedy continuation but errs: along the top-1 path
+    it drafts the true tokens up to a random depth, then a wrong one."""
+    rng = random.Random(seed)
+
+    def override(dec, toks):
+        lay = dec.plan.layout
+        best = lay.tree.best_path()  # root, then the rank-0 chain
+        for b in range(dec.batch):
+            sim = dec.cache.clone()
+            truth, t = [], dec.pending[b]
+            for _ in range(lay.depth):
+                t = int(dec.model.decode(sim, [t], [b])[0].argmax())
+                truth.append(t)
+            cut = rng.randint(0, lay.depth)
+            for d in range(1, lay.depth + 1):
+                toks[b, best[d]] = truth[d - 1] if d <= cut else (truth[d - 1] + 1) % dec.model.spec.vocab
+        return toks
+
+    return override
+
+
+def streams(bench, name, batch, steps, override=None):
+    with torch.inference_mode():
+        dec = bench.decoder(name, batch, steps, override=override)
+        for _ in range(steps):
+            dec.step()
+    return dec.streams, dec.accepted
+
+
+@pytest.mark.parametrize("use_oracle", [True, False], ids=["oracle-drafter", "mtp-drafter"])
+def test_three_decoders_emit_the_same_greedy_stream(bench, use_oracle):
+    batch, steps = 2, 5
+    bole, acc_b = streams(bench, "bole", batch, steps, oracle(1) if use_oracle else None)
+    snap, acc_s = streams(bench, "snapshot", batch, steps, oracle(1) if use_oracle else None)
+    assert bole == snap and acc_b == acc_s
+    longest = max(map(len, bole))
+    ar, acc_ar = streams(bench, "ar", batch, longest)
+    assert all(a == [1] * batch for a in acc_ar)
+    for b in range(batch):
+        assert len(bole[b]) == sum(a[b] for a in acc_b)
+        assert bole[b] == ar[b][: len(bole[b])], f"request {b}"
+    mean = sum(map(sum, acc_b)) / (batch * steps)
+    if use_oracle:  # the oracle's drafts are accepted: deep paths were verified and committed
+        assert mean > 1.5 and max(max(a) for a in acc_b) >= 3
+    else:
+        assert mean >= 1.0
+
+
+def test_a_wrong_commit_breaks_the_stream(bench):
+    """The check can fail: committing one node too many diverges from autoregressive decoding."""
+    with torch.inference_mode():
+        dec = bench.decoder("bole", 2, 4, override=oracle(2))
+        real_commit = dec.model.commit
+        try:
+            def commit(cache, out, accepted):
+                deeper = []
+                for b, a in enumerate(accepted):
+                    lo, hi = out.batch.cu_seqlens[b].item(), out.batch.cu_seqlens[b + 1].item()
+                    kids = [j for j in range(hi - lo) if out.batch.parents[lo + j].item() == a]
+                    deeper.append(kids[0] if kids else a)
+                real_commit(cache, out, deeper)
+
+            dec.model.commit = commit
+            for _ in range(4):
+                dec.step()
+        finally:
+            del dec.model.commit
+    ar, _ = streams(bench, "ar", 2, max(map(len, dec.streams)))
+    assert any(dec.streams[b] != ar[b][: len(dec.streams[b])] for b in range(2))
+
+
+def test_simulated_acceptance_is_shared_and_memory_is_reported():
+    bench = e2e.E2EBench(tiny_spec(layers=4), device="cpu", dtype=torch.float32, context=8, depth=DEPTH,
+                         topk=TOPK, acceptance="paper-mbpp", budget="profile", seed=3, warmup=1, steps=3)
+    runs = {name: bench.run(name, 2) for name in e2e.DECODERS}
+    assert runs["snapshot"].accept_trace == runs["bole"].accept_trace
+    assert runs["ar"].mean_accepted == 1.0 and runs["ar"].tokens == 2 * 3
+    for name in ("snapshot", "bole"):
+        r = runs[name]
+        assert r.tokens == sum(map(sum, r.accept_trace[1:4])) and r.mean_accepted >= 1.0
+        assert r.budget == 2 * bench.layout.n_nodes and r.expected_accepted > 1.0
+        assert set(r.phase_ms) == set(e2e.PHASES) and r.step_ms > 0 and not r.error
+    s = bench.model.spec
+    snap_node = s.gdn_value_heads * s.gdn_value_dim * s.gdn_key_dim * 4
+    t = bench.layout.n_nodes  # every node kept: the snapshot buffer is [L, B, T+1, HV, V, K]
+    assert runs["snapshot"].verify_state_bytes == bench.model.n_gdn * 2 * (t + 1) * snap_node
+    assert runs["bole"].verify_state_bytes < runs["snapshot"].verify_state_bytes / 4
+
+
+def test_drafter_shapes_and_weights():
+    spec = tiny_spec()
+    from bole_cli.runtime import HybridModel
+
+    model = HybridModel(spec, "cpu", torch.float32, seed=0)
+    lay = build_layout(DEPTH, TOPK, e2e._preset_rows(0.9, DEPTH, TOPK))
+    head = MTPDrafter(model, lay)
+    assert head.param_bytes == MTPDrafter.param_bytes_for(spec, torch.float32)
+    st = head.new_state(3, 10)
+    st.pending.copy_(torch.tensor([5, 6, 7]))
+    with torch.inference_mode():
+        toks = head.forward(st)
+        again = head.forward(st)
+    assert toks.shape == (3, lay.n_nodes) and toks[:, 0].tolist() == [5, 6, 7]
+    assert torch.equal(toks, again) and int(toks.max()) < spec.vocab
+    # a node's k children are k different tokens (top-k of one distribution)
+    for node, kids in enumerate(lay.children):
+        if kids:
+            assert len(set(toks[0, list(kids)].tolist())) == len(kids)
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+def test_cli_smoke_run_on_cpu(tmp_path):
+    r = runner.invoke(cli.app, ["bench", "e2e", "--device", "cpu", "--tiny", "--batch", "1,2", "--context", "8",
+                                "--steps", "2", "--warmup", "1", "--depth", "3", "--topk", "2",
+                                "--out-dir", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert "simulated" in data["statement"] and "measured" in data["statement"]
+    assert [(x["decoder"], x["batch"]) for x in data["results"]] == [
+        (d, b) for b in (1, 2) for d in ("ar", "snapshot", "bole")]
+    assert data["same_acceptance_snapshot_vs_bole"] == {"1": True, "2": True}
+    assert data["snapshot_engine"]["engine"] == "torch"
+    assert all(x["tok_s"] > 0 and x["error"] == "" for x in data["results"])
+    assert all(v["max_batch"] is None for v in data["max_batch"].values())
+    assert (tmp_path / "e2e-cpu-tiny.json").is_file() and (tmp_path / "e2e-cpu-tiny.png").stat().st_size > 0
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("argv,code,text", [
+    (["--device", "cpu"], 2, "--device cpu runs only with --tiny"),
+    (["--device", "cpu", "--tiny", "--budget", "lots"], 2, "--budget"),
+    (["--device", "cpu", "--tiny", "--batch", "0"], 2, "--batch"),
+    (["--device", "tpu"], 2, "--device"),
+])
+def test_cli_input_errors(argv, code, text):
+    r = runner.invoke(cli.app, ["bench", "e2e", *argv])
+    assert r.exit_code == code and text in r.stderr
+
+
+def test_cli_without_cuda_says_so():
+    if _cuda():
+        pytest.skip("CUDA present")
+    r = runner.invoke(cli.app, ["bench", "e2e", "--model", "9b"])
+    assert r.exit_code == 1 and "needs a CUDA GPU" in r.stderr and "--device cpu --tiny" in r.stderr
+
+
+@pytest.mark.gpu
+def test_three_decoders_greedy_on_cuda_with_graphs():
+    """The same exactness check through the Triton kernels and CUDA graphs (float32)."""
+    bench = e2e.E2EBench(tiny_spec(), device="cuda", dtype=torch.float32, context=6, depth=DEPTH, topk=TOPK,
+                         acceptance="greedy", budget=14, seed=0, warmup=1, steps=2)
+    assert bench.use_graphs
+    bole, acc_b = streams(bench, "bole", 2, 5, oracle(1))
+    snap, acc_s = streams(bench, "snapshot", 2, 5, oracle(1))
+    ar, _ = streams(bench, "ar", 2, max(map(len, bole)))
+    assert bole == snap and acc_b == acc_s
+    for b in range(2):
+        assert bole[b] == ar[b][: len(bole[b])]
