@@ -106,11 +106,8 @@ def measure_copy_bandwidth(torch) -> float:
     return 2 * n / (ms * 1e-3)
 
 
-def time_graph(torch, fns: list[Callable[[], None]], rep_ms: int = 200, calls: Optional[int] = None) -> float:
-    """Microseconds per call: capture all fns in one CUDA graph; `calls` is how many
-    logical calls they make (default: one per fn, i.e. one per input set)."""
-    import triton.testing
-
+def capture_graph(torch, fns: list[Callable[[], None]]):
+    """One CUDA graph running every fn in order (two eager warm-up passes on a side stream first)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -123,6 +120,15 @@ def time_graph(torch, fns: list[Callable[[], None]], rep_ms: int = 200, calls: O
         for fn in fns:
             fn()
     torch.cuda.synchronize()
+    return graph
+
+
+def time_graph(torch, fns: list[Callable[[], None]], rep_ms: int = 200, calls: Optional[int] = None) -> float:
+    """Microseconds per call: capture all fns in one CUDA graph; `calls` is how many
+    logical calls they make (default: one per fn, i.e. one per input set)."""
+    import triton.testing
+
+    graph = capture_graph(torch, fns)
     ms = triton.testing.do_bench(graph.replay, warmup=100, rep=rep_ms, return_mode="median")
     return ms * 1e3 / (calls or len(fns))
 

@@ -9,19 +9,10 @@ from typing import Optional
 
 import typer
 
+from bole_cli.commands._options import parse_int_list
 from bole_cli.errors import BoleError, InputError
 
 bench_app = typer.Typer(help="GPU benchmarks (need CUDA).", no_args_is_help=True)
-
-
-def parse_int_list(text: str, option: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"{option}: expected comma-separated integers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise InputError(f"{option}: expected positive integers, got {text!r}")
-    return values
 
 
 def _table(result):

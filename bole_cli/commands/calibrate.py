@@ -14,30 +14,12 @@ import typer
 
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
 from bole_cli.calibrate.defaults import DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS
+from bole_cli.commands._options import parse_int_list
 from bole_cli.errors import BoleError, InputError
 
 
 def _csv(values) -> str:
     return ",".join(map(str, values))
-
-
-def parse_int_list(text: str, option: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4]: positive, distinct, sorted; InputError names the option."""
-    items = [x.strip() for x in str(text).split(",")]
-    if not any(items):
-        raise InputError(f"{option}: expected a comma-separated list of positive integers")
-    values = []
-    for x in items:
-        if not x:
-            continue
-        try:
-            v = int(x)
-        except ValueError:
-            raise InputError(f"{option}: {x!r} is not a positive integer") from None
-        if v < 1:
-            raise InputError(f"{option}: {v} is not a positive integer")
-        values.append(v)
-    return sorted(set(values))
 
 
 def _runtime_forward(model: Any, detected: Any, layers_sample: Optional[int]) -> Any:

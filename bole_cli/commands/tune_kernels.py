@@ -16,27 +16,10 @@ from typing import Optional
 
 import typer
 
+from bole_cli.commands._options import parse_int_list
 from bole_cli.errors import BoleError, InputError
 
 DEFAULT_KERNELS = "tree_verify,tree_commit,tree_conv"
-
-
-def _int_list(text: str, option: str) -> list[int]:
-    values = []
-    for item in str(text).split(","):
-        item = item.strip()
-        if not item:
-            continue
-        try:
-            v = int(item)
-        except ValueError:
-            raise InputError(f"{option}: {item!r} is not a positive integer") from None
-        if v < 1:
-            raise InputError(f"{option}: {v} is not a positive integer")
-        values.append(v)
-    if not values:
-        raise InputError(f"{option}: expected a comma-separated list of positive integers")
-    return sorted(set(values))
 
 
 def _names(text: str, option: str) -> list[str]:
@@ -195,8 +178,8 @@ def tune_kernels(
     bad = [k for k in kernel_list if k not in KERNELS]
     if bad:
         raise InputError(f"--kernels: unknown {', '.join(bad)}; tunable: {', '.join(KERNELS)}")
-    batches = _int_list(batch, "--batch")
-    node_list = _int_list(nodes, "--nodes")
+    batches = parse_int_list(batch, "--batch")
+    node_list = parse_int_list(nodes, "--nodes")
     if max(node_list) > 256:
         raise InputError("--nodes: at most 256 nodes per request")
     if trials < 1:

@@ -77,20 +77,9 @@ class CudaGraphTimer:
         self.torch = torch
 
     def capture(self, fns: list[Callable[[], Any]]):
-        torch = self.torch
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                for fn in fns:
-                    fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for fn in fns:
-                fn()
-        torch.cuda.synchronize()
-        return graph
+        from bole_cli.bench.kernel_bench import capture_graph
+
+        return capture_graph(self.torch, fns)
 
     def measure(self, graph, rep_ms: float, warmup_ms: float) -> float:
         import triton.testing
