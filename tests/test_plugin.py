@@ -470,15 +470,11 @@ def _random_trees(rng: random.Random, bs: int, D: int) -> list[list[int]]:
 
 
 def _links(par):
-    nxt, sib, last = [-1] * len(par), [-1] * len(par), {}
-    for i, p in enumerate(par):
-        if p >= 0:
-            if nxt[p] == -1:
-                nxt[p] = i
-            else:
-                sib[last[p]] = i
-            last[p] = i
-    return nxt, sib
+    """SGLang's first-child / next-sibling arrays for a tree (bole_cli.trees' converter)."""
+    from bole_cli.trees import ProposalTree, to_sglang
+
+    arrays = to_sglang(ProposalTree(par, [0.0] * len(par)))
+    return list(arrays.retrive_next_token), list(arrays.retrive_next_sibling)
 
 
 def rel(a, b) -> float:

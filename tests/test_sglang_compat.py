@@ -215,15 +215,10 @@ cu = torch.arange(0, N + 1, T, dtype=torch.int32)   # query_start_loc
 
 
 def links(par):
-    nxt, sib, last = [-1] * len(par), [-1] * len(par), {}
-    for i, p in enumerate(par):
-        if p >= 0:
-            if nxt[p] == -1:
-                nxt[p] = i
-            else:
-                sib[last[p]] = i
-            last[p] = i
-    return nxt, sib
+    from bole_cli.trees import ProposalTree, to_sglang
+
+    arrays = to_sglang(ProposalTree(par, [0.0] * len(par)))
+    return list(arrays.retrive_next_token), list(arrays.retrive_next_sibling)
 
 
 nt = torch.tensor([links(p)[0] for p in trees])
