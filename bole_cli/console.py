@@ -34,10 +34,13 @@ def emit_json(data: Any) -> None:
     print(dumps_json(data))
 
 
-def _umask() -> int:
+def _read_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()  # read once at import: umask() is process-wide and briefly changes it
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -50,7 +53,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a plain file respects the umask
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a plain file respects the umask
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -192,12 +192,9 @@ class MTPDrafter:
 
     # ---- the forward -------------------------------------------------------------------
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = cos.shape[-1]
-        if half == 0:
-            return x
-        c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-        x1, x2 = x[..., :half], x[..., half: 2 * half]
-        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half:]], dim=-1)
+        from bole_cli.runtime.model import _rope
+
+        return _rope(x, cos, sin)
 
     def _level(self, st: DraftState, lvl: int, tokens: torch.Tensor, hidden: torch.Tensor, kv_off: int):
         """One pass of the head over B*R rows (R per request). tokens [B, R], hidden

@@ -896,11 +896,9 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
 # ---- output ------------------------------------------------------------------------------------
 
 def _fmt_bytes(n: Optional[int]) -> str:
-    if n is None:
-        return "-"
-    if n >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    return f"{n / MiB:.0f} MiB" if n >= 10 * MiB else f"{n / MiB:.2f} MiB"
+    from bole_cli.memory import format_bytes
+
+    return "-" if n is None else format_bytes(n)
 
 
 def _fmt_max(entry: Optional[dict]) -> str:

@@ -15,6 +15,15 @@ from bole_cli.errors import BoleError, InputError
 bench_app = typer.Typer(help="GPU benchmarks (need CUDA).", no_args_is_help=True)
 
 
+def _stem(tag: Optional[str], default: str) -> str:
+    """Output file stem: --tag is a plain name, never a path out of --out-dir."""
+    if tag is None:
+        return default
+    if not tag or "/" in tag or "\\" in tag or tag in (".", ".."):
+        raise InputError(f"--tag: {tag!r} must be a plain file name stem (no path)")
+    return tag
+
+
 def _table(result):
     from rich.table import Table
 
@@ -114,7 +123,7 @@ def kernels_cmd(
                        "command": " ".join(["bole"] + sys.argv[1:]), "seconds": time.time() - started,
                        "dtype": dtype, "state_dtype": state_dtype}
     gpu = result.device.replace("NVIDIA ", "").replace(" ", "-").lower()
-    stem = tag or f"kernels-{gpu}-{spec.name.split('/')[-1].lower()}"
+    stem = _stem(tag, f"kernels-{gpu}-{spec.name.split('/')[-1].lower()}")
     json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
     _plot(result, out_dir / f"{stem}.png")
     if json_out:
@@ -133,9 +142,6 @@ def kernels_cmd(
 
 bench_app.command("kernels")(kernels_cmd)
 
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(bench_app, name="bench")
 
 
 def e2e_cmd(
@@ -218,7 +224,7 @@ def e2e_cmd(
     with err.status("bole bench e2e") as status:
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
     gpu = data["device"].replace("NVIDIA ", "").replace(" ", "-").lower()
-    stem = tag or f"e2e-{gpu}-{'tiny' if tiny else spec.name.split('/')[-1].lower()}"
+    stem = _stem(tag, f"e2e-{gpu}-{'tiny' if tiny else spec.name.split('/')[-1].lower()}")
     json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
     plot(data, out_dir / f"{stem}.png")
     if json_out:
@@ -231,3 +237,7 @@ def e2e_cmd(
 
 
 bench_app.command("e2e")(e2e_cmd)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")

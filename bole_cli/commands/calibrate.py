@@ -22,6 +22,29 @@ def _csv(values) -> str:
     return ",".join(map(str, values))
 
 
+def _plot_path(path: Path) -> Path:
+    """profile.yaml -> profile.png beside it (a dotted model name keeps its dots)."""
+    stem = path.name
+    for suffix in (".yaml", ".yml"):
+        stem = stem.removesuffix(suffix)
+    return path.with_name(stem + ".png")
+
+
+def _check_out(path: Path, gpu_key: str, model_name: str) -> None:
+    """Refuse an --out that cannot take this profile before a sweep is spent on it."""
+    if path.is_dir():
+        raise InputError(f"--out: {path} is a directory; give a .yaml file path")
+    if path.suffix.lower() == ".png":
+        raise InputError(f"--out: {path} is the plot's name; give a .yaml file path")
+    if path.exists():
+        from bole_cli.profiles import load_profile
+
+        old = load_profile(path)
+        if (old.get("gpu"), old.get("model")) != (gpu_key, model_name):
+            raise InputError(f"--out: {path} holds {old.get('model')} on {old.get('gpu')}, "
+                             f"not {model_name} on {gpu_key}")
+
+
 def _runtime_forward(model: Any, detected: Any, layers_sample: Optional[int]) -> Any:
     """The runtime's Forward on the present device; BoleError when it is unavailable."""
     try:
@@ -182,9 +205,12 @@ def calibrate(
     gpu_spec = resolve_gpu(gpu)
     model_spec = resolve_model(model)
     acc = load_acceptance(acceptance)
-    if max(points) < min(batches):
-        raise InputError(f"--grid: no point reaches the smallest batch ({min(batches)}); "
-                         "N counts tree tokens of the whole batch")
+    unreachable = [b for b in batches if b > max(points)]
+    if unreachable:
+        raise InputError(f"--grid: no point reaches batch {unreachable[0]} (largest N is {max(points)}); "
+                         "N counts tree tokens of the whole batch, at least one per request")
+    path = Path(out) if out is not None else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name)
+    _check_out(path, gpu_spec.key, model_spec.name)
 
     detected, reason = _device_for(gpu_spec, measure_, estimate)
     measured = detected is not None
@@ -224,13 +250,12 @@ def calibrate(
         note="; ".join(x for x in ((label if not measured else ""), note) if x),
         extra_provenance=extra)
 
-    path = Path(out) if out is not None else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name)
     profile = write_profile(path, profile)  # as written: with the file's kernels section
     plot_path = None
     if plot:
         from bole_cli.calibrate.plot import plot_profile
 
-        plot_path = plot_profile(profile, path.with_suffix(".png"))
+        plot_path = plot_profile(profile, _plot_path(path))
 
     if json_out:
         emit_json({"path": str(path), "plot": str(plot_path) if plot_path else None,

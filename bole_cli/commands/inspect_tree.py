@@ -127,6 +127,10 @@ def inspect_tree(
         emit_json(report)
     else:
         _render(trees, report, selection, memory)
+        if plot is not None:
+            from bole_cli.console import out
+
+            out.print(f"plot: {report['plot']}", markup=False)
 
 
 # ---- input ----------------------------------------------------------------------------------

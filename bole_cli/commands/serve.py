@@ -66,8 +66,8 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
 
     if batch < 1:
         raise InputError(f"--batch: must be >= 1, got {batch}")
-    if kv_len < 0:
-        raise InputError(f"--kv-len: must be >= 0, got {kv_len}")
+    if kv_len < 1:
+        raise InputError(f"--kv-len: must be >= 1, got {kv_len}")
     for name, value in (("--steps", steps), ("--topk", topk), ("--draft-tokens", draft_tokens)):
         if value is not None and value < 1:
             raise InputError(f"{name}: must be >= 1, got {value}")

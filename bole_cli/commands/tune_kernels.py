@@ -193,6 +193,8 @@ def tune_kernels(
     buckets, owners = plan_buckets(specs, kernel_list, batches, node_list)
 
     if dry_run:
+        if report is not None:
+            raise InputError("--report: only a real tuning run writes a report; drop it with --dry-run")
         _dry_run(buckets, owners, kernel_list, sample, seed, trials, sampler, json_out)
         return
 
