@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -26,8 +27,12 @@ def user_profiles_dir() -> Path:
 
 
 def shipped_profiles_dir() -> Path:
-    """The repository's profiles/ (present in a source checkout or an editable install)."""
-    return Path(__file__).resolve().parents[2] / "profiles"
+    """The shipped profiles: the repository's profiles/ in a checkout or editable install,
+    else where the wheel puts them (<sys.prefix>/share/bole/profiles)."""
+    repo = Path(__file__).resolve().parents[2] / "profiles"
+    if repo.is_dir():
+        return repo
+    return Path(sys.prefix) / "share" / "bole" / "profiles"
 
 
 def default_search_dirs() -> list[Path]:
