@@ -20,10 +20,11 @@ _SIG_DIGITS = 5
 
 
 def user_profiles_dir() -> Path:
-    """Where `bole calibrate` writes by default: $XDG_CACHE_HOME/bole/profiles
-    (~/.cache/bole/profiles when XDG_CACHE_HOME is unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "bole" / "profiles"
+    """Where `bole calibrate` writes by default: <cache>/profiles (bole_cli.paths.cache_dir:
+    $BOLE_CACHE_DIR, else $XDG_CACHE_HOME/bole, else ~/.cache/bole)."""
+    from bole_cli.paths import cache_dir
+
+    return cache_dir() / "profiles"
 
 
 def shipped_profiles_dir() -> Path:

@@ -299,11 +299,9 @@ def _dir_version(root: Path) -> Optional[str]:
 
 
 def _cache_base() -> Path:
-    env = os.environ.get(ENV_CACHE)
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "bole"
+    from bole_cli.paths import cache_dir
+
+    return cache_dir()
 
 
 def _extract_wheel(wheel: Path) -> Path:

@@ -136,8 +136,9 @@ def import_optuna():
 
 def default_storage_path() -> Path:
     """$XDG_CACHE_HOME/bole/tune/studies.sqlite3 (~/.cache when unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "bole" / "tune" / "studies.sqlite3"
+    from bole_cli.paths import cache_dir
+
+    return cache_dir() / "tune" / "studies.sqlite3"
 
 
 def _rdb_available() -> bool:

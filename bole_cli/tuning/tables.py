@@ -224,8 +224,9 @@ def _writer_lock(path: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    locks = Path(base) / "bole" / "locks"
+    from bole_cli.paths import cache_dir
+
+    locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
     fd = os.open(locks / f"profile-{digest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
