@@ -8,7 +8,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import yaml
 
@@ -116,26 +116,31 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def update_profile(path: "str | os.PathLike[str]", updates: dict, *,
+def update_profile(path: "str | os.PathLike[str]", updates: "dict | Callable[[dict], dict]", *,
                    create: Optional[dict] = None) -> dict:
     """Replace the top-level keys in `updates`, keep every other section, write atomically.
 
-    A missing file is an error unless `create` gives the skeleton to start from (its
-    gpu, model and provenance); an existing file for another gpu/model is an error.
+    `updates` may be a function of the current profile (called under the lock, so a
+    read-merge-write of one section cannot lose another writer's change). A missing file
+    is an error unless `create` gives the skeleton to start from (its gpu, model and
+    provenance); an existing file for another gpu/model is an error.
     """
     path = Path(path)
     with _locked(path):
-        if path.exists():
+        existed = path.exists()
+        if existed:
             data = load_profile(path)
-            for key in ("gpu", "model"):
-                new = updates.get(key)
-                if new is not None and new != data.get(key):
-                    raise InputError(f"{path}: holds {key} {data.get(key)!r}, not {new!r}; "
-                                     "choose another file")
         elif create is not None:
             data = {"bole_profile": PROFILE_VERSION, **create}
         else:
             raise InputError(f"{path}: no such profile; run `bole calibrate` first")
+        if callable(updates):
+            updates = updates(data)
+        for key in ("gpu", "model") if existed else ():
+            new = updates.get(key)
+            if new is not None and new != data.get(key):
+                raise InputError(f"{path}: holds {key} {data.get(key)!r}, not {new!r}; "
+                                 "choose another file")
         data.update(updates)
         data["bole_profile"] = PROFILE_VERSION
         save_profile(path, data)

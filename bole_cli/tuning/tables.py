@@ -30,7 +30,6 @@ Triton releases, but re-tuning is advised).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import math
 import os
@@ -38,7 +37,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from bole_cli.errors import InputError
 from bole_cli.tuning.buckets import Bucket, nearest_bucket, parse_bucket_key
@@ -210,34 +209,6 @@ def make_resolver(entries: Sequence[TunedEntry]) -> Callable[[str, dict], Option
 
 # ---- writing ----------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _writer_lock(path: Path) -> Iterator[None]:
-    """Serialise the tuner's read-merge-write of one profile. The lock file lives in the
-    user cache (named by a hash of the profile's path), not beside the profile: the
-    directory lock merge_section takes inside is another lock, and a profiles/ folder
-    keeps only profiles."""
-    import hashlib
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    from bole_cli.paths import cache_dir
-
-    locks = cache_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
-    fd = os.open(locks / f"profile-{digest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
 def new_kernels_profile(gpu_key: str, device_name: str, *, torch_version: Optional[str],
                         triton_version: str, command: str) -> dict:
     """The skeleton of a GPU-wide kernels profile (merge_section's `create`)."""
@@ -265,25 +236,25 @@ def record_entries(path: "str | os.PathLike[str]", device_name: str, triton_vers
                    entries: Mapping[str, dict], *, create: Optional[dict] = None) -> dict:
     """Merge tuned entries {bucket key: entry} into the profile's kernels section for
     (device, triton), keeping every other device's entries and every other section.
-    Atomic (merge_section writes a temp file and renames it)."""
-    from bole_cli.profiles.io import load_profile, merge_section
+    Atomic, and merged under the profile's lock (profiles.io.update_profile)."""
+    from bole_cli.profiles.io import update_profile
 
     path = Path(path)
     for bkey in entries:
         parse_bucket_key(bkey)  # refuse to write what could not be read back
-    with _writer_lock(path):
-        section: dict = {}
-        if path.exists():
-            data = load_profile(path)
-            if create is not None and data.get("gpu") != create.get("gpu"):
-                raise InputError(f"{path}: holds gpu {data.get('gpu')!r}, not {create.get('gpu')!r}; "
-                                 "choose another --profile")
-            section = dict(data.get(SECTION) or {})
+
+    def merge(data: dict) -> dict:
+        if create is not None and data.get("gpu") != create.get("gpu"):
+            raise InputError(f"{path}: holds gpu {data.get('gpu')!r}, not {create.get('gpu')!r}; "
+                             "choose another --profile")
+        section = dict(data.get(SECTION) or {})
         dkey = device_key(device_name, triton_version)
         table = dict(section.get(dkey) or {})
         table.update({k: dict(v) for k, v in entries.items()})
         section[dkey] = dict(sorted(table.items()))
-        return merge_section(path, SECTION, section, create=create)
+        return {SECTION: section}
+
+    return update_profile(path, merge, create=create)
 
 
 # ---- installing the resolver ------------------------------------------------------------
