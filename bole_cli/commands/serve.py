@@ -327,7 +327,7 @@ def serve(
                                       "the detected one; needed without a GPU, e.g. --dry-run)."),
     batch: int = typer.Option(DEFAULT_BATCH, "--batch", help="Expected concurrent requests: the "
                               "budget is read at this batch size; also --max-running-requests."),
-    kv_len: int = typer.Option(DEFAULT_KV_LEN, "--kv-len", help="Expected context length (KV bucket)."),
+    kv_len: int = typer.Option(DEFAULT_KV_LEN, "--kv-len", "--context", help="Expected context length (KV bucket); --context as in bole bench e2e."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="EAGLE draft model "
                                               "(default: NEXTN with the model's own MTP head)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Draft depth (default: the profile's)."),
