@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from bole_cli.errors import InputError
-from bole_cli.trees import Forest, ProposalTree, _pack
+from bole_cli.trees import Forest, ProposalTree, _pack, check_batch
 
 __all__ = ["BudgetSelection", "select_budget", "expected_accepted_curve"]
 
@@ -92,12 +92,7 @@ def select_budget(trees: Sequence[ProposalTree], budget: int, *, min_per_request
     expected accepted length of each kept tree, the quantity a budget trades against
     verification time.
     """
-    trees = list(trees)
-    if not trees:
-        raise InputError("batch is empty: no trees to select from")
-    for b, t in enumerate(trees):
-        if not isinstance(t, ProposalTree):
-            raise TypeError(f"request {b}: expected a ProposalTree, got {type(t).__name__}")
+    trees = check_batch(trees, "select from")
     budget = _check_count("budget", budget, 1)
     m = _check_count("min_per_request", min_per_request, 0)
     cap = None if max_per_request is None else _check_count("max_per_request", max_per_request, 1)

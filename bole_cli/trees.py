@@ -408,15 +408,20 @@ def _pack(segments: Sequence[Optional[ProposalTree]]) -> Forest:
     return Forest(tuple(parents), tuple(cu), tuple(depths), tuple(log_probs))
 
 
-def pack_forest(trees: Sequence[ProposalTree]) -> Forest:
-    """Pack a batch of trees into the kernels' flat arrays (parents stay local)."""
+def check_batch(trees: Sequence[ProposalTree], purpose: str) -> list[ProposalTree]:
+    """A non-empty list of ProposalTrees (one per request), or a clear error."""
     trees = list(trees)
     if not trees:
-        raise InputError("batch is empty: no trees to pack")
+        raise InputError(f"batch is empty: no trees to {purpose}")
     for b, t in enumerate(trees):
         if not isinstance(t, ProposalTree):
             raise TypeError(f"request {b}: expected a ProposalTree, got {type(t).__name__}")
-    return _pack(trees)
+    return trees
+
+
+def pack_forest(trees: Sequence[ProposalTree]) -> Forest:
+    """Pack a batch of trees into the kernels' flat arrays (parents stay local)."""
+    return _pack(check_batch(trees, "pack"))
 
 
 # ---- SGLang's packed form ---------------------------------------------------------------

@@ -24,6 +24,21 @@ def _stem(tag: Optional[str], default: str) -> str:
     return tag
 
 
+def _default_stem(kind: str, device: str, model: str) -> str:
+    """kernels-h200-qwen3.5-9b: what, where, which model."""
+    gpu = device.replace("NVIDIA ", "").replace(" ", "-").lower()
+    return f"{kind}-{gpu}-{model.split('/')[-1].lower()}"
+
+
+def _write_results(data: dict, plot, out_dir: Path, stem: str) -> Path:
+    """STEM.json (atomic) and STEM.png under out_dir; returns the JSON path."""
+    from bole_cli.console import atomic_write_text, dumps_json
+
+    json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
+    plot(out_dir / f"{stem}.png")
+    return json_path
+
+
 def _table(result):
     from rich.table import Table
 
@@ -91,7 +106,7 @@ def kernels_cmd(
 ) -> None:
     """Time SGLang's serial tree verify + snapshot copy-back against Bole's closed form + commit."""
     from bole_cli.catalog.models import resolve_model
-    from bole_cli.console import atomic_write_text, dumps_json, emit_json, err, out
+    from bole_cli.console import emit_json, err, out
 
     spec = resolve_model(model)
     batches = parse_int_list(batch, "--batch")
@@ -122,10 +137,8 @@ def kernels_cmd(
     data["summary"] = {"geomean_speedup_b1_4_16_n16_32_64": geomean(core),
                        "command": " ".join(["bole"] + sys.argv[1:]), "seconds": time.time() - started,
                        "dtype": dtype, "state_dtype": state_dtype}
-    gpu = result.device.replace("NVIDIA ", "").replace(" ", "-").lower()
-    stem = _stem(tag, f"kernels-{gpu}-{spec.name.split('/')[-1].lower()}")
-    json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
-    _plot(result, out_dir / f"{stem}.png")
+    json_path = _write_results(data, lambda path: _plot(result, path), out_dir,
+                               _stem(tag, _default_stem("kernels", result.device, spec.name)))
     if json_out:
         emit_json(data)
         return
@@ -179,7 +192,7 @@ def e2e_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Autoregressive vs snapshot-tree vs Bole decoding end to end (acceptance simulated, costs measured)."""
-    from bole_cli.console import atomic_write_text, dumps_json, emit_json, err, out
+    from bole_cli.console import emit_json, err, out
 
     batches = parse_int_list(batch, "--batch")
     names = tuple(d.strip() for d in decoders.split(",") if d.strip())
@@ -223,10 +236,8 @@ def e2e_cmd(
                     search=not no_max_batch, command=" ".join(["bole"] + sys.argv[1:]))
     with err.status("bole bench e2e") as status:
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
-    gpu = data["device"].replace("NVIDIA ", "").replace(" ", "-").lower()
-    stem = _stem(tag, f"e2e-{gpu}-{'tiny' if tiny else spec.name.split('/')[-1].lower()}")
-    json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
-    plot(data, out_dir / f"{stem}.png")
+    json_path = _write_results(data, lambda path: plot(data, path), out_dir,
+                               _stem(tag, _default_stem("e2e", data["device"], "tiny" if tiny else spec.name)))
     if json_out:
         emit_json(data)
         return
