@@ -77,8 +77,12 @@ def args(case):
     return [case[x] for x in ("q", "k", "v", "g", "beta", "state", "state_indices", "parents", "cu_seqlens")]
 
 
-def check_verify_and_commit(case, forest, tol, config=None, seed=0):
-    res = tree_verify(*args(case), out=poisoned_out(case), config=config)
+def check_verify_and_commit(case, forest, tol, config=None, seed=0, kernel="auto"):
+    """kernel: "auto" (sizes read on the host), "tile" (max_nodes promised, no host read) or
+    "blocked" (neither: the kernel for any tree size)."""
+    extra = {"auto": {}, "tile": {"check_trees": False, "max_nodes": max(forest.sizes)},
+             "blocked": {"check_trees": False}}[kernel]
+    res = tree_verify(*args(case), out=poisoned_out(case), config=config, **extra)
     ref = tree_verify_ref(*[x.cpu() for x in args(case)])
     assert rel_err(res.o, ref.o) <= tol
     assert rel_err(res.u, ref.u) <= tol
@@ -103,20 +107,33 @@ def check_verify_and_commit(case, forest, tol, config=None, seed=0):
 @CPU_SETTINGS
 @given(
     seed=st.integers(0, 2**31 - 1),
-    sizes=st.lists(st.integers(0, 48), min_size=1, max_size=4).filter(lambda s: sum(s) > 0),
+    sizes=st.lists(st.integers(1, 48), min_size=1, max_size=4),
     group=st.sampled_from([1, 2, 4]),
     decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -25.0), (-30.0, -1e-4)]),
     bc=st.sampled_from([16, 32]),
+    kernel=st.sampled_from(["tile", "blocked"]),
+    vsplit=st.sampled_from([1, 2]),
 )
-def test_tree_verify_and_commit_match_reference(seed, sizes, group, decay, bc):
-    case, forest = make_case(seed, sizes, h=2, group=group, kdim=16, vdim=16, decay=decay)
-    check_verify_and_commit(case, forest, 1e-5, config={"BC": bc, "BV": 16}, seed=seed)
+def test_tree_verify_and_commit_match_reference(seed, sizes, group, decay, bc, kernel, vsplit):
+    case, forest = make_case(seed, sizes, h=2, group=group, kdim=16, vdim=32, decay=decay)
+    check_verify_and_commit(case, forest, 1e-5, config={"BC": bc, "BV": 16, "BK": 16, "VSPLIT": vsplit},
+                            seed=seed, kernel=kernel)
 
 
-@pytest.mark.parametrize("shape,size", [("chain", 100), ("wide", 64), ("roots", 40), ("random", 256)])
-def test_tree_verify_nasty_trees(shape, size):
+@pytest.mark.parametrize("shape,size,kernel", [
+    ("chain", 100, "auto"), ("chain", 64, "tile"), ("chain", 64, "blocked"), ("wide", 64, "tile"),
+    ("wide", 64, "blocked"), ("roots", 40, "tile"), ("roots", 40, "blocked"), ("random", 256, "auto"),
+])
+def test_tree_verify_nasty_trees(shape, size, kernel):
     case, forest = make_case(7, [size, 5], h=1, group=2, kdim=16, vdim=32, decay=(-30.0, -1e-4), shape=shape)
-    check_verify_and_commit(case, forest, 1e-5, config={"BC": 32, "BV": 16})
+    check_verify_and_commit(case, forest, 1e-5, config={"BC": 32, "BV": 16}, kernel=kernel)
+
+
+def test_tile_kernel_key_dim_not_a_power_of_two():
+    """K = 24, V = 40: the padded slices and the partial last value tile are masked."""
+    case, forest = make_case(11, [20, 9], h=2, group=2, kdim=24, vdim=40, decay=(-3.0, -1e-3))
+    check_verify_and_commit(case, forest, 1e-5, config={"BV": 16, "BK": 16, "VSPLIT": 2}, kernel="tile")
+    check_verify_and_commit(case, forest, 1e-5, config={"BV": 16, "BK": 16, "BC": 16}, kernel="blocked")
 
 
 def test_closed_form_matches_sequential_snapshots():
@@ -216,6 +233,14 @@ def test_errors_name_the_argument():
                     case["cu_seqlens"], torch.tensor([0, 3], dtype=torch.int32))
 
 
+def test_max_nodes_promise_is_checked():
+    case, forest = make_case(2, [10, 20], h=1, group=1, kdim=16, vdim=16, decay=(-1.0, -0.1))
+    with pytest.raises(InputError, match=r"^max_nodes: 16 promised, but a request has 20 nodes"):
+        tree_verify(*args(case), max_nodes=16)
+    with pytest.raises(InputError, match=r"^max_nodes: expected an int in 1\.\.256"):
+        tree_verify(*args(case), max_nodes=0)
+
+
 def test_more_than_256_nodes_is_refused():
     n = 257
     case = dict(q=torch.randn(n, 1, 16), k=torch.randn(n, 1, 16), v=torch.randn(n, 1, 16),
@@ -232,8 +257,9 @@ def test_more_than_256_nodes_is_refused():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("group", [1, 2, 4])
-def test_gpu_real_shapes(dtype, tol, group):
-    sizes = [64, 16, 128, 1, 33, 256, 8, 64]
+@pytest.mark.parametrize("sizes", [[64, 16, 128, 1, 33, 256, 8, 64], [64, 16, 1, 33, 8, 64, 64, 40]],
+                         ids=["blocked", "tile"])
+def test_gpu_real_shapes(dtype, tol, group, sizes):
     case, forest = make_case(123, sizes, h=16, group=group, kdim=128, vdim=128,
                              decay=(-8.0, -1e-4), dtype=dtype, device="cuda")
     check_verify_and_commit(case, forest, tol)

@@ -51,17 +51,34 @@ def _no_resolver(monkeypatch, tmp_path):
 
 def test_search_space_per_kernel():
     v = sp.search_space("tree_verify", {"H": 16, "HV": 32, "K": 128, "V": 128})
-    assert list(v) == ["BC", "BV", "BK", "num_warps", "num_stages"]
+    assert list(v) == ["BC", "VSPLIT", "BV", "BK", "num_warps", "num_stages"]
     assert "precision" not in v  # numerics are not a tuning knob
-    assert v["BV"] == [32, 64, 128] and v["BK"] == [16, 32, 64, 128]
-    assert sp.space_size(v) == 3 * 3 * 4 * 3 * 2 == len(sp.candidates(v))
+    assert v["BV"] == [16, 32, 64, 128] and v["BK"] == [16, 32, 64, 128]
+    assert sp.space_size(v) == 3 * 3 * 4 * 4 * 3 * 2 == len(sp.candidates(v))
     c = sp.search_space("tree_commit", {"HV": 32, "K": 128, "V": 128})
     assert list(c) == ["BV", "num_warps", "num_stages"]
     conv = sp.search_space("tree_conv", {"D": 8192, "W": 4})
     assert list(conv) == ["BN", "BD", "num_warps", "num_stages"] and max(conv["BD"]) == 512
     # values past the padded dimension collapse onto one launch and are dropped
     tiny = sp.search_space("tree_verify", {"K": 32, "V": 32})
-    assert tiny["BV"] == [32] and tiny["BK"] == [16, 32]
+    assert tiny["BV"] == [16, 32] and tiny["BK"] == [16, 32]
+
+
+def test_verify_buckets_tune_the_kernel_they_launch():
+    """Trees <= 64 nodes take the one-tile kernel (VSPLIT, no BC), larger ones the blocked
+    kernel (BC, no VSPLIT); a tuned config never crosses over at lookup."""
+    from bole_cli.tuning.buckets import Bucket, nearest_bucket
+    from bole_cli.tuning.study import builtin_default
+
+    dims = (16, 32, 128, 128)
+    tile, blocked = Bucket("tree_verify", dims, 16, 64), Bucket("tree_verify", dims, 16, 128)
+    assert "VSPLIT" in builtin_default(tile) and "BC" not in builtin_default(tile)
+    assert "BC" in builtin_default(blocked) and "VSPLIT" not in builtin_default(blocked)
+    shape = {"H": 16, "HV": 32, "K": 128, "V": 128, "B": 16, "N": 16 * 96}
+    assert nearest_bucket([tile, blocked], "tree_verify", dict(shape, T=96)) == blocked
+    assert nearest_bucket([tile, blocked], "tree_verify", dict(shape, T=0)) == blocked  # size unknown
+    assert nearest_bucket([tile, blocked], "tree_verify", dict(shape, T=40)) == tile
+    assert nearest_bucket([blocked], "tree_verify", dict(shape, T=40)) is None
     assert sp.search_space("tree_conv", {"D": 100, "W": 4})["BD"] == [64, 128]
     with pytest.raises(InputError, match="unknown kernel 'gdn'"):
         sp.search_space("gdn", {})
@@ -91,7 +108,8 @@ def test_builtin_default_ignores_an_installed_resolver():
     from bole_cli.tuning.study import builtin_default
 
     b = Bucket("tree_verify", GDN_9B, 1, 64)
-    want = {k: v for k, v in configs.launch_config("tree_verify", b.launch_shape()).items() if k != "precision"}
+    want = {k: v for k, v in configs.launch_config("tree_verify", b.launch_shape()).items()
+            if k not in ("precision", "BC")}  # a 64-node bucket launches the one-tile kernel
     weird = lambda kernel, shape: {"BC": 64, "BV": 16}  # noqa: E731
     configs.set_resolver(weird)
     assert builtin_default(b) == want
@@ -136,7 +154,7 @@ def _grid(kernel="tree_verify", model=GDN_9B, batches=(1, 4, 16, 64), nodes=(16,
 
 
 def _shape(b=4, n_per=64, hv=32, h=None, k=128, v=128):
-    s = {"K": k, "V": v, "HV": hv, "B": b, "N": b * n_per}
+    s = {"K": k, "V": v, "HV": hv, "B": b, "N": b * n_per, "T": n_per}  # T: as tree_verify promises
     if h is not None:
         s["H"] = h
     return s

@@ -200,7 +200,7 @@ class LayerInputs:
         def run():
             kernels.tree_verify_gated(self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias,
                                       self.pool, self.slots, self.parents, self.cu, check_trees=False,
-                                      out=out, config=config)
+                                      max_nodes=self.nodes, out=out, config=config)
         return run
 
     def bole_commit(self, kernels, out) -> Callable[[], None]:

@@ -12,11 +12,12 @@ from typing import Callable, Optional
 from bole_cli.errors import InputError
 
 DEFAULTS: dict[str, dict] = {
-    # BC: node chunk of the blocked solve; BV: value tile; BK: key-dim slice of the dots;
-    # warps and stages as Triton's;
-    # precision of tree_verify's dots (None: by activation dtype, see tree_verify).
-    "tree_verify": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 4, "num_stages": 1, "precision": None},
-    "tree_commit": {"BV": 32, "num_warps": 4, "num_stages": 1},
+    # BV: value tile; BK: key-dim slice of the dots; VSPLIT: programs sharing a value head
+    # (one-tile kernel, trees <= 64 nodes); BC: node chunk (blocked kernel, larger trees);
+    # warps and stages as Triton's; precision of the dots (None: by activation dtype).
+    "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
+                    "precision": None},
+    "tree_commit": {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     "tree_conv": {"BN": 16, "BD": 128, "num_warps": 4, "num_stages": 1},
 }
 
@@ -48,8 +49,28 @@ def _load_tables_once() -> None:
         print(f"bole: note: tuned kernel tables not loaded ({exc})", file=sys.stderr)
 
 
+def is_tile_launch(shape: dict) -> bool:
+    """True when tree_verify takes the one-tile kernel: the largest tree ("T") is known and
+    at most 64 nodes (tree_verify_tile.MAX_TILE_NODES)."""
+    return 0 < int(shape.get("T", 0) or 0) <= 64
+
+
 def _verify_rule(shape: dict) -> dict:
-    """tree_verify's built-in choice, from the H200 grid over BC x BV x BK x warps
+    if is_tile_launch(shape):
+        return _verify_tile_rule(shape)
+    return _verify_blocked_rule(shape)
+
+
+def _verify_tile_rule(shape: dict) -> dict:
+    """One-tile kernel: split a value head over several programs while the batch leaves
+    SMs idle (the tree work is repeated per program, which costs nothing then)."""
+    lanes = shape.get("B", 1) * shape.get("HV", 1)
+    vsplit = 4 if lanes <= 64 else 2 if lanes <= 256 else 1
+    return {"BV": 32, "BK": 32, "VSPLIT": vsplit, "num_warps": 4}
+
+
+def _verify_blocked_rule(shape: dict) -> dict:
+    """tree_verify's blocked kernel, from the H200 grid over BC x BV x BK x warps
     (bench/NOTES.md, bench/results/sweep-verify-h200.json): at batch 1 small value tiles
     keep 128 programs busy; beyond, 2 warps per program (the dot operands of a 16-32 row
     chunk are replicated per warp), value tiles of 32-64, and chunks of 32 once trees

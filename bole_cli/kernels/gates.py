@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.tree_verify import _softplus
+from bole_cli.kernels.jit_math import softplus
 from bole_cli.kernels.validate import ACTIVATION_DTYPES, check_shape, check_tensor
 
 
@@ -20,7 +20,7 @@ def _gdn_gates_kernel(A_log, a, dt_bias, b, g, beta, n, s_an, s_bn,
     mask = (rows < n)[:, None] & (heads < HV)[None, :]
     x = tl.load(a + rows[:, None] * s_an + heads[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(dt_bias + heads, mask=heads < HV, other=0.0).to(tl.float32)[None, :]
-    sp = _softplus(x)
+    sp = softplus(x)
     decay = -tl.exp(tl.load(A_log + heads, mask=heads < HV, other=0.0).to(tl.float32))
     bb = tl.load(b + rows[:, None] * s_bn + heads[None, :], mask=mask, other=0.0).to(tl.float32)
     out = rows[:, None] * HV + heads[None, :]

@@ -1,6 +1,9 @@
 """Closed-form tree verify through one GDN layer (DESIGN.md §2, Theorem 1).
 
-One program per (request, value head, value tile). A request's nodes are processed in
+Trees of at most 64 nodes go to the one-tile kernel (tree_verify_tile.py); this module
+holds the public API and the blocked kernel for larger trees (up to 256 nodes).
+
+Blocked kernel: one program per (request, value head, value tile). A request's nodes are processed in
 chunks of BC consecutive nodes (parents come first, so a chunk only depends on earlier
 chunks): for chunk c,
 
@@ -27,7 +30,9 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
+from bole_cli.kernels.jit_math import softplus
 from bole_cli.kernels.reference import VerifyResult
+from bole_cli.kernels.tree_verify_tile import MAX_TILE_NODES, tree_verify_tile_kernel, value_split
 from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
     MAX_TREE_NODES,
@@ -50,15 +55,6 @@ def _block_mask(bits, cols, c0, NW: tl.constexpr):
     row_word = tl.sum(tl.where(sel, bits, 0), axis=1)  # [BC] int64
     shift = (cols % 64).to(tl.int64)
     return ((row_word[:, None] >> shift[None, :]) & 1) != 0
-
-
-@triton.jit
-def _softplus(x):
-    """log1p(exp(x)) with SGLang's threshold 20 and Kahan's log1p for small exp(x)."""
-    ex = tl.exp(tl.minimum(x, 20.0))
-    one_plus = 1.0 + ex
-    log1p = tl.where(one_plus == 1.0, ex, tl.log(one_plus) * ex / (one_plus - 1.0))
-    return tl.where(x > 20.0, x, log1p)
 
 
 @triton.jit
@@ -130,7 +126,7 @@ def _tree_verify_kernel(
             bits = bits | tl.where(hit, one << (cur % 64).to(tl.int64)[:, None], 0)
             gj = tl.load(g + (start + cur) * s_gn + hv * s_gh, mask=act, other=0.0).to(tl.float32)
             if GATED:
-                gj = tl.where(act, neg_a * _softplus(gj + bias), 0.0)
+                gj = tl.where(act, neg_a * softplus(gj + bias), 0.0)
             lp += gj
             n_in += (act & (cur >= c0)).to(tl.int32)
             nxt = tl.load(parents + start + cur, mask=act, other=-1).to(tl.int32)
@@ -226,6 +222,7 @@ def tree_verify(
     scale: Optional[float] = None,
     use_qk_l2norm: bool = True,
     check_trees: bool = True,
+    max_nodes: Optional[int] = None,
     config: Optional[dict] = None,
     out: Optional[VerifyResult] = None,
 ) -> VerifyResult:
@@ -235,9 +232,14 @@ def tree_verify(
     [S, HV, V, K] float32 or bfloat16 (read only); state_indices [B]; parents [N] local,
     -1 for a root; cu_seqlens [B+1]. Returns VerifyResult(o [N, HV, V] in v's dtype,
     u [N, HV, V] float32, log_p [N, HV] float32). `out` reuses preallocated outputs.
+
+    max_nodes: the largest tree in the batch (a promise, checked when check_trees). Trees of
+    at most 64 nodes take the one-tile kernel; without the bound and without check_trees
+    (which reads the sizes on the host) the blocked kernel, exact for any size, is used.
     """
     return _verify(q, k, v, g, beta, None, None, state, state_indices, parents, cu_seqlens,
-                   scale=scale, use_qk_l2norm=use_qk_l2norm, check_trees=check_trees, config=config, out=out)
+                   scale=scale, use_qk_l2norm=use_qk_l2norm, check_trees=check_trees,
+                   max_nodes=max_nodes, config=config, out=out)
 
 
 def tree_verify_gated(
@@ -266,7 +268,8 @@ def tree_verify_gated(
 
 
 def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_seqlens, *,
-            scale=None, use_qk_l2norm=True, check_trees=True, config=None, out=None) -> VerifyResult:
+            scale=None, use_qk_l2norm=True, check_trees=True, max_nodes=None, config=None,
+            out=None) -> VerifyResult:
     gated = A_log is not None
     gname, bname = ("a", "b") if gated else ("g", "beta")
     dev = q.device
@@ -295,8 +298,14 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     check_index_vector("state_indices", state_indices, bsz, dev)
     check_index_vector("parents", parents, n, dev)
     check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
+    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int)
+                                  or not 1 <= max_nodes <= MAX_TREE_NODES):
+        raise InputError(f"max_nodes: expected an int in 1..{MAX_TREE_NODES}, got {max_nodes!r}")
     if check_trees:
-        check_forest(parents, cu_seqlens, n)
+        largest = check_forest(parents, cu_seqlens, n)
+        if max_nodes is not None and largest > max_nodes:
+            raise InputError(f"max_nodes: {max_nodes} promised, but a request has {largest} nodes")
+        max_nodes = largest
 
     if out is None:
         o = torch.empty_like(v)
@@ -307,13 +316,17 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     if n == 0 or bsz == 0:
         return VerifyResult(o, u, log_p)
 
-    cfg = launch_config("tree_verify", {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "N": n}, config)
+    tile = max_nodes is not None and max_nodes <= MAX_TILE_NODES
+    shape = {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "N": n, "T": max_nodes if tile else 0}
+    cfg = launch_config("tree_verify", shape, config)
     # tf32 dots are well inside bf16/fp16 activations' noise; float32 activations get tf32x3
     # (three tf32 products, about float32's accuracy).
     precision = cfg["precision"] or ("tf32x3" if q.dtype == torch.float32 else "tf32")
-    bv = min(cfg["BV"], triton.next_power_of_2(vdim))
-    grid = (bsz, hv, triton.cdiv(vdim, bv))
-    _tree_verify_kernel[grid](
+    vp = triton.next_power_of_2(vdim)
+    kp = triton.next_power_of_2(kdim)
+    bv = min(cfg["BV"], vp)
+    bk = min(cfg["BK"], kp)
+    args = (
         q, k, v, g, beta, A_log if gated else g, dt_bias if gated else g,
         state, state_indices, parents, cu_seqlens, o, u, log_p,
         float(kdim ** -0.5 if scale is None else scale),
@@ -321,9 +334,13 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         state.stride(0), state.stride(1), state.stride(2),
         o.stride(0), o.stride(1), u.stride(0), u.stride(1), log_p.stride(0),
-        GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim),
-        BC=cfg["BC"], BV=bv, BK=min(cfg["BK"], triton.next_power_of_2(kdim)), NW=NW,
-        USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+    common = dict(GROUP=hv // h, K=kdim, V=vdim, KP=kp, BV=bv, BK=bk, USE_L2NORM=use_qk_l2norm,
+                  PRECISION=precision, GATED=gated, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if tile:
+        per_part, parts = value_split(vdim, bv, cfg["VSPLIT"])
+        tp = max(16, triton.next_power_of_2(max_nodes))
+        tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part, **common)
+    else:
+        _tree_verify_kernel[(bsz, hv, triton.cdiv(vdim, bv))](*args, BC=cfg["BC"], NW=NW, **common)
     return VerifyResult(o, u, log_p)

@@ -41,8 +41,9 @@ def check_last_contiguous(name: str, t: torch.Tensor) -> None:
         raise InputError(f"{name}: the last dimension must be contiguous (stride 1), got strides {t.stride()}")
 
 
-def check_forest(parents: torch.Tensor, cu_seqlens: torch.Tensor, n: int) -> None:
-    """Host-side check of the packed forest: offsets, sizes and parents[i] < i per request."""
+def check_forest(parents: torch.Tensor, cu_seqlens: torch.Tensor, n: int) -> int:
+    """Host-side check of the packed forest: offsets, sizes and parents[i] < i per request.
+    Returns the largest tree's node count."""
     cu = cu_seqlens.detach().to("cpu", torch.int64)
     par = parents.detach().to("cpu", torch.int64)
     if int(cu[0]) != 0 or int(cu[-1]) != n:
@@ -63,6 +64,7 @@ def check_forest(parents: torch.Tensor, cu_seqlens: torch.Tensor, n: int) -> Non
             f"parents: node {i} (request {b}, local {int(local[i])}) has parent {int(par[i])}; "
             f"parents must be -1 or a local index before the node"
         )
+    return int(sizes.max()) if sizes.numel() else 0
 
 
 def check_index_vector(name: str, t, length: int, device) -> torch.Tensor:

@@ -128,11 +128,12 @@ class GDNOps:
         return g.to(fdt), beta.to(fdt)
 
     def verify(self, q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
-               *, out: Optional[ref.VerifyResult] = None) -> ref.VerifyResult:
-        """Theorem 1 over the packed forest; `out` (o, u, log_p) receives the results."""
+               *, out: Optional[ref.VerifyResult] = None, max_nodes: Optional[int] = None) -> ref.VerifyResult:
+        """Theorem 1 over the packed forest; `out` (o, u, log_p) receives the results.
+        max_nodes: the largest tree, if known (lets the kernel take its one-tile path)."""
         if "tree_verify" in self._k:
             return self._k["tree_verify"](q, k, v, g, beta, state, state_indices, parents,
-                                          cu_seqlens, check_trees=False, out=out)
+                                          cu_seqlens, check_trees=False, max_nodes=max_nodes, out=out)
         o, u, log_p = ref.tree_verify_ref(q, k, v, g, beta, state, state_indices, parents, cu_seqlens)
         fdt = factor_dtype(v.dtype)
         if out is None:

@@ -453,7 +453,8 @@ class HybridModel:
                 if self.gdn_decode == "recurrent":
                     o = gdn_ops.recurrent_step(q, k, v, g, beta, state, db.slots)
                 else:
-                    res = self.ops.verify(q, k, v, g, beta, state, db.slots, db.parents, db.cu_seqlens)
+                    res = self.ops.verify(q, k, v, g, beta, state, db.slots, db.parents, db.cu_seqlens,
+                                          max_nodes=1)
                     self.ops.commit(state, db.slots, k, res.u, res.log_p, db.parents, db.cu_seqlens, db.accepted)
                     o = res.o
             return self._gdn_out(w, o, z)
@@ -500,7 +501,8 @@ class HybridModel:
             if path == "bole":
                 out.k[l].copy_(k)
                 res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), out.u[l], out.log_p[l])
-                o = self.ops.verify(q, k, v, g, beta, state, tb.slots, tb.parents, tb.cu_seqlens, out=res).o
+                o = self.ops.verify(q, k, v, g, beta, state, tb.slots, tb.parents, tb.cu_seqlens, out=res,
+                                    max_nodes=tb.max_nodes).o
             else:
                 o = self.snapshot.verify_layer(out.snapshots[l], q, k, v, g, beta, a, b, w.A_log,
                                                w.dt_bias, state, tb)

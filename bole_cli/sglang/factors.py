@@ -44,6 +44,7 @@ import triton.language as tl
 
 from bole_cli.errors import BoleError
 from bole_cli.kernels import VerifyResult, tree_commit, tree_verify_gated
+from bole_cli.kernels.validate import MAX_TREE_NODES
 from bole_cli.sglang.plan import BolePlan, canonical_dtype
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -265,6 +266,7 @@ class FactorStore:
             q[0], kk, v[0], a, b, A_log, dt_bias, ssm_states, slots,
             self.parents[:n_tokens], query_start_loc,
             use_qk_l2norm=True, check_trees=False, config=self.config,
+            max_nodes=width if 1 <= width <= MAX_TREE_NODES else None,  # every request has D nodes
             out=VerifyResult(o, self.u[layer, :n_tokens], self.log_p[layer, :n_tokens]),
         )
         return o.unsqueeze(0)

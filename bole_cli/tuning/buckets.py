@@ -57,8 +57,8 @@ class Bucket:
     def launch_shape(self) -> dict[str, int]:
         """The shape dict the kernel passes to `launch_config` for this bucket."""
         d = self.dims
-        if self.kernel == "tree_verify":
-            return {**d, "B": self.batch, "N": self.batch * int(self.nodes or 1)}
+        if self.kernel == "tree_verify":  # T: the promised tree size (one-tile kernel up to 64)
+            return {**d, "B": self.batch, "N": self.batch * int(self.nodes or 1), "T": int(self.nodes or 1)}
         if self.kernel == "tree_commit":
             return {**d, "B": self.batch, "L": 1}
         return {**d, "B": self.batch, "N": self.batch * int(self.nodes or 1)}
@@ -157,6 +157,11 @@ def _model_candidates(kernel: str, buckets: Sequence[Bucket], dims: Mapping[str,
 def nearest_bucket(buckets: Iterable[Bucket], kernel: str, shape: Mapping[str, int]) -> Optional[Bucket]:
     """The bucket whose tuned config applies to a launch of `kernel` at `shape`, or None."""
     pool = [b for b in buckets if b.kernel == kernel]
+    if kernel == "tree_verify":  # a config only applies to the kernel (one-tile or blocked) it was tuned on
+        from bole_cli.kernels.configs import is_tile_launch
+
+        tile = is_tile_launch(shape)
+        pool = [b for b in pool if is_tile_launch(b.launch_shape()) == tile]
     if not pool:
         return None
     dims, batch, nodes = query_of(kernel, shape)

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional
 
 from bole_cli.errors import BoleError, InputError
 
-CHECK_SIZES = (80, 17, 1, 40)
+CHECK_SIZES = (64, 17, 1, 40)  # <= 64: one-tile and blocked tree_verify configs both apply
 
 
 @dataclass
@@ -47,6 +47,14 @@ def rel_err(got, want) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
+def verify_path_kwargs(config: Mapping[str, int], max_nodes: int) -> dict:
+    """tree_verify arguments that send a launch down the kernel the config is for: a
+    one-tile config (VSPLIT) gets the tree-size promise, a blocked one (BC) withholds it."""
+    if "BC" in config and "VSPLIT" not in config:
+        return {"check_trees": False}
+    return {"check_trees": False, "max_nodes": int(max_nodes)}
+
+
 def build_check_case(kernel: str, dims: Mapping[str, int], device: Any = "cpu", *, act_dtype=None,
                      seed: int = 0, sizes=CHECK_SIZES) -> dict:
     """Random inputs on `device` and their float64 reference outputs (computed on the CPU)."""
@@ -69,7 +77,8 @@ def build_check_case(kernel: str, dims: Mapping[str, int], device: Any = "cpu", 
     def rnd(*shape):
         return torch.randn(*shape, generator=gen)
 
-    case: dict[str, Any] = {"kernel": kernel, "dims": dict(dims), "act_dtype": act, "n": n}
+    case: dict[str, Any] = {"kernel": kernel, "dims": dict(dims), "act_dtype": act, "n": n,
+                            "sizes": tuple(sizes)}
     if kernel == "tree_conv":
         d, w = dims["D"], dims["W"]
         x, conv_state = rnd(n, d).to(act), rnd(slots_n, d, w - 1).to(act)
@@ -170,7 +179,8 @@ def run_check(kernel: str, case: dict, config: Mapping[str, int], *, kernels_mod
                                torch.full((n, hv), float("nan"), device=dev))
             res = kernels_mod.tree_verify_gated(
                 case["q"], case["k"], case["v"], case["a"], case["b"], case["A_log"], case["dt_bias"],
-                case["state"], case["slots"], case["parents"], case["cu"], config=cfg, out=out)
+                case["state"], case["slots"], case["parents"], case["cu"], config=cfg, out=out,
+                **verify_path_kwargs(cfg, max(case["sizes"])))
             if str(dev).startswith("cuda"):
                 torch.cuda.synchronize()
             want = case["ref"]

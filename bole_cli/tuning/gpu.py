@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 from bole_cli.tuning.buckets import Bucket
-from bole_cli.tuning.checks import Verdict, build_check_case, run_check, tolerance
+from bole_cli.tuning.checks import Verdict, build_check_case, run_check, tolerance, verify_path_kwargs
 
 
 def cuda_layer_inputs(torch, dims: dict, batch: int, nodes: int, seed: int, act_dtype, state_dtype):
@@ -165,9 +165,11 @@ class GpuEvaluator:
             if bucket.kernel == "tree_verify":
                 out = self._outs[i]
 
-                def fn(s=s, out=out):
+                path = verify_path_kwargs(cfg, int(bucket.nodes or 1))
+
+                def fn(s=s, out=out, path=path):
                     k.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
-                                        s.parents, s.cu, check_trees=False, out=out, config=cfg)
+                                        s.parents, s.cu, out=out, config=cfg, **path)
             elif bucket.kernel == "tree_commit":
                 out = self._outs[i]
 

@@ -4,8 +4,9 @@ The issue speaks of a value tile b_v, a key chunk b_k, warps, stages and a solve
 our kernels name them as their config keys (the ones `launch_config` returns and
 `config=` overrides), so the tuner uses those names:
 
-    tree_verify  BC  node chunk of the blocked solve (the solver-variant knob: it sets the
-                     size of the triangular blocks and so the number of product-form factors)
+    tree_verify  VSPLIT  programs per value head (one-tile kernel, trees <= 64 nodes)
+                 BC  node chunk of the blocked kernel (trees > 64 nodes; the solver-variant
+                     knob: the size of the triangular blocks)
                  BV  value tile ("b_v")
                  BK  key-dim slice of the dots ("b_k")
     tree_commit  BV  value tile
@@ -31,10 +32,9 @@ KERNELS = ("tree_verify", "tree_commit", "tree_conv")
 
 # Full value lists per kernel; narrowed per shape by `search_space`.
 SPACES: dict[str, dict[str, tuple[int, ...]]] = {
-    # BV 16 and 3 stages never placed on the H200 sweeps (bench/sweep_verify.py); BK is
-    # the key-dim slice added with the sliced dots.
-    "tree_verify": {"BC": (16, 32, 64), "BV": (32, 64, 128), "BK": (16, 32, 64, 128),
-                    "num_warps": (2, 4, 8), "num_stages": (1, 2)},
+    # tree_verify: VSPLIT is searched on trees <= 64 nodes, BC on larger ones (study.py).
+    "tree_verify": {"BC": (16, 32, 64), "VSPLIT": (1, 2, 4), "BV": (16, 32, 64, 128),
+                    "BK": (16, 32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2)},
     "tree_commit": {"BV": (16, 32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
     "tree_conv": {"BN": (16, 32, 64), "BD": (64, 128, 256, 512),
                   "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},

@@ -411,9 +411,15 @@ def builtin_default(bucket: Bucket) -> dict:
     restricted to the keys the tuner searches (and the kernel takes)."""
     from bole_cli.kernels.configs import launch_config
 
+    from bole_cli.kernels.configs import is_tile_launch
+
+    shape = bucket.launch_shape()
     with builtin_configs():
-        cfg = launch_config(bucket.kernel, bucket.launch_shape())
-    return {k: int(cfg[k]) for k in TUNED_KEYS[bucket.kernel] if k in cfg}
+        cfg = launch_config(bucket.kernel, shape)
+    keys = TUNED_KEYS[bucket.kernel]
+    if bucket.kernel == "tree_verify":  # only the knobs of the kernel this bucket launches
+        keys = tuple(k for k in keys if k != ("BC" if is_tile_launch(shape) else "VSPLIT"))
+    return {k: int(cfg[k]) for k in keys if k in cfg}
 
 
 # Seconds per timed trial / per compile / per bucket: orders of magnitude for an H200 host
