@@ -17,7 +17,7 @@ DEFAULTS: dict[str, dict] = {
     # warps and stages as Triton's; precision of the dots (None: by activation dtype).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
                     "precision": None},
-    "tree_commit": {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
+    "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     "tree_conv": {"BN": 16, "BD": 128, "num_warps": 4, "num_stages": 1},
 }
 
@@ -62,11 +62,14 @@ def _verify_rule(shape: dict) -> dict:
 
 
 def _verify_tile_rule(shape: dict) -> dict:
-    """One-tile kernel: split a value head over several programs while the batch leaves
-    SMs idle (the tree work is repeated per program, which costs nothing then)."""
+    """One-tile kernel, from the H200 grid (bench/results/sweep-v4-h200.json): split a value
+    head over 4 programs at batch 1 and 2 at batch 4 (the tree work repeated per program
+    costs nothing while SMs are idle), one program per head beyond; 64-wide key slices,
+    4 warps (8 lose everywhere: the [T, T] factors are replicated per warp)."""
     lanes = shape.get("B", 1) * shape.get("HV", 1)
-    vsplit = 4 if lanes <= 64 else 2 if lanes <= 256 else 1
-    return {"BV": 32, "BK": 32, "VSPLIT": vsplit, "num_warps": 4}
+    if lanes <= 32:
+        return {"BV": 32, "BK": 64, "VSPLIT": 4, "num_warps": 4}
+    return {"BV": 64, "BK": 64, "VSPLIT": 2 if lanes <= 128 else 1, "num_warps": 4}
 
 
 def _verify_blocked_rule(shape: dict) -> dict:
@@ -90,6 +93,8 @@ def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> 
     cfg = dict(DEFAULTS[kernel])
     if kernel == "tree_verify":
         cfg.update(_verify_rule(shape))
+    elif kernel == "tree_commit" and shape.get("B", 1) * shape.get("HV", 1) * shape.get("L", 1) <= 32:
+        cfg["BV"] = 16  # a single request: more, smaller tiles (H200: 8.9 vs 13.5 us at BV 32)
     if _resolver is not None:
         tuned = _resolver(kernel, shape)
         if tuned:
