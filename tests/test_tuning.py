@@ -602,7 +602,7 @@ def test_dry_run_json():
     assert data["spaces"][0]["models"] == ["Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-9B"]
     assert len(data["buckets"]) == 4 + 8 and data["estimate_s"] > 0
     assert len(data["validated"]) == 4 and all(v["ok"] for v in data["validated"])
-    assert data["validated"][0]["config"] == {"BV": 32, "num_warps": 4, "num_stages": 1}  # the default first
+    assert data["validated"][0]["config"] == {"BV": 16, "num_warps": 4, "num_stages": 1}  # the default (batch 1) first
 
 
 def test_dry_run_table_and_a_failing_candidate(monkeypatch):
