@@ -157,21 +157,28 @@ def test_bfloat16_state_pool():
     check_verify_and_commit(case, forest, 1e-5)
 
 
-def test_commit_all_layers_in_one_launch():
-    layers = 3
-    cases = [make_case(20 + l, [9, 14], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01))[0] for l in range(layers)]
-    forest_case, forest = make_case(20, [9, 14], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01))
+@pytest.mark.parametrize("bv", [16, 32])
+def test_commit_all_layers_in_one_launch(bv):
+    """5 layers in one launch; a 40-node chain accepted at its leaf takes three passes of
+    16 path nodes; a request accepting nothing keeps its slot in every layer."""
+    layers, sizes = 5, [9, 40, 5]
+    cases = [make_case(20 + l, sizes, h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="chain")[0]
+             for l in range(layers)]
+    forest_case, forest = make_case(20, sizes, h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="chain")
     common = {x: forest_case[x] for x in ("state_indices", "parents", "cu_seqlens")}
     results = [tree_verify(*args({**c, **common})) for c in cases]
     pool = torch.stack([c["state"] for c in cases])
-    accepted = torch.tensor([8, 0], dtype=torch.int32)
+    before = pool.clone()
+    accepted = torch.tensor([8, 39, -1], dtype=torch.int32)
     stacked = dict(k=torch.stack([c["k"] for c in cases]), u=torch.stack([r.u for r in results]),
                    log_p=torch.stack([r.log_p for r in results]))
     want = tree_commit_ref(pool, common["state_indices"], stacked["k"], stacked["u"], stacked["log_p"],
                            common["parents"], common["cu_seqlens"], accepted)
     tree_commit(pool, common["state_indices"], stacked["k"], stacked["u"], stacked["log_p"],
-                common["parents"], common["cu_seqlens"], accepted)
+                common["parents"], common["cu_seqlens"], accepted, config={"BV": bv})
     assert rel_err(pool, want) <= 1e-5
+    skipped = int(common["state_indices"][2])
+    assert torch.equal(pool[:, skipped], before[:, skipped])
 
 
 @settings(max_examples=8, deadline=None, derandomize=True)

@@ -14,9 +14,10 @@ from bole_cli.errors import InputError
 DEFAULTS: dict[str, dict] = {
     # BV: value tile; BK: key-dim slice of the dots; VSPLIT: programs sharing a value head
     # (one-tile kernel, trees <= 64 nodes); BC: node chunk (blocked kernel, larger trees);
-    # warps and stages as Triton's; precision of the dots (None: by activation dtype).
+    # warps and stages as Triton's; precision of the dots (None: by activation dtype);
+    # GRAM16: 16-bit inputs' Gram products on 16-bit operands (exact; one-tile kernel).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
-                    "precision": None},
+                    "precision": None, "GRAM16": 1},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     "tree_conv": {"BN": 16, "BD": 128, "num_warps": 4, "num_stages": 1},
 }

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import InputError
+from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import launch_config
 from bole_cli.kernels.jit_math import softplus
 from bole_cli.kernels.reference import VerifyResult
@@ -340,7 +341,10 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     if tile:
         per_part, parts = value_split(vdim, bv, cfg["VSPLIT"])
         tp = max(16, triton.next_power_of_2(max_nodes))
-        tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part, **common)
+        # 16-bit Gram operands: not under the interpreter, whose 16-bit dots are not exact
+        gram16 = bool(cfg["GRAM16"]) and q.dtype == k.dtype and q.dtype in (torch.bfloat16, torch.float16) \
+            and not interpreting()
+        tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part, GRAM16=gram16, **common)
     else:
         _tree_verify_kernel[(bsz, hv, triton.cdiv(vdim, bv))](*args, BC=cfg["BC"], NW=NW, **common)
     return VerifyResult(o, u, log_p)

@@ -6,8 +6,9 @@ value tiles"):
 
     walk      ancestor-or-self mask M and logP, by pointer jumping over the parents held
               in registers (tl.gather; no dependent global loads)
-    Gram      kk = K K^T, qk = Q K^T over key-dim slices; the L2 norms come from the same
-              slices and scale the Gram terms afterwards
+    Gram      kk = K K^T, qk = Q K^T over key-dim slices (GRAM16: bf16/fp16 operands as
+              they are, exact in the float32 accumulator and twice tf32's rate); the L2
+              norms come from the same slices and scale the Gram terms afterwards
     solve     A = (I + G)^-1 explicitly, G = strict(M) * beta_i * exp(logP_i - logP_j) * kk,
               by the product form (I - G)(I + G^2)(I + G^4)... (exact: G^(depth+1) = 0)
     C         Ce = C A, C = M * exp(logP_i - logP_j) * qk
@@ -38,7 +39,7 @@ def tree_verify_tile_kernel(
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, VT: tl.constexpr,
-    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -83,13 +84,19 @@ def tree_verify_tile_kernel(
     for kb in range(0, KP, BK):
         offs = kb + tl.arange(0, BK)
         m2 = rmask[:, None] & (offs < K)[None, :]
-        kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
-        qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+        kn = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0)
+        qn = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)
+        kc = kn.to(tl.float32)
+        qc = qn.to(tl.float32)
         if USE_L2NORM:
             nk += tl.sum(kc * kc, axis=1)
             nq += tl.sum(qc * qc, axis=1)
-        kk += tl.dot(kc, tl.trans(kc), input_precision=PRECISION)
-        qk += tl.dot(qc, tl.trans(kc), input_precision=PRECISION)
+        if GRAM16:  # 16-bit inputs: their products are exact in the float32 accumulator
+            kk += tl.dot(kn, tl.trans(kn))
+            qk += tl.dot(qn, tl.trans(kn))
+        else:
+            kk += tl.dot(kc, tl.trans(kc), input_precision=PRECISION)
+            qk += tl.dot(qc, tl.trans(kc), input_precision=PRECISION)
     if USE_L2NORM:
         inv_k = 1.0 / tl.sqrt(nk + 1e-6)
         inv_q = scale / tl.sqrt(nq + 1e-6)
