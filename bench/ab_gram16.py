@@ -43,3 +43,28 @@ for batch, nodes in itertools.product((1, 4, 16), (16, 32, 64)):
 json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "command": "python3 bench/ab_gram16.py", "rows": rows},
           open(sys.argv[1], "w"), indent=1)
+
+# The one-launch commit of all 24 GDN layers at batch 16: launch knobs beyond the tuner's
+# single-layer buckets.
+layers, batch, nodes = spec.n_gdn_layers, 16, 64
+base = LayerInputs(torch, spec, batch, nodes, "random", 7, torch.bfloat16, torch.float32)
+n = batch * nodes
+pool = torch.randn(layers, batch + 1, 32, 128, 128, device="cuda")
+k = torch.randn(layers, n, 16, 128, device="cuda").to(torch.bfloat16)
+u = torch.randn(layers, n, 32, 128, device="cuda")
+lp = -torch.rand(layers, n, 32, device="cuda")
+commit_rows = []
+for bv, w, st in ((64, 4, 1), (64, 4, 2), (64, 8, 1), (128, 8, 1), (32, 4, 2), (32, 2, 1)):
+    cfg = {"BV": bv, "num_warps": w, "num_stages": st}
+    try:
+        us = time_graph(torch, [lambda c=cfg: kernels.tree_commit(pool, base.slots, k, u, lp, base.parents, base.cu,
+                                                                   base.accepted, check_trees=False, config=c)],
+                        rep_ms=80)
+    except Exception as exc:  # noqa: BLE001
+        print("skip", cfg, type(exc).__name__, str(exc)[:80], flush=True)
+        continue
+    commit_rows.append({**cfg, "us": us})
+    print(f"commit 24 layers B16 BV{bv} w{w} s{st}: {us:.1f} us", flush=True)
+json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "command": "python3 bench/ab_gram16.py", "rows": rows,
+           "commit_all_layers_b16": commit_rows}, open(sys.argv[1], "w"), indent=1)
