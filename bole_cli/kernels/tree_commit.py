@@ -81,9 +81,9 @@ def _tree_commit_kernel(
             w = tl.where(on, tl.exp(tl.minimum(lp_a - lpj, 0.0)), 0.0)
             if USE_L2NORM:
                 w = w / tl.sqrt(tl.sum(kj * kj, axis=1) + 1e-6)
-            # three tf32 products (about float32 accuracy) keep this on the tensor cores: an
-            # "ieee" dot is FMA work that made the 24-layer commit compute-bound (H200, run 9)
-            acc += tl.dot(tl.trans(uj * w[:, None]), kj, input_precision="tf32x3")
+            # float32 FMA ("ieee"): the committed state stays float32-exact. tf32x3 (tensor
+            # cores) was measured slower: 736 vs 498 us for 24 layers (H200, bench/NOTES.md)
+            acc += tl.dot(tl.trans(uj * w[:, None]), kj, input_precision="ieee")
         tl.store(s_ptr, acc.to(state.dtype.element_ty), mask=tile_mask)
 
 
