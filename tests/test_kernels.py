@@ -240,6 +240,59 @@ def test_errors_name_the_argument():
                     case["cu_seqlens"], torch.tensor([0, 3], dtype=torch.int32))
 
 
+def test_dispatch_by_tree_size(monkeypatch):
+    """A known tree size <= 64 launches the one-tile kernel, else the blocked one."""
+    import importlib
+
+    tv = importlib.import_module("bole_cli.kernels.tree_verify")  # the module (the package exports the function)
+    launched = []
+
+    class Spy:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return self.kernel[grid]
+
+    monkeypatch.setattr(tv, "tree_verify_tile_kernel", Spy("tile", tv.tree_verify_tile_kernel))
+    monkeypatch.setattr(tv, "_tree_verify_kernel", Spy("blocked", tv._tree_verify_kernel))
+    small, _ = make_case(4, [64, 3], h=1, group=1, kdim=16, vdim=16, decay=(-1.0, -0.1))
+    big, _ = make_case(4, [65, 3], h=1, group=1, kdim=16, vdim=16, decay=(-1.0, -0.1))
+    tree_verify(*args(small))
+    tree_verify(*args(small), check_trees=False, max_nodes=64)
+    tree_verify(*args(small), check_trees=False)  # size unknown
+    tree_verify(*args(big))
+    assert launched == ["tile", "tile", "blocked", "blocked"]
+
+
+@pytest.mark.parametrize("kernel", ["tile", "blocked"])
+def test_empty_request_in_batch(kernel):
+    """A request with no nodes between two others: its neighbours are unaffected."""
+    case, forest = make_case(5, [7, 12], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01))
+    case = dict(case, cu_seqlens=torch.tensor([0, 7, 7, 19], dtype=torch.int32),
+                state_indices=torch.cat([case["state_indices"][:1], torch.tensor([0], dtype=torch.int32),
+                                         case["state_indices"][1:]]))
+    extra = {"tile": {"check_trees": False, "max_nodes": 12}, "blocked": {"check_trees": False}}[kernel]
+    res = tree_verify(*args(case), out=poisoned_out(case), **extra)
+    ref = tree_verify_ref(*args(case))
+    for got, want in zip(res, ref):
+        assert rel_err(got, want) <= 1e-5
+
+
+def test_broken_max_nodes_promise_poisons_the_rows_beyond():
+    """check_trees=False and max_nodes too small: the first max_nodes rows stay exact, the
+    rest become NaN instead of silently holding stale memory."""
+    case, forest = make_case(6, [20, 5], h=1, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01))
+    out = VerifyResult(torch.zeros_like(case["v"]), torch.zeros(25, 2, 16), torch.zeros(25, 2))
+    res = tree_verify(*args(case), check_trees=False, max_nodes=16, out=out)
+    ref = tree_verify_ref(*args(case))
+    keep = torch.tensor(list(range(16)) + list(range(20, 25)))
+    for got, want in zip(res, ref):
+        assert rel_err(got[keep], want[keep]) <= 1e-5
+        assert torch.isnan(got[16:20]).all()
+
+
 def test_max_nodes_promise_is_checked():
     case, forest = make_case(2, [10, 20], h=1, group=1, kdim=16, vdim=16, decay=(-1.0, -0.1))
     with pytest.raises(InputError, match=r"^max_nodes: 16 promised, but a request has 20 nodes"):

@@ -79,6 +79,30 @@ def test_verify_buckets_tune_the_kernel_they_launch():
     assert nearest_bucket([tile, blocked], "tree_verify", dict(shape, T=0)) == blocked  # size unknown
     assert nearest_bucket([tile, blocked], "tree_verify", dict(shape, T=40)) == tile
     assert nearest_bucket([blocked], "tree_verify", dict(shape, T=40)) is None
+    # one-tile launches are looked up by their largest tree, not the mean tree
+    small = Bucket("tree_verify", dims, 16, 16)
+    skewed = {"H": 16, "HV": 32, "K": 128, "V": 128, "B": 16, "N": 64 + 15, "T": 64}
+    assert nearest_bucket([small, tile], "tree_verify", skewed) == tile
+
+
+def test_stale_verify_entries_are_skipped_with_a_note(tmp_path):
+    """A table tuned when tree_verify had one (blocked) kernel: its BC configs on <= 64-node
+    buckets must not reach the one-tile kernel."""
+    from bole_cli.tuning.checks import check_sizes
+
+    path = tmp_path / "old.yaml"
+    old = {"BC": 16, "BV": 64, "BK": 32, "num_warps": 2, "num_stages": 1}
+    new = {"VSPLIT": 2, "BV": 64, "BK": 64, "num_warps": 4, "num_stages": 1}
+    m = (16, 32, 128, 128)
+    for bucket, cfg in ((Bucket("tree_verify", m, 4, 64), old), (Bucket("tree_verify", m, 4, 32), new),
+                        (Bucket("tree_verify", m, 4, 128), new)):
+        tb.record_entries(path, H200, "3.9.0", _rec(bucket, cfg), create=_create())
+    entries, notes = tb.load_tuned_entries([path], H200, "3.9.0")
+    assert [e.bucket.nodes for e in entries] == [32]
+    assert len(notes) == 2 and all("rerun bole tune-kernels" in n for n in notes)
+    # the correctness case matches the kernel a config is for
+    assert max(check_sizes("tree_verify", new, 16)) == 16
+    assert max(check_sizes("tree_verify", old, 128)) > 64
     assert sp.search_space("tree_conv", {"D": 100, "W": 4})["BD"] == [64, 128]
     with pytest.raises(InputError, match="unknown kernel 'gdn'"):
         sp.search_space("gdn", {})
@@ -225,7 +249,7 @@ def _rec(bucket, cfg, default=False):
 
 
 V4 = Bucket("tree_verify", GDN_9B, 4, 64)
-CFG = {"BC": 16, "BV": 64, "BK": 32, "num_warps": 4, "num_stages": 1}
+CFG = {"VSPLIT": 1, "BV": 64, "BK": 32, "num_warps": 4, "num_stages": 1}
 
 
 def test_record_creates_a_valid_gpu_profile_and_merges(tmp_path):
@@ -240,12 +264,12 @@ def test_record_creates_a_valid_gpu_profile_and_merges(tmp_path):
     # another bucket, another Triton version and another device: nothing is lost
     c4 = Bucket("tree_commit", GDN_9B, 4)
     tb.record_entries(path, H200, "3.9.0", _rec(c4, {"BV": 16, "num_warps": 2, "num_stages": 1}), create=_create())
-    tb.record_entries(path, H200, "3.5.0", _rec(V4, dict(CFG, BC=32)), create=_create())
-    tb.record_entries(path, "NVIDIA A100-SXM4-80GB", "3.9.0", _rec(V4, dict(CFG, BC=64)), create=_create())
+    tb.record_entries(path, H200, "3.5.0", _rec(V4, dict(CFG, VSPLIT=2)), create=_create())
+    tb.record_entries(path, "NVIDIA A100-SXM4-80GB", "3.9.0", _rec(V4, dict(CFG, VSPLIT=4)), create=_create())
     k = load_profile(path)["kernels"]
     assert set(k["NVIDIA H200 | triton 3.9.0"]) == {V4.key, c4.key}
-    assert k["NVIDIA H200 | triton 3.5.0"][V4.key]["config"]["BC"] == 32
-    assert k["NVIDIA A100-SXM4-80GB | triton 3.9.0"][V4.key]["config"]["BC"] == 64
+    assert k["NVIDIA H200 | triton 3.5.0"][V4.key]["config"]["VSPLIT"] == 2
+    assert k["NVIDIA A100-SXM4-80GB | triton 3.9.0"][V4.key]["config"]["VSPLIT"] == 4
     assert [p.name for p in path.parent.iterdir()] == ["kernels.yaml"]  # no temp or lock files
     with pytest.raises(InputError, match="holds gpu 'h200', not 'a100'"):
         tb.record_entries(path, H200, "3.9.0", _rec(V4, CFG), create=_create("a100"))
@@ -273,15 +297,15 @@ def test_merge_into_a_model_profile_keeps_every_other_section(tmp_path):
 
 def test_load_priorities_and_bad_entries(tmp_path):
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    tb.record_entries(a, H200, "3.5.0", _rec(V4, dict(CFG, BC=32)), create=_create())
-    tb.record_entries(b, H200, "3.9.0", _rec(V4, dict(CFG, BC=64)), create=_create())
+    tb.record_entries(a, H200, "3.5.0", _rec(V4, dict(CFG, VSPLIT=2)), create=_create())
+    tb.record_entries(b, H200, "3.9.0", _rec(V4, dict(CFG, VSPLIT=4)), create=_create())
     entries, _ = tb.load_tuned_entries([a, b], H200, "3.9.0")
-    assert [e.config["BC"] for e in entries] == [64]  # the running Triton version wins
+    assert [e.config["VSPLIT"] for e in entries] == [4]  # the running Triton version wins
     entries, _ = tb.load_tuned_entries([a, b], "nvidia  h200", "3.4.0")  # names compare loosely
-    assert [e.config["BC"] for e in entries] == [32]  # else the nearest Triton release
-    tb.record_entries(b, H200, "3.5.0", _rec(V4, dict(CFG, BC=16)), create=_create())
+    assert [e.config["VSPLIT"] for e in entries] == [2]  # else the nearest Triton release
+    tb.record_entries(b, H200, "3.5.0", _rec(V4, dict(CFG, VSPLIT=1)), create=_create())
     entries, _ = tb.load_tuned_entries([a, b], H200, "3.5.0")
-    assert [e.config["BC"] for e in entries] == [32]  # equal rank: the earlier file
+    assert [e.config["VSPLIT"] for e in entries] == [2]  # equal rank: the earlier file
     # a malformed entry is skipped with a note, its neighbours still load
     data = yaml.safe_load(b.read_text())
     data["kernels"]["NVIDIA H200 | triton 3.9.0"]["tree_verify/H16-HV32-K128-V128/B1/N16"] = {"config": {"BC": "x"}}

@@ -142,6 +142,9 @@ def tree_commit(
 
     cfg = launch_config("tree_commit", {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "L": n_layers}, config)
     bv = min(cfg["BV"], triton.next_power_of_2(vdim))
+    dp = cfg["DP"]
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 16 or dp & (dp - 1):
+        raise InputError(f"config: DP must be a power of two >= 16 (path nodes a pass), got {dp!r}")
     if layered:
         lstr = (state.stride(0), k.stride(0), u.stride(0), log_p.stride(0))
         st, kk, uu, ll = state[0], k[0], u[0], log_p[0]
@@ -156,7 +159,7 @@ def tree_commit(
         lstr[1], kk.stride(0), kk.stride(1),
         lstr[2], uu.stride(0), uu.stride(1),
         lstr[3], ll.stride(0),
-        GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim), BV=bv, DP=cfg["DP"],
+        GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim), BV=bv, DP=dp,
         USE_L2NORM=use_qk_l2norm,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

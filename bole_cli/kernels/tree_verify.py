@@ -342,8 +342,9 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         per_part, parts = value_split(vdim, bv, cfg["VSPLIT"])
         tp = max(16, triton.next_power_of_2(max_nodes))
         # 16-bit Gram operands: not under the interpreter, whose 16-bit dots are not exact
+        # (and 16-bit dots need a 16-wide inner dimension)
         gram16 = bool(cfg["GRAM16"]) and q.dtype == k.dtype and q.dtype in (torch.bfloat16, torch.float16) \
-            and not interpreting()
+            and bk >= 16 and not interpreting()
         tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part, GRAM16=gram16, **common)
     else:
         _tree_verify_kernel[(bsz, hv, triton.cdiv(vdim, bv))](*args, BC=cfg["BC"], NW=NW, **common)

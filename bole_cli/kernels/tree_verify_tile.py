@@ -143,6 +143,19 @@ def tree_verify_tile_kernel(
         tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty), mask=tile)
     if part == 0:
         tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)
+    # A broken max_nodes promise (check_trees=False): rows 0..TP-1 are still exact (their
+    # ancestors precede them); the rows beyond get NaN, so the fault cannot pass unseen.
+    for r0 in range(TP, n_nodes, TP):
+        extra = r0 + rows
+        emask = extra < n_nodes
+        offs_p = part * VT + tl.arange(0, VT)
+        nan_tile = tl.full([TP, VT], float("nan"), tl.float32)
+        tile = emask[:, None] & (offs_p < V)[None, :]
+        tl.store(u + (start + extra)[:, None] * s_un + hv * s_uh + offs_p[None, :], nan_tile, mask=tile)
+        tl.store(o + (start + extra)[:, None] * s_on + hv * s_oh + offs_p[None, :],
+                 nan_tile.to(o.dtype.element_ty), mask=tile)
+        if part == 0:
+            tl.store(log_p + (start + extra) * s_ln + hv, tl.full([TP], float("nan"), tl.float32), mask=emask)
 
 
 def value_split(vdim: int, bv: int, vsplit: int) -> tuple[int, int]:

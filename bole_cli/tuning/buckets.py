@@ -126,13 +126,15 @@ def _ldist(a: float, b: float) -> float:
 
 def query_of(kernel: str, shape: Mapping[str, int]) -> tuple[dict[str, int], float, Optional[float]]:
     """(model dims present in the shape, batch, nodes per request or None) of a
-    launch_config shape dict."""
+    launch_config shape dict (a one-tile tree_verify launch: its largest tree, T)."""
     dims = {k: int(shape[k]) for k in MODEL_DIMS[kernel] if k in shape}
     batch = max(int(shape.get("B", 1)), 1)
     if kernel == "tree_commit":
         batch *= max(int(shape.get("L", 1)), 1)
     nodes = None
-    if BY_NODES[kernel] and "N" in shape:
+    if kernel == "tree_verify" and 0 < int(shape.get("T", 0) or 0) <= 64:
+        nodes = float(shape["T"])  # the one-tile kernel's cost follows the padded tree, not the mean
+    elif BY_NODES[kernel] and "N" in shape:
         nodes = max(float(shape["N"]) / max(int(shape.get("B", 1)), 1), 1.0)
     return dims, float(batch), nodes
 

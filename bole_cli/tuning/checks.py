@@ -3,9 +3,11 @@ the float64 references before it may be timed. A wrong config is rejected, one t
 not compile (or needs more shared memory than the GPU has) is skipped; neither is fatal.
 
 The case keeps the model's head counts and dims (so the compiled kernel is the one the
-timing then reuses) but few nodes: four requests of 80, 17, 1 and 40 nodes, mixing tree
-shapes (chains deeper than every node chunk, wide trees, several roots), so every BC and
-every product-form depth is exercised. Tolerances: 2e-3 relative (float32 activations),
+timing then reuses) but few nodes: four requests mixing tree shapes (chains deeper than
+every node chunk, wide trees, several roots). tree_verify's one-tile configs are checked on
+trees no larger than their bucket's (the same TP as the timed launches), its blocked
+configs on a 130-node tree (several chunks, ancestor words past the first); the other
+kernels on 80, 17, 1 and 40 nodes. Tolerances: 2e-3 relative (float32 activations),
 1e-2 (bfloat16/float16 activations, the reference computed from the same rounded inputs).
 """
 
@@ -17,7 +19,23 @@ from typing import Any, Mapping, Optional
 
 from bole_cli.errors import BoleError, InputError
 
-CHECK_SIZES = (64, 17, 1, 40)  # <= 64: one-tile and blocked tree_verify configs both apply
+CHECK_SIZES = (80, 17, 1, 40)
+
+
+def check_sizes(kernel: str, config: Mapping[str, int], nodes: Optional[int] = None) -> tuple[int, ...]:
+    """Tree sizes of the correctness case for `kernel` with `config` (see the docstring);
+    nodes: the bucket's tree size (one-tile tree_verify: the largest tree of the case)."""
+    if kernel != "tree_verify":
+        return CHECK_SIZES
+    if is_blocked_config(config):
+        return (130, 17, 1, 40)
+    n = min(int(nodes or 64), 64)
+    return (n, max(1, n // 3), 1, max(1, n - 1))
+
+
+def is_blocked_config(config: Mapping[str, int]) -> bool:
+    """A tree_verify config for the blocked kernel (it names BC and not VSPLIT)."""
+    return "BC" in config and "VSPLIT" not in config
 
 
 @dataclass
@@ -50,7 +68,7 @@ def rel_err(got, want) -> float:
 def verify_path_kwargs(config: Mapping[str, int], max_nodes: int) -> dict:
     """tree_verify arguments that send a launch down the kernel the config is for: a
     one-tile config (VSPLIT) gets the tree-size promise, a blocked one (BC) withholds it."""
-    if "BC" in config and "VSPLIT" not in config:
+    if is_blocked_config(config):
         return {"check_trees": False}
     return {"check_trees": False, "max_nodes": int(max_nodes)}
 

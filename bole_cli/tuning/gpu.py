@@ -25,7 +25,8 @@ from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 from bole_cli.tuning.buckets import Bucket
-from bole_cli.tuning.checks import Verdict, build_check_case, run_check, tolerance, verify_path_kwargs
+from bole_cli.tuning.checks import (Verdict, build_check_case, check_sizes, run_check, tolerance,
+                                    verify_path_kwargs)
 
 
 def cuda_layer_inputs(torch, dims: dict, batch: int, nodes: int, seed: int, act_dtype, state_dtype):
@@ -150,11 +151,12 @@ class GpuEvaluator:
         self._sets, self._outs = sets, outs
 
     def check(self, bucket: Bucket, config: dict) -> Verdict:
-        key = (bucket.kernel, bucket.model)
+        sizes = check_sizes(bucket.kernel, config, bucket.nodes)
+        key = (bucket.kernel, bucket.model, sizes)
         case = self._cases.get(key)
         if case is None:
             case = self._cases[key] = build_check_case(bucket.kernel, bucket.dims, self.device,
-                                                       act_dtype=self.act, seed=self.seed)
+                                                       act_dtype=self.act, seed=self.seed, sizes=sizes)
         return run_check(bucket.kernel, case, config, kernels_mod=self.kernels, tol=self.tol)
 
     def closures(self, bucket: Bucket, config: dict) -> list[Callable[[], Any]]:
@@ -220,12 +222,13 @@ def dry_run_checks(kernels_and_configs: list[tuple[str, dict]], *, device: Any =
     tiny = tiny or {"tree_verify": {"H": 1, "HV": 2, "K": 32, "V": 32},
                     "tree_commit": {"H": 1, "HV": 2, "K": 32, "V": 32},
                     "tree_conv": {"D": 128, "W": 4}}
-    cases: dict[str, dict] = {}
+    cases: dict[tuple, dict] = {}
     out = []
     for kernel, cfg in kernels_and_configs:
-        if kernel not in cases:
-            cases[kernel] = build_check_case(kernel, tiny[kernel], device, act_dtype=torch.float32, seed=seed,
-                                             sizes=(70, 9, 1, 30))
-        v = run_check(kernel, cases[kernel], cfg)
+        sizes = check_sizes(kernel, cfg, 40)  # small: the interpreter is slow
+        if (kernel, sizes) not in cases:
+            cases[(kernel, sizes)] = build_check_case(kernel, tiny[kernel], device, act_dtype=torch.float32,
+                                                      seed=seed, sizes=sizes)
+        v = run_check(kernel, cases[(kernel, sizes)], cfg)
         out.append({"kernel": kernel, "config": dict(cfg), "shape": dict(tiny[kernel]), **v.to_dict()})
     return out

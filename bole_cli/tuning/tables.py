@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from bole_cli.errors import InputError
+from bole_cli.tuning.checks import is_blocked_config
 from bole_cli.tuning.buckets import Bucket, nearest_bucket, parse_bucket_key
 from bole_cli.tuning.space import TUNED_KEYS
 
@@ -104,6 +105,12 @@ def _parse_entry(bucket_key: str, value: Any, where: str) -> TunedEntry:
     bad = [k for k, v in cfg.items() if k not in allowed or isinstance(v, bool) or not isinstance(v, int) or v < 1]
     if bad or not cfg:
         raise InputError(f"{where}.config: expected positive integers for {sorted(allowed)}, got {cfg}")
+    if bucket.kernel == "tree_verify":  # a config tuned for the other kernel (an older table)
+        blocked_bucket = int(bucket.nodes or 0) > 64
+        if is_blocked_config(cfg) != blocked_bucket:
+            raise InputError(f"{where}: a {'one-tile' if blocked_bucket else 'blocked'}-kernel config "
+                             f"{cfg} for a {'> 64' if blocked_bucket else '<= 64'}-node bucket "
+                             f"(tuned before tree_verify had two kernels?): rerun bole tune-kernels")
     is_default = value.get("default", False)
     if not isinstance(is_default, bool):
         raise InputError(f"{where}.default: expected true or false")
