@@ -313,3 +313,48 @@ def test_three_decoders_greedy_on_cuda_with_graphs():
     assert bole == snap and acc_b == acc_s
     for b in range(2):
         assert bole[b] == ar[b][: len(bole[b])]
+
+
+def test_e2e_tables_fit_an_80_column_terminal():
+    """Narrow terminals get two tables (throughput; per-step costs and memory) that fit
+    without truncated cells; wide ones get a single table."""
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from bole_cli.bench.e2e import tables
+
+    data = json.loads((Path(__file__).parent.parent / "bench/results/e2e-h200-qwen3.5-9b.json").read_text())
+    console = Console(width=80, record=True)
+    narrow = tables(data, 80)
+    for t in narrow:
+        console.print(t)
+    text = console.export_text()
+    assert len(narrow) == 2 and "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "2313" in text and "30.2 MiB" in text
+    assert len(tables(data, 200)) == 1
+
+
+def test_kernel_bench_tables_fit_an_80_column_terminal():
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from bole_cli.bench.kernel_bench import KernelCase
+    from bole_cli.commands.bench import _tables
+
+    data = json.loads((Path(__file__).parent.parent / "bench/results/kernels-h200-qwen3.5-9b.json").read_text())
+    fields = set(KernelCase.__dataclass_fields__)
+    cases = [KernelCase(**{k: v for k, v in c.items() if k in fields}) for c in data["cases"]]
+    result = SimpleNamespace(model=data["model"], device=data["device"],
+                             copy_bandwidth=data["copy_bandwidth_tb_s"] * 1e12, cases=cases)
+    console = Console(width=80, record=True)
+    for t in _tables(result, 80):
+        console.print(t)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    assert "1170.5" in text and "24.1 MiB" in text
+    assert len(_tables(result, 200)) == 1

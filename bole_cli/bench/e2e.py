@@ -910,36 +910,63 @@ def _fmt_max(entry: Optional[dict]) -> str:
     return str(m) if entry.get("exact") else f"{m} (< {entry['fails_at']})"
 
 
-def table(data: dict):
-    """decoder x batch: tokens/s, speedup over AR, accepted tokens (measured, expected),
-    budget, per-step split (ms), peak transient memory, verify state buffers, max batch."""
+SHORT_LABELS = {"ar": "AR", "snapshot": "snapshot", "bole": "Bole"}
+WIDE_COLUMNS = 150  # the one-table layout needs about this many terminal columns
+
+_CAPTION = ("acc. = committed tokens per request and step (bonus included), exp. = the acceptance "
+            "model's expectation, N = tree tokens verified per step (whole batch), peak = transient "
+            "memory of one step (measured), state = snapshot buffer or Bole's factors, max B = largest "
+            "batch that fits")
+_THROUGHPUT = ("tok/s", "vs AR", "acc.", "exp.", "N")
+_COSTS = ("draft", "verify", "sample", "commit", "step", "peak", "state")
+
+
+def _cells(data: dict, r: dict) -> dict:
+    """One result row as {column: text}."""
+    mb = _fmt_max(data["max_batch"].get(r["decoder"]))
+    if r["error"]:
+        blank = {c: "-" for c in _THROUGHPUT + _COSTS}
+        return {**blank, "tok/s": "OOM" if r["error"] == "out of memory" else "error", "max B": mb}
+    ph = r["phase_ms"]
+    return {"tok/s": f"{r['tok_s']:.0f}",
+            "vs AR": f"{r['speedup_vs_ar']:.2f}x" if r["speedup_vs_ar"] else "-",
+            "acc.": f"{r['mean_accepted']:.2f}", "exp.": f"{r['expected_accepted']:.2f}",
+            "N": str(r["budget"]) if r["budget"] else "-",
+            **{p: f"{ph[p]:.2f}" for p in PHASES}, "step": f"{r['step_ms']:.2f}",
+            "peak": _fmt_bytes(r["peak_transient_bytes"]), "state": _fmt_bytes(r["verify_state_bytes"]),
+            "max B": mb}
+
+
+def _one_table(data: dict, title: str, cols: tuple, caption: Optional[str], labels: dict, narrow=False):
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=f"bole bench e2e: {data['model']} on {data['device']}, context {data['context']}, "
-                    f"depth {data['draft']['depth']}, top-k {data['draft']['topk']} (times: ms per step)\n"
-                    f"{data['statement']}", title_justify="left")
-    cols = ("decoder", "batch", "tok/s", "vs AR", "acc.", "exp.", "N", "draft", "verify", "sample",
-            "commit", "step", "peak", "state", "max B")
-    for c in cols:
-        t.add_column(c, justify="left" if c == "decoder" else "right")
+    t = Table(title=title, title_justify="left", caption=caption, box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD,
+              pad_edge=not narrow)
+    for c in ("decoder", "B" if narrow else "batch") + cols:
+        t.add_column(c, justify="left" if c == "decoder" else "right", no_wrap=True)
     for r in data["results"]:
-        mb = _fmt_max(data["max_batch"].get(r["decoder"]))
-        if r["error"]:
-            t.add_row(LABELS[r["decoder"]], str(r["batch"]), "OOM" if r["error"] == "out of memory" else "error",
-                      *["-"] * (len(cols) - 4), mb)
-            continue
-        ph = r["phase_ms"]
-        t.add_row(LABELS[r["decoder"]], str(r["batch"]), f"{r['tok_s']:.0f}",
-                  f"{r['speedup_vs_ar']:.2f}x" if r["speedup_vs_ar"] else "-",
-                  f"{r['mean_accepted']:.2f}", f"{r['expected_accepted']:.2f}",
-                  str(r["budget"]) if r["budget"] else "-",
-                  *(f"{ph[p]:.2f}" for p in PHASES), f"{r['step_ms']:.2f}",
-                  _fmt_bytes(r["peak_transient_bytes"]), _fmt_bytes(r["verify_state_bytes"]), mb)
-    t.caption = ("acc. = committed tokens per request and step (bonus included), exp. = the acceptance "
-                 "model's expectation, N = tree tokens verified per step (whole batch), peak = transient "
-                 "memory of one step (measured), state = snapshot buffer or Bole's factors, max B = largest "
-                 "batch that fits")
+        cells = _cells(data, r)
+        t.add_row(labels[r["decoder"]], str(r["batch"]), *(cells[c] for c in cols))
     return t
+
+
+def tables(data: dict, width: int = WIDE_COLUMNS) -> list:
+    """decoder x batch: tokens/s, speedup over AR, accepted tokens (measured, expected),
+    budget, per-step split (ms), peak transient memory, verify state buffers, max batch. One
+    table when the terminal is wide enough, else throughput and costs as two."""
+    title = (f"bole bench e2e: {data['model']} on {data['device']}, context {data['context']}, "
+             f"depth {data['draft']['depth']}, top-k {data['draft']['topk']}\n{data['statement']}")
+    if width >= WIDE_COLUMNS:
+        return [_one_table(data, title + " (times: ms per step)", _THROUGHPUT + _COSTS + ("max B",), _CAPTION,
+                           LABELS)]
+    return [_one_table(data, title, _THROUGHPUT + ("max B",), None, LABELS, narrow=True),
+            _one_table(data, "per step: ms, and memory", _COSTS, _CAPTION, SHORT_LABELS, narrow=True)]
+
+
+def table(data: dict):
+    """The one-table layout (see `tables`)."""
+    return tables(data)[0]
 
 
 def notes(data: dict) -> list[str]:

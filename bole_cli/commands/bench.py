@@ -39,26 +39,46 @@ def _write_results(data: dict, plot, out_dir: Path, stem: str) -> Path:
     return json_path
 
 
-def _table(result):
-    from rich.table import Table
+KERNEL_TIMES = ("SGLang us", "Bole us", "verify us", "commit us", "speedup")
+KERNEL_BYTES = ("floor us", "% floor", "snapshots", "factors", "o diff")
+WIDE_COLUMNS = 140  # the one-table layout needs about this many terminal columns
 
-    t = Table(title=f"One GDN layer, {result.model} shape, {result.device} "
-                    f"(copy bandwidth {result.copy_bandwidth / 1e12:.2f} TB/s)", title_justify="left")
-    for col in ("tree", "batch", "nodes", "SGLang us", "Bole us", "verify us", "commit us", "speedup",
-                "floor us", "% floor", "snapshots", "factors", "rel.diff o"):
-        t.add_column(col, justify="right" if col not in ("tree",) else "left")
+
+def _kernel_cells(c) -> dict:
     from bole_cli.memory import format_bytes
 
-    for c in result.cases:
-        d = c.to_dict()
-        t.add_row(c.tree, str(c.batch), str(c.nodes),
-                  f"{c.sglang_us:.1f}" if c.sglang_us else "-", f"{c.bole_us:.1f}",
-                  f"{c.bole_verify_us:.1f}", f"{c.bole_commit_us:.1f}",
-                  f"{c.speedup:.1f}x" if c.speedup else "-", f"{c.floor_us:.1f}",
-                  f"{d['pct_of_floor']:.0f}%", format_bytes(c.sglang_transient_bytes),
-                  format_bytes(c.bole_transient_bytes),
-                  f"{c.max_rel_diff_o:.1e}" if c.max_rel_diff_o is not None else "-")
-    return t
+    d = c.to_dict()
+    return {"SGLang us": f"{c.sglang_us:.1f}" if c.sglang_us else "-", "Bole us": f"{c.bole_us:.1f}",
+            "verify us": f"{c.bole_verify_us:.1f}", "commit us": f"{c.bole_commit_us:.1f}",
+            "speedup": f"{c.speedup:.1f}x" if c.speedup else "-", "floor us": f"{c.floor_us:.1f}",
+            "% floor": f"{d['pct_of_floor']:.0f}%", "snapshots": format_bytes(c.sglang_transient_bytes),
+            "factors": format_bytes(c.bole_transient_bytes),
+            "o diff": f"{c.max_rel_diff_o:.1e}" if c.max_rel_diff_o is not None else "-"}
+
+
+def _tables(result, width: int = WIDE_COLUMNS) -> list:
+    """Times, floor, transient bytes and agreement per case: one table on a wide terminal,
+    else times and the rest as two that fit."""
+    from rich import box
+    from rich.table import Table
+
+    title = (f"One GDN layer, {result.model} shape, {result.device} "
+             f"(copy bandwidth {result.copy_bandwidth / 1e12:.2f} TB/s)")
+    narrow = width < WIDE_COLUMNS
+    groups = [KERNEL_TIMES, KERNEL_BYTES] if narrow else [KERNEL_TIMES + KERNEL_BYTES]
+    out = []
+    for i, cols in enumerate(groups):
+        t = Table(title=title if i == 0 else "floor, transient bytes per layer, o diff = relative difference from SGLang",
+                  title_justify="left", box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD, pad_edge=not narrow)
+        if not narrow:
+            t.caption = "o diff = relative difference of o from SGLang's; floor = bytes / copy bandwidth"
+        for col in ("tree", "batch", "nodes") + cols:
+            t.add_column(col, justify="left" if col == "tree" else "right", no_wrap=True)
+        for c in result.cases:
+            cells = _kernel_cells(c)
+            t.add_row(c.tree, str(c.batch), str(c.nodes), *(cells[k] for k in cols))
+        out.append(t)
+    return out
 
 
 def _plot(result, path: Path) -> None:
@@ -142,7 +162,8 @@ def kernels_cmd(
     if json_out:
         emit_json(data)
         return
-    out.print(_table(result))
+    for t in _tables(result, out.width):
+        out.print(t)
     for c in result.commits:
         sg = f", SGLang copy-back {c.sglang_copy_us:.0f} us" if c.sglang_copy_us else ""
         out.print(f"commit of all {c.layers} GDN layers at batch {c.batch}: Bole {c.bole_us:.0f} us in one launch, "
@@ -222,7 +243,7 @@ def e2e_cmd(
     if device == "cuda" and not torch.cuda.is_available():
         raise BoleError("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
                         "for a smoke run use --device cpu --tiny")
-    from bole_cli.bench.e2e import E2EConfig, notes, plot, run_e2e, table
+    from bole_cli.bench.e2e import E2EConfig, notes, plot, run_e2e, tables
 
     if spec is None:
         from bole_cli.runtime import tiny_spec
@@ -241,7 +262,8 @@ def e2e_cmd(
     if json_out:
         emit_json(data)
         return
-    out.print(table(data))
+    for t in tables(data, out.width):
+        out.print(t)
     for line in notes(data):
         out.print(line, markup=False)
     out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
