@@ -31,7 +31,7 @@ import triton.language as tl
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.jit_math import softplus
+from bole_cli.kernels.jit_math import request_span, softplus
 from bole_cli.kernels.reference import VerifyResult
 from bole_cli.kernels.tree_verify_tile import MAX_TILE_NODES, tree_verify_tile_kernel, value_split
 from bole_cli.kernels.validate import (
@@ -91,9 +91,7 @@ def _tree_verify_kernel(
     hv = tl.program_id(1)
     iv = tl.program_id(2)
     h = hv // GROUP
-    start = tl.load(cu + b).to(tl.int64)
-    n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)
-    slot = tl.load(state_idx + b).to(tl.int64)
+    start, n_nodes, slot = request_span(cu, state_idx, b)
 
     offs_k = tl.arange(0, KP)
     kmask = offs_k < K

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import softplus
+from bole_cli.kernels.jit_math import request_span, softplus
 
 MAX_TILE_NODES = 64  # the largest tree this kernel takes (T x T fp32 factors in registers)
 
@@ -45,9 +45,7 @@ def tree_verify_tile_kernel(
     hv = tl.program_id(1)
     part = tl.program_id(2)
     h = hv // GROUP
-    start = tl.load(cu + b).to(tl.int64)
-    n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)
-    slot = tl.load(state_idx + b).to(tl.int64)
+    start, n_nodes, slot = request_span(cu, state_idx, b)
 
     rows = tl.arange(0, TP)
     rmask = rows < n_nodes
