@@ -964,11 +964,6 @@ def tables(data: dict, width: int = WIDE_COLUMNS) -> list:
             _one_table(data, "per step: ms, and memory", _COSTS, _CAPTION, SHORT_LABELS, narrow=True)]
 
 
-def table(data: dict):
-    """The one-table layout (see `tables`)."""
-    return tables(data)[0]
-
-
 def notes(data: dict) -> list[str]:
     out = [f"snapshot tree verify: {data['snapshot_engine']['description']}"]
     budgets = {}

@@ -52,10 +52,13 @@ def _load_tables_once() -> None:
         print(f"bole: note: tuned kernel tables not loaded ({exc})", file=sys.stderr)
 
 
+MAX_TILE_NODES = 64  # tree_verify's one-tile kernel: [T, T] float32 factors in registers
+
+
 def is_tile_launch(shape: dict) -> bool:
     """True when tree_verify takes the one-tile kernel: the largest tree ("T") is known and
-    at most 64 nodes (tree_verify_tile.MAX_TILE_NODES)."""
-    return 0 < int(shape.get("T", 0) or 0) <= 64
+    at most MAX_TILE_NODES."""
+    return 0 < int(shape.get("T", 0) or 0) <= MAX_TILE_NODES
 
 
 def _verify_rule(shape: dict) -> dict:

@@ -4,9 +4,9 @@
 
 computed in place on the state pool from the verify's factors (k, u, log_p), walking
 only the accepted path: DP path nodes at a time are found from `parents` alone, then their
-k, u and log_p rows are loaded together and added with one float32 dot. One program per (layer x request, value head, value tile): with a
-leading layer dimension every GDN layer of the model commits in ONE launch. accepted = -1
-leaves the request's slot untouched.
+k, u and log_p rows are loaded together and added with one float32 dot. One program per
+(layer x request, value head, value tile): with a leading layer dimension every GDN layer
+of the model commits in ONE launch. accepted = -1 leaves the request's slot untouched.
 """
 
 from __future__ import annotations

@@ -30,10 +30,10 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
-from bole_cli.kernels.configs import launch_config
+from bole_cli.kernels.configs import is_tile_launch, launch_config
 from bole_cli.kernels.jit_math import request_span, softplus
 from bole_cli.kernels.reference import VerifyResult
-from bole_cli.kernels.tree_verify_tile import MAX_TILE_NODES, tree_verify_tile_kernel, value_split
+from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
     MAX_TREE_NODES,
@@ -315,8 +315,10 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     if n == 0 or bsz == 0:
         return VerifyResult(o, u, log_p)
 
-    tile = max_nodes is not None and max_nodes <= MAX_TILE_NODES
-    shape = {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "N": n, "T": max_nodes if tile else 0}
+    shape = {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "N": n, "T": max_nodes or 0}
+    tile = is_tile_launch(shape)
+    if not tile:
+        shape["T"] = 0  # the blocked kernel: its rule and tuned buckets go by the mean tree
     cfg = launch_config("tree_verify", shape, config)
     # tf32 dots are well inside bf16/fp16 activations' noise; float32 activations get tf32x3
     # (three tf32 products, about float32's accuracy).

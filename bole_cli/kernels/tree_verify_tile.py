@@ -29,8 +29,6 @@ import triton.language as tl
 
 from bole_cli.kernels.jit_math import request_span, softplus
 
-MAX_TILE_NODES = 64  # the largest tree this kernel takes (T x T fp32 factors in registers)
-
 
 @triton.jit
 def tree_verify_tile_kernel(

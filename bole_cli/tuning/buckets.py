@@ -127,12 +127,14 @@ def _ldist(a: float, b: float) -> float:
 def query_of(kernel: str, shape: Mapping[str, int]) -> tuple[dict[str, int], float, Optional[float]]:
     """(model dims present in the shape, batch, nodes per request or None) of a
     launch_config shape dict (a one-tile tree_verify launch: its largest tree, T)."""
+    from bole_cli.kernels.configs import is_tile_launch  # here, not at import: bole_cli.kernels loads torch and triton
+
     dims = {k: int(shape[k]) for k in MODEL_DIMS[kernel] if k in shape}
     batch = max(int(shape.get("B", 1)), 1)
     if kernel == "tree_commit":
         batch *= max(int(shape.get("L", 1)), 1)
     nodes = None
-    if kernel == "tree_verify" and 0 < int(shape.get("T", 0) or 0) <= 64:
+    if kernel == "tree_verify" and is_tile_launch(shape):
         nodes = float(shape["T"])  # the one-tile kernel's cost follows the padded tree, not the mean
     elif BY_NODES[kernel] and "N" in shape:
         nodes = max(float(shape["N"]) / max(int(shape.get("B", 1)), 1), 1.0)
@@ -158,10 +160,10 @@ def _model_candidates(kernel: str, buckets: Sequence[Bucket], dims: Mapping[str,
 
 def nearest_bucket(buckets: Iterable[Bucket], kernel: str, shape: Mapping[str, int]) -> Optional[Bucket]:
     """The bucket whose tuned config applies to a launch of `kernel` at `shape`, or None."""
+    from bole_cli.kernels.configs import is_tile_launch  # here, not at import: bole_cli.kernels loads torch and triton
+
     pool = [b for b in buckets if b.kernel == kernel]
     if kernel == "tree_verify":  # a config only applies to the kernel (one-tile or blocked) it was tuned on
-        from bole_cli.kernels.configs import is_tile_launch
-
         tile = is_tile_launch(shape)
         pool = [b for b in pool if is_tile_launch(b.launch_shape()) == tile]
     if not pool:

@@ -25,11 +25,13 @@ CHECK_SIZES = (80, 17, 1, 40)
 def check_sizes(kernel: str, config: Mapping[str, int], nodes: Optional[int] = None) -> tuple[int, ...]:
     """Tree sizes of the correctness case for `kernel` with `config` (see the docstring);
     nodes: the bucket's tree size (one-tile tree_verify: the largest tree of the case)."""
+    from bole_cli.kernels.configs import MAX_TILE_NODES  # here, not at import: bole_cli.kernels loads torch and triton
+
     if kernel != "tree_verify":
         return CHECK_SIZES
     if is_blocked_config(config):
         return (130, 17, 1, 40)
-    n = min(int(nodes or 64), 64)
+    n = min(int(nodes or MAX_TILE_NODES), MAX_TILE_NODES)
     return (n, max(1, n // 3), 1, max(1, n - 1))
 
 

@@ -409,9 +409,7 @@ def builtin_configs():
 def builtin_default(bucket: Bucket) -> dict:
     """The built-in config for the bucket's shape (launch_config without a resolver),
     restricted to the keys the tuner searches (and the kernel takes)."""
-    from bole_cli.kernels.configs import launch_config
-
-    from bole_cli.kernels.configs import is_tile_launch
+    from bole_cli.kernels.configs import is_tile_launch, launch_config
 
     shape = bucket.launch_shape()
     with builtin_configs():

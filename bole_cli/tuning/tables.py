@@ -106,7 +106,9 @@ def _parse_entry(bucket_key: str, value: Any, where: str) -> TunedEntry:
     if bad or not cfg:
         raise InputError(f"{where}.config: expected positive integers for {sorted(allowed)}, got {cfg}")
     if bucket.kernel == "tree_verify":  # a config tuned for the other kernel (an older table)
-        blocked_bucket = int(bucket.nodes or 0) > 64
+        from bole_cli.kernels.configs import is_tile_launch  # not at import: it loads torch/triton
+
+        blocked_bucket = not is_tile_launch(bucket.launch_shape())
         if is_blocked_config(cfg) != blocked_bucket:
             raise InputError(f"{where}: a {'one-tile' if blocked_bucket else 'blocked'}-kernel config "
                              f"{cfg} for a {'> 64' if blocked_bucket else '<= 64'}-node bucket "
