@@ -356,5 +356,6 @@ def test_kernel_bench_tables_fit_an_80_column_terminal():
         console.print(t)
     text = console.export_text()
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
-    assert "1170.5" in text and "24.1 MiB" in text
+    b16 = next(c for c in cases if (c.tree, c.batch, c.nodes) == ("random", 16, 64))
+    assert f"{b16.sglang_us:.1f}" in text and "24.1 MiB" in text
     assert len(_tables(result, 200)) == 1

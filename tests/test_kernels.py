@@ -280,6 +280,30 @@ def test_empty_request_in_batch(kernel):
         assert rel_err(got, want) <= 1e-5
 
 
+@pytest.mark.parametrize("kernel", ["tile", "blocked"])
+def test_malformed_parent_ends_its_row(kernel):
+    """check_trees=False and a parent that does not precede its child (forward, self or
+    out of range): the kernels must stop (no cycle followed) and treat that node as a root,
+    exactly as the reference does for the repaired tree. Commit follows the same rule."""
+    case, forest = make_case(8, [12, 9], h=1, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="chain")
+    bad = case["parents"].clone()
+    bad[5], bad[8], bad[12 + 4] = 9, 8, -7  # forward, itself, below -1
+    fixed = bad.clone()
+    fixed[5], fixed[8], fixed[12 + 4] = -1, -1, -1
+    extra = {"tile": {"check_trees": False, "max_nodes": 12}, "blocked": {"check_trees": False}}[kernel]
+    res = tree_verify(*args(dict(case, parents=bad)), out=poisoned_out(case), **extra)
+    ref = tree_verify_ref(*args(dict(case, parents=fixed)))
+    for got, want in zip(res, ref):
+        assert rel_err(got, want) <= 1e-5
+    accepted = torch.tensor([11, 8], dtype=torch.int32)  # chains through node 8 / 12 + 4
+    pool = case["state"].clone()
+    tree_commit(pool, case["state_indices"], case["k"], res.u, res.log_p, bad, case["cu_seqlens"], accepted,
+                check_trees=False)
+    want = tree_commit_ref(case["state"], case["state_indices"], case["k"], ref.u, ref.log_p, fixed,
+                           case["cu_seqlens"], accepted)
+    assert rel_err(pool, want) <= 1e-5
+
+
 def test_broken_max_nodes_promise_poisons_the_request():
     """check_trees=False and max_nodes too small: that request's outputs become NaN instead
     of silently holding stale memory; the other requests stay exact."""

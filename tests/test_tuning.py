@@ -504,6 +504,13 @@ def test_budget_hints_and_failed_default(optuna, tmp_path):
     tune_bucket(optuna, _storage(optuna, tmp_path), Bucket("tree_commit", GDN_9B, 16), ev, TuneSettings(trials=3),
                 hints=[hint, {"BV": 999, "num_warps": 8, "num_stages": 1}])
     assert ev.checked[:2] == [ev.default_config(C4), hint]  # out-of-space hints are dropped
+    # the entry a table already holds for a bucket is tried right after the default
+    held = {"BV": 16, "num_warps": 2, "num_stages": 2}
+    ev = FakeEvaluator()
+    b4 = Bucket("tree_commit", GDN_9B, 4)
+    run_tuning(optuna, _storage(optuna, tmp_path / "held"), [b4, Bucket("tree_commit", GDN_9B, 1)], ev,
+               TuneSettings(trials=2), incumbents={b4.key: held})
+    assert ev.checked[:2] == [ev.default_config(b4), held] and ev.checked.count(held) == 1
     ev = FakeEvaluator(wrong=lambda c: c["BV"] == 32)
     results = run_tuning(optuna, _storage(optuna, tmp_path), [Bucket("tree_commit", GDN_9B, 64)], ev,
                          TuneSettings(trials=3))

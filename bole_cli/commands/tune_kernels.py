@@ -221,7 +221,8 @@ def _run(buckets, owners, *, trials, sampler, profile, study_db, fresh, max_minu
     from bole_cli.tuning.gpu import GpuEvaluator
     from bole_cli.tuning.study import (TuneSettings, builtin_configs, default_storage_path, estimate_seconds,
                                        import_optuna, open_storage, run_tuning)
-    from bole_cli.tuning.tables import gpu_key_for, kernels_profile_path, new_kernels_profile, record_entries
+    from bole_cli.tuning.tables import (gpu_key_for, kernels_profile_path, load_tuned_entries,
+                                        new_kernels_profile, record_entries)
 
     optuna = import_optuna()
     device_name = torch.cuda.get_device_name()
@@ -239,6 +240,9 @@ def _run(buckets, owners, *, trials, sampler, profile, study_db, fresh, max_minu
                                  triton_version=triton.__version__,
                                  command=" ".join(["bole"] + sys.argv[1:]))
     saved: list = []
+    held, _ = load_tuned_entries([profile_path], device_name, triton.__version__)
+    incumbents = {e.bucket.key: e.config for e in held
+                  if not e.is_default and e.triton_version == triton.__version__}
 
     def on_result(res):
         if not res.failed:
@@ -266,7 +270,8 @@ def _run(buckets, owners, *, trials, sampler, profile, study_db, fresh, max_minu
                 on_result(res)
 
             results = run_tuning(optuna, storage, buckets, evaluator, settings, owners=owners, fresh=fresh,
-                                 budget_s=budget_s, on_trial=on_trial, on_result=on_bucket)
+                                 budget_s=budget_s, on_trial=on_trial, on_result=on_bucket,
+                                 incumbents=incumbents)
     except KeyboardInterrupt:
         err.print(escape(f"interrupted: {len(saved)} of {len(buckets)} buckets saved to {profile_path}; "
                          "run the same command again to resume"), soft_wrap=True)

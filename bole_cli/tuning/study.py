@@ -286,8 +286,8 @@ def tune_bucket(optuna, storage, bucket: Bucket, evaluator: Evaluator, settings:
                 models: Sequence[str] = ()) -> BucketResult:
     """Search one bucket; returns what should be stored for it.
 
-    hints: configs worth trying early (winners of neighbouring buckets), enqueued after
-    the default. deadline: time.monotonic() value after which no new trial starts (the
+    hints: configs worth trying early (the entry the table already holds for this bucket,
+    winners of neighbouring buckets), enqueued after the default in a new study. deadline: time.monotonic() value after which no new trial starts (the
     default is always evaluated). on_trial(bucket, info) after every trial.
     """
     from optuna.trial import TrialState
@@ -367,9 +367,12 @@ def tune_bucket(optuna, storage, bucket: Bucket, evaluator: Evaluator, settings:
 
 def run_tuning(optuna, storage, buckets: Sequence[Bucket], evaluator: Evaluator, settings: TuneSettings, *,
                owners: Optional[Mapping] = None, fresh: bool = False, budget_s: Optional[float] = None,
-               on_trial=None, on_result: Optional[Callable[[BucketResult], None]] = None) -> list[BucketResult]:
+               on_trial=None, on_result: Optional[Callable[[BucketResult], None]] = None,
+               incumbents: Optional[Mapping[str, dict]] = None) -> list[BucketResult]:
     """Tune every bucket in order. With budget_s, each bucket gets an equal share of the
-    time left (so a budget spreads over all buckets rather than starving the last)."""
+    time left (so a budget spreads over all buckets rather than starving the last).
+    incumbents: bucket key -> the config the table holds now; tried first, so a retune
+    (e.g. after a kernel change) cannot lose a good entry just because the sampler missed it."""
     results: list[BucketResult] = []
     winners: dict[tuple, list[dict]] = {}
     start = time.monotonic()
@@ -379,8 +382,10 @@ def run_tuning(optuna, storage, buckets: Sequence[Bucket], evaluator: Evaluator,
             left = budget_s - (time.monotonic() - start)
             deadline = time.monotonic() + max(left, 0.0) / (len(buckets) - i)
         group = (bucket.kernel, bucket.model)
+        incumbent = (incumbents or {}).get(bucket.key)
+        hints = ([incumbent] if incumbent else []) + winners.get(group, [])[-2:]
         res = tune_bucket(optuna, storage, bucket, evaluator, settings, fresh=fresh,
-                          hints=winners.get(group, [])[-2:], deadline=deadline, on_trial=on_trial,
+                          hints=hints, deadline=deadline, on_trial=on_trial,
                           models=(owners or {}).get(group, []))
         if res.best_trial_config and res.best_trial_config not in winners.setdefault(group, []):
             winners[group].append(res.best_trial_config)
