@@ -280,6 +280,20 @@ def test_empty_request_in_batch(kernel):
         assert rel_err(got, want) <= 1e-5
 
 
+@pytest.mark.parametrize("kernel,size,bc", [("tile", 64, None), ("tile", 40, None), ("tile", 9, None),
+                                            ("tile", 5, None), ("blocked", 100, 32), ("blocked", 70, 16),
+                                            ("blocked", 9, 16)])
+def test_deep_chains_with_correlated_keys(kernel, size, bc):
+    """Consecutive keys with cosine ~0.9 and beta 1: I + G stays well conditioned, but G's
+    powers grow like path counts. float32 must still reach 1e-5 (the product form alone was
+    off by 1e5 on 64-node chains; a solve one power short is off by ~0.3 on 5-9 nodes)."""
+    case, forest = make_case(4, [size], h=1, group=1, kdim=32, vdim=16, decay=(-0.01, -1e-4), shape="chain")
+    k = case["k"]
+    k[:] = 0.8 * k[0] / k[0].norm() * 5.6 + 0.2 * k
+    case["beta"][:] = 1.0
+    check_verify_and_commit(case, forest, 1e-5, config={"BC": bc} if bc else None, kernel=kernel)
+
+
 @pytest.mark.parametrize("kernel", ["tile", "blocked"])
 def test_malformed_parent_ends_its_row(kernel):
     """check_trees=False and a parent that does not precede its child (forward, self or
@@ -295,7 +309,7 @@ def test_malformed_parent_ends_its_row(kernel):
     ref = tree_verify_ref(*args(dict(case, parents=fixed)))
     for got, want in zip(res, ref):
         assert rel_err(got, want) <= 1e-5
-    accepted = torch.tensor([11, 8], dtype=torch.int32)  # chains through node 8 / 12 + 4
+    accepted = torch.tensor([7, 8], dtype=torch.int32)  # paths reach the forward (5) / negative (12 + 4) parent
     pool = case["state"].clone()
     tree_commit(pool, case["state_indices"], case["k"], res.u, res.log_p, bad, case["cu_seqlens"], accepted,
                 check_trees=False)
@@ -345,6 +359,20 @@ def test_more_than_256_nodes_is_refused():
 def test_gpu_real_shapes(dtype, tol, group, sizes):
     case, forest = make_case(123, sizes, h=16, group=group, kdim=128, vdim=128,
                              decay=(-8.0, -1e-4), dtype=dtype, device="cuda")
+    check_verify_and_commit(case, forest, tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("size", [64, 200], ids=["tile", "blocked"])
+def test_gpu_deep_chains_with_correlated_keys(dtype, tol, size):
+    """The CPU suite's hard case (test_deep_chains_with_correlated_keys) at real shapes, on
+    the GPU's dots: the block-merging solve."""
+    case, forest = make_case(7, [size, size], h=16, group=2, kdim=128, vdim=128, decay=(-0.01, -1e-4),
+                             dtype=dtype, device="cuda", shape="chain")
+    k = case["k"].float()
+    case["k"] = (0.8 * k[0] / k[0].norm(dim=-1, keepdim=True) * 11.3 + 0.2 * k).to(dtype)
+    case["beta"][:] = 1.0
     check_verify_and_commit(case, forest, tol)
 
 

@@ -317,6 +317,20 @@ def test_load_priorities_and_bad_entries(tmp_path):
     assert [e.bucket for e in entries] == [V4] and "not valid YAML" in notes[0]
 
 
+def test_held_configs_are_the_entries_in_force(tmp_path):
+    """What a retune tries first: per bucket the entry the lookup would use, from any file or
+    Triton version, but not where the built-in config won."""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    c4 = Bucket("tree_commit", GDN_9B, 4)
+    tb.record_entries(a, H200, "3.5.0", _rec(V4, dict(CFG, VSPLIT=2)), create=_create())
+    tb.record_entries(b, H200, "3.9.0", _rec(V4, dict(CFG, VSPLIT=4)), create=_create())
+    tb.record_entries(b, H200, "3.9.0", _rec(c4, {"BV": 16, "num_warps": 2, "num_stages": 1}, default=True),
+                      create=_create())
+    assert tb.held_configs([a, b], H200, "3.9.0") == {V4.key: dict(CFG, VSPLIT=4)}
+    assert tb.held_configs([a], H200, "3.9.0") == {V4.key: dict(CFG, VSPLIT=2)}
+    assert tb.held_configs([tmp_path / "missing.yaml"], H200, "3.9.0") == {}
+
+
 def test_install_tuned_tables(tmp_path, capsys, monkeypatch):
     from bole_cli.kernels import configs
 
@@ -472,6 +486,22 @@ def test_resume_after_interruption(optuna, tmp_path):
     ev3 = FakeEvaluator()
     tune_bucket(optuna, storage, C4, ev3, TuneSettings(trials=3), fresh=True)
     assert ev3.checked[0] == ev.default_config(C4) and len(ev3.checked) == 3
+
+
+def test_a_kernel_change_starts_new_studies(optuna, tmp_path, monkeypatch):
+    """Studies are keyed by the kernel's source: timings of an older kernel are never reused."""
+    from bole_cli.tuning import study as study_mod
+
+    storage = _storage(optuna, tmp_path)
+    study_mod.tune_bucket(optuna, storage, C4, FakeEvaluator(), study_mod.TuneSettings(trials=3))
+    ev = FakeEvaluator()
+    study_mod.tune_bucket(optuna, storage, C4, ev, study_mod.TuneSettings(trials=3))
+    assert ev.checked == []  # same source: resumed, nothing re-evaluated
+    assert study_mod.kernel_fingerprint("tree_commit") != study_mod.kernel_fingerprint("tree_verify")
+    monkeypatch.setattr(study_mod, "kernel_fingerprint", lambda kernel: "0badcafe")
+    ev = FakeEvaluator()
+    study_mod.tune_bucket(optuna, storage, C4, ev, study_mod.TuneSettings(trials=3))
+    assert ev.checked[0] == ev.default_config(C4) and len(ev.checked) == 3
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])

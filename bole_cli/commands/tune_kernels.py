@@ -221,8 +221,8 @@ def _run(buckets, owners, *, trials, sampler, profile, study_db, fresh, max_minu
     from bole_cli.tuning.gpu import GpuEvaluator
     from bole_cli.tuning.study import (TuneSettings, builtin_configs, default_storage_path, estimate_seconds,
                                        import_optuna, open_storage, run_tuning)
-    from bole_cli.tuning.tables import (gpu_key_for, kernels_profile_path, load_tuned_entries,
-                                        new_kernels_profile, record_entries)
+    from bole_cli.tuning.tables import (gpu_key_for, held_configs, kernels_profile_path,
+                                        new_kernels_profile, record_entries, table_paths)
 
     optuna = import_optuna()
     device_name = torch.cuda.get_device_name()
@@ -240,9 +240,8 @@ def _run(buckets, owners, *, trials, sampler, profile, study_db, fresh, max_minu
                                  triton_version=triton.__version__,
                                  command=" ".join(["bole"] + sys.argv[1:]))
     saved: list = []
-    held, _ = load_tuned_entries([profile_path], device_name, triton.__version__)
-    incumbents = {e.bucket.key: e.config for e in held
-                  if not e.is_default and e.triton_version == triton.__version__}
+    # the entries in force now (the table written to first, then the lookup's order)
+    incumbents = held_configs([profile_path, *table_paths(device_name)], device_name, triton.__version__)
 
     def on_result(res):
         if not res.failed:

@@ -22,3 +22,27 @@ def request_span(cu, state_idx, b):
     n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)
     slot = tl.load(state_idx + b).to(tl.int64)
     return start, n_nodes, slot
+
+
+# Trees at most this deep invert (I + G) by the product form (I - G)(I + G^2)(I + G^4): at
+# most 3 squarings, and G's powers stay small (paths of <= 8 levels). Deeper trees merge
+# blocks instead (`inverse_by_blocks`): the powers grow like path counts and cancel in float32.
+PRODUCT_FORM_DEPTH = tl.constexpr(8)
+
+
+@triton.jit
+def inverse_by_blocks(gram, idx, n, PRECISION: tl.constexpr):
+    """(I + G)^-1 for G [N, N] strictly lower triangular (rows and columns `idx`, the first
+    `n` in use): X = (I + G_b)^-1 for the b x b block diagonal of G is known, E holds the
+    blocks just below it inside each 2b x 2b block, and (I + G_2b)^-1 = X - X E X, exactly.
+    Every intermediate is a block of the true inverse, so float32 keeps ~1e-7 where the
+    product form loses every digit (a 64-node chain with correlated keys: bench/NOTES.md)."""
+    eye = idx[:, None] == idx[None, :]
+    x = tl.where(eye, 1.0, 0.0)
+    blk = n * 0 + 1
+    while blk < n:
+        same_pair = (idx[:, None] // (2 * blk)) == (idx[None, :] // (2 * blk))
+        e = tl.where(same_pair & ((idx[:, None] // blk) != (idx[None, :] // blk)), gram, 0.0)
+        x -= tl.dot(x, tl.dot(e, x, input_precision=PRECISION), input_precision=PRECISION)
+        blk = 2 * blk
+    return x

@@ -8,16 +8,18 @@ chunks of BC consecutive nodes (parents come first, so a chunk only depends on e
 chunks): for chunk c,
 
     R_c = D_beta (V_c - D_P K_c S^T)  -  sum_{c' < c} G[c, c'] U_c'
-    U_c = (I + G_cc)^-1 R_c            (product form: (I-G)(I+G^2)(I+G^4)...)
+    U_c = (I + G_cc)^-1 R_c            (product form (I-G)(I+G^2)(I+G^4)... up to depth 8,
+                                        merged diagonal blocks beyond: jit_math)
     O_c = D_P Q_c S^T  +  sum_{c' <= c} C[c, c'] U_c'
 
 G and C are the ancestor-masked Gram terms built from k, q and exp(logP_i - logP_j); they
 are rebuilt per value tile from k and q (cheap) and never materialise a per-node state.
 The ancestor sets come from walking each row's parent chain once per chunk into a
 bitmask (NW 64-bit words covering up to 256 nodes), which also sums logP. The product
-form needs ceil(log2(d+1)) factors where d is the deepest in-chunk ancestor count, so it
-is exact for any depth. U of finished chunks is written to `u` and read back by later
-chunks of the same program (hence the barrier).
+form needs ceil(log2(d+1)) factors where d is the deepest in-chunk ancestor count; past
+d = 8 its powers of G cancel in float32, and the chunk merges diagonal blocks instead.
+U of finished chunks is written to `u` and read back by later chunks of the same program
+(hence the barrier).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import triton.language as tl
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import is_tile_launch, launch_config
-from bole_cli.kernels.jit_math import request_span, softplus
+from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, request_span, softplus
 from bole_cli.kernels.reference import VerifyResult
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.validate import (
@@ -188,15 +190,20 @@ def _tree_verify_kernel(
         gram = tl.where(strict, bc[:, None] * ratio * kk, 0.0)
         cmat = ratio * qk
 
-        # (I + G)^-1 = (I - G)(I + G^2)(I + G^4)...: G is nilpotent of index depth+1.
+        # (I + G)^-1 = (I - G)(I + G^2)(I + G^4)...: G is nilpotent of index depth+1. A chunk
+        # deeper than PRODUCT_FORM_DEPTH merges blocks instead (float32-stable at any depth).
         depth = tl.max(n_in, axis=0) - 1
-        x = r - tl.dot(gram, r, input_precision=PRECISION)
-        gpow = gram
-        covered = depth * 0 + 1
-        while covered < depth:
-            gpow = tl.dot(gpow, gpow, input_precision=PRECISION)
-            x += tl.dot(gpow, x, input_precision=PRECISION)
-            covered = 2 * covered + 1
+        if depth <= PRODUCT_FORM_DEPTH:
+            x = r - tl.dot(gram, r, input_precision=PRECISION)
+            gpow = gram
+            covered = depth * 0 + 1
+            while covered < depth:
+                gpow = tl.dot(gpow, gpow, input_precision=PRECISION)
+                x += tl.dot(gpow, x, input_precision=PRECISION)
+                covered = 2 * covered + 1
+        else:
+            x = tl.dot(inverse_by_blocks(gram, lane, tl.minimum(n_nodes - c0, BC), PRECISION), r,
+                       input_precision=PRECISION)
         out += tl.dot(cmat, x, input_precision=PRECISION)
 
         tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], x,

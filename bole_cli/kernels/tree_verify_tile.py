@@ -11,6 +11,7 @@ value tiles"):
               norms come from the same slices and scale the Gram terms afterwards
     solve     A = (I + G)^-1 explicitly, G = strict(M) * beta_i * exp(logP_i - logP_j) * kk,
               by the product form (I - G)(I + G^2)(I + G^4)... (exact: G^(depth+1) = 0)
+              up to depth 8, by merging diagonal blocks of doubling size beyond
     C         Ce = C A, C = M * exp(logP_i - logP_j) * qk
 
 then per value tile (BV columns of the state), with X = K S^T and Y = Q S^T:
@@ -27,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import request_span, softplus
+from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, request_span, softplus
 
 
 @triton.jit
@@ -111,14 +112,18 @@ def tree_verify_tile_kernel(
         gram = tl.where(anc & ~eye, (bv * inv_k)[:, None] * ratio * kk * inv_k[None, :], 0.0)
         cmat = inv_q[:, None] * ratio * qk * inv_k[None, :]
 
-        # (I + G)^-1 = (I - G)(I + G^2)(I + G^4)...: G is nilpotent of index depth + 1.
-        ainv = tl.where(eye, 1.0, 0.0) - gram
-        gpow = gram
-        covered = depth * 0 + 1
-        while covered < depth:
-            gpow = tl.dot(gpow, gpow, input_precision=PRECISION)
-            ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
-            covered = 2 * covered + 1
+        # (I + G)^-1 = (I - G)(I + G^2)(I + G^4)...: G is nilpotent of index depth + 1. Deeper
+        # than PRODUCT_FORM_DEPTH, blocks are merged instead (float32-stable at any depth).
+        if depth <= PRODUCT_FORM_DEPTH:
+            ainv = tl.where(eye, 1.0, 0.0) - gram
+            gpow = gram
+            covered = depth * 0 + 1
+            while covered < depth:
+                gpow = tl.dot(gpow, gpow, input_precision=PRECISION)
+                ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
+                covered = 2 * covered + 1
+        else:
+            ainv = inverse_by_blocks(gram, rows, n_nodes, PRECISION)
         ce = tl.dot(cmat, ainv, input_precision=PRECISION)
 
         p = tl.exp(lp)

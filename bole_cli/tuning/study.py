@@ -23,6 +23,8 @@ a file (no extra dependency); both resume an interrupted run.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import math
 import os
 import statistics
@@ -169,9 +171,28 @@ def open_storage(optuna, path: "str | os.PathLike[str]", *, prefer: str = "auto"
     return optuna.storages.JournalStorage(_Backend(str(jpath))), jpath, "journal"
 
 
+# The sources whose code a kernel's launch compiles: a change to any of them starts new
+# studies, so trial timings of an older kernel are never reused.
+KERNEL_SOURCES = {
+    "tree_verify": ("tree_verify.py", "tree_verify_tile.py", "jit_math.py"),
+    "tree_commit": ("tree_commit.py",),
+    "tree_conv": ("tree_conv.py",),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_fingerprint(kernel: str) -> str:
+    """8 hex digits of the kernel's source text (read as files: no torch/triton import)."""
+    folder = Path(__file__).resolve().parent.parent / "kernels"
+    digest = hashlib.sha1()
+    for name in KERNEL_SOURCES[kernel]:
+        digest.update((folder / name).read_bytes())
+    return digest.hexdigest()[:8]
+
+
 def study_name(device_name: str, triton_version: str, bucket: Bucket, space: Mapping[str, list]) -> str:
     return (f"bole/{STUDY_VERSION}/{' '.join(device_name.split())}/triton-{triton_version}/"
-            f"{bucket.key}/{space_fingerprint(bucket.kernel, space)}")
+            f"{bucket.key}/{space_fingerprint(bucket.kernel, space)}/src-{kernel_fingerprint(bucket.kernel)}")
 
 
 def make_pruner(optuna, ratio: float):
@@ -286,9 +307,10 @@ def tune_bucket(optuna, storage, bucket: Bucket, evaluator: Evaluator, settings:
                 models: Sequence[str] = ()) -> BucketResult:
     """Search one bucket; returns what should be stored for it.
 
-    hints: configs worth trying early (the entry the table already holds for this bucket,
-    winners of neighbouring buckets), enqueued after the default in a new study. deadline: time.monotonic() value after which no new trial starts (the
-    default is always evaluated). on_trial(bucket, info) after every trial.
+    hints: configs worth trying early (the entry the tables hold for this bucket, winners
+    of neighbouring buckets), enqueued after the default in a new study. deadline:
+    time.monotonic() value after which no new trial starts (the default is always
+    evaluated). on_trial(bucket, info) after every trial.
     """
     from optuna.trial import TrialState
 
@@ -371,8 +393,9 @@ def run_tuning(optuna, storage, buckets: Sequence[Bucket], evaluator: Evaluator,
                incumbents: Optional[Mapping[str, dict]] = None) -> list[BucketResult]:
     """Tune every bucket in order. With budget_s, each bucket gets an equal share of the
     time left (so a budget spreads over all buckets rather than starving the last).
-    incumbents: bucket key -> the config the table holds now; tried first, so a retune
-    (e.g. after a kernel change) cannot lose a good entry just because the sampler missed it."""
+    incumbents: bucket key -> the config the tables in force hold now; tried right after the
+    default, so a retune (e.g. after a kernel change, which starts new studies) does not lose a
+    good entry just because the sampler never drew it."""
     results: list[BucketResult] = []
     winners: dict[tuple, list[dict]] = {}
     start = time.monotonic()

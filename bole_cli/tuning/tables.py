@@ -190,6 +190,14 @@ def load_tuned_entries(paths: Sequence["str | os.PathLike[str]"], device_name: s
     return [e for _, e in sorted(best.values(), key=lambda x: x[1].bucket)], notes
 
 
+def held_configs(paths: Sequence["str | os.PathLike[str]"], device_name: str,
+                 triton_version: str) -> dict[str, dict]:
+    """Bucket key -> the tuned config the lookup would use from these profiles (buckets
+    where the built-in config won are left out): the incumbents a retune must try."""
+    entries, _ = load_tuned_entries(paths, device_name, triton_version)
+    return {e.bucket.key: dict(e.config) for e in entries if not e.is_default}
+
+
 def make_resolver(entries: Sequence[TunedEntry]) -> Callable[[str, dict], Optional[dict]]:
     """launch_config's resolver: (kernel, shape) -> tuned config of the nearest bucket, or
     None (built-in) where there is no applicable bucket or the built-in config won there.
