@@ -1,0 +1,180 @@
+"""Verify v9 (bench variant): v7 with the value loop in two passes over the state slices,
+X = K S^T first (then U), Y = Q S^T second, so the two accumulators are never live at
+once and A, Ce stay in registers without spilling (sm_90 compile: 255 regs + 248 B stack
+-> 255 + 96 B at BV 64 / BK 64, 254 + 0 B at BV 64 / BK 32). The second pass re-reads the
+state slices, from L2. Closed-form tree verify for trees of at most 64 nodes (one tile).
+
+One program per (request, value head, value part). The tree-only work is done once per
+program and shared by every value tile it covers (DESIGN.md §2: "shared by a request-head's
+value tiles"):
+
+    walk      ancestor-or-self mask M and logP by pointer jumping (log2(depth) steps) over
+              the parents held in registers (tl.gather; no dependent global loads)
+    Gram      kk = K K^T, qk = Q K^T over key-dim slices (GRAM16: bf16/fp16 operands as
+              they are, exact in the float32 accumulator and twice tf32's rate); the L2
+              norms come from the same slices and scale the Gram terms afterwards
+    solve     A = (I + G)^-1 explicitly, G = strict(M) * beta_i * exp(logP_i - logP_j) * kk,
+              by the product form (I - G)(I + G^2)(I + G^4)... (exact: G^(depth+1) = 0)
+              up to depth 8, by merging diagonal blocks of doubling size beyond
+    C         Ce = C A, C = M * exp(logP_i - logP_j) * qk
+
+then per value tile (BV columns of the state), with X = K S^T and Y = Q S^T:
+
+    R = D_beta (V - D_P X),   U = A R,   O = D_P Y + Ce R.
+
+The state is read once per program; nothing per node is materialised beyond u and log_p.
+Trees larger than the tile go to the blocked kernel (tree_verify.py); a request larger than
+the promised tile (max_nodes broken under check_trees=False) gets NaN outputs throughout.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, request_span, softplus
+
+
+@triton.jit
+def tree_verify_tile_kernel(
+    q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
+    scale,
+    s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
+    s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
+    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
+    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, VT: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    part = tl.program_id(2)
+    h = hv // GROUP
+    start, n_nodes, slot = request_span(cu, state_idx, b)
+
+    if n_nodes <= TP:
+        rows = tl.arange(0, TP)
+        rmask = rows < n_nodes
+        rows_g = start + rows
+        par = tl.load(parents + rows_g, mask=rmask, other=-1).to(tl.int32)
+        gv = tl.load(g + rows_g * s_gn + hv * s_gh, mask=rmask, other=0.0).to(tl.float32)
+        bv = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
+        if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
+            neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
+            bias = tl.load(dt_bias + hv).to(tl.float32)
+            gv = tl.where(rmask, neg_a * softplus(gv + bias), 0.0)
+            bv = tl.where(rmask, tl.sigmoid(bv), 0.0)
+
+        # Ancestor-or-self mask M and logP by pointer jumping: after s steps every row holds
+        # its ancestors within 2^s - 1 levels (and their decays' sum) and points at the next
+        # one, so a row takes the rows of the node it points at and jumps twice as far. A
+        # tree of depth d takes ceil(log2(d + 1)) steps; all through registers (tl.gather).
+        # (H200, batch 16 x 64 nodes: chains 169 -> 86 us, depth-8 trees 75 -> 70 us against
+        # a level a step; squaring M with tensor-core products was slower, bench/NOTES.md.)
+        # A parent that does not precede its child (a malformed tree) ends its row.
+        eye = rows[:, None] == rows[None, :]
+        anc = (eye & rmask[:, None]).to(tl.int8)
+        lp = gv
+        cur = tl.where(rmask & (par < rows), par, -1)
+        while tl.max(cur, axis=0) >= 0:
+            act = cur >= 0
+            safe = tl.where(act, cur, 0)
+            anc = anc | (act[:, None] & (tl.gather(anc, tl.broadcast_to(safe[:, None], (TP, TP)), 0) != 0)).to(tl.int8)
+            lp += tl.where(act, tl.gather(lp, safe, 0), 0.0)
+            cur = tl.where(act, tl.gather(cur, safe, 0), -1)
+        anc = anc != 0
+        depth = tl.max(tl.sum(anc.to(tl.int32), axis=1), axis=0) - 1
+
+        # Gram terms over key-dim slices; norms from the same slices.
+        kk = tl.zeros([TP, TP], dtype=tl.float32)
+        qk = tl.zeros([TP, TP], dtype=tl.float32)
+        nk = tl.zeros([TP], dtype=tl.float32)
+        nq = tl.zeros([TP], dtype=tl.float32)
+        for kb in range(0, KP, BK):
+            offs = kb + tl.arange(0, BK)
+            m2 = rmask[:, None] & (offs < K)[None, :]
+            kn = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0)
+            qn = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)
+            kc = kn.to(tl.float32)
+            qc = qn.to(tl.float32)
+            if USE_L2NORM:
+                nk += tl.sum(kc * kc, axis=1)
+                nq += tl.sum(qc * qc, axis=1)
+            if GRAM16:  # 16-bit inputs: their products are exact in the float32 accumulator
+                kk += tl.dot(kn, tl.trans(kn))
+                qk += tl.dot(qn, tl.trans(kn))
+            else:
+                kk += tl.dot(kc, tl.trans(kc), input_precision=PRECISION)
+                qk += tl.dot(qc, tl.trans(kc), input_precision=PRECISION)
+        if USE_L2NORM:
+            inv_k = 1.0 / tl.sqrt(nk + 1e-6)
+            inv_q = scale / tl.sqrt(nq + 1e-6)
+        else:
+            inv_k = tl.full([TP], 1.0, tl.float32)
+            inv_q = tl.full([TP], 1.0, tl.float32) * scale
+
+        ratio = tl.where(anc, tl.exp(tl.minimum(lp[:, None] - lp[None, :], 0.0)), 0.0)
+        gram = tl.where(anc & ~eye, (bv * inv_k)[:, None] * ratio * kk * inv_k[None, :], 0.0)
+        cmat = inv_q[:, None] * ratio * qk * inv_k[None, :]
+
+        # (I + G)^-1 = (I - G)(I + G^2)(I + G^4)...: G is nilpotent of index depth + 1. Deeper
+        # than PRODUCT_FORM_DEPTH, blocks are merged instead (float32-stable at any depth).
+        if depth <= PRODUCT_FORM_DEPTH:
+            ainv = tl.where(eye, 1.0, 0.0) - gram
+            gpow = gram
+            covered = depth * 0 + 1
+            while covered < depth:
+                gpow = tl.dot(gpow, gpow, input_precision=PRECISION)
+                ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
+                covered = 2 * covered + 1
+        else:
+            ainv = inverse_by_blocks(gram, rows, n_nodes, PRECISION)
+        ce = tl.dot(cmat, ainv, input_precision=PRECISION)
+
+        p = tl.exp(lp)
+        for vt in range(0, VT, BV):
+            offs_v = part * VT + vt + tl.arange(0, BV)
+            vmask = offs_v < V
+            tile = rmask[:, None] & vmask[None, :]
+            # two passes over the state slices (the second from L2): X's accumulator is dead
+            # before Y's is born, so A and Ce stay in registers without spilling
+            xs = tl.zeros([TP, BV], dtype=tl.float32)  # rows k_i^T S
+            for kb in range(0, KP, BK):
+                offs = kb + tl.arange(0, BK)
+                m2 = rmask[:, None] & (offs < K)[None, :]
+                kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+                sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
+                             mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+                xs += tl.dot(kc * inv_k[:, None], tl.trans(sb), input_precision=PRECISION)
+            vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
+                         mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+            r = bv[:, None] * (vc - p[:, None] * xs)
+            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :],
+                     tl.dot(ainv, r, input_precision=PRECISION), mask=tile)
+            ys = tl.zeros([TP, BV], dtype=tl.float32)  # rows q_i^T S
+            for kb in range(0, KP, BK):
+                offs = kb + tl.arange(0, BK)
+                m2 = rmask[:, None] & (offs < K)[None, :]
+                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+                sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
+                             mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)
+            out = p[:, None] * ys + tl.dot(ce, r, input_precision=PRECISION)
+            tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty), mask=tile)
+        if part == 0:
+            tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)
+    else:
+        # A broken max_nodes promise (check_trees=False): every row of the request becomes
+        # NaN (a value part at a time), so the fault cannot pass unseen.
+        rows = tl.arange(0, TP)
+        for r0 in range(0, n_nodes, TP):
+            extra = r0 + rows
+            emask = extra < n_nodes
+            for vt in range(0, VT, BV):
+                offs_v = part * VT + vt + tl.arange(0, BV)
+                tile = emask[:, None] & (offs_v < V)[None, :]
+                nan_tile = tl.full([TP, BV], float("nan"), tl.float32)
+                tl.store(u + (start + extra)[:, None] * s_un + hv * s_uh + offs_v[None, :], nan_tile, mask=tile)
+                tl.store(o + (start + extra)[:, None] * s_on + hv * s_oh + offs_v[None, :],
+                         nan_tile.to(o.dtype.element_ty), mask=tile)
+            if part == 0:
+                tl.store(log_p + (start + extra) * s_ln + hv, tl.full([TP], float("nan"), tl.float32), mask=emask)
