@@ -15,11 +15,8 @@ Variants are made by editing the shipped kernels' source text, so they cannot dr
 
 import importlib
 import importlib.util
-import inspect
 import json
-import os
 import sys
-import tempfile
 
 import torch
 import triton
@@ -28,6 +25,9 @@ from bole_cli import kernels
 from bole_cli.bench.kernel_bench import LayerInputs, time_graph, warm_gpu
 from bole_cli.catalog.models import resolve_model
 from bole_cli.kernels.reference import VerifyResult
+
+sys.path.insert(0, "bench")
+from variant_edits import load_variant  # noqa: E402
 
 # the modules (bole_cli.kernels re-exports functions of the same names); the variants are
 # edits of the kernels as they were at run 13 (commit c4, verify v4), kept in bench/variants/
@@ -44,24 +44,6 @@ def _load_file(path: str, name: str):
 
 c4_mod = _load_file("bench/variants/tree_commit_c4.py", "commit_c4_base")
 tile_mod = _load_file("bench/variants/tree_verify_tile_v4_walk.py", "tile_v4_base")
-TMP = tempfile.mkdtemp()
-
-
-def load_variant(module, edits: list, name: str):
-    """A copy of `module`'s source with (old, new) text edits applied, imported."""
-    src = inspect.getsource(module)
-    for old, new in edits:
-        assert old in src, (name, old)
-        src = src.replace(old, new)
-    path = os.path.join(TMP, f"{name}.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 COMMIT = {
     "c4": [],
     "cA": [("acc = acc * tl.exp(lp_a)\n",

@@ -8,7 +8,6 @@ c7's before timing (CUDA graph, do_bench median).
 """
 
 import importlib
-import importlib.util
 import json
 import sys
 
@@ -19,27 +18,42 @@ from bole_cli import kernels
 from bole_cli.bench.kernel_bench import LayerInputs, time_graph, warm_gpu
 from bole_cli.catalog.models import resolve_model
 
+sys.path.insert(0, "bench")
+from variant_edits import load_variant  # noqa: E402
+
 commit_mod = importlib.import_module("bole_cli.kernels.tree_commit")
 
 
-def load_file(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
+# c8: the request's parents loaded once into registers, the walk a reduction a level
+C8_EDITS = [
+    ("    DP: tl.constexpr, USE_L2NORM: tl.constexpr,\n):",
+     "    DP: tl.constexpr, TN: tl.constexpr, USE_L2NORM: tl.constexpr,\n):"),
+    ("        slot = tl.load(state_idx + b).to(tl.int64)\n",
+     "        slot = tl.load(state_idx + b).to(tl.int64)\n"
+     "        nodes = tl.arange(0, TN)\n"
+     "        par = tl.load(parents + start + nodes, mask=nodes < (tl.load(cu + b + 1) - start),"
+     " other=-1).to(tl.int32)\n"),
+    ("nxt = tl.load(parents + start + cur).to(tl.int32)", "nxt = tl.sum(tl.where(nodes == cur, par, 0), axis=0)"),
+]
+# c8p: c8 with the state tile loaded before the walk (in flight during it)
+C8P_EDITS = C8_EDITS + [
+    ("        s_old = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32)\n", ""),
+    ("        path_sum = tl.zeros([BV, KP], dtype=tl.float32)\n",
+     "        s_old = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32)\n"
+     "        path_sum = tl.zeros([BV, KP], dtype=tl.float32)\n"),
+]
 
 SHIPPED = commit_mod._tree_commit_kernel
 VARIANTS = {"c7": SHIPPED,
-            "c8": load_file("bench/variants/tree_commit_c8.py", "c8")._tree_commit_kernel,
-            "c8p": load_file("bench/variants/tree_commit_c8p.py", "c8p")._tree_commit_kernel}
+            "c8": load_variant(commit_mod, C8_EDITS, "commit_c8")._tree_commit_kernel,
+            "c8p": load_variant(commit_mod, C8P_EDITS, "commit_c8p")._tree_commit_kernel}
 CONFIGS = [{"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}, {"BV": 64, "num_warps": 4},
            {"BV": 64, "num_warps": 8}]
 
 
 class TNLaunch:
     """c8 and c8p also take TN (the parents held per request). Run 22 ran with c8 shipped
-    and c7 as the variant; c7 is shipped again since."""
+    and c7 as the variant; c7 is shipped again since, and c8/c8p are its edits."""
 
     def __init__(self, kern):
         self.kern = kern

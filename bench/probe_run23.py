@@ -7,16 +7,22 @@ below are the kernels' names either way.
     python3 bench/probe_run23.py OUT.json
 """
 
-import importlib.util
+import importlib
 import sys
 
 sys.path.insert(0, "bench")
 import probe_run14 as p14  # noqa: E402
 import probe_run15 as p15  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("v8", "bench/variants/tree_verify_tile_v8_lastdot.py")
-v8 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(v8)
+from variant_edits import load_variant  # noqa: E402
+
+V8_EDITS = [("""                ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
+""", """                if depth == covered + 1:  # only the power G^depth itself is missing: add it
+                    ainv += gpow
+                else:
+                    ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
+""")]
+v8 = load_variant(importlib.import_module("bole_cli.kernels.tree_verify_tile"), V8_EDITS, "tile_v8")
 p15.VERIFY = {"v7": p14.verify_mod.tree_verify_tile_kernel, "v8": v8.tree_verify_tile_kernel}
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """GPU A/B (device call 26): verify v7 (shipped) vs v9 (two passes over the state slices,
-bench/variants/tree_verify_tile_v9_twopass.py), with the tuned table's config and with
+V9_EDITS below), with the tuned table's config and with
 BV 64 / BK 32 (where v9 compiles without spills). Same process, same inputs; outputs
 compared with v7's before timing (CUDA graph, do_bench median).
 
@@ -7,7 +7,6 @@ compared with v7's before timing (CUDA graph, do_bench median).
 """
 
 import importlib
-import importlib.util
 import json
 import sys
 
@@ -20,9 +19,31 @@ from bole_cli.catalog.models import resolve_model
 from bole_cli.kernels.reference import VerifyResult
 
 verify_mod = importlib.import_module("bole_cli.kernels.tree_verify")
-spec = importlib.util.spec_from_file_location("v9", "bench/variants/tree_verify_tile_v9_twopass.py")
-v9 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(v9)
+sys.path.insert(0, "bench")
+from variant_edits import load_variant  # noqa: E402
+
+# v9: X = K S^T, then U, in a first pass over the state slices; Y = Q S^T, then O, in a
+# second (from L2): one accumulator live at a time
+V9_EDITS = [
+    ("            ys = tl.zeros([TP, BV], dtype=tl.float32)  # rows q_i^T S\n", ""),
+    ("                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)"
+     ".to(tl.float32)\n", ""),
+    ("                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)\n", ""),
+    ("            uu = tl.dot(ainv, r, input_precision=PRECISION)\n",
+     "            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :],\n"
+     "                     tl.dot(ainv, r, input_precision=PRECISION), mask=rmask[:, None] & vmask[None, :])\n"
+     "            ys = tl.zeros([TP, BV], dtype=tl.float32)\n"
+     "            for kb in range(0, KP, BK):\n"
+     "                offs = kb + tl.arange(0, BK)\n"
+     "                m2 = rmask[:, None] & (offs < K)[None, :]\n"
+     "                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)"
+     ".to(tl.float32)\n"
+     "                sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],\n"
+     "                             mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)\n"
+     "                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)\n"),
+    ("            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)\n", ""),
+]
+v9 = load_variant(importlib.import_module("bole_cli.kernels.tree_verify_tile"), V9_EDITS, "tile_v9")
 VERIFY = {"v7": verify_mod.tree_verify_tile_kernel, "v9": v9.tree_verify_tile_kernel}
 CONFIGS = {"table": None, "bv64bk32": {"BV": 64, "BK": 32, "VSPLIT": 1, "num_warps": 4, "num_stages": 1}}
 
