@@ -11,24 +11,8 @@ of the model commits in ONE launch. accepted = -1 leaves the request's slot unto
 
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
 import triton
 import triton.language as tl
-
-from bole_cli.errors import InputError
-from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.validate import (
-    check_accepted,
-    ACTIVATION_DTYPES,
-    STATE_DTYPES,
-    check_forest,
-    check_index_vector,
-    check_last_contiguous,
-    check_shape,
-    check_tensor,
-)
 
 
 @triton.jit
@@ -85,82 +69,3 @@ def _tree_commit_kernel(
             # cores) was measured slower: 736 vs 498 us for 24 layers (H200, bench/NOTES.md)
             acc += tl.dot(tl.trans(uj * w[:, None]), kj, input_precision="ieee")
         tl.store(s_ptr, acc.to(state.dtype.element_ty), mask=tile_mask)
-
-
-def tree_commit(
-    state: torch.Tensor,
-    state_indices: torch.Tensor,
-    k: torch.Tensor,
-    u: torch.Tensor,
-    log_p: torch.Tensor,
-    parents: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    accepted: torch.Tensor,
-    *,
-    use_qk_l2norm: bool = True,
-    check_trees: bool = True,
-    config: Optional[dict] = None,
-) -> torch.Tensor:
-    """Commit each request's accepted node into `state` in place (and return `state`).
-
-    state [S, HV, V, K] (or [L, S, HV, V, K] with k [L, N, H, K], u [L, N, HV, V],
-    log_p [L, N, HV] to commit L layers in one launch); accepted [B], local node index
-    of the deepest accepted node, -1 for none.
-    """
-    dev = state.device
-    if not isinstance(state, torch.Tensor) or state.dim() not in (4, 5):
-        raise InputError(f"state: expected [S, HV, V, K] or [L, S, HV, V, K], got "
-                         f"{tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__}")
-    layered = state.dim() == 5
-    nd = 1 if layered else 0
-    check_tensor("state", state, 4 + nd, STATE_DTYPES, dev)
-    n_layers = state.shape[0] if layered else 1
-    hv, vdim, kdim = state.shape[-3:]
-    check_tensor("k", k, 3 + nd, ACTIVATION_DTYPES, dev)
-    check_tensor("u", u, 3 + nd, (torch.float32,), dev)
-    check_tensor("log_p", log_p, 2 + nd, (torch.float32,), dev)
-    n = k.shape[nd]
-    h = k.shape[nd + 1]
-    lead = (n_layers,) if layered else ()
-    check_shape("k", k, lead + (n, h, kdim))
-    check_shape("u", u, lead + (n, hv, vdim))
-    check_shape("log_p", log_p, lead + (n, hv))
-    if h == 0 or hv % h:
-        raise InputError(f"k: {h} key heads do not divide the state's {hv} value heads")
-    for name, t in (("state", state), ("k", k), ("u", u), ("log_p", log_p)):
-        check_last_contiguous(name, t)
-    check_tensor("cu_seqlens", cu_seqlens, 1, None, dev)
-    bsz = cu_seqlens.shape[0] - 1
-    check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
-    check_index_vector("state_indices", state_indices, bsz, dev)
-    check_index_vector("parents", parents, n, dev)
-    if check_trees:
-        check_forest(parents, cu_seqlens, n)
-    check_accepted(accepted, cu_seqlens, dev, check_trees)
-    if bsz == 0 or n == 0:
-        return state
-
-    cfg = launch_config("tree_commit", {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "L": n_layers}, config)
-    bv = min(cfg["BV"], triton.next_power_of_2(vdim))
-    dp = cfg["DP"]
-    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 16 or dp & (dp - 1):
-        raise InputError(f"config: DP must be a power of two >= 16 (path nodes a pass), got {dp!r}")
-    if layered:
-        lstr = (state.stride(0), k.stride(0), u.stride(0), log_p.stride(0))
-        st, kk, uu, ll = state[0], k[0], u[0], log_p[0]
-    else:
-        lstr = (0, 0, 0, 0)
-        st, kk, uu, ll = state, k, u, log_p
-    grid = (n_layers * bsz, hv, triton.cdiv(vdim, bv))
-    _tree_commit_kernel[grid](
-        state, state_indices, k, u, log_p, parents, cu_seqlens, accepted,
-        bsz,
-        lstr[0], st.stride(0), st.stride(1), st.stride(2),
-        lstr[1], kk.stride(0), kk.stride(1),
-        lstr[2], uu.stride(0), uu.stride(1),
-        lstr[3], ll.stride(0),
-        GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim), BV=bv, DP=dp,
-        USE_L2NORM=use_qk_l2norm,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
-    return state

@@ -157,11 +157,3 @@ def tree_verify_tile_kernel(
                          nan_tile.to(o.dtype.element_ty), mask=tile)
             if part == 0:
                 tl.store(log_p + (start + extra) * s_ln + hv, tl.full([TP], float("nan"), tl.float32), mask=emask)
-
-def value_split(vdim: int, bv: int, vsplit: int) -> tuple[int, int]:
-    """(value columns per program, programs per value head) for V split in `vsplit` parts
-    of whole BV tiles; a split finer than the tiles allow collapses to one tile a part."""
-    tiles = triton.cdiv(vdim, bv)
-    parts = max(1, min(int(vsplit), tiles))
-    per_part = triton.cdiv(tiles, parts)
-    return per_part * bv, triton.cdiv(tiles, per_part)
