@@ -4,7 +4,7 @@ Score rho(v) is the product of draft probabilities along v's root path (log spac
 Draft log-probs are <= 0, so a child never outscores its parent; sorting by
 (-log rho, request, node) therefore puts every parent before its children, and any
 prefix of that order is prefix-connected per request. The selector relies on this and
-checks it afterwards instead of repairing anything (DESIGN.md section 4).
+checks it afterwards instead of repairing anything (docs/design.md §4).
 
 Options:
 - ``min_per_request`` m: each request keeps at least the first m nodes of its greedy

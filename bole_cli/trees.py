@@ -3,7 +3,7 @@
 One tree is one request's draft: ``parents`` in topological order (``parents[i] < i``,
 -1 = child of the committed prefix, several roots allowed) and ``log_probs``, the draft
 log-probability of each node given its parent (<= 0). The packed form of a batch
-(:class:`Forest`) is exactly the kernels' tree-array contract (DESIGN.md section 3):
+(:class:`Forest`) is exactly the kernels' tree-array contract (docs/design.md §3):
 ``parents[N]`` int32 local to each request and ``cu_seqlens[B+1]`` int32.
 
 Conventions used throughout:
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 
 from bole_cli.errors import InputError
+from bole_cli.limits import MAX_TREE_NODES
 
 __all__ = [
     "MAX_TREE_NODES",
@@ -50,9 +51,6 @@ __all__ = [
     "TREE_SHAPES",
 ]
 
-#: Largest tree one request may propose. SGLang's draft trees and the kernels' tile
-#: sizes stay well below it; a larger tree is almost always a malformed file.
-MAX_TREE_NODES = 256
 
 Token = Union[int, str]
 RngLike = Union[random.Random, int, None]

@@ -325,7 +325,7 @@ def test_e2e_tables_fit_an_80_column_terminal():
 
     from bole_cli.bench.e2e import tables
 
-    data = json.loads((Path(__file__).parent.parent / "bench/results/e2e-h200-qwen3.5-9b.json").read_text())
+    data = json.loads((Path(__file__).parent.parent / "experiments/results/e2e-h200-qwen3.5-9b.json").read_text())
     console = Console(width=80, record=True)
     narrow = tables(data, 80)
     for t in narrow:
@@ -347,7 +347,7 @@ def test_kernel_bench_tables_fit_an_80_column_terminal():
     from bole_cli.bench.kernel_bench import KernelCase
     from bole_cli.commands.bench import _tables
 
-    data = json.loads((Path(__file__).parent.parent / "bench/results/kernels-h200-qwen3.5-9b.json").read_text())
+    data = json.loads((Path(__file__).parent.parent / "experiments/results/kernels-h200-qwen3.5-9b.json").read_text())
     fields = set(KernelCase.__dataclass_fields__)
     cases = [KernelCase(**{k: v for k, v in c.items() if k in fields}) for c in data["cases"]]
     result = SimpleNamespace(model=data["model"], device=data["device"],

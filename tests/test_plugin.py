@@ -729,7 +729,7 @@ def test_gpu_drop_in_equivalence_qwen35_9b(act, bs, D):
 @pytest.mark.gpu
 def test_gpu_plain_tf32_precision_tradeoff():
     """BOLE_VERIFY_PRECISION=tf32 (faster): bf16 outputs differ from SGLang's by about
-    2.5-2.8e-3 on an H200 (bench/results); reported, and bounded loosely."""
+    2.5-2.8e-3 on an H200 (experiments/results); reported, and bounded loosely."""
     from bole_cli.sglang.compat import load_sglang_kernels
 
     res = run_equivalence(load_sglang_kernels(), device="cuda", bs=16, D=16, H=16, HV=32, K=128,

@@ -1,4 +1,4 @@
-"""Calibration: the verify budget of DESIGN.md §4 for one (gpu, model).
+"""Calibration: the verify budget of docs/design.md §4 for one (gpu, model).
 
 - sweep: the `Forward` protocol a runtime implements, the timing driver (warm-up,
   median of repeats, noise guard, Ctrl-C keeps what was measured), profile building;

@@ -11,7 +11,7 @@ P(v) = prod_i q[i][r_i]. At most one node per depth is accepted, so
 
 exactly. P never grows from a parent to a child, so the best tree of n tokens (the root,
 i.e. the last verified token, plus n - 1 draft nodes) is the n - 1 nodes of highest P,
-which is prefix-connected: the same greedy rule as DESIGN.md §4. Counting the bonus
+which is prefix-connected: the same greedy rule as docs/design.md §4. Counting the bonus
 (correction) token that every verify step commits,
 
     E1(n) = 1 + sum of the n - 1 largest P(v)          (committed tokens per request)

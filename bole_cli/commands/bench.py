@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from bole_cli.commands._options import parse_int_list
+from bole_cli.parsing import parse_int_list
+from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.errors import BoleError, InputError
 
 bench_app = typer.Typer(help="GPU benchmarks (need CUDA).", no_args_is_help=True)
@@ -135,8 +136,8 @@ def kernels_cmd(
     bad = [t for t in tree_kinds if t not in ("random", "chain")]
     if bad or not tree_kinds:
         raise InputError(f"--trees: expected random and/or chain, got {trees!r}")
-    if max(node_list) > 256:
-        raise InputError("--nodes: at most 256 nodes per request")
+    if max(node_list) > MAX_TREE_NODES:
+        raise InputError(f"--nodes: at most {MAX_TREE_NODES} nodes per request")
     for name, value, allowed in (("--dtype", dtype, ("bfloat16", "float16", "float32")),
                                  ("--state-dtype", state_dtype, ("float32", "bfloat16"))):
         if value not in allowed:

@@ -14,7 +14,7 @@ import typer
 
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
 from bole_cli.calibrate.defaults import DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS
-from bole_cli.commands._options import parse_int_list
+from bole_cli.parsing import parse_int_list
 from bole_cli.errors import BoleError, InputError
 
 

@@ -21,11 +21,11 @@ from typing import Any, Optional
 import typer
 
 from bole_cli.errors import BoleError, InputError
+from bole_cli.limits import MAX_TREE_NODES as MAX_DRAFT_TOKENS  # a request's draft tree
 
 DEFAULT_PORT = 30000
 DEFAULT_BATCH = 8
 DEFAULT_KV_LEN = 4096
-MAX_DRAFT_TOKENS = 256  # Bole's kernels: at most 256 nodes per request tree
 SERVE_EXTRA = "bole-cli[serve]"
 LAUNCH_MODULE = "sglang.launch_server"
 

@@ -16,7 +16,8 @@ from typing import Optional
 
 import typer
 
-from bole_cli.commands._options import parse_int_list
+from bole_cli.parsing import parse_int_list
+from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.errors import BoleError, InputError
 
 DEFAULT_KERNELS = "tree_verify,tree_commit,tree_conv"
@@ -180,8 +181,8 @@ def tune_kernels(
         raise InputError(f"--kernels: unknown {', '.join(bad)}; tunable: {', '.join(KERNELS)}")
     batches = parse_int_list(batch, "--batch")
     node_list = parse_int_list(nodes, "--nodes")
-    if max(node_list) > 256:
-        raise InputError("--nodes: at most 256 nodes per request")
+    if max(node_list) > MAX_TREE_NODES:
+        raise InputError(f"--nodes: at most {MAX_TREE_NODES} nodes per request")
     if trials < 1:
         raise InputError(f"--trials: must be >= 1, got {trials}")
     if sampler not in ("tpe", "grid"):

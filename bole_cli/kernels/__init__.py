@@ -1,4 +1,4 @@
-"""Bole's Triton kernels (DESIGN.md §3): closed-form tree verify, factorised commit,
+"""Bole's Triton kernels (docs/design.md §3): closed-form tree verify, factorised commit,
 tree-parallel conv and gates. Each has a float64 reference in `reference.py`.
 
     from bole_cli.kernels import tree_verify, tree_commit

@@ -1,7 +1,7 @@
 """Pick Triton's interpreter on machines without CUDA, before triton is first imported.
 
 Triton reads TRITON_INTERPRET once, at import; setting it afterwards has no effect. CI and
-CPU-only users run the very same kernels on CPU tensors this way (DESIGN.md §3).
+CPU-only users run the very same kernels on CPU tensors this way (docs/design.md §3).
 """
 
 from __future__ import annotations

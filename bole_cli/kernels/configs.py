@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from bole_cli.errors import InputError
+from bole_cli.limits import MAX_TILE_NODES
 
 DEFAULTS: dict[str, dict] = {
     # BV: value tile; BK: key-dim slice of the dots; VSPLIT: programs sharing a value head
@@ -20,7 +21,7 @@ DEFAULTS: dict[str, dict] = {
                     "precision": None, "GRAM16": 1},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # tree_conv: BN16 BD64 w4 s2 won 22 of the 24 tree_conv buckets on the H200 by 1.1-1.3x
-    # (bole tune-kernels, bench/results/tune-kernels-h200.json); it was BD128 s1
+    # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1
     "tree_conv": {"BN": 16, "BD": 64, "num_warps": 4, "num_stages": 2},
 }
 
@@ -52,7 +53,6 @@ def _load_tables_once() -> None:
         print(f"bole: note: tuned kernel tables not loaded ({exc})", file=sys.stderr)
 
 
-MAX_TILE_NODES = 64  # tree_verify's one-tile kernel: [T, T] float32 factors in registers
 
 
 def is_tile_launch(shape: dict) -> bool:
@@ -68,7 +68,7 @@ def _verify_rule(shape: dict) -> dict:
 
 
 def _verify_tile_rule(shape: dict) -> dict:
-    """One-tile kernel, from the H200 grid (bench/results/sweep-v4-h200.json): split a value
+    """One-tile kernel, from the H200 grid (experiments/results/sweep-v4-h200.json): split a value
     head over 4 programs at batch 1 and 2 at batch 4 (the tree work repeated per program
     costs nothing while SMs are idle), one program per head beyond; 64-wide key slices,
     4 warps (8 lose everywhere: the [T, T] factors are replicated per warp)."""
@@ -80,7 +80,7 @@ def _verify_tile_rule(shape: dict) -> dict:
 
 def _verify_blocked_rule(shape: dict) -> dict:
     """tree_verify's blocked kernel, from the H200 grid over BC x BV x BK x warps
-    (bench/NOTES.md, bench/results/sweep-verify-h200.json): at batch 1 small value tiles
+    (experiments/NOTES.md, experiments/results/sweep-verify-h200.json): at batch 1 small value tiles
     keep 128 programs busy; beyond, 2 warps per program (the dot operands of a 16-32 row
     chunk are replicated per warp), value tiles of 32-64, and chunks of 32 once trees
     average 32 nodes or more (fewer serial chunk passes)."""

@@ -36,7 +36,7 @@ def inverse_by_blocks(gram, idx, n, PRECISION: tl.constexpr):
     `n` in use): X = (I + G_b)^-1 for the b x b block diagonal of G is known, E holds the
     blocks just below it inside each 2b x 2b block, and (I + G_2b)^-1 = X - X E X, exactly.
     Every intermediate is a block of the true inverse, so float32 keeps ~1e-7 where the
-    product form loses every digit (a 64-node chain with correlated keys: bench/NOTES.md)."""
+    product form loses every digit (a 64-node chain with correlated keys: experiments/NOTES.md)."""
     eye = idx[:, None] == idx[None, :]
     x = tl.where(eye, 1.0, 0.0)
     blk = n * 0 + 1

@@ -1,6 +1,6 @@
 """Float64-capable PyTorch references for one GDN layer over a packed forest of draft trees.
 
-These are the ground truth the Triton kernels are tested against (DESIGN.md §2-3). They
+These are the ground truth the Triton kernels are tested against (docs/design.md §2-3). They
 follow the kernels' tensor contract exactly and favour clarity over speed:
 
 - `tree_verify_sequential_ref`: the baseline's semantics, node by node with a full state

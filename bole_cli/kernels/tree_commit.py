@@ -1,4 +1,4 @@
-"""Factorised commit (DESIGN.md §2, Eq. 10): the exact state after the accepted node.
+"""Factorised commit (docs/design.md §2, Eq. 10): the exact state after the accepted node.
 
     S_new = P_a S + sum_{j in A+(a)} exp(logP_a - logP_j) u_j k_j^T
 
@@ -10,7 +10,7 @@ of the model commits in ONE launch. accepted = -1 leaves the request's slot unto
 
 The path's sum is built in the dot's own register layout and the state tile is read only
 when it is added: the tile then changes layout once, not twice, and stays out of registers
-during the walk (H200, 24 layers at batch 16: 459 vs 498 us, bench/NOTES.md c7).
+during the walk (H200, 24 layers at batch 16: 459 vs 498 us, experiments/NOTES.md c7).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _tree_commit_kernel(
             if USE_L2NORM:
                 w = w / tl.sqrt(tl.sum(kj * kj, axis=1) + 1e-6)
             # float32 FMA ("ieee"): the committed state stays float32-exact. tf32x3 (tensor
-            # cores) was measured slower: 736 vs 498 us for 24 layers (H200, bench/NOTES.md)
+            # cores) was measured slower: 736 vs 498 us for 24 layers (H200, experiments/NOTES.md)
             path_sum += tl.dot(tl.trans(uj * w[:, None]), kj, input_precision="ieee")
         s_old = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32)
         tl.store(s_ptr, (s_old * tl.exp(lp_a) + path_sum).to(state.dtype.element_ty), mask=tile_mask)

@@ -1,4 +1,4 @@
-"""Closed-form tree verify through one GDN layer (DESIGN.md §2, Theorem 1).
+"""Closed-form tree verify through one GDN layer (docs/design.md §2, Theorem 1).
 
 Trees of at most 64 nodes go to the one-tile kernel (tree_verify_tile.py); this module
 holds the public API and the blocked kernel for larger trees (up to 256 nodes).
@@ -234,7 +234,7 @@ def tree_verify(
 ) -> VerifyResult:
     """Verify a packed forest of draft trees through one GDN layer in closed form.
 
-    Shapes (DESIGN.md §3): q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; state
+    Shapes (docs/design.md §3): q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; state
     [S, HV, V, K] float32 or bfloat16 (read only); state_indices [B]; parents [N] local,
     -1 for a root; cu_seqlens [B+1]. Returns VerifyResult(o [N, HV, V] in v's dtype,
     u [N, HV, V] float32, log_p [N, HV] float32). `out` reuses preallocated outputs.

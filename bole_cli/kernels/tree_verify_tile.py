@@ -1,7 +1,7 @@
 """Closed-form tree verify for trees of at most 64 nodes: the whole tree in one tile.
 
 One program per (request, value head, value part). The tree-only work is done once per
-program and shared by every value tile it covers (DESIGN.md §2: "shared by a request-head's
+program and shared by every value tile it covers (docs/design.md §2: "shared by a request-head's
 value tiles"):
 
     walk      ancestor-or-self mask M and logP by pointer jumping (log2(depth) steps) over
@@ -65,7 +65,7 @@ def tree_verify_tile_kernel(
         # one, so a row takes the rows of the node it points at and jumps twice as far. A
         # tree of depth d takes ceil(log2(d + 1)) steps; all through registers (tl.gather).
         # (H200, batch 16 x 64 nodes: chains 169 -> 86 us, depth-8 trees 75 -> 70 us against
-        # a level a step; squaring M with tensor-core products was slower, bench/NOTES.md.)
+        # a level a step; squaring M with tensor-core products was slower, experiments/NOTES.md.)
         # A parent that does not precede its child (a malformed tree) ends its row.
         eye = rows[:, None] == rows[None, :]
         anc = (eye & rmask[:, None]).to(tl.int8)

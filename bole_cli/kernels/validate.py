@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from bole_cli.errors import InputError
+from bole_cli.limits import MAX_TREE_NODES
 
-MAX_TREE_NODES = 256
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)

@@ -1,4 +1,4 @@
-"""Calibration profiles (DESIGN.md §5): schema, I/O and lookup.
+"""Calibration profiles (docs/design.md §5): schema, I/O and lookup.
 
     from bole_cli.profiles import find_profile, load_profile, lookup_budget
     path = find_profile("a100", "Qwen/Qwen3.5-9B")          # or GpuSpec / ModelSpec

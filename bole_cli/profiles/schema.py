@@ -1,4 +1,4 @@
-"""The profile schema (DESIGN.md §5) and its validation.
+"""The profile schema (docs/design.md §5) and its validation.
 
 A profile is one YAML mapping per (gpu, model):
 

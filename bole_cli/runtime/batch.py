@@ -137,7 +137,7 @@ def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @dataclass
 class TreeBatch(_Prepared):
-    """A packed forest of draft trees over B requests (DESIGN.md §3 tree arrays)."""
+    """A packed forest of draft trees over B requests (docs/design.md §3 tree arrays)."""
 
     batch: int
     n_nodes: int

@@ -1,4 +1,4 @@
-"""The runtime's one door to the GDN tree kernels (DESIGN.md §3), plus the two one-token
+"""The runtime's one door to the GDN tree kernels (docs/design.md §3), plus the two one-token
 ops of a plain decode step.
 
 `GDNOps` calls `bole_cli.kernels` (Triton) where it has the function, and otherwise the

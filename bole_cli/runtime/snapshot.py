@@ -1,4 +1,4 @@
-"""The snapshot-baseline GDN tree verify: what today's engines do (DESIGN.md §1, §6).
+"""The snapshot-baseline GDN tree verify: what today's engines do (docs/design.md §1, §6).
 
 Node by node (T serial steps per layer), every node's full state is written to a
 snapshot buffer; after sampling, the accepted node's snapshot is copied back into the

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23 integration helpers (DESIGN.md §6).
+"""SGLang 0.5.23 integration helpers (docs/design.md §6).
 
 - `compat`: find SGLang's source (installed package, unpacked wheel, or wheel file) and load
   its GDN Triton verify / conv / copy-back kernels alone, without SGLang's heavy `__init__`.

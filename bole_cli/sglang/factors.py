@@ -44,7 +44,7 @@ import triton.language as tl
 
 from bole_cli.errors import BoleError
 from bole_cli.kernels import VerifyResult, tree_commit, tree_verify_gated
-from bole_cli.kernels.validate import MAX_TREE_NODES
+from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.sglang.plan import BolePlan, canonical_dtype
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

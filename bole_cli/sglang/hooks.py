@@ -1,7 +1,7 @@
 """The SGLang 0.5.23 functions the Bole plug-in hooks, as data, and a source check.
 
 Each `HookTarget` names a dotted path exactly as ``HookRegistry.register`` takes it
-(``sglang.srt.plugins.hook_registry``, DESIGN.md §6) and the parameter list read from
+(``sglang.srt.plugins.hook_registry``, docs/design.md §6) and the parameter list read from
 SGLang 0.5.23's source (``*`` marks the start of keyword-only parameters, ``*args`` /
 ``**kwargs`` the catch-alls, ``/`` the end of positional-only ones). `check_hook_targets`
 parses the given SGLang source with `ast` (no import of sglang) and returns one line per

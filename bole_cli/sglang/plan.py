@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
+from bole_cli.limits import MAX_TREE_NODES
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The speculative algorithms whose verify runs SGLang's EAGLE tree path (NEXTN is an alias
 # of EAGLE inside SGLang). NGRAM / STANDALONE / DFLASH / DSPARK are left alone.
@@ -36,7 +38,7 @@ PRECISIONS = ("tf32", "tf32x3", "ieee")
 # The plug-in verifies with tf32x3 dots whatever the activation dtype: SGLang's verify is
 # float32 arithmetic, and plain tf32 (tree_verify's default for bf16 inputs) differs from
 # it by 2.5-2.8e-3 (relative, bf16 outputs) on an H200
-# (bench/results/kernels-h200-qwen3.5-9b-run2-v2.json), more than a drop-in should.
+# (experiments/results/kernels-h200-qwen3.5-9b-run2-v2.json), more than a drop-in should.
 # BOLE_VERIFY_PRECISION=tf32 trades that agreement for speed.
 DEFAULT_PRECISION = "tf32x3"
 ENV_DISABLE = "BOLE_DISABLE"
@@ -166,8 +168,9 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
     if conv_dim != 2 * plan.key_heads * kdim + hv * vdim:
         return None, (f"conv dim {conv_dim} is not 2*H*K + HV*V = "
                       f"{2 * plan.key_heads * kdim + hv * vdim} (not a GDN q|k|v conv)")
-    if plan.draft_tokens > 256:
-        return None, f"{plan.draft_tokens} draft tokens per request; Bole's kernels take at most 256"
+    if plan.draft_tokens > MAX_TREE_NODES:
+        return None, (f"{plan.draft_tokens} draft tokens per request; Bole's kernels take at most "
+                      f"{MAX_TREE_NODES}")
     return plan, ""
 
 

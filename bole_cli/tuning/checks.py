@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from bole_cli.errors import BoleError, InputError
+from bole_cli.limits import MAX_TILE_NODES
 
 CHECK_SIZES = (80, 17, 1, 40)
 
@@ -25,8 +26,6 @@ CHECK_SIZES = (80, 17, 1, 40)
 def check_sizes(kernel: str, config: Mapping[str, int], nodes: Optional[int] = None) -> tuple[int, ...]:
     """Tree sizes of the correctness case for `kernel` with `config` (see the docstring);
     nodes: the bucket's tree size (one-tile tree_verify: the largest tree of the case)."""
-    from bole_cli.kernels.configs import MAX_TILE_NODES  # here, not at import: bole_cli.kernels loads torch and triton
-
     if kernel != "tree_verify":
         return CHECK_SIZES
     if is_blocked_config(config):

@@ -1,4 +1,4 @@
-"""Option parsing shared by the commands."""
+"""Parsing of the comma-separated option values the commands and the benches share."""
 
 from __future__ import annotations
 

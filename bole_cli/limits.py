@@ -1,0 +1,14 @@
+"""The size limits of Bole's kernels, in one place for everything that checks against them.
+
+Light on purpose (no torch, no triton): trees, the commands and the SGLang planner import
+it without loading the kernels. Why each limit is what it is: docs/design.md §3.
+"""
+
+#: Nodes one request's tree may hold: the blocked verify kernel keeps each node's ancestor
+#: set as a bitmask of MAX_TREE_NODES // 64 64-bit words. SGLang's draft trees stay well
+#: below it; a larger tree is almost always a malformed file.
+MAX_TREE_NODES = 256
+
+#: Largest tree the one-tile verify kernel takes: its [T, T] float32 factors live in
+#: registers. Larger trees take the blocked kernel.
+MAX_TILE_NODES = 64
