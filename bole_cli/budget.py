@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from bole_cli.errors import InputError
-from bole_cli.trees import Forest, ProposalTree, _pack, check_batch
+from bole_cli.trees.forest import Forest, check_batch, pack_segments
+from bole_cli.trees.tree import ProposalTree
 
 __all__ = ["BudgetSelection", "select_budget", "expected_accepted_curve"]
 
@@ -143,7 +144,7 @@ def select_budget(trees: Sequence[ProposalTree], budget: int, *, min_per_request
         budget=budget,
         min_per_request=m,
         max_per_request=cap,
-        forest=_pack(segments),
+        forest=pack_segments(segments),
         kept_ids=tuple(ids_out),
         expected_accepted=tuple(t.expected_accepted(kept[b]) for b, t in enumerate(trees)),
         expected_accepted_full=tuple(t.expected_accepted() for t in trees),

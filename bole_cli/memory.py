@@ -1,10 +1,12 @@
-"""Transient verify memory: SGLang-style per-node state snapshots against Bole's factors.
+"""The byte model: dtype names and sizes, per-node snapshots against Bole's factors.
 
-The one place this arithmetic lives (`bole inspect-tree`, `bole calibrate` and
-`bole serve` all call it). Every figure is derived from a catalogue ModelSpec, the
-recurrent-state dtype and the tree size; nothing is tabulated per model.
+The one place this arithmetic lives: `bole inspect-tree`, `bole models`, `bole serve`,
+the catalogue (ModelSpec's byte figures) and the plug-in's arena plan
+(bole_cli/sglang/plan.py, which imports this module inside SGLang's process: it stays
+standard-library only) all call it (docs/design.md §2, §6). Every figure is derived from
+shapes, dtypes and the tree size; nothing is tabulated per model.
 
-Per draft node and GDN layer (FACTS.md, paper Table I):
+Per draft node and GDN layer (paper Table I):
 - snapshot: the full state, HV * dk * dv elements in the state dtype;
 - factors: k shared across the GQA group (H * dk), u (HV * dv) and log_p (HV), all
   float32, so ``(H*dk + HV*dv + HV) * 4`` bytes whatever the state dtype.
@@ -23,10 +25,14 @@ from typing import Any, Optional
 from bole_cli.errors import InputError
 
 __all__ = [
-    "STATE_DTYPES",
+    "FLOAT_DTYPES",
     "KV_DTYPES",
     "FACTOR_ELEM_BYTES",
+    "canonical_dtype",
     "dtype_bytes",
+    "state_snapshot_bytes",
+    "factor_bytes",
+    "conv_window_bytes",
     "snapshot_bytes_per_node_layer",
     "factor_bytes_per_node_layer",
     "factor_ratio",
@@ -37,19 +43,29 @@ __all__ = [
     "format_bytes",
 ]
 
-#: Recurrent-state dtypes SGLang's --mamba-ssm-dtype accepts, with their element size.
-STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: The floating dtypes of SGLang's recurrent state (--mamba-ssm-dtype), conv windows and
+#: activations, with their element size.
+FLOAT_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: KV-cache dtypes (SGLang --kv-cache-dtype; "auto" means the activation dtype, bf16).
 KV_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}
 _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
-            "float": "float32", "auto": "bfloat16", "fp8": "fp8_e4m3"}
-#: Factors (k, u, log_p) are kept in float32 regardless of the state dtype.
+            "float": "float32"}
+# --kv-cache-dtype's own names; the checked lookups below accept them for any kind.
+_KV_ALIASES = {"auto": "bfloat16", "fp8": "fp8_e4m3"}
+#: Factors (u, log_p; k in the paper's count) are kept in float32 regardless of the state dtype.
 FACTOR_ELEM_BYTES = 4
 
 
-def _canonical_dtype(name: str, table: dict[str, int], field: str) -> str:
+def canonical_dtype(name: Any) -> str:
+    """'torch.bfloat16' / 'bf16' / torch.bfloat16 -> 'bfloat16'. An unknown name comes
+    back lower-cased, for the caller to accept or refuse."""
     key = str(name).strip().lower().removeprefix("torch.")
-    key = _ALIASES.get(key, key)
+    return _ALIASES.get(key, key)
+
+
+def _checked_dtype(name: str, table: dict[str, int], field: str) -> str:
+    key = canonical_dtype(name)
+    key = _KV_ALIASES.get(key, key)
     if key not in table:
         raise InputError(f"{field} {name!r}: expected one of {', '.join(table)}")
     return key
@@ -57,22 +73,39 @@ def _canonical_dtype(name: str, table: dict[str, int], field: str) -> str:
 
 def dtype_bytes(name: str, *, kind: str = "state") -> int:
     """Element size of a state dtype (kind="state") or a KV-cache dtype (kind="kv")."""
-    table, field = (STATE_DTYPES, "state dtype") if kind == "state" else (KV_DTYPES, "KV dtype")
-    return table[_canonical_dtype(name, table, field)]
+    table, field = (FLOAT_DTYPES, "state dtype") if kind == "state" else (KV_DTYPES, "KV dtype")
+    return table[_checked_dtype(name, table, field)]
+
+
+def state_snapshot_bytes(value_heads: int, value_dim: int, key_dim: int, elem_bytes: int) -> int:
+    """One full GDN recurrent state, HV x V x K elements: one request's state in one
+    layer, and what a snapshotting verifier stores per draft node and layer."""
+    return value_heads * value_dim * key_dim * elem_bytes
+
+
+def factor_bytes(key_heads: int, key_dim: int, value_heads: int, value_dim: int, *,
+                 k_bytes: int = FACTOR_ELEM_BYTES) -> int:
+    """Bole's per-node factors in one layer: k [H, K] (one per key head, shared by its GQA
+    group of value heads) in `k_bytes`, u [HV, V] and log_p [HV] in float32."""
+    return (key_heads * key_dim * k_bytes
+            + (value_heads * value_dim + value_heads) * FACTOR_ELEM_BYTES)
+
+
+def conv_window_bytes(conv_dim: int, window: int, elem_bytes: int) -> int:
+    """One conv window: the last `window` (kernel - 1) inputs of every conv channel."""
+    return conv_dim * window * elem_bytes
 
 
 def snapshot_bytes_per_node_layer(spec: Any, state_dtype: str = "float32") -> int:
     """One full GDN state (HV x dv x dk) in the state dtype: what SGLang stores per node."""
-    return spec.gdn_value_heads * spec.gdn_value_dim * spec.gdn_key_dim * dtype_bytes(state_dtype)
+    return state_snapshot_bytes(spec.gdn_value_heads, spec.gdn_value_dim, spec.gdn_key_dim,
+                                dtype_bytes(state_dtype))
 
 
 def factor_bytes_per_node_layer(spec: Any) -> int:
-    """Bole's per-node factors in one layer: k (one per key head, shared by its GQA
-    group of value heads), u per value head, log_p per value head; float32."""
-    elems = (spec.gdn_key_heads * spec.gdn_key_dim
-             + spec.gdn_value_heads * spec.gdn_value_dim
-             + spec.gdn_value_heads)
-    return elems * FACTOR_ELEM_BYTES
+    """Bole's per-node factors in one layer, all float32 (the paper's count)."""
+    return factor_bytes(spec.gdn_key_heads, spec.gdn_key_dim, spec.gdn_value_heads,
+                        spec.gdn_value_dim)
 
 
 def factor_ratio(spec: Any, state_dtype: str = "float32") -> float:
@@ -150,8 +183,8 @@ def transient_memory(spec: Any, batch: int, nodes: int, state_dtype: str = "floa
     _positive("batch", batch)
     _positive("nodes", nodes)
     slots = batch if slots is None else _positive("slots", slots)
-    state_dtype = _canonical_dtype(state_dtype, STATE_DTYPES, "state dtype")
-    kv_dtype = _canonical_dtype(kv_dtype, KV_DTYPES, "KV dtype")
+    state_dtype = _checked_dtype(state_dtype, FLOAT_DTYPES, "state dtype")
+    kv_dtype = _checked_dtype(kv_dtype, KV_DTYPES, "KV dtype")
     snap_node = snapshot_bytes_per_node_layer(spec, state_dtype)
     fact_node = factor_bytes_per_node_layer(spec)
     layers = spec.n_gdn_layers

@@ -14,7 +14,9 @@ import torch
 from typer.testing import CliRunner
 
 from bole_cli import cli
-from bole_cli.bench import e2e
+from bole_cli.bench.e2e import acceptance as e2e_acc
+from bole_cli.bench.e2e import decoders, harness
+from bole_cli.bench.e2e import plan as e2e_plan
 from bole_cli.bench.drafter import MTPDrafter, build_layout
 from bole_cli.calibrate import acceptance as acc_mod
 from bole_cli.catalog.models import resolve_model
@@ -35,7 +37,7 @@ DEPTH, TOPK = 3, 2
 
 @pytest.mark.parametrize("depth,topk", [(8, 4), (3, 2), (5, 3), (1, 1)])
 def test_layout_is_the_eagle_beam_tree(depth, topk):
-    rows = e2e._preset_rows(0.9, depth, topk)
+    rows = acc_mod.preset_rows(0.9, depth, topk)
     lay = build_layout(depth, topk, rows)
     want = beam_tree(depth, topk, level_probs=rows)
     assert lay.tree.parents == want.parents and lay.tree.log_probs == want.log_probs
@@ -51,50 +53,50 @@ def test_layout_is_the_eagle_beam_tree(depth, topk):
 
 @pytest.mark.parametrize("preset", sorted(acc_mod.PRESET_TARGETS))
 def test_presets_reproduce_the_papers_mean_accepted_tokens(preset):
-    acc = e2e.load_e2e_acceptance(preset)
+    acc = e2e_acc.load_e2e_acceptance(preset)
     assert not acc.greedy and "simulated" in acc.statement() and "measured" in acc.statement()
-    assert e2e.paper_shape_expected(acc) == pytest.approx(acc_mod.PRESET_TARGETS[preset], abs=2e-3)
+    assert e2e_acc.paper_shape_expected(acc) == pytest.approx(acc_mod.PRESET_TARGETS[preset], abs=2e-3)
 
 
 def test_simulated_walk_matches_the_model_and_is_seeded():
-    acc = e2e.load_e2e_acceptance("paper-mbpp")
+    acc = e2e_acc.load_e2e_acceptance("paper-mbpp")
     q = acc.rows(8, 4)
     lay = build_layout(8, 4, q)
-    plan = e2e.plan_trees(lay, 1, 128)
+    plan = e2e_plan.plan_trees(lay, 1, 128)
     assert plan.sizes == (lay.n_nodes,) and plan.expected == pytest.approx(6.70, abs=2e-3)
     kept = plan.local[0]
     n, total = 4000, 0
     for step in range(n):
-        path = e2e.walk_simulated(lay, q, kept, e2e.step_rng(0, 0, step))
+        path = e2e_acc.walk_simulated(lay, q, kept, e2e_acc.step_rng(0, 0, step))
         assert all(lay.tree.parents[c] == p for p, c in zip([0] + path, path))  # a root path
         total += len(path) + 1
     mean = total / n
     assert abs(mean - 6.70) < 4 * 1.5 / math.sqrt(n)  # within 4 sigma (sd of the length < 1.5)
     # same (seed, request, step) -> same path; a smaller budget cuts paths at unkept nodes
-    assert e2e.walk_simulated(lay, q, kept, e2e.step_rng(3, 1, 7)) == e2e.walk_simulated(
-        lay, q, kept, e2e.step_rng(3, 1, 7))
-    small = e2e.plan_trees(lay, 4, 32)
+    assert e2e_acc.walk_simulated(lay, q, kept, e2e_acc.step_rng(3, 1, 7)) == e2e_acc.walk_simulated(
+        lay, q, kept, e2e_acc.step_rng(3, 1, 7))
+    small = e2e_plan.plan_trees(lay, 4, 32)
     assert sum(small.sizes) == 32 and small.expected < plan.expected
     for b in range(4):
         for step in range(50):
-            path = e2e.walk_simulated(lay, q, small.local[b], e2e.step_rng(0, b, step))
+            path = e2e_acc.walk_simulated(lay, q, small.local[b], e2e_acc.step_rng(0, b, step))
             assert all(i in small.local[b] for i in path)
 
 
 def test_acceptance_inputs(tmp_path):
     f = tmp_path / "acc.json"
     f.write_text(json.dumps({"name": "mine", "per_depth": [0.8, 0.7, 0.6]}))
-    acc = e2e.load_e2e_acceptance(str(f))
+    acc = e2e_acc.load_e2e_acceptance(str(f))
     assert acc.name == "mine" and len(acc.rows(3, 2)) == 3
     with pytest.raises(InputError, match="depth"):
         acc.rows(4, 2)
     curve = tmp_path / "curve.json"
     curve.write_text(json.dumps({"curve": {"n": [1, 8], "e_acc": [1, 3]}}))
     with pytest.raises(InputError, match="per-depth"):
-        e2e.load_e2e_acceptance(str(curve))
+        e2e_acc.load_e2e_acceptance(str(curve))
     with pytest.raises(InputError, match="neither a preset"):
-        e2e.load_e2e_acceptance("paper-nothing")
-    assert e2e.load_e2e_acceptance("greedy").greedy
+        e2e_acc.load_e2e_acceptance("paper-nothing")
+    assert e2e_acc.load_e2e_acceptance("greedy").greedy
 
 
 def test_budget_resolution():
@@ -104,17 +106,17 @@ def test_budget_resolution():
     path = find_profile("h200", spec)
     assert path is not None, "the shipped H200 profile of Qwen3.5-9B"
     want = lookup_budget(load_profile(path), 16, 4096)[0]["b_ver"]
-    n, src = e2e.resolve_budget("profile", spec, "NVIDIA H200", 16, 4096, 117)
+    n, src = e2e_plan.resolve_budget("profile", spec, "NVIDIA H200", 16, 4096, 117)
     assert n == max(16, min(want, 16 * 117)) and "profile" in src and "Qwen3.5-9B" in src
-    n, src = e2e.resolve_budget("profile", spec, "cpu", 4, 4096, 117)
+    n, src = e2e_plan.resolve_budget("profile", spec, "cpu", 4, 4096, 117)
     assert n == 128 and "no profile" in src
-    assert e2e.resolve_budget(300, spec, "cpu", 2, 4096, 117) == (234, "--budget 300; 234 kept (every drafted node)")
+    assert e2e_plan.resolve_budget(300, spec, "cpu", 2, 4096, 117) == (234, "--budget 300; 234 kept (every drafted node)")
     with pytest.raises(InputError, match="smaller than batch"):
-        e2e.resolve_budget(8, spec, "cpu", 16, 4096, 117)
-    assert e2e.parse_budget("Profile") == "profile" and e2e.parse_budget("96") == 96
+        e2e_plan.resolve_budget(8, spec, "cpu", 16, 4096, 117)
+    assert e2e_plan.parse_budget("Profile") == "profile" and e2e_plan.parse_budget("96") == 96
     for bad in ("x", "0", "-3"):
         with pytest.raises(InputError, match="--budget"):
-            e2e.parse_budget(bad)
+            e2e_plan.parse_budget(bad)
 
 
 @pytest.mark.parametrize("limit,cap,probes", [(5, 256, 8), (1, 256, 8), (0, 256, 8), (300, 256, 8),
@@ -126,7 +128,7 @@ def test_max_batch_search(limit, cap, probes):
         calls.append(b)
         return (b <= limit, "" if b <= limit else "out of memory")
 
-    got = e2e.search_max_batch(fits, cap, probes)
+    got = harness.search_max_batch(fits, cap, probes)
     assert len(calls) <= probes and calls[0] == cap
     if limit >= cap:
         assert got["capped"] and got["max_batch"] == cap
@@ -138,7 +140,7 @@ def test_max_batch_search(limit, cap, probes):
         assert got["exact"], got  # small answers (the snapshot decoder's) are settled exactly
     if probes == 8 and limit < cap:
         assert got["fails_at"] - got["max_batch"] <= 8
-    err = e2e.search_max_batch(lambda b: (False, "RuntimeError: boom"), 64, 8)
+    err = harness.search_max_batch(lambda b: (False, "RuntimeError: boom"), 64, 8)
     assert err["error"] == "RuntimeError: boom" and err["max_batch"] is None
 
 
@@ -146,7 +148,7 @@ def test_max_batch_search(limit, cap, probes):
 
 @pytest.fixture(scope="module")
 def bench():
-    return e2e.E2EBench(tiny_spec(), device="cpu", dtype=F64, context=6, depth=DEPTH, topk=TOPK,
+    return harness.E2EBench(tiny_spec(), device="cpu", dtype=F64, context=6, depth=DEPTH, topk=TOPK,
                         acceptance="greedy", budget=14, seed=0, gdn_backend="reference", warmup=1, steps=2)
 
 
@@ -223,16 +225,16 @@ def test_a_wrong_commit_breaks_the_stream(bench):
 
 
 def test_simulated_acceptance_is_shared_and_memory_is_reported():
-    bench = e2e.E2EBench(tiny_spec(layers=4), device="cpu", dtype=torch.float32, context=8, depth=DEPTH,
+    bench = harness.E2EBench(tiny_spec(layers=4), device="cpu", dtype=torch.float32, context=8, depth=DEPTH,
                          topk=TOPK, acceptance="paper-mbpp", budget="profile", seed=3, warmup=1, steps=3)
-    runs = {name: bench.run(name, 2) for name in e2e.DECODERS}
+    runs = {name: bench.run(name, 2) for name in decoders.DECODERS}
     assert runs["snapshot"].accept_trace == runs["bole"].accept_trace
     assert runs["ar"].mean_accepted == 1.0 and runs["ar"].tokens == 2 * 3
     for name in ("snapshot", "bole"):
         r = runs[name]
         assert r.tokens == sum(map(sum, r.accept_trace[1:4])) and r.mean_accepted >= 1.0
         assert r.budget == 2 * bench.layout.n_nodes and r.expected_accepted > 1.0
-        assert set(r.phase_ms) == set(e2e.PHASES) and r.step_ms > 0 and not r.error
+        assert set(r.phase_ms) == set(decoders.PHASES) and r.step_ms > 0 and not r.error
     s = bench.model.spec
     snap_node = s.gdn_value_heads * s.gdn_value_dim * s.gdn_key_dim * 4
     t = bench.layout.n_nodes  # every node kept: the snapshot buffer is [L, B, T+1, HV, V, K]
@@ -245,7 +247,7 @@ def test_drafter_shapes_and_weights():
     from bole_cli.runtime import HybridModel
 
     model = HybridModel(spec, "cpu", torch.float32, seed=0)
-    lay = build_layout(DEPTH, TOPK, e2e._preset_rows(0.9, DEPTH, TOPK))
+    lay = build_layout(DEPTH, TOPK, acc_mod.preset_rows(0.9, DEPTH, TOPK))
     head = MTPDrafter(model, lay)
     assert head.param_bytes == MTPDrafter.param_bytes_for(spec, torch.float32)
     st = head.new_state(3, 10)
@@ -304,7 +306,7 @@ def test_cli_without_cuda_says_so():
 @pytest.mark.gpu
 def test_three_decoders_greedy_on_cuda_with_graphs():
     """The same exactness check through the Triton kernels and CUDA graphs (float32)."""
-    bench = e2e.E2EBench(tiny_spec(), device="cuda", dtype=torch.float32, context=6, depth=DEPTH, topk=TOPK,
+    bench = harness.E2EBench(tiny_spec(), device="cuda", dtype=torch.float32, context=6, depth=DEPTH, topk=TOPK,
                          acceptance="greedy", budget=14, seed=0, warmup=1, steps=2)
     assert bench.use_graphs
     bole, acc_b = streams(bench, "bole", 2, 5, oracle(1))
@@ -323,7 +325,7 @@ def test_e2e_tables_fit_an_80_column_terminal():
 
     from rich.console import Console
 
-    from bole_cli.bench.e2e import tables
+    from bole_cli.bench.e2e.report import tables
 
     data = json.loads((Path(__file__).parent.parent / "experiments/results/e2e-h200-qwen3.5-9b.json").read_text())
     console = Console(width=80, record=True)
@@ -345,7 +347,7 @@ def test_kernel_bench_tables_fit_an_80_column_terminal():
     from rich.console import Console
 
     from bole_cli.bench.kernel_bench import KernelCase
-    from bole_cli.commands.bench import _tables
+    from bole_cli.bench.kernel_report import tables
 
     data = json.loads((Path(__file__).parent.parent / "experiments/results/kernels-h200-qwen3.5-9b.json").read_text())
     fields = set(KernelCase.__dataclass_fields__)
@@ -353,10 +355,10 @@ def test_kernel_bench_tables_fit_an_80_column_terminal():
     result = SimpleNamespace(model=data["model"], device=data["device"],
                              copy_bandwidth=data["copy_bandwidth_tb_s"] * 1e12, cases=cases)
     console = Console(width=80, record=True)
-    for t in _tables(result, 80):
+    for t in tables(result, 80):
         console.print(t)
     text = console.export_text()
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
     b16 = next(c for c in cases if (c.tree, c.batch, c.nodes) == ("random", 16, 64))
     assert f"{b16.sglang_us:.1f}" in text and "24.1 MiB" in text
-    assert len(_tables(result, 200)) == 1
+    assert len(tables(result, 200)) == 1

@@ -113,3 +113,34 @@ def test_format_bytes():
     assert format_bytes(12 * 2**30) == "12.0 GiB"
     assert format_bytes(512 * 2**20) == "512 MiB"
     assert format_bytes(4.5 * 2**30) == "4.50 GiB"
+
+
+def test_canonical_dtype_is_lenient_and_the_checked_lookup_is_not():
+    from bole_cli.memory import canonical_dtype
+
+    assert canonical_dtype("torch.bfloat16") == canonical_dtype("BF16") == "bfloat16"
+    assert canonical_dtype(" half ") == "float16" and canonical_dtype("float") == "float32"
+    assert canonical_dtype("int8") == "int8"  # unknown: returned for the caller to refuse
+    assert dtype_bytes("auto", kind="kv") == 2
+    with pytest.raises(InputError, match="state dtype 'int8'"):
+        dtype_bytes("int8")
+
+
+def test_byte_primitives_agree_with_the_spec_figures_and_the_arena_plan():
+    from bole_cli.memory import FLOAT_DTYPES, conv_window_bytes, factor_bytes, state_snapshot_bytes
+    from bole_cli.sglang.plan import BolePlan
+
+    spec = resolve_model("9b")
+    hv, v, k, h = spec.gdn_value_heads, spec.gdn_value_dim, spec.gdn_key_dim, spec.gdn_key_heads
+    assert state_snapshot_bytes(hv, v, k, 4) == spec.gdn_state_bytes_per_layer() == hv * v * k * 4
+    assert snapshot_bytes_per_node_layer(spec, "bf16") == hv * v * k * 2
+    assert factor_bytes(h, k, hv, v) == factor_bytes_per_node_layer(spec) == (h * k + hv * v + hv) * 4
+    assert factor_bytes(h, k, hv, v, k_bytes=2) == h * k * 2 + (hv * v + hv) * 4
+    assert conv_window_bytes(spec.conv_dim, spec.conv_kernel - 1, 2) * spec.n_gdn_layers \
+        == spec.conv_state_bytes()
+    plan = BolePlan(layers=spec.n_gdn_layers, key_heads=h, key_dim=k, value_heads=hv, value_dim=v,
+                    conv_dim=spec.conv_dim, conv_window=spec.conv_kernel - 1, draft_tokens=16,
+                    rows=9, act_dtype="bfloat16", conv_dtype="bfloat16", ssm_dtype="float32")
+    window = spec.conv_dim * (spec.conv_kernel - 1) * FLOAT_DTYPES["bfloat16"]
+    assert plan.snapshot_node_bytes_per_layer() == snapshot_bytes_per_node_layer(spec) + window
+    assert plan.node_bytes_per_layer() == (h * k * 2 + (hv * v + hv) * 4 + spec.conv_dim * 2)

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from bole_cli import cli
-from bole_cli.commands import serve as serve_mod
+from bole_cli import cli, serving
+from bole_cli.commands import serve as serve_cmd
 from bole_cli.errors import InputError
 from bole_cli.profiles import find_profile, load_profile, lookup_budget
 
@@ -38,7 +38,7 @@ def flag(argv: list[str], name: str) -> str:
 @pytest.fixture
 def no_sglang(monkeypatch):
     status = {"installed": False, "version": None, "pinned": "0.5.23", "plugin_registered": True}
-    monkeypatch.setattr(serve_mod, "sglang_status", lambda: dict(status))
+    monkeypatch.setattr(serving, "sglang_status", lambda: dict(status))
     return status
 
 
@@ -46,9 +46,9 @@ def no_sglang(monkeypatch):
 def fake_sglang(monkeypatch):
     """SGLang 0.5.23 'installed' with the entry point; the exec is captured."""
     status = {"installed": True, "version": "0.5.23", "pinned": "0.5.23", "plugin_registered": True}
-    monkeypatch.setattr(serve_mod, "sglang_status", lambda: dict(status))
+    monkeypatch.setattr(serving, "sglang_status", lambda: dict(status))
     launched = []
-    monkeypatch.setattr(serve_mod, "_launch", lambda argv, env: launched.append((argv, env)))
+    monkeypatch.setattr(serve_cmd, "_launch", lambda argv, env: launched.append((argv, env)))
     return status, launched
 
 
@@ -65,9 +65,9 @@ def test_dry_run_command_from_shipped_profiles(no_sglang, gpu, model, batch):
     prof_path = find_profile(gpu, MODELS[model])
     assert res["profile"] == str(prof_path)
     prof = load_profile(prof_path)
-    entry, _ = lookup_budget(prof, batch, serve_mod.DEFAULT_KV_LEN)
-    depth, topk, _ = serve_mod.tree_shape_from_profile(prof)
-    want_d = min(max(entry["b_ver"] // batch, 2), serve_mod.max_tree_tokens(depth, topk), 256)
+    entry, _ = lookup_budget(prof, batch, serving.DEFAULT_KV_LEN)
+    depth, topk, _ = serving.tree_shape_from_profile(prof)
+    want_d = min(max(entry["b_ver"] // batch, 2), serving.max_tree_tokens(depth, topk), 256)
     s = res["settings"]
     assert (s["algorithm"], s["eagle_topk"], s["num_draft_tokens"]) == ("NEXTN", topk, want_d)
     assert s["num_steps"] == min(depth, want_d - 1) and s["b_ver"] == entry["b_ver"]
@@ -116,29 +116,29 @@ def test_eagle_with_a_draft_model_and_extra_args_override(no_sglang):
 
 def test_tree_shape_from_the_acceptance_model():
     prof = {"acceptance": {"name": "x", "per_depth_rank": [[0.9, 0.05, 0.01]] * 6}}
-    assert serve_mod.tree_shape_from_profile(prof) == (6, 3, "acceptance model 'x'")
-    assert serve_mod.tree_shape_from_profile({})[:2] == (8, 4)
+    assert serving.tree_shape_from_profile(prof) == (6, 3, "acceptance model 'x'")
+    assert serving.tree_shape_from_profile({})[:2] == (8, 4)
 
 
 def test_overrides_and_clamps():
     base = load_profile(find_profile("h200", MODELS["9b"]))
     prof = dict(base, configs=[dict(c, b_ver=128) for c in base["configs"]])
-    s = serve_mod.derive_settings(prof, 1, 4096)  # B_ver 128 at batch 1: one deep tree
-    assert s["num_draft_tokens"] == 117 == serve_mod.max_tree_tokens(8, 4)
+    s = serving.derive_settings(prof, 1, 4096)  # B_ver 128 at batch 1: one deep tree
+    assert s["num_draft_tokens"] == 117 == serving.max_tree_tokens(8, 4)
     assert any("EAGLE tree of depth 8" in n for n in s["notes"])
-    s = serve_mod.derive_settings(prof, 16, 4096, steps=3, topk=2, draft_tokens=64)
+    s = serving.derive_settings(prof, 16, 4096, steps=3, topk=2, draft_tokens=64)
     assert (s["num_steps"], s["eagle_topk"], s["num_draft_tokens"]) == (3, 2, 1 + 2 + 2 * 4)
-    s = serve_mod.derive_settings(prof, 8, 4096, draft_tokens=3)
+    s = serving.derive_settings(prof, 8, 4096, draft_tokens=3)
     assert (s["num_draft_tokens"], s["num_steps"]) == (3, 2)  # depth <= tokens - 1
     with pytest.raises(InputError, match="--topk"):
-        serve_mod.derive_settings(prof, 8, 4096, topk=1)
+        serving.derive_settings(prof, 8, 4096, topk=1)
     with pytest.raises(InputError, match="--batch"):
-        serve_mod.derive_settings(prof, 0, 4096)
+        serving.derive_settings(prof, 0, 4096)
     big = dict(prof, configs=[dict(c, b_ver=100000) for c in prof["configs"]])
-    s = serve_mod.derive_settings(big, 1, 4096, steps=40, topk=8)
+    s = serving.derive_settings(big, 1, 4096, steps=40, topk=8)
     assert s["num_draft_tokens"] == 256 and any("256" in n for n in s["notes"])
     small = dict(prof, configs=[dict(c, b_ver=8) for c in prof["configs"]])
-    assert serve_mod.derive_settings(small, 16, 4096)["num_draft_tokens"] == 2
+    assert serving.derive_settings(small, 16, 4096)["num_draft_tokens"] == 2
 
 
 def test_profile_file_for_an_uncatalogued_model(no_sglang, tmp_path):
@@ -202,7 +202,7 @@ def test_wrong_sglang_version_or_missing_entry_point(fake_sglang):
 
 
 def test_sglang_status_reports_the_real_environment():
-    st = serve_mod.sglang_status()
+    st = serving.sglang_status()
     assert set(st) == {"installed", "version", "pinned", "plugin_registered"}
     assert st["pinned"] == "0.5.23"
 
@@ -223,9 +223,9 @@ def test_launch_replaces_the_process_with_the_plugin_enabled(fake_sglang, monkey
 
 
 def test_plugin_env_keeps_other_plugins():
-    assert serve_mod.plugin_env({})["SGLANG_PLUGINS"] == "bole"
-    assert serve_mod.plugin_env({"SGLANG_PLUGINS": "a, bole"})["SGLANG_PLUGINS"] == "a,bole"
-    assert serve_mod.plugin_env({"SGLANG_PLUGINS": "a"})["SGLANG_PLUGINS"] == "a,bole"
+    assert serving.plugin_env({})["SGLANG_PLUGINS"] == "bole"
+    assert serving.plugin_env({"SGLANG_PLUGINS": "a, bole"})["SGLANG_PLUGINS"] == "a,bole"
+    assert serving.plugin_env({"SGLANG_PLUGINS": "a"})["SGLANG_PLUGINS"] == "a,bole"
 
 
 def test_bad_port_is_input_error(no_sglang):

@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import bole_cli.trees
 from bole_cli.errors import InputError
+from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.trees import (
-    MAX_TREE_NODES,
     Forest,
     ProposalTree,
     beam_tree,
@@ -31,6 +32,7 @@ from bole_cli.trees import (
     retrieve_parent_token,
     to_sglang,
 )
+from bole_cli.trees.forest import check_batch, pack_segments
 
 DATA = Path(__file__).parent / "data" / "trees"
 
@@ -491,3 +493,36 @@ def test_random_tree_errors():
         random_tree(0, 9, max_depth=4, shape="chain")
     with pytest.raises(InputError, match="sizes is empty"):
         random_forest(0, [])
+
+
+# ---- the package -----------------------------------------------------------------------------
+
+def test_package_presents_its_public_api():
+    import importlib
+
+    for name in bole_cli.trees.__all__:
+        assert getattr(bole_cli.trees, name) is not None, name
+    # each public name has one home module inside the package
+    homes = {name: getattr(bole_cli.trees, name).__module__ for name in bole_cli.trees.__all__
+             if hasattr(getattr(bole_cli.trees, name), "__module__")}
+    for name, home in homes.items():
+        assert home.startswith("bole_cli.trees."), (name, home)
+        assert getattr(importlib.import_module(home), name) is getattr(bole_cli.trees, name)
+
+
+def test_pack_segments_keeps_empty_requests():
+    a, b = ProposalTree([-1, 0], [0.0, -0.5]), chain_tree(3)
+    f = pack_segments([a, None, b, None])
+    assert f.cu_seqlens == (0, 2, 2, 5, 5) and f.sizes == (2, 0, 3, 0)
+    assert f.tree(1) is None and f.tree(3) is None and f.tree(2) == b
+    assert f.parents == (-1, 0, -1, 0, 1) and f.depths == (1, 2, 1, 2, 3)
+    assert pack_segments([a, b]) == pack_forest([a, b])
+
+
+def test_check_batch_rejects_non_trees():
+    t = chain_tree(2)
+    assert check_batch((t, t), "pack") == [t, t]
+    with pytest.raises(InputError, match="batch is empty: no trees to select from"):
+        check_batch([], "select from")
+    with pytest.raises(TypeError, match="request 1: expected a ProposalTree, got list"):
+        check_batch([t, [-1, 0]], "pack")

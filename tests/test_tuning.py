@@ -1,4 +1,5 @@
-"""`bole tune-kernels` and the tuned-table lookup (bole_cli.tuning), on the CPU.
+"""`bole tune-kernels` (bole_cli.tuning) and the tuned-table lookup (bole_cli.kernels.tuned_tables),
+on the CPU.
 
 The GPU path is driven with fakes: a fake evaluator for the Optuna driver, and the real
 GpuEvaluator with CPU inputs and a fake graph timer (the closures then run the real kernels
@@ -17,10 +18,12 @@ from typer.testing import CliRunner
 
 from bole_cli import cli
 from bole_cli.errors import InputError
+from bole_cli.kernels import tuned_tables as tt
+from bole_cli.kernels.buckets import Bucket, nearest_bucket, parse_bucket_key
 from bole_cli.tuning import space as sp
 from bole_cli.tuning import tables as tb
-from bole_cli.tuning.buckets import Bucket, nearest_bucket, parse_bucket_key, plan_buckets
 from bole_cli.tuning.checks import Verdict
+from bole_cli.tuning.plan import plan_buckets
 
 try:
     runner = CliRunner(mix_stderr=False)
@@ -36,15 +39,13 @@ H200 = "NVIDIA H200"
 def _no_resolver(monkeypatch, tmp_path):
     """Every test starts and ends without a tuned-table resolver and with fresh notices,
     and with its own user cache directory (studies, locks, user profiles)."""
-    from bole_cli.kernels import configs
-
-    monkeypatch.delenv(tb.ENV_VAR, raising=False)
+    monkeypatch.delenv(tt.ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    saved = configs._resolver
-    configs.set_resolver(None)
-    tb._NOTICED.clear()
+    saved = tt._resolver
+    tt.set_resolver(None)
+    tt._NOTICED.clear()
     yield
-    configs.set_resolver(saved)
+    tt.set_resolver(saved)
 
 
 # ---- search space -----------------------------------------------------------------------
@@ -67,7 +68,7 @@ def test_search_space_per_kernel():
 def test_verify_buckets_tune_the_kernel_they_launch():
     """Trees <= 64 nodes take the one-tile kernel (VSPLIT, no BC), larger ones the blocked
     kernel (BC, no VSPLIT); a tuned config never crosses over at lookup."""
-    from bole_cli.tuning.buckets import Bucket, nearest_bucket
+    from bole_cli.kernels.buckets import Bucket, nearest_bucket
     from bole_cli.tuning.study import builtin_default
 
     dims = (16, 32, 128, 128)
@@ -97,7 +98,7 @@ def test_stale_verify_entries_are_skipped_with_a_note(tmp_path):
     for bucket, cfg in ((Bucket("tree_verify", m, 4, 64), old), (Bucket("tree_verify", m, 4, 32), new),
                         (Bucket("tree_verify", m, 4, 128), new)):
         tb.record_entries(path, H200, "3.9.0", _rec(bucket, cfg), create=_create())
-    entries, notes = tb.load_tuned_entries([path], H200, "3.9.0")
+    entries, notes = tt.load_tuned_entries([path], H200, "3.9.0")
     assert [e.bucket.nodes for e in entries] == [32]
     assert len(notes) == 2 and all("rerun bole tune-kernels" in n for n in notes)
     # the correctness case matches the kernel a config is for
@@ -135,13 +136,51 @@ def test_builtin_default_ignores_an_installed_resolver():
     want = {k: v for k, v in configs.launch_config("tree_verify", b.launch_shape()).items()
             if k not in ("precision", "BC", "GRAM16")}  # 64 nodes: the one-tile kernel; GRAM16 is not tuned
     weird = lambda kernel, shape: {"BC": 64, "BV": 16}  # noqa: E731
-    configs.set_resolver(weird)
+    tt.set_resolver(weird)
     assert builtin_default(b) == want
-    assert configs._resolver is weird  # restored
+    assert tt._resolver is weird  # restored
     for kernel in sp.KERNELS:
         model = (8192, 4) if kernel == "tree_conv" else GDN_9B
         d = builtin_default(Bucket(kernel, model, 4, None if kernel == "tree_commit" else 16))
-        assert set(d) <= set(sp.TUNED_KEYS[kernel]) and "num_warps" in d
+        assert set(d) <= set(tt.TUNED_KEYS[kernel]) and "num_warps" in d
+
+
+def test_tuned_keys_are_the_search_space_keys():
+    """The lookup accepts exactly the keys the tuner searches (one list each side of the
+    kernels/tuning line, kept equal here)."""
+    assert {k: tuple(v) for k, v in sp.SPACES.items()} == tt.TUNED_KEYS
+    assert set(sp.KERNELS) == set(tt.TUNED_KEYS)
+
+
+def test_verify_path_splits_tile_and_blocked():
+    from bole_cli.kernels.verify_path import is_blocked_config, is_tile_launch
+
+    assert is_tile_launch({"T": 64}) and is_tile_launch({"T": 1})
+    assert not is_tile_launch({"T": 65}) and not is_tile_launch({"T": 0}) and not is_tile_launch({})
+    assert is_blocked_config({"BC": 16, "BV": 32}) and not is_blocked_config({"VSPLIT": 2, "BV": 32})
+    assert not is_blocked_config({"BC": 16, "VSPLIT": 2})
+
+
+def test_first_launch_installs_the_tables_once(monkeypatch, capsys):
+    """launch_config's first call installs this GPU's tables; a failing install is a
+    one-line note, never an error, and is not retried."""
+    from bole_cli.kernels import configs
+
+    calls = []
+
+    def broken_install():
+        calls.append(1)
+        raise InputError("k.yaml: not valid YAML")
+
+    monkeypatch.setattr(tt, "install_tuned_tables", broken_install)
+    monkeypatch.setattr(tt, "_autoload", True)
+    shape = _shape(4, 64)
+    builtin = configs.launch_config("tree_verify", shape)
+    assert configs.launch_config("tree_verify", shape) == builtin and calls == [1]
+    assert capsys.readouterr().err == "bole: note: tuned kernel tables not loaded (k.yaml: not valid YAML)\n"
+    monkeypatch.setattr(tt, "_autoload", True)
+    monkeypatch.setattr(tt, "install_tuned_tables", lambda: tt.set_resolver(lambda k, s: {"num_warps": 8}))
+    assert configs.launch_config("tree_verify", shape)["num_warps"] == 8 and tt._autoload is False
 
 
 # ---- buckets --------------------------------------------------------------------------
@@ -214,7 +253,7 @@ def test_lookup_commit_and_conv_shapes():
 
 
 def _entry(bucket, cfg, default=False, version="3.9.0"):
-    return tb.TunedEntry(bucket, cfg, default, 10.0, 12.0, version)
+    return tt.TunedEntry(bucket, cfg, default, 10.0, 12.0, version)
 
 
 def test_resolver_feeds_launch_config():
@@ -224,13 +263,13 @@ def test_resolver_feeds_launch_config():
     entries = [_entry(Bucket("tree_verify", GDN_9B, 4, 64), tuned),
                _entry(Bucket("tree_verify", GDN_9B, 64, 64), {"BC": 32, "BV": 32, "BK": 32, "num_warps": 2,
                                                                "num_stages": 1}, default=True)]
-    resolver = tb.make_resolver(entries)
-    configs.set_resolver(resolver)
+    resolver = tt.make_resolver(entries)
+    tt.set_resolver(resolver)
     cfg = configs.launch_config("tree_verify", _shape(4, 64))
     assert {k: cfg[k] for k in tuned} == tuned and cfg["precision"] is None
     # a bucket where the built-in config won defers to the built-in rule for the exact shape
-    builtin = (configs.set_resolver(None), configs.launch_config("tree_verify", _shape(64, 64)))[1]
-    configs.set_resolver(resolver)
+    builtin = (tt.set_resolver(None), configs.launch_config("tree_verify", _shape(64, 64)))[1]
+    tt.set_resolver(resolver)
     assert configs.launch_config("tree_verify", _shape(64, 64)) == builtin
     # an explicit override still wins over the table
     assert configs.launch_config("tree_verify", _shape(4, 64), {"BC": 16})["BC"] == 16
@@ -255,7 +294,7 @@ CFG = {"VSPLIT": 1, "BV": 64, "BK": 32, "num_warps": 4, "num_stages": 1}
 def test_record_creates_a_valid_gpu_profile_and_merges(tmp_path):
     from bole_cli.profiles import load_profile
 
-    path = tb.kernels_profile_path(tmp_path, "h200")
+    path = tt.kernels_profile_path(tmp_path, "h200")
     assert path == tmp_path / "h200" / "kernels.yaml"
     tb.record_entries(path, H200, "3.9.0", _rec(V4, CFG), create=_create())
     data = load_profile(path)
@@ -299,21 +338,21 @@ def test_load_priorities_and_bad_entries(tmp_path):
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     tb.record_entries(a, H200, "3.5.0", _rec(V4, dict(CFG, VSPLIT=2)), create=_create())
     tb.record_entries(b, H200, "3.9.0", _rec(V4, dict(CFG, VSPLIT=4)), create=_create())
-    entries, _ = tb.load_tuned_entries([a, b], H200, "3.9.0")
+    entries, _ = tt.load_tuned_entries([a, b], H200, "3.9.0")
     assert [e.config["VSPLIT"] for e in entries] == [4]  # the running Triton version wins
-    entries, _ = tb.load_tuned_entries([a, b], "nvidia  h200", "3.4.0")  # names compare loosely
+    entries, _ = tt.load_tuned_entries([a, b], "nvidia  h200", "3.4.0")  # names compare loosely
     assert [e.config["VSPLIT"] for e in entries] == [2]  # else the nearest Triton release
     tb.record_entries(b, H200, "3.5.0", _rec(V4, dict(CFG, VSPLIT=1)), create=_create())
-    entries, _ = tb.load_tuned_entries([a, b], H200, "3.5.0")
+    entries, _ = tt.load_tuned_entries([a, b], H200, "3.5.0")
     assert [e.config["VSPLIT"] for e in entries] == [2]  # equal rank: the earlier file
     # a malformed entry is skipped with a note, its neighbours still load
     data = yaml.safe_load(b.read_text())
     data["kernels"]["NVIDIA H200 | triton 3.9.0"]["tree_verify/H16-HV32-K128-V128/B1/N16"] = {"config": {"BC": "x"}}
     b.write_text(yaml.safe_dump(data))
-    entries, notes = tb.load_tuned_entries([b], H200, "3.9.0")
+    entries, notes = tt.load_tuned_entries([b], H200, "3.9.0")
     assert [e.bucket for e in entries] == [V4] and len(notes) == 1 and "B1/N16" in notes[0]
     (tmp_path / "broken.yaml").write_text("bole_profile: [\n")
-    entries, notes = tb.load_tuned_entries([tmp_path / "broken.yaml", tmp_path / "missing.yaml", b], H200, "3.9.0")
+    entries, notes = tt.load_tuned_entries([tmp_path / "broken.yaml", tmp_path / "missing.yaml", b], H200, "3.9.0")
     assert [e.bucket for e in entries] == [V4] and "not valid YAML" in notes[0]
 
 
@@ -336,26 +375,26 @@ def test_install_tuned_tables(tmp_path, capsys, monkeypatch):
 
     path = tmp_path / "k.yaml"
     tb.record_entries(path, H200, "3.9.0", _rec(V4, dict(CFG, num_warps=8)), create=_create())
-    info = tb.install_tuned_tables(H200, paths=[path], triton_version="3.9.0")
+    info = tt.install_tuned_tables(H200, paths=[path], triton_version="3.9.0")
     assert len(info.entries) == 1 and configs.launch_config("tree_verify", _shape(4, 64))["num_warps"] == 8
     assert capsys.readouterr().err == ""
     # another Triton version: used, with a one-line notice
-    tb.install_tuned_tables(H200, paths=[path], triton_version="3.10.0")
+    tt.install_tuned_tables(H200, paths=[path], triton_version="3.10.0")
     assert configs.launch_config("tree_verify", _shape(4, 64))["num_warps"] == 8
     assert "made with triton 3.9.0 (running 3.10.0)" in capsys.readouterr().err
     # no table for this GPU: built-in configs and one notice, once
     for _ in range(2):
-        info = tb.install_tuned_tables("NVIDIA B200", paths=[path], triton_version="3.9.0")
-    assert info.entries == [] and configs._resolver is None
+        info = tt.install_tuned_tables("NVIDIA B200", paths=[path], triton_version="3.9.0")
+    assert info.entries == [] and tt._resolver is None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bole: note: no tuned kernel table for NVIDIA B200")
     # the environment switch and file
-    monkeypatch.setenv(tb.ENV_VAR, "off")
-    configs.set_resolver(lambda k, s: None)
-    assert tb.install_tuned_tables(H200, paths=[path]) is None and configs._resolver is None
-    monkeypatch.setenv(tb.ENV_VAR, str(path))
-    assert tb.table_paths(H200)[0] == path
-    assert tb.table_paths(H200)[-1].as_posix().endswith("profiles/h200/kernels.yaml")
+    monkeypatch.setenv(tt.ENV_VAR, "off")
+    tt.set_resolver(lambda k, s: None)
+    assert tt.install_tuned_tables(H200, paths=[path]) is None and tt._resolver is None
+    monkeypatch.setenv(tt.ENV_VAR, str(path))
+    assert tt.table_paths(H200)[0] == path
+    assert tt.table_paths(H200)[-1].as_posix().endswith("profiles/h200/kernels.yaml")
 
 
 def test_install_without_cuda_does_nothing(capsys):
@@ -363,14 +402,14 @@ def test_install_without_cuda_does_nothing(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
-    assert tb.install_tuned_tables() is None
+    assert tt.install_tuned_tables() is None
     assert capsys.readouterr().err == ""
 
 
 def test_gpu_key_for_device_names():
-    assert tb.gpu_key_for("NVIDIA H200") == "h200"
-    assert tb.gpu_key_for("NVIDIA GeForce RTX 4090") == "nvidia_geforce_rtx_4090"
-    assert tb.parse_device_key(tb.device_key(" NVIDIA  H200 ", "3.9.0")) == ("NVIDIA H200", "3.9.0")
+    assert tt.gpu_key_for("NVIDIA H200") == "h200"
+    assert tt.gpu_key_for("NVIDIA GeForce RTX 4090") == "nvidia_geforce_rtx_4090"
+    assert tt.parse_device_key(tt.device_key(" NVIDIA  H200 ", "3.9.0")) == ("NVIDIA H200", "3.9.0")
 
 
 # ---- the Optuna driver with a fake evaluator -------------------------------------------------
@@ -560,8 +599,8 @@ def test_estimate_is_sane():
 # ---- the real GpuEvaluator on the CPU: CPU inputs, a fake graph timer ---------------------------
 
 def cpu_layer_inputs(torch, dims, batch, nodes, seed, act_dtype, state_dtype):
-    """kernel_bench.LayerInputs' attributes, on the CPU."""
-    from bole_cli.bench.kernel_bench import tree_parents
+    """bole_cli.timing.LayerInputs' attributes, on the CPU."""
+    from bole_cli.timing import tree_parents
 
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -709,7 +748,7 @@ def test_gpu_command_path_with_fakes(monkeypatch, tmp_path):
     profile writes per bucket, JSON, and a resumed second run."""
     import torch
 
-    import bole_cli.bench.kernel_bench as kb
+    import bole_cli.timing as timing
     import bole_cli.tuning.gpu as gpu
 
     made = []
@@ -725,7 +764,7 @@ def test_gpu_command_path_with_fakes(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: H200)
     monkeypatch.setattr(gpu, "GpuEvaluator", Fake)
-    monkeypatch.setattr(kb, "warm_gpu", lambda torch: None)
+    monkeypatch.setattr(timing, "warm_gpu", lambda torch: None)
     prof = tmp_path / "kernels.yaml"
     args = ["tune-kernels", "--kernels", "tree_commit", "--batch", "1,4", "--trials", "4", "--profile", str(prof)]
     r = runner.invoke(cli.app, args + ["--json"])
@@ -735,7 +774,7 @@ def test_gpu_command_path_with_fakes(monkeypatch, tmp_path):
     assert all(x["speedup"] >= 1.0 for x in data["results"])
     assert (tmp_path / "cache" / "bole" / "tune").is_dir()
     assert "tuning 2 buckets x 4 trials (tpe) on NVIDIA H200: about" in r.stderr
-    entries, _ = tb.load_tuned_entries([prof], H200, data["triton"])
+    entries, _ = tt.load_tuned_entries([prof], H200, data["triton"])
     assert sorted(e.bucket.key for e in entries) == ["tree_commit/H16-HV32-K128-V128/B1",
                                                      "tree_commit/H16-HV32-K128-V128/B4"]
     # a second run resumes the studies: nothing new to evaluate; the table is printed

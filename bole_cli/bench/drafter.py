@@ -36,10 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from bole_cli.errors import InputError
+from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.runtime.batch import Rope
 from bole_cli.runtime.model import HybridModel
 from bole_cli.runtime.moe import swiglu
-from bole_cli.trees import MAX_TREE_NODES, ProposalTree, beam_tree_size
+from bole_cli.trees import ProposalTree, beam_tree_size
 
 RMS_EPS = 1e-6
 

@@ -7,22 +7,20 @@
 (b) Bole: tree_verify_gated (gates fused, like SGLang's) + tree_commit on the same inputs.
 (c) The memory-traffic floor: bytes that must move / measured device copy bandwidth.
 
-Timing: each variant is captured in a CUDA graph that runs it over ROTATE input sets
-(so repeated runs do not measure the L2 cache), replayed under triton.testing.do_bench
-(CUDA events, warm-up, median); the per-call time is the replay time / ROTATE.
+Timing (bole_cli.timing): each variant is captured in a CUDA graph that runs it over ROTATE
+input sets (so repeated runs do not measure the L2 cache), replayed under
+triton.testing.do_bench (CUDA events, warm-up, median); the per-call time is the replay
+time / ROTATE.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 from bole_cli.catalog.models import ModelSpec
-
-ROTATE = 4
-L2_BYTES = 64 << 20
+from bole_cli.timing import ROTATE, LayerInputs, measure_copy_bandwidth, time_graph, warm_gpu
 
 
 @dataclass
@@ -84,140 +82,46 @@ class KernelBenchResult:
         }
 
 
-def tree_parents(kind: str, nodes: int, rng: random.Random) -> list[int]:
-    """One request's local parents: a random tree of depth <= 8 (one root, like SGLang's
-    drafts), or a pure chain."""
-    from bole_cli.trees import random_tree
+def sglang_step(s: LayerInputs, sg) -> Callable[[], None]:
+    """(a) SGLang: verify with a snapshot per node, then copy the accepted one back."""
 
-    if kind == "chain":
-        return list(random_tree(rng, nodes, shape="chain").parents)
-    return list(random_tree(rng, nodes, max_depth=8, n_roots=1, shape="random").parents)
-
-
-def measure_copy_bandwidth(torch) -> float:
-    """Device-to-device copy bandwidth (bytes read + written per second)."""
-    import triton.testing
-
-    n = 1 << 30
-    src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")  # random, never zeros
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=200, return_mode="median")
-    return 2 * n / (ms * 1e-3)
+    def run():
+        sg.target_verify(
+            s.A_log, s.dt_bias, s.q[None], s.k[None], s.v[None], s.a, s.b,
+            ssm_states=s.pool, cache_indices=s.slots, query_start_loc=s.cu,
+            intermediate_states_buffer=s.snapshots, intermediate_state_indices=s.snap_rows,
+            cache_steps=s.nodes, retrieve_parent_token=s.rpt,
+        )
+        sg.copy_back_accepted(s.pool[None], s.snapshots[None], s.slots, s.accepted)
+    return run
 
 
-def capture_graph(torch, fns: list[Callable[[], None]]):
-    """One CUDA graph running every fn in order (two eager warm-up passes on a side stream first)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            for fn in fns:
-                fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    torch.cuda.synchronize()
-    return graph
+def bole_verify(s: LayerInputs, kernels, out, config=None) -> Callable[[], None]:
+    """(b) Bole: gates and the closed-form verify (then `bole_commit`)."""
+
+    def run():
+        kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias,
+                                  s.pool, s.slots, s.parents, s.cu, check_trees=False,
+                                  max_nodes=s.nodes, out=out, config=config)
+    return run
 
 
-def time_graph(torch, fns: list[Callable[[], None]], rep_ms: int = 200, calls: Optional[int] = None) -> float:
-    """Microseconds per call: capture all fns in one CUDA graph; `calls` is how many
-    logical calls they make (default: one per fn, i.e. one per input set)."""
-    import triton.testing
-
-    graph = capture_graph(torch, fns)
-    ms = triton.testing.do_bench(graph.replay, warmup=100, rep=rep_ms, return_mode="median")
-    return ms * 1e3 / (calls or len(fns))
+def bole_commit(s: LayerInputs, kernels, out) -> Callable[[], None]:
+    def run():
+        kernels.tree_commit(s.pool, s.slots, s.k, out.u, out.log_p, s.parents, s.cu,
+                            s.accepted, check_trees=False)
+    return run
 
 
-def warm_gpu(torch, seconds: float = 1.0) -> None:
-    """Run matmuls until the clocks have ramped up (an idle H200 sits at ~500 MHz)."""
-    import time
-
-    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    end = time.time() + seconds
-    while time.time() < end:
-        for _ in range(20):
-            x = (x @ x).clamp_(-1, 1)
-        torch.cuda.synchronize()
-
-
-class LayerInputs:
-    """One GDN layer's verify inputs for a batch of same-size trees, on the GPU."""
-
-    def __init__(self, torch, spec: ModelSpec, batch: int, nodes: int, tree: str, seed: int,
-                 act_dtype, state_dtype):
-        dev = "cuda"
-        rng = random.Random(seed)
-        gen = torch.Generator(device=dev).manual_seed(seed)
-        h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
-        n = batch * nodes
-        self.batch, self.nodes = batch, nodes
-        local = []
-        for _ in range(batch):
-            local.extend(tree_parents(tree, nodes, rng))
-        self.parents = torch.tensor(local, dtype=torch.int32, device=dev)
-        self.cu = torch.arange(0, n + 1, nodes, dtype=torch.int32, device=dev)
-        # SGLang's retrieve_parent_token: [B, T], entry 0 unused (0), else the local parent.
-        rpt = self.parents.view(batch, nodes).clone()
-        rpt[:, 0] = 0
-        self.rpt = rpt.contiguous()
-
-        def randn(*shape):
-            return torch.randn(*shape, generator=gen, device=dev)
-
-        self.q = randn(n, h, kd).to(act_dtype)
-        self.k = randn(n, h, kd).to(act_dtype)
-        self.v = randn(n, hv, vd).to(act_dtype)
-        self.a = randn(n, hv).to(act_dtype)
-        self.b = randn(n, hv).to(act_dtype)
-        self.A_log = (torch.rand(hv, generator=gen, device=dev) * 2.0 - 1.0).float()
-        self.dt_bias = randn(hv).float()
-        slots = batch + 1
-        self.pool = randn(slots, hv, vd, kd).to(state_dtype)
-        self.slots = torch.randperm(slots, generator=gen, device=dev)[:batch].to(torch.int32)
-        self.accepted = torch.tensor([rng.randint(0, nodes - 1) for _ in range(batch)],
-                                     dtype=torch.int32, device=dev)
-        self.snapshots = torch.empty(batch, nodes, hv, vd, kd, dtype=torch.float32, device=dev)
-        self.snap_rows = torch.arange(batch, dtype=torch.int32, device=dev)
-
-    # (a) SGLang: verify with a snapshot per node, then copy the accepted one back.
-    def sglang_step(self, sg) -> Callable[[], None]:
-        def run():
-            sg.target_verify(
-                self.A_log, self.dt_bias, self.q[None], self.k[None], self.v[None], self.a, self.b,
-                ssm_states=self.pool, cache_indices=self.slots, query_start_loc=self.cu,
-                intermediate_states_buffer=self.snapshots, intermediate_state_indices=self.snap_rows,
-                cache_steps=self.nodes, retrieve_parent_token=self.rpt,
-            )
-            sg.copy_back_accepted(self.pool[None], self.snapshots[None], self.slots, self.accepted)
-        return run
-
-    # (b) Bole: gates, closed-form verify, factorised commit.
-    def bole_verify(self, kernels, out, config=None) -> Callable[[], None]:
-        def run():
-            kernels.tree_verify_gated(self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias,
-                                      self.pool, self.slots, self.parents, self.cu, check_trees=False,
-                                      max_nodes=self.nodes, out=out, config=config)
-        return run
-
-    def bole_commit(self, kernels, out) -> Callable[[], None]:
-        def run():
-            kernels.tree_commit(self.pool, self.slots, self.k, out.u, out.log_p, self.parents, self.cu,
-                                self.accepted, check_trees=False)
-        return run
-
-    def floor_bytes(self, spec: ModelSpec) -> int:
-        """Bytes that must move: state read once; q, k, v, a, b read; o, u, log_p written;
-        the accepted states read and written back."""
-        el = self.q.element_size()
-        n, hv, vd, kd = self.q.shape[0], spec.gdn_value_heads, spec.gdn_value_dim, spec.gdn_key_dim
-        state = self.batch * hv * vd * kd * self.pool.element_size()
-        inputs = n * (2 * spec.gdn_key_heads * kd + hv * vd + 2 * hv) * el
-        outputs = n * hv * vd * (el + 4) + n * hv * 4
-        return state + inputs + outputs + 2 * state
+def floor_bytes(s: LayerInputs, spec: ModelSpec) -> int:
+    """Bytes that must move: state read once; q, k, v, a, b read; o, u, log_p written;
+    the accepted states read and written back."""
+    el = s.q.element_size()
+    n, hv, vd, kd = s.q.shape[0], spec.gdn_value_heads, spec.gdn_value_dim, spec.gdn_key_dim
+    state = s.batch * hv * vd * kd * s.pool.element_size()
+    inputs = n * (2 * spec.gdn_key_heads * kd + hv * vd + 2 * hv) * el
+    outputs = n * hv * vd * (el + 4) + n * hv * 4
+    return state + inputs + outputs + 2 * state
 
 
 def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="bfloat16",
@@ -236,7 +140,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
     sg = None
     notes = []
     if with_sglang:
-        from bole_cli.sglang.compat import load_sglang_kernels
+        from bole_cli.sglang.kernels import load_sglang_kernels
 
         sg = load_sglang_kernels()
         notes.append(f"SGLang kernels from {sg.source.describe()}")
@@ -259,8 +163,8 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                 outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, spec.gdn_value_heads, spec.gdn_value_dim,
                                                                       device="cuda"),
                                      torch.empty(n, spec.gdn_value_heads, device="cuda")) for s in sets]
-                verify = [s.bole_verify(kernels, o) for s, o in zip(sets, outs)]
-                commit = [s.bole_commit(kernels, o) for s, o in zip(sets, outs)]
+                verify = [bole_verify(s, kernels, o) for s, o in zip(sets, outs)]
+                commit = [bole_commit(s, kernels, o) for s, o in zip(sets, outs)]
                 case.bole_verify_us = time_graph(torch, verify)
                 case.bole_commit_us = time_graph(torch, commit)
                 case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
@@ -283,8 +187,8 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     got = s0.pool[s0.slots.long()].float()
                     case.max_rel_diff_state = ((got - want).norm() / want.norm()).item()
                     s0.pool.copy_(pool0)
-                    case.sglang_us = time_graph(torch, [s.sglang_step(sg) for s in sets])
-                bytes_ = sets[0].floor_bytes(spec)
+                    case.sglang_us = time_graph(torch, [sglang_step(s, sg) for s in sets])
+                bytes_ = floor_bytes(sets[0], spec)
                 case.floor_bytes = bytes_
                 case.floor_us = bytes_ / bw * 1e6
                 case.sglang_transient_bytes = n * snap_node

@@ -6,7 +6,10 @@
   (estimated profiles), and the per-GPU efficiency factors;
 - selection: Eq. 12 (`select_b_ver`) and the throughput-optimal budget N*;
 - acceptance: expected committed tokens per tree budget (paper presets, files);
-- plot: the T_ver / T_dec figure.
+- plot: the T_ver / T_dec figure;
+- summary: the rows of the summary table `bole calibrate` prints;
+- pipeline: `bole calibrate` in order (check, choose measured or estimated, sweep, write,
+  plot).
 Nothing here imports torch; the measured path imports bole_cli.runtime only when used.
 Names are loaded on first use so that `bole --help` stays fast.
 """
@@ -27,7 +30,10 @@ _EXPORTS = {
     "EXACT": "sweep", "Forward": "sweep", "SweepResult": "sweep", "Timing": "sweep",
     "build_profile": "sweep", "measure": "sweep", "run_sweep": "sweep",
     "write_profile": "sweep",
-    "plot_profile": "plot",
+    "plot_profile": "plot", "plot_path_for": "plot",
+    "summary_rows": "summary",
+    "CalibrationPlan": "pipeline", "CalibrationResult": "pipeline",
+    "plan_calibration": "pipeline", "run_calibration": "pipeline",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -28,7 +28,7 @@ given that ranks < r were wrong, with probability a_d * rank_factor^(r-1)
 q[d][r], or a measured `curve` of E1 against n.
 
 Presets: a_d = a * 0.97^(d-1) with a fitted so that a tree of depth 8, top-k 4 and 128
-tokens commits the paper's mean accepted length (FACTS.md: MBPP 6.70, GSM8K 7.08,
+tokens commits the paper's mean accepted length (the Bole paper: MBPP 6.70, GSM8K 7.08,
 ShareGPT 5.51, CNN/DailyMail 4.98; read as tokens committed per step, bonus included,
 the usual convention for "mean accepted tokens").
 """
@@ -49,7 +49,9 @@ DEFAULT_RANK_FACTOR = 0.5
 DEFAULT_TOP_K = 4
 PAPER_DEPTH = 8
 PAPER_BUDGET = 128
-_DEPTH_DECAY = 0.97
+# The presets' top-1 acceptance at depth d is a * DEPTH_DECAY^(d-1) (the module docstring);
+# `bole bench e2e` refits a to its drafter's beam tree with the same decay (preset_rows).
+DEPTH_DECAY = 0.97
 
 # preset -> the paper's mean accepted tokens (depth 8, top-k 4, budget 128), and the depth-1
 # top-1 acceptance fitted to it with fit_preset_a1 (tests/test_calibrate.py checks the fit).
@@ -80,6 +82,12 @@ def rank_matrix(per_depth: Sequence[float], top_k: int = DEFAULT_TOP_K,
             miss *= 1.0 - c
         q.append(row)
     return q
+
+
+def preset_rows(top1: float, depth: int = PAPER_DEPTH, top_k: int = DEFAULT_TOP_K) -> list[list[float]]:
+    """q[d][r] of a preset-shaped model: top-1 acceptance `top1` at depth 1, decaying by
+    DEPTH_DECAY per level, lower ranks by DEFAULT_RANK_FACTOR."""
+    return rank_matrix([top1 * DEPTH_DECAY**d for d in range(depth)], top_k, DEFAULT_RANK_FACTOR)
 
 
 @dataclass
@@ -162,21 +170,19 @@ def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
 
 def preset(name: str) -> AcceptanceModel:
     a1 = _PRESET_A1[name]
-    per_depth = [a1 * _DEPTH_DECAY**d for d in range(PAPER_DEPTH)]
     return AcceptanceModel(
         name=name,
-        source=(f"built-in: per-depth top-1 acceptance {a1} x 0.97^(d-1), depth {PAPER_DEPTH}, "
+        source=(f"built-in: per-depth top-1 acceptance {a1} x {DEPTH_DECAY}^(d-1), depth {PAPER_DEPTH}, "
                 f"top-k {DEFAULT_TOP_K}, rank factor {DEFAULT_RANK_FACTOR}; reproduces the "
                 f"paper's mean accepted tokens {PRESET_TARGETS[name]} at budget {PAPER_BUDGET}"),
-        q=rank_matrix(per_depth),
+        q=preset_rows(a1),
     )
 
 
 def fit_preset_a1(target: float, lo: float = 0.05, hi: float = 0.999) -> float:
     """Top-1 acceptance at depth 1 that makes E1(128) equal `target` (for regenerating presets)."""
     def e(a: float) -> float:
-        per_depth = [a * _DEPTH_DECAY**d for d in range(PAPER_DEPTH)]
-        return AcceptanceModel("fit", "", q=rank_matrix(per_depth)).per_request(PAPER_BUDGET)
+        return AcceptanceModel("fit", "", q=preset_rows(a)).per_request(PAPER_BUDGET)
 
     for _ in range(60):
         mid = 0.5 * (lo + hi)

@@ -6,6 +6,14 @@ import os
 from pathlib import Path
 
 
+def plot_path_for(profile_path: Path) -> Path:
+    """profile.yaml -> profile.png beside it (a dotted model name keeps its dots)."""
+    stem = profile_path.name
+    for suffix in (".yaml", ".yml"):
+        stem = stem.removesuffix(suffix)
+    return profile_path.with_name(stem + ".png")
+
+
 def plot_profile(profile: dict, path: "str | os.PathLike[str]") -> Path:
     """One panel per KV bucket, one line per batch size; a circle marks B_ver (the knee
     of Eq. 12), a star N*, the dashed line the (1 + eps) threshold. Saved atomically."""

@@ -1,1 +1,1 @@
-"""Model and hardware catalogues (shared FACTS.md), with name resolution."""
+"""Model and hardware catalogues, with name resolution (docs/design.md §1, §7)."""

@@ -1,4 +1,4 @@
-"""The GPU catalogue (shared FACTS.md): datasheet ceilings plus what we measured.
+"""The GPU catalogue: datasheet ceilings plus what we measured (docs/design.md §8).
 
 Plain numbers in SI units so a roofline model can use them directly: FLOP/s, bytes/s,
 bytes. Datasheet memory is decimal (80 GB = 80e9 bytes), as the vendors quote it.

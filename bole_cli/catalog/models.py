@@ -1,7 +1,8 @@
-"""The hybrid-attention model catalogue: Qwen3.5 family and Qwen3-Next (shared FACTS.md).
+"""The hybrid-attention model catalogue: Qwen3.5 family and Qwen3-Next (docs/design.md §1).
 
 A ModelSpec holds only architecture shapes; every byte count (state, snapshots, factors,
-KV per token) is derived from it, never hard-coded per model.
+KV per token) is derived from it, never hard-coded per model, with bole_cli.memory's
+arithmetic.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ class ModelSpec:
     # ---- bytes -----------------------------------------------------------------------
     def gdn_state_bytes_per_layer(self, state_bytes: int = 4) -> int:
         """One request's recurrent state in one GDN layer: HV * dk * dv elements."""
-        return self.gdn_value_heads * self.gdn_key_dim * self.gdn_value_dim * state_bytes
+        from bole_cli.memory import state_snapshot_bytes
+
+        return state_snapshot_bytes(self.gdn_value_heads, self.gdn_value_dim, self.gdn_key_dim,
+                                    state_bytes)
 
     def gdn_state_bytes(self, state_bytes: int = 4) -> int:
         """One request's recurrent state over all GDN layers."""
@@ -97,15 +101,16 @@ class ModelSpec:
 
     def conv_state_bytes(self, elem_bytes: int = 2) -> int:
         """One request's conv window (kernel-1 inputs per channel) over all GDN layers."""
-        return self.n_gdn_layers * self.conv_dim * (self.conv_kernel - 1) * elem_bytes
+        from bole_cli.memory import conv_window_bytes
+
+        return self.n_gdn_layers * conv_window_bytes(self.conv_dim, self.conv_kernel - 1, elem_bytes)
 
     def snapshot_bytes_per_node(self, state_bytes: int = 4) -> int:
         """Per draft node, all GDN layers: one full state snapshot (SGLang's verifier)."""
         return self.gdn_state_bytes(state_bytes)
 
     def factor_bytes_per_node(self) -> int:
-        """Per draft node, all GDN layers: Bole's factors (k, u, log_p); bole_cli.memory
-        holds the arithmetic."""
+        """Per draft node, all GDN layers: Bole's factors (k, u, log_p)."""
         from bole_cli.memory import factor_bytes_per_node_layer
 
         return self.n_gdn_layers * factor_bytes_per_node_layer(self)

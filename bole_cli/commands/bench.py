@@ -1,4 +1,8 @@
-"""`bole bench kernels`: SGLang 0.5.23's tree verify + copy-back vs Bole's verify + commit, on a GPU."""
+"""`bole bench kernels` and `bole bench e2e`: options in, one library run, its tables out.
+
+The work and the rendering live in the library: bole_cli/bench/kernel_bench.py and
+kernel_report.py (kernels), bole_cli/bench/e2e/ (e2e), bole_cli/bench/results.py (files).
+"""
 
 from __future__ import annotations
 
@@ -9,108 +13,12 @@ from typing import Optional
 
 import typer
 
-from bole_cli.parsing import parse_int_list
-from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.bench.results import result_stem, write_results
 from bole_cli.errors import BoleError, InputError
+from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.parsing import parse_int_list
 
 bench_app = typer.Typer(help="GPU benchmarks (need CUDA).", no_args_is_help=True)
-
-
-def _stem(tag: Optional[str], default: str) -> str:
-    """Output file stem: --tag is a plain name, never a path out of --out-dir."""
-    if tag is None:
-        return default
-    if not tag or "/" in tag or "\\" in tag or tag in (".", ".."):
-        raise InputError(f"--tag: {tag!r} must be a plain file name stem (no path)")
-    return tag
-
-
-def _default_stem(kind: str, device: str, model: str) -> str:
-    """kernels-h200-qwen3.5-9b: what, where, which model."""
-    gpu = device.replace("NVIDIA ", "").replace(" ", "-").lower()
-    return f"{kind}-{gpu}-{model.split('/')[-1].lower()}"
-
-
-def _write_results(data: dict, plot, out_dir: Path, stem: str) -> Path:
-    """STEM.json (atomic) and STEM.png under out_dir; returns the JSON path."""
-    from bole_cli.console import atomic_write_text, dumps_json
-
-    json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
-    plot(out_dir / f"{stem}.png")
-    return json_path
-
-
-KERNEL_TIMES = ("SGLang us", "Bole us", "verify us", "commit us", "speedup")
-KERNEL_BYTES = ("floor us", "% floor", "snapshots", "factors", "o diff")
-WIDE_COLUMNS = 140  # the one-table layout needs about this many terminal columns
-
-
-def _kernel_cells(c) -> dict:
-    from bole_cli.memory import format_bytes
-
-    d = c.to_dict()
-    return {"SGLang us": f"{c.sglang_us:.1f}" if c.sglang_us else "-", "Bole us": f"{c.bole_us:.1f}",
-            "verify us": f"{c.bole_verify_us:.1f}", "commit us": f"{c.bole_commit_us:.1f}",
-            "speedup": f"{c.speedup:.1f}x" if c.speedup else "-", "floor us": f"{c.floor_us:.1f}",
-            "% floor": f"{d['pct_of_floor']:.0f}%", "snapshots": format_bytes(c.sglang_transient_bytes),
-            "factors": format_bytes(c.bole_transient_bytes),
-            "o diff": f"{c.max_rel_diff_o:.1e}" if c.max_rel_diff_o is not None else "-"}
-
-
-def _tables(result, width: int = WIDE_COLUMNS) -> list:
-    """Times, floor, transient bytes and agreement per case: one table on a wide terminal,
-    else times and the rest as two that fit."""
-    from rich import box
-    from rich.table import Table
-
-    title = (f"One GDN layer, {result.model} shape, {result.device} "
-             f"(copy bandwidth {result.copy_bandwidth / 1e12:.2f} TB/s)")
-    narrow = width < WIDE_COLUMNS
-    groups = [KERNEL_TIMES, KERNEL_BYTES] if narrow else [KERNEL_TIMES + KERNEL_BYTES]
-    out = []
-    for i, cols in enumerate(groups):
-        t = Table(title=title if i == 0 else "floor, transient bytes per layer, o diff = relative difference from SGLang",
-                  title_justify="left", box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD, pad_edge=not narrow)
-        if not narrow:
-            t.caption = "o diff = relative difference of o from SGLang's; floor = bytes / copy bandwidth"
-        for col in ("tree", "batch", "nodes") + cols:
-            t.add_column(col, justify="left" if col == "tree" else "right", no_wrap=True)
-        for c in result.cases:
-            cells = _kernel_cells(c)
-            t.add_row(c.tree, str(c.batch), str(c.nodes), *(cells[k] for k in cols))
-        out.append(t)
-    return out
-
-
-def _plot(result, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from bole_cli.console import save_figure
-
-    trees = sorted({c.tree for c in result.cases})
-    fig, axes = plt.subplots(1, len(trees), figsize=(6 * len(trees), 4.2), squeeze=False)
-    for ax, tree in zip(axes[0], trees):
-        for batch in sorted({c.batch for c in result.cases}):
-            cs = [c for c in result.cases if c.tree == tree and c.batch == batch]
-            xs = [c.nodes for c in cs]
-            line, = ax.plot(xs, [c.bole_us for c in cs], "o-", label=f"Bole B={batch}")
-            if any(c.sglang_us for c in cs):
-                ax.plot(xs, [c.sglang_us for c in cs], "s--", color=line.get_color(), alpha=0.6,
-                        label=f"SGLang B={batch}")
-            ax.plot(xs, [c.floor_us for c in cs], ":", color=line.get_color(), alpha=0.4)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("tree nodes per request")
-        ax.set_ylabel("microseconds (verify + commit)")
-        ax.set_title(f"{tree} trees (dotted: memory floor)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"{result.model} GDN layer on {result.device}")
-    save_figure(fig, path)
-    plt.close(fig)
 
 
 def kernels_cmd(
@@ -121,7 +29,7 @@ def kernels_cmd(
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype: bfloat16, float16, float32."),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="State pool dtype: float32 or bfloat16."),
     no_sglang: bool = typer.Option(False, "--no-sglang", help="Time Bole alone (no SGLang baseline)."),
-    out_dir: Path = typer.Option(Path("bench/results"), "--out-dir", help="Where the JSON and PNG go."),
+    out_dir: Path = typer.Option(Path("experiments/results"), "--out-dir", help="Where the JSON and PNG go."),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: kernels-<gpu>-<model>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -146,37 +54,29 @@ def kernels_cmd(
 
     if not torch.cuda.is_available():
         raise BoleError("bole bench kernels needs a CUDA GPU (timings on CPU would mean nothing)")
-    from bole_cli.bench.kernel_bench import geomean, run_kernel_bench
+    from bole_cli.bench import kernel_report
+    from bole_cli.bench.kernel_bench import run_kernel_bench
 
     started = time.time()
     with err.status("benchmarking") as status:
         result = run_kernel_bench(spec, batches, node_list, tree_kinds, act_dtype=dtype, state_dtype=state_dtype,
                                   with_sglang=not no_sglang,
                                   progress=lambda msg: status.update(f"benchmarking: {msg}"))
-    data = result.to_dict()
-    core = [c.speedup for c in result.cases if c.tree == "random" and c.batch in (1, 4, 16) and c.nodes in (16, 32, 64)]
-    data["summary"] = {"geomean_speedup_b1_4_16_n16_32_64": geomean(core),
-                       "command": " ".join(["bole"] + sys.argv[1:]), "seconds": time.time() - started,
-                       "dtype": dtype, "state_dtype": state_dtype}
-    json_path = _write_results(data, lambda path: _plot(result, path), out_dir,
-                               _stem(tag, _default_stem("kernels", result.device, spec.name)))
+    data = kernel_report.kernel_document(result, dtype=dtype, state_dtype=state_dtype,
+                                         command=" ".join(["bole"] + sys.argv[1:]), seconds=time.time() - started)
+    json_path = write_results(data, lambda path: kernel_report.plot(result, path), out_dir,
+                              result_stem(tag, "kernels", result.device, spec.name))
     if json_out:
         emit_json(data)
         return
-    for t in _tables(result, out.width):
+    for t in kernel_report.tables(result, out.width):
         out.print(t)
-    for c in result.commits:
-        sg = f", SGLang copy-back {c.sglang_copy_us:.0f} us" if c.sglang_copy_us else ""
-        out.print(f"commit of all {c.layers} GDN layers at batch {c.batch}: Bole {c.bole_us:.0f} us in one launch, "
-                  f"floor {c.floor_us:.0f} us ({c.floor_bytes / 2**30:.2f} GiB){sg}")
-    if data["summary"]["geomean_speedup_b1_4_16_n16_32_64"]:
-        out.print(f"geometric-mean speedup (random trees, batch 1/4/16 x nodes 16/32/64): "
-                  f"{data['summary']['geomean_speedup_b1_4_16_n16_32_64']:.1f}x")
+    for line in kernel_report.notes(result, data):
+        out.print(line)
     out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}")
 
 
 bench_app.command("kernels")(kernels_cmd)
-
 
 
 def e2e_cmd(
@@ -209,7 +109,7 @@ def e2e_cmd(
     tiny: bool = typer.Option(False, "--tiny", help="A tiny 8-layer hybrid model instead of --model (smoke runs)."),
     no_graphs: bool = typer.Option(False, "--no-graphs", help="Run eagerly (no CUDA graphs)."),
     seed: int = typer.Option(0, "--seed", help="Weights, prompts and the acceptance draws."),
-    out_dir: Path = typer.Option(Path("bench/results"), "--out-dir", help="Where the JSON and PNG go."),
+    out_dir: Path = typer.Option(Path("experiments/results"), "--out-dir", help="Where the JSON and PNG go."),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: e2e-<gpu>-<model>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -230,7 +130,7 @@ def e2e_cmd(
             raise InputError(f"{name}: expected an integer >= {low}, got {value}")
     if probe_nodes is not None and probe_nodes < 1:
         raise InputError(f"--probe-nodes: expected a positive integer, got {probe_nodes}")
-    from bole_cli.bench.e2e import parse_budget
+    from bole_cli.bench.e2e.plan import parse_budget
 
     budget_policy = parse_budget(budget)
     if tiny:
@@ -244,7 +144,8 @@ def e2e_cmd(
     if device == "cuda" and not torch.cuda.is_available():
         raise BoleError("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
                         "for a smoke run use --device cpu --tiny")
-    from bole_cli.bench.e2e import E2EConfig, notes, plot, run_e2e, tables
+    from bole_cli.bench.e2e.harness import E2EConfig, run_e2e
+    from bole_cli.bench.e2e.report import notes, plot, tables
 
     if spec is None:
         from bole_cli.runtime import tiny_spec
@@ -258,8 +159,8 @@ def e2e_cmd(
                     search=not no_max_batch, command=" ".join(["bole"] + sys.argv[1:]))
     with err.status("bole bench e2e") as status:
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
-    json_path = _write_results(data, lambda path: plot(data, path), out_dir,
-                               _stem(tag, _default_stem("e2e", data["device"], "tiny" if tiny else spec.name)))
+    json_path = write_results(data, lambda path: plot(data, path), out_dir,
+                              result_stem(tag, "e2e", data["device"], "tiny" if tiny else spec.name))
     if json_out:
         emit_json(data)
         return

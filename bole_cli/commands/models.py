@@ -7,16 +7,9 @@ from typing import Any, Optional
 import typer
 
 from bole_cli.catalog.models import CATALOGUE, ModelSpec, resolve_model
+from bole_cli.memory import format_bytes
 
 MIB = 2**20
-
-
-def _size(n: int) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            v = n / div
-            return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"
-    return f"{n} B"
 
 
 def model_record(spec: ModelSpec) -> dict[str, Any]:
@@ -92,13 +85,13 @@ def _detail(s: ModelSpec):
                       f"{s.attn_head_dim}"),
         ("FFN", s.ffn_description()),
         ("MTP layers", str(s.mtp_layers)),
-        ("GDN state/request", f"{_size(s.gdn_state_bytes())} fp32 "
-                              f"({_size(s.gdn_state_bytes_per_layer())} per layer)"),
-        ("conv state/request", f"{_size(s.conv_state_bytes())} bf16"),
-        ("KV cache/token", f"{_size(s.kv_bytes_per_token())} bf16"),
-        ("snapshot/draft node", f"{_size(s.snapshot_bytes_per_node())} (full fp32 state, "
+        ("GDN state/request", f"{format_bytes(s.gdn_state_bytes())} fp32 "
+                              f"({format_bytes(s.gdn_state_bytes_per_layer())} per layer)"),
+        ("conv state/request", f"{format_bytes(s.conv_state_bytes())} bf16"),
+        ("KV cache/token", f"{format_bytes(s.kv_bytes_per_token())} bf16"),
+        ("snapshot/draft node", f"{format_bytes(s.snapshot_bytes_per_node())} (full fp32 state, "
                                 "all GDN layers)"),
-        ("factors/draft node", f"{_size(s.factor_bytes_per_node())} (k, u, log_p; "
+        ("factors/draft node", f"{format_bytes(s.factor_bytes_per_node())} (k, u, log_p; "
                                f"{s.snapshot_factor_ratio():.0f}x less)"),
     ]
     for k, v in rows:

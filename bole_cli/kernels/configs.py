@@ -1,16 +1,18 @@
-"""Kernel launch configurations: built-in defaults, overridable by tuned tables.
+"""Kernel launch configurations (docs/design.md §3): built-in defaults and rules,
+overridden by the GPU's tuned table, then by an explicit `config=`.
 
 `bole tune-kernels` stores the best configuration per (device, Triton version, kernel,
-shape bucket); `launch_config` returns it when one is registered, else the default.
-Keeping the lookup here means the kernels never read files themselves.
+shape bucket); `launch_config` applies it through the lookup beside it
+(`kernels/tuned_tables.py`), so the kernels never read files themselves.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 from bole_cli.errors import InputError
-from bole_cli.limits import MAX_TILE_NODES
+from bole_cli.kernels.tuned_tables import tuned_config
+from bole_cli.kernels.verify_path import is_tile_launch
 
 DEFAULTS: dict[str, dict] = {
     # BV: value tile; BK: key-dim slice of the dots; VSPLIT: programs sharing a value head
@@ -24,41 +26,6 @@ DEFAULTS: dict[str, dict] = {
     # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1
     "tree_conv": {"BN": 16, "BD": 64, "num_warps": 4, "num_stages": 2},
 }
-
-# A resolver maps (kernel, shape dict) to a config dict or None; set by the tuner's loader.
-_resolver: Optional[Callable[[str, dict], Optional[dict]]] = None
-_autoload = True  # the first launch installs this GPU's tuned tables (bole tune-kernels)
-
-
-def set_resolver(fn: Optional[Callable[[str, dict], Optional[dict]]]) -> None:
-    """Install a tuned-table resolver; an explicit choice (even None) stops the autoload."""
-    global _resolver, _autoload
-    _resolver, _autoload = fn, False
-
-
-def get_resolver() -> Optional[Callable[[str, dict], Optional[dict]]]:
-    return _resolver
-
-
-def _load_tables_once() -> None:
-    global _autoload
-    _autoload = False
-    try:
-        from bole_cli.tuning import install_tuned_tables
-
-        install_tuned_tables()  # a no-op without CUDA
-    except Exception as exc:  # noqa: BLE001 - a bad table must never break a launch
-        import sys
-
-        print(f"bole: note: tuned kernel tables not loaded ({exc})", file=sys.stderr)
-
-
-
-
-def is_tile_launch(shape: dict) -> bool:
-    """True when tree_verify takes the one-tile kernel: the largest tree ("T") is known and
-    at most MAX_TILE_NODES."""
-    return 0 < int(shape.get("T", 0) or 0) <= MAX_TILE_NODES
 
 
 def _verify_rule(shape: dict) -> dict:
@@ -80,7 +47,7 @@ def _verify_tile_rule(shape: dict) -> dict:
 
 def _verify_blocked_rule(shape: dict) -> dict:
     """tree_verify's blocked kernel, from the H200 grid over BC x BV x BK x warps
-    (experiments/NOTES.md, experiments/results/sweep-verify-h200.json): at batch 1 small value tiles
+    (experiments/NOTES.md, experiments/results/sweep-verify-v2-v3-h200.json): at batch 1 small value tiles
     keep 128 programs busy; beyond, 2 warps per program (the dot operands of a 16-32 row
     chunk are replicated per warp), value tiles of 32-64, and chunks of 32 once trees
     average 32 nodes or more (fewer serial chunk passes)."""
@@ -94,17 +61,14 @@ def _verify_blocked_rule(shape: dict) -> dict:
 
 
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:
-    if _autoload:
-        _load_tables_once()
     cfg = dict(DEFAULTS[kernel])
     if kernel == "tree_verify":
         cfg.update(_verify_rule(shape))
     elif kernel == "tree_commit" and shape.get("B", 1) * shape.get("HV", 1) * shape.get("L", 1) <= 32:
         cfg["BV"] = 16  # a single request: more, smaller tiles (H200: 8.9 vs 13.5 us at BV 32)
-    if _resolver is not None:
-        tuned = _resolver(kernel, shape)
-        if tuned:
-            cfg.update(tuned)
+    tuned = tuned_config(kernel, shape)  # the first launch reads this GPU's tuned table
+    if tuned:
+        cfg.update(tuned)
     if override:
         unknown = set(override) - set(cfg)
         if unknown:

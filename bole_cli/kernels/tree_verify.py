@@ -32,10 +32,11 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
-from bole_cli.kernels.configs import is_tile_launch, launch_config
+from bole_cli.kernels.configs import launch_config
 from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, request_span, softplus
 from bole_cli.kernels.reference import VerifyResult
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
+from bole_cli.kernels.verify_path import is_tile_launch
 from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
     MAX_TREE_NODES,

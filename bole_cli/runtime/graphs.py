@@ -5,7 +5,10 @@ KV read length, ...). The first step of a bucket is warmed up eagerly (Triton co
 and autotunes there), captured, and its prepared tensors become the graph's static
 inputs; later steps of the bucket copy their metadata into them and replay. On CPU, or
 when capture fails (an op that synchronises with the host, such as the float64
-reference GDN ops), steps run eagerly and `GraphedRunner.eager_reason` says why.
+reference GDN ops), steps run eagerly and `GraphCache.reason` says why.
+
+`GraphCache` is the one cache of captured steps: GraphedRunner (below) and the decoders
+of `bole bench e2e` (bole_cli/bench/e2e/decoders.py) both replay through it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from bole_cli.runtime.model import HybridCache, HybridModel, VerifyOutput
+from bole_cli.timing import capture
 
 
 class CapturedStep:
@@ -22,15 +26,7 @@ class CapturedStep:
     captured (static) outputs."""
 
     def __init__(self, fn: Callable[[], Any], *, warmup: int = 2, pool=None):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.output = fn()
+        self.graph, self.output = capture(torch, fn, warmup=warmup, pool=pool)
 
     def replay(self) -> Any:
         self.graph.replay()
@@ -44,6 +40,44 @@ def try_capture(fn: Callable[[], Any], *, warmup: int = 2, pool=None) -> tuple[O
     except Exception as exc:  # noqa: BLE001 - any capture failure means "run eagerly"
         torch.cuda.synchronize()
         return None, f"{type(exc).__name__}: {exc}"
+
+
+class GraphCache:
+    """One CUDA graph per key (a step kind plus its bucket's signature). The first call of
+    a key warms up and captures `fn(prepared)`, whose `prepared` becomes the graph's static
+    input; later calls copy their `prepared` into it (`copy_from`) and replay. `save`, for
+    steps whose warm-up mutates state (a decode advancing the GDN states), is called before
+    the capture and returns the callable that restores that state after it. The first
+    capture failure turns the cache off: every later call runs eagerly, `reason` says why."""
+
+    def __init__(self, enabled: bool, *, warmup: int = 2, reason: str = "CUDA graphs off"):
+        self.enabled = enabled
+        self.reason = "" if enabled else reason
+        self.warmup = warmup
+        self._steps: dict[tuple, tuple[CapturedStep, Any]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if enabled else None
+
+    def run(self, key: tuple, prepared, fn: Callable[[Any], Any],
+            save: Optional[Callable[[], Callable[[], None]]] = None) -> Any:
+        if not self.enabled:
+            return fn(prepared)
+        entry = self._steps.get(key)
+        if entry is None:
+            restore = save() if save is not None else None
+            step, why = try_capture(lambda: fn(prepared), warmup=self.warmup, pool=self._pool)
+            if restore is not None:
+                restore()
+            if step is None:
+                self.enabled, self.reason = False, why
+                return fn(prepared)
+            entry = self._steps[key] = (step, prepared)
+        elif prepared is not None and prepared is not entry[1]:
+            entry[1].copy_from(prepared)
+        return entry[0].replay()
+
+    def clear(self) -> None:
+        """Drop the captured graphs (their static buffers go with them)."""
+        self._steps.clear()
 
 
 class GraphedRunner:
@@ -60,39 +94,33 @@ class GraphedRunner:
                  enabled: Optional[bool] = None, warmup: int = 2):
         self.model, self.cache = model, cache
         self.kv_bucket = kv_bucket
-        self.enabled = model.device.type == "cuda" if enabled is None else enabled
-        self.warmup = warmup
-        self.eager_reason = "" if self.enabled else "CUDA graphs need a CUDA device"
-        self._steps: dict[tuple, tuple[CapturedStep, Any]] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        self.graphs = GraphCache(model.device.type == "cuda" if enabled is None else enabled, warmup=warmup,
+                                 reason="CUDA graphs need a CUDA device")
 
-    def _replay(self, key: tuple, prepared, fn: Callable[[Any], Any], restore_slots: bool) -> Any:
-        if not self.enabled:
-            return fn(prepared)
-        entry = self._steps.get(key)
-        if entry is None:
-            saved = None
-            if restore_slots:
-                c = self.cache
-                saved = (c.gdn_state[:, prepared.slots].clone(), c.conv_state[:, prepared.slots].clone())
-            step, why = try_capture(lambda: fn(prepared), warmup=self.warmup, pool=self._pool)
-            if saved is not None:
-                self.cache.gdn_state[:, prepared.slots] = saved[0]
-                self.cache.conv_state[:, prepared.slots] = saved[1]
-            if step is None:
-                self.enabled, self.eager_reason = False, why
-                return fn(prepared)
-            entry = self._steps[key] = (step, prepared)
-        else:
-            entry[1].copy_from(prepared)
-        return entry[0].replay()
+    @property
+    def enabled(self) -> bool:
+        return self.graphs.enabled
+
+    @property
+    def eager_reason(self) -> str:
+        return self.graphs.reason
+
+    def _save_slots(self, slots: Sequence[int]) -> Callable[[], None]:
+        c = self.cache
+        saved = (c.gdn_state[:, slots].clone(), c.conv_state[:, slots].clone())
+
+        def restore() -> None:
+            c.gdn_state[:, slots] = saved[0]
+            c.conv_state[:, slots] = saved[1]
+        return restore
 
     @torch.inference_mode()
     def decode(self, tokens, slots: Optional[Sequence[int]] = None) -> torch.Tensor:
         slots = list(range(len(tokens))) if slots is None else [int(x) for x in slots]
         db = self.model.prepare_decode(self.cache, tokens, slots, kv_bucket=self.kv_bucket)
-        logits = self._replay(("decode",) + db.signature(), db,
-                              lambda p: self.model.forward_decode(self.cache, p), True)
+        logits = self.graphs.run(("decode",) + db.signature(), db,
+                                 lambda p: self.model.forward_decode(self.cache, p),
+                                 save=lambda: self._save_slots(db.slots))
         for s in slots:
             self.cache.kv_lens[s] += 1
         return logits
@@ -100,8 +128,8 @@ class GraphedRunner:
     @torch.inference_mode()
     def verify(self, forest, tokens, slots: Optional[Sequence[int]] = None, *, path: str = "bole") -> VerifyOutput:
         tb = self.model.prepare_verify(self.cache, forest, tokens, slots, kv_bucket=self.kv_bucket)
-        return self._replay(("verify", path) + tb.signature(), tb,
-                            lambda p: self.model.forward_verify(self.cache, p, path=path), False)
+        return self.graphs.run(("verify", path) + tb.signature(), tb,
+                               lambda p: self.model.forward_verify(self.cache, p, path=path))
 
     def commit(self, out: VerifyOutput, accepted) -> None:
         self.model.commit(self.cache, out, accepted)

@@ -34,7 +34,7 @@ from bole_cli.runtime.attention import split_attention_works, split_tree_attenti
 from bole_cli.runtime.batch import DecodeBatch, Rope, TreeBatch, forest_arrays, prepare_decode, prepare_tree
 from bole_cli.runtime.moe import grouped_mm_works, moe_forward, swiglu
 from bole_cli.runtime.snapshot import SnapshotGDN
-from bole_cli.trees import MAX_TREE_NODES
+from bole_cli.limits import MAX_TREE_NODES
 
 RMS_EPS = 1e-6
 ROPE_FRACTION = 0.25

@@ -5,8 +5,9 @@
     timer.time_decode(batch=8, kv_len=4096)            # seconds of one decode step
     timer.time_verify(batch=8, kv_len=4096, n_tree_tokens=128)  # verify + commit
 
-Each call times one step (CUDA events around `inner` CUDA-graph replays, averaged; the
-sweep driver does warm-up, repeats and the median). Shapes are prepared lazily: the
+Each call times one step (CUDA events around `inner` CUDA-graph replays, averaged, by
+bole_cli.timing.seconds_per_call; the sweep driver does warm-up, repeats and the median;
+docs/design.md §8). Shapes are prepared lazily: the
 first call of a shape allocates, warms up (Triton autotune) and captures its graph.
 Data is random and non-zero: weights, KV cache, GDN states, conv windows, tokens; trees
 come from bole_cli.trees.random_tree (single root = the last verified token, depth <= 8),
@@ -24,16 +25,17 @@ scales the layers' share to the full depth (`info()["sampled"]`).
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Optional
 
 import torch
 
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import BoleError, InputError
+from bole_cli.memory import format_bytes
 from bole_cli.runtime.gdn_ops import factor_dtype
 from bole_cli.runtime.graphs import try_capture
 from bole_cli.runtime.model import HybridModel, param_bytes
+from bole_cli.timing import seconds_per_call
 
 GiB = 1024 ** 3
 WORKSPACE_BYTES = 1 * GiB  # CUDA context slack, cuBLAS workspaces, allocator fragmentation
@@ -42,10 +44,6 @@ SAMPLE_BLOCK = 4  # layers per sampled block: 3 GDN + 1 full attention
 
 def _elem(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _fmt(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
 
 
 def tree_sizes(batch: int, n_tree_tokens: int) -> list[int]:
@@ -142,11 +140,11 @@ class HybridForwardTimer:
         free = self._free()
         if free is None or est["total"] <= free + held:
             return
-        parts = ", ".join(f"{k} {_fmt(v)}" for k, v in est.items() if k != "total" and v)
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in est.items() if k != "total" and v)
         hint = ("" if self.layers_sample is not None else
                 f"; time a sample instead with layers_sample=K (K blocks of {SAMPLE_BLOCK} layers)")
-        raise BoleError(f"{self.timed_spec.name} does not fit for {what}: needs {_fmt(est['total'])} "
-                        f"({parts}), {_fmt(free + held)} available on {self.device}{hint}")
+        raise BoleError(f"{self.timed_spec.name} does not fit for {what}: needs {format_bytes(est['total'])} "
+                        f"({parts}), {format_bytes(free + held)} available on {self.device}{hint}")
 
     def _cache_for(self, batch: int, need_len: int, kv_len: int, n_tree_tokens: int = 0):
         c = self._cache
@@ -186,18 +184,7 @@ class HybridForwardTimer:
             for _ in range(2):
                 run()
             self._steps[key] = run
-        if self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(self.inner):
-                run()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / self.inner
-        t0 = time.perf_counter()
-        for _ in range(self.inner):
-            run()
-        return (time.perf_counter() - t0) / self.inner
+        return seconds_per_call(torch, run, self.inner, cuda=self.device.type == "cuda")
 
     def _scaled(self, key: tuple, make_fn) -> float:
         """Whole model, or (sampled) head + layers' share scaled to the full depth."""
@@ -224,7 +211,8 @@ class HybridForwardTimer:
 
     def time_verify(self, batch: int, kv_len: int, n_tree_tokens: int) -> float:
         """Seconds of one tree verify (n_tree_tokens over the batch) plus its commit."""
-        from bole_cli.trees import MAX_TREE_NODES, pack_forest, random_tree
+        from bole_cli.limits import MAX_TREE_NODES
+        from bole_cli.trees import pack_forest, random_tree
 
         sizes = tree_sizes(batch, n_tree_tokens)
         if sizes[0] > MAX_TREE_NODES:

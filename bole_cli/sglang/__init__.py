@@ -1,7 +1,10 @@
 """SGLang 0.5.23 integration helpers (docs/design.md §6).
 
-- `compat`: find SGLang's source (installed package, unpacked wheel, or wheel file) and load
-  its GDN Triton verify / conv / copy-back kernels alone, without SGLang's heavy `__init__`.
+- `source`: find SGLang's source (installed package, unpacked wheel, or wheel file) without
+  importing it; unpack a wheel's kernel folders.
+- `isolation`: import single SGLang modules with stub parent packages in ``sys.modules``.
+- `kernels`: SGLang's GDN Triton verify / conv / copy-back kernels, loaded alone.
+- `triton_interpreter`: the interpreter fix that lets SGLang's conv kernel run on CPU.
 - `hooks`: the data list of functions the Bole plug-in replaces, with the parameter names
   read from 0.5.23's source, and an `ast` check of them against a given SGLang source.
 
@@ -11,13 +14,8 @@ modules rely on are written down in docs/sglang-0.5.23.md.
 
 from __future__ import annotations
 
-from bole_cli.sglang.compat import (
-    SGLANG_VERSION,
-    SGLangKernels,
-    SGLangSource,
-    find_sglang_source,
-    load_sglang_kernels,
-)
+from bole_cli.sglang.kernels import SGLangKernels, load_sglang_kernels
+from bole_cli.sglang.source import SGLANG_VERSION, SGLangSource, find_sglang_source
 
 __all__ = [
     "SGLANG_VERSION",

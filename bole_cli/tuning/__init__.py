@@ -1,52 +1,35 @@
-"""Kernel launch-config tuning (`bole tune-kernels`) and the run-time tuned-table lookup.
-
-    from bole_cli.tuning import install_tuned_tables
-    install_tuned_tables()            # this GPU's tables -> bole_cli.kernels.configs resolver
+"""`bole tune-kernels`: the offline Optuna tuner of the kernels' launch configs
+(docs/design.md §5). It writes tuned tables; the kernels read them at launch through
+bole_cli.kernels.tuned_tables (install_tuned_tables, the resolver), never through here.
 
 Modules:
   space    search space per kernel (BC/BV/BN/BD, num_warps, num_stages; precision is not
            searched: it changes numerics), candidate sampling, fingerprints
-  buckets  shape buckets (kernel, model shape, batch, nodes) and the nearest-bucket lookup
-  tables   the kernels profile on disk (GPU-wide profiles/<gpu>/kernels.yaml, keyed by device
-           name + Triton version + bucket), atomic merges, the resolver, install_tuned_tables
+  plan     the shape buckets (bole_cli.kernels.buckets) of the requested models, batches
+           and tree sizes
   checks   the correctness gate (float64 references) that every candidate passes first
   study    one Optuna study per bucket: sampler, slow-trial pruner, default-vs-best
            confirmation, resumable storage (SQLite, or a journal file without sqlalchemy)
-  gpu      inputs and CUDA-graph timing on the GPU (reuses bole_cli.bench.kernel_bench)
+  gpu      the evaluator on the GPU: inputs and CUDA-graph timing from bole_cli.timing
+  tables   writing the GPU-wide kernels profile (atomic merges) and the entries in force
+  run      the command's work: the dry run (space + sampled checks) and a tuning run
 
 Importing this package is light (no torch, triton or optuna): the heavy imports happen in
 the functions that need them.
 """
 
-from bole_cli.tuning.buckets import Bucket, nearest_bucket, parse_bucket_key, plan_buckets
+from bole_cli.tuning.plan import plan_buckets
 from bole_cli.tuning.space import KERNELS, SPACES, candidates, sample_candidates, search_space
-from bole_cli.tuning.tables import (
-    InstalledTables,
-    TunedEntry,
-    install_tuned_tables,
-    kernels_profile_path,
-    load_tuned_entries,
-    make_resolver,
-    record_entries,
-    table_paths,
-)
+from bole_cli.tuning.tables import held_configs, new_kernels_profile, record_entries
 
 __all__ = [
-    "Bucket",
-    "InstalledTables",
     "KERNELS",
     "SPACES",
-    "TunedEntry",
     "candidates",
-    "install_tuned_tables",
-    "kernels_profile_path",
-    "load_tuned_entries",
-    "make_resolver",
-    "nearest_bucket",
-    "parse_bucket_key",
+    "held_configs",
+    "new_kernels_profile",
     "plan_buckets",
     "record_entries",
     "sample_candidates",
     "search_space",
-    "table_paths",
 ]

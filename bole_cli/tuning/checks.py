@@ -26,17 +26,14 @@ CHECK_SIZES = (80, 17, 1, 40)
 def check_sizes(kernel: str, config: Mapping[str, int], nodes: Optional[int] = None) -> tuple[int, ...]:
     """Tree sizes of the correctness case for `kernel` with `config` (see the docstring);
     nodes: the bucket's tree size (one-tile tree_verify: the largest tree of the case)."""
+    from bole_cli.kernels.verify_path import is_blocked_config  # here: bole_cli.kernels loads torch
+
     if kernel != "tree_verify":
         return CHECK_SIZES
     if is_blocked_config(config):
         return (130, 17, 1, 40)
     n = min(int(nodes or MAX_TILE_NODES), MAX_TILE_NODES)
     return (n, max(1, n // 3), 1, max(1, n - 1))
-
-
-def is_blocked_config(config: Mapping[str, int]) -> bool:
-    """A tree_verify config for the blocked kernel (it names BC and not VSPLIT)."""
-    return "BC" in config and "VSPLIT" not in config
 
 
 @dataclass
@@ -69,6 +66,8 @@ def rel_err(got, want) -> float:
 def verify_path_kwargs(config: Mapping[str, int], max_nodes: int) -> dict:
     """tree_verify arguments that send a launch down the kernel the config is for: a
     one-tile config (VSPLIT) gets the tree-size promise, a blocked one (BC) withholds it."""
+    from bole_cli.kernels.verify_path import is_blocked_config
+
     if is_blocked_config(config):
         return {"check_trees": False}
     return {"check_trees": False, "max_nodes": int(max_nodes)}

@@ -1,13 +1,12 @@
 """The GPU side of the search: inputs, the correctness gate and CUDA-graph timing.
 
-Inputs follow `bole bench kernels` (bole_cli.bench.kernel_bench): `LayerInputs` builds one
+Inputs and timing are `bole bench kernels`' (bole_cli.timing): `LayerInputs` builds one
 GDN layer's realistic verify inputs per (batch, nodes) (random trees of depth <= 8, bf16
-activations, float32 state pool); ROTATE such sets are timed together so repeated replays
-do not measure the L2 cache, and do_bench flushes the L2 between replays. Timing follows
-`kernel_bench.time_graph` (warm-up on a side stream, every closure captured in one CUDA
-graph, replayed under triton.testing.do_bench: CUDA events, median) but keeps the captured
-graph, so a config's quick timing (pruning) and full timing share one capture, and uses a
-short warm-up (`warm_gpu` ramps the clocks once, the search keeps them busy).
+activations, float32 state pool; here without SGLang's buffers); ROTATE such sets are
+timed together so repeated replays do not measure the L2 cache, and do_bench flushes the
+L2 between replays. `CudaGraphTimer` keeps the captured graph, so a config's quick timing
+(pruning) and full timing share one capture, and the warm-up is short (`warm_gpu` ramps
+the clocks once, the search keeps them busy).
 
 What is timed per kernel (one launch per input set):
   tree_verify  tree_verify_gated (gates fused, as SGLang's verifier receives a and b)
@@ -19,73 +18,15 @@ What is timed per kernel (one launch per input set):
 
 from __future__ import annotations
 
-import random
 from collections import OrderedDict
-from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from bole_cli.tuning.buckets import Bucket
+from bole_cli.timing import ROTATE, ConvInputs, CudaGraphTimer, LayerInputs
 from bole_cli.tuning.checks import (Verdict, build_check_case, check_sizes, run_check, tolerance,
                                     verify_path_kwargs)
 
-
-def cuda_layer_inputs(torch, dims: dict, batch: int, nodes: int, seed: int, act_dtype, state_dtype):
-    """kernel_bench.LayerInputs for a GDN shape, without its SGLang-only buffers (the
-    per-node snapshot buffer alone is B*T*HV*V*K*4 bytes)."""
-    from bole_cli.bench.kernel_bench import LayerInputs
-
-    spec = SimpleNamespace(gdn_key_heads=dims["H"], gdn_value_heads=dims["HV"],
-                           gdn_key_dim=dims["K"], gdn_value_dim=dims["V"])
-    li = LayerInputs(torch, spec, batch, nodes, "random", seed, act_dtype, state_dtype)
-    for name in ("snapshots", "snap_rows", "rpt"):
-        if hasattr(li, name):
-            delattr(li, name)
-    return li
-
-
-class ConvInputs:
-    """One GDN layer's conv inputs for `batch` same-size random trees (depth <= 8)."""
-
-    def __init__(self, torch, dim: int, width: int, batch: int, nodes: int, seed: int, act_dtype,
-                 device: Any = "cuda"):
-        from bole_cli.bench.kernel_bench import tree_parents
-
-        rng = random.Random(seed)
-        gen = torch.Generator(device=device).manual_seed(seed)
-        n = batch * nodes
-        local: list[int] = []
-        for _ in range(batch):
-            local.extend(tree_parents("random", nodes, rng))
-        self.parents = torch.tensor(local, dtype=torch.int32, device=device)
-        self.cu = torch.arange(0, n + 1, nodes, dtype=torch.int32, device=device)
-
-        def randn(*shape):
-            return torch.randn(*shape, generator=gen, device=device)
-
-        self.x = randn(n, dim).to(act_dtype)
-        self.conv_state = randn(batch + 1, dim, width - 1).to(act_dtype)
-        self.weight = randn(dim, width).to(act_dtype)
-        self.bias = randn(dim).to(act_dtype)
-        self.slots = torch.randperm(batch + 1, generator=gen, device=device)[:batch].to(torch.int32)
-        self.accepted = torch.tensor([rng.randint(0, nodes - 1) for _ in range(batch)],
-                                     dtype=torch.int32, device=device)
-
-
-class CudaGraphTimer:
-    """capture(fns) -> handle; measure(handle, rep_ms, warmup_ms) -> ms per replay."""
-
-    def __init__(self, torch):
-        self.torch = torch
-
-    def capture(self, fns: list[Callable[[], Any]]):
-        from bole_cli.bench.kernel_bench import capture_graph
-
-        return capture_graph(self.torch, fns)
-
-    def measure(self, graph, rep_ms: float, warmup_ms: float) -> float:
-        import triton.testing
-
-        return float(triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+if TYPE_CHECKING:  # bole_cli.kernels loads torch and triton: imported where used
+    from bole_cli.kernels.buckets import Bucket
 
 
 class GpuEvaluator:
@@ -98,8 +39,6 @@ class GpuEvaluator:
         import torch
         import triton
 
-        from bole_cli.bench.kernel_bench import ROTATE
-
         if kernels_mod is None:
             from bole_cli import kernels as kernels_mod
         self.torch, self.kernels, self.device = torch, kernels_mod, device
@@ -108,7 +47,7 @@ class GpuEvaluator:
         self.rotate = rotate or ROTATE
         self.warmup_ms = warmup_ms
         self.seed = seed
-        self.make_layer_inputs = make_layer_inputs or cuda_layer_inputs
+        self.make_layer_inputs = make_layer_inputs or LayerInputs.for_dims
         self.timer = timer or CudaGraphTimer(torch)
         self.device_name = device_name or (torch.cuda.get_device_name() if str(device).startswith("cuda") else str(device))
         self.triton_version = triton.__version__

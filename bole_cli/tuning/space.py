@@ -30,7 +30,8 @@ from typing import Mapping, Optional
 
 KERNELS = ("tree_verify", "tree_commit", "tree_conv")
 
-# Full value lists per kernel; narrowed per shape by `search_space`.
+# Full value lists per kernel; narrowed per shape by `search_space`. The keys are the ones a
+# tuned table may set (bole_cli.kernels.tuned_tables.TUNED_KEYS; tests/test_tuning.py checks).
 SPACES: dict[str, dict[str, tuple[int, ...]]] = {
     # tree_verify: VSPLIT is searched on trees <= 64 nodes, BC on larger ones (study.py).
     "tree_verify": {"BC": (16, 32, 64), "VSPLIT": (1, 2, 4), "BV": (16, 32, 64, 128),
@@ -39,9 +40,6 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
     "tree_conv": {"BN": (16, 32, 64), "BD": (64, 128, 256, 512),
                   "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
 }
-
-# The config keys the tuner owns per kernel (everything else keeps the built-in value).
-TUNED_KEYS: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in SPACES.items()}
 
 
 def _next_pow2(x: int) -> int:

@@ -32,12 +32,14 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from bole_cli.errors import BoleError
-from bole_cli.tuning.buckets import Bucket
 from bole_cli.tuning.checks import Verdict
-from bole_cli.tuning.space import TUNED_KEYS, search_space, space_fingerprint
+from bole_cli.tuning.space import search_space, space_fingerprint
+
+if TYPE_CHECKING:  # bole_cli.kernels loads torch and triton: imported where used
+    from bole_cli.kernels.buckets import Bucket
 
 STUDY_VERSION = "v1"  # bump when the timing method changes meaning
 
@@ -424,20 +426,22 @@ def run_tuning(optuna, storage, buckets: Sequence[Bucket], evaluator: Evaluator,
 def builtin_configs():
     """No tuned-table resolver while this block runs (the tuner compares against the
     built-in configs and must not be steered by an older table)."""
-    from bole_cli.kernels import configs
+    from bole_cli.kernels import tuned_tables
 
-    saved = getattr(configs, "_resolver", None)
-    configs.set_resolver(None)
+    saved = tuned_tables.get_resolver()
+    tuned_tables.set_resolver(None)
     try:
         yield
     finally:
-        configs.set_resolver(saved)
+        tuned_tables.set_resolver(saved)
 
 
 def builtin_default(bucket: Bucket) -> dict:
     """The built-in config for the bucket's shape (launch_config without a resolver),
     restricted to the keys the tuner searches (and the kernel takes)."""
-    from bole_cli.kernels.configs import is_tile_launch, launch_config
+    from bole_cli.kernels.configs import launch_config
+    from bole_cli.kernels.tuned_tables import TUNED_KEYS
+    from bole_cli.kernels.verify_path import is_tile_launch
 
     shape = bucket.launch_shape()
     with builtin_configs():

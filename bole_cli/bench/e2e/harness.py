@@ -1,0 +1,432 @@
+"""`bole bench e2e`: every decoder (decoders.py) over the same requests on the embedded runtime.
+
+Acceptance is SIMULATED (acceptance.py); costs are MEASURED. E2EBench holds what the
+decoders of one run share: the model (random weights at the model's real shapes), the
+drafter, the acceptance model and the budget plans (plan.py). run_e2e runs every
+(batch, decoder), then searches the largest batch each decoder fits, and returns the JSON
+document that report.py renders (docs/design.md §8: why the drafter's cost is counted).
+
+Timing: warm-up steps first (they capture the CUDA graphs: drafter, verify, decode),
+then `steps` timed steps with CUDA events between the phases (draft | verify | sample |
+commit). The only host syncs are the ones a real engine has: sampling (the accepted
+lengths come back to the host) and the small host-to-device copies of the next step's
+metadata. tokens/s = committed tokens (bonus included) / wall time of the timed steps.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from bole_cli.bench.drafter import MTPDrafter, build_layout
+from bole_cli.bench.e2e.acceptance import Acceptance, load_e2e_acceptance, paper_shape_expected
+from bole_cli.bench.e2e.decoders import DECODERS, LABELS, PHASES, Decoder, decoder_class
+from bole_cli.bench.e2e.plan import TreePlan, plan_trees, resolve_budget
+from bole_cli.calibrate.acceptance import DEFAULT_PRESET
+from bole_cli.catalog.models import ModelSpec
+from bole_cli.errors import BoleError, InputError
+from bole_cli.runtime.model import HybridCache, HybridModel
+from bole_cli.runtime.snapshot import SnapshotGDN, load_sglang_gdn
+
+SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
+GiB = 2 ** 30
+TREE_DECODERS = ("snapshot", "bole")  # same trees, same draws: their accepted nodes must agree
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "alloc_failed" in text)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class RunResult:
+    decoder: str
+    batch: int
+    steps: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    tok_s: Optional[float] = None
+    speedup_vs_ar: Optional[float] = None
+    mean_accepted: Optional[float] = None  # committed tokens per request and step (bonus incl.)
+    expected_accepted: Optional[float] = None  # the acceptance model's expectation
+    phase_ms: dict = field(default_factory=dict)  # per step: draft, verify, sample, commit
+    step_ms: Optional[float] = None  # wall per step
+    verify_prep_ms: Optional[float] = None  # host metadata preparation inside "verify"
+    peak_transient_bytes: Optional[int] = None  # measured: one eager step, max over phases
+    verify_peak_bytes: Optional[int] = None  # measured: verify + sample + commit
+    verify_state_bytes: Optional[int] = None  # snapshot buffer, or Bole's factors (k, u, log_p)
+    budget: Optional[int] = None
+    budget_source: str = ""
+    nodes_per_request: Optional[list[int]] = None
+    cuda_graphs: bool = False
+    eager_reason: str = ""
+    accept_trace: Optional[list[list[int]]] = None  # committed tokens per step and request
+    error: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def search_max_batch(fits: Callable[[int], tuple[bool, str]], max_batch: int, max_probes: int) -> dict:
+    """Largest batch for which fits(batch) holds, probing at most max_probes batches:
+    max_batch first, then bisection (geometric while the range spans more than 2x)."""
+    probes = []
+
+    def probe(b):
+        ok, why = fits(b)
+        probes.append({"batch": b, "fits": ok, "why": why})
+        return ok, why
+
+    ok, why = probe(max_batch)
+    if ok:
+        return {"max_batch": max_batch, "capped": True, "exact": False, "fails_at": None, "probes": probes}
+    if why and why != "out of memory":
+        return {"max_batch": None, "capped": False, "exact": False, "fails_at": None, "probes": probes,
+                "error": why}
+    lo, hi = 0, max_batch
+    while hi - lo > 1 and len(probes) < max_probes:
+        base = max(lo, 1)
+        mid = int(round(math.sqrt(base * hi))) if hi > 2 * base else (lo + hi) // 2
+        mid = min(max(mid, lo + 1), hi - 1)
+        ok, why = probe(mid)
+        if ok:
+            lo = mid
+        elif why and why != "out of memory":
+            return {"max_batch": lo or None, "capped": False, "exact": False, "fails_at": mid,
+                    "probes": probes, "error": why}
+        else:
+            hi = mid
+    return {"max_batch": lo, "capped": False, "exact": hi - lo == 1, "fails_at": hi, "probes": probes}
+
+
+def resolve_snapshot_engine(choice: str, device: torch.device) -> tuple[SnapshotGDN, str]:
+    if choice not in SNAPSHOT_ENGINES:
+        raise InputError(f"--snapshot-engine: expected one of {', '.join(SNAPSHOT_ENGINES)}, got {choice!r}")
+    torch_desc = ("PyTorch step loop (a faithful equivalent of SGLang's serial verify: node by node, "
+                  "a full float32 state snapshot per node, the accepted one copied back)")
+    if choice == "torch" or (choice == "auto" and device.type != "cuda"):
+        why = "" if choice == "torch" else "; SGLang's kernels are used on CUDA only"
+        return SnapshotGDN(), torch_desc + why
+    try:
+        kernels = load_sglang_gdn()
+        engine = SnapshotGDN(kernels)
+    except Exception as exc:  # noqa: BLE001 - no wheel / no loader: fall back, and say so
+        if choice == "sglang":
+            raise BoleError(f"--snapshot-engine sglang: SGLang's kernels did not load: {exc}") from exc
+        return SnapshotGDN(), f"{torch_desc}; SGLang 0.5.23's kernels did not load ({exc})"
+    src = getattr(getattr(kernels, "source", None), "describe", lambda: "")()
+    ver = getattr(kernels, "version", None) or "0.5.23"
+    return engine, (f"SGLang {ver}'s fused_sigmoid_gating_delta_rule_update (its serial tree verify, writing "
+                    "a float32 snapshot per node), then the accepted snapshots copied back (one gather over "
+                    "all layers)" + (f"; kernels from {src}" if src else ""))
+
+
+class E2EBench:
+    """The model, the drafter, the acceptance model and the three decoders."""
+
+    def __init__(self, spec: ModelSpec, *, device="cuda", dtype=torch.bfloat16, context: int = 4096,
+                 depth: int = 8, topk: int = 4, acceptance: "Acceptance | str" = DEFAULT_PRESET,
+                 budget: "str | int" = "profile", seed: int = 0, snapshot_engine: str = "auto",
+                 use_graphs: Optional[bool] = None, gdn_backend: str = "auto", warmup: int = 3,
+                 steps: int = 32):
+        self.spec = spec
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.context = int(context)
+        if self.context < 1:
+            raise InputError(f"--context must be at least 1, got {context}")
+        self.seed = seed
+        self.warmup, self.steps = int(warmup), int(steps)
+        if self.steps < 1 or self.warmup < 0:
+            raise InputError("--steps must be >= 1 and --warmup >= 0")
+        self.acceptance = (acceptance if isinstance(acceptance, Acceptance)
+                           else load_e2e_acceptance(acceptance))
+        self.q = self.acceptance.rows(depth, topk)
+        self.layout = build_layout(depth, topk, self.q)
+        self.budget_policy = budget
+        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
+        self._check_weights_fit()
+        self.model = HybridModel(spec, self.device, dtype, seed=seed, gdn_backend=gdn_backend)
+        self.drafter = MTPDrafter(self.model, self.layout, seed=seed + 4321)
+        self.snapshot, self.snapshot_desc = resolve_snapshot_engine(snapshot_engine, self.device)
+        self.model.snapshot = self.snapshot
+        self._plans: dict[tuple[int, int], TreePlan] = {}
+
+    # ---- sizes -------------------------------------------------------------------------
+    def _check_weights_fit(self) -> None:
+        if self.device.type != "cuda":
+            return
+        from bole_cli.runtime.model import param_bytes
+
+        need = param_bytes(self.spec, self.dtype) + MTPDrafter.param_bytes_for(self.spec, self.dtype)
+        free = torch.cuda.mem_get_info(self.device)[0]
+        if need + GiB > free:
+            raise BoleError(f"{self.spec.name}: the weights ({need / GiB:.1f} GiB with the draft head) do not "
+                            f"fit in the {free / GiB:.1f} GiB free on {self.device_name}")
+
+    def max_len(self, max_steps: int) -> int:
+        """Cache positions per request: the context, every step's growth, one tree, slack.
+        It is also the KV read length of every step (one graph bucket), for all decoders."""
+        grow = (max_steps + 1) * (self.layout.depth + 1)
+        n = self.context + grow + self.layout.n_nodes + 1
+        return -(-n // 64) * 64
+
+    def new_cache(self, batch: int, max_len: int, *, fill: bool = True) -> HybridCache:
+        """Slots holding a committed context of random contents: the same for every decoder
+        whatever max_len (positions past the context stay zero: they are never read unmasked)."""
+        cache = self.model.new_cache(batch, max_len)
+        if fill:
+            gen = torch.Generator(device=self.device).manual_seed(self.seed + 1)
+            cache.gdn_state.copy_(torch.randn(cache.gdn_state.shape, generator=gen, device=self.device,
+                                              dtype=cache.gdn_state.dtype).mul_(0.05))
+            cache.conv_state.copy_(torch.randn(cache.conv_state.shape, generator=gen, device=self.device,
+                                               dtype=cache.conv_state.dtype))
+            for kv in (cache.k_cache, cache.v_cache):
+                for layer in kv:  # one layer at a time: a small temporary
+                    part = layer[:, :, : self.context]
+                    part.copy_(torch.randn(part.shape, generator=gen, device=self.device, dtype=part.dtype))
+        for s in range(batch):
+            cache.kv_lens[s] = self.context
+        return cache
+
+    def initial_tokens(self, batch: int) -> list[int]:
+        rng = random.Random(f"bole-e2e/{self.seed}/prompt")
+        return [rng.randrange(self.spec.vocab) for _ in range(batch)]
+
+    def plan(self, batch: int, budget: Optional[int] = None, source: str = "") -> TreePlan:
+        if budget is None:
+            budget, source = resolve_budget(self.budget_policy, self.spec, self.device_name, batch,
+                                            self.context, self.layout.n_nodes)
+        key = (batch, budget)
+        if key not in self._plans:
+            self._plans[key] = plan_trees(self.layout, batch, budget, source)
+        return self._plans[key]
+
+    def decoder(self, name: str, batch: int, max_steps: int, *, override=None) -> Decoder:
+        return decoder_class(name).build(self, batch, max_steps, override=override)
+
+    # ---- one (decoder, batch) ------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, name: str, batch: int) -> RunResult:
+        res = RunResult(name, batch)
+        kind = decoder_class(name)
+        if kind.drafts:
+            plan = kind.plan_for(self, batch)
+            res.budget, res.budget_source = plan.budget, plan.source
+            res.nodes_per_request = list(plan.sizes)
+            res.expected_accepted = plan.expected
+        else:
+            res.expected_accepted = 1.0
+        dec = None
+        try:
+            dec = self.decoder(name, batch, self.warmup + self.steps + 1)
+            for _ in range(self.warmup):
+                dec.step()
+            _sync(self.device)
+            all_marks, preps = [], []
+            t0 = time.perf_counter()
+            for _ in range(self.steps):
+                marks, prep = dec.step()
+                all_marks.append(marks)
+                preps.append(prep)
+            _sync(self.device)
+            res.wall_s = time.perf_counter() - t0
+            timed = dec.accepted[self.warmup:]
+            res.steps = self.steps
+            res.tokens = sum(map(sum, timed))
+            res.tok_s = res.tokens / res.wall_s
+            res.mean_accepted = res.tokens / (self.steps * batch)
+            res.step_ms = 1e3 * res.wall_s / self.steps
+            res.phase_ms = {ph: 1e3 * sum(dec.clock.seconds(mk[i], mk[i + 1]) for mk in all_marks) / self.steps
+                            for i, ph in enumerate(PHASES)}
+            res.verify_prep_ms = 1e3 * sum(preps) / self.steps
+            res.cuda_graphs, res.eager_reason = dec.graphs.enabled, dec.graphs.reason
+            dec.graphs.clear()
+            _free(self.device)
+            mem: dict = {}
+            dec.step(eager=True, mem=mem)  # one more step, eager, for the memory peaks
+            if self.device.type == "cuda":
+                res.verify_peak_bytes = mem.get("verify_peak")
+                res.peak_transient_bytes = max(mem.get("draft_peak", 0), mem.get("verify_peak", 0))
+            res.verify_state_bytes = mem.get("verify_state_bytes")
+            res.accept_trace = dec.accepted
+        except Exception as exc:  # noqa: BLE001 - keep the other decoders' results; the error is reported
+            res.error = "out of memory" if _is_oom(exc) else f"{type(exc).__name__}: {exc}"
+            res.tok_s = None
+        finally:
+            dec = None
+            _free(self.device)
+        return res
+
+    # ---- the largest batch ---------------------------------------------------------------
+    @torch.inference_mode()
+    def fits(self, name: str, batch: int, nodes_per_request: int) -> tuple[bool, str]:
+        """One eager step of `name` at `batch` with the KV cache at the context (tree
+        decoders: `nodes_per_request` tree tokens per request); False on an allocation failure."""
+        ok, why = True, ""
+        cache = None
+        try:
+            cache = self.new_cache(batch, self.context + nodes_per_request + 2, fill=False)
+            decoder_class(name).probe(self, cache, batch, nodes_per_request)
+            _sync(self.device)
+        except Exception as exc:  # noqa: BLE001
+            if not _is_oom(exc):
+                ok, why = False, f"{type(exc).__name__}: {exc}"
+            else:
+                ok, why = False, "out of memory"
+        finally:
+            cache = None
+            _free(self.device)
+        return ok, why
+
+    def max_batch(self, name: str, *, max_batch: int, max_probes: int, nodes_per_request: int,
+                  progress: Callable[[str], None] = lambda _: None) -> dict:
+        if self.device.type != "cuda":
+            return {"max_batch": None, "skipped": "needs CUDA (allocation failures on CPU mean host RAM)"}
+
+        def fits(b):
+            progress(f"largest batch, {LABELS[name]}: trying {b}")
+            return self.fits(name, b, nodes_per_request)
+
+        found = search_max_batch(fits, max_batch, max_probes)
+        found["nodes_per_request"] = nodes_per_request if decoder_class(name).drafts else 0
+        return found
+
+
+@dataclass
+class E2EConfig:
+    spec: ModelSpec
+    batches: list[int]
+    context: int = 4096
+    budget: "str | int" = "profile"
+    acceptance: str = DEFAULT_PRESET
+    depth: int = 8
+    topk: int = 4
+    steps: int = 32
+    warmup: int = 3
+    seed: int = 0
+    decoders: tuple[str, ...] = DECODERS
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    snapshot_engine: str = "auto"
+    use_graphs: Optional[bool] = None
+    max_batch: int = 256
+    max_probes: int = 8
+    probe_nodes: Optional[int] = None
+    search: bool = True
+    command: str = ""
+
+
+def versions() -> dict[str, Optional[str]]:
+    from bole_cli import __version__
+
+    try:
+        import triton
+
+        tv = triton.__version__
+    except Exception:  # noqa: BLE001
+        tv = None
+    return {"bole": __version__, "torch": torch.__version__, "triton": tv,
+            "cuda": torch.version.cuda}
+
+
+def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) -> dict:
+    started = time.time()
+    dtype = getattr(torch, cfg.dtype)
+    bad = [d for d in cfg.decoders if d not in DECODERS]
+    if bad or not cfg.decoders:
+        raise InputError(f"--decoders: expected some of {', '.join(DECODERS)}, got {','.join(cfg.decoders)!r}")
+    progress("building the model")
+    bench = E2EBench(cfg.spec, device=cfg.device, dtype=dtype, context=cfg.context, depth=cfg.depth,
+                     topk=cfg.topk, acceptance=cfg.acceptance, budget=cfg.budget, seed=cfg.seed,
+                     snapshot_engine=cfg.snapshot_engine, use_graphs=cfg.use_graphs,
+                     warmup=cfg.warmup, steps=cfg.steps)
+    for b in cfg.batches:  # budget errors before any timing
+        if any(decoder_class(d).drafts for d in cfg.decoders):
+            bench.plan(b)
+    results: list[RunResult] = []
+    for b in cfg.batches:
+        for name in cfg.decoders:
+            progress(f"{LABELS[name]}, batch {b}")
+            results.append(bench.run(name, b))
+    ar = {r.batch: r.tok_s for r in results if r.decoder == "ar" and r.tok_s}
+    for r in results:
+        if r.tok_s and ar.get(r.batch):
+            r.speedup_vs_ar = r.tok_s / ar[r.batch]
+    same = {}
+    for b in cfg.batches:
+        traces = [r.accept_trace for r in results if r.batch == b and r.decoder in TREE_DECODERS
+                  and r.accept_trace is not None]
+        if len(traces) == 2:
+            same[str(b)] = traces[0] == traces[1]
+
+    nodes = cfg.probe_nodes
+    if nodes is None:
+        nodes = max(bench.plan(min(cfg.batches)).sizes)
+    nodes = max(1, min(int(nodes), bench.layout.n_nodes))
+    max_batch: dict[str, Any] = {}
+    if cfg.search:
+        for name in cfg.decoders:
+            max_batch[name] = bench.max_batch(name, max_batch=cfg.max_batch, max_probes=cfg.max_probes,
+                                              nodes_per_request=nodes, progress=progress)
+    acc = bench.acceptance
+    data = {
+        "benchmark": "bole bench e2e",
+        "statement": acc.statement(),
+        "acceptance": acc.describe(cfg.depth, cfg.topk),
+        "costs": "measured (CUDA events per phase, wall clock for tokens/s)" if bench.device.type == "cuda"
+                 else "measured on CPU (smoke run: the numbers mean nothing for a GPU)",
+        "device": bench.device_name,
+        "versions": {**versions(), "sglang": getattr(bench.snapshot.kernels, "version", None)},
+        "command": cfg.command,
+        "model": cfg.spec.name,
+        "dtype": cfg.dtype,
+        "context": cfg.context,
+        "draft": {"depth": cfg.depth, "topk": cfg.topk, "beam_nodes": bench.layout.n_nodes,
+                  "head": "MTP-style: fc + one gated-attention decoder layer + the shared LM head, "
+                          "run once per level (its cost is real; its tree shape follows the acceptance model)",
+                  "head_bytes": bench.drafter.param_bytes},
+        "budget_policy": cfg.budget,
+        "expected_accepted_paper_shape": None if acc.greedy else paper_shape_expected(acc),
+        "snapshot_engine": {"engine": bench.snapshot.engine, "description": bench.snapshot_desc},
+        "gdn_ops": bench.model.ops.describe(),
+        "ar_gdn_decode": bench.model.gdn_decode,
+        "kv_read": "every step reads the cache's full capacity (context + the run's growth), masked: one "
+                   "graph bucket, the same for all decoders",
+        "steps": cfg.steps, "warmup": cfg.warmup, "seed": cfg.seed,
+        "results": [r.to_dict() for r in results],
+        "same_acceptance_snapshot_vs_bole": same,
+        "max_batch": max_batch,
+        "max_batch_probe": {"nodes_per_request": nodes, "context": cfg.context, "limit": cfg.max_batch,
+                            "max_probes": cfg.max_probes,
+                            "how": "one eager step per probe (drafter, verify, sample, commit) with the KV cache "
+                                   "at the context; fails = a CUDA allocation failure"},
+        "weights_bytes": bench.model.param_bytes,
+        "seconds": time.time() - started,
+    }
+    for r in data["results"]:
+        r.pop("accept_trace", None)
+    bench = None
+    _free(torch.device(cfg.device))
+    return data

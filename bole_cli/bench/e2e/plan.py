@@ -1,0 +1,95 @@
+"""Which drafted nodes a step of `bole bench e2e` verifies: the batch budget and the kept trees.
+
+Every step, each request drafts the same beam tree (bole_cli/bench/drafter.py); the batch
+budget N keeps the N best nodes of the whole batch (bole_cli.budget.select_budget,
+docs/design.md §4). N comes from `--budget`: a number, or the B_ver of this GPU and model's
+calibration profile (docs/design.md §5, §8).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from bole_cli.bench.drafter import DraftLayout
+from bole_cli.budget import BudgetSelection, select_budget
+from bole_cli.calibrate.acceptance import PAPER_BUDGET
+from bole_cli.catalog.models import ModelSpec
+from bole_cli.errors import InputError
+
+
+def parse_budget(text: str) -> "str | int":
+    """--budget: 'profile' or a positive integer."""
+    t = str(text).strip().lower()
+    if t == "profile":
+        return "profile"
+    try:
+        n = int(t)
+    except ValueError:
+        raise InputError(f"--budget: expected 'profile' or a positive integer, got {text!r}") from None
+    if n < 1:
+        raise InputError(f"--budget: expected a positive integer, got {n}")
+    return n
+
+
+def resolve_budget(policy: "str | int", spec: ModelSpec, device_name: str, batch: int, context: int,
+                   per_request_cap: int) -> tuple[int, str]:
+    """(N, where it came from): tree tokens verified per step over the whole batch."""
+    if isinstance(policy, int):
+        if policy < batch:
+            raise InputError(f"--budget {policy} is smaller than batch {batch}: every request "
+                             "verifies at least its root")
+        n, src = policy, f"--budget {policy}"
+    else:
+        from bole_cli.catalog.hardware import match_gpu
+        from bole_cli.profiles import find_profile, load_profile, lookup_budget
+
+        gpu = match_gpu(device_name)
+        path = find_profile(gpu.key, spec) if gpu is not None else None
+        if path is None:
+            n = PAPER_BUDGET
+            src = f"no profile for ({gpu.key if gpu else device_name}, {spec.name}): the paper's {n}"
+        else:
+            entry, note = lookup_budget(load_profile(path), batch, context)
+            n = int(entry["b_ver"])
+            src = f"profile {path.parent.name}/{path.name}: B_ver {n} ({note})"
+        if n < batch:
+            src += f"; raised to {batch} (one node per request)"
+            n = batch
+    cap = batch * per_request_cap
+    if n > cap:
+        src += f"; {cap} kept (every drafted node)"
+        n = cap
+    return n, src
+
+
+@dataclass
+class TreePlan:
+    """One batch's budget-selected trees. The tree shape and draft probabilities are the
+    acceptance model's, the same every step, so the selection is made once per batch."""
+
+    layout: DraftLayout
+    batch: int
+    budget: int
+    source: str
+    selection: BudgetSelection
+    local: list[dict[int, int]]  # per request: layout node id -> local index in the kept tree
+    kept_index: list[int]  # packed node -> row of the flattened [B, layout nodes] draft
+    expected: float  # expected committed tokens per request and step
+
+    @property
+    def forest(self):
+        return self.selection.forest
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.selection.forest.sizes
+
+
+def plan_trees(layout: DraftLayout, batch: int, budget: int, source: str = "") -> TreePlan:
+    """Keep the `budget` best nodes of `batch` copies of the layout's tree."""
+    sel = select_budget([layout.tree] * batch, budget)
+    local = [{orig: j for j, orig in enumerate(ids)} for ids in sel.kept_ids]
+    kept = [b * layout.n_nodes + orig for b, ids in enumerate(sel.kept_ids) for orig in ids]
+    return TreePlan(layout, batch, budget, source, sel, local, kept,
+                    math.fsum(sel.expected_accepted) / batch)

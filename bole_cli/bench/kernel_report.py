@@ -1,0 +1,112 @@
+"""The JSON document, tables, notes and plot of `bole bench kernels` (bole_cli/bench/kernel_bench.py).
+
+One GDN layer's tree verify + commit, SGLang 0.5.23 against Bole, per (tree, batch, nodes),
+with the memory-traffic floor (docs/design.md §3). Terminals narrower than WIDE_COLUMNS get
+two tables (times; floor, bytes and agreement) instead of one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bole_cli.bench.kernel_bench import KernelBenchResult, KernelCase, geomean
+from bole_cli.memory import format_bytes
+
+KERNEL_TIMES = ("SGLang us", "Bole us", "verify us", "commit us", "speedup")
+KERNEL_BYTES = ("floor us", "% floor", "snapshots", "factors", "o diff")
+WIDE_COLUMNS = 140  # the one-table layout needs about this many terminal columns
+# The headline: random trees at the batches and sizes SGLang serves most.
+GEOMEAN_KEY = "geomean_speedup_b1_4_16_n16_32_64"
+
+
+def kernel_document(result: KernelBenchResult, *, dtype: str, state_dtype: str, command: str,
+                    seconds: float) -> dict:
+    """The results as JSON data, with a summary: the headline geometric-mean speedup, the
+    command line, the run time and the dtypes."""
+    data = result.to_dict()
+    core = [c.speedup for c in result.cases if c.tree == "random" and c.batch in (1, 4, 16) and c.nodes in (16, 32, 64)]
+    data["summary"] = {GEOMEAN_KEY: geomean(core), "command": command, "seconds": seconds,
+                       "dtype": dtype, "state_dtype": state_dtype}
+    return data
+
+
+def kernel_cells(c: KernelCase) -> dict:
+    """One case as {column: text}."""
+    d = c.to_dict()
+    return {"SGLang us": f"{c.sglang_us:.1f}" if c.sglang_us else "-", "Bole us": f"{c.bole_us:.1f}",
+            "verify us": f"{c.bole_verify_us:.1f}", "commit us": f"{c.bole_commit_us:.1f}",
+            "speedup": f"{c.speedup:.1f}x" if c.speedup else "-", "floor us": f"{c.floor_us:.1f}",
+            "% floor": f"{d['pct_of_floor']:.0f}%", "snapshots": format_bytes(c.sglang_transient_bytes),
+            "factors": format_bytes(c.bole_transient_bytes),
+            "o diff": f"{c.max_rel_diff_o:.1e}" if c.max_rel_diff_o is not None else "-"}
+
+
+def tables(result, width: int = WIDE_COLUMNS) -> list:
+    """Times, floor, transient bytes and agreement per case: one table on a wide terminal,
+    else times and the rest as two that fit. `result` needs model, device, copy_bandwidth
+    and cases (a KernelBenchResult, or the same read back from a results file)."""
+    from rich import box
+    from rich.table import Table
+
+    title = (f"One GDN layer, {result.model} shape, {result.device} "
+             f"(copy bandwidth {result.copy_bandwidth / 1e12:.2f} TB/s)")
+    narrow = width < WIDE_COLUMNS
+    groups = [KERNEL_TIMES, KERNEL_BYTES] if narrow else [KERNEL_TIMES + KERNEL_BYTES]
+    out = []
+    for i, cols in enumerate(groups):
+        t = Table(title=title if i == 0 else "floor, transient bytes per layer, o diff = relative difference from SGLang",
+                  title_justify="left", box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD, pad_edge=not narrow)
+        if not narrow:
+            t.caption = "o diff = relative difference of o from SGLang's; floor = bytes / copy bandwidth"
+        for col in ("tree", "batch", "nodes") + cols:
+            t.add_column(col, justify="left" if col == "tree" else "right", no_wrap=True)
+        for c in result.cases:
+            cells = kernel_cells(c)
+            t.add_row(c.tree, str(c.batch), str(c.nodes), *(cells[k] for k in cols))
+        out.append(t)
+    return out
+
+
+def notes(result: KernelBenchResult, data: dict) -> list[str]:
+    """The lines under the tables: the all-layer commits, then the headline speedup."""
+    out = []
+    for c in result.commits:
+        sg = f", SGLang copy-back {c.sglang_copy_us:.0f} us" if c.sglang_copy_us else ""
+        out.append(f"commit of all {c.layers} GDN layers at batch {c.batch}: Bole {c.bole_us:.0f} us in one launch, "
+                   f"floor {c.floor_us:.0f} us ({c.floor_bytes / 2**30:.2f} GiB){sg}")
+    if data["summary"][GEOMEAN_KEY]:
+        out.append(f"geometric-mean speedup (random trees, batch 1/4/16 x nodes 16/32/64): "
+                   f"{data['summary'][GEOMEAN_KEY]:.1f}x")
+    return out
+
+
+def plot(result, path: Path) -> None:
+    """Verify + commit time against tree size, one panel per tree kind, with the floor dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bole_cli.console import save_figure
+
+    trees = sorted({c.tree for c in result.cases})
+    fig, axes = plt.subplots(1, len(trees), figsize=(6 * len(trees), 4.2), squeeze=False)
+    for ax, tree in zip(axes[0], trees):
+        for batch in sorted({c.batch for c in result.cases}):
+            cs = [c for c in result.cases if c.tree == tree and c.batch == batch]
+            xs = [c.nodes for c in cs]
+            line, = ax.plot(xs, [c.bole_us for c in cs], "o-", label=f"Bole B={batch}")
+            if any(c.sglang_us for c in cs):
+                ax.plot(xs, [c.sglang_us for c in cs], "s--", color=line.get_color(), alpha=0.6,
+                        label=f"SGLang B={batch}")
+            ax.plot(xs, [c.floor_us for c in cs], ":", color=line.get_color(), alpha=0.4)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tree nodes per request")
+        ax.set_ylabel("microseconds (verify + commit)")
+        ax.set_title(f"{tree} trees (dotted: memory floor)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{result.model} GDN layer on {result.device}")
+    save_figure(fig, path)
+    plt.close(fig)

@@ -1,0 +1,233 @@
+"""`bole calibrate` in order: check the request, pick measuring or the roofline estimate,
+sweep, build and write the profile, plot it (docs/design.md §5, §8).
+
+Two steps so the caller can speak between them: `plan_calibration` checks everything that
+can fail cheaply (options, the --out file, the device) and decides measured or estimated;
+`run_calibration` builds the `Forward`, announces the path taken, sweeps and writes. The budget decision
+is bole_cli.calibrate.selection's, the profile's contents bole_cli.calibrate.sweep's, the
+summary table's rows bole_cli.calibrate.summary's: each can change alone. Nothing heavy is
+imported at module level; the measured path imports bole_cli.runtime when it is taken.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Optional, Sequence
+
+from bole_cli.calibrate.acceptance import DEFAULT_PRESET
+from bole_cli.calibrate.defaults import DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS
+from bole_cli.errors import BoleError, InputError
+
+#: progress(total steps) -> a context whose value is called with each step's description.
+Progress = Callable[[int], ContextManager[Callable[[str], None]]]
+
+
+def int_list_text(values: Sequence[int]) -> str:
+    """[1, 2, 4] -> '1,2,4', the form --batch/--kv/--grid take."""
+    return ",".join(map(str, values))
+
+
+def check_out_path(path: Path, gpu_key: str, model_name: str) -> None:
+    """Refuse an --out that cannot take this profile before a sweep is spent on it."""
+    if path.is_dir():
+        raise InputError(f"--out: {path} is a directory; give a .yaml file path")
+    if path.suffix.lower() == ".png":
+        raise InputError(f"--out: {path} is the plot's name; give a .yaml file path")
+    if path.exists():
+        from bole_cli.profiles import load_profile
+
+        old = load_profile(path)
+        if (old.get("gpu"), old.get("model")) != (gpu_key, model_name):
+            raise InputError(f"--out: {path} holds {old.get('model')} on {old.get('gpu')}, "
+                             f"not {model_name} on {gpu_key}")
+
+
+def runtime_forward(model: Any, detected: Any, layers_sample: Optional[int]) -> Any:
+    """The runtime's Forward on the present device; BoleError when it is unavailable."""
+    try:
+        import torch
+
+        from bole_cli.runtime.timer import HybridForwardTimer
+    except ImportError as exc:
+        raise BoleError(
+            f"measuring needs bole_cli.runtime (the embedded Qwen3.5 forward), which cannot "
+            f"be imported ({exc}); use --estimate for the roofline model") from None
+    return HybridForwardTimer(model, f"cuda:{detected.index}", torch.bfloat16,
+                              layers_sample=layers_sample)
+
+
+def device_for(gpu_spec: Any, measure: bool, estimate: bool) -> tuple[Any, str]:
+    """(the detected device to measure on, or None; why the estimate was chosen)."""
+    if estimate:
+        return None, "--estimate"
+    from bole_cli.catalog.hardware import detect_gpu
+
+    detected = detect_gpu()
+    if detected is not None and detected.spec is not None and detected.spec.key == gpu_spec.key:
+        return detected, ""
+    reason = (f"no {gpu_spec.key.upper()} present; "
+              + (f"found {detected.name}" if detected else "no CUDA device"))
+    if measure:
+        raise BoleError(f"--measure: {reason}")
+    return None, reason
+
+
+def reproduce_command(gpu: str, model: str, batches, kvs, grid, eps: float, acceptance: str,
+                      mode: str) -> str:
+    """The `bole calibrate` line that makes this profile again (defaults left out)."""
+    parts = ["bole calibrate", f"--gpu {gpu}", f"--model {model}"]
+    if tuple(batches) != DEFAULT_BATCHES:
+        parts.append(f"--batch {int_list_text(batches)}")
+    if tuple(kvs) != DEFAULT_KV_LENS:
+        parts.append(f"--kv {int_list_text(kvs)}")
+    if tuple(grid) != DEFAULT_GRID:
+        parts.append(f"--grid {int_list_text(grid)}")
+    if eps != DEFAULT_EPS:
+        parts.append(f"--eps {eps:g}")
+    if acceptance != DEFAULT_PRESET:
+        parts.append(f"--acceptance {acceptance}")
+    if mode:
+        parts.append(mode)
+    return " ".join(parts)
+
+
+@dataclass
+class CalibrationPlan:
+    """A checked request; `label` says measured (on `detected`) or estimated."""
+
+    gpu_spec: Any
+    model_spec: Any
+    acceptance: Any
+    batches: list[int]
+    kvs: list[int]
+    points: list[int]
+    eps: float
+    path: Path
+    detected: Any  # the device measured on, None when estimating
+    timing: Any
+    layers_sample: Optional[int]
+    label: str
+    command: str
+    note: str
+
+    @property
+    def measured(self) -> bool:
+        return self.detected is not None
+
+
+@dataclass
+class CalibrationResult:
+    path: Path
+    plot_path: Optional[Path]
+    label: str
+    warnings: list[str]
+    profile: dict
+    interrupted: bool
+
+
+def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int],
+                     points: list[int], eps: float, out: Optional[Path] = None,
+                     measure: bool = False, estimate: bool = False,
+                     acceptance: str = DEFAULT_PRESET, repeats: int = 10, warmup: int = 3,
+                     layers_sample: Optional[int] = None, note: str = "") -> CalibrationPlan:
+    """Check the request and choose the Forward: the runtime on the named GPU when it is
+    present (or demanded with `measure`), else the roofline model."""
+    from bole_cli.calibrate.acceptance import load_acceptance
+    from bole_cli.calibrate.sweep import EXACT, Timing
+    from bole_cli.catalog.hardware import resolve_gpu
+    from bole_cli.catalog.models import resolve_model
+    from bole_cli.profiles.io import profile_path, user_profiles_dir
+
+    if not eps > 0:
+        raise InputError(f"--eps: must be > 0, got {eps:g}")
+    if measure and estimate:
+        raise InputError("--measure and --estimate exclude each other")
+    if repeats < 1 or warmup < 0:
+        raise InputError("--repeats must be >= 1 and --warmup >= 0")
+    if layers_sample is not None and layers_sample < 1:
+        raise InputError(f"--layers-sample: must be >= 1, got {layers_sample}")
+    gpu_spec = resolve_gpu(gpu)
+    model_spec = resolve_model(model)
+    acc = load_acceptance(acceptance)
+    unreachable = [b for b in batches if b > max(points)]
+    if unreachable:
+        raise InputError(f"--grid: no point reaches batch {unreachable[0]} (largest N is {max(points)}); "
+                         "N counts tree tokens of the whole batch, at least one per request")
+    path = Path(out) if out is not None else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name)
+    check_out_path(path, gpu_spec.key, model_spec.name)
+
+    detected, reason = device_for(gpu_spec, measure, estimate)
+    if detected is not None:
+        timing = Timing(warmup=warmup, repeats=repeats)
+        label = f"MEASURED on {detected.name}"
+    else:
+        timing = EXACT
+        label = f"ESTIMATED (roofline model, {reason})"
+    command = reproduce_command(gpu, model, batches, kvs, points, eps, acceptance,
+                                "--measure" if measure else "--estimate" if estimate else "")
+    return CalibrationPlan(gpu_spec=gpu_spec, model_spec=model_spec, acceptance=acc,
+                           batches=batches, kvs=kvs, points=points, eps=eps, path=path,
+                           detected=detected, timing=timing, layers_sample=layers_sample,
+                           label=label, command=command, note=note)
+
+
+def make_forward(plan: CalibrationPlan) -> Any:
+    """The runtime on the detected device when measuring, else the roofline model."""
+    if plan.measured:
+        return runtime_forward(plan.model_spec, plan.detected, plan.layers_sample)
+    from bole_cli.calibrate.costmodel import RooflineForward
+
+    return RooflineForward(plan.model_spec, plan.gpu_spec)
+
+
+def _provenance_extra(plan: CalibrationPlan, forward: Any) -> dict[str, Any]:
+    """Timing settings (measured) and what the Forward says of itself (`info()`)."""
+    extra: dict[str, Any] = {}
+    if plan.measured:
+        extra["timing"] = plan.timing.to_dict()
+    info = getattr(forward, "info", None)
+    if callable(info):
+        details = dict(info())
+        if "sampled_layers" in details:
+            extra["sampled_layers"] = details.pop("sampled_layers")
+        extra["cost_model" if not plan.measured else "runtime"] = details
+    return extra
+
+
+def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str], None]] = None,
+                    progress: Optional[Progress] = None, plot: bool = True) -> CalibrationResult:
+    """Build the Forward, `announce` the label, sweep (reporting each step to `progress`
+    when measuring), build and write the profile (keeping the file's kernels section),
+    and plot it beside the profile."""
+    from bole_cli.calibrate.sweep import build_profile, run_sweep, sweep_steps, write_profile
+
+    forward = make_forward(plan)
+    if announce is not None:
+        announce(plan.label)
+    steps = sweep_steps(plan.batches, plan.kvs, plan.points)
+    with (progress(steps) if plan.measured and progress else nullcontext()) as on_step:
+        sweep = run_sweep(forward, plan.batches, plan.kvs, plan.points, plan.timing,
+                          on_step=on_step)
+    if not sweep.curves:
+        why = sweep.failures[0] if sweep.failures else "interrupted"
+        raise BoleError(f"no configuration was measured ({why}); nothing written")
+    detected = plan.detected
+    profile, warnings = build_profile(
+        gpu_key=plan.gpu_spec.key, model_name=plan.model_spec.name,
+        kind="measured" if plan.measured else "estimated", sweep=sweep, grid=plan.points,
+        eps=plan.eps, acceptance=plan.acceptance,
+        device_name=(getattr(forward, "device_name", None)
+                     or (detected.name if detected else plan.gpu_spec.name)),
+        command=plan.command,
+        note="; ".join(x for x in ((plan.label if not plan.measured else ""), plan.note) if x),
+        extra_provenance=_provenance_extra(plan, forward))
+    profile = write_profile(plan.path, profile)  # as written: with the file's kernels section
+    plot_path = None
+    if plot:
+        from bole_cli.calibrate.plot import plot_path_for, plot_profile
+
+        plot_path = plot_profile(profile, plot_path_for(plan.path))
+    return CalibrationResult(path=plan.path, plot_path=plot_path, label=plan.label,
+                             warnings=warnings, profile=profile, interrupted=sweep.interrupted)

@@ -1,0 +1,192 @@
+"""SGLang 0.5.23's GDN Triton kernels, loaded alone (docs/design.md §6).
+
+`load_sglang_kernels` finds the source (`bole_cli.sglang.source`), imports the kernel
+modules under `bole_cli.sglang.isolation` (no SGLang ``__init__``) and returns their
+callables as one `SGLangKernels`. Inside a live SGLang process (real ``sglang`` already
+imported) the real modules are imported normally instead.
+
+Adding a kernel: name its module below, list the callables it provides in
+`KERNEL_FUNCTIONS` and give `SGLangKernels` a field of the same name (tests check the two
+agree); a module outside the extracted folders also goes into `bole_cli.sglang.source`.
+
+Facts about the loaded kernels (signatures, layouts, dtypes): docs/sglang-0.5.23.md.
+Nothing heavy is imported at module level.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from bole_cli.errors import BoleError
+from bole_cli.sglang.isolation import isolated_sglang, live_sglang
+from bole_cli.sglang.source import SGLANG_VERSION, SGLangSource, find_sglang_source
+from bole_cli.sglang.triton_interpreter import fix_triton_interpreter_masks
+
+# The modules `load_sglang_kernels` imports (dotted names inside SGLang 0.5.23).
+VERIFY_MODULE = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
+CONV_MODULE = "sglang.kernels.ops.mamba.causal_conv1d_triton"
+SCATTER_MODULE = "sglang.kernels.ops.mamba.mamba_state_scatter_triton"
+GATING_MODULE = "sglang.kernels.ops.attention.linear.fused_gdn_gating"
+WRAPPER_MODULE = "sglang.srt.layers.attention.linear.kernels.gdn_triton"
+
+#: Kernel module -> the callables `SGLangKernels` takes from it (one field each), in
+#: import order.
+KERNEL_FUNCTIONS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
+    VERIFY_MODULE: ("fused_sigmoid_gating_delta_rule_update",),
+    CONV_MODULE: ("causal_conv1d_update",),
+    SCATTER_MODULE: ("fused_mamba_state_scatter_with_mask", "fused_conv_window_scatter_with_mask",
+                     "scatter_mamba_states_after_mtp_verify"),
+    GATING_MODULE: ("fused_gdn_gating",),
+})
+KERNEL_MODULES = tuple(KERNEL_FUNCTIONS)
+# Light real modules those import whose parent package __init__ is heavy (stubbed parents).
+DEPENDENCY_MODULES = ("sglang.kernels.ops.memory.ptr_table",)
+
+
+@dataclass(frozen=True)
+class SGLangKernels:
+    """SGLang 0.5.23's GDN verify / conv / commit kernels, loaded alone.
+
+    Callables (signatures in docs/sglang-0.5.23.md):
+    - fused_sigmoid_gating_delta_rule_update: the serial (tree) verify kernel wrapper.
+    - causal_conv1d_update: conv update; with retrieve_next_token/sibling it is the tree
+      conv, and it also FILLS retrieve_parent_token for the verify kernel.
+    - fused_gdn_gating: g, beta from A_log, a, b, dt_bias (prefill path; [1, T, HV] fp32).
+    - fused_mamba_state_scatter_with_mask / fused_conv_window_scatter_with_mask /
+      scatter_mamba_states_after_mtp_verify: the accepted-snapshot copy-back (CUDA/XPU only;
+      `copy_back_accepted` falls back to SGLang's torch indexing on other devices).
+    - TritonGDNKernel: the wrapper class, only with ``with_wrapper=True``.
+    """
+
+    version: Optional[str]
+    source: SGLangSource
+    isolated: bool
+    fused_sigmoid_gating_delta_rule_update: Callable[..., Any]
+    causal_conv1d_update: Callable[..., Any]
+    fused_gdn_gating: Callable[..., Any]
+    fused_mamba_state_scatter_with_mask: Callable[..., Any]
+    fused_conv_window_scatter_with_mask: Callable[..., Any]
+    scatter_mamba_states_after_mtp_verify: Callable[..., Any]
+    TritonGDNKernel: Optional[type] = None
+    modules: Mapping[str, types.ModuleType] = field(default_factory=dict)
+
+    def target_verify(
+        self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices, query_start_loc,
+        intermediate_states_buffer, intermediate_state_indices, cache_steps,
+        retrieve_parent_token, **_ignored,
+    ):
+        """Exactly what ``TritonGDNKernel.target_verify`` does in 0.5.23 (gdn_triton.py:217-257)."""
+        return self.fused_sigmoid_gating_delta_rule_update(
+            A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b,
+            initial_state_source=ssm_states, initial_state_indices=cache_indices,
+            cu_seqlens=query_start_loc, use_qk_l2norm_in_kernel=True,
+            softplus_beta=1.0, softplus_threshold=20.0, is_kda=False,
+            disable_state_update=True,
+            intermediate_states_buffer=intermediate_states_buffer,
+            intermediate_state_indices=intermediate_state_indices,
+            cache_steps=cache_steps, retrieve_parent_token=retrieve_parent_token,
+        )
+
+    def copy_back_accepted(self, dst, src, dst_indices, step_indices, src_indices=None) -> None:
+        """dst[:, dst_indices[i]] = src[:, src_indices[i], step_indices[i]] for step >= 0.
+
+        Mirrors HybridLinearAttnBackend._scatter_speculative_state_with_mask (0.5.23,
+        hybrid_linear_attn_backend.py:1618-1658): the fused Triton scatter on CUDA, SGLang's
+        own torch indexing elsewhere. dst [layers, slots, ...]; src [layers, rows, steps, ...];
+        src_indices default to arange (scratch row = batch position).
+        """
+        import torch
+
+        if dst is None or src is None or step_indices.numel() == 0:
+            return
+        if dst.is_cuda and src.is_cuda:
+            self.fused_mamba_state_scatter_with_mask(dst, src, dst_indices, step_indices, src_indices)
+            return
+        device = dst.device
+        dsti = dst_indices.to(device=device, dtype=torch.long)
+        steps = step_indices.to(device=device, dtype=torch.long)
+        srci = (
+            torch.arange(steps.shape[0], device=device, dtype=torch.long)
+            if src_indices is None
+            else src_indices.to(device=device, dtype=torch.long)
+        )
+        valid = (
+            (steps >= 0) & (steps < src.shape[2]) & (dsti >= 0) & (dsti < dst.shape[1])
+            & (srci < src.shape[1])
+        )
+        rows = valid.nonzero(as_tuple=True)[0]
+        if rows.numel() == 0:
+            return
+        dst[:, dsti[rows]] = src[:, srci[rows], steps[rows]]
+
+
+_LOCK = threading.Lock()
+_CACHE: dict[tuple, SGLangKernels] = {}
+
+
+def load_sglang_kernels(
+    wheel_or_site_dir: Optional[os.PathLike | str] = None,
+    *,
+    version: Optional[str] = SGLANG_VERSION,
+    with_wrapper: bool = False,
+    fix_interpreter: bool = True,
+) -> SGLangKernels:
+    """Load SGLang's GDN Triton kernel modules without SGLang's top-level ``__init__``.
+
+    wheel_or_site_dir: a ``.whl``, an unpacked wheel / site-packages folder, or a folder
+    holding the wheel; default: `find_sglang_source`'s search. with_wrapper: also load
+    ``gdn_triton.TritonGDNKernel`` (needs einops and the fla chunk kernels importable).
+    Set TRITON_INTERPRET=1 before calling to get interpreter (CPU) kernels; the result is
+    cached per (source, interpreter mode). Under the interpreter, fix_interpreter applies
+    `fix_triton_interpreter_masks` (process-wide) so SGLang's conv kernel can run on CPU.
+    """
+    live = live_sglang() is not None
+    source = find_sglang_source(wheel_or_site_dir, version=version)
+    names = KERNEL_MODULES + ((WRAPPER_MODULE,) if with_wrapper else ())
+    if live and wheel_or_site_dir is None:
+        root, isolated = source.path, False
+    else:
+        root, isolated = source.package_root(), True
+    key = (str(root), isolated, with_wrapper, os.environ.get("TRITON_INTERPRET", ""))
+    with _LOCK:
+        if key in _CACHE:
+            if fix_interpreter:
+                fix_triton_interpreter_masks()
+            return _CACHE[key]
+        try:
+            import torch  # noqa: F401 - fail here with a clear message rather than mid-import
+            import triton  # noqa: F401
+        except ImportError as exc:
+            raise BoleError(f"loading SGLang's kernels needs torch and triton: {exc}") from exc
+        if fix_interpreter:
+            fix_triton_interpreter_masks()
+        modules: dict[str, types.ModuleType] = {}
+        current = None
+        try:
+            if isolated:
+                with isolated_sglang(root, names + DEPENDENCY_MODULES):
+                    for current in names:
+                        modules[current] = importlib.import_module(current)
+            else:
+                for current in names:
+                    modules[current] = importlib.import_module(current)
+        except Exception as exc:  # noqa: BLE001 - one clear line for the CLI
+            raise BoleError(
+                f"could not load {current} from {source.describe()}: {type(exc).__name__}: {exc}"
+            ) from exc
+        kernels = SGLangKernels(
+            version=source.version,
+            source=source,
+            isolated=isolated,
+            **{name: getattr(modules[module], name)
+               for module, provided in KERNEL_FUNCTIONS.items() for name in provided},
+            TritonGDNKernel=getattr(modules.get(WRAPPER_MODULE), "TritonGDNKernel", None),
+            modules=types.MappingProxyType(modules),
+        )
+        _CACHE[key] = kernels
+        return kernels

@@ -1,0 +1,156 @@
+"""Superseded and ablated kernels as text edits of the shipped kernels' source.
+
+A variant is the shipped kernel (bole_cli/kernels/*.py) plus a few (old, new) replacements,
+written to a temporary module and imported: nothing is copied, so a variant cannot drift
+from the kernel it is measured against, and an edit that no longer applies fails loudly
+instead of timing stale code. Kernel history and figures: experiments/NOTES.md; how the
+kernels work: docs/design.md §2-§3. `experiments/ab_kernels.py` times a variant against
+the shipped kernel.
+
+Variants that were whole redesigns (verify v2, v4-v6, commit c1-c4) are not expressible as
+small edits of today's kernels; their code is in git history (experiments/README.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+_TMP = tempfile.mkdtemp(prefix="bole-variants-")
+
+
+@dataclass(frozen=True)
+class KernelSite:
+    """Where a shipped @triton.jit kernel is defined and where its launcher looks it up."""
+
+    source: str  # module whose source the edits apply to
+    attr: str  # the kernel's name in it
+    launcher: str  # module whose global the launch reads (patched for the A/B)
+
+
+VERIFY_TILE = KernelSite("bole_cli.kernels.tree_verify_tile", "tree_verify_tile_kernel",
+                         "bole_cli.kernels.tree_verify")
+COMMIT = KernelSite("bole_cli.kernels.tree_commit", "_tree_commit_kernel", "bole_cli.kernels.tree_commit")
+SITES = {"verify": VERIFY_TILE, "commit": COMMIT}
+
+
+@dataclass(frozen=True)
+class Variant:
+    site: KernelSite
+    about: str  # one line: what it changes, where it was measured
+    edits: tuple = ()  # (old, new) text replacements of the site's source
+    constexprs: dict = field(default_factory=dict)  # extra launch arguments the edits introduce
+    config: dict = field(default_factory=dict)  # launch knobs of this variant only
+
+
+# --- commit (shipped: c7) ---------------------------------------------------------------
+
+# The state tile loaded before the walk (in flight during it) instead of after it.
+_STATE_FIRST = (
+    ("        s_old = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32)\n", ""),
+    ("        path_sum = tl.zeros([BV, KP], dtype=tl.float32)\n",
+     "        s_old = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32)\n"
+     "        path_sum = tl.zeros([BV, KP], dtype=tl.float32)\n"),
+)
+# The request's parents loaded once into registers (TN of them), the walk a reduction a level.
+_PARENTS_IN_REGISTERS = (
+    ("    DP: tl.constexpr, USE_L2NORM: tl.constexpr,\n):",
+     "    DP: tl.constexpr, TN: tl.constexpr, USE_L2NORM: tl.constexpr,\n):"),
+    ("        slot = tl.load(state_idx + b).to(tl.int64)\n",
+     "        slot = tl.load(state_idx + b).to(tl.int64)\n"
+     "        nodes = tl.arange(0, TN)\n"
+     "        par = tl.load(parents + start + nodes, mask=nodes < (tl.load(cu + b + 1) - start),"
+     " other=-1).to(tl.int32)\n"),
+    ("nxt = tl.load(parents + start + cur).to(tl.int32)", "nxt = tl.sum(tl.where(nodes == cur, par, 0), axis=0)"),
+)
+
+# --- verify, one-tile kernel (shipped: v7 + block merging) -----------------------------
+
+_V8 = (("""                ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
+""", """                if depth == covered + 1:  # only the power G^depth itself is missing: add it
+                    ainv += gpow
+                else:
+                    ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
+"""),)
+
+_V9 = (
+    ("            ys = tl.zeros([TP, BV], dtype=tl.float32)  # rows q_i^T S\n", ""),
+    ("                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)"
+     ".to(tl.float32)\n", ""),
+    ("                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)\n", ""),
+    ("            uu = tl.dot(ainv, r, input_precision=PRECISION)\n",
+     "            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :],\n"
+     "                     tl.dot(ainv, r, input_precision=PRECISION), mask=rmask[:, None] & vmask[None, :])\n"
+     "            ys = tl.zeros([TP, BV], dtype=tl.float32)\n"
+     "            for kb in range(0, KP, BK):\n"
+     "                offs = kb + tl.arange(0, BK)\n"
+     "                m2 = rmask[:, None] & (offs < K)[None, :]\n"
+     "                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)"
+     ".to(tl.float32)\n"
+     "                sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],\n"
+     "                             mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)\n"
+     "                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)\n"),
+    ("            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)\n", ""),
+)
+
+# Ablations (wrong outputs on purpose): one stage of the tile kernel left out; the time it
+# saves places that stage's cost. "no-solve" drops only the product form (depth <= 8).
+_LOG_P_STORE = "        if part == 0:\n            tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)"
+_NO_SOLVE = (("while covered < depth:", "while covered < 0:"),)
+_NO_WALK = (("while tl.max(cur, axis=0) >= 0:", "while tl.max(cur, axis=0) >= 1 << 30:"),)
+_NO_GRAM = (("        for kb in range(0, KP, BK):\n            offs = kb + tl.arange(0, BK)\n            m2",
+             "        for kb in range(0, 0, BK):\n            offs = kb + tl.arange(0, BK)\n            m2"),)
+_NO_STATE = (("            for kb in range(0, KP, BK):", "            for kb in range(0, 0, BK):"),)
+_NO_VALUES = (("for vt in range(0, VT, BV):\n            offs_v = part",
+               "for vt in range(0, 0, BV):\n            offs_v = part"),
+              # keep the factors alive, or the compiler drops the work that builds them
+              (_LOG_P_STORE, _LOG_P_STORE.replace(
+                  "lp, mask", "lp + 0.0 * (tl.sum(ce, axis=1) + tl.sum(ainv, axis=1)), mask")))
+
+VARIANTS: dict[str, Variant] = {
+    "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",
+                  _PARENTS_IN_REGISTERS, {"TN": 256}),
+    "c8p": Variant(COMMIT, "c8 with the state tile loaded before the walk (run 22)",
+                   _PARENTS_IN_REGISTERS + _STATE_FIRST, {"TN": 256}),
+    "cA": Variant(COMMIT, "c7 with the state tile loaded before the walk (run 13's cA, made from c4 then)",
+                  _STATE_FIRST),
+    "v8": Variant(VERIFY_TILE, "last product-form step adds G^depth when depth = covered + 1 (run 23)", _V8),
+    "v9": Variant(VERIFY_TILE, "value loop in two passes over the state slices, one accumulator live (run 26)",
+                  _V9),
+    "gram-tf32": Variant(VERIFY_TILE, "Gram terms on tf32 operands instead of bf16 (GRAM16 off; run 11)",
+                         config={"GRAM16": 0}),
+    "no-walk": Variant(VERIFY_TILE, "ablation: no ancestor walk (and so no solve: depth 0)", _NO_WALK),
+    "no-solve": Variant(VERIFY_TILE, "ablation: no product-form solve", _NO_SOLVE),
+    "no-gram": Variant(VERIFY_TILE, "ablation: no Gram terms", _NO_GRAM),
+    "no-state": Variant(VERIFY_TILE, "ablation: no products with the state", _NO_STATE),
+    "no-values": Variant(VERIFY_TILE, "ablation: no value loop (state products, solves' products, stores)",
+                         _NO_VALUES),
+}
+
+
+def edited_source(site: KernelSite, edits) -> str:
+    """The site module's source with every (old, new) edit applied; each must match."""
+    src = inspect.getsource(importlib.import_module(site.source))
+    for old, new in edits:
+        if old not in src:
+            raise ValueError(f"{site.source}: edit no longer applies, text not found:\n{old}")
+        src = src.replace(old, new)
+    return src
+
+
+def load_variant(name: str):
+    """The edited kernel of VARIANTS[name] (a @triton.jit function), from a temporary module."""
+    variant = VARIANTS[name]
+    if not variant.edits:  # a launch-knob variant: the shipped kernel itself
+        return getattr(importlib.import_module(variant.site.source), variant.site.attr)
+    path = os.path.join(_TMP, f"variant_{name.replace('-', '_')}.py")
+    with open(path, "w") as f:
+        f.write(edited_source(variant.site, variant.edits))
+    spec = importlib.util.spec_from_file_location(f"variant_{name.replace('-', '_')}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, variant.site.attr)

@@ -1,0 +1,91 @@
+"""bole_cli.calibrate.pipeline, .summary and .plot's path: `bole calibrate` as library calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bole_cli.calibrate.defaults import DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS
+from bole_cli.calibrate.pipeline import (check_out_path, int_list_text, plan_calibration,
+                                         reproduce_command, run_calibration)
+from bole_cli.calibrate.plot import plot_path_for
+from bole_cli.calibrate.summary import summary_rows
+from bole_cli.errors import InputError
+from bole_cli.profiles import load_profile
+
+
+def _plan(tmp_path, **over):
+    args = dict(gpu="h200", model="9b", batches=[1, 4], kvs=[1024], points=[4, 8, 16, 32],
+                eps=0.05, out=tmp_path / "p.yaml", estimate=True)
+    args.update(over)
+    return plan_calibration(**args)
+
+
+def test_int_list_text_and_the_plot_path():
+    assert int_list_text([1, 2, 4]) == "1,2,4"
+    assert plot_path_for(Path("d/Qwen3.5-9B.yaml")) == Path("d/Qwen3.5-9B.png")
+    assert plot_path_for(Path("d/x.yml")) == Path("d/x.png")
+
+
+def test_reproduce_command_leaves_defaults_out():
+    line = reproduce_command("h200", "9b", DEFAULT_BATCHES, DEFAULT_KV_LENS, DEFAULT_GRID,
+                             DEFAULT_EPS, _default_preset(), "")
+    assert line == "bole calibrate --gpu h200 --model 9b"
+    line = reproduce_command("h200", "9b", [1], [1024], [8, 16], 0.1, "x.yaml", "--estimate")
+    assert line == ("bole calibrate --gpu h200 --model 9b --batch 1 --kv 1024 --grid 8,16 "
+                    "--eps 0.1 --acceptance x.yaml --estimate")
+
+
+def _default_preset():
+    from bole_cli.calibrate.acceptance import DEFAULT_PRESET
+
+    return DEFAULT_PRESET
+
+
+def test_check_out_path(tmp_path):
+    with pytest.raises(InputError, match="is a directory"):
+        check_out_path(tmp_path, "h200", "Qwen/Qwen3.5-9B")
+    with pytest.raises(InputError, match="plot's name"):
+        check_out_path(tmp_path / "p.png", "h200", "Qwen/Qwen3.5-9B")
+    check_out_path(tmp_path / "new.yaml", "h200", "Qwen/Qwen3.5-9B")  # a new file is fine
+
+
+def test_plan_checks_before_any_sweep(tmp_path):
+    with pytest.raises(InputError, match="--eps"):
+        _plan(tmp_path, eps=0)
+    with pytest.raises(InputError, match="exclude each other"):
+        _plan(tmp_path, measure=True)
+    with pytest.raises(InputError, match="no point reaches batch 64"):
+        _plan(tmp_path, batches=[64])
+    plan = _plan(tmp_path)
+    assert not plan.measured and plan.label == "ESTIMATED (roofline model, --estimate)"
+    assert plan.command.endswith("--estimate") and plan.path == tmp_path / "p.yaml"
+
+
+def test_run_writes_the_profile_and_announces_the_label(tmp_path):
+    plan = _plan(tmp_path)
+    said = []
+    result = run_calibration(plan, announce=said.append, plot=False)
+    assert said == [plan.label] and result.plot_path is None and not result.interrupted
+    written = load_profile(tmp_path / "p.yaml")
+    assert ([(c["batch"], c["b_ver"]) for c in written["configs"]]
+            == [(c["batch"], c["b_ver"]) for c in result.profile["configs"]])
+    assert "kernels" in written
+    assert written["provenance"]["kind"] == "estimated"
+    assert "cost_model" in written["provenance"]
+    # a second run into the same file for another model is refused
+    with pytest.raises(InputError, match="holds Qwen/Qwen3.5-9B"):
+        _plan(tmp_path, model="4b")
+
+
+def test_summary_rows_of_a_profile(tmp_path):
+    profile = run_calibration(_plan(tmp_path), plot=False).profile
+    rows = summary_rows(profile)
+    assert [(r["batch"], r["kv_len"]) for r in rows] == [(1, 1024), (4, 1024)]
+    for r, cfg in zip(rows, sorted(profile["configs"], key=lambda c: c["batch"])):
+        assert r["b_ver"] == cfg["b_ver"] and r["t_dec"] == cfg["t_dec"]
+        if r["n_star"] is not None:
+            j = cfg["n"].index(cfg["n_star"])
+            assert r["gain"] == pytest.approx((cfg["e_acc"][j] / cfg["t_ver"][j])
+                                              / (cfg["batch"] / cfg["t_dec"]))

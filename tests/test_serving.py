@@ -1,0 +1,80 @@
+"""bole_cli.serving, the library behind `bole serve`: the command line from a settings
+dict, the SGLang arguments it reads, the memory summary and the whole plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from bole_cli import serving
+from bole_cli.catalog.models import resolve_model
+from bole_cli.errors import BoleError, InputError
+
+SETTINGS = {"algorithm": "NEXTN", "draft_model": None, "num_steps": 3, "eagle_topk": 4,
+            "num_draft_tokens": 16, "max_running_requests": 8}
+
+
+def test_build_command_of_a_settings_dict():
+    argv, overridden = serving.build_command("Qwen/Qwen3.5-9B", SETTINGS, port=30000,
+                                             python="/py")
+    assert argv == ["/py", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3.5-9B",
+                    "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+                    "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16",
+                    "--max-running-requests", "8", "--port", "30000"]
+    assert overridden == []
+
+
+def test_build_command_with_a_draft_model_host_and_overrides():
+    settings = dict(SETTINGS, algorithm="EAGLE", draft_model="/ckpt/eagle")
+    argv, overridden = serving.build_command("m", settings, port=1, host="0.0.0.0",
+                                             extra=["--port=2", "--tp", "2"], python="/py")
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "/ckpt/eagle"
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert "--port" not in argv and argv[-3:] == ["--port=2", "--tp", "2"]
+    assert overridden == ["--port"]
+
+
+def test_state_dtype_from_the_extra_arguments():
+    assert serving.state_dtype_from_args(None) == "float32"
+    assert serving.state_dtype_from_args(["--mamba-ssm-dtype", "bfloat16"]) == "bfloat16"
+    assert serving.state_dtype_from_args(["--mamba-ssm-dtype=float16", "--tp", "2"]) == "float16"
+    assert serving.state_dtype_from_args(["--mamba-ssm-dtype"]) == "float32"  # no value
+
+
+def test_max_tree_tokens_is_sglangs_eagle_tree():
+    assert serving.max_tree_tokens(1, 4) == 5 and serving.max_tree_tokens(8, 4) == 117
+
+
+def test_memory_summary_counts_the_arena_against_snapshots():
+    spec = resolve_model("9b")
+    mem = serving.memory_summary(spec, SETTINGS)
+    assert mem["freed_bytes"] == mem["sglang_snapshot_bytes"] - mem["bole_arena_bytes"] > 0
+    bf16 = serving.memory_summary(spec, SETTINGS, "bfloat16")
+    assert bf16["sglang_snapshot_bytes"] < mem["sglang_snapshot_bytes"]
+    assert bf16["bole_arena_bytes"] == mem["bole_arena_bytes"]  # factors do not follow the state
+    assert serving.memory_summary(None, SETTINGS) is None
+    with pytest.raises(KeyError):
+        serving.memory_summary(spec, SETTINGS, "fp8")
+
+
+def test_check_can_launch():
+    ok = {"installed": True, "version": "0.5.23", "plugin_registered": True}
+    serving.check_can_launch(ok)
+    for bad, needle in ((dict(ok, installed=False), "not installed"),
+                        (dict(ok, version="0.5.22"), "needs SGLang 0.5.23"),
+                        (dict(ok, plugin_registered=False), "entry point 'bole'")):
+        with pytest.raises(BoleError, match=needle):
+            serving.check_can_launch(bad)
+
+
+def test_plan_serve_dry_run(monkeypatch):
+    monkeypatch.setattr(serving, "sglang_status", lambda: {
+        "installed": False, "version": None, "pinned": "0.5.23", "plugin_registered": False})
+    plan = serving.plan_serve("9b", gpu="h200", batch=4, dry_run=True,
+                              extra=["--mamba-ssm-dtype", "bfloat16"])
+    assert plan.argv == plan.report["command"] and plan.env["SGLANG_PLUGINS"].endswith("bole")
+    assert plan.report["memory"]["state_dtype"] == "bfloat16"
+    assert plan.report["settings"]["max_running_requests"] == 4
+    with pytest.raises(BoleError, match="not installed"):
+        serving.plan_serve("9b", gpu="h200")  # not a dry run: SGLang is checked first
+    with pytest.raises(InputError, match="--port"):
+        serving.plan_serve("9b", gpu="h200", port=0, dry_run=True)
