@@ -8,7 +8,7 @@
   TRITON_INTERPRET=1 (tests/conftest.py sets it) at tiny shapes.
 - GPU (marked): the same equivalence at Qwen3.5-9B GDN shapes, batch up to 16, through
   the plug-in's hook functions, with SGLang's kernels loaded from the wheel by
-  compat.load_sglang_kernels() (sglang need not be installed).
+  bole_cli.sglang.kernels.load_sglang_kernels() (sglang need not be installed).
 
 The equivalence scenario replays SGLang's GDN target-verify branch (gdn_backend.py
 987-1163) twice per layer: once with SGLang's pool (snapshots + conv windows, its verify
@@ -19,6 +19,7 @@ accepted node per request (and a prefix-cache track slot) and compares the pools
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import logging
 import os
@@ -32,7 +33,7 @@ import pytest
 
 from bole_cli.errors import BoleError
 from bole_cli.sglang import plugin
-from bole_cli.sglang.compat import SGLANG_VERSION, find_sglang_source
+from bole_cli.sglang.source import SGLANG_VERSION, find_sglang_source
 from bole_cli.sglang.plan import BolePlan, decide, verify_precision
 
 # ----------------------------------------------------------------- shared fixtures
@@ -48,7 +49,7 @@ def sglang_source():
 
 @pytest.fixture(scope="module")
 def kernels(sglang_source):
-    from bole_cli.sglang.compat import load_sglang_kernels
+    from bole_cli.sglang.kernels import load_sglang_kernels
 
     return load_sglang_kernels()
 
@@ -104,6 +105,7 @@ def test_plan_for_qwen35_9b_and_its_memory():
     (dict(disabled=True), "BOLE_DISABLE"),
     (dict(precision="fast"), "BOLE_VERIFY_PRECISION"),
     (dict(temporal=None), "could not read the pool shapes"),
+    (dict(torch_compile=True), "--enable-torch-compile"),
 ])
 def test_plan_refusals_name_the_reason(over, reason):
     plan, why = decide(eligible_facts(**over))
@@ -162,6 +164,78 @@ def test_bole_disable_keeps_sglang_unchanged(fresh_plugin_state):
     reg = FakeRegistry()
     assert plugin._activate(SGLANG_VERSION, reg, FakeHookType, environ={"BOLE_DISABLE": "1"}) is False
     assert reg.calls == []
+
+
+@pytest.mark.parametrize("version", ["0.5.23rc1", "0.5.23.dev1", "0.5.24.post1", "0.5.23.post"])
+def test_only_post_releases_of_the_pinned_version_are_considered(fresh_plugin_state, caplog, version):
+    reg = FakeRegistry()
+    with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
+        assert plugin._activate(version, reg, FakeHookType, environ={}) is False
+    assert reg.calls == [] and len(caplog.records) == 1
+    assert f"found SGLang {version} but Bole is pinned" in caplog.records[0].getMessage()
+
+
+def test_post_release_activates_when_its_source_checks_out(fresh_plugin_state, sglang_source, caplog):
+    reg = FakeRegistry()
+    with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
+        assert plugin._activate(f"{SGLANG_VERSION}.post1", reg, FakeHookType, environ={},
+                                source=sglang_source) is True
+    assert len(reg.calls) == len(plugin.HOOKS)
+    assert any(f"active on SGLang {SGLANG_VERSION}.post1" in r.getMessage() for r in caplog.records)
+
+
+def test_post_release_with_drifted_hooks_stays_inactive(fresh_plugin_state, tmp_path, caplog):
+    root = tmp_path / "site"
+    kernels = root / "sglang" / "srt" / "layers" / "attention" / "linear" / "kernels"
+    kernels.mkdir(parents=True)
+    (root / "sglang" / "_version.py").write_text(f"__version__ = version = '{SGLANG_VERSION}.post2'\n")
+    (kernels / "gdn_triton.py").write_text("class TritonGDNKernel:\n    def target_verify(self, q):\n        pass\n")
+    reg = FakeRegistry()
+    with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
+        assert plugin._activate(f"{SGLANG_VERSION}.post2", reg, FakeHookType, environ={}, source=root) is False
+    assert reg.calls == []
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "hook check(s) fail" in lines[0] and "\n" not in lines[0]
+
+
+SCHEDULER = [("sglang.srt.plugins", "load_plugins"), ("sglang.srt.managers.scheduler", "run_scheduler_process")]
+LAUNCHER = [("sglang.srt.plugins", "load_plugins"), ("__main__", "<module>")]
+
+
+def test_hooks_only_where_a_scheduler_runs(fresh_plugin_state, caplog):
+    assert plugin.process_role(SCHEDULER) == "scheduler"
+    assert plugin.process_role(LAUNCHER) == "other"
+    detokenizer = [("sglang.srt.plugins", "load_plugins"),
+                   ("sglang.srt.managers.detokenizer_manager", "run_detokenizer_process")]
+    assert plugin.process_role(detokenizer) == "other"
+    assert plugin.process_role([("tests", "test_x")]) == "direct"
+    reg = FakeRegistry()
+    with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
+        assert plugin._activate(SGLANG_VERSION, reg, FakeHookType, environ={}, frames=LAUNCHER, argv=[]) is False
+    assert reg.calls == [] and fresh_plugin_state["reason"] == "no SGLang scheduler in this process"
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert plugin._activate(SGLANG_VERSION, reg, FakeHookType, environ={}, frames=SCHEDULER) is True
+    assert len(reg.calls) == len(plugin.HOOKS)
+
+
+def test_ray_launcher_is_detected_and_its_actors_can_load_the_plugin(fresh_plugin_state, caplog, monkeypatch):
+    reg = FakeRegistry()
+    with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
+        assert plugin._activate(SGLANG_VERSION, reg, FakeHookType, environ={}, frames=LAUNCHER,
+                                argv=["sglang", "serve", "--use-ray"]) is False
+        ray_engine = LAUNCHER + [("sglang.srt.ray.engine", "__init__")]
+        assert plugin._activate(SGLANG_VERSION, reg, FakeHookType, environ={}, frames=ray_engine,
+                                argv=[]) is False
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2
+    assert all("worker_process_setup_hook" in r.getMessage() for r in caplog.records)
+    # ray_worker_setup (Ray's worker_process_setup_hook) runs SGLang's loader in the actor,
+    # which calls the entry point: the stack then marks a scheduler process.
+    roles = []
+    fake_plugins = types.ModuleType("sglang.srt.plugins")
+    fake_plugins.load_plugins = lambda: roles.append(plugin.process_role())
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins", fake_plugins)
+    plugin.ray_worker_setup()
+    assert roles == ["scheduler"]
 
 
 def test_entry_point_is_declared_in_pyproject():
@@ -226,6 +300,19 @@ def test_forward_extend_and_commit_pass_through_without_a_bole_pool():
     assert calls[-1] == ("commit", (hybrid, "last", "track", "steps", "m", "rpi"))
 
 
+class _FakeSchedule(NS):
+    """SGLang's schedule bag: leaves plus a scoped override (runtime_context._ConfigBag)."""
+
+    @contextlib.contextmanager
+    def override(self, **kw):
+        saved = {k: getattr(self, k) for k in kw}
+        self.__dict__.update(kw)
+        try:
+            yield self
+        finally:
+            self.__dict__.update(saved)
+
+
 def _fake_configurator_module():
     """A fake kv_cache_configurator: its globals are what the hooks read."""
     ns: dict = {}
@@ -234,6 +321,9 @@ def _fake_configurator_module():
             return False
 
         def _handle_max_mamba_cache(self, total_rest_memory):
+            # a stand-in; tests/test_plugin_sizing.py runs SGLang's real function
+            if get_schedule().max_mamba_cache_size is None:
+                get_schedule().max_mamba_cache_size = 100
             reserve = 0.0 if _pd_prefill_skips_mamba_spec_state() else 10.0
             return total_rest_memory - reserve
 
@@ -249,13 +339,14 @@ def _fake_configurator_module():
         mamba_pool_cls = MambaPool
 
     mamba = NS(enable_linear_replayssm=False, enable_linear_replayssm_spec=False)
+    schedule = _FakeSchedule(max_running_requests=16, max_mamba_cache_size=None)
     ns.update(
         HybridReqToTokenPool=HybridReqToTokenPool, MambaPool=MambaPool, _is_npu=False, _is_hip=False,
         get_spec=lambda: NS(speculative_eagle_topk=4, speculative_algorithm="EAGLE"),
         get_memory=lambda: NS(enable_unified_memory=False, enable_page_major_kv_layout=False),
         get_disagg=lambda: NS(disaggregation_mode="null", enable_pd_role_switch=False),
         get_exec=lambda: NS(mamba=mamba),
-        get_schedule=lambda: NS(max_running_requests=16),
+        get_schedule=lambda: schedule,
         max_speculative_num_draft_tokens=lambda: 16,
     )
     return ns
@@ -502,7 +593,8 @@ def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32"
     S = n_rows + bs + 3  # main slots, track slots, spare
     perm = torch.randperm(S, generator=gen).tolist()
     slots = torch.tensor(perm[:n_real] + [-1] * pad, dtype=torch.int32, device=device)  # -1: graph pad
-    track_slots = torch.tensor(perm[n_real:2 * n_real], dtype=torch.int32, device=device)
+    # prefix-cache track slots are int64 in SGLang (schedule_batch.py: mamba_track_indices)
+    track_slots = torch.tensor(perm[n_real:2 * n_real], dtype=torch.int64, device=device)
     cu = torch.tensor([min(b, n_real) * D for b in range(n_rows + 1)], dtype=torch.int32, device=device)
     rows = torch.arange(n_rows, dtype=torch.int32, device=device)  # scratch row = batch position
     trees = _random_trees(rng, n_rows, D)
@@ -521,8 +613,13 @@ def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32"
                     precision=verify_precision(precision or os.environ.get("BOLE_VERIFY_PRECISION")))
     store = FactorStore(plan, device).bind(temporal_b)
     placeholder = torch.zeros(1, device=device).expand(layers, n_rows + 1, D, HV, V, K)
+    # Qwen3.5's layout: every 4th model layer is full attention and has no mamba state, so
+    # the pool index of a GDN layer is its position among the GDN layers
+    # (memory_pool.py:1463 mamba_map, 1667 mamba2_layer_index); start past layer 3.
+    gdn_ids = [i for i in range(2, 8 * layers + 2) if i % 4 != 3][:layers]
+    mamba_map = {layer_id: i for i, layer_id in enumerate(gdn_ids)}
     pool = NS(mamba_pool=NS(bole_store=store, mamba_cache=NS(conv=[conv_b], temporal=temporal_b)),
-              mamba2_layer_index=lambda layer_id: layer_id)
+              mamba2_layer_index=mamba_map.__getitem__)
     backend = NS(req_to_token_pool=pool, mis_metadata=None,
                  forward_metadata=NS(mamba_cache_indices=slots, query_start_loc=cu),
                  _translate_mamba_indices=lambda x: x)
@@ -534,7 +631,7 @@ def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32"
 
     def gdn_verify_branch(self, layer, forward_batch, mixed_qkv, a, b, *, weight, A_log, dt_bias):
         """gdn_backend.py's TARGET_VERIFY branch on Bole's pool (per-layer conv window None)."""
-        lid = layer.layer_id
+        lid = pool.mamba2_layer_index(layer.layer_id)
         meta = self.forward_metadata
         rpt = torch.empty_like(nt)
         y = kern.causal_conv1d_update(
@@ -575,7 +672,7 @@ def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32"
                 return gdn_verify_branch(self, layer, forward_batch, mixed_qkv, a_, b_, weight=weight,
                                          A_log=A_log, dt_bias=dt_bias)
 
-            o_b = plugin._around_forward_extend(original, backend, NS(layer_id=lid), fb, mixed, a, b)
+            o_b = plugin._around_forward_extend(original, backend, NS(layer_id=gdn_ids[lid]), fb, mixed, a, b)
             assert o_b.shape == o_s.shape and o_b.dtype == o_s.dtype
             out["o"].append(rel(o_b[0, real], o_s[0, real]))
             out["o_maxabs"].append(((o_b[0, real].double() - o_s[0, real].double()).abs().max()
@@ -664,6 +761,32 @@ def test_verify_of_chains_without_parent_table():
         store.unbind()
 
 
+def test_torch_compile_keeps_sglangs_path_and_never_traces_the_lookup(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from bole_cli.sglang import factors
+
+    ns = _fake_configurator_module()
+    ex = ns["get_exec"]()
+    ns["get_exec"] = lambda: NS(mamba=ex.mamba, graph=NS(enable_torch_compile=True))
+    plan, why = plugin.configurator_plan(_fake_configurator(), ns)
+    assert plan is None and "--enable-torch-compile" in why
+    # a Bole pool present and dynamo tracing a verify: a clear error, not a data_ptr() trace
+    plan = BolePlan(layers=1, key_heads=1, key_dim=8, value_heads=1, value_dim=8, conv_dim=24,
+                    conv_window=3, draft_tokens=4, rows=2, act_dtype="float32", conv_dtype="float32",
+                    ssm_dtype="float32")
+    temporal = torch.zeros(1, 3, 1, 8, 8)
+    store = factors.FactorStore(plan, "cpu").bind(temporal)
+    try:
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        with pytest.raises(BoleError, match="enable-torch-compile"):
+            factors.lookup(temporal[0])
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+        assert factors.lookup(temporal[0]) == (store, 0)
+    finally:
+        store.unbind()
+    assert factors.lookup(temporal[0]) is None  # no Bole pool: returns before any tensor call
+
+
 def test_registry_forgets_a_dead_pool():
     torch = pytest.importorskip("torch")
     import gc
@@ -712,7 +835,7 @@ def test_arena_overflow_is_a_clear_error():
 def test_gpu_drop_in_equivalence_qwen35_9b(act, bs, D):
     """Qwen3.5-9B GDN shapes (H 16, HV 32, K = V 128, conv 8192), 2 layers, SGLang's kernels
     from the wheel; outputs within 2e-3 relative (Frobenius), committed states too."""
-    from bole_cli.sglang.compat import load_sglang_kernels
+    from bole_cli.sglang.kernels import load_sglang_kernels
 
     kern = load_sglang_kernels()  # installed sglang, $BOLE_SGLANG_WHEEL or .whl/
     res = run_equivalence(kern, device="cuda", bs=bs, D=D, H=16, HV=32, K=128, V=128, layers=2,
@@ -730,7 +853,7 @@ def test_gpu_drop_in_equivalence_qwen35_9b(act, bs, D):
 def test_gpu_plain_tf32_precision_tradeoff():
     """BOLE_VERIFY_PRECISION=tf32 (faster): bf16 outputs differ from SGLang's by about
     2.5-2.8e-3 on an H200 (experiments/results); reported, and bounded loosely."""
-    from bole_cli.sglang.compat import load_sglang_kernels
+    from bole_cli.sglang.kernels import load_sglang_kernels
 
     res = run_equivalence(load_sglang_kernels(), device="cuda", bs=16, D=16, H=16, HV=32, K=128,
                           V=128, layers=2, act="bfloat16", seed=5, precision="tf32")

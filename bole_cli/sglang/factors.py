@@ -45,7 +45,8 @@ import triton.language as tl
 from bole_cli.errors import BoleError
 from bole_cli.kernels import VerifyResult, tree_commit, tree_verify_gated
 from bole_cli.limits import MAX_TREE_NODES
-from bole_cli.sglang.plan import BolePlan, canonical_dtype
+from bole_cli.memory import canonical_dtype
+from bole_cli.sglang.plan import BolePlan
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -156,9 +157,16 @@ _LOCK = threading.Lock()
 
 
 def lookup(ssm_states) -> Optional[tuple["FactorStore", int]]:
-    """(store, layer) owning this temporal[layer] view, or None (not a Bole pool)."""
+    """(store, layer) owning this temporal[layer] view, or None (not a Bole pool).
+
+    Never under torch.compile: dynamo cannot trace data_ptr() of its fake tensors, and the
+    plug-in refuses pools when --enable-torch-compile is on (plan.decide), so a traced
+    verify reaching a Bole pool is an error, not a silent fallback."""
     if not _REGISTRY or not isinstance(ssm_states, torch.Tensor):
         return None
+    if torch.compiler.is_compiling():
+        raise BoleError("Bole plug-in: torch.compile traced a verify while a Bole pool exists; "
+                        "serve without --enable-torch-compile or with BOLE_DISABLE=1")
     found = _REGISTRY.get(ssm_states.data_ptr())
     if found is not None and found[0]._temporal() is None:  # the pool is gone: a stale address
         found[0].unbind()

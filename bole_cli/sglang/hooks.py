@@ -8,8 +8,9 @@ parses the given SGLang source with `ast` (no import of sglang) and returns one 
 mismatch, so an SGLang upgrade that moves or re-signs a target is caught before serving.
 
 use:
-- "replace": the plug-in replaces it (HookType.REPLACE; method hooks receive ``self``).
-- "wrap": the plug-in wraps it (HookType.AROUND) or sets it.
+- "around": the plug-in wraps it with an AROUND hook (HookType.AROUND: the hook receives
+  SGLang's original and ``self``, and calls the original for every pool that is not Bole's).
+- "wrap": the plug-in wraps it (an AROUND hook) or sets it for the duration of a call.
 - "alternative": a narrower/wider hook point for the same job, kept checked so the
   plug-in can switch if the primary one changes.
 Details and line references: docs/sglang-0.5.23.md.
@@ -22,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from bole_cli.sglang.compat import SGLangSource, find_sglang_source
+from bole_cli.sglang.source import SGLangSource, find_sglang_source
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ _TV = "sglang.srt.layers.attention.linear"
 HOOK_TARGETS: tuple[HookTarget, ...] = (
     HookTarget(
         f"{_TV}.kernels.gdn_triton.TritonGDNKernel.target_verify",
-        "replace",
+        "around",
         ("self", "A_log", "dt_bias", "q", "k", "v", "a", "b", "*", "ssm_states",
          "cache_indices", "query_start_loc", "intermediate_states_buffer",
          "intermediate_state_indices", "cache_steps", "retrieve_parent_token", "**kwargs"),
@@ -51,7 +52,7 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
     HookTarget(
         "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend."
         "update_mamba_state_after_mtp_verify",
-        "replace",
+        "around",
         ("self", "last_correct_step_indices", "mamba_track_indices", "mamba_steps_to_track",
          "model", "req_pool_indices"),
         1514,

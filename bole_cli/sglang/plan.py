@@ -19,8 +19,11 @@ conv windows (intermediate_conv_window [L, rows, D, conv_dim, W-1], dense for tr
                                    SGLang's tree conv overwrites it during verify)
     shared: parents [rows x D] int32, clamped slots [rows] int32, chain template [D].
 
-rows = the largest batch a verify can carry (max running requests, or SGLang's padded
-eager batch if larger) + 1, like SGLang's `spec_state_size + 1`.
+rows = the largest batch a verify can carry + 1, like SGLang's `spec_state_size + 1`: the
+max running requests per DP shard, or more where SGLang pads them: its eager batch
+(get_eager_max_batch_size) or its largest CUDA-graph capture bucket (the pool size rounded
+up to get_cuda_graph_batch_size_alignment; `plugin.largest_verify_batch`). A bucket larger
+than the arena would make the factor store raise during capture.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
 from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.memory import (FLOAT_DTYPES, canonical_dtype, conv_window_bytes, factor_bytes,
+                             state_snapshot_bytes)
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The speculative algorithms whose verify runs SGLang's EAGLE tree path (NEXTN is an alias
 # of EAGLE inside SGLang). NGRAM / STANDALONE / DFLASH / DSPARK are left alone.
 TREE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
@@ -48,14 +52,6 @@ ENV_PRECISION = "BOLE_VERIFY_PRECISION"
 def verify_precision(value: Optional[str]) -> str:
     """BOLE_VERIFY_PRECISION's value, or the plug-in's default (tf32x3)."""
     return (value or "").strip().lower() or DEFAULT_PRECISION
-
-
-def canonical_dtype(name: Any) -> str:
-    """'torch.bfloat16' / 'bf16' / torch.bfloat16 -> 'bfloat16' (float32/bfloat16/float16)."""
-    text = str(name).strip().lower().removeprefix("torch.")
-    text = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
-            "half": "float16"}.get(text, text)
-    return text
 
 
 @dataclass(frozen=True)
@@ -82,20 +78,21 @@ class BolePlan:
 
     def node_bytes_per_layer(self) -> int:
         """Arena bytes per draft-token position and GDN layer."""
-        act, conv = DTYPE_BYTES[self.act_dtype], DTYPE_BYTES[self.conv_dtype]
-        return (self.key_heads * self.key_dim * act + self.value_heads * self.value_dim * 4
-                + self.value_heads * 4 + self.conv_dim * conv)
+        act, conv = FLOAT_DTYPES[self.act_dtype], FLOAT_DTYPES[self.conv_dtype]
+        return (factor_bytes(self.key_heads, self.key_dim, self.value_heads, self.value_dim,
+                             k_bytes=act) + self.conv_dim * conv)
 
     def arena_bytes(self) -> int:
-        conv = DTYPE_BYTES[self.conv_dtype]
-        per_row = self.conv_dim * self.conv_window * conv
+        conv = FLOAT_DTYPES[self.conv_dtype]
+        per_row = conv_window_bytes(self.conv_dim, self.conv_window, conv)
         return (self.layers * (self.tokens * self.node_bytes_per_layer() + self.rows * per_row)
                 + 4 * (self.tokens + self.rows + self.draft_tokens))
 
     def snapshot_node_bytes_per_layer(self) -> int:
         """What SGLang stores per draft token and layer: a full state and a conv window."""
-        return (self.value_heads * self.value_dim * self.key_dim * DTYPE_BYTES[self.ssm_dtype]
-                + self.conv_dim * self.conv_window * DTYPE_BYTES[self.conv_dtype])
+        return (state_snapshot_bytes(self.value_heads, self.value_dim, self.key_dim,
+                                     FLOAT_DTYPES[self.ssm_dtype])
+                + conv_window_bytes(self.conv_dim, self.conv_window, FLOAT_DTYPES[self.conv_dtype]))
 
     def snapshot_bytes(self) -> int:
         """intermediate_ssm + intermediate_conv_window as SGLang would allocate them."""
@@ -117,7 +114,7 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
     Every key is optional; a missing fact counts as the conservative answer. Keys:
     disabled, gdn, kda, draft_worker, algorithm, topk, draft_tokens, replayssm,
     replayssm_spec, unified_memory, page_major, disagg_mode, role_switch, npu, hip,
-    pp_spec, conv_shapes [(dim, W-1), ...], temporal (HV, V, K), key_heads, layers,
+    pp_spec, torch_compile, conv_shapes [(dim, W-1), ...], temporal (HV, V, K), key_heads, layers,
     ssm_dtype, conv_dtype, act_dtype, max_batch, precision.
     """
     f = dict(facts)
@@ -139,12 +136,14 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
          "PD disaggregation"),
         (f.get("npu") or f.get("hip"), "not an NVIDIA CUDA device"),
         (f.get("pp_spec"), "SGLANG_ENABLE_PP_SPEC (stable-row pipeline speculation)"),
+        (f.get("torch_compile"),
+         "--enable-torch-compile (the factor lookup by data_ptr() cannot be traced by dynamo)"),
         (len(f.get("conv_shapes") or ()) != 1, "not exactly one conv state per layer"),
         (canonical_dtype(f.get("ssm_dtype")) not in ("float32", "bfloat16"),
          f"--mamba-ssm-dtype {f.get('ssm_dtype')!r} (Bole supports float32, bfloat16)"),
-        (canonical_dtype(f.get("conv_dtype")) not in DTYPE_BYTES,
+        (canonical_dtype(f.get("conv_dtype")) not in FLOAT_DTYPES,
          f"conv state dtype {f.get('conv_dtype')!r}"),
-        (canonical_dtype(f.get("act_dtype")) not in DTYPE_BYTES,
+        (canonical_dtype(f.get("act_dtype")) not in FLOAT_DTYPES,
          f"model dtype {f.get('act_dtype')!r}"),
         (verify_precision(f.get("precision")) not in PRECISIONS,
          f"{ENV_PRECISION}={f.get('precision')!r} (use one of {', '.join(PRECISIONS)})"),
@@ -173,6 +172,3 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
                       f"{MAX_TREE_NODES}")
     return plan, ""
 
-
-def gib(n: float) -> str:
-    return f"{n / (1 << 30):.2f} GiB"

@@ -1,9 +1,15 @@
 """Bole's SGLang 0.5.23 plug-in (entry point ``bole`` in group ``sglang.srt.plugins``).
 
-SGLang calls `activate` in every process that runs ``load_plugins()`` (the server, each
-scheduler, the detokenizer...). On SGLang 0.5.23 it registers six AROUND hooks with
-``sglang.srt.plugins.hook_registry.HookRegistry`` (`HOOKS`); on any other version it logs
-one line and registers nothing. The hooks touch only hybrid Gated-DeltaNet models served
+SGLang calls `activate` in every process that runs ``load_plugins()`` (the launcher, each
+scheduler, the DP controller, the detokenizer). It registers six AROUND hooks with
+``sglang.srt.plugins.hook_registry.HookRegistry`` (`HOOKS`) only where a scheduler runs
+(`process_role`): registering makes ``apply_hooks`` import the attention and model-runner
+stack, which the other processes never need. It accepts SGLang 0.5.23 and its post
+releases whose hooked names and source facts still check out against their source
+(`version_problem`); on any other version it logs one line and registers nothing. Under
+SGLang's Ray launcher the scheduler actors never call ``load_plugins()``: `ray_worker_setup`
+is the Ray ``worker_process_setup_hook`` that makes them load it, and the launcher logs
+that it is needed (docs/sglang-0.5.23.md (c)). The hooks touch only hybrid Gated-DeltaNet models served
 with an EAGLE-family tree draft (``--speculative-eagle-topk > 1``); every other path
 (chains, prefill, decode, other models, ReplaySSM, PD disaggregation, ...) reaches
 SGLang's own code unchanged. Per pool, the decision and its reason are logged once.
@@ -11,10 +17,12 @@ SGLang's own code unchanged. Per pool, the decision and its reason are logged on
 What each hook does (tensor plumbing in `factors`, pool in `pool`, sizes in `plan`):
 
 1. ``KVCacheConfigurator._handle_max_mamba_cache``: SGLang's memory budget reserves
-   ``mamba_cache_per_req * (reqs + 1) * D`` for per-node snapshots; Bole drops that
-   reservation (by answering its "skip spec state" test) and reserves its factor arena
-   instead, so the difference goes to the KV cache (and, in SGLang's ratio-based sizing,
-   partly to more mamba slots). Logged.
+   ``mamba_cache_per_req * (capped reqs + 1) * D`` for per-node snapshots, in one of three
+   branches (explicit ``--max-mamba-cache-size``, ``--disable-radix-cache``, or the
+   ratio-based default). Bole runs SGLang's sizing as is (so the mamba slot count is
+   SGLang's), then once more with that slot count pinned and the "reserve snapshots?" test
+   answered no: the difference is exactly SGLang's reservation, which goes to the KV cache
+   less Bole's factor arena (`budget_without_snapshots`). Logged.
 2. ``KVCacheConfigurator._build_hybrid_req_pool``: while SGLang builds the hybrid request
    pool, ``HybridReqToTokenPool.mamba_pool_cls`` is a MambaPool subclass that allocates the
    factor arena instead of ``intermediate_ssm`` / ``intermediate_conv_window`` (logged).
@@ -35,15 +43,19 @@ This module imports only the standard library at import time.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from bole_cli.sglang.compat import SGLANG_VERSION
+from bole_cli.sglang.source import SGLANG_VERSION
 from bole_cli.sglang.hooks import HOOK_TARGETS, HookTarget
-from bole_cli.sglang.plan import ENV_DISABLE, ENV_PRECISION, BolePlan, decide, gib
+from bole_cli.memory import format_bytes
+from bole_cli.sglang.plan import ENV_DISABLE, ENV_PRECISION, BolePlan, decide
 
 logger = logging.getLogger("bole_cli.sglang.plugin")
 
@@ -99,6 +111,12 @@ PLUGIN_TARGETS: tuple[HookTarget, ...] = (
                "stable-row pipeline speculation (Bole stays out)"),
     HookTarget("sglang.srt.utils.common.get_eager_max_batch_size", "call", ("max_batch_size",), 4188,
                "eager batches may be padded past max running requests: arena rows"),
+    HookTarget("sglang.srt.utils.common.get_cuda_graph_max_batch_size", "call", ("max_batch_size",), 4184,
+               "the largest CUDA-graph capture bucket (capture alignment): arena rows"),
+    HookTarget("sglang.srt.runtime_context._ConfigBag.override", "call", ("self", "**kwargs"), 849,
+               "scoped override: pins max_mamba_cache_size for the budget's second pass"),
+    HookTarget("sglang.srt.plugins.load_plugins", "call", (), 103,
+               "what ray_worker_setup runs in a Ray scheduler actor"),
     HookTarget("sglang.srt.runtime_context.max_speculative_num_draft_tokens", "call", (), 1982,
                "D of the pool"),
 )
@@ -125,7 +143,26 @@ SOURCE_FACTS: tuple[tuple[str, str, str], ...] = (
     ("sglang/srt/mem_cache/kv_cache_configurator.py",
      "and not _pd_prefill_skips_mamba_spec_state()",
      "the budget's snapshot reservation is gated by this module-level function"),
+    ("sglang/srt/mem_cache/kv_cache_configurator.py",
+     "if get_schedule().max_mamba_cache_size is not None:",
+     "a pinned slot count takes the explicit branch (the budget's second pass)"),
+    ("sglang/srt/mem_cache/kv_cache_configurator.py",
+     "max_mamba_cache_size=get_schedule().max_mamba_cache_size\n                // self.attn_dp_size",
+     "the explicit branch divides the slot count by attn_dp_size"),
+    ("sglang/srt/model_executor/runner/base_cuda_graph_runner.py",
+     "num_max_requests = ceil_align(num_max_requests, mul_base)",
+     "capture buckets stop at the pool size rounded up to the capture alignment"),
+    ("sglang/srt/managers/scheduler.py", "    load_plugins()\n",
+     "scheduler processes load plug-ins (run_scheduler_process)"),
 )
+
+# Frames (module, function) that mark a process running an SGLang scheduler.
+SCHEDULER_FRAMES: tuple[tuple[str, str], ...] = (
+    ("sglang.srt.managers.scheduler", "run_scheduler_process"),
+    (__name__, "ray_worker_setup"),
+)
+LOADER_FRAME = ("sglang.srt.plugins", "load_plugins")
+_POST_RELEASE = re.compile(re.escape(SGLANG_VERSION) + r"\.post\d+")
 
 _state: dict[str, Any] = {"active": False, "reason": "not activated"}
 _logged: set[str] = set()
@@ -166,8 +203,63 @@ def activate() -> bool:
     return _activate(sglang_version())
 
 
+def ray_worker_setup() -> None:
+    """Ray's ``worker_process_setup_hook`` for SGLang's Ray launcher (``--use-ray``): its
+    scheduler actors (srt/ray/scheduler_actor.py) never call ``load_plugins()``, so Ray
+    must; ``ray.init(runtime_env={"worker_process_setup_hook":
+    "bole_cli.sglang.plugin.ray_worker_setup"})``."""
+    from sglang.srt.plugins import load_plugins  # type: ignore[import-not-found]
+
+    load_plugins()
+
+
+def _stack() -> list[tuple[str, str]]:
+    frame, out = sys._getframe(1), []
+    while frame is not None:
+        out.append((str(frame.f_globals.get("__name__", "")), frame.f_code.co_name))
+        frame = frame.f_back
+    return out
+
+
+def process_role(frames: Optional[list[tuple[str, str]]] = None) -> str:
+    """"scheduler" where an SGLang scheduler runs (`SCHEDULER_FRAMES` on the stack);
+    "other" where SGLang's loader runs without one (launcher, DP controller, detokenizer):
+    no hooks there; "direct" when called outside SGLang's loader (tests, embedding)."""
+    frames = _stack() if frames is None else frames
+    if any(f in SCHEDULER_FRAMES for f in frames):
+        return "scheduler"
+    return "other" if LOADER_FRAME in frames else "direct"
+
+
+def uses_ray_launcher(frames: list[tuple[str, str]], argv: list[str]) -> bool:
+    """SGLang's Ray launcher: ``--use-ray`` on the command line, or RayEngine on the stack."""
+    return (any(a == "--use-ray" or a.startswith("--use-ray=") for a in argv)
+            or any(m.startswith("sglang.srt.ray.") for m, _ in frames))
+
+
+def version_problem(version: Optional[str], source: Any = None) -> str:
+    """"" when the plug-in may run on this SGLang version, else why not (one line): 0.5.23,
+    or a post release of it whose hooked names and source facts all check out."""
+    if version == SGLANG_VERSION:
+        return ""
+    if not version or not _POST_RELEASE.fullmatch(version):
+        return f"SGLang {version or 'of unknown version'}"
+    try:
+        if source is None:
+            from bole_cli.sglang.source import find_sglang_source
+
+            source = find_sglang_source(None, version=version)
+        problems = check_plugin_targets(source)
+    except Exception as exc:  # noqa: BLE001 - cannot check: stay out
+        problems = [f"its source could not be checked ({type(exc).__name__}: {exc})"]
+    if not problems:
+        return ""
+    return f"SGLang {version} ({len(problems)} hook check(s) fail; first: {problems[0]})"
+
+
 def _activate(version: Optional[str], registry: Any = None, hook_type: Any = None,
-              environ: Optional[dict] = None) -> bool:
+              environ: Optional[dict] = None, *, frames: Optional[list[tuple[str, str]]] = None,
+              argv: Optional[list[str]] = None, source: Any = None) -> bool:
     env = os.environ if environ is None else environ
     if _state["active"]:
         return True
@@ -175,12 +267,22 @@ def _activate(version: Optional[str], registry: Any = None, hook_type: Any = Non
         _state["reason"] = f"{ENV_DISABLE} is set"
         logger.warning("Bole plug-in: %s; staying inactive (SGLang runs unchanged)", _state["reason"])
         return False
-    if version != SGLANG_VERSION:
-        _state["reason"] = f"SGLang {version or 'of unknown version'}"
-        logger.warning("Bole plug-in: found SGLang %s but Bole is pinned to SGLang %s; staying "
-                       "inactive (SGLang runs unchanged; pip install 'bole-cli[serve]')",
-                       version or "(version unknown)", SGLANG_VERSION)
+    if version != SGLANG_VERSION and not (version and _POST_RELEASE.fullmatch(version)):
+        return _refuse_version(version, version_problem(version))
+    frames = _stack() if frames is None else frames
+    if process_role(frames) == "other":
+        _state["reason"] = "no SGLang scheduler in this process"
+        if uses_ray_launcher(frames, sys.argv if argv is None else argv):
+            logger.warning("Bole plug-in: SGLang's Ray launcher: its scheduler actors do not load "
+                           "plug-ins, so Bole is inactive there unless Ray runs %s.ray_worker_setup "
+                           "as its worker_process_setup_hook (README)", __name__)
+        else:
+            logger.info("Bole plug-in: no SGLang scheduler in this process; hooks are applied "
+                        "in the scheduler processes only")
         return False
+    why = version_problem(version, source)
+    if why:
+        return _refuse_version(version, why)
     if registry is None or hook_type is None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # type: ignore
 
@@ -194,10 +296,18 @@ def _activate(version: Optional[str], registry: Any = None, hook_type: Any = Non
     return True
 
 
+def _refuse_version(version: Optional[str], why: str) -> bool:
+    _state["reason"] = why
+    logger.warning("Bole plug-in: found %s but Bole is pinned to SGLang %s; staying "
+                   "inactive (SGLang runs unchanged; pip install 'bole-cli[serve]')",
+                   why if version else "SGLang (version unknown)", SGLANG_VERSION)
+    return False
+
+
 def check_plugin_targets(source: Any = None) -> list[str]:
     """Every name the plug-in hooks or uses, and its source facts, against SGLang's source
-    (an SGLangSource, a path, or None for compat's search); one line per problem."""
-    from bole_cli.sglang.compat import SGLangSource, find_sglang_source
+    (an SGLangSource, a path, or None for find_sglang_source's search); one line per problem."""
+    from bole_cli.sglang.source import SGLangSource, find_sglang_source
     from bole_cli.sglang.hooks import check_hook_targets
 
     if not isinstance(source, SGLangSource):
@@ -233,12 +343,28 @@ def _pp_spec_enabled() -> bool:
         return _truthy(os.environ.get("SGLANG_ENABLE_PP_SPEC"))
 
 
-def _eager_max_batch(reqs: int) -> int:
-    try:
-        from sglang.srt.utils.common import get_eager_max_batch_size  # type: ignore
+def largest_verify_batch(reqs: int) -> int:
+    """The most requests one verify can carry with `reqs` requests per DP shard: SGLang's
+    padded eager batch (get_eager_max_batch_size) or its largest CUDA-graph capture bucket
+    (get_cuda_graph_max_batch_size: the pool size rounded up to the capture alignment, x2
+    with two-batch overlap, x attention TP when gathered, x attention CP;
+    base_cuda_graph_runner.py:83-98). The arena needs one row per request of it."""
+    common = importlib.import_module("sglang.srt.utils.common")
 
-        return max(int(get_eager_max_batch_size(reqs)), reqs)
-    except Exception:  # noqa: BLE001
+    sizes = [reqs]
+    for name in ("get_eager_max_batch_size", "get_cuda_graph_max_batch_size"):
+        try:
+            sizes.append(int(getattr(common, name)(reqs)))
+        except Exception as exc:  # noqa: BLE001 - SGLang's context not set up (tests)
+            _log_once(logging.WARNING, "Bole plug-in: %s(%d) failed (%s); sizing the factor arena "
+                      "for %d requests", name, reqs, type(exc).__name__, reqs)
+    return max(sizes)
+
+
+def _max_batch(reqs: int) -> int:
+    try:
+        return largest_verify_batch(reqs)
+    except ImportError:  # SGLang's utils not importable (tests): the requests themselves
         return reqs
 
 
@@ -266,6 +392,7 @@ def configurator_facts(cfg: Any, g: dict) -> dict:
         npu=bool(g.get("_is_npu", False)),
         hip=bool(g.get("_is_hip", False)),
         pp_spec=_pp_spec_enabled(),
+        torch_compile=bool(getattr(getattr(ex, "graph", None), "enable_torch_compile", False)),
         conv_shapes=[tuple(s) for s in params.shape.conv],
         temporal=tuple(params.shape.temporal),
         key_heads=int(params.shape.num_k_heads_per_tp),
@@ -273,7 +400,7 @@ def configurator_facts(cfg: Any, g: dict) -> dict:
         ssm_dtype=params.dtype.temporal,
         conv_dtype=params.dtype.conv,
         act_dtype=getattr(cfg, "model_dtype", None),
-        max_batch=_eager_max_batch(reqs),
+        max_batch=_max_batch(reqs),
         precision=os.environ.get(ENV_PRECISION) or None,
     )
 
@@ -312,27 +439,49 @@ def _module_globals(fn: Callable) -> dict:
     return inspect.unwrap(fn).__globals__
 
 
+def budget_without_snapshots(original: Callable, cfg: Any, total_rest_memory: float,
+                             g: dict) -> tuple[float, float, Any]:
+    """(rest with SGLang's sizing, rest without its snapshot reservation, mamba slots), GiB.
+
+    First SGLang's own sizing, whichever branch applies, which fixes the mamba slot count;
+    then again with that count pinned (a scoped override of the schedule's
+    max_mamba_cache_size, times attn_dp_size: the explicit branch divides by it) and
+    `_pd_prefill_skips_mamba_spec_state` answering True, so the same slots are charged and
+    no snapshots: the difference is exactly the reservation SGLang made."""
+    name = "_pd_prefill_skips_mamba_spec_state"
+    gate, schedule = g.get(name), g["get_schedule"]()
+    if not callable(gate):
+        raise LookupError(f"{name} not found")
+    stock = original(cfg, total_rest_memory)
+    slots = int(schedule.max_mamba_cache_size)
+    dp = max(int(getattr(cfg, "attn_dp_size", 1) or 1), 1)
+    g[name] = lambda: True
+    try:
+        with schedule.override(max_mamba_cache_size=slots * dp):
+            free = original(cfg, total_rest_memory)
+    finally:
+        g[name] = gate
+    return stock, free, slots
+
+
 def _around_handle_max_mamba_cache(original: Callable, self: Any, total_rest_memory: float):
     g = _module_globals(original)
     plan, why = configurator_plan(self, g)
     if plan is None:
         _log_once(logging.INFO, "Bole plug-in: SGLang's own speculative state for this model (%s)", why)
         return original(self, total_rest_memory)
-    name = "_pd_prefill_skips_mamba_spec_state"
-    saved = g.get(name)
-    if not callable(saved):
-        _log_once(logging.WARNING, "Bole plug-in: %s not found; SGLang's snapshot reservation "
-                  "stays in the memory budget", name)
-        return original(self, total_rest_memory)
-    g[name] = lambda: True
     try:
-        rest = original(self, total_rest_memory)
-    finally:
-        g[name] = saved
-    logger.info("Bole plug-in: memory budget without per-node snapshots (SGLang would reserve "
-                "about %s); %s reserved for Bole's factor arena", gib(plan.snapshot_bytes()),
-                gib(plan.arena_bytes()))
-    return rest - plan.arena_bytes() / (1 << 30)
+        stock, free, slots = budget_without_snapshots(original, self, total_rest_memory, g)
+    except Exception as exc:  # noqa: BLE001 - SGLang changed: keep its budget (it covers the arena)
+        _log_once(logging.WARNING, "Bole plug-in: could not size the budget without snapshots (%s: "
+                  "%s); SGLang's snapshot reservation stays in it", type(exc).__name__, exc)
+        return original(self, total_rest_memory)
+    arena = plan.arena_bytes() / (1 << 30)
+    logger.info("Bole plug-in: memory budget without per-node snapshots: SGLang's sizing "
+                "reserves %.2f GiB for them (%d mamba slots, as SGLang chose); Bole's factor "
+                "arena takes %s; the KV cache gets %.2f GiB more than with SGLang alone",
+                free - stock, slots, format_bytes(plan.arena_bytes()), free - arena - stock)
+    return free - arena
 
 
 def _around_build_hybrid_req_pool(original: Callable, self: Any, *args: Any, **kwargs: Any):
@@ -345,6 +494,9 @@ def _around_build_hybrid_req_pool(original: Callable, self: Any, *args: Any, **k
         return original(self, *args, **kwargs)
     from bole_cli.sglang.pool import bole_pool_class
 
+    reqs = kwargs.get("max_num_reqs")
+    if isinstance(reqs, int) and reqs > 0:  # the pool's own request count, if it differs
+        plan = dataclasses.replace(plan, rows=max(plan.rows, _max_batch(reqs) + 1))
     base = pool_cls_owner.mamba_pool_cls
     pool_cls_owner.mamba_pool_cls = bole_pool_class(base, plan)
     try:

@@ -25,7 +25,8 @@ import logging
 import sys
 from typing import Any
 
-from bole_cli.sglang.plan import BolePlan, gib
+from bole_cli.memory import format_bytes
+from bole_cli.sglang.plan import BolePlan
 
 logger = logging.getLogger("bole_cli.sglang.plugin")
 
@@ -135,8 +136,8 @@ def bole_pool_class(mamba_pool_cls: type, plan: BolePlan) -> type:
                 "Bole: no per-node snapshot buffers: intermediate_ssm + intermediate_conv_window "
                 "would take %s (%d GDN layers x %d rows x %d draft tokens); Bole's factor arena "
                 "takes %s; %s more for the KV cache",
-                gib(the_plan.snapshot_bytes()), the_plan.layers, the_plan.rows, draft_tokens,
-                gib(store.nbytes), gib(the_plan.snapshot_bytes() - store.nbytes))
+                format_bytes(the_plan.snapshot_bytes()), the_plan.layers, the_plan.rows, draft_tokens,
+                format_bytes(store.nbytes), format_bytes(the_plan.snapshot_bytes() - store.nbytes))
 
     BoleMambaPool.__qualname__ = BoleMambaPool.__name__
     BoleMambaPool.__module__ = __name__
