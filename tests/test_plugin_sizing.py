@@ -22,6 +22,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from bole_cli.memory import format_bytes
 from bole_cli.sglang import plugin
 from bole_cli.sglang.source import SGLANG_VERSION
 
@@ -291,28 +292,46 @@ def test_issue_figures_and_the_gain_under_sglang_defaults(source, monkeypatch, f
         (min(reqs, stock_slots // 5) + 1) * d * per_req_bytes(QWEN35_9B) / GIB)
     assert kv == pytest.approx(stock_gib + reserved - plan.arena_bytes() / GIB, abs=0.06)
     line = next(r.getMessage() for r in caplog.records if "memory budget" in r.getMessage())
-    assert f"reserves {reserved:.2f} GiB" in line and f"{stock_slots} mamba slots" in line
+    assert f"reserves {format_bytes(reserved * GIB)}" in line and f"{stock_slots} mamba slots" in line
     print(f"\n[{reqs} x {d}] SGLang {stock_gib} GiB KV, Bole {kv:.2f} GiB KV "
           f"(+{kv - stock_gib:.2f}); snapshots {reserved:.2f} GiB, arena "
           f"{plan.arena_bytes() / GIB:.2f} GiB")
 
 
-def test_budget_keeps_sglangs_sizing_when_the_second_pass_fails(source, monkeypatch, fresh_state, caplog):
+@pytest.mark.parametrize("dp", [1, 2])
+@pytest.mark.parametrize("branch", ["ratio", "explicit", "no_radix"])
+def test_budget_keeps_sglangs_sizing_when_the_second_pass_fails(source, monkeypatch, fresh_state, caplog,
+                                                                 dp, branch):
+    """SGLang's first run has already fixed the slot count; a failing second run must leave
+    SGLang's own budget and slots, not run the sizing a third time on the pinned schedule
+    (which, with attention DP, would divide the slots again)."""
     g = configurator_namespace(source)
     stock_fn = g["_handle_max_mamba_cache"]
     cls = hooked_sglang(source, monkeypatch, g)
-    cfg = configure(g, reqs=8, draft_tokens=16, ratio=5, branch="ratio")
+    cfg = configure(g, reqs=8, draft_tokens=16, ratio=5, branch=branch, dp=dp)
     stock = stock_fn(cfg, 100.0)
+    stock_slots = g["get_schedule"]().max_mamba_cache_size
 
-    def fails(*a, **k):
+    cfg = configure(g, reqs=8, draft_tokens=16, ratio=5, branch=branch, dp=dp)
+    schedule = g["get_schedule"]()
+
+    def override_fails(self, **fields):
         raise AttributeError("an SGLang change")
 
-    monkeypatch.setattr(plugin, "budget_without_snapshots", fails)
-    cfg = configure(g, reqs=8, draft_tokens=16, ratio=5, branch="ratio")
+    monkeypatch.setattr(type(schedule), "override", override_fails)  # SGLang's own config class
     with caplog.at_level(logging.WARNING, logger="bole_cli.sglang.plugin"):
         kv = cls._handle_max_mamba_cache(cfg, 100.0)
     assert kv == pytest.approx(stock)  # SGLang's own budget: its reservation covers the arena
+    assert schedule.max_mamba_cache_size == stock_slots
     assert any("could not size the budget" in r.getMessage() for r in caplog.records)
+
+
+def test_sglangs_own_sizing_error_reaches_the_caller(source, monkeypatch, fresh_state):
+    g = configurator_namespace(source)
+    cls = hooked_sglang(source, monkeypatch, g)
+    cfg = configure(g, reqs=8, draft_tokens=16, ratio=5, branch="ratio")
+    with pytest.raises(RuntimeError):  # SGLang's own "not enough memory", unchanged
+        cls._handle_max_mamba_cache(cfg, 0.01)
 
 
 # ----------------------------------------------------------------- capture buckets
@@ -397,3 +416,19 @@ def test_capture_bucket_larger_than_eager_reaches_the_pool_arena(source, monkeyp
     built = plugin._around_build_hybrid_req_pool(ns["_build_hybrid_req_pool"], _fake_configurator(),
                                                  max_num_reqs=3, extra_max_context_len=0)
     assert built.bole_plan.rows == 5
+
+
+def test_a_scheduler_whose_capture_sizing_fails_refuses_the_plugin(monkeypatch, fresh_state):
+    """Fail closed: sizing the arena for the raw request count would crash graph capture."""
+    from test_plugin import _fake_configurator, _fake_configurator_module
+
+    def broken(reqs):
+        raise RuntimeError("SGLang's context is not set up")
+
+    install_modules(monkeypatch, {"sglang.srt.utils.common": {
+        "get_eager_max_batch_size": lambda reqs: reqs, "get_cuda_graph_max_batch_size": broken}})
+    ns = _fake_configurator_module()
+    assert plugin.configurator_plan(_fake_configurator(), ns)[0] is not None  # tests: warned, reqs used
+    monkeypatch.setattr(plugin, "process_role", lambda frames=None: "scheduler")
+    plan, why = plugin.configurator_plan(_fake_configurator(), ns)
+    assert plan is None and "RuntimeError" in why

@@ -43,7 +43,6 @@ This module imports only the standard library at import time.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 import os
@@ -348,7 +347,9 @@ def largest_verify_batch(reqs: int) -> int:
     padded eager batch (get_eager_max_batch_size) or its largest CUDA-graph capture bucket
     (get_cuda_graph_max_batch_size: the pool size rounded up to the capture alignment, x2
     with two-batch overlap, x attention TP when gathered, x attention CP;
-    base_cuda_graph_runner.py:83-98). The arena needs one row per request of it."""
+    base_cuda_graph_runner.py:83-98). The arena needs one row per request of it, so in a
+    scheduler a failure here refuses the plug-in (an arena sized for `reqs` alone would make
+    the factor store raise during graph capture); elsewhere (tests) `reqs` is used."""
     common = importlib.import_module("sglang.srt.utils.common")
 
     sizes = [reqs]
@@ -356,6 +357,8 @@ def largest_verify_batch(reqs: int) -> int:
         try:
             sizes.append(int(getattr(common, name)(reqs)))
         except Exception as exc:  # noqa: BLE001 - SGLang's context not set up (tests)
+            if process_role() == "scheduler":
+                raise
             _log_once(logging.WARNING, "Bole plug-in: %s(%d) failed (%s); sizing the factor arena "
                       "for %d requests", name, reqs, type(exc).__name__, reqs)
     return max(sizes)
@@ -365,6 +368,8 @@ def _max_batch(reqs: int) -> int:
     try:
         return largest_verify_batch(reqs)
     except ImportError:  # SGLang's utils not importable (tests): the requests themselves
+        if process_role() == "scheduler":
+            raise
         return reqs
 
 
@@ -440,19 +445,18 @@ def _module_globals(fn: Callable) -> dict:
 
 
 def budget_without_snapshots(original: Callable, cfg: Any, total_rest_memory: float,
-                             g: dict) -> tuple[float, float, Any]:
-    """(rest with SGLang's sizing, rest without its snapshot reservation, mamba slots), GiB.
+                             g: dict) -> tuple[float, int]:
+    """(rest without SGLang's snapshot reservation in GiB, mamba slots), after SGLang's own
+    sizing has run once (which fixed the slot count in the schedule).
 
-    First SGLang's own sizing, whichever branch applies, which fixes the mamba slot count;
-    then again with that count pinned (a scoped override of the schedule's
+    Runs SGLang's sizing again with that count pinned (a scoped override of the schedule's
     max_mamba_cache_size, times attn_dp_size: the explicit branch divides by it) and
     `_pd_prefill_skips_mamba_spec_state` answering True, so the same slots are charged and
-    no snapshots: the difference is exactly the reservation SGLang made."""
+    no snapshots: the difference from the first run is exactly the reservation SGLang made."""
     name = "_pd_prefill_skips_mamba_spec_state"
     gate, schedule = g.get(name), g["get_schedule"]()
     if not callable(gate):
         raise LookupError(f"{name} not found")
-    stock = original(cfg, total_rest_memory)
     slots = int(schedule.max_mamba_cache_size)
     dp = max(int(getattr(cfg, "attn_dp_size", 1) or 1), 1)
     g[name] = lambda: True
@@ -461,7 +465,7 @@ def budget_without_snapshots(original: Callable, cfg: Any, total_rest_memory: fl
             free = original(cfg, total_rest_memory)
     finally:
         g[name] = gate
-    return stock, free, slots
+    return free, slots
 
 
 def _around_handle_max_mamba_cache(original: Callable, self: Any, total_rest_memory: float):
@@ -470,17 +474,19 @@ def _around_handle_max_mamba_cache(original: Callable, self: Any, total_rest_mem
     if plan is None:
         _log_once(logging.INFO, "Bole plug-in: SGLang's own speculative state for this model (%s)", why)
         return original(self, total_rest_memory)
+    stock = original(self, total_rest_memory)  # SGLang's own sizing; its errors reach the caller
     try:
-        stock, free, slots = budget_without_snapshots(original, self, total_rest_memory, g)
+        free, slots = budget_without_snapshots(original, self, total_rest_memory, g)
     except Exception as exc:  # noqa: BLE001 - SGLang changed: keep its budget (it covers the arena)
         _log_once(logging.WARNING, "Bole plug-in: could not size the budget without snapshots (%s: "
                   "%s); SGLang's snapshot reservation stays in it", type(exc).__name__, exc)
-        return original(self, total_rest_memory)
+        return stock
     arena = plan.arena_bytes() / (1 << 30)
     logger.info("Bole plug-in: memory budget without per-node snapshots: SGLang's sizing "
-                "reserves %.2f GiB for them (%d mamba slots, as SGLang chose); Bole's factor "
-                "arena takes %s; the KV cache gets %.2f GiB more than with SGLang alone",
-                free - stock, slots, format_bytes(plan.arena_bytes()), free - arena - stock)
+                "reserves %s for them (%d mamba slots, as SGLang chose); Bole's factor "
+                "arena takes %s; the KV cache gets %s more than with SGLang alone",
+                format_bytes((free - stock) * (1 << 30)), slots, format_bytes(plan.arena_bytes()),
+                format_bytes((free - arena - stock) * (1 << 30)))
     return free - arena
 
 
@@ -494,9 +500,6 @@ def _around_build_hybrid_req_pool(original: Callable, self: Any, *args: Any, **k
         return original(self, *args, **kwargs)
     from bole_cli.sglang.pool import bole_pool_class
 
-    reqs = kwargs.get("max_num_reqs")
-    if isinstance(reqs, int) and reqs > 0:  # the pool's own request count, if it differs
-        plan = dataclasses.replace(plan, rows=max(plan.rows, _max_batch(reqs) + 1))
     base = pool_cls_owner.mamba_pool_cls
     pool_cls_owner.mamba_pool_cls = bole_pool_class(base, plan)
     try:

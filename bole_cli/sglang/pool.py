@@ -9,7 +9,7 @@ conv_dim, W-1]`` (memory_pool.py:864-977), allocates Bole's factor arena and exp
 
 - ``intermediate_ssm`` is a zero-stride placeholder of the right shape (4 bytes): the
   GDN verify branch asserts it is not None (gdn_backend.py:1143) and hands it to
-  target_verify, which Bole replaces and which never touches it;
+  target_verify, whose Bole hook never touches it;
 - per-layer ``intermediate_conv_window`` is ``[None]``: SGLang's tree conv then skips its
   window snapshots (SAVE_INTERMEDIATE=False) but still fills retrieve_parent_token.
 
@@ -132,12 +132,13 @@ def bole_pool_class(mamba_pool_cls: type, plan: BolePlan) -> type:
             self._intermediate_conv_window_phys = []
             self.bole_store = store.bind(temporal)
             self.mem_usage = (self.mamba_cache.mem_usage_bytes() + store.nbytes) / (1 << 30)
+            sglang_rows = spec_state_size + 1  # what SGLang's MambaPool would have allocated
             logger.info(
                 "Bole: no per-node snapshot buffers: intermediate_ssm + intermediate_conv_window "
                 "would take %s (%d GDN layers x %d rows x %d draft tokens); Bole's factor arena "
-                "takes %s; %s more for the KV cache",
-                format_bytes(the_plan.snapshot_bytes()), the_plan.layers, the_plan.rows, draft_tokens,
-                format_bytes(store.nbytes), format_bytes(the_plan.snapshot_bytes() - store.nbytes))
+                "takes %s (%d rows)",
+                format_bytes(dataclasses.replace(the_plan, rows=sglang_rows).snapshot_bytes()),
+                the_plan.layers, sglang_rows, draft_tokens, format_bytes(store.nbytes), the_plan.rows)
 
     BoleMambaPool.__qualname__ = BoleMambaPool.__name__
     BoleMambaPool.__module__ = __name__
