@@ -20,7 +20,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-_TMP = tempfile.mkdtemp(prefix="bole-variants-")
+_TMP: list[str] = []  # the temporary folder of edited modules, made on first use
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ _STATE_FIRST = (
 _PARENTS_IN_REGISTERS = (
     ("    DP: tl.constexpr, USE_L2NORM: tl.constexpr,\n):",
      "    DP: tl.constexpr, TN: tl.constexpr, USE_L2NORM: tl.constexpr,\n):"),
-    ("        slot = tl.load(state_idx + b).to(tl.int64)\n",
-     "        slot = tl.load(state_idx + b).to(tl.int64)\n"
+    ("        start = tl.load(cu + b).to(tl.int64)\n",
+     "        start = tl.load(cu + b).to(tl.int64)\n"
      "        nodes = tl.arange(0, TN)\n"
      "        par = tl.load(parents + start + nodes, mask=nodes < (tl.load(cu + b + 1) - start),"
      " other=-1).to(tl.int32)\n"),
@@ -147,7 +147,9 @@ def load_variant(name: str):
     variant = VARIANTS[name]
     if not variant.edits:  # a launch-knob variant: the shipped kernel itself
         return getattr(importlib.import_module(variant.site.source), variant.site.attr)
-    path = os.path.join(_TMP, f"variant_{name.replace('-', '_')}.py")
+    if not _TMP:
+        _TMP.append(tempfile.mkdtemp(prefix="bole-variants-"))
+    path = os.path.join(_TMP[0], f"variant_{name.replace('-', '_')}.py")
     with open(path, "w") as f:
         f.write(edited_source(variant.site, variant.edits))
     spec = importlib.util.spec_from_file_location(f"variant_{name.replace('-', '_')}", path)

@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
@@ -118,6 +118,51 @@ def test_tree_verify_and_commit_match_reference(seed, sizes, group, decay, bc, k
     case, forest = make_case(seed, sizes, h=2, group=group, kdim=16, vdim=32, decay=decay)
     check_verify_and_commit(case, forest, 1e-5, config={"BC": bc, "BV": 16, "BK": 16, "VSPLIT": vsplit},
                             seed=seed, kernel=kernel)
+
+
+# 65-256-node trees: float32 rounding grows with the path (a 256-node chain reaches ~1.5e-5
+# relative against float64 with decays down to -30), hence 5e-5 there; 1e-5 up to 64 nodes.
+LARGE_TREE_TOL = 5e-5
+
+
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    size=st.integers(65, 256),
+    shape=st.sampled_from(["any", "random", "chain", "wide", "roots"]),
+    group=st.sampled_from([1, 2]),
+    decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -1e-4)]),
+    bc=st.sampled_from([16, 32, 64]),
+    kernel=st.sampled_from(["auto", "blocked"]),
+)
+@example(seed=1, size=256, shape="random", group=2, decay=(-30.0, -1e-4), bc=32, kernel="auto")
+@example(seed=2, size=200, shape="wide", group=1, decay=(-2.0, -0.01), bc=64, kernel="blocked")
+@example(seed=3, size=129, shape="roots", group=2, decay=(-1e-4, -1e-6), bc=16, kernel="blocked")
+def test_large_trees_match_reference(seed, size, shape, group, decay, bc, kernel):
+    """65-256-node trees (the blocked kernel's range: DDTree / JetSpec budgets) beside a
+    small request, against the float64 reference; small K and V keep the interpreter fast."""
+    case, forest = make_case(seed, [size, 7], h=1, group=group, kdim=16, vdim=16, decay=decay, shape=shape)
+    check_verify_and_commit(case, forest, LARGE_TREE_TOL, config={"BC": bc, "BV": 16, "BK": 16}, seed=seed,
+                            kernel=kernel)
+
+
+@pytest.mark.parametrize("bc,kernel", [(16, "auto"), (64, "blocked")])
+def test_256_node_chain(bc, kernel):
+    """The deepest tree a request may hold, beside a 3-node tree (GQA 2): verify against the
+    float64 reference, then commit its leaf, a walk over all 256 path nodes."""
+    case, forest = make_case(13, [256, 3], h=1, group=2, kdim=16, vdim=16, decay=(-30.0, -1e-4), shape="chain")
+    extra = {"auto": {}, "blocked": {"check_trees": False}}[kernel]
+    res = tree_verify(*args(case), out=poisoned_out(case), config={"BC": bc, "BV": 16}, **extra)
+    ref = tree_verify_ref(*args(case))
+    for got, want in zip(res, ref):
+        assert rel_err(got, want) <= LARGE_TREE_TOL
+    accepted = torch.tensor([255, 2], dtype=torch.int32)
+    pool = case["state"].clone()
+    tree_commit(pool, case["state_indices"], case["k"], res.u, res.log_p, case["parents"], case["cu_seqlens"],
+                accepted, **extra)
+    want = tree_commit_ref(case["state"], case["state_indices"], case["k"], ref.u, ref.log_p, case["parents"],
+                           case["cu_seqlens"], accepted)
+    assert rel_err(pool, want) <= LARGE_TREE_TOL
 
 
 @pytest.mark.parametrize("shape,size,kernel", [
@@ -282,7 +327,7 @@ def test_empty_request_in_batch(kernel):
 
 @pytest.mark.parametrize("kernel,size,bc", [("tile", 64, None), ("tile", 40, None), ("tile", 9, None),
                                             ("tile", 5, None), ("tile", 3, None), ("blocked", 100, 32),
-                                            ("blocked", 70, 16), ("blocked", 9, 16)])
+                                            ("blocked", 70, 16), ("blocked", 9, 16), ("blocked", 256, 64)])
 def test_deep_chains_with_correlated_keys(kernel, size, bc):
     """Consecutive keys with cosine ~0.9 and beta 1: I + G stays well conditioned, but G's
     powers grow like path counts. float32 must still reach 1e-5 (the product form alone was

@@ -12,6 +12,7 @@ from typing import Optional
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.tuned_tables import tuned_config
+from bole_cli.kernels.validate import check_config
 from bole_cli.kernels.verify_path import is_tile_launch
 
 DEFAULTS: dict[str, dict] = {
@@ -61,6 +62,7 @@ def _verify_blocked_rule(shape: dict) -> dict:
 
 
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:
+    check_config(kernel, override)  # a value the kernel cannot compile: one line naming `config`
     cfg = dict(DEFAULTS[kernel])
     if kernel == "tree_verify":
         cfg.update(_verify_rule(shape))

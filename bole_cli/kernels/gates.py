@@ -9,7 +9,7 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.jit_math import softplus
-from bole_cli.kernels.validate import ACTIVATION_DTYPES, check_shape, check_tensor
+from bole_cli.kernels.validate import ACTIVATION_DTYPES, check_nonempty, check_shape, check_tensor, contiguous_vector
 
 
 @triton.jit
@@ -31,15 +31,17 @@ def _gdn_gates_kernel(A_log, a, dt_bias, b, g, beta, n, s_an, s_bn,
 def gdn_gates(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """a, b [N, HV] (rows may be strided); A_log, dt_bias [HV]. Returns float32 (g, beta) [N, HV]."""
+    check_tensor("a", a, 2, ACTIVATION_DTYPES)
     dev = a.device
-    check_tensor("a", a, 2, ACTIVATION_DTYPES, dev)
     n, hv = a.shape
+    check_nonempty("a", a, {1: "HV (value heads)"})
     check_tensor("b", b, 2, ACTIVATION_DTYPES, dev)
     check_shape("b", b, (n, hv))
     for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
         check_tensor(name, t, 1, ACTIVATION_DTYPES, dev)
         check_shape(name, t, (hv,))
-    for name, t in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
+    A_log, dt_bias = contiguous_vector(A_log), contiguous_vector(dt_bias)  # read as raw memory
+    for name, t in (("a", a), ("b", b)):
         if t.numel() and t.stride(-1) != 1:
             raise InputError(f"{name}: the head dimension must be contiguous")
     g = torch.empty(n, hv, device=dev, dtype=torch.float32)

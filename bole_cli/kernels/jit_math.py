@@ -16,12 +16,35 @@ def softplus(x):
 
 
 @triton.jit
-def request_span(cu, state_idx, b):
-    """Request b of a packed forest: (first node, node count, state-pool slot)."""
+def request_span(cu, state_idx, b, n_slots):
+    """Request b of a packed forest: (first node, node count, state-pool slot, whether the
+    slot is inside the pool of n_slots). One compare per program guards the pool against a
+    bad slot without a host check (docs/design.md §3)."""
     start = tl.load(cu + b).to(tl.int64)
     n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)
     slot = tl.load(state_idx + b).to(tl.int64)
-    return start, n_nodes, slot
+    return start, n_nodes, slot, (slot >= 0) & (slot < n_slots)
+
+
+@triton.jit
+def poison_rows(o, u, log_p, first, n_rows, v0, hv, s_on, s_oh, s_un, s_uh, s_ln, write_log_p,
+                V: tl.constexpr, R: tl.constexpr, BV: tl.constexpr, VT: tl.constexpr):
+    """NaN into rows first..first+n_rows of o and u (value columns v0..v0+VT of head hv) and,
+    if write_log_p, of log_p: the outputs of a request the kernel must not compute (a slot
+    outside the pool, a broken max_nodes promise), so the fault cannot pass unseen."""
+    rows = tl.arange(0, R)
+    for r0 in range(0, n_rows, R):
+        extra = r0 + rows
+        emask = extra < n_rows
+        for vt in range(0, VT, BV):
+            offs_v = v0 + vt + tl.arange(0, BV)
+            tile = emask[:, None] & (offs_v < V)[None, :]
+            nan_tile = tl.full([R, BV], float("nan"), tl.float32)
+            tl.store(u + (first + extra)[:, None] * s_un + hv * s_uh + offs_v[None, :], nan_tile, mask=tile)
+            tl.store(o + (first + extra)[:, None] * s_on + hv * s_oh + offs_v[None, :],
+                     nan_tile.to(o.dtype.element_ty), mask=tile)
+        if write_log_p:
+            tl.store(log_p + (first + extra) * s_ln + hv, tl.full([R], float("nan"), tl.float32), mask=emask)
 
 
 # Trees at most this deep invert (I + G) by the product form (I - G)(I + G^2)(I + G^4): at

@@ -21,19 +21,25 @@ import triton.language as tl
 from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
 from bole_cli.kernels.validate import (
-    check_accepted,
     ACTIVATION_DTYPES,
+    check_accepted,
+    check_commit_slots,
+    check_config,
+    check_flag,
     check_forest,
     check_index_vector,
+    check_nonempty,
+    check_pool_slots,
     check_shape,
     check_tensor,
+    contiguous_vector,
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])
 def _tree_conv_kernel(
     x, conv_state, weight, bias, state_idx, parents, cu, y,
-    dim, s_xn, s_cn, s_cd, s_cw, s_wd, s_yn,
+    dim, n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_yn,
     W: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
@@ -43,13 +49,18 @@ def _tree_conv_kernel(
     start = tl.load(cu + b).to(tl.int64)
     n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)
     slot = tl.load(state_idx + b).to(tl.int64)
+    # A slot outside the pool (no host check): the window is never read, the outputs are NaN.
+    in_pool = (slot >= 0) & (slot < n_slots)
+    poison = tl.where(in_pool, 0.0, float("nan"))
+    n_hist = tl.where(in_pool, n_nodes, 0)  # rows that may read the window
     hist = conv_state + slot * s_cn + offs_d[None, :] * s_cd
     for nb in range(0, tl.cdiv(n_nodes, BN)):
         rows = nb * BN + tl.arange(0, BN)
         rmask = rows < n_nodes
+        hmask = rows < n_hist
         cur = tl.where(rmask, rows, -1)
         chain = tl.zeros([BN], dtype=tl.int32)  # nodes of the chain seen so far
-        acc = tl.zeros([BN, BD], dtype=tl.float32)
+        acc = tl.zeros([BN, BD], dtype=tl.float32) + poison
         if HAS_BIAS:
             acc += tl.load(bias + offs_d, mask=dmask, other=0.0).to(tl.float32)[None, :]
         for s in tl.static_range(W):  # s steps back from the node; tap W-1-s
@@ -58,7 +69,7 @@ def _tree_conv_kernel(
                          mask=on_tree[:, None] & dmask[None, :], other=0.0).to(tl.float32)
             col = (W - 2) - (s - chain)  # history column once the chain left the tree
             hv = tl.load(hist + col[:, None] * s_cw,
-                         mask=(rmask & ~on_tree)[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+                         mask=(hmask & ~on_tree)[:, None] & dmask[None, :], other=0.0).to(tl.float32)
             wv = tl.load(weight + offs_d * s_wd + (W - 1 - s), mask=dmask, other=0.0).to(tl.float32)
             acc += tl.where(on_tree[:, None], xv, hv) * wv[None, :]
             chain += on_tree.to(tl.int32)
@@ -70,19 +81,21 @@ def _tree_conv_kernel(
                  mask=rmask[:, None] & dmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])
 def _tree_conv_commit_kernel(
     conv_state, x, state_idx, parents, cu, accepted,
-    dim, s_xn, s_cn, s_cd, s_cw,
+    dim, n_slots, s_xn, s_cn, s_cd, s_cw,
     W: tl.constexpr, WP: tl.constexpr, BD: tl.constexpr,
 ):
     b = tl.program_id(0)
     a = tl.load(accepted + b).to(tl.int32)
-    if a >= 0:
+    slot = tl.load(state_idx + b).to(tl.int64)
+    n_nodes = tl.load(cu + b + 1) - tl.load(cu + b)
+    # a slot outside the pool or a node outside the tree (no host check): slot untouched
+    if (a >= 0) & (a < n_nodes) & (slot >= 0) & (slot < n_slots):
         offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
         dmask = offs_d < dim
         start = tl.load(cu + b).to(tl.int64)
-        slot = tl.load(state_idx + b).to(tl.int64)
         cols = tl.arange(0, WP)
         ptrs = conv_state + slot * s_cn + offs_d[:, None] * s_cd + cols[None, :] * s_cw
         tmask = dmask[:, None] & (cols < W - 1)[None, :]
@@ -104,22 +117,28 @@ def _tree_conv_commit_kernel(
 
 
 def _check_conv_common(x, conv_state, state_indices, parents, cu_seqlens, check_trees):
+    """The checks tree_conv and tree_conv_commit share; returns the index vectors (contiguous)."""
+    check_tensor("x", x, 2, ACTIVATION_DTYPES)
     dev = x.device
-    check_tensor("x", x, 2, ACTIVATION_DTYPES, dev)
     n, dim = x.shape
+    check_nonempty("x", x, {1: "D (channels)"})
     check_tensor("conv_state", conv_state, 3, ACTIVATION_DTYPES, dev)
     if conv_state.shape[1] != dim:
         raise InputError(f"conv_state: expected [S, {dim}, W-1] (logical layout), got {tuple(conv_state.shape)}")
     check_tensor("cu_seqlens", cu_seqlens, 1, None, dev)
     bsz = cu_seqlens.shape[0] - 1
-    check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
-    check_index_vector("state_indices", state_indices, bsz, dev)
-    check_index_vector("parents", parents, n, dev)
+    if bsz < 0:
+        raise InputError("cu_seqlens: needs at least one entry")
+    cu_seqlens = check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
+    state_indices = check_index_vector("state_indices", state_indices, bsz, dev)
+    parents = check_index_vector("parents", parents, n, dev)
     if x.numel() and x.stride(1) != 1:
         raise InputError("x: the channel dimension must be contiguous")
+    check_flag("check_trees", check_trees)
     if check_trees:
         check_forest(parents, cu_seqlens, n)
-    return n, dim, bsz
+        check_pool_slots(state_indices, conv_state.shape[0], check_trees)
+    return n, dim, bsz, state_indices, parents, cu_seqlens
 
 
 def tree_conv(
@@ -138,23 +157,30 @@ def tree_conv(
     """y [N, D] = SiLU(bias + sum_w weight[:, w] * window_w) along each node's ancestor chain.
 
     x [N, D]; conv_state [S, D, W-1] logical (read only); weight [D, W]; bias [D] or None.
+    A request whose slot lies outside [0, S): InputError with check_trees, else NaN rows
+    and its window is never read (docs/design.md §3).
     """
-    n, dim, bsz = _check_conv_common(x, conv_state, state_indices, parents, cu_seqlens, check_trees)
+    n, dim, bsz, state_indices, parents, cu_seqlens = _check_conv_common(
+        x, conv_state, state_indices, parents, cu_seqlens, check_trees)
     check_tensor("weight", weight, 2, ACTIVATION_DTYPES, x.device)
+    check_nonempty("weight", weight, {1: "W (conv width)"})
     width = weight.shape[1]
     check_shape("weight", weight, (dim, width))
+    weight = weight.contiguous()  # the kernel reads a row's taps as consecutive elements
     check_shape("conv_state", conv_state, (conv_state.shape[0], dim, width - 1))
     if bias is not None:
-        check_tensor("bias", bias, 1, ACTIVATION_DTYPES, x.device)
+        bias = contiguous_vector(check_tensor("bias", bias, 1, ACTIVATION_DTYPES, x.device))
         check_shape("bias", bias, (dim,))
-    y = torch.empty_like(x)
+    check_flag("activation", activation)
+    check_config("tree_conv", config)
+    y = torch.empty(n, dim, dtype=x.dtype, device=x.device)
     if n == 0 or bsz == 0:
         return y
     cfg = launch_config("tree_conv", {"D": dim, "W": width, "B": bsz, "N": n}, config)
     grid = (bsz, triton.cdiv(dim, cfg["BD"]))
     _tree_conv_kernel[grid](
         x, conv_state, weight, bias if bias is not None else weight, state_indices, parents, cu_seqlens, y,
-        dim, x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        dim, conv_state.shape[0], x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         weight.stride(0), y.stride(0),
         W=width, BN=cfg["BN"], BD=cfg["BD"], HAS_BIAS=bias is not None, ACTIVATION=activation,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -174,9 +200,18 @@ def tree_conv_commit(
     config: Optional[dict] = None,
 ) -> torch.Tensor:
     """Set each request's conv window to the last W-1 inputs on the path to its accepted
-    node (in place; accepted = -1 leaves the slot untouched). Returns conv_state."""
-    n, dim, bsz = _check_conv_common(x, conv_state, state_indices, parents, cu_seqlens, check_trees)
-    check_accepted(accepted, cu_seqlens, x.device, check_trees)
+    node (in place; accepted = -1 leaves the slot untouched). Returns conv_state.
+
+    With check_trees a slot outside [0, S) or two committing requests sharing a slot are
+    InputErrors naming state_indices; without it a request whose slot lies outside the pool
+    (or whose accepted node lies outside its tree) is skipped, and shared commit slots are
+    undefined (docs/design.md §3)."""
+    n, dim, bsz, state_indices, parents, cu_seqlens = _check_conv_common(
+        x, conv_state, state_indices, parents, cu_seqlens, check_trees)
+    accepted = check_accepted(accepted, cu_seqlens, x.device, check_trees)
+    if check_trees:
+        check_commit_slots(state_indices, accepted)
+    check_config("tree_conv", config)
     if n == 0 or bsz == 0:
         return conv_state
     width = conv_state.shape[2] + 1
@@ -184,7 +219,7 @@ def tree_conv_commit(
     grid = (bsz, triton.cdiv(dim, cfg["BD"]))
     _tree_conv_commit_kernel[grid](
         conv_state, x, state_indices, parents, cu_seqlens, accepted,
-        dim, x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        dim, conv_state.shape[0], x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         W=width, WP=triton.next_power_of_2(max(width - 1, 1)), BD=cfg["BD"],
         num_warps=cfg["num_warps"],
     )

@@ -33,7 +33,7 @@ import triton.language as tl
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, request_span, softplus
+from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, poison_rows, request_span, softplus
 from bole_cli.kernels.reference import VerifyResult
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
@@ -41,11 +41,18 @@ from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
     MAX_TREE_NODES,
     STATE_DTYPES,
+    check_config,
+    check_flag,
     check_forest,
     check_index_vector,
     check_last_contiguous,
+    check_nonempty,
+    check_out,
+    check_pool_slots,
+    check_scale,
     check_shape,
     check_tensor,
+    contiguous_vector,
 )
 
 NW = MAX_TREE_NODES // 64  # 64-bit ancestor words per node
@@ -80,10 +87,10 @@ def _load_k_chunk(ptr, rows_g, rmask, h, stride_n, stride_h, offs, K: tl.constex
     return x * inv[:, None]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])
 def _tree_verify_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    scale,
+    scale, n_slots,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
@@ -94,7 +101,8 @@ def _tree_verify_kernel(
     hv = tl.program_id(1)
     iv = tl.program_id(2)
     h = hv // GROUP
-    start, n_nodes, slot = request_span(cu, state_idx, b)
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    n_solved = tl.where(in_pool, n_nodes, 0)  # a slot outside the pool: no chunk reads it
 
     offs_k = tl.arange(0, KP)
     kmask = offs_k < K
@@ -110,7 +118,7 @@ def _tree_verify_kernel(
         bias = 0.0
 
 
-    for c in range(0, tl.cdiv(n_nodes, BC)):
+    for c in range(0, tl.cdiv(n_solved, BC)):
         c0 = c * BC
         rows = c0 + lane
         rmask = rows < n_nodes
@@ -213,6 +221,9 @@ def _tree_verify_kernel(
                  mask=rmask[:, None] & vmask[None, :])
         tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)
         tl.debug_barrier()  # later chunks of this program read u and log_p back
+    # ... and its outputs are NaN instead (no rows when the slot is in the pool)
+    poison_rows(o, u, log_p, start, n_nodes - n_solved, iv * BV, hv, s_on, s_oh, s_un, s_uh, s_ln, iv == 0,
+                V, BC, BV, BV)
 
 
 def tree_verify(
@@ -243,8 +254,13 @@ def tree_verify(
     max_nodes: the largest tree in the batch (a promise, checked when check_trees). Trees of
     at most 64 nodes take the one-tile kernel; without the bound and without check_trees
     (which reads the sizes on the host) the blocked kernel, exact for any size, is used.
+
+    state_indices outside [0, S): an InputError with check_trees; without it (CUDA graphs,
+    no host read) that request's o, u and log_p are NaN and the pool is never read there.
+    1-D arguments may be strided views (they are copied contiguous); bad input raises one
+    InputError naming the argument (docs/design.md §3).
     """
-    return _verify(q, k, v, g, beta, None, None, state, state_indices, parents, cu_seqlens,
+    return _verify(q, k, v, g, beta, None, None, state, state_indices, parents, cu_seqlens, False,
                    scale=scale, use_qk_l2norm=use_qk_l2norm, check_trees=check_trees,
                    max_nodes=max_nodes, config=config, out=out)
 
@@ -266,33 +282,34 @@ def tree_verify_gated(
     """tree_verify with the gates fused in: a, b [N, HV] raw (g = -exp(A_log) softplus(a +
     dt_bias), beta = sigmoid(b)), as SGLang's target_verify receives them. Saves a launch
     and a round trip of g and beta through memory."""
-    hv = v.shape[1] if isinstance(v, torch.Tensor) and v.dim() == 3 else None
-    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
-        check_tensor(name, t, 1, (torch.float32, torch.bfloat16, torch.float16), q.device)
-        if hv is not None:
-            check_shape(name, t, (hv,))
-    return _verify(q, k, v, a, b, A_log, dt_bias, state, state_indices, parents, cu_seqlens, **kwargs)
+    return _verify(q, k, v, a, b, A_log, dt_bias, state, state_indices, parents, cu_seqlens, True, **kwargs)
 
 
-def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_seqlens, *,
+def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_seqlens, gated, *,
             scale=None, use_qk_l2norm=True, check_trees=True, max_nodes=None, config=None,
             out=None) -> VerifyResult:
-    gated = A_log is not None
     gname, bname = ("a", "b") if gated else ("g", "beta")
+    check_tensor("q", q, 3, ACTIVATION_DTYPES)
     dev = q.device
-    check_tensor("q", q, 3, ACTIVATION_DTYPES, dev)
     n, h, kdim = q.shape
+    check_nonempty("q", q, {1: "H (key heads)", 2: "K (key dim)"})
     check_tensor("k", k, 3, ACTIVATION_DTYPES, dev)
     check_shape("k", k, (n, h, kdim))
     check_tensor("v", v, 3, ACTIVATION_DTYPES, dev)
     if v.shape[0] != n:
         raise InputError(f"v: expected {n} nodes like q, got shape {tuple(v.shape)}")
+    check_nonempty("v", v, {1: "HV (value heads)", 2: "V (value dim)"})
     hv, vdim = v.shape[1], v.shape[2]
-    if h == 0 or hv % h:
+    if hv % h:
         raise InputError(f"v: {hv} value heads is not a multiple of q/k's {h} key heads")
     for name, t in ((gname, g), (bname, beta)):
         check_tensor(name, t, 2, ACTIVATION_DTYPES, dev)
         check_shape(name, t, (n, hv))
+    if gated:
+        A_log = contiguous_vector(check_tensor("A_log", A_log, 1, ACTIVATION_DTYPES, dev))
+        dt_bias = contiguous_vector(check_tensor("dt_bias", dt_bias, 1, ACTIVATION_DTYPES, dev))
+        check_shape("A_log", A_log, (hv,))
+        check_shape("dt_bias", dt_bias, (hv,))
     check_tensor("state", state, 4, STATE_DTYPES, dev)
     if tuple(state.shape[1:]) != (hv, vdim, kdim):
         raise InputError(f"state: expected [S, {hv}, {vdim}, {kdim}] (slots, HV, V, K), got {tuple(state.shape)}")
@@ -302,17 +319,24 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     bsz = cu_seqlens.shape[0] - 1
     if bsz < 0:
         raise InputError("cu_seqlens: needs at least one entry")
-    check_index_vector("state_indices", state_indices, bsz, dev)
-    check_index_vector("parents", parents, n, dev)
-    check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
+    state_indices = check_index_vector("state_indices", state_indices, bsz, dev)
+    parents = check_index_vector("parents", parents, n, dev)
+    cu_seqlens = check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
+    scale = check_scale(scale, kdim)
+    check_flag("use_qk_l2norm", use_qk_l2norm)
+    check_flag("check_trees", check_trees)
     if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int)
                                   or not 1 <= max_nodes <= MAX_TREE_NODES):
         raise InputError(f"max_nodes: expected an int in 1..{MAX_TREE_NODES}, got {max_nodes!r}")
+    if out is not None:
+        out = check_out(out, n, hv, vdim, dev)
+    check_config("tree_verify", config)
     if check_trees:
         largest = check_forest(parents, cu_seqlens, n)
         if max_nodes is not None and largest > max_nodes:
             raise InputError(f"max_nodes: {max_nodes} promised, but a request has {largest} nodes")
         max_nodes = largest
+        check_pool_slots(state_indices, state.shape[0], check_trees)
 
     if out is None:
         o = torch.empty_like(v)
@@ -338,7 +362,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     args = (
         q, k, v, g, beta, A_log if gated else g, dt_bias if gated else g,
         state, state_indices, parents, cu_seqlens, o, u, log_p,
-        float(kdim ** -0.5 if scale is None else scale),
+        scale, state.shape[0],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         state.stride(0), state.stride(1), state.stride(2),

@@ -20,7 +20,8 @@ then per value tile (BV columns of the state), with X = K S^T and Y = Q S^T:
 
 The state is read once per program; nothing per node is materialised beyond u and log_p.
 Trees larger than the tile go to the blocked kernel (tree_verify.py); a request larger than
-the promised tile (max_nodes broken under check_trees=False) gets NaN outputs throughout.
+the promised tile (max_nodes broken under check_trees=False), or whose slot lies outside the
+pool [0, n_slots), gets NaN outputs throughout and its slot is never read.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, request_span, softplus
+from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, poison_rows, request_span, softplus
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])
 def tree_verify_tile_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    scale,
+    scale, n_slots,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
@@ -45,9 +46,9 @@ def tree_verify_tile_kernel(
     hv = tl.program_id(1)
     part = tl.program_id(2)
     h = hv // GROUP
-    start, n_nodes, slot = request_span(cu, state_idx, b)
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
 
-    if n_nodes <= TP:
+    if (n_nodes <= TP) & in_pool:
         rows = tl.arange(0, TP)
         rmask = rows < n_nodes
         rows_g = start + rows
@@ -152,21 +153,11 @@ def tree_verify_tile_kernel(
         if part == 0:
             tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)
     else:
-        # A broken max_nodes promise (check_trees=False): every row of the request becomes
-        # NaN (a value part at a time), so the fault cannot pass unseen.
-        rows = tl.arange(0, TP)
-        for r0 in range(0, n_nodes, TP):
-            extra = r0 + rows
-            emask = extra < n_nodes
-            for vt in range(0, VT, BV):
-                offs_v = part * VT + vt + tl.arange(0, BV)
-                tile = emask[:, None] & (offs_v < V)[None, :]
-                nan_tile = tl.full([TP, BV], float("nan"), tl.float32)
-                tl.store(u + (start + extra)[:, None] * s_un + hv * s_uh + offs_v[None, :], nan_tile, mask=tile)
-                tl.store(o + (start + extra)[:, None] * s_on + hv * s_oh + offs_v[None, :],
-                         nan_tile.to(o.dtype.element_ty), mask=tile)
-            if part == 0:
-                tl.store(log_p + (start + extra) * s_ln + hv, tl.full([TP], float("nan"), tl.float32), mask=emask)
+        # A broken max_nodes promise (check_trees=False) or a slot outside the pool: every
+        # row of the request becomes NaN (a value part at a time), and the pool is not read.
+        poison_rows(o, u, log_p, start, n_nodes, part * VT, hv, s_on, s_oh, s_un, s_uh, s_ln, part == 0,
+                    V, TP, BV, VT)
+
 
 def value_split(vdim: int, bv: int, vsplit: int) -> tuple[int, int]:
     """(value columns per program, programs per value head) for V split in `vsplit` parts

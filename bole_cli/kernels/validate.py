@@ -1,12 +1,21 @@
 """Argument checks shared by the kernel wrappers: one clear ValueError naming the argument.
 
-Shape, dtype and device checks never synchronise with the GPU. Checks of the tree arrays'
-contents (parents before children, node counts, offsets) read them on the host, so they
-run only when the caller asks (`check_trees=True`, the default for direct calls); a serving
-engine that builds the arrays itself and captures CUDA graphs passes False.
+Types, shapes, dtypes, devices, launch configs and `scale` are checked on every call and
+never synchronise with the GPU. Checks of the index arrays' contents (parents before
+children, node counts, offsets, pool slots, accepted nodes, duplicate commit slots) read
+them on the host, so they run only when the caller asks (`check_trees=True`, the default
+for direct calls); a serving engine that builds the arrays itself and captures CUDA graphs
+passes False, and the kernels then guard the pool themselves (docs/design.md §3).
+
+The kernels index every 1-D argument as raw memory (element i at ptr + i), while the host
+checks read logical values: `contiguous_vector` copies a strided vector, so both agree.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
+from typing import Mapping, Optional
 
 import torch
 
@@ -21,6 +30,8 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 def check_tensor(name: str, t, ndim: int, dtypes=None, device=None) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.is_meta:
+        raise InputError(f"{name}: a meta tensor has no data to compute on")
     if t.dim() != ndim:
         raise InputError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
@@ -67,21 +78,131 @@ def check_forest(parents: torch.Tensor, cu_seqlens: torch.Tensor, n: int) -> int
     return int(sizes.max()) if sizes.numel() else 0
 
 
+def check_nonempty(name: str, t: torch.Tensor, dims: Mapping[int, str]) -> None:
+    """Feature dimensions (heads, key / value / channel sizes) must not be empty; node and
+    request counts may be (nothing to do)."""
+    for dim, label in dims.items():
+        if t.shape[dim] == 0:
+            raise InputError(f"{name}: dimension {label} is empty, got shape {tuple(t.shape)}")
+
+
+def contiguous_vector(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read a 1-D argument as raw memory: a strided view is copied (on the
+    device, no synchronisation), so element i is where the kernel looks for it."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def check_index_vector(name: str, t, length: int, device) -> torch.Tensor:
+    """Returns the vector itself, or a contiguous copy of a strided one (use the result)."""
     check_tensor(name, t, 1, INDEX_DTYPES, device)
     check_shape(name, t, (length,))
-    return t
+    return contiguous_vector(t)
 
 
-def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool) -> None:
-    """accepted [B]: -1 (none) or a local node index of the request."""
-    bsz = cu_seqlens.shape[0] - 1
-    check_index_vector("accepted", accepted, bsz, device)
-    if not check_trees:
+def check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+def check_scale(scale, kdim: int) -> float:
+    """q's scale: None (dk^-0.5) or a finite real number (a NaN would poison every output)."""
+    if scale is None:
+        return float(kdim ** -0.5)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(float(scale)):
+        raise InputError(f"scale: expected a finite number or None, got {scale!r}")
+    return float(scale)
+
+
+def check_out(out, n: int, hv: int, vdim: int, device) -> tuple:
+    """tree_verify's `out=` (o, u, log_p): the kernels write them by row strides with the
+    last dimension contiguous, so that is what they must be."""
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise InputError(f"out: expected (o, u, log_p), got {type(out).__name__}")
+    o, u, log_p = out
+    for name, t, shape, dtypes in (("out.o", o, (n, hv, vdim), ACTIVATION_DTYPES),
+                                   ("out.u", u, (n, hv, vdim), (torch.float32,)),
+                                   ("out.log_p", log_p, (n, hv), (torch.float32,))):
+        check_tensor(name, t, len(shape), dtypes, device)
+        check_shape(name, t, shape)
+        check_last_contiguous(name, t)
+    return o, u, log_p
+
+
+def check_pool_slots(state_indices: torch.Tensor, n_slots: int, check_trees: bool) -> None:
+    """Every request's slot inside the pool [0, S) (host read: only with check_trees). Without
+    the check the kernels guard the pool themselves: docs/design.md §3."""
+    if not check_trees or state_indices.numel() == 0:
         return
+    idx = state_indices.detach().to("cpu", torch.int64)
+    bad = (idx < 0) | (idx >= n_slots)
+    if bool(bad.any()):
+        b = int(torch.nonzero(bad)[0])
+        raise InputError(f"state_indices: request {b} has slot {int(idx[b])}, outside the pool's "
+                         f"{n_slots} slots (0..{n_slots - 1})")
+
+
+def check_commit_slots(state_indices: torch.Tensor, accepted: torch.Tensor) -> None:
+    """Two requests that both commit (accepted >= 0) into one slot leave it undefined (their
+    programs race): refused here, with check_trees (host read)."""
+    idx = state_indices.detach().to("cpu", torch.int64)
+    writing = accepted.detach().cpu() >= 0
+    seen: dict[int, int] = {}
+    for b in torch.nonzero(writing).flatten().tolist():
+        slot = int(idx[b])
+        if slot in seen:
+            raise InputError(f"state_indices: requests {seen[slot]} and {b} both commit into slot {slot}")
+        seen[slot] = b
+
+
+def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool) -> torch.Tensor:
+    """accepted [B]: -1 (none) or a local node index of the request. Returns it contiguous."""
+    bsz = cu_seqlens.shape[0] - 1
+    accepted = check_index_vector("accepted", accepted, bsz, device)
+    if not check_trees:
+        return accepted
     sizes = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
     acc = accepted.cpu()
     bad = (acc < -1) | (acc >= sizes)
     if bool(bad.any()):
         b = int(torch.nonzero(bad)[0])
         raise InputError(f"accepted: request {b} accepts node {int(acc[b])}, outside -1..{int(sizes[b]) - 1}")
+    return accepted
+
+
+# Launch-config values: every tile is a power of two (tl.arange); tiles that feed tl.dot
+# are at least 16 wide (the tensor cores' smallest operand).
+_DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_conv": ()}
+_PLAIN_TILES = {"tree_verify": (), "tree_commit": (), "tree_conv": ("BN", "BD")}
+PRECISIONS = ("ieee", "tf32", "tf32x3")
+MAX_TILE = 1024
+
+
+def _power_of_two(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and v >= 1 and not v & (v - 1)
+
+
+def check_config(kernel: str, config: Optional[Mapping]) -> None:
+    """An explicit `config=`: a mapping whose values the kernel can compile (unknown keys
+    are refused by launch_config, which knows the kernel's keys)."""
+    if config is None:
+        return
+    if not isinstance(config, Mapping):
+        raise InputError(f"config: expected a dict of launch settings, got {type(config).__name__}")
+    for key, value in config.items():
+        if key in _DOT_TILES.get(kernel, ()) or key in _PLAIN_TILES.get(kernel, ()):
+            low = 16 if key in _DOT_TILES.get(kernel, ()) else 1
+            if not _power_of_two(value) or not low <= value <= MAX_TILE:
+                raise InputError(f"config: {key} must be a power of two in {low}..{MAX_TILE}, got {value!r}")
+        elif key == "num_warps":
+            if not _power_of_two(value) or value > 32:
+                raise InputError(f"config: num_warps must be a power of two in 1..32, got {value!r}")
+        elif key in ("num_stages", "VSPLIT"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"config: {key} must be a positive int, got {value!r}")
+        elif key == "precision":
+            if value is not None and value not in PRECISIONS:
+                raise InputError(f"config: precision must be None or one of {', '.join(PRECISIONS)}, got {value!r}")
+        elif key == "GRAM16":
+            if value not in (0, 1) or not isinstance(value, (bool, int)):
+                raise InputError(f"config: GRAM16 must be 0 or 1, got {value!r}")
