@@ -27,6 +27,31 @@ given that ranks < r were wrong, with probability a_d * rank_factor^(r-1)
 (rank_factor = 0.5 by default). A file may instead give the full `per_depth_rank` matrix
 q[d][r], or a measured `curve` of E1 against n.
 
+Measured files (`bole acceptance`, bole_cli/mtp/): the same `per_depth_rank` matrix, plus
+`top_k` and a `measurement` block that says where it came from and how sure it is:
+
+    name: qwen3.5-9b on chat.jsonl
+    bole_acceptance: 1
+    top_k: 4
+    per_depth_rank: [[0.81, 0.06, 0.02, 0.01], ...]   # q[d][r] = counts[d][r] / trials[d]
+    measurement:
+      method: teacher-forced MTP drafts along the target's greedy continuation
+      checkpoint: /models/Qwen3.5-9B       model_type: qwen3_5
+      prompts: {file: chat.jsonl, sha256: ..., count: 200, used: 200}
+      max_new: 256   depth: 8   device: NVIDIA H200   dtype: bfloat16
+      versions: {bole: ..., torch: ..., transformers: ...}   date: ...   command: ...
+      partial: false                       # true when Ctrl-C stopped it early
+      anchors: 50600                       # positions measured
+      trials: [50600, 43200, ...]          # per depth: anchors whose earlier depths hit
+      counts: [[41000, 3000, ...], ...]    # per depth and rank: hits
+      interval: {level: 0.95, method: wilson, lower: [[...]], upper: [[...]]}
+      chain: {trials: [...], hits: [...], committed: 4.1}   # the greedy chain, measured
+    expected: {chain: 4.0, trees: {"16": 5.2, ...}}        # from the matrix (informative)
+
+Any reader of per_depth_rank reads it (`bole calibrate --acceptance`, `bole bench e2e
+--acceptance`; `bole serve` through the calibrated profile, which keeps the matrix and a
+summary of the measurement). from_data checks the measurement against the matrix.
+
 Presets: a_d = a * 0.97^(d-1) with a fitted so that a tree of depth 8, top-k 4 and 128
 tokens commits the paper's mean accepted length (the Bole paper: MBPP 6.70, GSM8K 7.08,
 ShareGPT 5.51, CNN/DailyMail 4.98; read as tokens committed per step, bonus included,
@@ -36,8 +61,8 @@ the usual convention for "mean accepted tokens").
 from __future__ import annotations
 
 import heapq
-import json
 import math
+import os
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +124,7 @@ class AcceptanceModel:
     q: Optional[list[list[float]]] = None  # per depth, per rank
     curve_n: Optional[list[float]] = None  # or a measured curve E1(n)
     curve_e: Optional[list[float]] = None
+    measured: Optional[dict] = None  # a measured file's provenance summary (describe())
 
     def __post_init__(self) -> None:
         self._probs: list[float] = []  # the largest P(v) found so far, decreasing
@@ -155,7 +181,19 @@ class AcceptanceModel:
             d["per_depth_rank"] = [[round(x, 5) for x in row] for row in self.q]
         else:
             d["curve"] = {"n": list(self.curve_n or []), "e_acc": list(self.curve_e or [])}
+        if self.measured is not None:
+            d["measured"] = dict(self.measured)
         return d
+
+    def chain(self, depth: Optional[int] = None) -> float:
+        """E1 of a chain (the rank-1 path of q) of `depth` drafts (all depths if None)."""
+        if self.q is None:
+            raise ValueError("a measured curve has no chain")
+        total, p = 1.0, 1.0
+        for row in self.q[:depth]:
+            p *= row[0] if row else 0.0
+            total += p
+        return total
 
 
 def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -231,6 +269,10 @@ def from_data(data: Any, source: str) -> AcceptanceModel:
             if sum(row) > 1 + 1e-9:
                 raise InputError(f"{source}: per_depth_rank[{d}]: probabilities sum above 1")
             q.append(row)
+        if "measurement" in data:
+            summary = _check_measurement(data["measurement"], q, source)
+            return AcceptanceModel(name, f"file {source} (measured: {summary['what']})", q=q,
+                                   measured=summary)
         return AcceptanceModel(name, f"file {source} (per-depth, per-rank)", q=q)
     curve = data[key]
     if not isinstance(curve, dict):
@@ -248,23 +290,78 @@ def from_data(data: Any, source: str) -> AcceptanceModel:
     return AcceptanceModel(name, f"file {source} (measured curve)", curve_n=ns, curve_e=es)
 
 
+# ---- measured files (bole acceptance) ---------------------------------------------------------
+MEASURED_FORMAT = 1
+#: Written matrices keep this many digits; from_data allows this much from counts / trials.
+MEASURED_DIGITS = 6
+
+
+def _counts(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+        raise InputError(f"{where}: expected a list of non-negative integers")
+    return list(value)
+
+
+def _check_measurement(block: Any, q: list[list[float]], source: str) -> dict:
+    """A measured file's `measurement` block agrees with its matrix; returns the summary
+    that travels into profiles (AcceptanceModel.measured)."""
+    where = f"{source}: measurement"
+    if not isinstance(block, dict):
+        raise InputError(f"{where}: expected a mapping")
+    trials = _counts(block.get("trials"), f"{where}.trials")
+    counts = block.get("counts")
+    if len(trials) != len(q) or not isinstance(counts, list) or len(counts) != len(q):
+        raise InputError(f"{where}: trials and counts need one entry per depth of "
+                         f"per_depth_rank ({len(q)})")
+    for d, (row, t) in enumerate(zip(counts, trials)):
+        row = _counts(row, f"{where}.counts[{d}]")
+        if len(row) != len(q[d]):
+            raise InputError(f"{where}.counts[{d}]: {len(row)} ranks, per_depth_rank has "
+                             f"{len(q[d])}")
+        if sum(row) > t:
+            raise InputError(f"{where}.counts[{d}]: more hits than trials ({t})")
+        for r, c in enumerate(row):
+            if abs((c / t if t else 0.0) - q[d][r]) > 10.0 ** -(MEASURED_DIGITS - 1):
+                raise InputError(f"{source}: per_depth_rank[{d}][{r}] is {q[d][r]}, but the "
+                                 f"measurement counts {c} of {t}")
+    prompts = block.get("prompts") if isinstance(block.get("prompts"), dict) else {}
+    summary = {k: block[k] for k in ("checkpoint", "model_type", "anchors", "partial", "date")
+               if k in block}
+    summary.update({f"prompts_{k}": prompts[k] for k in ("file", "sha256", "count")
+                    if k in prompts})
+    summary["what"] = (f"{block.get('checkpoint', '?')}, {block.get('anchors', '?')} anchors"
+                       + (", PARTIAL" if block.get("partial") else ""))
+    return summary
+
+
+def measured_document(name: str, counts: list[list[int]], trials: list[int],
+                      measurement: dict, expected: Optional[dict] = None) -> dict:
+    """The acceptance file `bole acceptance` writes (module docstring): the matrix from
+    the counts, then the measurement (whose trials/counts are these) and `expected`."""
+    q = [[round(c / t, MEASURED_DIGITS) if t else 0.0 for c in row]
+         for row, t in zip(counts, trials)]
+    doc: dict[str, Any] = {"name": name, "bole_acceptance": MEASURED_FORMAT,
+                           "top_k": len(counts[0]) if counts else DEFAULT_TOP_K,
+                           "per_depth_rank": q}
+    doc["measurement"] = {**measurement, "trials": list(trials),
+                          "counts": [list(r) for r in counts]}
+    if expected is not None:
+        doc["expected"] = expected
+    return doc
+
+
 def load_acceptance(spec: str) -> AcceptanceModel:
     """A preset name (paper-mbpp, ...) or a YAML/JSON file."""
     if spec in PRESET_TARGETS:
         return preset(spec)
     path = Path(spec)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise InputError(
             f"--acceptance: {spec!r} is neither a preset ({', '.join(PRESET_TARGETS)}) nor a file"
         )
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
+    # one safe reader for every user file: a symlink loop, a FIFO, a device, a directory,
+    # a binary or oversized file, and a hostile YAML fail as one line naming the file
+    from bole_cli.files import load_structured
 
-            data = yaml.safe_load(text)
-    except Exception as exc:  # noqa: BLE001 - any parse error is the user's file
-        raise InputError(f"{spec}: cannot parse: {exc}") from None
-    return from_data(data, spec)
+    return from_data(load_structured(path), spec)

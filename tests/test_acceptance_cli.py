@@ -1,0 +1,253 @@
+"""`bole acceptance` on the command line (issue 19): the workflow (measure, calibrate with
+the file, serve from that profile; bench e2e reads the file), `--json`, bad input as one line
+with exit 2, and the acceptance file's hardened reading."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from bole_cli import cli  # noqa: E402
+from bole_cli.calibrate.acceptance import from_data, load_acceptance  # noqa: E402
+from bole_cli.errors import InputError  # noqa: E402
+from test_acceptance import make_checkpoint, write_prompts  # noqa: E402
+
+try:
+    runner = CliRunner(mix_stderr=False)
+except TypeError:
+    runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(cli.app, [str(a) for a in args])
+
+
+def one_line(r) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield make_checkpoint(tmp_path_factory.mktemp("ck"), "qwen3_next", seed=3)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def measured(ckpt, tmp_path_factory):
+    """One CLI run whose file the workflow tests read."""
+    d = tmp_path_factory.mktemp("run")
+    prompts = write_prompts(d / "prompts.jsonl", ["Hello there", "one two three"])
+    out = d / "acc.yaml"
+    r = invoke("acceptance", "--model", ckpt, "--prompts", prompts, "--depth", 3, "--topk", 2,
+               "--max-new", 12, "--device", "cpu", "--out", out, "--json")
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout), out, prompts
+
+
+def test_json_and_file(measured, ckpt):
+    data, out, prompts = measured
+    assert data["path"] == str(out) and Path(data["plot"]).stat().st_size > 1000
+    doc = yaml.safe_load(out.read_text())
+    assert doc == data["acceptance"]
+    m = doc["measurement"]
+    assert m["checkpoint"] == str(ckpt.resolve()) and m["model_type"] == "qwen3_next"
+    assert m["prompts"]["count"] == 2 and len(m["prompts"]["sha256"]) == 64
+    assert m["anchors"] == 2 * (12 - 3 + 1) == m["trials"][0]
+    assert len(doc["per_depth_rank"]) == 3 and len(doc["per_depth_rank"][0]) == 2
+    assert m["partial"] is False and "bole acceptance --model" in m["command"]
+    assert set(doc["expected"]["trees"]) >= {"8", "16", "128"}
+
+
+def test_the_text_view_fits_80_columns(ckpt, tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", ["Hello"])
+    r = runner.invoke(cli.app, ["acceptance", "--model", str(ckpt), "--prompts", str(prompts),
+                                "--depth", "2", "--max-new", "6", "--device", "cpu",
+                                "--out", str(tmp_path / "a.yaml"), "--no-plot"],
+                      env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.stderr
+    assert "q[d][r]" in r.stdout and "chain of 2, measured" in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_workflow_calibrate_serve_and_bench_read_the_file(measured, tmp_path, monkeypatch):
+    import bole_cli.catalog.hardware as hw
+    from bole_cli.bench.e2e.acceptance import load_e2e_acceptance
+
+    _, out, _ = measured
+    monkeypatch.setattr(hw, "detect_gpu", lambda index=None: None)
+    prof_path = tmp_path / "prof.yaml"
+    r = invoke("calibrate", "--gpu", "a100", "--model", "9b", "--batch", "1,8", "--kv", "4096",
+               "--acceptance", out, "--out", prof_path, "--no-plot", "--json")
+    assert r.exit_code == 0, r.stderr
+    acc = json.loads(r.stdout)["profile"]["acceptance"]
+    assert acc["name"] == yaml.safe_load(out.read_text())["name"]
+    assert acc["measured"]["prompts_sha256"] == yaml.safe_load(out.read_text())[
+        "measurement"]["prompts"]["sha256"]
+    r = invoke("serve", "--model", "9b", "--gpu", "a100", "--profile", prof_path, "--dry-run",
+               "--json")
+    assert r.exit_code == 0, r.stderr
+    settings = json.loads(r.stdout)["settings"]
+    assert (settings["num_steps"], settings["eagle_topk"]) == (3, 2)  # the file's shape
+    e2e = load_e2e_acceptance(str(out))  # zeros (ranks never hit) read as 1e-12
+    assert len(e2e.rows(3, 2)) == 3 and all(p > 0 for row in e2e.rows(3, 2) for p in row)
+
+
+# ---- bad input: one line, exit 2, checked before any weight is read -----------------------
+def _no_gdn(tmp_path):
+    d = tmp_path / "dense"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 2,
+                                               "hidden_size": 32, "vocab_size": 100}))
+    return d
+
+
+def _copy_without(ckpt, tmp_path, *names):
+    import shutil
+
+    d = tmp_path / "partial"
+    shutil.copytree(ckpt, d)
+    for n in names:
+        (d / n).unlink()
+    return d
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("no_gdn", "no Gated DeltaNet"),
+    ("no_mtp", "no mtp.* weights"),
+    ("no_tokenizer", "no tokenizer"),
+    ("missing_model", "not found"),
+    ("empty_prompts", "no prompts"),
+    ("bad_json", "p.jsonl:2: not valid JSON"),
+    ("bad_field", "p.jsonl:1: expected an object with 'prompt'"),
+    ("prompts_dir", "is a directory"),
+    ("depth", "--depth"),
+    ("max_new", "--max-new (2) must be at least --depth (3)"),
+    ("cuda", "--device cuda: no CUDA device"),
+    ("out_suffix", "--out"),
+    ("out_unwritable", "--out: cannot write"),
+    ("messages_no_template", "p.jsonl:1: cannot tokenize"),
+])
+def test_bad_input_is_one_line(case, expect, ckpt, tmp_path):
+    model, prompts = ckpt, write_prompts(tmp_path / "p.jsonl", ["Hello"])
+    extra = ["--depth", "3", "--max-new", "8", "--device", "cpu"]
+    if case == "no_gdn":
+        model = _no_gdn(tmp_path)
+    elif case == "no_mtp":
+        model = _copy_without(ckpt, tmp_path, "model-mtp.safetensors")
+    elif case == "no_tokenizer":
+        model = _copy_without(ckpt, tmp_path, "tokenizer.json")
+    elif case == "missing_model":
+        model = tmp_path / "nowhere"
+    elif case == "empty_prompts":
+        prompts.write_text("\n  \n")
+    elif case == "bad_json":
+        prompts.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    elif case == "bad_field":
+        prompts.write_text('{"text": 3}\n')
+    elif case == "prompts_dir":
+        prompts = tmp_path
+    elif case == "depth":
+        extra[1] = "0"
+    elif case == "max_new":
+        extra[3] = "2"
+    elif case == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is present")
+        extra[5] = "cuda"
+    elif case == "out_suffix":
+        extra += ["--out", str(tmp_path / "a.txt")]
+    elif case == "out_unwritable":
+        extra += ["--out", "/proc/bole/a.yaml"]
+    elif case == "messages_no_template":  # the tiny tokenizer has no chat template
+        prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    r = invoke("acceptance", "--model", model, "--prompts", prompts, *extra)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert expect in one_line(r)
+    assert not list(tmp_path.glob("acceptance-*.yaml"))
+
+
+def test_without_transformers_it_names_the_extra(ckpt, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers" else real(name, *a))
+    prompts = write_prompts(tmp_path / "p.jsonl", ["Hello"])
+    r = invoke("acceptance", "--model", ckpt, "--prompts", prompts)
+    assert r.exit_code == 2 and "pip install 'bole-cli[acceptance]'" in one_line(r)
+
+
+def test_help_path_imports_no_transformers():
+    code = ("import sys, bole_cli.cli; bad = [m for m in ('transformers', 'safetensors', "
+            "'torch') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---- the acceptance file: hardened reading, checked measurement --------------------------
+@pytest.mark.parametrize("kind, expect", [
+    ("loop", "symbolic link loop"),
+    ("binary", "binary"),
+    ("fifo", "FIFO"),
+    ("device", "device"),
+    ("directory", "directory"),
+    ("unreadable", "permission denied"),
+])
+def test_acceptance_file_reading_is_hardened(kind, expect, tmp_path):
+    path = tmp_path / "acc.yaml"
+    if kind == "loop":
+        os.symlink(tmp_path / "b.yaml", path)
+        os.symlink(path, tmp_path / "b.yaml")
+    elif kind == "binary":
+        path.write_bytes(b"per_depth: [0.9]\x00\xff\xfe")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")
+    elif kind == "directory":
+        path = tmp_path
+    elif kind == "unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root reads any file")
+        path.write_text("per_depth: [0.9]\n")
+        path.chmod(0)
+    with pytest.raises(InputError, match=expect) as info:
+        load_acceptance(str(path))
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_measurement_block_must_agree_with_the_matrix(measured):
+    _, out, _ = measured
+    doc = yaml.safe_load(out.read_text())
+    assert from_data(doc, "a.yaml").measured["anchors"] == doc["measurement"]["anchors"]
+    bad = json.loads(json.dumps(doc))
+    bad["measurement"]["counts"][0][0] = bad["measurement"]["trials"][0] + 1
+    with pytest.raises(InputError, match=r"counts\[0\]: more hits than trials"):
+        from_data(bad, "a.yaml")
+    bad = json.loads(json.dumps(doc))
+    bad["per_depth_rank"][0][0] = 0.5 if doc["per_depth_rank"][0][0] != 0.5 else 0.25
+    with pytest.raises(InputError, match=r"per_depth_rank\[0\]\[0\].*measurement counts"):
+        from_data(bad, "a.yaml")
+    bad = json.loads(json.dumps(doc))
+    bad["measurement"]["trials"] = bad["measurement"]["trials"][:1]
+    with pytest.raises(InputError, match="one entry per depth"):
+        from_data(bad, "a.yaml")
