@@ -138,13 +138,18 @@ def test_result_stem_and_files(tmp_path):
 
 
 def test_decoder_registry():
-    assert decoders.DECODERS == ("ar", "snapshot", "bole")
-    assert decoders.LABELS == {"ar": "autoregressive", "snapshot": "snapshot tree", "bole": "Bole"}
-    assert decoders.SHORT_LABELS == {"ar": "AR", "snapshot": "snapshot", "bole": "Bole"}
-    assert [decoders.decoder_class(n).drafts for n in decoders.DECODERS] == [False, True, True]
-    assert [decoders.decoder_class(n).path for n in ("snapshot", "bole")] == ["snapshot", "bole"]
-    with pytest.raises(InputError, match="expected one of ar, snapshot, bole"):
-        decoders.decoder_class("chain")
+    # issue 15 added the two chain decoders after the original three (their names unchanged)
+    assert decoders.DECODERS == ("ar", "snapshot", "bole", "chain", "bole-chain")
+    assert decoders.LABELS == {"ar": "autoregressive", "snapshot": "snapshot tree", "bole": "Bole",
+                               "chain": "ReplaySSM chain", "bole-chain": "Bole chain"}
+    assert decoders.SHORT_LABELS == {"ar": "AR", "snapshot": "snapshot", "bole": "Bole",
+                                     "chain": "RSSM", "bole-chain": "Bole ch"}
+    assert [decoders.decoder_class(n).drafts for n in decoders.DECODERS] == [False, True, True, True, True]
+    assert [decoders.decoder_class(n).chain for n in decoders.DECODERS] == [False, False, False, True, True]
+    assert [decoders.decoder_class(n).path for n in ("snapshot", "bole", "chain", "bole-chain")] == [
+        "snapshot", "bole", "replayssm", "bole"]
+    with pytest.raises(InputError, match="expected one of ar, snapshot, bole, chain, bole-chain"):
+        decoders.decoder_class("chains")
 
 
 # ---- the one CUDA-graph cache ---------------------------------------------------------------------

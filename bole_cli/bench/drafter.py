@@ -22,6 +22,11 @@ attention reads its own KV cache of the committed context (random, `context` lon
 extended by accepted tokens) plus the draft rows written so far in the step, without a
 tree mask (the head only chooses token ids; exactness is the verifier's business).
 
+A reduced draft vocabulary (`draft_vocab`, SGLang's `--speculative-token-map`): the head
+scores only `draft_vocab` hot tokens (an LM head of that many rows) and maps its top-k
+back to token ids. Which tokens are hot does not change the cost; with random weights the
+first `draft_vocab` ids stand in for a frequency-ranked map.
+
 Everything after `new_state` is device-only (no host sync), so `forward` can be captured
 in a CUDA graph.
 """
@@ -132,9 +137,17 @@ class DraftState:
 class MTPDrafter:
     """An MTP-style draft head on a HybridModel (shares its embedding and LM head)."""
 
-    def __init__(self, model: HybridModel, layout: DraftLayout, *, seed: int = 4321):
+    def __init__(self, model: HybridModel, layout: DraftLayout, *, seed: int = 4321,
+                 draft_vocab: "int | None" = None):
         self.model, self.layout = model, layout
         s = model.spec
+        if draft_vocab is not None and not 1 <= draft_vocab <= s.vocab:
+            raise InputError(f"--draft-vocab: expected 1..{s.vocab} (the model's vocabulary), got {draft_vocab}")
+        self.draft_vocab = draft_vocab or s.vocab
+        # the head's LM head: the target's, or its hot-token rows (a view: no copy, no extra weights)
+        self.lm_head = model.lm_head[: self.draft_vocab]
+        self.hot_ids = (None if self.draft_vocab == s.vocab
+                        else torch.arange(self.draft_vocab, device=model.device, dtype=torch.int64))
         self.device, self.dtype = model.device, model.dtype
         h, hq, hk, dh = s.hidden, s.attn_heads, s.attn_kv_heads, s.attn_head_dim
         self.ffn = s.ffn or (s.experts_top_k * s.expert_ffn + s.shared_expert_ffn)  # MoE: active width
@@ -161,6 +174,14 @@ class MTPDrafter:
     def param_bytes(self) -> int:
         """The head's own weights (the embedding and LM head are the target's)."""
         return sum(t.numel() * t.element_size() for t in self.w.values())
+
+    def level_read_bytes(self, batch: int, context: int, rows: int = 1) -> int:
+        """Bytes one level must read: the head's weights, its LM head (the draft vocabulary's
+        rows), `rows` embedding rows and the KV of the context per request (the floor of
+        `bole bench e2e`'s drafter line)."""
+        s, el = self.model.spec, self.lm_head.element_size()
+        kv = 2 * batch * s.attn_kv_heads * context * s.attn_head_dim * el
+        return self.param_bytes + self.lm_head.numel() * el + batch * rows * s.hidden * el + kv
 
     @staticmethod
     def param_bytes_for(spec, dtype: torch.dtype) -> int:
@@ -227,9 +248,11 @@ class MTPDrafter:
         o = o.view(bsz, hk, rows, grp, dh).permute(0, 2, 1, 3, 4).reshape(n, hq * dh)
         x = x + F.linear(o * torch.sigmoid(gate), w["o_proj"])
         x = x + F.linear(swiglu(F.linear(F.rms_norm(x, (h,), w["post_norm"], RMS_EPS), w["gate_up"])), w["down"])
-        logits = F.linear(F.rms_norm(x, (h,), w["final_norm"], RMS_EPS), self.model.lm_head)
+        logits = F.linear(F.rms_norm(x, (h,), w["final_norm"], RMS_EPS), self.lm_head)
         probs = torch.softmax(logits.float(), dim=-1)
         top = torch.topk(probs, self.layout.topk, dim=-1).indices  # [n, k]
+        if self.hot_ids is not None:
+            top = self.hot_ids[top]
         return x.view(bsz, rows, h), top.view(bsz, rows, self.layout.topk)
 
     def forward(self, st: DraftState) -> torch.Tensor:

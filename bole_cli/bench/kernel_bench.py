@@ -6,6 +6,14 @@
     (fused_mamba_state_scatter_with_mask, as update_mamba_state_after_mtp_verify does).
 (b) Bole: tree_verify_gated (gates fused, like SGLang's) + tree_commit on the same inputs.
 (c) The memory-traffic floor: bytes that must move / measured device copy bandwidth.
+(d) For chains, SGLang's ReplaySSM: the recurrent kernel with ``cache_ring=True`` (state
+    frozen, each token's raw v, k, g, beta into a per-slot ring), then the fold of each
+    request's accepted prefix into the state, called as gdn_backend.py and spec_utils.py
+    call them (`SGLangKernels.replayssm_verify` / `replayssm_fold`).
+
+Every SGLang path is checked against Bole on the same inputs before it is timed (outputs
+and the committed state, `AGREEMENT`); a case outside the tolerances is listed in
+`KernelBenchResult.disagreements`, so a mis-called baseline cannot pass as a fast one.
 
 Timing (bole_cli.timing): each variant is captured in a CUDA graph that runs it over ROTATE
 input sets (so repeated runs do not measure the L2 cache), replayed under
@@ -38,6 +46,18 @@ class KernelCase:
     bole_transient_bytes: int = 0
     max_rel_diff_o: Optional[float] = None
     max_rel_diff_state: Optional[float] = None
+    replayssm_us: Optional[float] = None  # chains: ReplaySSM verify + fold
+    replayssm_verify_us: Optional[float] = None
+    replayssm_fold_us: Optional[float] = None
+    replayssm_diff_o: Optional[float] = None  # relative difference from Bole's o
+    replayssm_diff_state: Optional[float] = None  # folded state vs Bole's committed state
+
+    @property
+    def bole_over_replayssm(self) -> Optional[float]:
+        """Bole's verify + commit time over ReplaySSM's verify + fold (below 1: Bole faster)."""
+        if self.replayssm_us and self.bole_us:
+            return self.bole_us / self.replayssm_us
+        return None
 
     @property
     def speedup(self) -> Optional[float]:
@@ -48,6 +68,7 @@ class KernelCase:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["speedup"] = self.speedup
+        d["bole_over_replayssm"] = self.bole_over_replayssm
         d["pct_of_floor"] = (100.0 * self.floor_us / self.bole_us) if self.bole_us else None
         return d
 
@@ -71,6 +92,7 @@ class KernelBenchResult:
     cases: list[KernelCase] = field(default_factory=list)
     commits: list[CommitCase] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -79,7 +101,28 @@ class KernelBenchResult:
             "cases": [c.to_dict() for c in self.cases],
             "commits": [asdict(c) for c in self.commits],
             "notes": self.notes,
+            "disagreements": self.disagreements,
         }
+
+
+# Largest relative (Frobenius) difference accepted between two paths on the same inputs:
+# o is stored in the activation dtype (bf16: ~4e-3 per element); the committed state is
+# float32 or bfloat16 (rounded once per commit).
+AGREEMENT = {"o": 3e-2, "state float32": 1e-3, "state bfloat16": 2e-2}
+
+
+def check_agreement(case: KernelCase, state_dtype: str) -> list[str]:
+    """The case's differences outside `AGREEMENT`, one line each (empty: all paths agree)."""
+    where = f"{case.tree} batch {case.batch} x {case.nodes}"
+    state_tol = AGREEMENT[f"state {state_dtype}"]
+    out = []
+    for label, value, tol in (("snapshot o", case.max_rel_diff_o, AGREEMENT["o"]),
+                              ("snapshot state", case.max_rel_diff_state, state_tol),
+                              ("ReplaySSM o", case.replayssm_diff_o, AGREEMENT["o"]),
+                              ("ReplaySSM state", case.replayssm_diff_state, state_tol)):
+        if value is not None and not value <= tol:  # NaN fails too
+            out.append(f"{where}: {label} differs from Bole's by {value:.2e} (tolerance {tol:.0e})")
+    return out
 
 
 def sglang_step(s: LayerInputs, sg) -> Callable[[], None]:
@@ -94,6 +137,29 @@ def sglang_step(s: LayerInputs, sg) -> Callable[[], None]:
         )
         sg.copy_back_accepted(s.pool[None], s.snapshots[None], s.slots, s.accepted)
     return run
+
+
+def replayssm_verify(s: LayerInputs, sg, rings: dict) -> Callable[[], None]:
+    """(d) ReplaySSM's verify: the recurrent kernel writing the raw-input ring."""
+    layer = {name: r[0] for name, r in rings.items()}
+
+    def run():
+        sg.replayssm_verify(s.A_log, s.dt_bias, s.q[None], s.k[None], s.v[None], s.a, s.b,
+                            ssm_states=s.pool, cache_indices=s.slots, query_start_loc=s.cu, rings=layer)
+    return run
+
+
+def replayssm_fold(s: LayerInputs, sg, rings: dict, accept_lens) -> Callable[[], None]:
+    """(d) ReplaySSM's commit: the accepted prefix (accepted node + 1 tokens) folded in."""
+    pool = s.pool[None]
+
+    def run():
+        sg.replayssm_fold(pool, rings, s.slots, accept_lens)
+    return run
+
+
+def rel_diff(got, want) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
 def bole_verify(s: LayerInputs, kernels, out, config=None) -> Callable[[], None]:
@@ -173,7 +239,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     s0 = sets[0]
                     pool0 = s0.pool.clone()
                     verify[0]()
-                    o_bole = outs[0].o.float()
+                    o_bole = outs[0].o.float().clone()
                     sg_o = sg.target_verify(
                         s0.A_log, s0.dt_bias, s0.q[None], s0.k[None], s0.v[None], s0.a, s0.b,
                         ssm_states=s0.pool, cache_indices=s0.slots, query_start_loc=s0.cu,
@@ -186,8 +252,12 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     want = s0.snapshots[torch.arange(batch, device="cuda"), idx]
                     got = s0.pool[s0.slots.long()].float()
                     case.max_rel_diff_state = ((got - want).norm() / want.norm()).item()
+                    bole_state = got.clone()
                     s0.pool.copy_(pool0)
                     case.sglang_us = time_graph(torch, [sglang_step(s, sg) for s in sets])
+                    if tree == "chain":
+                        _bench_replayssm(torch, sg, sets, case, o_bole, bole_state, pool0, act)
+                result.disagreements.extend(check_agreement(case, state_dtype))
                 bytes_ = floor_bytes(sets[0], spec)
                 case.floor_bytes = bytes_
                 case.floor_us = bytes_ / bw * 1e6
@@ -199,6 +269,27 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
     if commit_layers:
         result.commits.append(_bench_commit_all_layers(torch, kernels, spec, 16, sg, bw))
     return result
+
+
+def _bench_replayssm(torch, sg, sets, case: KernelCase, o_bole, bole_state, pool0, act) -> None:
+    """ReplaySSM on the chain inputs: agreement with Bole's o and committed state (set 0,
+    both from pool0), then verify, fold and both together timed like Bole's."""
+    rings = [sg.replayssm_rings(s.pool[None], s.nodes, s.q.shape[1], act) for s in sets]
+    lens = [(s.accepted + 1).to(torch.int32) for s in sets]  # accepted drafts + the bonus token
+    verify = [replayssm_verify(s, sg, r) for s, r in zip(sets, rings)]
+    fold = [replayssm_fold(s, sg, r, n) for s, r, n in zip(sets, rings, lens)]
+    s0 = sets[0]
+    s0.pool.copy_(pool0)
+    o = sg.replayssm_verify(s0.A_log, s0.dt_bias, s0.q[None], s0.k[None], s0.v[None], s0.a, s0.b,
+                            ssm_states=s0.pool, cache_indices=s0.slots, query_start_loc=s0.cu,
+                            rings={name: r[0] for name, r in rings[0].items()})
+    case.replayssm_diff_o = rel_diff(o.reshape(o_bole.shape), o_bole)
+    fold[0]()
+    case.replayssm_diff_state = rel_diff(s0.pool[s0.slots.long()], bole_state)
+    s0.pool.copy_(pool0)
+    case.replayssm_verify_us = time_graph(torch, verify)
+    case.replayssm_fold_us = time_graph(torch, fold)
+    case.replayssm_us = time_graph(torch, [f for pair in zip(verify, fold) for f in pair], calls=len(sets))
 
 
 def _bench_commit_all_layers(torch, kernels, spec: ModelSpec, batch: int, sg, bw) -> CommitCase:

@@ -2,7 +2,10 @@
 
 One GDN layer's tree verify + commit, SGLang 0.5.23 against Bole, per (tree, batch, nodes),
 with the memory-traffic floor (docs/design.md §3). Terminals narrower than WIDE_COLUMNS get
-two tables (times; floor, bytes and agreement) instead of one.
+two tables (times; floor, bytes and agreement) instead of one. Chains add a table against
+SGLang's ReplaySSM (verify into the ring + fold) and the "tree vs chain at equal verify
+time" view: per batch, the largest measured Bole tree that costs no more than ReplaySSM's
+chain of EQUAL_TIME_CHAIN tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +20,28 @@ KERNEL_BYTES = ("floor us", "% floor", "snapshots", "factors", "o diff")
 WIDE_COLUMNS = 140  # the one-table layout needs about this many terminal columns
 # The headline: random trees at the batches and sizes SGLang serves most.
 GEOMEAN_KEY = "geomean_speedup_b1_4_16_n16_32_64"
+REPLAYSSM_COLUMNS = ("RSSM us", "verify", "fold", "Bole us", "Bole/RSSM", "o diff", "S diff")
+EQUAL_TIME_CHAIN = 8  # SGLang's usual draft window
+
+
+def equal_time_view(cases) -> list[dict]:
+    """Per batch: ReplaySSM's chain of EQUAL_TIME_CHAIN tokens and the largest measured
+    random Bole tree whose verify + commit costs no more (None when none does); batches
+    without both a chain of that length and random trees in the run are left out."""
+    out = []
+    for batch in sorted({c.batch for c in cases}):
+        chain = next((c for c in cases if c.tree == "chain" and c.batch == batch
+                      and c.nodes == EQUAL_TIME_CHAIN and c.replayssm_us), None)
+        trees = [c for c in cases if c.tree == "random" and c.batch == batch and c.bole_us]
+        if chain is None or not trees:
+            continue
+        fits = [c for c in trees if c.bole_us <= chain.replayssm_us]
+        best = max(fits, key=lambda c: c.nodes, default=None)
+        out.append({"batch": batch, "replayssm_chain_nodes": EQUAL_TIME_CHAIN,
+                    "replayssm_us": chain.replayssm_us, "bole_chain_us": chain.bole_us,
+                    "largest_tree_nodes": best.nodes if best else None,
+                    "tree_us": best.bole_us if best else None})
+    return out
 
 
 def kernel_document(result: KernelBenchResult, *, dtype: str, state_dtype: str, command: str,
@@ -25,8 +50,13 @@ def kernel_document(result: KernelBenchResult, *, dtype: str, state_dtype: str, 
     command line, the run time and the dtypes."""
     data = result.to_dict()
     core = [c.speedup for c in result.cases if c.tree == "random" and c.batch in (1, 4, 16) and c.nodes in (16, 32, 64)]
+    ratios = [c.bole_over_replayssm for c in result.cases if c.bole_over_replayssm]
     data["summary"] = {GEOMEAN_KEY: geomean(core), "command": command, "seconds": seconds,
-                       "dtype": dtype, "state_dtype": state_dtype}
+                       "dtype": dtype, "state_dtype": state_dtype,
+                       "bole_over_replayssm_max": max(ratios) if ratios else None,
+                       "bole_over_replayssm_geomean": geomean(ratios),
+                       "equal_time": equal_time_view(result.cases),
+                       "agree": not result.disagreements}
     return data
 
 
@@ -64,6 +94,18 @@ def tables(result, width: int = WIDE_COLUMNS) -> list:
             cells = kernel_cells(c)
             t.add_row(c.tree, str(c.batch), str(c.nodes), *(cells[k] for k in cols))
         out.append(t)
+    chains = [c for c in result.cases if c.replayssm_us]
+    if chains:
+        t = Table(title="chains: ReplaySSM (ring verify + fold) vs Bole (verify + commit), us",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption="RSSM = SGLang's ReplaySSM; o / S diff: relative to Bole's o and committed state")
+        for col in ("B", "nodes") + REPLAYSSM_COLUMNS:
+            t.add_column(col, justify="right", no_wrap=True)
+        for c in chains:
+            t.add_row(str(c.batch), str(c.nodes), f"{c.replayssm_us:.1f}", f"{c.replayssm_verify_us:.1f}",
+                      f"{c.replayssm_fold_us:.1f}", f"{c.bole_us:.1f}", f"{c.bole_over_replayssm:.2f}",
+                      f"{c.replayssm_diff_o:.0e}", f"{c.replayssm_diff_state:.0e}")
+        out.append(t)
     return out
 
 
@@ -74,6 +116,19 @@ def notes(result: KernelBenchResult, data: dict) -> list[str]:
         sg = f", SGLang copy-back {c.sglang_copy_us:.0f} us" if c.sglang_copy_us else ""
         out.append(f"commit of all {c.layers} GDN layers at batch {c.batch}: Bole {c.bole_us:.0f} us in one launch, "
                    f"floor {c.floor_us:.0f} us ({c.floor_bytes / 2**30:.2f} GiB){sg}")
+    summary = data["summary"]
+    if summary.get("bole_over_replayssm_max"):
+        worst = summary["bole_over_replayssm_max"]
+        verdict = "Bole no slower at every chain cell" if worst <= 1.0 else "Bole SLOWER at some chain cells"
+        out.append(f"chains, Bole / ReplaySSM time: worst {worst:.2f}, geometric mean "
+                   f"{summary['bole_over_replayssm_geomean']:.2f} ({verdict})")
+    for row in summary.get("equal_time") or []:
+        tree = (f"Bole's largest tree within it: {row['largest_tree_nodes']} nodes ({row['tree_us']:.1f} us)"
+                if row["largest_tree_nodes"] else "no measured Bole tree fits")
+        out.append(f"batch {row['batch']}: ReplaySSM chain of {row['replayssm_chain_nodes']} "
+                   f"{row['replayssm_us']:.1f} us; {tree}")
+    for line in result.disagreements if hasattr(result, "disagreements") else data.get("disagreements", []):
+        out.append(f"DISAGREEMENT {line}")
     if data["summary"][GEOMEAN_KEY]:
         out.append(f"geometric-mean speedup (random trees, batch 1/4/16 x nodes 16/32/64): "
                    f"{data['summary'][GEOMEAN_KEY]:.1f}x")

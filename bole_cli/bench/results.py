@@ -12,14 +12,20 @@ from typing import Callable, Optional
 from bole_cli.errors import InputError
 
 
+def check_tag(tag: Optional[str]) -> Optional[str]:
+    """--tag as given when it is a plain name (never a path out of --out-dir); commands
+    call this before any work, so a bad tag costs no benchmark."""
+    if tag is not None and (not tag or "/" in tag or "\\" in tag or tag in (".", "..")):
+        raise InputError(f"--tag: {tag!r} must be a plain file name stem (no path)")
+    return tag
+
+
 def result_stem(tag: Optional[str], kind: str, device: str, model: str) -> str:
-    """--tag (a plain name, never a path out of --out-dir), else KIND-GPU-MODEL."""
+    """--tag (checked by `check_tag`), else KIND-GPU-MODEL."""
     if tag is None:
         gpu = device.replace("NVIDIA ", "").replace(" ", "-").lower()
         return f"{kind}-{gpu}-{model.split('/')[-1].lower()}"
-    if not tag or "/" in tag or "\\" in tag or tag in (".", ".."):
-        raise InputError(f"--tag: {tag!r} must be a plain file name stem (no path)")
-    return tag
+    return check_tag(tag)
 
 
 def write_results(data: dict, plot: Callable[[Path], None], out_dir: Path, stem: str) -> Path:

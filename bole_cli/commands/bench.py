@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from bole_cli.bench.results import result_stem, write_results
+from bole_cli.bench.results import check_tag, result_stem, write_results
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.parsing import parse_int_list
@@ -37,6 +37,7 @@ def kernels_cmd(
     from bole_cli.catalog.models import resolve_model
     from bole_cli.console import emit_json, err, out
 
+    check_tag(tag)
     spec = resolve_model(model)
     batches = parse_int_list(batch, "--batch")
     node_list = parse_int_list(nodes, "--nodes")
@@ -68,21 +69,32 @@ def kernels_cmd(
                               result_stem(tag, "kernels", result.device, spec.name))
     if json_out:
         emit_json(data)
-        return
-    for t in kernel_report.tables(result, out.width):
-        out.print(t)
-    for line in kernel_report.notes(result, data):
-        out.print(line)
-    out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}")
+    else:
+        for t in kernel_report.tables(result, out.width):
+            out.print(t)
+        for line in kernel_report.notes(result, data):
+            out.print(line, markup=False)
+        out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
+    if result.disagreements:
+        raise BoleError(f"{len(result.disagreements)} cell(s) where SGLang's and Bole's results disagree "
+                        f"(first: {result.disagreements[0]}); see {json_path}")
 
 
 bench_app.command("kernels")(kernels_cmd)
 
 
+# `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores).
+E2E_DEFAULTS = dict(batch="1,4,16", context=4096, depth=8, topk=4, steps=32, warmup=3, chain_depths=None,
+                    decoders="ar,snapshot,bole,chain,bole-chain")
+SMOKE_DEFAULTS = dict(batch="1,2", context=16, depth=3, topk=2, steps=2, warmup=1, chain_depths="2",
+                      decoders="ar,snapshot,bole")
+
+
 def e2e_cmd(
     model: str = typer.Option("9b", "--model", "-m", help="Model whose shapes to build (random weights)."),
-    batch: str = typer.Option("1,4,16", "--batch", help="Batch sizes, comma-separated."),
-    context: int = typer.Option(4096, "--context", help="Committed tokens per request (KV cache, context)."),
+    batch: Optional[str] = typer.Option(None, "--batch", help="Batch sizes, comma-separated [1,4,16; --tiny: 1,2]."),
+    context: Optional[int] = typer.Option(None, "--context",
+                                          help="Committed tokens per request (KV cache) [4096; --tiny: 16]."),
     budget: str = typer.Option("profile", "--budget",
                                help="Tree tokens verified per step over the whole batch: 'profile' (B_ver of "
                                     "this GPU and model's calibration profile) or a number."),
@@ -90,11 +102,22 @@ def e2e_cmd(
                                    help="SIMULATED acceptance: paper-mbpp, paper-gsm8k, paper-sharegpt, "
                                         "paper-cnndm, a per-depth acceptance file, or 'greedy' (accept iff the "
                                         "draft equals the target's argmax)."),
-    depth: int = typer.Option(8, "--depth", help="Draft tree depth (drafter passes per step)."),
-    topk: int = typer.Option(4, "--topk", help="Drafts per expanded node (EAGLE beam width)."),
-    steps: int = typer.Option(32, "--steps", help="Timed decoding steps per decoder and batch."),
-    warmup: int = typer.Option(3, "--warmup", help="Untimed steps first (CUDA graph capture)."),
-    decoders: str = typer.Option("ar,snapshot,bole", "--decoders", help="Which of ar, snapshot, bole to run."),
+    depth: Optional[int] = typer.Option(None, "--depth", help="Draft tree depth (drafter passes) [8; --tiny: 3]."),
+    topk: Optional[int] = typer.Option(None, "--topk", help="Drafts per expanded node (beam width) [4; --tiny: 2]."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Timed steps per decoder and batch [32; --tiny: 2]."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed steps first (graph capture) [3; --tiny: 1]."),
+    decoders: Optional[str] = typer.Option(None, "--decoders",
+                                           help="Some of ar, snapshot, bole, chain (SGLang's ReplaySSM chain), "
+                                                "bole-chain (default all; --tiny: ar,snapshot,bole)."),
+    chain_depths: Optional[str] = typer.Option(None, "--chain-depths",
+                                               help="Depths the chain decoders sweep, best reported "
+                                                    "[1..--depth; --tiny: 2]."),
+    tree_budgets: Optional[str] = typer.Option(None, "--tree-budgets",
+                                               help="Batch budgets the tree decoders sweep, best reported "
+                                                    "(instead of --budget)."),
+    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab",
+                                              help="Score only this many hot tokens per draft level "
+                                                   "(SGLang's --speculative-token-map); default: all."),
     snapshot_engine: str = typer.Option("auto", "--snapshot-engine",
                                         help="Snapshot verify: auto (SGLang's kernels where they load), "
                                              "sglang, torch."),
@@ -116,8 +139,17 @@ def e2e_cmd(
     """Autoregressive vs snapshot-tree vs Bole decoding end to end (acceptance simulated, costs measured)."""
     from bole_cli.console import emit_json, err, out
 
+    check_tag(tag)
+    given = dict(batch=batch, context=context, depth=depth, topk=topk, steps=steps, warmup=warmup,
+                 chain_depths=chain_depths, decoders=decoders)
+    use = {k: v if v is not None else (SMOKE_DEFAULTS if tiny else E2E_DEFAULTS)[k] for k, v in given.items()}
+    batch, context, depth, topk, steps, warmup = (use[k] for k in ("batch", "context", "depth", "topk", "steps",
+                                                                    "warmup"))
     batches = parse_int_list(batch, "--batch")
-    names = tuple(d.strip() for d in decoders.split(",") if d.strip())
+    depths = tuple(parse_int_list(use["chain_depths"] or ",".join(map(str, range(1, depth + 1))),
+                                  "--chain-depths"))
+    names = tuple(d.strip() for d in use["decoders"].split(",") if d.strip())
+    sweep = tuple(parse_int_list(tree_budgets, "--tree-budgets")) if tree_budgets else ()
     if device not in ("cuda", "cpu"):
         raise InputError(f"--device: expected cuda or cpu, got {device!r}")
     if device == "cpu" and not tiny:
@@ -156,19 +188,23 @@ def e2e_cmd(
                     device=device, dtype=("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype,
                     snapshot_engine=snapshot_engine, use_graphs=False if no_graphs else None,
                     max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes,
-                    search=not no_max_batch, command=" ".join(["bole"] + sys.argv[1:]))
+                    search=not no_max_batch, command=" ".join(["bole"] + sys.argv[1:]), chain_depths=depths,
+                    draft_vocab=draft_vocab, tree_budgets=sweep)
     with err.status("bole bench e2e") as status:
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
     json_path = write_results(data, lambda path: plot(data, path), out_dir,
                               result_stem(tag, "e2e", data["device"], "tiny" if tiny else spec.name))
     if json_out:
         emit_json(data)
-        return
-    for t in tables(data, out.width):
-        out.print(t)
-    for line in notes(data):
-        out.print(line, markup=False)
-    out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
+    else:
+        for t in tables(data, out.width):
+            out.print(t)
+        for line in notes(data):
+            out.print(line, markup=False)
+        out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
+    exact = data.get("greedy_exact")
+    if exact is not None and not exact["identical"]:
+        raise BoleError(f"greedy exactness failed: the decoders' token streams differ; see {json_path}")
 
 
 bench_app.command("e2e")(e2e_cmd)

@@ -39,7 +39,7 @@ from bole_cli.limits import MAX_TREE_NODES
 RMS_EPS = 1e-6
 ROPE_FRACTION = 0.25
 GDN_DECODE = ("auto", "recurrent", "tree", "sglang")
-PATHS = ("bole", "snapshot")
+PATHS = ("bole", "snapshot", "replayssm")  # replayssm: chains, bole_cli/runtime/replayssm.py
 
 
 def tiny_spec(*, moe: bool = False, **overrides) -> ModelSpec:
@@ -165,6 +165,7 @@ class VerifyOutput:
     u: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV, dv]
     log_p: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
     snapshots: Optional[torch.Tensor] = None  # snapshot: [L_gdn, B, T+1, HV, V, K]
+    rings: Optional[dict] = None  # replayssm: the raw-input rings of every GDN layer
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -204,6 +205,7 @@ class HybridModel:
         self.fdtype = gdn_ops.factor_dtype(dtype)
         self.ops = gdn_ops.GDNOps(gdn_backend, self.device)
         self.snapshot = snapshot if snapshot is not None else SnapshotGDN()
+        self.replayssm = None  # path="replayssm": a runtime.replayssm.ReplaySSMGDN, set by its user
         if gdn_decode not in GDN_DECODE:
             raise InputError(f"gdn_decode {gdn_decode!r}: expected one of {', '.join(GDN_DECODE)}")
         if gdn_decode == "auto":
@@ -485,6 +487,8 @@ class HybridModel:
             out.k = torch.empty(self.n_gdn, n, s.gdn_key_heads, s.gdn_key_dim, dtype=self.dtype, **kw)
             out.u = torch.empty(self.n_gdn, n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.fdtype, **kw)
             out.log_p = torch.empty(self.n_gdn, n, s.gdn_value_heads, dtype=self.fdtype, **kw)
+        elif path == "replayssm":
+            out.rings = self.replayssm.rings(cache.gdn_state, tb, s.gdn_key_heads, self.dtype)
         else:
             shape = SnapshotGDN.buffer_shape(self.n_gdn, bsz, t_max, cache.gdn_state)
             out.snapshots = torch.empty(shape, dtype=cache.gdn_state.dtype, **kw)
@@ -503,6 +507,8 @@ class HybridModel:
                 res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), out.u[l], out.log_p[l])
                 o = self.ops.verify(q, k, v, g, beta, state, tb.slots, tb.parents, tb.cu_seqlens, out=res,
                                     max_nodes=tb.max_nodes).o
+            elif path == "replayssm":
+                o = self.replayssm.verify_layer(out.rings, l, q, k, v, a, b, w.A_log, w.dt_bias, state, tb)
             else:
                 o = self.snapshot.verify_layer(out.snapshots[l], q, k, v, g, beta, a, b, w.A_log,
                                                w.dt_bias, state, tb)
@@ -539,6 +545,8 @@ class HybridModel:
             if out.path == "bole":
                 self.ops.commit(cache.gdn_state, tb.slots, out.k, out.u, out.log_p, tb.parents,
                                 tb.cu_seqlens, accepted)
+            elif out.path == "replayssm":
+                self.replayssm.commit(cache.gdn_state, out.rings, tb, accepted)
             else:
                 self.snapshot.commit(cache.gdn_state, out.snapshots, tb, accepted)
             conv = cache.conv_state

@@ -25,13 +25,14 @@ from typing import Any, Callable, Mapping, Optional
 from bole_cli.errors import BoleError
 from bole_cli.sglang.isolation import isolated_sglang, live_sglang
 from bole_cli.sglang.source import SGLANG_VERSION, SGLangSource, find_sglang_source
-from bole_cli.sglang.triton_interpreter import fix_triton_interpreter_masks
+from bole_cli.sglang.triton_interpreter import fix_interpreted_loop_counters, fix_triton_interpreter_masks
 
 # The modules `load_sglang_kernels` imports (dotted names inside SGLang 0.5.23).
 VERIFY_MODULE = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
 CONV_MODULE = "sglang.kernels.ops.mamba.causal_conv1d_triton"
 SCATTER_MODULE = "sglang.kernels.ops.mamba.mamba_state_scatter_triton"
 GATING_MODULE = "sglang.kernels.ops.attention.linear.fused_gdn_gating"
+FOLD_MODULE = "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_fold"
 WRAPPER_MODULE = "sglang.srt.layers.attention.linear.kernels.gdn_triton"
 
 #: Kernel module -> the callables `SGLangKernels` takes from it (one field each), in
@@ -42,6 +43,7 @@ KERNEL_FUNCTIONS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     SCATTER_MODULE: ("fused_mamba_state_scatter_with_mask", "fused_conv_window_scatter_with_mask",
                      "scatter_mamba_states_after_mtp_verify"),
     GATING_MODULE: ("fused_gdn_gating",),
+    FOLD_MODULE: ("commit_gdn_replayssm_fold_all_layers",),
 })
 KERNEL_MODULES = tuple(KERNEL_FUNCTIONS)
 # Light real modules those import whose parent package __init__ is heavy (stubbed parents).
@@ -60,6 +62,8 @@ class SGLangKernels:
     - fused_mamba_state_scatter_with_mask / fused_conv_window_scatter_with_mask /
       scatter_mamba_states_after_mtp_verify: the accepted-snapshot copy-back (CUDA/XPU only;
       `copy_back_accepted` falls back to SGLang's torch indexing on other devices).
+    - commit_gdn_replayssm_fold_all_layers: ReplaySSM's commit, replaying each request's
+      accepted prefix from the raw-input ring into the state (`replayssm_fold`).
     - TritonGDNKernel: the wrapper class, only with ``with_wrapper=True``.
     """
 
@@ -72,6 +76,7 @@ class SGLangKernels:
     fused_mamba_state_scatter_with_mask: Callable[..., Any]
     fused_conv_window_scatter_with_mask: Callable[..., Any]
     scatter_mamba_states_after_mtp_verify: Callable[..., Any]
+    commit_gdn_replayssm_fold_all_layers: Callable[..., Any]
     TritonGDNKernel: Optional[type] = None
     modules: Mapping[str, types.ModuleType] = field(default_factory=dict)
 
@@ -90,6 +95,55 @@ class SGLangKernels:
             intermediate_states_buffer=intermediate_states_buffer,
             intermediate_state_indices=intermediate_state_indices,
             cache_steps=cache_steps, retrieve_parent_token=retrieve_parent_token,
+        )
+
+    @staticmethod
+    def replayssm_rings(state, tokens_per_request: int, key_heads: int, act_dtype) -> dict:
+        """Empty ReplaySSM rings for a state pool [L, S, HV, V, K] (L GDN layers): per layer
+        and slot the raw v [HV, RL, V] and pre-norm k [H, RL, K] in the activation dtype,
+        g and beta [HV, RL] float32, RL = draft tokens per request (0.5.23's
+        memory_pool.py:811-860, fold mode; uninitialised: the verify writes every entry the
+        fold reads). `replayssm_verify` takes one layer's slice."""
+        import torch
+
+        layers, slots, hv, vd, kd = state.shape
+        kw = dict(device=state.device)
+        return {
+            "replayssm_rawv": torch.empty(layers, slots, hv, tokens_per_request, vd, dtype=act_dtype, **kw),
+            "replayssm_rawk": torch.empty(layers, slots, key_heads, tokens_per_request, kd, dtype=act_dtype,
+                                          **kw),
+            "replayssm_g": torch.empty(layers, slots, hv, tokens_per_request, dtype=torch.float32, **kw),
+            "replayssm_beta": torch.empty(layers, slots, hv, tokens_per_request, dtype=torch.float32, **kw),
+        }
+
+    def replayssm_verify(self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices,
+                         query_start_loc, rings: Mapping[str, Any]):
+        """ReplaySSM's chain verify, exactly as ``GDNAttnBackend._replayssm_fold_target_verify``
+        calls its Triton branch (0.5.23, gdn_backend.py:1418-1439): the recurrent kernel
+        with the state frozen and each token's raw v, k, g, beta written to `rings`
+        (`replayssm_rings(...)` of one layer: each ring indexed [layer]). q, k [1, N, H, K];
+        v [1, N, HV, V]; a, b [N, HV]; ssm_states [S, HV, V, K]."""
+        return self.fused_sigmoid_gating_delta_rule_update(
+            A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b,
+            initial_state_source=ssm_states, initial_state_indices=cache_indices,
+            cu_seqlens=query_start_loc, use_qk_l2norm_in_kernel=True,
+            softplus_beta=1.0, softplus_threshold=20.0, is_kda=False,
+            disable_state_update=True, cache_ring=True, **rings,
+        )
+
+    def replayssm_fold(self, state, rings: Mapping[str, Any], state_indices, accept_lens) -> None:
+        """ReplaySSM's commit: replay each request's first accept_lens[b] ring entries
+        (accepted drafts + the bonus position) into the state, every layer in one launch,
+        with the arguments ``commit_gdn_replayssm_fold_after_verify`` passes (0.5.23,
+        gdn_replayssm_spec_fold.py:240-254; no prefix-cache track slots). state
+        [L, S, HV, V, K]; each ring with the same leading layer dimension."""
+        self.commit_gdn_replayssm_fold_all_layers(
+            checkpoint_state=state,
+            rawv_cache=rings["replayssm_rawv"], rawk_cache=rings["replayssm_rawk"],
+            g_cache=rings["replayssm_g"], beta_cache=rings["replayssm_beta"],
+            ssm_state_indices=state_indices, accept_lens=accept_lens,
+            max_cache_len=rings["replayssm_rawv"].shape[-2],
+            num_k_heads=rings["replayssm_rawk"].shape[2], null_block_id=-1,
         )
 
     def copy_back_accepted(self, dst, src, dst_indices, step_indices, src_indices=None) -> None:
@@ -179,6 +233,8 @@ def load_sglang_kernels(
             raise BoleError(
                 f"could not load {current} from {source.describe()}: {type(exc).__name__}: {exc}"
             ) from exc
+        if FOLD_MODULE in modules:
+            fix_interpreted_loop_counters(modules[FOLD_MODULE])
         kernels = SGLangKernels(
             version=source.version,
             source=source,

@@ -34,13 +34,42 @@ def fix_triton_interpreter_masks() -> bool:
             return interpreter.TensorHandle(mask.data != 0, mask.dtype)
         return mask
 
-    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        return load(self, ptrs, _as_bool(mask), other, cache_policy, is_volatile)
+    # the trailing arguments differ between Triton releases (3.6 passes one more): pass them on
+    def create_masked_load(self, ptrs, mask, *rest):
+        return load(self, ptrs, _as_bool(mask), *rest)
 
-    def create_masked_store(self, ptrs, value, mask, cache_policy):
-        return store(self, ptrs, value, _as_bool(mask), cache_policy)
+    def create_masked_store(self, ptrs, value, mask, *rest):
+        return store(self, ptrs, value, _as_bool(mask), *rest)
 
     builder.create_masked_load = create_masked_load
     builder.create_masked_store = create_masked_store
     builder.__bole_mask_fix__ = True
+    return True
+
+
+def fix_interpreted_loop_counters(module) -> bool:
+    """Give a kernel module's plain ``for t in range(n)`` loops Triton scalars, as compiled
+    code has (idempotent; only under ``TRITON_INTERPRET=1``).
+
+    The interpreter runs such a loop with Python ints, so a counter method such as
+    ``t.to(tl.int64)`` (ReplaySSM's fold, gdn_replayssm_spec_fold.py:105) raises
+    AttributeError on CPU. The module-level ``range`` installed here yields int32 Triton
+    scalars instead; only the module's own functions see it.
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    if getattr(module, "__bole_range_fix__", False):
+        return True
+    import builtins
+
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    def scalar_range(*args):
+        for i in builtins.range(*(int(a) for a in args)):
+            yield tl.core.tensor(interpreter.TensorHandle(np.array([i], dtype=np.int32), tl.int32), tl.int32)
+
+    module.range = scalar_range
+    module.__bole_range_fix__ = True
     return True

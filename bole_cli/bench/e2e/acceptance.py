@@ -116,9 +116,11 @@ def load_e2e_acceptance(spec: str) -> Acceptance:
         raise InputError(f"--acceptance {spec}: bole bench e2e needs per-depth acceptance "
                          "(per_depth or per_depth_rank), not a measured curve")
     for d, r in enumerate(model.q):
-        if not r or any(p <= 0 for p in r):
-            raise InputError(f"--acceptance {spec}: depth {d + 1} has a probability <= 0")
-    return Acceptance(model.name, model.source, tuple(tuple(r) for r in model.q), False)
+        if not r:
+            raise InputError(f"--acceptance {spec}: depth {d + 1} has no probabilities")
+    # a measured 0 (a rank `bole acceptance` never saw hit) counts like a rank a file lacks
+    return Acceptance(model.name, model.source,
+                      tuple(tuple(p if p > 0 else 1e-12 for p in r) for r in model.q), False)
 
 
 # ---- one step's accepted path -----------------------------------------------------------------

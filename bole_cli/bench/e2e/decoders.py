@@ -5,7 +5,12 @@
    with a full GDN state snapshot per node, the accepted snapshot copied back (SGLang
    0.5.23's serial verifier where its kernels load, else the PyTorch step loop);
 3. Bole ("bole"): the same trees, verified with the closed form (tree_verify) and
-   committed from the factors (tree_commit); docs/design.md §2, §3.
+   committed from the factors (tree_commit); docs/design.md §2, §3;
+4. ReplaySSM chain ("chain"): a depth-d top-1 MTP chain verified by SGLang 0.5.23's
+   ReplaySSM (ring verify + fold, bole_cli/runtime/replayssm.py), and Bole's chain
+   ("bole-chain"): the same chain through tree_verify + tree_commit. A chain is the rank-1
+   path of the same per-depth, per-rank acceptance matrix, drawn from the same per-step
+   draws, so tree and chain are simulated consistently; the harness sweeps d.
 
 A tree decoder's step: the drafter (bole_cli/bench/drafter.py) grows the beam tree, the
 plan's budget keeps its nodes (plan.py), the target verifies them (one hybrid forward),
@@ -63,6 +68,7 @@ class Decoder:
     label = ""  # in tables and progress lines
     short_label = ""  # in the narrow tables
     drafts = False  # drafts a tree: has a budget plan and an expected acceptance above 1
+    chain = False  # a top-1 chain whose depth the harness sweeps (bench.chain_depth)
 
     def __init__(self, bench, batch: int, max_steps: int):
         self.bench, self.model = bench, bench.model
@@ -166,7 +172,7 @@ class TreeDecoder(Decoder):
                  override: Optional[Callable[["TreeDecoder", torch.Tensor], torch.Tensor]] = None):
         super().__init__(bench, batch, max_steps)
         self.plan = plan
-        self.drafter = bench.drafter
+        self.drafter = self.drafter_for(bench)
         self.dstate: DraftState = self.drafter.new_state(batch, bench.context, seed=bench.seed + 11)
         self.dstate.pending.copy_(torch.tensor(self.pending, dtype=torch.int64))
         self.kept_index = torch.tensor(plan.kept_index, dtype=torch.int64, device=bench.device)
@@ -177,6 +183,11 @@ class TreeDecoder(Decoder):
     def plan_for(cls, bench, batch: int) -> TreePlan:
         """The batch's budget-selected trees (the bench's budget policy)."""
         return bench.plan(batch)
+
+    @classmethod
+    def drafter_for(cls, bench):
+        """The drafter growing this decoder's tree (the bench's beam-tree drafter)."""
+        return bench.drafter
 
     @classmethod
     def build(cls, bench, batch, max_steps, *, override=None):
@@ -267,7 +278,48 @@ class BoleTreeDecoder(TreeDecoder):
         return [out.k, out.u, out.log_p]  # the factors
 
 
-DECODER_CLASSES: dict[str, type[Decoder]] = {c.name: c for c in (ARDecoder, SnapshotTreeDecoder, BoleTreeDecoder)}
+class ChainDecoder(TreeDecoder):
+    """A depth-d top-1 chain (d = bench.chain_depth), drafted and verified whole."""
+
+    chain = True
+
+    @classmethod
+    def plan_for(cls, bench, batch):
+        return bench.chain_plan(batch, bench.chain_depth)
+
+    @classmethod
+    def drafter_for(cls, bench):
+        return bench.chain_drafter(bench.chain_depth)
+
+    @classmethod
+    def probe(cls, bench, cache, batch, nodes_per_request):
+        plan, drafter = cls.plan_for(bench, batch), cls.drafter_for(bench)
+        toks = drafter.forward(drafter.new_state(batch, bench.context)).view(-1)
+        out = bench.model.verify(cache, plan.forest, toks, path=cls.path)
+        out.logits.argmax(-1)
+        bench.model.commit(cache, out, [0] * batch)
+
+
+class ReplaySSMChainDecoder(ChainDecoder):
+    name, path = "chain", "replayssm"
+    label, short_label = "ReplaySSM chain", "RSSM"
+
+    @staticmethod
+    def verify_state(out) -> list:
+        return list(out.rings.values())  # the raw-input rings
+
+
+class BoleChainDecoder(ChainDecoder):
+    name, path = "bole-chain", "bole"
+    label, short_label = "Bole chain", "Bole ch"
+
+    @staticmethod
+    def verify_state(out) -> list:
+        return [out.k, out.u, out.log_p]
+
+
+DECODER_CLASSES: dict[str, type[Decoder]] = {c.name: c for c in (
+    ARDecoder, SnapshotTreeDecoder, BoleTreeDecoder, ReplaySSMChainDecoder, BoleChainDecoder)}
 DECODERS = tuple(DECODER_CLASSES)
 LABELS = {name: c.label for name, c in DECODER_CLASSES.items()}
 SHORT_LABELS = {name: c.short_label for name, c in DECODER_CLASSES.items()}

@@ -3,8 +3,12 @@
 Acceptance is SIMULATED (acceptance.py); costs are MEASURED. E2EBench holds what the
 decoders of one run share: the model (random weights at the model's real shapes), the
 drafter, the acceptance model and the budget plans (plan.py). run_e2e runs every
-(batch, decoder), then searches the largest batch each decoder fits, and returns the JSON
-document that report.py renders (docs/design.md §8: why the drafter's cost is counted).
+(batch, decoder) (the chain decoders once per swept depth), then searches the largest
+batch each decoder fits (CUDA only), and returns the JSON document that report.py renders
+(docs/design.md §8: why the drafter's cost is counted). The document also holds the
+tree-vs-chain comparison per batch (`compare_decoders`), the drafter's time per level
+against its weight-read floor (`drafter_cost`) and, under greedy acceptance, whether every
+decoder emitted the same tokens (`exactness`).
 
 Timing: warm-up steps first (they capture the CUDA graphs: drafter, verify, decode),
 then `steps` timed steps with CUDA events between the phases (draft | verify | sample |
@@ -37,6 +41,7 @@ from bole_cli.runtime.snapshot import SnapshotGDN, load_sglang_gdn
 SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
 GiB = 2 ** 30
 TREE_DECODERS = ("snapshot", "bole")  # same trees, same draws: their accepted nodes must agree
+CHAIN_DEPTHS = tuple(range(1, 9))  # the chain decoders' default sweep
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -81,6 +86,8 @@ class RunResult:
     cuda_graphs: bool = False
     eager_reason: str = ""
     accept_trace: Optional[list[list[int]]] = None  # committed tokens per step and request
+    streams: Optional[list[list[int]]] = None  # emitted tokens per request (exactness check)
+    chain_depth: Optional[int] = None  # chain decoders: the draft depth d of this run
     error: str = ""
 
     def to_dict(self) -> dict:
@@ -148,7 +155,7 @@ class E2EBench:
                  depth: int = 8, topk: int = 4, acceptance: "Acceptance | str" = DEFAULT_PRESET,
                  budget: "str | int" = "profile", seed: int = 0, snapshot_engine: str = "auto",
                  use_graphs: Optional[bool] = None, gdn_backend: str = "auto", warmup: int = 3,
-                 steps: int = 32):
+                 steps: int = 32, draft_vocab: Optional[int] = None):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
@@ -166,12 +173,53 @@ class E2EBench:
         self.budget_policy = budget
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
+        if draft_vocab is not None and not 1 <= draft_vocab <= spec.vocab:
+            raise InputError(f"--draft-vocab: expected 1..{spec.vocab} (the model's vocabulary), got {draft_vocab}")
         self._check_weights_fit()
         self.model = HybridModel(spec, self.device, dtype, seed=seed, gdn_backend=gdn_backend)
-        self.drafter = MTPDrafter(self.model, self.layout, seed=seed + 4321)
+        self.drafter = MTPDrafter(self.model, self.layout, seed=seed + 4321, draft_vocab=draft_vocab)
         self.snapshot, self.snapshot_desc = resolve_snapshot_engine(snapshot_engine, self.device)
         self.model.snapshot = self.snapshot
         self._plans: dict[tuple[int, int], TreePlan] = {}
+        self.chain_depth = depth  # what a chain decoder drafts (the harness sweeps it)
+        self._chains: dict[int, tuple] = {}
+
+    def use_replayssm(self) -> str:
+        """Load SGLang's ReplaySSM kernels for the "chain" decoder; returns where from."""
+        from bole_cli.runtime.replayssm import ReplaySSMGDN
+        from bole_cli.sglang.kernels import load_sglang_kernels
+
+        kernels = load_sglang_kernels()
+        self.model.replayssm = ReplaySSMGDN(kernels)
+        return (f"SGLang {kernels.version}'s ReplaySSM: fused_sigmoid_gating_delta_rule_update with "
+                f"cache_ring=True (state frozen, raw v, k, g, beta per token into a ring), then "
+                f"commit_gdn_replayssm_fold_all_layers (the accepted prefix replayed into the state, all "
+                f"layers in one launch); kernels from {kernels.source.describe()}")
+
+    def _chain(self, depth: int) -> tuple:
+        """(layout, drafter) of the depth-`depth` top-1 chain: the rank-1 path of the same
+        acceptance matrix, drafted by the same head (shared weights)."""
+        import copy
+
+        if not 1 <= depth <= len(self.q):
+            raise InputError(f"--chain-depths: {depth} is outside 1..{len(self.q)} (--depth)")
+        if depth not in self._chains:
+            layout = build_layout(depth, 1, [[row[0]] for row in self.q[:depth]])
+            drafter = copy.copy(self.drafter)
+            drafter.layout = layout
+            self._chains[depth] = (layout, drafter)
+        return self._chains[depth]
+
+    def chain_drafter(self, depth: int) -> MTPDrafter:
+        return self._chain(depth)[1]
+
+    def chain_plan(self, batch: int, depth: int) -> TreePlan:
+        """Every node of `batch` depth-`depth` chains (a chain is verified whole)."""
+        layout = self._chain(depth)[0]
+        key = (batch, -depth)
+        if key not in self._plans:
+            self._plans[key] = plan_trees(layout, batch, batch * layout.n_nodes, f"chain of depth {depth}")
+        return self._plans[key]
 
     # ---- sizes -------------------------------------------------------------------------
     def _check_weights_fit(self) -> None:
@@ -271,6 +319,7 @@ class E2EBench:
                 res.peak_transient_bytes = max(mem.get("draft_peak", 0), mem.get("verify_peak", 0))
             res.verify_state_bytes = mem.get("verify_state_bytes")
             res.accept_trace = dec.accepted
+            res.streams = dec.streams
         except Exception as exc:  # noqa: BLE001 - keep the other decoders' results; the error is reported
             res.error = "out of memory" if _is_oom(exc) else f"{type(exc).__name__}: {exc}"
             res.tok_s = None
@@ -314,6 +363,82 @@ class E2EBench:
         return found
 
 
+def compare_decoders(results: list[RunResult], batches, bench: E2EBench, depth: int) -> list[dict]:
+    """Per batch: every decoder's best run (chains: the best swept depth), the winner, Bole's
+    best (tree or chain) over the best ReplaySSM chain, and the acceptance ceiling of that
+    gain: expected committed tokens of the tree over the chain at the same depth."""
+    out = []
+    for b in batches:
+        best: dict[str, dict] = {}
+        for r in results:
+            if r.batch != b or not r.tok_s:
+                continue
+            if r.decoder not in best or r.tok_s > best[r.decoder]["tok_s"]:
+                best[r.decoder] = {"tok_s": r.tok_s, "chain_depth": r.chain_depth, "budget": r.budget,
+                                   "mean_accepted": r.mean_accepted, "expected": r.expected_accepted,
+                                   "phase_ms": r.phase_ms}
+        row: dict[str, Any] = {"batch": b, "best": best}
+        if best:
+            winner = max(best, key=lambda n: best[n]["tok_s"])
+            rest = [v["tok_s"] for n, v in best.items() if n != winner]
+            row["winner"] = winner
+            row["margin"] = best[winner]["tok_s"] / max(rest) if rest else None
+        bole = [best[n]["tok_s"] for n in ("bole", "bole-chain") if n in best]
+        if bole and "chain" in best:
+            row["bole_over_replayssm"] = max(bole) / best["chain"]["tok_s"]
+            tree = best["bole"]["expected"] if "bole" in best else bench.plan(b).expected
+            row["ceiling"] = tree / bench.chain_plan(b, depth).expected  # the tree at its best budget
+            realised, ceiling = row["bole_over_replayssm"], row["ceiling"]
+            row["target_met"] = realised >= 1.0 and (b > 4 or realised - 1 >= 0.9 * (ceiling - 1))
+        out.append(row)
+    return out
+
+
+def drafter_cost(results: list[RunResult], bench: E2EBench) -> dict:
+    """The drafter's measured time per level against its weight-read floor (the bytes one
+    level must read / the measured copy bandwidth), from the chain runs (one row per request
+    per level: draft ms / d) and the tree runs (draft ms / depth, top-k rows per level)."""
+    if bench.device.type != "cuda":
+        return {"skipped": "needs CUDA (the floor is a GPU's bandwidth)"}
+    from bole_cli.timing import measure_copy_bandwidth
+
+    bw = measure_copy_bandwidth(torch)
+    rows = []
+    for r in results:
+        if not r.tok_s or r.decoder == "ar" or not r.phase_ms:
+            continue
+        levels = r.chain_depth or bench.layout.depth
+        per_row = 1 if r.chain_depth else bench.layout.topk
+        floor = bench.drafter.level_read_bytes(r.batch, bench.context, per_row) / bw * 1e3
+        ms = r.phase_ms["draft"] / levels
+        rows.append({"decoder": r.decoder, "batch": r.batch, "levels": levels, "ms_per_level": ms,
+                     "floor_ms": floor, "over_floor": ms / floor})
+    return {"copy_bandwidth_tb_s": bw / 1e12, "draft_vocab": bench.drafter.draft_vocab, "rows": rows}
+
+
+def exactness(results: list[RunResult]) -> dict:
+    """Greedy acceptance: whether every decoder (autoregressive included) emitted the same
+    token stream, compared over each request's common prefix at each batch."""
+    mismatches, compared = [], 0
+    for b in sorted({r.batch for r in results}):
+        runs = [r for r in results if r.batch == b and r.streams is not None]
+        ref = next((r for r in runs if r.decoder == "ar"), runs[0] if runs else None)
+        for r in runs:
+            if r is ref:
+                continue
+            compared += 1
+            for i, (want, got) in enumerate(zip(ref.streams, r.streams)):
+                n = min(len(want), len(got))
+                if want[:n] != got[:n]:
+                    at = next(j for j in range(n) if want[j] != got[j])
+                    name = r.decoder + (f" d={r.chain_depth}" if r.chain_depth else "")
+                    mismatches.append(f"batch {b}, request {i}: {name} differs from {ref.decoder} at token {at}")
+                    break
+    failed = [f"{r.decoder} at batch {r.batch}: {r.error}" for r in results if r.error]
+    return {"identical": not mismatches and not failed and compared > 0, "compared_runs": compared,
+            "mismatches": mismatches, "failed": failed}
+
+
 @dataclass
 class E2EConfig:
     spec: ModelSpec
@@ -336,6 +461,9 @@ class E2EConfig:
     probe_nodes: Optional[int] = None
     search: bool = True
     command: str = ""
+    chain_depths: tuple[int, ...] = CHAIN_DEPTHS
+    draft_vocab: Optional[int] = None
+    tree_budgets: tuple[int, ...] = ()  # the tree decoders run at each; empty: `budget` alone
 
 
 def versions() -> dict[str, Optional[str]]:
@@ -361,15 +489,42 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
     bench = E2EBench(cfg.spec, device=cfg.device, dtype=dtype, context=cfg.context, depth=cfg.depth,
                      topk=cfg.topk, acceptance=cfg.acceptance, budget=cfg.budget, seed=cfg.seed,
                      snapshot_engine=cfg.snapshot_engine, use_graphs=cfg.use_graphs,
-                     warmup=cfg.warmup, steps=cfg.steps)
-    for b in cfg.batches:  # budget errors before any timing
-        if any(decoder_class(d).drafts for d in cfg.decoders):
+                     warmup=cfg.warmup, steps=cfg.steps, draft_vocab=cfg.draft_vocab)
+    chains = [d for d in cfg.decoders if decoder_class(d).chain]
+    replayssm_desc, replayssm_error = None, ""
+    if "chain" in cfg.decoders:
+        try:
+            replayssm_desc = bench.use_replayssm()
+        except Exception as exc:  # noqa: BLE001 - no wheel: the other decoders still run, and it is said
+            replayssm_error = f"SGLang's ReplaySSM kernels did not load: {exc}"
+            replayssm_desc = "not run (" + replayssm_error + ")"
+    budgets = tuple(cfg.tree_budgets) or (cfg.budget,)
+    for b in cfg.batches:  # budget and depth errors before any timing
+        for budget in budgets if any(decoder_class(d).drafts for d in cfg.decoders) else ():
+            bench.budget_policy = budget
             bench.plan(b)
+        for d in cfg.chain_depths if chains else ():
+            bench.chain_plan(b, d)
     results: list[RunResult] = []
     for b in cfg.batches:
         for name in cfg.decoders:
-            progress(f"{LABELS[name]}, batch {b}")
-            results.append(bench.run(name, b))
+            kind = decoder_class(name)
+            sweep = ([(None, d) for d in cfg.chain_depths] if kind.chain
+                     else [(n, None) for n in budgets] if kind.drafts else [(None, None)])
+            for budget, depth in sweep:
+                progress(f"{LABELS[name]}{f' d={depth}' if depth else ''}"
+                         f"{f' N={budget}' if len(budgets) > 1 and budget else ''}, batch {b}")
+                if depth:
+                    bench.chain_depth = depth
+                if budget is not None:
+                    bench.budget_policy = budget
+                if name == "chain" and replayssm_error:
+                    results.append(RunResult(name, b, chain_depth=depth, error=replayssm_error))
+                    continue
+                r = bench.run(name, b)
+                r.chain_depth = depth
+                results.append(r)
+    bench.budget_policy = budgets[0]
     ar = {r.batch: r.tok_s for r in results if r.decoder == "ar" and r.tok_s}
     for r in results:
         if r.tok_s and ar.get(r.batch):
@@ -378,16 +533,28 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
     for b in cfg.batches:
         traces = [r.accept_trace for r in results if r.batch == b and r.decoder in TREE_DECODERS
                   and r.accept_trace is not None]
-        if len(traces) == 2:
-            same[str(b)] = traces[0] == traces[1]
+        if len(traces) == 2 * len(budgets):  # the two decoders at each budget, in the same order
+            same[str(b)] = all(traces[i] == traces[i + len(budgets)] for i in range(len(budgets)))
+    comparison = compare_decoders(results, cfg.batches, bench, cfg.depth)
+    drafter_levels = drafter_cost(results, bench)
+    exact = exactness(results) if bench.acceptance.greedy else None
 
     nodes = cfg.probe_nodes
     if nodes is None:
-        nodes = max(bench.plan(min(cfg.batches)).sizes)
+        nodes = max(bench.plan(min(cfg.batches)).sizes) if any(
+            decoder_class(d).drafts and not decoder_class(d).chain for d in cfg.decoders) else 1
     nodes = max(1, min(int(nodes), bench.layout.n_nodes))
     max_batch: dict[str, Any] = {}
-    if cfg.search:
+    search_skipped = ""
+    if cfg.search and bench.device.type != "cuda":
+        search_skipped = "skipped: needs CUDA (allocation failures on CPU mean host RAM)"
+    elif not cfg.search:
+        search_skipped = "skipped (--no-max-batch)"
+    else:
         for name in cfg.decoders:
+            if decoder_class(name).chain:  # at the best depth of the smallest batch
+                best = comparison[0]["best"].get(name) if comparison else None
+                bench.chain_depth = best["chain_depth"] if best else cfg.depth
             max_batch[name] = bench.max_batch(name, max_batch=cfg.max_batch, max_probes=cfg.max_probes,
                                               nodes_per_request=nodes, progress=progress)
     acc = bench.acceptance
@@ -406,8 +573,10 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
         "draft": {"depth": cfg.depth, "topk": cfg.topk, "beam_nodes": bench.layout.n_nodes,
                   "head": "MTP-style: fc + one gated-attention decoder layer + the shared LM head, "
                           "run once per level (its cost is real; its tree shape follows the acceptance model)",
-                  "head_bytes": bench.drafter.param_bytes},
+                  "head_bytes": bench.drafter.param_bytes, "draft_vocab": bench.drafter.draft_vocab,
+                  "levels": drafter_levels},
         "budget_policy": cfg.budget,
+        "tree_budgets": list(cfg.tree_budgets),
         "expected_accepted_paper_shape": None if acc.greedy else paper_shape_expected(acc),
         "snapshot_engine": {"engine": bench.snapshot.engine, "description": bench.snapshot_desc},
         "gdn_ops": bench.model.ops.describe(),
@@ -417,7 +586,12 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
         "steps": cfg.steps, "warmup": cfg.warmup, "seed": cfg.seed,
         "results": [r.to_dict() for r in results],
         "same_acceptance_snapshot_vs_bole": same,
+        "replayssm": replayssm_desc,
+        "chain_depths": list(cfg.chain_depths) if chains else [],
+        "comparison": comparison,
+        "greedy_exact": exact,
         "max_batch": max_batch,
+        "max_batch_skipped": search_skipped,
         "max_batch_probe": {"nodes_per_request": nodes, "context": cfg.context, "limit": cfg.max_batch,
                             "max_probes": cfg.max_probes,
                             "how": "one eager step per probe (drafter, verify, sample, commit) with the KV cache "
@@ -427,6 +601,7 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
     }
     for r in data["results"]:
         r.pop("accept_trace", None)
+        r.pop("streams", None)
     bench = None
     _free(torch.device(cfg.device))
     return data

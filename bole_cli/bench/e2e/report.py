@@ -62,7 +62,52 @@ def _one_table(data: dict, title: str, cols: tuple, caption: Optional[str], labe
         t.add_column(c, justify="left" if c == "decoder" else "right", no_wrap=True)
     for r in data["results"]:
         cells = _cells(data, r)
-        t.add_row(labels[r["decoder"]], str(r["batch"]), *(cells[c] for c in cols))
+        t.add_row(_label(labels, r), str(r["batch"]), *(cells[c] for c in cols))
+    return t
+
+
+def _label(labels: dict, r: dict) -> str:
+    return labels[r["decoder"]] + (f" d{r['chain_depth']}" if r.get("chain_depth") else "")
+
+
+_COMPARE = ("B", "AR", "RSSM", "snap", "Bole", "Bole ch", "wins", "gain", "ceil.")
+_COMPARE_CAPTION = ("tokens/s at each decoder's best (chains: best swept depth d); RSSM = SGLang's "
+                    "ReplaySSM chain; gain = Bole's best (tree or chain) over the best RSSM chain; "
+                    "ceil. = that gain's acceptance ceiling (expected committed tokens, tree over "
+                    "chain, at the same depth); * = target missed")
+
+
+def comparison_table(data: dict):
+    """Per batch: AR, the best ReplaySSM chain, the snapshot tree, Bole's tree, Bole's
+    chain, the winner and by how much, Bole's realised gain and its ceiling (None when the
+    run had no chain decoder)."""
+    from rich import box
+    from rich.table import Table
+
+    rows = data.get("comparison") or []
+    if not any("chain" in row["best"] or "bole-chain" in row["best"] for row in rows):
+        return None
+    t = Table(title="tree vs chain, end to end", title_justify="left", caption=_COMPARE_CAPTION,
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in _COMPARE:
+        t.add_column(c, justify="left" if c == "wins" else "right", no_wrap=True)
+    for row in rows:
+        best = row["best"]
+
+        def cell(name):
+            v = best.get(name)
+            if not v:
+                return "-"
+            return f"{v['tok_s']:.0f}" + (f" d{v['chain_depth']}" if v["chain_depth"] else "")
+
+        wins = "-"
+        if row.get("winner"):
+            wins = SHORT_LABELS[row["winner"]] + (f" {row['margin']:.2f}x" if row.get("margin") else "")
+        gain = "-" if row.get("bole_over_replayssm") is None else (
+            f"{row['bole_over_replayssm']:.2f}" + ("" if row.get("target_met") else "*"))
+        ceil = "-" if row.get("ceiling") is None else f"{row['ceiling']:.2f}"
+        t.add_row(str(row["batch"]), cell("ar"), cell("chain"), cell("snapshot"), cell("bole"),
+                  cell("bole-chain"), wins, gain, ceil)
     return t
 
 
@@ -72,28 +117,61 @@ def tables(data: dict, width: int = WIDE_COLUMNS) -> list:
     table when the terminal is wide enough, else throughput and costs as two."""
     title = (f"bole bench e2e: {data['model']} on {data['device']}, context {data['context']}, "
              f"depth {data['draft']['depth']}, top-k {data['draft']['topk']}\n{data['statement']}")
+    compare = comparison_table(data)
+    extra = [compare] if compare is not None else []
     if width >= WIDE_COLUMNS:
         return [_one_table(data, title + " (times: ms per step)", _THROUGHPUT + _COSTS + ("max B",), _CAPTION,
-                           LABELS)]
+                           LABELS)] + extra
     return [_one_table(data, title, _THROUGHPUT + ("max B",), None, LABELS, narrow=True),
-            _one_table(data, "per step: ms, and memory", _COSTS, _CAPTION, SHORT_LABELS, narrow=True)]
+            _one_table(data, "per step: ms, and memory", _COSTS, _CAPTION, SHORT_LABELS, narrow=True)] + extra
 
 
 def notes(data: dict) -> list[str]:
     out = [f"snapshot tree verify: {data['snapshot_engine']['description']}"]
+    if data.get("replayssm"):
+        out.append(f"ReplaySSM chain verify: {data['replayssm']}")
+    exact = data.get("greedy_exact")
+    if exact is not None:
+        if exact["identical"]:
+            out.append(f"greedy exactness: PASSED - every decoder emitted the same token stream "
+                       f"({exact['compared_runs']} runs compared with autoregressive)")
+        else:
+            out.append("greedy exactness: FAILED - " + "; ".join(exact["mismatches"] + exact["failed"]
+                                                                 or ["nothing was compared"]))
+    levels = (data.get("draft") or {}).get("levels") or {}
+    vocab = data["draft"].get("draft_vocab")
+    for b in sorted({x["batch"] for x in levels.get("rows", [])}):
+        parts = []
+        for kind, pick in (("chain", lambda x: x["levels"] == max(y["levels"] for y in levels["rows"]
+                                                                   if y["decoder"] == "chain" and y["batch"] == b)),
+                           ("bole", lambda x: True)):
+            x = next((x for x in levels["rows"] if x["decoder"] == kind and x["batch"] == b and pick(x)), None)
+            if x:
+                parts.append(f"{SHORT_LABELS[kind]} {x['ms_per_level']:.2f} ms (floor {x['floor_ms']:.2f}, "
+                             f"{x['over_floor']:.1f}x)")
+        if parts:
+            out.append(f"drafter per level at batch {b}, vocabulary {vocab}: " + "; ".join(parts))
+    for row in data.get("comparison") or []:
+        if row.get("bole_over_replayssm") is None:
+            continue
+        verdict = "target met" if row["target_met"] else "TARGET MISSED"
+        out.append(f"batch {row['batch']}: Bole's best over the best ReplaySSM chain {row['bole_over_replayssm']:.2f}x, "
+                   f"ceiling {row['ceiling']:.2f}x ({verdict})")
     budgets = {}
     for r in data["results"]:
-        if r["budget_source"]:
+        if r["budget_source"] and not r.get("chain_depth"):
             budgets[r["batch"]] = r["budget_source"]
     for b, src in budgets.items():
         out.append(f"budget at batch {b}: {src}")
     mb = data["max_batch_probe"]
-    if data["max_batch"]:
+    if data.get("max_batch_skipped"):
+        out.append(f"largest-batch search {data['max_batch_skipped']}")
+    elif data["max_batch"]:
         out.append(f"max batch: binary search up to {mb['limit']} ({mb['max_probes']} probes at most), context "
                    f"{mb['context']}, tree decoders verifying {mb['nodes_per_request']} nodes per request")
     for r in data["results"]:
         if r["error"]:
-            out.append(f"{LABELS[r['decoder']]} at batch {r['batch']} failed: {r['error']}")
+            out.append(f"{_label(LABELS, r)} at batch {r['batch']} failed: {r['error']}")
     for name, mb in data["max_batch"].items():
         if mb.get("error"):
             out.append(f"largest-batch search of {LABELS[name]} stopped: {mb['error']}")
@@ -116,6 +194,9 @@ def plot(data: dict, path) -> None:
     batches = sorted({r["batch"] for r in data["results"]})
     for name in DECODERS:
         rows = [r for r in data["results"] if r["decoder"] == name and r["tok_s"]]
+        if rows and rows[0].get("chain_depth"):  # chains: the best swept depth per batch
+            rows = [max((r for r in rows if r["batch"] == b), key=lambda r: r["tok_s"])
+                    for b in sorted({r["batch"] for r in rows})]
         if not rows:
             continue
         label = LABELS[name]
