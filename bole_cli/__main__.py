@@ -1,6 +1,6 @@
 """`python -m bole_cli`: the same command line as `bole`."""
 
-from bole_cli.cli import app
+from bole_cli.cli import main
 
 if __name__ == "__main__":
-    app(prog_name="bole")
+    main()

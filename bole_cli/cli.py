@@ -12,16 +12,35 @@ Conventions every command follows (see tests/test_cli_conventions.py):
 
 from __future__ import annotations
 
-import importlib
-import sys
-import traceback
-from typing import Any, Optional
+import os  # loaded with the interpreter: free
+import signal
 
-import typer
-from typer.core import TyperGroup
 
-from bole_cli import __version__
-from bole_cli.errors import BoleError
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    """Ctrl-C while the command line loads (typer, rich, the command modules): nothing
+    has run yet, so leave at once with one line and exit 130, not a traceback."""
+    try:
+        os.write(2, b"error: interrupted\n")
+    finally:
+        os._exit(130)
+
+
+try:  # first thing, so the window before it is as short as can be
+    _previous_sigint = signal.signal(signal.SIGINT, _interrupted_while_loading)
+    _MAIN_THREAD = True
+except ValueError:  # imported from another thread: signals are the main thread's
+    _previous_sigint, _MAIN_THREAD = None, False
+
+import importlib  # noqa: E402 - after the handler above, on purpose
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from typing import Any, Optional  # noqa: E402
+
+import typer  # noqa: E402
+from typer.core import TyperGroup  # noqa: E402
+
+from bole_cli import __version__  # noqa: E402
+from bole_cli.errors import BoleError  # noqa: E402
 
 # Each module defines `register(app)`; one line per sub-command module.
 COMMAND_MODULES = (
@@ -32,9 +51,33 @@ COMMAND_MODULES = (
     "bole_cli.commands.bench",
     "bole_cli.commands.tune_kernels",
     "bole_cli.commands.serve",
+    "bole_cli.commands.acceptance",
 )
 
 _state = {"debug": False}
+#: The longest error line printed: a message quoting a huge value stays readable.
+MAX_ERROR_CHARS = 400
+
+
+def _hide_flag_types() -> None:
+    """Typer's help shows `<bool>` after every flag, as if it took a value: show nothing
+    for flags (a plain --json takes none). Falls back to Typer's look if its API moves."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_bole", False):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> Optional[str]:
+        if getattr(self, "is_flag", False) and not getattr(self, "count", False):
+            return None
+        return shown(self, ctx)
+
+    display_type_rich._bole = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_hide_flag_types()
 
 # Click's exception base, wherever this typer takes it from (typer >= 0.2x vendors click,
 # older typer re-exports click's own classes): BadParameter always derives from it.
@@ -51,6 +94,8 @@ def _report(message: str, code: int) -> None:
         err.print(traceback.format_exc(), markup=False, highlight=False, end="",
                   soft_wrap=True)
     line = " ".join(str(message).split())  # one line, whatever the message holds
+    if len(line) > MAX_ERROR_CHARS:
+        line = line[:MAX_ERROR_CHARS - 3] + "..."
     err.print(f"[bold red]error:[/] {escape(line)}", markup=True, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -76,6 +121,8 @@ class BoleGroup(TyperGroup):
             _state["debug"] = False  # set again by the root callback
         try:
             return super().parse_args(ctx, args)
+        except KeyboardInterrupt:
+            _report("interrupted", 130)
         except _ClickException as exc:
             _report_usage(exc)
             raise  # pragma: no cover - _report_usage always raises
@@ -126,9 +173,42 @@ def _root(
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
+if _MAIN_THREAD:  # loaded: give Ctrl-C back (a library importer keeps its own handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler if _previous_sigint is None
+                  else _previous_sigint)
+
+
+def _exit_interrupted() -> None:
+    from bole_cli.interrupts import ignore_further
+
+    ignore_further()
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001 - a closed pipe must not hide the exit code
+        pass
+    print("error: interrupted", file=sys.stderr, flush=True)
+    sys.exit(130)
+
 
 def main() -> None:
-    app()
+    """The `bole` entry point: Ctrl-C anywhere ends with one line and exit code 130."""
+    from bole_cli.interrupts import ignore_further, install, interrupt_count
+
+    install()
+    try:
+        app(prog_name="bole")
+    except KeyboardInterrupt:
+        _exit_interrupted()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if interrupt_count() and code in (0, 1):  # an interrupt a library swallowed
+            if code == 0:
+                _exit_interrupted()
+            ignore_further()
+            raise SystemExit(130) from None
+        if code == 130:
+            ignore_further()
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

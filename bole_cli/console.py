@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
+
+from bole_cli.errors import BoleError, InputError
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -43,11 +46,47 @@ def _read_umask() -> int:
 _UMASK = _read_umask()  # read once at import: umask() is process-wide and briefly changes it
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write a file so a reader sees either the old or the new content, never half of it."""
+def _nearest_existing(path: Path) -> Path:
+    probe = path
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def check_writable(path: str | os.PathLike, what: str) -> Path:
+    """Refuse, before any long work, an output file that cannot be written: its folder
+    (or the nearest existing one above it) is not a folder or takes no new file (/proc,
+    read-only, no permission), or the path is a folder or not a regular file. The message
+    names `what` (the flag, e.g. "--out") and the user's path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if str(path) in ("", "."):
+        raise InputError(f"{what}: an empty path was given; name a file")
+    if path.is_dir():
+        raise InputError(f"{what}: {path} is a directory; give a file path")
+    if os.path.lexists(path) and path.exists() and not path.is_file():
+        raise InputError(f"{what}: {path} is not a regular file")
+    folder = _nearest_existing(path.parent)
+    if not folder.is_dir():
+        raise InputError(f"{what}: cannot write {path}: {folder} is not a directory")
+    try:  # the real test: a file can be made there (root passes os.access on /proc)
+        fd, probe = tempfile.mkstemp(prefix=".bole-probe.", dir=folder)
+    except OSError as exc:
+        raise InputError(f"{what}: cannot write {path} ({exc.strerror or exc} in "
+                         f"{folder})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write a file so a reader sees either the old or the new content, never half of it.
+    A failure (full disk, no permission) is a BoleError naming `path`, not the temp file."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise BoleError(f"cannot write {path} ({exc.strerror or exc})") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -55,6 +94,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a plain file respects the umask
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise BoleError(f"cannot write {path} ({exc.strerror or exc}); the old file, if "
+                        "any, is unchanged") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -63,6 +106,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, description: str) -> Iterator[Callable[[str], None]]:
+    """A transient progress bar on stderr for long work; yields a callback that advances
+    it one step and shows the given description."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err,
+                  transient=True) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda d: progress.update(task, advance=1, description=d)
 
 
 def save_figure(fig: Any, path: str | os.PathLike) -> Path:

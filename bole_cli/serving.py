@@ -65,7 +65,11 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     notes = [f"budget: {note}"]
     topk_v = topk if topk is not None else k
     if topk_v < 2:
-        raise InputError("--topk: Bole handles trees (top-k >= 2); for chains SGLang needs no plug-in")
+        if topk is not None:
+            raise InputError("--topk: Bole handles trees (top-k >= 2); for chains SGLang "
+                             "needs no plug-in")
+        raise InputError(f"the profile's {source} has top-k {k}: Bole handles trees (top-k "
+                         ">= 2); give --topk 2 or more, or serve chains without Bole")
     b_ver = int(entry["b_ver"])
     if draft_tokens is not None:
         d = draft_tokens

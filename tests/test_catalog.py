@@ -26,9 +26,9 @@ except TypeError:
     runner = CliRunner()
 
 
-# ---- the model catalogue against FACTS.md --------------------------------------------
+# ---- the model catalogue against the published shapes -------------------------------
 # (name, layers, hidden, q heads, kv heads, HV, FFN or (experts, top-k, expert, shared),
-#  tied, GDN state MiB per request) copied from FACTS.md, independent of models.py.
+#  tied, GDN state MiB per request) copied from the model cards, independent of models.py.
 FACTS_MODELS = [
     ("Qwen/Qwen3.5-0.8B", 24, 1024, 8, 2, 16, 3584, True, 18),
     ("Qwen/Qwen3.5-2B", 24, 2048, 8, 2, 16, 6144, True, 18),
@@ -52,7 +52,7 @@ def test_catalogue_matches_facts(row):
     s = resolve_model(name)
     assert (s.layers, s.hidden, s.attn_heads, s.attn_kv_heads, s.gdn_value_heads) == (
         layers, hidden, q, kv, hv)
-    # Shared by the whole family (FACTS.md): H=16, dk=dv=128, conv 4, head_dim 256.
+    # Shared by the whole family: H=16, dk=dv=128, conv 4, head_dim 256.
     assert (s.gdn_key_heads, s.gdn_key_dim, s.gdn_value_dim) == (16, 128, 128)
     assert (s.conv_kernel, s.attn_head_dim, s.mtp_layers) == (4, 256, 1)
     assert s.vocab == (151936 if "Next" in name else 248320)
@@ -65,7 +65,7 @@ def test_catalogue_matches_facts(row):
     # Every 4th layer is full attention: indices 3, 7, 11, ...
     assert s.attention_layer_ids == tuple(range(3, layers, 4))
     assert s.n_gdn_layers == layers * 3 // 4
-    # The FACTS.md MiB column, exactly.
+    # The published MiB per request, exactly.
     assert s.gdn_state_bytes() == state_mib * MIB
     assert s.snapshot_bytes_per_node() == state_mib * MIB
 
@@ -297,7 +297,7 @@ def test_binary_file_is_input_error(tmp_path):
 
 
 # ---- the GPU catalogue -----------------------------------------------------------------
-# (key, bf16 TFLOP/s, TB/s, GB) from FACTS.md.
+# (key, bf16 TFLOP/s, TB/s, GB) from the datasheets.
 FACTS_GPUS = [("a100", 312, 2.04, 80), ("h100", 989, 3.35, 80), ("h200", 989, 4.8, 141),
               ("gb10", 256, 0.273, 128), ("b200", 2250, 8, 180)]
 

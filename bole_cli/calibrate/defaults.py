@@ -6,3 +6,10 @@ DEFAULT_KV_LENS = (1024, 4096, 16384)
 # and a 2x step would move B_ver by a factor 2.
 DEFAULT_GRID = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 DEFAULT_EPS = 0.05
+
+# Sanity caps on the sweep's options, checked before any work (a typo such as a 400-digit
+# --kv must fail at once, not after the sweep).
+MAX_BATCH = 4096
+MAX_KV_LEN = 1 << 24
+MAX_GRID_POINT = 1 << 20
+MAX_EPS = 10.0

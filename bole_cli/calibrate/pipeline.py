@@ -11,13 +11,15 @@ imported at module level; the measured path imports bole_cli.runtime when it is 
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
-from bole_cli.calibrate.defaults import DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS
+from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID,
+                                        DEFAULT_KV_LENS, MAX_EPS)
 from bole_cli.errors import BoleError, InputError
 
 #: progress(total steps) -> a context whose value is called with each step's description.
@@ -29,12 +31,21 @@ def int_list_text(values: Sequence[int]) -> str:
     return ",".join(map(str, values))
 
 
-def check_out_path(path: Path, gpu_key: str, model_name: str) -> None:
-    """Refuse an --out that cannot take this profile before a sweep is spent on it."""
+def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--out",
+                   plot: bool = False) -> None:
+    """Refuse an --out that cannot take this profile (or its plot) before a sweep is spent
+    on it: a folder, the plot's name, an unwritable place, another model's profile."""
+    from bole_cli.console import check_writable
+
     if path.is_dir():
-        raise InputError(f"--out: {path} is a directory; give a .yaml file path")
+        raise InputError(f"{what}: {path} is a directory; give a .yaml file path")
     if path.suffix.lower() == ".png":
-        raise InputError(f"--out: {path} is the plot's name; give a .yaml file path")
+        raise InputError(f"{what}: {path} is the plot's name; give a .yaml file path")
+    check_writable(path, what)
+    if plot:
+        from bole_cli.calibrate.plot import plot_path_for
+
+        check_writable(plot_path_for(path), f"{what} (its plot)")
     if path.exists():
         from bole_cli.profiles import load_profile
 
@@ -131,7 +142,8 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
                      points: list[int], eps: float, out: Optional[Path] = None,
                      measure: bool = False, estimate: bool = False,
                      acceptance: str = DEFAULT_PRESET, repeats: int = 10, warmup: int = 3,
-                     layers_sample: Optional[int] = None, note: str = "") -> CalibrationPlan:
+                     layers_sample: Optional[int] = None, note: str = "",
+                     plot: bool = False) -> CalibrationPlan:
     """Check the request and choose the Forward: the runtime on the named GPU when it is
     present (or demanded with `measure`), else the roofline model."""
     from bole_cli.calibrate.acceptance import load_acceptance
@@ -140,8 +152,9 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     from bole_cli.catalog.models import resolve_model
     from bole_cli.profiles.io import profile_path, user_profiles_dir
 
-    if not eps > 0:
-        raise InputError(f"--eps: must be > 0, got {eps:g}")
+    if not (math.isfinite(eps) and 0 < eps <= MAX_EPS):
+        raise InputError(f"--eps: must be a number above 0 and at most {MAX_EPS:g}, "
+                         f"got {eps:g}")
     if measure and estimate:
         raise InputError("--measure and --estimate exclude each other")
     if repeats < 1 or warmup < 0:
@@ -156,7 +169,9 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
         raise InputError(f"--grid: no point reaches batch {unreachable[0]} (largest N is {max(points)}); "
                          "N counts tree tokens of the whole batch, at least one per request")
     path = Path(out) if out is not None else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name)
-    check_out_path(path, gpu_spec.key, model_spec.name)
+    check_out_path(path, gpu_spec.key, model_spec.name, plot=plot,
+                   what="--out" if out is not None else
+                   "the default profile (under $BOLE_CACHE_DIR or $XDG_CACHE_HOME)")
 
     detected, reason = device_for(gpu_spec, measure, estimate)
     if detected is not None:
@@ -202,32 +217,46 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
     when measuring), build and write the profile (keeping the file's kernels section),
     and plot it beside the profile."""
     from bole_cli.calibrate.sweep import build_profile, run_sweep, sweep_steps, write_profile
+    from bole_cli.interrupts import held, released
 
     forward = make_forward(plan)
     if announce is not None:
         announce(plan.label)
     steps = sweep_steps(plan.batches, plan.kvs, plan.points)
-    with (progress(steps) if plan.measured and progress else nullcontext()) as on_step:
-        sweep = run_sweep(forward, plan.batches, plan.kvs, plan.points, plan.timing,
-                          on_step=on_step)
-    if not sweep.curves:
-        why = sweep.failures[0] if sweep.failures else "interrupted"
-        raise BoleError(f"no configuration was measured ({why}); nothing written")
-    detected = plan.detected
-    profile, warnings = build_profile(
-        gpu_key=plan.gpu_spec.key, model_name=plan.model_spec.name,
-        kind="measured" if plan.measured else "estimated", sweep=sweep, grid=plan.points,
-        eps=plan.eps, acceptance=plan.acceptance,
-        device_name=(getattr(forward, "device_name", None)
-                     or (detected.name if detected else plan.gpu_spec.name)),
-        command=plan.command,
-        note="; ".join(x for x in ((plan.label if not plan.measured else ""), plan.note) if x),
-        extra_provenance=_provenance_extra(plan, forward))
-    profile = write_profile(plan.path, profile)  # as written: with the file's kernels section
+    sweep = None
+    with held() as section:  # after the sweep, Ctrl-C must not discard it: finish, then stop
+        try:
+            with released():  # ... but during the sweep it stops the sweep
+                with (progress(steps) if plan.measured and progress else nullcontext()) as on_step:
+                    sweep = run_sweep(forward, plan.batches, plan.kvs, plan.points,
+                                      plan.timing, on_step=on_step)
+        except KeyboardInterrupt:
+            if sweep is None:  # nothing measured yet
+                raise
+            sweep.interrupted = True  # e.g. while the progress bar closed
+        if not sweep.curves:
+            why = sweep.failures[0] if sweep.failures else "interrupted"
+            raise BoleError(f"no configuration was measured ({why}); nothing written")
+        detected = plan.detected
+        profile, warnings = build_profile(
+            gpu_key=plan.gpu_spec.key, model_name=plan.model_spec.name,
+            kind="measured" if plan.measured else "estimated", sweep=sweep, grid=plan.points,
+            eps=plan.eps, acceptance=plan.acceptance,
+            device_name=(getattr(forward, "device_name", None)
+                         or (detected.name if detected else plan.gpu_spec.name)),
+            command=plan.command,
+            note="; ".join(x for x in ((plan.label if not plan.measured else ""), plan.note)
+                           if x),
+            extra_provenance=_provenance_extra(plan, forward))
+        profile = write_profile(plan.path, profile)  # as written: with the file's kernels
+    interrupted = sweep.interrupted or section.interrupted
     plot_path = None
-    if plot:
+    if plot and not interrupted:
         from bole_cli.calibrate.plot import plot_path_for, plot_profile
 
-        plot_path = plot_profile(profile, plot_path_for(plan.path))
+        try:
+            plot_path = plot_profile(profile, plot_path_for(plan.path))
+        except KeyboardInterrupt:  # the profile is written; only the picture is lost
+            interrupted = True
     return CalibrationResult(path=plan.path, plot_path=plot_path, label=plan.label,
-                             warnings=warnings, profile=profile, interrupted=sweep.interrupted)
+                             warnings=warnings, profile=profile, interrupted=interrupted)

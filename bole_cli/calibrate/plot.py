@@ -14,22 +14,45 @@ def plot_path_for(profile_path: Path) -> Path:
     return profile_path.with_name(stem + ".png")
 
 
+def _ratio_scale(ratios: list, eps: float):
+    """A y scale, log of (ratio - base) with base just under the smallest ratio, so the
+    band 1.00 - 1 + eps where the knees sit gets as much room as 1.1 - 2, yet ratios of
+    10 still fit; and ticks for it."""
+    import numpy as np
+
+    eps = eps if eps > 0 else 0.05
+    base = min(min(ratios, default=1.0), 1.0) - eps
+
+    def forward(v):
+        return np.log(np.maximum(np.asarray(v, dtype=float) - base, 1e-9))
+
+    def inverse(v):
+        return np.exp(np.asarray(v, dtype=float)) + base
+
+    top = max(ratios, default=2.0)
+    candidates = (1.0, 1 + eps / 2, 1 + eps, 1.1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100)
+    ticks = [t for t in candidates if base < t <= top * 1.05] or [1.0]
+    return forward, inverse, sorted(set(round(t, 4) for t in ticks))
+
+
 def plot_profile(profile: dict, path: "str | os.PathLike[str]") -> Path:
     """One panel per KV bucket, one line per batch size; a circle marks B_ver (the knee
     of Eq. 12), a star N*, the dashed line the (1 + eps) threshold. Saved atomically."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     from bole_cli.console import save_figure
 
     configs = profile.get("configs") or []
     kvs = sorted({c["kv_len"] for c in configs}) or [0]
     batches = sorted({c["batch"] for c in configs})
-    fig = Figure(figsize=(4.2 * len(kvs), 3.8))
+    fig = Figure(figsize=(4.2 * len(kvs) + 1.6, 3.8), layout="constrained")
     axes = fig.subplots(1, len(kvs), sharey=True, squeeze=False)[0]
     colors = {b: f"C{i % 10}" for i, b in enumerate(batches)}
     eps = float(profile.get("eps", 0.05))
+    ratios = [t / c["t_dec"] for c in configs for t in c["t_ver"]]
+    forward, inverse, ticks = _ratio_scale(ratios, eps)
     for ax, kv in zip(axes, kvs):
         for cfg in sorted((c for c in configs if c["kv_len"] == kv), key=lambda c: c["batch"]):
             ratio = [t / cfg["t_dec"] for t in cfg["t_ver"]]
@@ -42,9 +65,10 @@ def plot_profile(profile: dict, path: "str | os.PathLike[str]") -> Path:
                 ax.plot([cfg["n_star"]], [ratio[j]], "*", color=color, ms=10)
         ax.axhline(1 + eps, ls="--", color="0.4", lw=1)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
+        ax.set_yscale("function", functions=(forward, inverse))
         plain = FuncFormatter(lambda v, _pos: f"{v:g}")
         ax.xaxis.set_major_formatter(plain)
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("tree tokens N (whole batch)")
@@ -55,11 +79,12 @@ def plot_profile(profile: dict, path: "str | os.PathLike[str]") -> Path:
     handles += [Line2D([], [], marker="o", ls="", mfc="none", color="0.3", label="B_ver (Eq. 12)"),
                 Line2D([], [], marker="*", ls="", color="0.3", ms=10, label="N* (throughput)"),
                 Line2D([], [], ls="--", color="0.4", label=f"1 + eps = {1 + eps:g}")]
-    axes[-1].legend(handles=handles, fontsize=7, loc="upper left")
+    fig.legend(handles=handles, fontsize=7, loc="outside right upper")  # off the data
     prov = profile.get("provenance", {})
     kind = prov.get("kind", "?")
     label = "ESTIMATED (roofline model)" if kind == "estimated" else f"measured on {prov.get('device_name')}"
     if prov.get("partial"):
         label += ", PARTIAL"
-    fig.suptitle(f"{profile.get('model')} on {profile.get('gpu')}: {label}", fontsize=10)
+    fig.suptitle(f"{profile.get('model')} on {profile.get('gpu')}: {label}", fontsize=10,
+                 parse_math=False)
     return save_figure(fig, path)

@@ -213,18 +213,45 @@ def resolve_model(name_or_path: "str | os.PathLike[str]") -> ModelSpec:
     if spec is not None:
         return spec
     path = Path(text).expanduser()
-    if text.strip() and path.exists():
+    try:
+        exists = bool(text.strip()) and path.exists()
+    except OSError:  # e.g. a name too long for the file system: not a path then
+        exists = False
+    if exists:
         return load_hf_config(path)
+    from bole_cli.errors import brief
+
     if text.endswith(".json") or text.startswith((".", "/", "~")):
-        raise InputError(f"model config not found: {text}")
+        raise InputError(f"model config not found: {brief(text, 200)}")
     aliases = ", ".join(f"{s.short_name} ({'/'.join(s.aliases)})" for s in CATALOGUE)
-    raise InputError(f"unknown model {text!r}; known: {aliases}; "
+    raise InputError(f"unknown model {brief(text)}; known: {aliases}; "
                      "or give the path of a Hugging Face config.json")
 
 
 # ---- Hugging Face config.json ----------------------------------------------------------
 
 _LAYER_TYPES = {"linear_attention", "full_attention"}
+#: Sanity caps on config.json integers: real models are far below them, and a typo such
+#: as 10**18 layers must fail at once rather than hang the per-layer loops.
+MAX_MODEL_LAYERS = 4096
+MAX_CONFIG_INT = 1 << 32
+#: Fields only a Gated-DeltaNet hybrid config has.
+_GDN_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+               "linear_value_head_dim")
+
+
+def _check_hybrid(f: "_Fields", file: Path) -> None:
+    """A config without any Gated DeltaNet field is another architecture: say so, rather
+    than name the first missing linear_* field."""
+    found, types, _ = f._lookup("layer_types")
+    if any(f.has(k) for k in _GDN_FIELDS):
+        return
+    if found and isinstance(types, list) and "linear_attention" in types:
+        return
+    kind = f.top.get("model_type")
+    what = f" ({kind})" if isinstance(kind, str) and len(kind) < 40 else ""
+    raise InputError(f"{file}: not a hybrid GDN model{what}: it has no Gated DeltaNet "
+                     "(linear_attention) layers")
 
 
 class _Fields:
@@ -250,7 +277,8 @@ class _Fields:
         found, value, _ = self._lookup(key)
         return found and value is not None
 
-    def get_int(self, key: str, default: Optional[int] = None, *, minimum: int = 1) -> int:
+    def get_int(self, key: str, default: Optional[int] = None, *, minimum: int = 1,
+                maximum: int = MAX_CONFIG_INT) -> int:
         found, value, where = self._lookup(key)
         if not found or value is None:
             if default is None:
@@ -261,6 +289,9 @@ class _Fields:
                              f"got {json.dumps(value)}")
         if value < minimum:
             raise InputError(f"{self.path}: field '{where}' must be >= {minimum}, got {value}")
+        if value > maximum:
+            raise InputError(f"{self.path}: field '{where}' is {value}, more than "
+                             f"{maximum:,}; is the config right?")
         return value
 
     def get_bool(self, key: str, default: bool) -> bool:
@@ -314,24 +345,23 @@ def load_hf_config(path: "str | os.PathLike[str]") -> ModelSpec:
     e.g. ``tie_word_embeddings``). A missing or wrong-typed required field raises
     InputError naming the field and the file.
     """
+    from bole_cli.files import parse_json, read_text
+
     file = _config_file(Path(path).expanduser())
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{file}: not a UTF-8 text file ({exc.reason})") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: "
-                         f"{exc.msg}") from None
-    except OSError as exc:
-        raise InputError(f"{file}: cannot read ({exc.strerror or exc})") from None
+    data = parse_json(read_text(file), str(file))
     if not isinstance(data, dict):
         raise InputError(f"{file}: expected a JSON object, got {type(data).__name__}")
     f = _Fields(data, file)
 
-    layers = f.get_int("num_hidden_layers")
+    layers = f.get_int("num_hidden_layers", maximum=MAX_MODEL_LAYERS)
+    _check_hybrid(f, file)
     hidden = f.get_int("hidden_size")
     attn_heads = f.get_int("num_attention_heads")
     kv_heads = f.get_int("num_key_value_heads")
+    if not f.has("head_dim") and hidden < attn_heads:
+        raise InputError(f"{file}: field 'hidden_size' ({hidden}) is below "
+                         f"'num_attention_heads' ({attn_heads}), so head_dim would be 0; "
+                         "give 'head_dim'")
     head_dim = f.get_int("head_dim", default=hidden // attn_heads)
     key_heads = f.get_int("linear_num_key_heads")
     value_heads = f.get_int("linear_num_value_heads")
@@ -350,6 +380,9 @@ def load_hf_config(path: "str | os.PathLike[str]") -> ModelSpec:
         interval = f.get_int("full_attention_interval")
     else:
         interval = _regular_interval(full_ids, layers)
+    if (len(full_ids) if full_ids is not None else layers // interval) >= layers:
+        raise InputError(f"{file}: not a hybrid GDN model (every one of its {layers} layers "
+                         "is full attention; Bole needs Gated DeltaNet layers)")
 
     experts = f.get_int("num_experts", default=0, minimum=0)
     if experts:

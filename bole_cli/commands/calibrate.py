@@ -9,31 +9,23 @@ options, shows the progress and renders the summary table.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import ContextManager, Optional
 
 import typer
 
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
-from bole_cli.calibrate.defaults import DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS
+from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID,
+                                        DEFAULT_KV_LENS, MAX_BATCH, MAX_GRID_POINT, MAX_KV_LEN)
 from bole_cli.calibrate.pipeline import int_list_text
 from bole_cli.parsing import parse_int_list
 
 
-@contextmanager
-def _progress(total: int) -> Iterator:
+def _progress(total: int) -> ContextManager:
     """A progress bar on stderr for the measured sweep; yields the per-step callback."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from bole_cli.console import progress_bar
 
-    from bole_cli.console import err
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=err,
-                  transient=True) as progress:
-        task = progress.add_task("calibrating", total=total)
-        yield lambda d: progress.update(task, advance=1, description=d)
+    return progress_bar(total, "calibrating")
 
 
 def _ms(seconds: float) -> str:
@@ -78,12 +70,14 @@ def calibrate(
                               help="Catalogue model (9b, Qwen/Qwen3.5-27B, ...) or a config.json."),
     batch: str = typer.Option(int_list_text(DEFAULT_BATCHES), "--batch", help="Batch sizes, comma-separated."),
     kv: str = typer.Option(int_list_text(DEFAULT_KV_LENS), "--kv", help="KV-length buckets, comma-separated."),
-    grid: str = typer.Option(int_list_text(DEFAULT_GRID), "--grid",
-                             help="Tree-token budgets N (whole batch) to time, comma-separated."),
+    grid: str = typer.Option(int_list_text(DEFAULT_GRID), "--grid", show_default=False,
+                             help="Tree-token budgets N (whole batch) to time, comma-separated. "
+                                  f"\\[default: {', '.join(map(str, DEFAULT_GRID))}]"),
     eps: float = typer.Option(DEFAULT_EPS, "--eps", help="Eq. 12 tolerance: T_ver <= (1+eps) T_dec."),
     out: Optional[Path] = typer.Option(
         None, "--out",
-        help="Profile to write (default: $XDG_CACHE_HOME/bole/profiles/<gpu>/<model>.yaml)."),
+        help="Profile to write. Default: <gpu>/<model>.yaml in the cache's profiles folder "
+             "(the cache: $BOLE_CACHE_DIR, else $XDG_CACHE_HOME/bole, else ~/.cache/bole)."),
     measure_: bool = typer.Option(False, "--measure",
                                   help="Demand a measurement; error unless the named GPU is present."),
     estimate: bool = typer.Option(False, "--estimate",
@@ -107,10 +101,11 @@ def calibrate(
     from bole_cli.console import emit_json, err, out as console
 
     plan = plan_calibration(
-        gpu=gpu, model=model, batches=parse_int_list(batch, "--batch"),
-        kvs=parse_int_list(kv, "--kv"), points=parse_int_list(grid, "--grid"), eps=eps, out=out,
+        gpu=gpu, model=model, batches=parse_int_list(batch, "--batch", maximum=MAX_BATCH),
+        kvs=parse_int_list(kv, "--kv", maximum=MAX_KV_LEN),
+        points=parse_int_list(grid, "--grid", maximum=MAX_GRID_POINT), eps=eps, out=out,
         measure=measure_, estimate=estimate, acceptance=acceptance, repeats=repeats,
-        warmup=warmup, layers_sample=layers_sample, note=note)
+        warmup=warmup, layers_sample=layers_sample, note=note, plot=plot)
     if plan.measured and plan.detected.mismatch:
         err.print(f"[yellow]note:[/] {escape(plan.detected.mismatch)}")
 
@@ -127,12 +122,14 @@ def calibrate(
         title = f"{plan.model_spec.name} on {plan.gpu_spec.name}, bf16"
         console.print(_table(result.profile, escape(title)))
         for w in result.warnings:
-            err.print(f"[yellow]warning:[/] {escape(w)}")
+            err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
         console.print(f"profile: {escape(str(result.path))}")
         if result.plot_path:
             console.print(f"plot:    {escape(str(result.plot_path))}")
     if result.interrupted:
-        err.print(f"[yellow]interrupted:[/] partial profile written to {escape(str(result.path))}")
+        partial = (result.profile.get("provenance") or {}).get("partial")
+        err.print(f"[yellow]interrupted:[/] {'partial ' if partial else ''}profile written to "
+                  f"{escape(str(result.path))}", soft_wrap=True)
         raise typer.Exit(130)
 
 

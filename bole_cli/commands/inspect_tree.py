@@ -7,7 +7,6 @@ at module level so `bole --help` stays instant.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -17,11 +16,11 @@ def register(app: typer.Typer) -> None:
 
 
 def inspect_tree(
-    tree_file: Optional[Path] = typer.Argument(
+    tree_file: Optional[str] = typer.Argument(
         None, metavar="TREE_FILE", show_default=False,
         help="Tree file, JSON or YAML: 'parents' plus 'probs' or 'log_probs', optional "
              "'tokens' (ids or strings); a list of such trees is a batch."),
-    sglang: Optional[Path] = typer.Option(
+    sglang: Optional[str] = typer.Option(
         None, "--sglang", metavar="FILE", show_default=False,
         help="SGLang arrays instead: retrive_next_token, retrive_next_sibling and 'probs' "
              "or 'log_probs' (1-D for one request, \\[bs, n] for a batch)."),
@@ -59,7 +58,7 @@ def inspect_tree(
     state_dtype: Optional[str] = typer.Option(
         None, "--state-dtype", show_default=False,
         help="With --model: recurrent state dtype, float32 or bfloat16. \\[default: float32]"),
-    plot: Optional[Path] = typer.Option(
+    plot: Optional[str] = typer.Option(
         None, "--plot", metavar="FILE.png", show_default=False,
         help="Draw the tree(s) to FILE (.png, .svg or .pdf); pruned nodes are grey."),
     json_out: bool = typer.Option(False, "--json", help="Print everything as JSON."),
@@ -95,12 +94,13 @@ def _render(trees, report, selection, memory) -> None:
 
     src = report["source"]
     if src["kind"] == "synthetic":
-        what = (f"synthetic EAGLE-style beam: depth {src['depth']}, top-k {src['topk']}, "
-                f"seed {src['seed']}")
+        what = (f"synthetic EAGLE-style beam: depth {src['depth']} below the verified token "
+                f"\\[0], top-k {src['topk']}, seed {src['seed']}")
     else:
         what = f"{'SGLang arrays' if src['kind'] == 'sglang' else 'tree file'} {src['path']}"
     s = report["summary"]
-    out.print(f"[bold]{what}[/]: {s['requests']} request(s), {s['nodes']} nodes")
+    reqs = f"{s['requests']} request{'s' if s['requests'] != 1 else ''}"
+    out.print(f"[bold]{what}[/]: {reqs}, {s['nodes']} nodes")
 
     for r, t in zip(report["requests"], trees):
         title = f"[bold]request {r['index']}[/] [dim](committed prefix)[/]"
@@ -109,7 +109,7 @@ def _render(trees, report, selection, memory) -> None:
     table = Table(title="Summary", title_justify="left", show_edge=False)
     table.add_column("request", justify="right")
     table.add_column("nodes", justify="right")
-    table.add_column("depth", justify="right")
+    table.add_column("levels", justify="right")
     table.add_column("width per level", overflow="fold", min_width=12)
     table.add_column("exp. acc.", justify="right")
     if selection:
@@ -129,8 +129,9 @@ def _render(trees, report, selection, memory) -> None:
             cells += [str(s["kept_nodes"]), f"{s['expected_accepted_budget']:.3f}"]
         table.add_row(*cells, style="bold")
     out.print(table)
-    out.print("[dim]exp. acc. (expected accepted tokens) = sum of rho over the nodes: the tokens a verify is "
-              "expected to emit when rho is the acceptance probability.[/]")
+    out.print("[dim]levels: nodes on the longest root path. exp. acc. (expected accepted "
+              "tokens) = sum of rho over the nodes: the tokens a verify is expected to emit "
+              "when rho is the acceptance probability.[/]")
     if selection:
         full, kept = s["expected_accepted"], s["expected_accepted_budget"]
         share = kept / full if full else 1.0
@@ -156,9 +157,11 @@ def _render_memory(m) -> None:
     from bole_cli.console import out
     from bole_cli.memory import format_bytes
 
-    table = Table(title=(f"Transient verify memory: {m.model}, batch {m.batch} x {m.nodes} "
-                         f"nodes, {m.state_dtype} state, {m.gdn_layers} GDN layers"),
-                  title_justify="left", show_edge=False)
+    out.print(f"[bold]Transient verify memory[/]: {m.model}")
+    out.print(f"{m.batch} request{'s' if m.batch != 1 else ''} in flight, each verifying "
+              f"up to {m.nodes} node{'s' if m.nodes != 1 else ''} (SGLang sizes every "
+              f"slot for that many), {m.state_dtype} state, {m.gdn_layers} GDN layers")
+    table = Table(show_edge=False)
     table.add_column("")
     table.add_column("SGLang snapshots", justify="right")
     table.add_column("Bole factors", justify="right")

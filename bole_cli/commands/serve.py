@@ -36,8 +36,8 @@ def _panel(result: dict) -> Any:
 
     s = result["settings"]
     t = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
-    t.add_column(style="bold")
-    t.add_column()
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(overflow="fold")  # a long profile path wraps, never ends in "..."
     alg = s["algorithm"] + (" (the model's MTP head)" if s["algorithm"] == "NEXTN"
                             else f" (draft model {s['draft_model']})")
     rows = [
@@ -48,7 +48,8 @@ def _panel(result: dict) -> Any:
                    + (f"; N* {s['n_star']}" if s.get("n_star") else "")),
         ("algorithm", alg),
         ("draft tree", f"depth {s['num_steps']}, top-k {s['eagle_topk']} ({s['tree_source']})"),
-        ("draft tokens", f"{s['num_draft_tokens']} per request x {s['max_running_requests']} requests"),
+        ("draft tokens", f"{s['num_draft_tokens']} per request x {s['max_running_requests']} "
+                         f"request{'s' if s['max_running_requests'] != 1 else ''}"),
     ]
     mem = result.get("memory")
     if mem:

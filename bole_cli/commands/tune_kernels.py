@@ -60,9 +60,10 @@ def tune_kernels(
     kernels: str = typer.Option(DEFAULT_KERNELS, "--kernels", help="Kernels to tune, comma-separated."),
     profile: Optional[Path] = typer.Option(
         None, "--profile",
-        help="Profile to write (default: $XDG_CACHE_HOME/bole/profiles/<gpu>/kernels.yaml)."),
+        help="Profile to write. Default: <gpu>/kernels.yaml in the cache's profiles folder "
+             "(the cache: $BOLE_CACHE_DIR, else $XDG_CACHE_HOME/bole, else ~/.cache/bole)."),
     study_db: Optional[Path] = typer.Option(
-        None, "--study-db", help="Optuna storage (default: $XDG_CACHE_HOME/bole/tune/studies.sqlite3)."),
+        None, "--study-db", help="Optuna storage. Default: tune/studies.sqlite3 in the cache."),
     fresh: bool = typer.Option(False, "--fresh", help="Discard earlier studies of these buckets."),
     max_minutes: Optional[float] = typer.Option(
         None, "--max-minutes", help="Time budget; shared out over the buckets (each keeps its default)."),
@@ -94,6 +95,12 @@ def tune_kernels(
         raise InputError(f"--max-minutes: must be > 0, got {max_minutes:g}")
     if sample < 1:
         raise InputError(f"--sample: must be >= 1, got {sample}")
+    if not dry_run:
+        from bole_cli.console import check_writable
+
+        for flag, path in (("--profile", profile), ("--report", report)):
+            if path is not None:
+                check_writable(path, flag)
     if dry_run:
         if report is not None:
             raise InputError("--report: only a real tuning run writes a report; drop it with --dry-run")

@@ -80,21 +80,28 @@ def plot_trees(trees: Sequence, selection: Any, path: Path) -> Path:
                    for r, k in zip(t.rho, kept)]
         ax.scatter(x, y, s=120 if small else 40, c=colours, zorder=3,
                    edgecolors=["black" if k else "0.6" for k in kept], linewidths=0.6)
-        if small:
-            for i in range(t.n_nodes):
+        for i in range(t.n_nodes):  # node ids, as in the text tree ([i])
+            if small:
                 ax.annotate(str(i), (x[i], y[i]), ha="center", va="center", fontsize=6,
-                            color="white" if kept[i] and t.rho[i] < 0.3 else "black", zorder=4)
-                if t.tokens is not None:
-                    tok = t.tokens[i]
-                    ax.annotate(str(tok) if isinstance(tok, int) else repr(tok), (x[i], y[i]),
-                                textcoords="offset points", xytext=(0, -11), ha="center",
-                                fontsize=6, color="black" if kept[i] else "0.6")
-        title = (f"request {b}: {t.n_nodes} nodes, depth {t.depth}\n"
+                            color="white" if kept[i] and t.rho[i] < 0.3 else "black",
+                            zorder=4)
+            else:  # too small a marker to hold the id: write it above
+                ax.annotate(str(i), (x[i], y[i]), textcoords="offset points", xytext=(0, 5),
+                            ha="center", fontsize=4, color="black" if kept[i] else "0.6",
+                            zorder=4)
+            if small and t.tokens is not None:
+                tok = t.tokens[i]
+                # parse_math=False: a token such as "$$" is text, not matplotlib math
+                ax.annotate(str(tok) if isinstance(tok, int) else repr(tok), (x[i], y[i]),
+                            textcoords="offset points", xytext=(0, -11), ha="center",
+                            fontsize=6, color="black" if kept[i] else "0.6",
+                            parse_math=False)
+        title = (f"request {b}: {t.n_nodes} nodes, {t.depth} levels\n"
                  f"expected accepted {t.expected_accepted():.2f}")
         if selection:
             title += (f" -> {selection.expected_accepted[b]:.2f} "
                       f"keeping {len(selection.kept_ids[b])}")
-        ax.set_title(title, fontsize=9, loc="left")
+        ax.set_title(title, fontsize=9, loc="left", parse_math=False)
         ax.set_yticks([-d for d in range(0, t.depth + 1)])
         ax.set_yticklabels(["prefix"] + [str(d) for d in range(1, t.depth + 1)], fontsize=7)
         ax.set_ylabel("depth", fontsize=8)

@@ -17,6 +17,7 @@ from bole_cli.errors import InputError
 
 MASK_MAX_NODES = 32  # the ancestor mask is reported for trees up to this size
 SYNTHETIC_DEFAULTS = {"depth": 8, "topk": 4, "seed": 0, "requests": 1}
+MAX_REQUESTS = 4096  # a batch of trees; far above any server's running requests
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,15 @@ class TreeInspection:
     selection: Any
     memory: Any
     report: dict
+
+
+def _as_path(value: "str | Path | None", flag: str) -> Optional[Path]:
+    """Path(value), refusing "" (which Path would read as the current directory)."""
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise InputError(f"{flag}: an empty path was given; name a file")
+    return Path(value)
 
 
 def check_options(*, tree_file: Optional[Path], sglang: Optional[Path], synthetic: bool,
@@ -53,6 +63,10 @@ def check_options(*, tree_file: Optional[Path], sglang: Optional[Path], syntheti
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise InputError(f"--plot {plot}: unsupported file type {plot.suffix or '(none)'!r}; "
                          "use .png, .svg or .pdf")
+    if plot is not None:
+        from bole_cli.console import check_writable
+
+        check_writable(plot, "--plot")
 
 
 def load_source(tree_file: Optional[Path], sglang: Optional[Path], *, depth: Optional[int] = None,
@@ -67,8 +81,8 @@ def load_source(tree_file: Optional[Path], sglang: Optional[Path], *, depth: Opt
         return T.load_sglang(sglang), {"kind": "sglang", "path": str(sglang)}
     given = {"depth": depth, "topk": topk, "seed": seed, "requests": requests}
     opts = {k: SYNTHETIC_DEFAULTS[k] if v is None else v for k, v in given.items()}
-    if opts["requests"] < 1:
-        raise InputError(f"--requests must be >= 1, got {opts['requests']}")
+    if not 1 <= opts["requests"] <= MAX_REQUESTS:
+        raise InputError(f"--requests must be 1 to {MAX_REQUESTS}, got {opts['requests']}")
     try:
         trees = [T.beam_tree(opts["depth"], opts["topk"], opts["seed"] + r)
                  for r in range(opts["requests"])]
@@ -134,6 +148,8 @@ def inspect_trees(*, tree_file: Optional[Path] = None, sglang: Optional[Path] = 
                   nodes: Optional[int] = None, state_dtype: Optional[str] = None,
                   plot: Optional[Path] = None) -> TreeInspection:
     """Everything `bole inspect-tree` shows, checked, computed and (with `plot`) drawn."""
+    tree_file, sglang, plot = (_as_path(tree_file, "TREE_FILE"), _as_path(sglang, "--sglang"),
+                               _as_path(plot, "--plot"))
     check_options(tree_file=tree_file, sglang=sglang, synthetic=synthetic,
                   synthetic_options={"--depth": depth, "--topk": topk, "--seed": seed,
                                      "--requests": requests},
@@ -156,6 +172,9 @@ def inspect_trees(*, tree_file: Optional[Path] = None, sglang: Optional[Path] = 
         from bole_cli.catalog.models import resolve_model
         from bole_cli.memory import transient_memory
 
+        for flag, value in (("--batch", batch), ("--nodes", nodes)):
+            if value is not None and value < 1:
+                raise InputError(f"{flag} must be >= 1, got {value}")
         spec = resolve_model(model)
         if nodes is None:
             sizes = selection.forest.sizes if selection else [t.n_nodes for t in trees]

@@ -73,23 +73,19 @@ def dump_profile(data: dict) -> str:
 
 
 def parse_profile(text: str, source: str) -> dict:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(f"{source}: not valid YAML: {exc}") from None
-    return validate_profile(data, source)
+    from bole_cli.files import parse_yaml
+
+    return validate_profile(parse_yaml(text, source), source)
 
 
 def load_profile(path: "str | os.PathLike[str]") -> dict:
     """Read and validate a profile; InputError names the file and the field at fault."""
+    from bole_cli.files import read_text
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such profile") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({exc})") from None
-    return parse_profile(text, str(path))
+    if str(path) and not os.path.lexists(path):
+        raise InputError(f"{path}: no such profile")
+    return parse_profile(read_text(path), str(path))
 
 
 def save_profile(path: "str | os.PathLike[str]", data: dict) -> Path:
@@ -101,7 +97,12 @@ def save_profile(path: "str | os.PathLike[str]", data: dict) -> Path:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Serialise read-modify-write cycles on one directory (POSIX; a no-op elsewhere)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from bole_cli.errors import BoleError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BoleError(f"cannot write {path} ({exc.strerror or exc})") from None
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from bole_cli.errors import InputError
+from bole_cli.errors import InputError, brief
 
 PROFILE_VERSION = 1
 KINDS = ("measured", "estimated")
@@ -89,19 +89,21 @@ class _Checker:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(where, f"expected an integer, got {_kind(value)}")
         if value < minimum:
-            raise self.fail(where, f"expected an integer >= {minimum}, got {value}")
+            raise self.fail(where, f"expected an integer >= {minimum}, got {brief(value)}")
         return value
 
     def number(self, value: Any, where: str, *, positive: bool = True) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(where, f"expected a number, got {_kind(value)}")
+        if not _finite(value):
+            raise self.fail(where, f"expected a finite number, got {brief(value)}")
         if positive and value <= 0:
             raise self.fail(where, f"expected a number > 0, got {value}")
         return float(value)
 
     def numbers(self, value: Any, where: str) -> list[float]:
         if not isinstance(value, list) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+            isinstance(x, (int, float)) and not isinstance(x, bool) and _finite(x) and x > 0
             for x in value
         ):
             raise self.fail(where, "expected a list of numbers")
@@ -117,6 +119,14 @@ class _Checker:
         if increasing and any(b <= a for a, b in zip(value, value[1:])):
             raise self.fail(where, "expected strictly increasing values")
         return list(value)
+
+
+def _finite(value: "int | float") -> bool:
+    """math.isfinite, but False (not OverflowError) for an int beyond float range."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _kind(value: Any) -> str:

@@ -6,7 +6,6 @@ file, the tree or request, and the node or field.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence, Union
@@ -17,6 +16,8 @@ from bole_cli.trees.tree import ProposalTree
 from bole_cli.trees.values import as_list
 
 
+#: Trees one file may hold (a batch): far above any server's running requests.
+MAX_BATCH_TREES = 4096
 _TREE_KEYS = ("parents", "probs", "log_probs", "tokens")
 _SGLANG_KEYS = ("retrive_next_token", "retrive_next_sibling", "probs", "log_probs",
                 "tokens", "draft_token")
@@ -62,6 +63,8 @@ def parse_trees(data: Any, source: str = "input") -> list[ProposalTree]:
     if isinstance(data, list):
         if not data:
             raise InputError(f"{source}: the list of trees is empty")
+        if len(data) > MAX_BATCH_TREES:
+            raise InputError(f"{source}: {len(data)} trees; at most {MAX_BATCH_TREES} in a batch")
         return [_prefixed(f"{source}: tree {b}", _tree_from_mapping, d)
                 for b, d in enumerate(data)]
     raise InputError(f"{source}: expected a tree (mapping) or a list of trees, "
@@ -69,25 +72,9 @@ def parse_trees(data: Any, source: str = "input") -> list[ProposalTree]:
 
 
 def _read_structured(path: Union[str, os.PathLike]) -> Any:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({type(exc).__name__})") from None
-    if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    import yaml
+    from bole_cli.files import load_structured
 
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "parse error"
-        raise InputError(f"{path}: not valid YAML ({first})") from None
+    return load_structured(path)
 
 
 def load_trees(path: Union[str, os.PathLike]) -> list[ProposalTree]:
@@ -145,6 +132,8 @@ def load_sglang(path: Union[str, os.PathLike]) -> list[ProposalTree]:
     if isinstance(data, list):
         if not data:
             raise InputError(f"{source}: the list of requests is empty")
+        if len(data) > MAX_BATCH_TREES:
+            raise InputError(f"{source}: {len(data)} requests; at most {MAX_BATCH_TREES}")
         out: list[ProposalTree] = []
         for b, d in enumerate(data):
             out.extend(_prefixed(f"{source}: request {b}", _sglang_from_mapping, d))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from bole_cli.errors import InputError
+from bole_cli.errors import InputError, brief
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.trees.tree import ProposalTree
 from bole_cli.trees.values import as_list, is_int
@@ -69,9 +69,9 @@ def retrieve_parent_token(retrive_next_token: Any, retrive_next_sibling: Any) ->
     for name, arr in (("retrive_next_token", nt), ("retrive_next_sibling", ns)):
         for i, x in enumerate(arr):
             if not is_int(x):
-                raise InputError(f"{name}[{i}]: {x!r} is not an integer")
+                raise InputError(f"{name}[{i}]: {brief(x)} is not an integer")
             if x < -1 or x >= n:
-                raise InputError(f"{name}[{i}]: {x} is out of range (-1 to {n - 1})")
+                raise InputError(f"{name}[{i}]: {brief(x)} is out of range (-1 to {n - 1})")
     if ns[0] != -1:
         raise InputError("retrive_next_sibling[0]: node 0 (the last verified token) is the "
                          f"single root and cannot have a sibling, got {ns[0]}")

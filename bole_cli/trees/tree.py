@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from bole_cli.errors import InputError
+from bole_cli.errors import InputError, brief
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.trees.values import as_list, check_log_prob, is_int, prob_to_log
 
@@ -54,9 +54,9 @@ class ProposalTree:
             raise InputError(f"'log_probs' has {len(log_probs)} entries but 'parents' has {n}")
         for i, p in enumerate(parents):
             if not is_int(p):
-                raise InputError(f"node {i}: parent {p!r} is not an integer")
+                raise InputError(f"node {i}: parent {brief(p)} is not an integer")
             if p < -1 or p >= n:
-                raise InputError(f"node {i}: parent {p} is out of range (-1 to {n - 1})")
+                raise InputError(f"node {i}: parent {brief(p)} is out of range (-1 to {n - 1})")
         _check_no_cycle(parents)
         for i, p in enumerate(parents):
             if p >= i:
@@ -69,7 +69,7 @@ class ProposalTree:
                 raise InputError(f"'tokens' has {len(tokens)} entries but 'parents' has {n}")
             for i, t in enumerate(tokens):
                 if not (is_int(t) or isinstance(t, str)):
-                    raise InputError(f"node {i}: token {t!r} must be an id (integer) or a string")
+                    raise InputError(f"node {i}: token {brief(t)} must be an id (integer) or a string")
             tokens = tuple(tokens)
 
         depths = [0] * n

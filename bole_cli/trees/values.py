@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bole_cli.errors import InputError
+from bole_cli.errors import InputError, brief
 
 
 def as_list(values: Any, what: str) -> list:
@@ -31,8 +31,11 @@ def is_number(x: Any) -> bool:
 
 def _as_float(i: int, x: Any, what: str) -> float:
     if not is_number(x):
-        raise InputError(f"node {i}: {what} {x!r} is not a number")
-    x = float(x)
+        raise InputError(f"node {i}: {what} {brief(x)} is not a number")
+    try:
+        x = float(x)
+    except OverflowError:  # an int beyond float range
+        raise InputError(f"node {i}: {what} {brief(x)} is out of range") from None
     if math.isnan(x):
         raise InputError(f"node {i}: {what} is NaN")
     return x

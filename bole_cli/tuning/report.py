@@ -21,7 +21,7 @@ def space_table(rows: list[dict]):
     short = {"num_warps": "warps", "num_stages": "stages"}
     t = Table(title="search space per kernel and model shape", title_justify="left", box=box.SIMPLE_HEAD)
     t.add_column("kernel", no_wrap=True)
-    t.add_column("shape / models")
+    t.add_column("shape / models", overflow="fold")  # the shape key wraps, never "..."
     t.add_column("values", no_wrap=True)
     t.add_column("configs", justify="right")
     t.add_column("built-in (first bucket)")
@@ -39,7 +39,7 @@ def check_table(rows: list[dict]):
 
     t = Table(title="sampled candidates vs the float64 reference", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("kernel", "config", "result", "rel. err"):
-        t.add_column(col, justify="right" if col == "rel. err" else "left")
+        t.add_column(col, justify="right" if col == "rel. err" else "left", overflow="fold")
     for r in rows:
         result = "[green]ok[/]" if r["ok"] else f"[red]{r['outcome']}[/]: {r['reason']}"
         err = f"{r['error']:.1e}" if r.get("error") is not None else "-"
@@ -58,7 +58,8 @@ def result_table(results, device: str, triton_version: str):
               caption="us: median microseconds per launch (CUDA graph, rotating inputs). The built-in config "
                       "is kept unless the best beats it by 2% when re-timed side by side.")
     for col in ("kernel", "shape", "batch", "nodes", "best config", "us", "default us", "speedup", "trials"):
-        t.add_column(col, justify="left" if col in ("kernel", "shape", "best config") else "right")
+        t.add_column(col, justify="left" if col in ("kernel", "shape", "best config") else "right",
+                     overflow="fold")
     for r in results:
         b = r.bucket
         if r.failed:

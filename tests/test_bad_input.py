@@ -1,0 +1,353 @@
+"""Issue 18: every bad input is one short stderr line naming the field or file, exit 2,
+within a second, checked before any long work (bole_cli.files, the validators, the
+option checks). Hostile files: YAML alias bombs, huge or deep numbers, FIFOs, devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from bole_cli import cli, files
+from bole_cli.errors import BoleError, InputError
+
+try:  # click < 8.2 mixes stderr into stdout unless told not to
+    runner = CliRunner(mix_stderr=False)
+except TypeError:
+    runner = CliRunner()
+
+DATA = Path(__file__).parent / "data"
+CONFIG_9B = DATA / "configs" / "qwen3_5_9b.json"
+LIMIT_S = 1.0
+BOMB = ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+        "b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+        "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+        "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+        "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
+        "f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n")
+
+
+def bad(*args: str, culprit: str, code: int = 2, env: dict | None = None) -> str:
+    """Run `bole ARGS` in-process: exit `code`, one stderr line (short, no traceback)
+    naming `culprit`, within LIMIT_S. Returns the line."""
+    start = time.perf_counter()
+    r = runner.invoke(cli.app, list(args), env=env)
+    took = time.perf_counter() - start
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == code, (r.exit_code, r.stderr, r.stdout)
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr and len(lines[0]) <= cli.MAX_ERROR_CHARS + 20
+    assert culprit in lines[0], lines[0]
+    assert took < LIMIT_S, f"{took:.2f} s"
+    return lines[0]
+
+
+def tree_file(tmp_path: Path, text: str, name: str = "t.yaml") -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+# ---- YAML alias bombs --------------------------------------------------------------------
+@pytest.mark.parametrize("field", ["parents", "tokens", "log_probs"])
+def test_alias_bomb_in_a_tree_field(tmp_path, field):
+    fields = {"parents": "[-1, 0]", "log_probs": "[-0.1, -0.2]", "tokens": "[1, 2]"}
+    fields[field] = "*f"
+    text = BOMB + "".join(f"{k}: {v}\n" for k, v in fields.items())
+    line = bad("inspect-tree", tree_file(tmp_path, text), culprit="YAML aliases expand")
+    assert "t.yaml" in line
+
+
+def test_alias_bomb_in_an_unknown_profile_section(tmp_path):
+    out = tmp_path / "p.yaml"
+    assert runner.invoke(cli.app, ["calibrate", "--gpu", "a100", "--model", "9b", "--out",
+                                   str(out), "--no-plot", "--kv", "1024",
+                                   "--batch", "1"]).exit_code == 0
+    out.write_text(out.read_text() + "extra:\n" + "".join("  " + ln + "\n"
+                                                          for ln in BOMB.splitlines()))
+    bad("calibrate", "--gpu", "a100", "--model", "9b", "--out", str(out), "--no-plot",
+        culprit="YAML aliases expand")
+
+
+def test_recursive_alias_and_small_aliases():
+    with pytest.raises(InputError, match="refers to itself"):
+        files.parse_yaml("a: &a [1, *a]\n", "x.yaml")
+    # aliases that add little are fine: the shared value is read twice
+    assert files.parse_yaml("a: &x {b: 1}\nc: *x\n", "x.yaml") == {"a": {"b": 1}, "c": {"b": 1}}
+
+
+# ---- numbers: too long, too big, too deep ----------------------------------------------
+def test_5000_digit_integers(tmp_path):
+    huge = "9" * 5000
+    bad("inspect-tree", tree_file(tmp_path, f'{{"parents": [-1, {huge}], "log_probs": [-1, -1]}}',
+                                  "t.json"), culprit="node 1: parent inf")
+    bad("inspect-tree", tree_file(tmp_path, f"parents: [-1, {huge}]\nlog_probs: [-1, -1]\n"),
+        culprit="node 1: parent inf")
+    cfg = json.loads(CONFIG_9B.read_text())
+    cfg["text_config"]["hidden_size"] = huge  # JSON text below, not a Python int
+    text = json.dumps(cfg).replace(f'"{huge}"', huge)
+    (tmp_path / "config.json").write_text(text)
+    bad("models", str(tmp_path / "config.json"), culprit="hidden_size")
+
+
+def test_400_digit_log_prob_and_profile_numbers(tmp_path):
+    big = "1" + "0" * 400
+    bad("inspect-tree", tree_file(tmp_path, f"parents: [-1]\nlog_probs: [-{big}]\n"),
+        culprit="node 0: log-prob")
+    bad("inspect-tree", tree_file(tmp_path, f"parents: [-1]\nlog_probs: [{big}]\n"),
+        culprit="node 0: log-prob")
+    from bole_cli.profiles import load_profile
+
+    good = DATA.parent.parent / "profiles" / "a100" / "Qwen3.5-9B.yaml"
+    data = yaml.safe_load(good.read_text())
+    for where in ("t_dec", "eps"):
+        d = json.loads(json.dumps(data))
+        if where == "eps":
+            d["eps"] = "BIG"
+        else:
+            d["configs"][0]["t_dec"] = "BIG"
+        p = tmp_path / f"{where}.yaml"
+        p.write_text(yaml.safe_dump(d).replace("BIG", big))
+        with pytest.raises(InputError, match=rf"{where}: expected a finite number, got inf"):
+            load_profile(p)
+        bad("serve", "--model", "9b", "--gpu", "a100", "--profile", str(p), "--dry-run",
+            culprit=where)
+
+
+@pytest.mark.parametrize("name,text", [
+    ("deep.json", "[" * 5000 + "]" * 5000),
+    ("deep2.json", "[" * 100 + "]" * 100),
+    ("deep.yaml", "[" * 5000 + "]" * 5000),
+    ("deep2.yaml", "a:\n" + "".join(" " * (i + 1) + "a:\n" for i in range(100))),
+])
+def test_deep_nesting(tmp_path, name, text):
+    bad("inspect-tree", tree_file(tmp_path, text, name), culprit="nested")
+
+
+# ---- files that are not plain text files -----------------------------------------------
+def test_symlink_loop_binary_directory_empty(tmp_path):
+    loop = tmp_path / "loop.yaml"
+    loop.symlink_to(tmp_path / "loop.yaml")
+    bad("inspect-tree", str(loop), culprit="symbolic link loop")
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"\x7fELF\x00\x01\x02")
+    bad("inspect-tree", str(binary), culprit="b.yaml: is a binary file")
+    bad("inspect-tree", str(tmp_path), culprit="is a directory")
+    bad("inspect-tree", "", culprit="empty path")
+    bad("inspect-tree", "--sglang", "", culprit="--sglang: an empty path")
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="root reads any file")
+def test_unreadable_file(tmp_path):
+    p = tmp_path / "t.yaml"
+    p.write_text("parents: [-1]\nlog_probs: [-1]\n")
+    p.chmod(0)
+    bad("inspect-tree", str(p), culprit="permission denied")
+
+
+def test_unreadable_file_by_a_fake(tmp_path, monkeypatch):
+    p = tmp_path / "t.yaml"
+    p.write_text("parents: [-1]\nlog_probs: [-1]\n")
+    real_open = os.open
+
+    def deny(path, *a, **k):
+        if str(path) == str(p):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(files.os, "open", deny)
+    with pytest.raises(InputError, match="t.yaml: permission denied"):
+        files.read_text(p)
+
+
+def _subprocess_bad(args: list[str], culprit: str) -> None:
+    """A file that could hang an in-process reader is tried in a subprocess."""
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "bole_cli", *args], capture_output=True,
+                       text=True, timeout=30)
+    assert time.perf_counter() - start < 15  # startup on a loaded machine; a hang is 30 s
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and culprit in lines[0], r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+def test_fifo_and_dev_zero(tmp_path):
+    fifo = tmp_path / "t.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="is a FIFO"):  # in-process: O_NONBLOCK, no hang
+        files.read_text(fifo)
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(InputError, match="is a device"):
+            files.read_text("/dev/zero")
+    _subprocess_bad(["inspect-tree", str(fifo)], "is a FIFO, not a regular file")
+
+
+def test_size_cap(tmp_path):
+    p = tmp_path / "big.yaml"
+    p.write_text("x" * 2000)
+    with pytest.raises(InputError, match="larger than"):
+        files.read_text(p, max_bytes=1000)
+
+
+# ---- config.json ----------------------------------------------------------------------
+def _config(tmp_path: Path, **changes) -> str:
+    cfg = json.loads(CONFIG_9B.read_text())
+    text = cfg.get("text_config", cfg)
+    for k, v in changes.items():
+        if v is None:
+            text.pop(k, None)
+        else:
+            text[k] = v
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path / "config.json")
+
+
+def test_config_without_gdn_layers(tmp_path):
+    llama = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+             "intermediate_size": 11008}
+    (tmp_path / "config.json").write_text(json.dumps(llama))
+    for args in (["models"], ["inspect-tree", "--synthetic", "--model"],
+                 ["calibrate", "--gpu", "a100", "--no-plot", "--model"]):
+        bad(*args, str(tmp_path / "config.json"), culprit="not a hybrid GDN model")
+    n = json.loads(CONFIG_9B.read_text())["text_config"]["num_hidden_layers"]
+    path = _config(tmp_path, layer_types=["full_attention"] * n)
+    bad("models", path, culprit="not a hybrid GDN model")
+
+
+def test_config_head_dim_and_absurd_layers(tmp_path):
+    bad("models", _config(tmp_path, head_dim=None, hidden_size=8, num_attention_heads=16),
+        culprit="give 'head_dim'")
+    bad("models", _config(tmp_path, num_hidden_layers=10 ** 18, layer_types=None,
+                          full_attention_interval=4),
+        culprit="num_hidden_layers")
+
+
+# ---- calibrate: options checked before the sweep ----------------------------------------
+@pytest.mark.parametrize("flag,value,culprit", [
+    ("--kv", "1" + "0" * 400, "--kv"),
+    ("--grid", "8,16,1" + "0" * 400, "--grid"),
+    ("--batch", "9" * 5000, "--batch"),
+    ("--eps", "inf", "--eps"),
+    ("--eps", "nan", "--eps"),
+])
+def test_calibrate_options_fail_before_any_work(tmp_path, monkeypatch, flag, value, culprit):
+    import bole_cli.calibrate.sweep as sweep
+
+    def no_sweep(*a, **k):
+        raise AssertionError("the sweep ran")
+
+    monkeypatch.setattr(sweep, "run_sweep", no_sweep)
+    out = tmp_path / "p.yaml"
+    line = bad("calibrate", "--gpu", "a100", "--model", "9b", "--out", str(out), flag, value,
+               culprit=culprit)
+    assert "got a number" not in line and not out.exists()
+
+
+# ---- output paths --------------------------------------------------------------------
+def test_unwritable_out_is_refused_first(tmp_path, monkeypatch):
+    import bole_cli.calibrate.sweep as sweep
+
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("the sweep ran")))
+    args = ["calibrate", "--gpu", "a100", "--model", "9b", "--no-plot"]
+    if os.path.isdir("/proc/self"):
+        bad(*args, "--out", "/proc/x.yaml", culprit="--out: cannot write /proc/x.yaml")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    bad(*args, "--out", str(blocker / "p.yaml"), culprit="is not a directory")
+    bad(*args, env={"BOLE_CACHE_DIR": str(blocker)}, culprit="default profile")
+
+
+def test_read_only_dir_by_a_fake(tmp_path, monkeypatch):
+    import bole_cli.console as console
+
+    def read_only(*a, **k):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(console.tempfile, "mkstemp", read_only)
+    line = bad("calibrate", "--gpu", "a100", "--model", "9b", "--no-plot", "--out",
+               str(tmp_path / "p.yaml"), culprit="Read-only file system")
+    assert ".tmp" not in line and "p.yaml" in line
+    bad("inspect-tree", "--synthetic", "--plot", str(tmp_path / "t.png"),
+        culprit="--plot: cannot write")
+
+
+def test_full_disk_names_the_users_file(tmp_path, monkeypatch):
+    import bole_cli.console as console
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(console.os, "fsync", full)
+    out = tmp_path / "p.yaml"
+    line = bad("calibrate", "--gpu", "a100", "--model", "9b", "--no-plot", "--kv", "1024",
+               "--out", str(out), culprit="No space left on device", code=1)
+    assert f"cannot write {out}" in line and ".tmp" not in line
+    assert list(tmp_path.iterdir()) == []  # no temp file left behind
+    with pytest.raises(BoleError, match="p.yaml"):
+        console.atomic_write_text(out, "x")
+
+
+# ---- plots, profiles, messages --------------------------------------------------------
+def test_plot_with_math_text_tokens(tmp_path):
+    t = tree_file(tmp_path, 'parents: [-1, 0, 0]\nlog_probs: [-0.1, -1, -2]\n'
+                            'tokens: ["$$", "$x^", "\\\\frac{"]\n')
+    r = runner.invoke(cli.app, ["inspect-tree", t, "--plot", str(tmp_path / "t.png")])
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_a_profile_with_top_k_1_does_not_blame_topk(tmp_path):
+    good = DATA.parent.parent / "profiles" / "a100" / "Qwen3.5-9B.yaml"
+    data = yaml.safe_load(good.read_text())
+    data["acceptance"]["per_depth_rank"] = [[0.9]] * 4
+    p = tmp_path / "p.yaml"
+    p.write_text(yaml.safe_dump(data))
+    line = bad("serve", "--model", "9b", "--gpu", "a100", "--profile", str(p), "--dry-run",
+               culprit="top-k 1")
+    assert not line.startswith("error: --topk")
+    bad("serve", "--model", "9b", "--gpu", "a100", "--profile", str(p), "--dry-run",
+        "--topk", "1", culprit="--topk")
+
+
+def test_huge_batches_are_refused(tmp_path):
+    bad("inspect-tree", "--synthetic", "--requests", "100000000", culprit="--requests")
+    p = tmp_path / "b.json"
+    p.write_text(json.dumps([{"parents": [-1], "log_probs": [-1]}] * 5000))
+    bad("inspect-tree", str(p), culprit="5000 trees")
+
+
+def test_long_messages_are_cut():
+    r = runner.invoke(cli.app, ["models", "x" * 5000])
+    assert r.exit_code == 2
+    assert len(r.stderr.strip()) <= cli.MAX_ERROR_CHARS + 10
+
+
+def test_brief_values():
+    from bole_cli.errors import brief
+
+    assert brief(10 ** 5000).startswith("an integer of about 50")
+    assert brief("x" * 100).endswith("...") and len(brief("x" * 100)) < 50
+    assert brief(list(range(100))) == "a list of 100 items"
+    assert brief(3) == "3"
+
+
+def test_no_stray_files(tmp_path):
+    """The writability probe leaves nothing behind."""
+    from bole_cli.console import check_writable
+
+    check_writable(tmp_path / "a" / "b.yaml", "--out")
+    assert list(tmp_path.iterdir()) == []
+    shutil.rmtree(tmp_path, ignore_errors=True)
