@@ -3,7 +3,8 @@
 `bole` installs `on_sigint` for the whole run: it counts the interrupt and raises
 KeyboardInterrupt, as Python's own handler does, so a sweep can stop and keep what it
 measured. Work that must not be cut in half (summarising and writing a profile) runs under
-`held()`: an interrupt there is remembered and reported when the block ends. The count
+`held()`: an interrupt there is remembered (the guard's `.interrupted`) and the caller
+decides what to do once the block is done. The count
 also catches an interrupt that a library swallowed (torch's import can), so the run still
 ends with exit code 130.
 """

@@ -12,3 +12,7 @@ MAX_TREE_NODES = 256
 #: Largest tree the one-tile verify kernel takes: its [T, T] float32 factors live in
 #: registers. Larger trees take the blocked kernel.
 MAX_TILE_NODES = 64
+
+#: Requests in one batch that any command accepts (a batch of trees, a calibration or serve
+#: batch): far above any server's running requests, low enough that a typo fails at once.
+MAX_BATCH_REQUESTS = 4096

@@ -391,3 +391,14 @@ def test_interrupt_keeps_what_was_measured(tmp_path, next_ckpt):
     m = load_acceptance(str(res.path))
     assert m.measured["partial"] is True and m.measured["anchors"] == 9
     assert res.document["measurement"]["prompts"]["used"] == 1
+
+
+def test_a_fifo_named_like_a_weights_file_is_refused_at_once(tmp_path):
+    import os
+
+    from bole_cli.mtp.checkpoint import safetensors_keys
+
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        safetensors_keys(fifo)  # open() on a FIFO with no writer would block forever

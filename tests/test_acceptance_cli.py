@@ -251,3 +251,17 @@ def test_measurement_block_must_agree_with_the_matrix(measured):
     bad["measurement"]["trials"] = bad["measurement"]["trials"][:1]
     with pytest.raises(InputError, match="one entry per depth"):
         from_data(bad, "a.yaml")
+
+
+
+def test_nothing_measured_writes_nothing(tmp_path):
+    """No full-depth position measured (EOS at once, or Ctrl-C in the first prompt): an
+    all-zero matrix would read as 'never accepted' and steer calibrate to no speculation."""
+    from bole_cli.errors import BoleError
+    from bole_cli.mtp import run
+    from bole_cli.mtp.stats import RankTally
+
+    out = tmp_path / "acc.yaml"
+    with pytest.raises(BoleError, match="no position was measured"):
+        run._finish(None, None, None, "cpu", None, out, RankTally(3, 2), None, False)
+    assert not out.exists()

@@ -152,6 +152,26 @@ def test_bad_slot_without_checks_is_never_committed(bad, layered):
             assert torch.equal(buf[lead + (s + 1,)], before[lead + (s + 1,)]), s
 
 
+def test_accepted_node_of_an_empty_request_commits_nothing():
+    """Without checks, an empty last request that claims an accepted node (its tree starts at
+    N, past every factor row) leaves its slot alone; the others commit as usual."""
+    case, forest = verify_case()
+    res = tree_verify(*args(case))
+    n = case["parents"].shape[0]
+    cu = torch.cat([case["cu_seqlens"], torch.tensor([n], dtype=case["cu_seqlens"].dtype)])
+    spare = min(set(range(case["state"].shape[0])) - set(case["state_indices"].tolist()))  # unused
+    idx = torch.cat([case["state_indices"], torch.tensor([spare], dtype=case["state_indices"].dtype)])
+    state = case["state"].clone()
+    before = state[spare].clone()
+    tree_commit(state, idx, case["k"], res.u, res.log_p, case["parents"], cu,
+                torch.tensor([3, 8, 2, 0], dtype=torch.int32), check_trees=False)
+    want = tree_commit_ref(case["state"], case["state_indices"], case["k"], res.u, res.log_p,
+                           case["parents"], case["cu_seqlens"], torch.tensor([3, 8, 2], dtype=torch.int32))
+    assert torch.equal(state[spare], before)
+    used = case["state_indices"].long()
+    assert rel_err(state[used], want[used]) <= 1e-5
+
+
 @FAST
 @given(bad=st.sampled_from(BAD_SLOTS))
 def test_conv_bad_slot_without_checks(bad):
@@ -413,3 +433,29 @@ def test_empty_batches_are_fine():
     pool = case["state"][None, :].clone()[:0]
     tree_commit(pool, case["state_indices"], case["k"][None][:0], torch.zeros(0, 19, 2, 16), torch.zeros(0, 19, 2),
                 case["parents"], case["cu_seqlens"], torch.tensor([1, 2, 3], dtype=torch.int32))
+
+
+def test_a_bad_tuned_entry_is_ignored_with_one_note(monkeypatch, capsys):
+    """A hand-edited table (DP 8, BV 24) must not reach Triton; the launch keeps its default."""
+    from bole_cli.kernels import configs
+
+    shape = {"K": 128, "V": 128, "HV": 32, "B": 16, "L": 1}
+    monkeypatch.setattr(configs, "tuned_config", lambda kernel, shape: None)
+    default = configs.launch_config("tree_commit", shape)
+    monkeypatch.setattr(configs, "tuned_config", lambda kernel, shape: {"DP": 8, "BV": 24})
+    assert configs.launch_config("tree_commit", shape) == default
+    assert "a tuned tree_commit entry was ignored" in capsys.readouterr().err
+
+
+def test_commit_checks_only_the_slots_it_writes():
+    """With checks on, a padding row (accepted -1) may carry slot -1 as SGLang's graphs do;
+    the same slot on a committing request is refused, naming state_indices."""
+    case, forest = verify_case()
+    res = tree_verify(*args(case))
+    idx = with_slot(case, -1)["state_indices"]
+    state = case["state"].clone()
+    tree_commit(state, idx, case["k"], res.u, res.log_p, case["parents"], case["cu_seqlens"],
+                torch.tensor([3, -1, 2], dtype=torch.int32))
+    with pytest.raises(InputError, match="state_indices"):
+        tree_commit(state, idx, case["k"], res.u, res.log_p, case["parents"], case["cu_seqlens"],
+                    torch.tensor([3, 0, 2], dtype=torch.int32))

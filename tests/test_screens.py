@@ -73,7 +73,7 @@ def test_serve_dry_run_shows_the_whole_profile_path(tmp_path):
     assert "…" not in text
     joined = re.sub(r"[│\s]+", "", text)
     assert re.sub(r"\s+", "", str(deep / "Qwen3.5-9B.yaml")) in joined
-    assert "x 1 request " in text or "x 1 request\n" in text or "x 1 request" in text
+    assert re.search(r"x 1 request\b", text)
     assert "1 requests" not in text
 
 

@@ -1,5 +1,7 @@
 """Sweep defaults (kept import-free so the CLI's --help path stays fast)."""
 
+from bole_cli.limits import MAX_BATCH_REQUESTS  # import-free itself
+
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 DEFAULT_KV_LENS = (1024, 4096, 16384)
 # Powers of two with their 1.5x midpoints: the knee falls between doublings on most GPUs,
@@ -9,7 +11,7 @@ DEFAULT_EPS = 0.05
 
 # Sanity caps on the sweep's options, checked before any work (a typo such as a 400-digit
 # --kv must fail at once, not after the sweep).
-MAX_BATCH = 4096
+MAX_BATCH = MAX_BATCH_REQUESTS
 MAX_KV_LEN = 1 << 24
 MAX_GRID_POINT = 1 << 20
 MAX_EPS = 10.0

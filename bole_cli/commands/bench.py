@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from bole_cli.bench.results import check_tag, result_stem, write_results
+from bole_cli.console import check_writable
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.parsing import parse_int_list
@@ -38,6 +39,7 @@ def kernels_cmd(
     from bole_cli.console import emit_json, err, out
 
     check_tag(tag)
+    check_writable(out_dir / "results.json", "--out-dir")
     spec = resolve_model(model)
     batches = parse_int_list(batch, "--batch")
     node_list = parse_int_list(nodes, "--nodes")
@@ -140,6 +142,7 @@ def e2e_cmd(
     from bole_cli.console import emit_json, err, out
 
     check_tag(tag)
+    check_writable(out_dir / "results.json", "--out-dir")
     given = dict(batch=batch, context=context, depth=depth, topk=topk, steps=steps, warmup=warmup,
                  chain_depths=chain_depths, decoders=decoders)
     use = {k: v if v is not None else (SMOKE_DEFAULTS if tiny else E2E_DEFAULTS)[k] for k, v in given.items()}
@@ -149,6 +152,9 @@ def e2e_cmd(
     depths = tuple(parse_int_list(use["chain_depths"] or ",".join(map(str, range(1, depth + 1))),
                                   "--chain-depths"))
     names = tuple(d.strip() for d in use["decoders"].split(",") if d.strip())
+    if acceptance == "greedy" and len(names) < 2:
+        raise InputError("--acceptance greedy compares the decoders' token streams: give at least two "
+                         "--decoders")
     sweep = tuple(parse_int_list(tree_budgets, "--tree-budgets")) if tree_budgets else ()
     if device not in ("cuda", "cpu"):
         raise InputError(f"--device: expected cuda or cpu, got {device!r}")
@@ -204,7 +210,8 @@ def e2e_cmd(
         out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
     exact = data.get("greedy_exact")
     if exact is not None and not exact["identical"]:
-        raise BoleError(f"greedy exactness failed: the decoders' token streams differ; see {json_path}")
+        why = (exact["mismatches"] or exact["failed"] or ["no two decoders ran to compare"])[0]
+        raise BoleError(f"greedy exactness failed: {why}; see {json_path}")
 
 
 bench_app.command("e2e")(e2e_cmd)

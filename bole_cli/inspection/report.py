@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from bole_cli.limits import MAX_BATCH_REQUESTS
 from bole_cli.errors import InputError
 
 MASK_MAX_NODES = 32  # the ancestor mask is reported for trees up to this size
 SYNTHETIC_DEFAULTS = {"depth": 8, "topk": 4, "seed": 0, "requests": 1}
-MAX_REQUESTS = 4096  # a batch of trees; far above any server's running requests
+MAX_REQUESTS = MAX_BATCH_REQUESTS
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.tuned_tables import tuned_config
+from bole_cli.kernels.tuned_tables import notice, tuned_config
 from bole_cli.kernels.validate import check_config
 from bole_cli.kernels.verify_path import is_tile_launch
 
@@ -70,7 +70,12 @@ def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> 
         cfg["BV"] = 16  # a single request: more, smaller tiles (H200: 8.9 vs 13.5 us at BV 32)
     tuned = tuned_config(kernel, shape)  # the first launch reads this GPU's tuned table
     if tuned:
-        cfg.update(tuned)
+        try:
+            check_config(kernel, tuned)
+        except InputError as exc:  # a hand-edited table must never break a launch
+            notice(f"a tuned {kernel} entry was ignored ({exc})")
+        else:
+            cfg.update(tuned)
     if override:
         unknown = set(override) - set(cfg)
         if unknown:

@@ -172,7 +172,7 @@ def tree_commit(
         check_forest(parents, cu_seqlens, n)
     accepted = check_accepted(accepted, cu_seqlens, dev, check_trees)
     if check_trees:
-        check_pool_slots(state_indices, n_slots, check_trees)
+        check_pool_slots(state_indices, n_slots, check_trees, active=accepted >= 0)
         check_commit_slots(state_indices, accepted)
     if bsz == 0 or n == 0 or n_layers == 0 or n_slots == 0:
         return state

@@ -116,8 +116,9 @@ def _tree_conv_commit_kernel(
         tl.store(ptrs, new, mask=tmask)
 
 
-def _check_conv_common(x, conv_state, state_indices, parents, cu_seqlens, check_trees):
-    """The checks tree_conv and tree_conv_commit share; returns the index vectors (contiguous)."""
+def _check_conv_common(x, conv_state, state_indices, parents, cu_seqlens, check_trees, check_slots=True):
+    """The checks tree_conv and tree_conv_commit share; returns the index vectors (contiguous).
+    check_slots=False: the commit checks only the slots it writes (accepted >= 0)."""
     check_tensor("x", x, 2, ACTIVATION_DTYPES)
     dev = x.device
     n, dim = x.shape
@@ -137,7 +138,8 @@ def _check_conv_common(x, conv_state, state_indices, parents, cu_seqlens, check_
     check_flag("check_trees", check_trees)
     if check_trees:
         check_forest(parents, cu_seqlens, n)
-        check_pool_slots(state_indices, conv_state.shape[0], check_trees)
+        if check_slots:
+            check_pool_slots(state_indices, conv_state.shape[0], check_trees)
     return n, dim, bsz, state_indices, parents, cu_seqlens
 
 
@@ -207,9 +209,10 @@ def tree_conv_commit(
     (or whose accepted node lies outside its tree) is skipped, and shared commit slots are
     undefined (docs/design.md §3)."""
     n, dim, bsz, state_indices, parents, cu_seqlens = _check_conv_common(
-        x, conv_state, state_indices, parents, cu_seqlens, check_trees)
+        x, conv_state, state_indices, parents, cu_seqlens, check_trees, check_slots=False)
     accepted = check_accepted(accepted, cu_seqlens, x.device, check_trees)
     if check_trees:
+        check_pool_slots(state_indices, conv_state.shape[0], check_trees, active=accepted >= 0)
         check_commit_slots(state_indices, accepted)
     check_config("tree_conv", config)
     if n == 0 or bsz == 0:

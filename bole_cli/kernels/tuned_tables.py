@@ -277,7 +277,7 @@ class InstalledTables:
 _NOTICED: set = set()
 
 
-def _notice(message: str) -> None:
+def notice(message: str) -> None:
     """One line on stderr, once per process per message."""
     if message in _NOTICED:
         return
@@ -339,12 +339,12 @@ def install_tuned_tables(device_name: Optional[str] = None, *, model: Any = None
     if not entries:
         set_resolver(None)
         if not quiet:
-            _notice(f"no tuned kernel table for {device_name} (triton {triton_version}); using the "
+            notice(f"no tuned kernel table for {device_name} (triton {triton_version}); using the "
                     "built-in launch configs (`bole tune-kernels` makes one)")
         return info
     set_resolver(make_resolver(entries))
     other = sorted({e.triton_version for e in entries if e.triton_version != triton_version})
     if other and not quiet:
-        _notice(f"tuned kernel table for {device_name} made with triton {', '.join(other)} "
+        notice(f"tuned kernel table for {device_name} made with triton {', '.join(other)} "
                 f"(running {triton_version}); using it - re-run `bole tune-kernels` to refresh")
     return info

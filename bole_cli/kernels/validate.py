@@ -129,13 +129,18 @@ def check_out(out, n: int, hv: int, vdim: int, device) -> tuple:
     return o, u, log_p
 
 
-def check_pool_slots(state_indices: torch.Tensor, n_slots: int, check_trees: bool) -> None:
-    """Every request's slot inside the pool [0, S) (host read: only with check_trees). Without
-    the check the kernels guard the pool themselves: docs/design.md §3."""
+def check_pool_slots(state_indices: torch.Tensor, n_slots: int, check_trees: bool,
+                     active: Optional[torch.Tensor] = None) -> None:
+    """Every request's slot inside the pool [0, S) (host read: only with check_trees); with
+    `active` (a commit's accepted >= 0), only the requests that use their slot, so padding
+    rows that commit nothing may carry any slot. Without the check the kernels guard the
+    pool themselves: docs/design.md §3."""
     if not check_trees or state_indices.numel() == 0:
         return
     idx = state_indices.detach().to("cpu", torch.int64)
     bad = (idx < 0) | (idx >= n_slots)
+    if active is not None:
+        bad &= active.detach().cpu()
     if bool(bad.any()):
         b = int(torch.nonzero(bad)[0])
         raise InputError(f"state_indices: request {b} has slot {int(idx[b])}, outside the pool's "

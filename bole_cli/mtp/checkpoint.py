@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +65,8 @@ def _directory(spec: "str | Path") -> Path:
 def safetensors_keys(file: Path) -> list[str]:
     """Tensor names from a safetensors header (8-byte length, then JSON): no tensor read."""
     try:
+        if not stat.S_ISREG(os.stat(file).st_mode):  # a FIFO would block open(); a device never ends
+            raise InputError(f"{file}: not a regular file")
         with open(file, "rb") as fh:
             raw = fh.read(8)
             if len(raw) < 8:
@@ -71,6 +75,8 @@ def safetensors_keys(file: Path) -> list[str]:
             if n > _MAX_HEADER_BYTES:
                 raise InputError(f"{file}: not a safetensors file (header of {n} bytes)")
             header = json.loads(fh.read(n))
+    except InputError:  # a ValueError too: keep its own words
+        raise
     except OSError as exc:
         raise InputError(f"{file}: cannot read ({exc.strerror or exc})") from None
     except (ValueError, UnicodeDecodeError):
@@ -162,7 +168,7 @@ def load_target(ckpt: Checkpoint, device: str, dtype: Any) -> Any:
     try:
         model = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype,
                                                      local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - one line naming the checkpoint
+    except (OSError, ValueError, KeyError) as exc:  # a bad checkpoint; bugs and OOM stay loud
         raise InputError(f"--model: {ckpt.path}: cannot load the model "
                          f"({type(exc).__name__}: {str(exc)[:160]})") from None
     return model.to(device).eval()

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from bole_cli.errors import InputError
+from bole_cli.errors import BoleError, InputError
+from bole_cli.calibrate.acceptance import DEFAULT_TOP_K
 
 DEFAULT_DEPTH = 8
-DEFAULT_TOPK = 4
+DEFAULT_TOPK = DEFAULT_TOP_K
 DEFAULT_MAX_NEW = 256
 #: Tree budgets (tokens per request, root included) whose expected tokens are reported.
 REPORT_BUDGETS = (2, 4, 8, 16, 32, 64, 128)
@@ -147,6 +148,8 @@ def run_acceptance(opts: AcceptanceOptions, progress: Optional[Callable] = None,
     head = build_head(target, read_mtp_tensors(ckpt), str(ckpt.path))
 
     tally = RankTally(opts.depth, opts.topk)
+    from bole_cli.interrupts import held
+
     interrupted = False
     started = _dt.datetime.now(_dt.timezone.utc)
     bar = progress(len(token_ids)) if progress is not None else nullcontext(lambda _d: None)
@@ -158,11 +161,13 @@ def run_acceptance(opts: AcceptanceOptions, progress: Optional[Callable] = None,
                     seq = greedy_continuation(target, x, opts.max_new)
                     got = teacher_forced_ranks(target, head, seq, len(ids), opts.depth,
                                                opts.topk, predict)
-                tally.add(got.ranks, got.generated, got.mismatches)
+                with held() as guard:  # a prompt is counted whole or not at all
+                    tally.add(got.ranks, got.generated, got.mismatches)
+                if guard.interrupted:
+                    raise KeyboardInterrupt
                 step(f"prompt {i + 1}/{len(token_ids)}: {tally.anchors} positions")
         except KeyboardInterrupt:
             interrupted = True
-    from bole_cli.interrupts import held
 
     with held() as guard:  # a Ctrl-C now waits until the file is written
         result = _finish(opts, ckpt, prompts, device, dtype, out, tally, started, interrupted)
@@ -176,10 +181,10 @@ def _finish(opts, ckpt, prompts, device, dtype, out, tally, started, interrupted
     from bole_cli.calibrate.acceptance import from_data, measured_document
     from bole_cli.mtp.stats import Z95
 
+    if tally.anchors == 0:  # an all-zero matrix would read as "never accepted"
+        raise BoleError("no position was measured (every continuation was shorter than --depth "
+                        "tokens, or the run was interrupted at once); nothing written")
     notes = []
-    if tally.anchors == 0:
-        notes.append("no position was measured: every continuation was shorter than --depth "
-                     "tokens (EOS), or the run was interrupted at once")
     if tally.mismatches:
         notes.append(f"{tally.mismatches} generated tokens differ from the full forward's greedy "
                      "token (near-ties in the model's numerics); labels are the full forward's")

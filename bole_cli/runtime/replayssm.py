@@ -1,9 +1,11 @@
 """SGLang's ReplaySSM chain verify for the embedded runtime (docs/design.md §6).
 
-SGLang 0.5.23's snapshot-free chain verify (`--enable-linear-replayssm-spec`, top-k 1):
-the recurrent kernel runs with the state frozen and stores each draft token's raw v, k, g,
-beta in a per-slot ring; after sampling, the fold replays each request's accepted prefix
-into the float32 state. The kernels and how SGLang calls them live in
+SGLang 0.5.23's snapshot-free chain verify (`--enable-linear-replayssm-spec`, top-k 1), in
+its *fold* protocol: the recurrent kernel runs with the state frozen and stores each draft
+token's raw v, k, g, beta in a per-slot ring; after sampling, the fold replays each
+request's accepted prefix into the float32 state. (0.5.23 uses the fold for KDA models; a
+GDN model gets a circular ring instead, not modelled here: docs/sglang-0.5.23.md, "Chain
+mode for contrast".) The kernels and how SGLang calls them live in
 `bole_cli.sglang.kernels` (`replayssm_verify`, `replayssm_fold`); this is the runtime's
 path="replayssm" engine around them. Chains only: every request verifies a root-first
 chain (node t's parent is t - 1), which is all the kernel's recurrence can express.

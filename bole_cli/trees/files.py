@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from bole_cli.errors import InputError
+from bole_cli.limits import MAX_BATCH_REQUESTS
 from bole_cli.trees.sglang_links import from_sglang
 from bole_cli.trees.tree import ProposalTree
 from bole_cli.trees.values import as_list
 
 
 #: Trees one file may hold (a batch): far above any server's running requests.
-MAX_BATCH_TREES = 4096
+MAX_BATCH_TREES = MAX_BATCH_REQUESTS
 _TREE_KEYS = ("parents", "probs", "log_probs", "tokens")
 _SGLANG_KEYS = ("retrive_next_token", "retrive_next_sibling", "probs", "log_probs",
                 "tokens", "draft_token")
