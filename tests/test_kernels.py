@@ -130,7 +130,7 @@ LARGE_TREE_TOL = 5e-5
     seed=st.integers(0, 2**31 - 1),
     size=st.integers(65, 256),
     shape=st.sampled_from(["any", "random", "chain", "wide", "roots"]),
-    group=st.sampled_from([1, 2]),
+    group=st.sampled_from([1, 2, 4]),
     decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -1e-4)]),
     bc=st.sampled_from([16, 32, 64]),
     kernel=st.sampled_from(["auto", "blocked"]),
@@ -144,6 +144,24 @@ def test_large_trees_match_reference(seed, size, shape, group, decay, bc, kernel
     case, forest = make_case(seed, [size, 7], h=1, group=group, kdim=16, vdim=16, decay=decay, shape=shape)
     check_verify_and_commit(case, forest, LARGE_TREE_TOL, config={"BC": bc, "BV": 16, "BK": 16}, seed=seed,
                             kernel=kernel)
+
+
+@pytest.mark.parametrize("promise", [128, 200])
+def test_blocked_kernel_promise_sizes_its_walk(promise):
+    """Past one tile, max_nodes sizes the blocked kernel's register walk (TP = 128 or 256):
+    within the promise every request is exact; a request larger than it (check_trees=False)
+    gets NaN rows, never a wrong answer, and the others stay exact."""
+    case, forest = make_case(21, [100, 130, 5], h=1, group=2, kdim=16, vdim=16, decay=(-3.0, -1e-3),
+                             shape="random")
+    res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False, max_nodes=promise,
+                      config={"BC": 64, "BV": 16})
+    ref = tree_verify_ref(*args(case))
+    broken = slice(100, 230) if promise < 130 else slice(0, 0)
+    for got, want in zip(res, ref):
+        assert torch.isnan(got[broken]).all()
+        keep = torch.ones(got.shape[0], dtype=torch.bool)
+        keep[broken] = False
+        assert rel_err(got[keep], want[keep]) <= LARGE_TREE_TOL
 
 
 @pytest.mark.parametrize("bc,kernel", [(16, "auto"), (64, "blocked")])

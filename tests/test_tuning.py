@@ -161,6 +161,34 @@ def test_verify_path_splits_tile_and_blocked():
     assert not is_blocked_config({"BC": 16, "VSPLIT": 2})
 
 
+def test_blocked_buckets_check_and_time_their_own_tree_size():
+    """Buckets of 128, 192 and 256 nodes (issue 17): a blocked config is checked on a tree of
+    the bucket's size and launched with that size promised (it sizes the kernel's register
+    walk, TP), as `bole bench kernels` launches it; at <= 64 nodes the promise is withheld
+    (it would pick the one-tile kernel) and the check keeps its 130-node tree."""
+    from bole_cli.kernels.configs import _verify_blocked_rule
+    from bole_cli.tuning.checks import check_sizes, verify_path_kwargs
+
+    blocked = {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2, "num_stages": 1}
+    tile = {"VSPLIT": 1, "BV": 64, "BK": 64, "num_warps": 4, "num_stages": 1}
+    for nodes in (128, 192, 256):
+        assert max(check_sizes("tree_verify", blocked, nodes)) == nodes
+        assert verify_path_kwargs(blocked, nodes) == {"check_trees": False, "max_nodes": nodes}
+    assert max(check_sizes("tree_verify", blocked, 64)) == 130
+    assert max(check_sizes("tree_verify", blocked, None)) == 130
+    assert verify_path_kwargs(blocked, 64) == {"check_trees": False}
+    assert verify_path_kwargs(tile, 64) == {"check_trees": False, "max_nodes": 64}
+    # the built-in rule of the blocked kernel for these sizes (H200 A/B, NOTES.md "Big trees")
+    dims = {"H": 16, "HV": 32, "K": 128, "V": 128, "T": 0}
+    rule = {b: {n: _verify_blocked_rule({**dims, "B": b, "N": b * n}) for n in (128, 192, 256)}
+            for b in (1, 4, 16, 64)}
+    assert all(rule[1][n]["BV"] == 32 and rule[1][n]["BC"] == 64 for n in (128, 192, 256))
+    assert all(rule[4][n]["BC"] == 64 and rule[4][n]["num_warps"] == 4 for n in (128, 192, 256))
+    for b in (16, 64):
+        assert (rule[b][128]["BC"], rule[b][128]["num_warps"]) == (32, 2)
+        assert (rule[b][256]["BC"], rule[b][256]["num_warps"]) == (64, 4)
+
+
 def test_first_launch_installs_the_tables_once(monkeypatch, capsys):
     """launch_config's first call installs this GPU's tables; a failing install is a
     one-line note, never an error, and is not retried."""
@@ -700,7 +728,7 @@ def test_dry_run_json():
     data = json.loads(r.stdout)
     assert data["dry_run"] and [s["kernel"] for s in data["spaces"]] == ["tree_commit", "tree_conv"]
     assert data["spaces"][0]["models"] == ["Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-9B"]
-    assert len(data["buckets"]) == 4 + 8 and data["estimate_s"] > 0
+    assert len(data["buckets"]) == 4 + 4 * 5 and data["estimate_s"] > 0  # conv: batch x nodes
     assert len(data["validated"]) == 4 and all(v["ok"] for v in data["validated"])
     assert data["validated"][0]["config"] == {"BV": 16, "num_warps": 4, "num_stages": 1}  # the default (batch 1) first
 

@@ -53,7 +53,7 @@ def _render_dry_run(dry, json_out: bool) -> None:
 def tune_kernels(
     model: str = typer.Option("9b", "--model", "-m",
                               help="Model(s) whose GDN shapes to tune, comma-separated (e.g. 4b,9b,27b)."),
-    nodes: str = typer.Option("16,64", "--nodes", help="Tree nodes per request, comma-separated."),
+    nodes: str = typer.Option("16,64,128,192,256", "--nodes", help="Tree nodes per request, comma-separated."),
     batch: str = typer.Option("1,4,16,64", "--batch", help="Batch sizes, comma-separated."),
     trials: int = typer.Option(12, "--trials", help="Candidates evaluated per bucket (the default included)."),
     sampler: str = typer.Option("tpe", "--sampler", help="tpe (Optuna's TPE) or grid (capped at --trials)."),

@@ -47,13 +47,20 @@ def _verify_tile_rule(shape: dict) -> dict:
 
 
 def _verify_blocked_rule(shape: dict) -> dict:
-    """tree_verify's blocked kernel, from the H200 grid over BC x BV x BK x warps
-    (experiments/NOTES.md, experiments/results/sweep-verify-v2-v3-h200.json): at batch 1 small value tiles
-    keep 128 programs busy; beyond, 2 warps per program (the dot operands of a 16-32 row
-    chunk are replicated per warp), value tiles of 32-64, and chunks of 32 once trees
-    average 32 nodes or more (fewer serial chunk passes)."""
+    """tree_verify's blocked kernel. Trees of 65-256 nodes from the H200 A/B of issue 17
+    (experiments/results/i17-big/, NOTES.md "Big trees"): at batch 1 value tiles of 32 keep
+    128 programs busy; at batch 4 chunks of 64 and value tiles of 64, 4 warps; at batch 16
+    and beyond chunks of 32 on 2 warps (fewer registers a program, so 4 programs an SM) up to
+    about 160 nodes, chunks of 64 on 4 warps past that (fewer chunk pairs). Smaller trees
+    (size not promised) keep the rule measured on the v3 kernel (sweep-verify-v2-v3-h200.json)."""
     lanes = shape.get("B", 1) * shape.get("HV", 1)  # programs per value tile
     avg_nodes = shape.get("N", 0) / max(shape.get("B", 1), 1)
+    if avg_nodes > 64:
+        if lanes <= 32:
+            return {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4}
+        if lanes < 512 or avg_nodes > 160:
+            return {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4}
+        return {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2}
     if lanes <= 32:
         return {"BC": 32, "BV": 32, "BK": 32, "num_warps": 4}
     bc = 16 if avg_nodes < 32 else 32

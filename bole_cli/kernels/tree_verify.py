@@ -3,9 +3,12 @@
 Trees of at most 64 nodes go to the one-tile kernel (tree_verify_tile.py); this module
 holds the public API and the blocked kernel for larger trees (up to 256 nodes).
 
-Blocked kernel: one program per (request, value head, value tile). A request's nodes are processed in
-chunks of BC consecutive nodes (parents come first, so a chunk only depends on earlier
-chunks): for chunk c,
+Blocked kernel (v10, issue 17): one program per (request, value head, value tile). First
+the whole tree at once: each node's ancestor-or-self set as NW 64-bit words and logP, by
+pointer jumping over the TP rows held in registers (ceil(log2(depth + 1)) steps of
+tl.gather, as in the one-tile kernel; the level-a-step walk it replaced made 256-node chains
+slow). Then chunks of BC consecutive nodes in order (parents come first, so a chunk only
+depends on earlier chunks): for chunk c,
 
     R_c = D_beta (V_c - D_P K_c S^T)  -  sum_{c' < c} G[c, c'] U_c'
     U_c = (I + G_cc)^-1 R_c            (product form (I-G)(I+G^2)(I+G^4)... up to depth 8,
@@ -13,13 +16,12 @@ chunks): for chunk c,
     O_c = D_P Q_c S^T  +  sum_{c' <= c} C[c, c'] U_c'
 
 G and C are the ancestor-masked Gram terms built from k, q and exp(logP_i - logP_j); they
-are rebuilt per value tile from k and q (cheap) and never materialise a per-node state.
-The ancestor sets come from walking each row's parent chain once per chunk into a
-bitmask (NW 64-bit words covering up to 256 nodes), which also sums logP. The product
-form needs ceil(log2(d+1)) factors where d is the deepest in-chunk ancestor count; past
-d = 8 its powers of G cancel in float32, and the chunk merges diagonal blocks instead.
-U of finished chunks is written to `u` and read back by later chunks of the same program
-(hence the barrier).
+are rebuilt per value tile from k and q and never materialise a per-node state; a chunk
+pair with no ancestor link (wide trees, several roots) is skipped. U of finished chunks is
+written to `u` and read back by later chunks of the same program (hence the barrier).
+TP is the promised tree size rounded up to a power of two (else 256): a request larger
+than it, or whose slot lies outside the pool, gets NaN rows and its slot is never read.
+Measured history and what limits it: experiments/NOTES.md "Big trees".
 """
 
 from __future__ import annotations
@@ -69,22 +71,20 @@ def _block_mask(bits, cols, c0, NW: tl.constexpr):
 
 
 @triton.jit
-def _inv_norm(ptr, rows_g, rmask, h, stride_n, stride_h, offs_k, kmask, USE_L2NORM: tl.constexpr):
-    """1 / sqrt(sum x^2 + 1e-6) per row (1 without the L2 norm), from one full-row load."""
-    if USE_L2NORM:
-        x = tl.load(ptr + rows_g[:, None] * stride_n + h * stride_h + offs_k[None, :],
-                    mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        return 1.0 / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)
-    else:
-        return tl.full(rmask.shape, 1.0, tl.float32)
-
-
-@triton.jit
-def _load_k_chunk(ptr, rows_g, rmask, h, stride_n, stride_h, offs, K: tl.constexpr, inv):
-    """Rows' key-dim slice `offs`, normalised by the precomputed inverse norms."""
-    x = tl.load(ptr + rows_g[:, None] * stride_n + h * stride_h + offs[None, :],
-                mask=rmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-    return x * inv[:, None]
+def _gram(a, b, rows_g, rmask, h, s_an, s_ah, s_bn, s_bh, K: tl.constexpr, KP: tl.constexpr,
+          BC: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, GRAM16: tl.constexpr):
+    """A_c B_c^T of one chunk's rows (raw, unnormalised) over key-dim slices."""
+    acc = tl.zeros([BC, BC], dtype=tl.float32)
+    for kb in range(0, KP, BK):
+        offs = kb + tl.arange(0, BK)
+        m2 = rmask[:, None] & (offs < K)[None, :]
+        an = tl.load(a + rows_g[:, None] * s_an + h * s_ah + offs[None, :], mask=m2, other=0.0)
+        bn = tl.load(b + rows_g[:, None] * s_bn + h * s_bh + offs[None, :], mask=m2, other=0.0)
+        if GRAM16:  # 16-bit inputs: their products are exact in the float32 accumulator
+            acc += tl.dot(an, tl.trans(bn))
+        else:
+            acc += tl.dot(an.to(tl.float32), tl.trans(bn.to(tl.float32)), input_precision=PRECISION)
+    return acc
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -94,18 +94,17 @@ def _tree_verify_kernel(
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
-    BC: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NW: tl.constexpr,
-    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
+    BC: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NW: tl.constexpr, TP: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
     iv = tl.program_id(2)
     h = hv // GROUP
     start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
-    n_solved = tl.where(in_pool, n_nodes, 0)  # a slot outside the pool: no chunk reads it
+    # a slot outside the pool, or a tree larger than the promised TP: no chunk runs, NaN rows
+    n_solved = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
 
-    offs_k = tl.arange(0, KP)
-    kmask = offs_k < K
     offs_v = iv * BV + tl.arange(0, BV)
     vmask = offs_v < V
     lane = tl.arange(0, BC)
@@ -117,91 +116,118 @@ def _tree_verify_kernel(
         neg_a = 0.0
         bias = 0.0
 
+    # The whole tree at once (TP rows in registers): ancestor-or-self bitmask (NW 64-bit
+    # words a row) and logP by pointer jumping, ceil(log2(depth + 1)) steps of tl.gather, as
+    # the one-tile kernel does; chunks below take their rows with one more gather each.
+    alln = tl.arange(0, TP)
+    amask = alln < n_solved
+    par = tl.load(parents + start + alln, mask=amask, other=-1).to(tl.int32)
+    lp = tl.load(g + (start + alln) * s_gn + hv * s_gh, mask=amask, other=0.0).to(tl.float32)
+    if GATED:
+        lp = tl.where(amask, neg_a * softplus(lp + bias), 0.0)
+    one = tl.full([TP, NW], 1, tl.int64)
+    own = amask[:, None] & (words[None, :] == (alln // 64)[:, None])
+    bits = tl.where(own, one << (alln % 64).to(tl.int64)[:, None], 0)
+    cur = tl.where(amask & (par < alln), par, -1)  # a parent that does not precede ends the row
+    while tl.max(cur, axis=0) >= 0:
+        act = cur >= 0
+        safe = tl.where(act, cur, 0)
+        bits = bits | tl.where(act[:, None], tl.gather(bits, tl.broadcast_to(safe[:, None], (TP, NW)), 0), 0)
+        lp += tl.where(act, tl.gather(lp, safe, 0), 0.0)
+        cur = tl.where(act, tl.gather(cur, safe, 0), -1)
 
     for c in range(0, tl.cdiv(n_solved, BC)):
         c0 = c * BC
         rows = c0 + lane
         rmask = rows < n_nodes
         rows_g = start + rows
-
-        # Walk each row's parent chain: ancestor bitmask, logP, in-chunk ancestor count.
-        cur = tl.where(rmask, rows, -1)
-        bits = tl.zeros([BC, NW], dtype=tl.int64)
-        lp = tl.zeros([BC], dtype=tl.float32)
-        n_in = tl.zeros([BC], dtype=tl.int32)
-        while tl.max(cur, axis=0) >= 0:
-            act = cur >= 0
-            hit = act[:, None] & (words[None, :] == (cur // 64)[:, None])
-            one = tl.full([BC, NW], 1, tl.int64)
-            bits = bits | tl.where(hit, one << (cur % 64).to(tl.int64)[:, None], 0)
-            gj = tl.load(g + (start + cur) * s_gn + hv * s_gh, mask=act, other=0.0).to(tl.float32)
-            if GATED:
-                gj = tl.where(act, neg_a * softplus(gj + bias), 0.0)
-            lp += gj
-            n_in += (act & (cur >= c0)).to(tl.int32)
-            nxt = tl.load(parents + start + cur, mask=act, other=-1).to(tl.int32)
-            cur = tl.where(act & (nxt < cur), nxt, -1)  # a malformed parent cannot loop forever
-
-        inv_k = _inv_norm(k, rows_g, rmask, h, s_kn, s_kh, offs_k, kmask, USE_L2NORM)
-        inv_q = _inv_norm(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, USE_L2NORM) * scale
-        vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
-                     mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+        rbits = tl.gather(bits, tl.broadcast_to(rows[:, None], (BC, NW)), 0)
+        lpc = tl.gather(lp, rows, 0)
         bc = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
         if GATED:
             bc = tl.where(rmask, tl.sigmoid(bc), 0.0)
-        p = tl.exp(lp)
+        p = tl.exp(lpc)
 
-        # Every product over the key dim runs in BK-wide slices re-read from L1/L2: whole
-        # [BC, K] / [BV, K] float32 dot operands do not fit the registers (ptxas: 255 + spills).
-        ks = tl.zeros([BC, BV], dtype=tl.float32)  # rows k_i^T S
-        qs = tl.zeros([BC, BV], dtype=tl.float32)
-        kk = tl.zeros([BC, BC], dtype=tl.float32)
-        qk = tl.zeros([BC, BC], dtype=tl.float32)
+        # The chunk's products with the state over key-dim slices (whole [BC, K] float32
+        # operands do not fit the registers); the L2 norms come from the same slices and
+        # scale the products afterwards.
+        xs = tl.zeros([BC, BV], dtype=tl.float32)  # rows k_i^T S
+        ys = tl.zeros([BC, BV], dtype=tl.float32)  # rows q_i^T S
+        nk = tl.zeros([BC], dtype=tl.float32)
+        nq = tl.zeros([BC], dtype=tl.float32)
         for kb in range(0, KP, BK):
             offs = kb + tl.arange(0, BK)
-            kcb = _load_k_chunk(k, rows_g, rmask, h, s_kn, s_kh, offs, K, inv_k)
-            qcb = _load_k_chunk(q, rows_g, rmask, h, s_qn, s_qh, offs, K, inv_q)
+            m2 = rmask[:, None] & (offs < K)[None, :]
+            kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+            qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+            if USE_L2NORM:
+                nk += tl.sum(kc * kc, axis=1)
+                nq += tl.sum(qc * qc, axis=1)
             sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
                          mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-            ks += tl.dot(kcb, tl.trans(sb), input_precision=PRECISION)
-            qs += tl.dot(qcb, tl.trans(sb), input_precision=PRECISION)
-            kk += tl.dot(kcb, tl.trans(kcb), input_precision=PRECISION)
-            qk += tl.dot(qcb, tl.trans(kcb), input_precision=PRECISION)
-        r = bc[:, None] * (vc - p[:, None] * ks)
-        out = p[:, None] * qs
+            xs += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
+            ys += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
+        if USE_L2NORM:
+            inv_k = 1.0 / tl.sqrt(nk + 1e-6)
+            inv_q = scale / tl.sqrt(nq + 1e-6)
+        else:
+            inv_k = tl.full([BC], 1.0, tl.float32)
+            inv_q = tl.full([BC], 1.0, tl.float32) * scale
+        vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
+                     mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
+        r = bc[:, None] * (vc - (p * inv_k)[:, None] * xs)
+        out = (p * inv_q)[:, None] * ys
 
+        # Earlier chunks: R -= G[c, c'] U_c', O += C[c, c'] U_c' (U_c' written by this program
+        # before the barrier). A pair with no ancestor link (wide trees, several roots) is skipped.
         for c2 in range(0, c):
             cols = c2 * BC + lane
-            m = _block_mask(bits, cols, c2 * BC, NW)
-            cols_g = start + cols
-            inv_kj = _inv_norm(k, cols_g, cols < n_nodes, h, s_kn, s_kh, offs_k, kmask, USE_L2NORM)
-            kkj = tl.zeros([BC, BC], dtype=tl.float32)
-            qkj = tl.zeros([BC, BC], dtype=tl.float32)
-            for kb in range(0, KP, BK):
-                offs = kb + tl.arange(0, BK)
-                kcb = _load_k_chunk(k, rows_g, rmask, h, s_kn, s_kh, offs, K, inv_k)
-                qcb = _load_k_chunk(q, rows_g, rmask, h, s_qn, s_qh, offs, K, inv_q)
-                kjb = _load_k_chunk(k, cols_g, cols < n_nodes, h, s_kn, s_kh, offs, K, inv_kj)
-                kkj += tl.dot(kcb, tl.trans(kjb), input_precision=PRECISION)
-                qkj += tl.dot(qcb, tl.trans(kjb), input_precision=PRECISION)
-            lpj = tl.load(log_p + cols_g * s_ln + hv)
-            uj = tl.load(u + cols_g[:, None] * s_un + hv * s_uh + offs_v[None, :],
-                         mask=vmask[None, :], other=0.0)
-            ratio = tl.where(m, tl.exp(tl.minimum(lp[:, None] - lpj[None, :], 0.0)), 0.0)
-            gram = bc[:, None] * ratio * kkj
-            cmat = ratio * qkj
-            r -= tl.dot(gram, uj, input_precision=PRECISION)
-            out += tl.dot(cmat, uj, input_precision=PRECISION)
+            m = _block_mask(rbits, cols, c2 * BC, NW)
+            if tl.max(tl.max(m.to(tl.int32), axis=1), axis=0) > 0:
+                cols_g = start + cols
+                kkj = tl.zeros([BC, BC], dtype=tl.float32)
+                qkj = tl.zeros([BC, BC], dtype=tl.float32)
+                nkj = tl.zeros([BC], dtype=tl.float32)
+                for kb in range(0, KP, BK):
+                    offs = kb + tl.arange(0, BK)
+                    m2 = rmask[:, None] & (offs < K)[None, :]
+                    kn = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0)
+                    qn = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)
+                    kj = tl.load(k + cols_g[:, None] * s_kn + h * s_kh + offs[None, :],
+                                 mask=(offs < K)[None, :], other=0.0)
+                    if USE_L2NORM:
+                        kjf = kj.to(tl.float32)
+                        nkj += tl.sum(kjf * kjf, axis=1)
+                    if GRAM16:
+                        kkj += tl.dot(kn, tl.trans(kj))
+                        qkj += tl.dot(qn, tl.trans(kj))
+                    else:
+                        kkj += tl.dot(kn.to(tl.float32), tl.trans(kj.to(tl.float32)), input_precision=PRECISION)
+                        qkj += tl.dot(qn.to(tl.float32), tl.trans(kj.to(tl.float32)), input_precision=PRECISION)
+                if USE_L2NORM:
+                    inv_kj = 1.0 / tl.sqrt(nkj + 1e-6)
+                else:
+                    inv_kj = tl.full([BC], 1.0, tl.float32)
+                lpj = tl.gather(lp, cols, 0)
+                uj = tl.load(u + cols_g[:, None] * s_un + hv * s_uh + offs_v[None, :],
+                             mask=vmask[None, :], other=0.0)
+                ratio = tl.where(m, tl.exp(tl.minimum(lpc[:, None] - lpj[None, :], 0.0)), 0.0) * inv_kj[None, :]
+                gram = (bc * inv_k)[:, None] * ratio * kkj
+                cmat = inv_q[:, None] * ratio * qkj
+                r -= tl.dot(gram, uj, input_precision=PRECISION)
+                out += tl.dot(cmat, uj, input_precision=PRECISION)
 
-        m = _block_mask(bits, rows, c0, NW)
-        ratio = tl.where(m, tl.exp(tl.minimum(lp[:, None] - lp[None, :], 0.0)), 0.0)
-        strict = m & (rows[None, :] != rows[:, None])
-        gram = tl.where(strict, bc[:, None] * ratio * kk, 0.0)
-        cmat = ratio * qk
+        # The diagonal block: K_c K_c^T first, the solve, then Q_c K_c^T (two passes over the
+        # slices, so that only one [BC, BC] Gram tile is live next to the solve's).
+        m = _block_mask(rbits, rows, c0, NW)
+        ratio = tl.where(m, tl.exp(tl.minimum(lpc[:, None] - lpc[None, :], 0.0)), 0.0) * inv_k[None, :]
+        kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)
+        gram = tl.where(m & (rows[None, :] != rows[:, None]), (bc * inv_k)[:, None] * ratio * kk, 0.0)
 
-        # (I + G)^-1 = (I - G)(I + G^2)(I + G^4)...: G is nilpotent of index depth+1. A chunk
-        # deeper than PRODUCT_FORM_DEPTH merges blocks instead (float32-stable at any depth).
-        depth = tl.max(n_in, axis=0) - 1
+        # (I + G_cc)^-1 R: the product form (I - G)(I + G^2)(I + G^4)... (G nilpotent of
+        # index depth + 1) up to PRODUCT_FORM_DEPTH, merged diagonal blocks beyond
+        # (float32-stable at any depth; docs/design.md §2).
+        depth = tl.max(tl.sum(m.to(tl.int32), axis=1), axis=0) - 1
         if depth <= PRODUCT_FORM_DEPTH:
             x = r - tl.dot(gram, r, input_precision=PRECISION)
             gpow = gram
@@ -213,15 +239,16 @@ def _tree_verify_kernel(
         else:
             x = tl.dot(inverse_by_blocks(gram, lane, tl.minimum(n_nodes - c0, BC), PRECISION), r,
                        input_precision=PRECISION)
-        out += tl.dot(cmat, x, input_precision=PRECISION)
+        qk = _gram(q, k, rows_g, rmask, h, s_qn, s_qh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)
+        out += tl.dot(inv_q[:, None] * ratio * qk, x, input_precision=PRECISION)
 
-        tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], x,
-                 mask=rmask[:, None] & vmask[None, :])
-        tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty),
-                 mask=rmask[:, None] & vmask[None, :])
-        tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)
-        tl.debug_barrier()  # later chunks of this program read u and log_p back
-    # ... and its outputs are NaN instead (no rows when the slot is in the pool)
+        tile = rmask[:, None] & vmask[None, :]
+        tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], x, mask=tile)
+        tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty), mask=tile)
+        if iv == 0:
+            tl.store(log_p + rows_g * s_ln + hv, lpc, mask=rmask)
+        tl.debug_barrier()  # later chunks of this program read u back
+    # ... and its outputs are NaN instead (no rows when the request was solved)
     poison_rows(o, u, log_p, start, n_nodes - n_solved, iv * BV, hv, s_on, s_oh, s_un, s_uh, s_ln, iv == 0,
                 V, BC, BV, BV)
 
@@ -368,16 +395,21 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         state.stride(0), state.stride(1), state.stride(2),
         o.stride(0), o.stride(1), u.stride(0), u.stride(1), log_p.stride(0),
     )
+    # 16-bit Gram operands: not under the interpreter, whose 16-bit dots are not exact
+    # (and 16-bit dots need a 16-wide inner dimension)
+    gram16 = bool(cfg["GRAM16"]) and q.dtype == k.dtype and q.dtype in (torch.bfloat16, torch.float16) \
+        and bk >= 16 and not interpreting()
     common = dict(GROUP=hv // h, K=kdim, V=vdim, KP=kp, BV=bv, BK=bk, USE_L2NORM=use_qk_l2norm,
-                  PRECISION=precision, GATED=gated, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  PRECISION=precision, GATED=gated, GRAM16=gram16, num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"])
     if tile:
         per_part, parts = value_split(vdim, bv, cfg["VSPLIT"])
         tp = max(16, triton.next_power_of_2(max_nodes))
-        # 16-bit Gram operands: not under the interpreter, whose 16-bit dots are not exact
-        # (and 16-bit dots need a 16-wide inner dimension)
-        gram16 = bool(cfg["GRAM16"]) and q.dtype == k.dtype and q.dtype in (torch.bfloat16, torch.float16) \
-            and bk >= 16 and not interpreting()
-        tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part, GRAM16=gram16, **common)
+        tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part, **common)
     else:
-        _tree_verify_kernel[(bsz, hv, triton.cdiv(vdim, bv))](*args, BC=cfg["BC"], NW=NW, **common)
+        # The whole tree's rows sit in registers for the ancestor walk: the promised size
+        # (a larger request gets NaN rows), else the limit.
+        tp = max(64, triton.next_power_of_2(max_nodes or MAX_TREE_NODES))
+        bc = min(cfg["BC"], 64)
+        _tree_verify_kernel[(bsz, hv, triton.cdiv(vdim, bv))](*args, BC=bc, NW=tp // 64, TP=tp, **common)
     return VerifyResult(o, u, log_p)

@@ -6,7 +6,8 @@ The case keeps the model's head counts and dims (so the compiled kernel is the o
 timing then reuses) but few nodes: four requests mixing tree shapes (chains deeper than
 every node chunk, wide trees, several roots). tree_verify's one-tile configs are checked on
 trees no larger than their bucket's (the same TP as the timed launches), its blocked
-configs on a 130-node tree (several chunks, ancestor words past the first); the other
+configs on a tree of the bucket's size when that is past one tile, else 130 nodes (several
+chunks, ancestor words past the first; the same TP as the timed launches); the other
 kernels on 80, 17, 1 and 40 nodes. Tolerances: 2e-3 relative (float32 activations),
 1e-2 (bfloat16/float16 activations, the reference computed from the same rounded inputs).
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from bole_cli.errors import BoleError, InputError
-from bole_cli.limits import MAX_TILE_NODES
+from bole_cli.limits import MAX_TILE_NODES, MAX_TREE_NODES
 
 CHECK_SIZES = (80, 17, 1, 40)
 
@@ -30,8 +31,9 @@ def check_sizes(kernel: str, config: Mapping[str, int], nodes: Optional[int] = N
 
     if kernel != "tree_verify":
         return CHECK_SIZES
-    if is_blocked_config(config):
-        return (130, 17, 1, 40)
+    if is_blocked_config(config):  # the bucket's own size past one tile (the timed TP), else 130
+        big = int(nodes) if nodes and int(nodes) > MAX_TILE_NODES else 130
+        return (min(big, MAX_TREE_NODES), 17, 1, 40)
     n = min(int(nodes or MAX_TILE_NODES), MAX_TILE_NODES)
     return (n, max(1, n // 3), 1, max(1, n - 1))
 
@@ -65,10 +67,12 @@ def rel_err(got, want) -> float:
 
 def verify_path_kwargs(config: Mapping[str, int], max_nodes: int) -> dict:
     """tree_verify arguments that send a launch down the kernel the config is for: a
-    one-tile config (VSPLIT) gets the tree-size promise, a blocked one (BC) withholds it."""
+    one-tile config (VSPLIT) gets the tree-size promise; a blocked one (BC) gets it only
+    past one tile (it sizes the kernel's register walk, as `bole bench kernels` promises it),
+    and is withheld otherwise (a promise <= 64 would pick the one-tile kernel)."""
     from bole_cli.kernels.verify_path import is_blocked_config
 
-    if is_blocked_config(config):
+    if is_blocked_config(config) and int(max_nodes) <= MAX_TILE_NODES:
         return {"check_trees": False}
     return {"check_trees": False, "max_nodes": int(max_nodes)}
 

@@ -1,0 +1,217 @@
+"""Issue 17 items 1-2 on the GPU, in one process: the blocked verify kernel for 65-256-node
+trees (bole_cli/kernels/tree_verify.py) against the one it replaced (commit 9b66697's,
+a copy passed as --baseline), per launch config, plus the shipped commit, on random
+(depth <= 8) trees and chains at the Qwen3.5-9B GDN shape (bf16 activations, float32 state).
+
+    git show 9b66697:bole_cli/kernels/tree_verify.py > experiments/old_blocked.py  # v3, untracked
+    python experiments/ab_big_trees.py --baseline experiments/old_blocked.py \
+        --batch 1,4,16,64 --nodes 128,192,256 --out OUT.json
+    python experiments/ab_big_trees.py --baseline ... --no-check --configs A,E2 --cells random:16x128
+
+First every config is checked at real shapes against the float64 reference (random trees,
+chains of 256, wide trees, several roots, 1-node requests; float32 and bf16 activations);
+then each cell (ROTATE input sets, as `bole bench kernels`) is timed as a CUDA-graph replay
+(do_bench median). A config may carry `maxnreg` (Triton's register cap, a launch option,
+not a kernel config key). Notes: experiments/NOTES.md "Big trees"; index: experiments/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import random
+import sys
+import time
+
+CONFIGS = {
+    "A": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4},
+    "B": {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4},
+    "C": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 8},
+    "D": {"BC": 64, "BV": 128, "BK": 32, "num_warps": 8},
+    "E": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 4},
+    "F": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 4},
+    "H": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4, "maxnreg": 128},
+    "I": {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4, "maxnreg": 128},
+    "J": {"BC": 64, "BV": 16, "BK": 32, "num_warps": 4},
+    # run 2: two warps, as the replaced kernel's rule had
+    "A2": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 2},
+    "B2": {"BC": 64, "BV": 32, "BK": 32, "num_warps": 2},
+    "E2": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2},
+    "K2": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 2},
+}
+
+
+class Capped:
+    """The kernel launched with extra launch options (maxnreg)."""
+
+    def __init__(self, kernel, opts):
+        self.kernel, self.opts = kernel, opts
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: self.kernel[grid](*a, **kw, **self.opts)
+
+
+def load_module(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    if not bool(a.isfinite().all()):
+        return float("inf")
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def launch(tv, name, fn):
+    """Run fn with config CONFIGS[name] (maxnreg applied by swapping the module's kernel)."""
+    cfg = dict(CONFIGS[name])
+    cap = cfg.pop("maxnreg", None)
+    shipped = tv._tree_verify_kernel
+    if cap:
+        tv._tree_verify_kernel = Capped(shipped, {"maxnreg": cap})
+    try:
+        return fn(cfg)
+    finally:
+        tv._tree_verify_kernel = shipped
+
+
+def check_configs(torch, tv, names, seed=0, dims=(16, 32, 128, 128), sizes=(256, 256, 130, 1, 200, 65),
+                  device="cuda"):
+    """Every config against the float64 reference at the real shape; worst rel error."""
+    import itertools
+
+    from bole_cli.kernels.reference import gdn_gates_ref, tree_verify_ref
+    from bole_cli.trees import random_tree
+
+    rows = {}
+    h, hv, kd, vd = dims
+    shapes = ["random", "chain", "roots", "random", "wide", "chain"]
+    parents = []
+    r = random.Random(seed)
+    for s, sh in zip(sizes, shapes):
+        parents += list(random_tree(r, s, max_depth=8 if sh == "random" else None, shape=sh).parents)
+    n = sum(sizes)
+    cu = torch.tensor([0] + list(itertools.accumulate(sizes)), dtype=torch.int32)
+    gen = torch.Generator().manual_seed(seed)
+    for dtype, tol, which in ((torch.bfloat16, 1e-2, names), (torch.float32, 2e-3, names[:1])):
+        q = torch.randn(n, h, kd, generator=gen).to(dtype)
+        k = torch.randn(n, h, kd, generator=gen).to(dtype)
+        v = torch.randn(n, hv, vd, generator=gen).to(dtype)
+        a = (torch.randn(n, hv, generator=gen) * 2).to(dtype)
+        b = torch.randn(n, hv, generator=gen).to(dtype)
+        a_log = torch.rand(hv, generator=gen) * 2.0 - 1.0
+        a_log[0] = math.log(30.0)  # head 0: decays down to about -30 per node
+        dt_bias = torch.randn(hv, generator=gen)
+        state = torch.randn(len(sizes) + 2, hv, vd, kd, generator=gen)
+        slots = torch.randperm(len(sizes) + 2, generator=gen)[: len(sizes)].to(torch.int32)
+        par = torch.tensor(parents, dtype=torch.int32)
+        g, beta = gdn_gates_ref(a_log, a, dt_bias, b)
+        ref = tree_verify_ref(q, k, v, g, beta, state, slots, par, cu)
+        dev = [x.to(device) for x in (q, k, v, a, b, a_log, dt_bias, state, slots, par, cu)]
+        for name in which:
+            def run(cfg):
+                return tv.tree_verify_gated(*dev, check_trees=False, max_nodes=max(sizes), config=cfg)
+            got = launch(tv, name, run)
+            err = max(rel(x, y) for x, y in zip(got, ref))
+            rows[f"{name}/{str(dtype)[6:]}"] = err
+            print(f"check {name:2s} {str(dtype)[6:]:8s} rel err {err:.2e} {'ok' if err <= tol else 'FAIL'}", flush=True)
+            if not err <= tol:
+                raise SystemExit(f"config {name} is wrong at the real shape ({dtype}): rel err {err:.2e}")
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", required=True, help="the replaced tree_verify.py (a copy)")
+    ap.add_argument("--batch", default="1,4,16,64")
+    ap.add_argument("--nodes", default="128,192,256")
+    ap.add_argument("--trees", default="random,chain")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--cells", help="tree:BxT list instead of the trees x batch x nodes grid, "
+                                    "e.g. random:16x128,chain:1x256")
+    ap.add_argument("--no-check", action="store_true", help="skip the float64 checks (each cell still "
+                                                            "compares every config with the baseline)")
+    ap.add_argument("--rep-ms", type=int, default=40)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+
+    import torch
+    import triton
+
+    from bole_cli import kernels
+    from bole_cli.bench.kernel_bench import floor_bytes as _floor_bytes  # the bench's floor
+    from bole_cli.catalog.models import resolve_model
+    from bole_cli.kernels.reference import VerifyResult
+    from bole_cli.timing import ROTATE, LayerInputs, time_graph, warm_gpu
+
+    tv = importlib.import_module("bole_cli.kernels.tree_verify")
+    old = load_module(args.baseline, "old_tree_verify")
+    names = [c for c in args.configs.split(",") if c]
+    t0 = time.time()
+    checks = {} if args.no_check else check_configs(torch, tv, names)
+    print(f"checks done in {time.time() - t0:.0f} s", flush=True)
+    spec = resolve_model("9b")
+    warm_gpu(torch)
+    bw = 4.22e12  # the bench's measured copy bandwidth on this H200 (NOTES.md)
+    rows = []
+    if args.cells:
+        cells = [(c.split(":")[0], *map(int, c.split(":")[1].split("x"))) for c in args.cells.split(",")]
+    else:
+        cells = [(t, b, nd) for t in args.trees.split(",") for b in map(int, args.batch.split(","))
+                 for nd in map(int, args.nodes.split(","))]
+    for tree, batch, nodes in cells:
+        sets = [LayerInputs(torch, spec, batch, nodes, tree, 1000 * i + batch * 7 + nodes, torch.bfloat16,
+                            torch.float32, sglang_buffers=False) for i in range(ROTATE)]
+        n, hv, vd = batch * nodes, spec.gdn_value_heads, spec.gdn_value_dim
+        outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, hv, vd, device="cuda"),
+                             torch.empty(n, hv, device="cuda")) for s in sets]
+
+        def verify(mod, cfg):
+            return [lambda s=s, o=o: mod.tree_verify_gated(
+                s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots, s.parents, s.cu,
+                check_trees=False, max_nodes=nodes, out=o, config=cfg) for s, o in zip(sets, outs)]
+        row = {"tree": tree, "batch": batch, "nodes": nodes,
+               "floor_us": _floor_bytes(sets[0], spec) / bw * 1e6}
+        fns = verify(old, None)
+        fns[0]()
+        want = [x.float().clone() for x in outs[0]]
+        row["old_us"] = time_graph(torch, fns, rep_ms=args.rep_ms)
+        for name in names:
+            def run(cfg):
+                f = verify(tv, cfg)
+                f[0]()
+                diff = max(rel(a, b) for a, b in zip(outs[0], want))
+                return diff, time_graph(torch, f, rep_ms=args.rep_ms)
+            try:
+                row[f"{name}_diff"], row[f"{name}_us"] = launch(tv, name, run)
+            except Exception as exc:  # a config that does not compile: note it, go on
+                row[f"{name}_err"] = str(exc)[:200]
+                print(f"  {name}: {exc!r}"[:300], flush=True)
+        commit = [lambda s=s, o=o: kernels.tree_commit(s.pool, s.slots, s.k, o.u, o.log_p, s.parents, s.cu,
+                                                      s.accepted, check_trees=False)
+                  for s, o in zip(sets, outs)]
+        row["commit_us"] = time_graph(torch, commit, rep_ms=args.rep_ms)
+        best = min([(row[f"{c}_us"], c) for c in names if f"{c}_us" in row] or [(math.nan, "-")])
+        row["best"] = best[1]
+        rows.append(row)
+        print(f"{tree:6s} B{batch:3d} T{nodes:3d} floor {row['floor_us']:7.1f} old {row['old_us']:8.1f} "
+              + " ".join(f"{c} {row.get(c + '_us', math.nan):7.1f}" for c in names)
+              + f" | commit {row['commit_us']:6.1f} best {best[1]} {best[0]:.1f} "
+              f"x{(best[0] + row['commit_us']) / max(row['floor_us'], 8.0):.2f}", flush=True)
+        del sets, outs, fns
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "command": "python " + " ".join(sys.argv),
+                       "configs": CONFIGS, "checks": checks, "bandwidth": bw, "rows": rows}, f, indent=1)
+    print(f"total {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
