@@ -6,13 +6,22 @@
     (fused_mamba_state_scatter_with_mask, as update_mamba_state_after_mtp_verify does).
 (b) Bole: tree_verify_gated (gates fused, like SGLang's) + tree_commit on the same inputs.
 (c) The memory-traffic floor: bytes that must move / measured device copy bandwidth.
-(d) For chains, SGLang's ReplaySSM: the recurrent kernel with ``cache_ring=True`` (state
-    frozen, each token's raw v, k, g, beta into a per-slot ring), then the fold of each
-    request's accepted prefix into the state, called as gdn_backend.py and spec_utils.py
-    call them (`SGLangKernels.replayssm_verify` / `replayssm_fold`).
+(d) For chains, SGLang's ReplaySSM as a GDN model runs it (`--enable-linear-replayssm-spec`):
+    the circular ring. The verify reconstructs every draft position's output from the
+    frozen checkpoint plus the ring's committed history and writes the window's update
+    vectors, keys and decays into the ring; the commit advances each request's cursors by
+    its accepted length and materialises the ring into the state only when it is due
+    (every commit for a bf16 pool, else when the next window could overflow the ring).
+    Called as gdn_backend.py and spec_utils.py call them (`SGLangKernels.replayssm_ring_*`,
+    docs/sglang-0.5.23.md "ReplaySSM"); timed in steady state: each replay of the graph
+    is one more step on the same ring, so flushes come at their natural rate. The ring
+    length is `ring_len_for(nodes)` (SGLang's default 16, raised for longer windows).
+(e) The fold protocol (0.5.23 runs it for KDA models only; labelled "KDA fold"): verify
+    into a raw-input window, then replay the accepted prefix into the state.
 
 Every SGLang path is checked against Bole on the same inputs before it is timed (outputs
-and the committed state, `AGREEMENT`); a case outside the tolerances is listed in
+and the committed state, `AGREEMENT`; the ring over CHECK_STEPS consecutive steps, so its
+committed history is read); a case outside the tolerances is listed in
 `KernelBenchResult.disagreements`, so a mis-called baseline cannot pass as a fast one.
 
 Timing (bole_cli.timing): each variant is captured in a CUDA graph that runs it over ROTATE
@@ -46,15 +55,21 @@ class KernelCase:
     bole_transient_bytes: int = 0
     max_rel_diff_o: Optional[float] = None
     max_rel_diff_state: Optional[float] = None
-    replayssm_us: Optional[float] = None  # chains: ReplaySSM verify + fold
+    # chains: ReplaySSM's circular ring (GDN's protocol), verify + commit in steady state
+    replayssm_us: Optional[float] = None
     replayssm_verify_us: Optional[float] = None
-    replayssm_fold_us: Optional[float] = None
-    replayssm_diff_o: Optional[float] = None  # relative difference from Bole's o
-    replayssm_diff_state: Optional[float] = None  # folded state vs Bole's committed state
+    replayssm_commit_us: Optional[float] = None
+    replayssm_cache_len: Optional[int] = None  # the ring length
+    replayssm_diff_o: Optional[float] = None  # worst relative difference from Bole's o
+    replayssm_diff_state: Optional[float] = None  # materialised ring vs Bole's committed state
+    fold_us: Optional[float] = None  # chains: the fold protocol (KDA's), verify + fold
+    fold_diff_o: Optional[float] = None
+    fold_diff_state: Optional[float] = None
+    replayssm_error: Optional[str] = None  # the ReplaySSM baselines did not run: why
 
     @property
     def bole_over_replayssm(self) -> Optional[float]:
-        """Bole's verify + commit time over ReplaySSM's verify + fold (below 1: Bole faster)."""
+        """Bole's verify + commit time over ReplaySSM's ring verify + commit (below 1: Bole faster)."""
         if self.replayssm_us and self.bole_us:
             return self.bole_us / self.replayssm_us
         return None
@@ -107,8 +122,12 @@ class KernelBenchResult:
 
 # Largest relative (Frobenius) difference accepted between two paths on the same inputs:
 # o is stored in the activation dtype (bf16: ~4e-3 per element); the committed state is
-# float32 or bfloat16 (rounded once per commit).
-AGREEMENT = {"o": 3e-2, "state float32": 1e-3, "state bfloat16": 2e-2}
+# float32 or bfloat16 (rounded once per commit). The ring's float32 state gets more room:
+# its update vectors come from TF32 dots (SGLang's default precision on SM80+) and are
+# stored as bf16 high + low parts; a mis-called ring differs by O(1) (tests/test_replayssm_ring.py).
+AGREEMENT = {"o": 3e-2, "state float32": 1e-3, "state bfloat16": 2e-2, "ring state float32": 5e-3,
+             "ring state bfloat16": 2e-2}
+CHECK_STEPS = 3  # consecutive ring steps checked against Bole before timing
 
 
 def check_agreement(case: KernelCase, state_dtype: str) -> list[str]:
@@ -119,7 +138,9 @@ def check_agreement(case: KernelCase, state_dtype: str) -> list[str]:
     for label, value, tol in (("snapshot o", case.max_rel_diff_o, AGREEMENT["o"]),
                               ("snapshot state", case.max_rel_diff_state, state_tol),
                               ("ReplaySSM o", case.replayssm_diff_o, AGREEMENT["o"]),
-                              ("ReplaySSM state", case.replayssm_diff_state, state_tol)):
+                              ("ReplaySSM state", case.replayssm_diff_state, AGREEMENT[f"ring state {state_dtype}"]),
+                              ("KDA fold o", case.fold_diff_o, AGREEMENT["o"]),
+                              ("KDA fold state", case.fold_diff_state, state_tol)):
         if value is not None and not value <= tol:  # NaN fails too
             out.append(f"{where}: {label} differs from Bole's by {value:.2e} (tolerance {tol:.0e})")
     return out
@@ -139,21 +160,34 @@ def sglang_step(s: LayerInputs, sg) -> Callable[[], None]:
     return run
 
 
-def replayssm_verify(s: LayerInputs, sg, rings: dict) -> Callable[[], None]:
-    """(d) ReplaySSM's verify: the recurrent kernel writing the raw-input ring."""
+def ring_verify(s: LayerInputs, sg, ring: dict, replay) -> Callable[[], None]:
+    """(d) ReplaySSM's ring verify (one layer): o from checkpoint + history, window into the ring."""
+    layer = sg.ring_layer(ring, 0)
+
+    def run():
+        sg.replayssm_ring_verify(s.A_log, s.dt_bias, s.q[None], s.k[None], s.v[None], s.a, s.b,
+                                 checkpoint_state=s.pool, ring=layer, cache_indices=s.slots,
+                                 replay_indices=replay, query_start_loc=s.cu, draft_token_num=s.nodes)
+    return run
+
+
+def ring_commit(s: LayerInputs, sg, ring: dict, replay, accept_lens) -> Callable[[], None]:
+    """(d) ReplaySSM's ring commit: cursors advanced, the ring materialised when due."""
+    pool = s.pool[None]
+
+    def run():
+        sg.replayssm_ring_commit(pool, ring, s.slots, replay, accept_lens, s.nodes)
+    return run
+
+
+def fold_step(s: LayerInputs, sg, rings: dict, accept_lens) -> Callable[[], None]:
+    """(e) The fold protocol (KDA's): verify into the raw-input window, fold the accepted prefix."""
     layer = {name: r[0] for name, r in rings.items()}
+    pool = s.pool[None]
 
     def run():
         sg.replayssm_verify(s.A_log, s.dt_bias, s.q[None], s.k[None], s.v[None], s.a, s.b,
                             ssm_states=s.pool, cache_indices=s.slots, query_start_loc=s.cu, rings=layer)
-    return run
-
-
-def replayssm_fold(s: LayerInputs, sg, rings: dict, accept_lens) -> Callable[[], None]:
-    """(d) ReplaySSM's commit: the accepted prefix (accepted node + 1 tokens) folded in."""
-    pool = s.pool[None]
-
-    def run():
         sg.replayssm_fold(pool, rings, s.slots, accept_lens)
     return run
 
@@ -256,7 +290,14 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     s0.pool.copy_(pool0)
                     case.sglang_us = time_graph(torch, [sglang_step(s, sg) for s in sets])
                     if tree == "chain":
-                        _bench_replayssm(torch, sg, sets, case, o_bole, bole_state, pool0, act)
+                        try:
+                            _bench_replayssm(torch, sg, kernels, sets, case, o_bole, bole_state, pool0, act)
+                        except Exception as exc:  # noqa: BLE001 - a finding to report, not a crash
+                            torch.cuda.synchronize()
+                            case.replayssm_error = f"{type(exc).__name__}: {exc}"[:400]
+                            case.replayssm_us = case.fold_us = None
+                            result.notes.append(f"ReplaySSM did not run at chain batch {batch} x {nodes}: "
+                                                f"{case.replayssm_error}")
                 result.disagreements.extend(check_agreement(case, state_dtype))
                 bytes_ = floor_bytes(sets[0], spec)
                 case.floor_bytes = bytes_
@@ -271,25 +312,72 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
     return result
 
 
-def _bench_replayssm(torch, sg, sets, case: KernelCase, o_bole, bole_state, pool0, act) -> None:
-    """ReplaySSM on the chain inputs: agreement with Bole's o and committed state (set 0,
-    both from pool0), then verify, fold and both together timed like Bole's."""
-    rings = [sg.replayssm_rings(s.pool[None], s.nodes, s.q.shape[1], act) for s in sets]
-    lens = [(s.accepted + 1).to(torch.int32) for s in sets]  # accepted drafts + the bonus token
-    verify = [replayssm_verify(s, sg, r) for s, r in zip(sets, rings)]
-    fold = [replayssm_fold(s, sg, r, n) for s, r, n in zip(sets, rings, lens)]
-    s0 = sets[0]
+def ring_agreement(torch, sg, kernels, sets, pool0, act, length: int) -> tuple[float, float]:
+    """The ring against Bole over CHECK_STEPS consecutive steps on set 0's pool (reset to
+    pool0) and slots, step i with set i's inputs and accepted lengths, Bole's verify +
+    commit on a copy of pool0: the worst relative o and committed-state differences (the
+    ring's committed state read by SGLang's own materialisation, on a copy). Any device."""
+    from bole_cli.kernels.reference import VerifyResult
+
+    s0, nodes = sets[0], sets[0].nodes
+    dev = s0.pool.device
+    replay = torch.arange(s0.batch, dtype=torch.int32, device=dev)  # SGLang: req_pool_indices
     s0.pool.copy_(pool0)
+    ring = sg.replayssm_ring(s0.pool[None], s0.batch, s0.q.shape[1], act, length)
+    bole_pool = pool0.clone()
+    out = VerifyResult(torch.empty_like(s0.v), torch.empty(s0.v.shape, device=dev),
+                       torch.empty(s0.v.shape[:2], device=dev))
+    diff_o = diff_state = 0.0
+    sel = s0.slots.long()
+    for step in range(CHECK_STEPS):
+        x = sets[step % len(sets)]
+        o = sg.replayssm_ring_verify(x.A_log, x.dt_bias, x.q[None], x.k[None], x.v[None], x.a, x.b,
+                                     checkpoint_state=s0.pool, ring=sg.ring_layer(ring, 0), cache_indices=s0.slots,
+                                     replay_indices=replay, query_start_loc=x.cu, draft_token_num=nodes)
+        kernels.tree_verify_gated(x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, bole_pool, s0.slots, x.parents,
+                                  x.cu, max_nodes=nodes, out=out)
+        diff_o = max(diff_o, rel_diff(o.reshape(out.o.shape), out.o))
+        n = (x.accepted + 1).to(torch.int32)  # accepted drafts + the bonus token
+        sg.replayssm_ring_commit(s0.pool[None], ring, s0.slots, replay, n, nodes)
+        kernels.tree_commit(bole_pool, s0.slots, x.k, out.u, out.log_p, x.parents, x.cu, n - 1)
+        copy_pool = s0.pool[None].clone()
+        sg.replayssm_ring_materialize(copy_pool, {k: None if t is None else t.clone() for k, t in ring.items()},
+                                      s0.slots, replay)
+        diff_state = max(diff_state, rel_diff(copy_pool[0, sel], bole_pool[sel]))
+    s0.pool.copy_(pool0)
+    return diff_o, diff_state
+
+
+def _bench_replayssm(torch, sg, kernels, sets, case: KernelCase, o_bole, bole_state, pool0, act) -> None:
+    """ReplaySSM on the chain inputs: the ring's agreement (`ring_agreement`), the fold's
+    over one step against Bole's (o_bole, bole_state, both from pool0); then each timed
+    like Bole's (the ring's verify, commit and both in steady state; the fold whole)."""
+    from bole_cli.sglang.kernels import ring_len_for
+
+    s0, batch, nodes = sets[0], sets[0].batch, sets[0].nodes
+    length = case.replayssm_cache_len = ring_len_for(nodes)
+    case.replayssm_diff_o, case.replayssm_diff_state = ring_agreement(torch, sg, kernels, sets, pool0, act, length)
+    replay = torch.arange(batch, dtype=torch.int32, device="cuda")
+    lens = [(s.accepted + 1).to(torch.int32) for s in sets]
+    key_heads = s0.q.shape[1]
+    rings = [sg.replayssm_ring(s.pool[None], batch, key_heads, act, length) for s in sets]
+    verify = [ring_verify(s, sg, r, replay) for s, r in zip(sets, rings)]
+    commit = [ring_commit(s, sg, r, replay, n) for s, r, n in zip(sets, rings, lens)]
+    case.replayssm_verify_us = time_graph(torch, verify)
+    case.replayssm_commit_us = time_graph(torch, commit)
+    case.replayssm_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
+    del rings, verify, commit
+
+    s0.pool.copy_(pool0)
+    windows = [sg.replayssm_rings(s.pool[None], nodes, key_heads, act) for s in sets]
     o = sg.replayssm_verify(s0.A_log, s0.dt_bias, s0.q[None], s0.k[None], s0.v[None], s0.a, s0.b,
                             ssm_states=s0.pool, cache_indices=s0.slots, query_start_loc=s0.cu,
-                            rings={name: r[0] for name, r in rings[0].items()})
-    case.replayssm_diff_o = rel_diff(o.reshape(o_bole.shape), o_bole)
-    fold[0]()
-    case.replayssm_diff_state = rel_diff(s0.pool[s0.slots.long()], bole_state)
+                            rings={name: r[0] for name, r in windows[0].items()})
+    case.fold_diff_o = rel_diff(o.reshape(o_bole.shape), o_bole)
+    sg.replayssm_fold(s0.pool[None], windows[0], s0.slots, lens[0])
+    case.fold_diff_state = rel_diff(s0.pool[s0.slots.long()], bole_state)
     s0.pool.copy_(pool0)
-    case.replayssm_verify_us = time_graph(torch, verify)
-    case.replayssm_fold_us = time_graph(torch, fold)
-    case.replayssm_us = time_graph(torch, [f for pair in zip(verify, fold) for f in pair], calls=len(sets))
+    case.fold_us = time_graph(torch, [fold_step(s, sg, w, n) for s, w, n in zip(sets, windows, lens)])
 
 
 def _bench_commit_all_layers(torch, kernels, spec: ModelSpec, batch: int, sg, bw) -> CommitCase:

@@ -3,9 +3,10 @@
 One GDN layer's tree verify + commit, SGLang 0.5.23 against Bole, per (tree, batch, nodes),
 with the memory-traffic floor (docs/design.md §3). Terminals narrower than WIDE_COLUMNS get
 two tables (times; floor, bytes and agreement) instead of one. Chains add a table against
-SGLang's ReplaySSM (verify into the ring + fold) and the "tree vs chain at equal verify
-time" view: per batch, the largest measured Bole tree that costs no more than ReplaySSM's
-chain of EQUAL_TIME_CHAIN tokens.
+SGLang's ReplaySSM as a GDN model runs it (the circular ring: verify + commit in steady
+state), with the fold protocol (KDA's) as a second baseline, and the "tree vs chain at
+equal verify time" view: per batch, the largest measured Bole tree that costs no more than
+ReplaySSM's chain of EQUAL_TIME_CHAIN tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ KERNEL_BYTES = ("floor us", "% floor", "snapshots", "factors", "o diff")
 WIDE_COLUMNS = 140  # the one-table layout needs about this many terminal columns
 # The headline: random trees at the batches and sizes SGLang serves most.
 GEOMEAN_KEY = "geomean_speedup_b1_4_16_n16_32_64"
-REPLAYSSM_COLUMNS = ("RSSM us", "verify", "fold", "Bole us", "Bole/RSSM", "o diff", "S diff")
+REPLAYSSM_COLUMNS = ("RSSM", "verify", "commit", "fold", "Bole", "Bole/RSSM", "o diff", "S diff")
 EQUAL_TIME_CHAIN = 8  # SGLang's usual draft window
 
 
@@ -51,10 +52,13 @@ def kernel_document(result: KernelBenchResult, *, dtype: str, state_dtype: str, 
     data = result.to_dict()
     core = [c.speedup for c in result.cases if c.tree == "random" and c.batch in (1, 4, 16) and c.nodes in (16, 32, 64)]
     ratios = [c.bole_over_replayssm for c in result.cases if c.bole_over_replayssm]
+    folds = [c.bole_us / c.fold_us for c in result.cases if c.fold_us and c.bole_us]
     data["summary"] = {GEOMEAN_KEY: geomean(core), "command": command, "seconds": seconds,
                        "dtype": dtype, "state_dtype": state_dtype,
                        "bole_over_replayssm_max": max(ratios) if ratios else None,
                        "bole_over_replayssm_geomean": geomean(ratios),
+                       "replayssm_protocol": "circular ring (GDN)" if ratios else None,
+                       "bole_over_kda_fold_geomean": geomean(folds),
                        "equal_time": equal_time_view(result.cases),
                        "agree": not result.disagreements}
     return data
@@ -96,14 +100,19 @@ def tables(result, width: int = WIDE_COLUMNS) -> list:
         out.append(t)
     chains = [c for c in result.cases if c.replayssm_us]
     if chains:
-        t = Table(title="chains: ReplaySSM (ring verify + fold) vs Bole (verify + commit), us",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="RSSM = SGLang's ReplaySSM; o / S diff: relative to Bole's o and committed state")
+        t = Table(title="chains: ReplaySSM ring (GDN's protocol) vs Bole, verify + commit, us",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  caption="RSSM = SGLang's ReplaySSM ring, steady state; fold = its KDA protocol "
+                          "(verify + fold); o / S diff: the ring vs Bole's o and committed state")
         for col in ("B", "nodes") + REPLAYSSM_COLUMNS:
             t.add_column(col, justify="right", no_wrap=True)
+
+        def us(x):
+            return f"{x:.1f}" if x else "-"
+
         for c in chains:
-            t.add_row(str(c.batch), str(c.nodes), f"{c.replayssm_us:.1f}", f"{c.replayssm_verify_us:.1f}",
-                      f"{c.replayssm_fold_us:.1f}", f"{c.bole_us:.1f}", f"{c.bole_over_replayssm:.2f}",
+            t.add_row(str(c.batch), str(c.nodes), us(c.replayssm_us), us(c.replayssm_verify_us),
+                      us(c.replayssm_commit_us), us(c.fold_us), us(c.bole_us), f"{c.bole_over_replayssm:.2f}",
                       f"{c.replayssm_diff_o:.0e}", f"{c.replayssm_diff_state:.0e}")
         out.append(t)
     return out
@@ -120,13 +129,23 @@ def notes(result: KernelBenchResult, data: dict) -> list[str]:
     if summary.get("bole_over_replayssm_max"):
         worst = summary["bole_over_replayssm_max"]
         verdict = "Bole no slower at every chain cell" if worst <= 1.0 else "Bole SLOWER at some chain cells"
-        out.append(f"chains, Bole / ReplaySSM time: worst {worst:.2f}, geometric mean "
+        out.append(f"chains, Bole / ReplaySSM ring time: worst {worst:.2f}, geometric mean "
                    f"{summary['bole_over_replayssm_geomean']:.2f} ({verdict})")
+        by_len: dict[int, set] = {}
+        for c in result.cases:
+            if c.replayssm_cache_len:
+                by_len.setdefault(c.replayssm_cache_len, set()).add(c.nodes)
+        if by_len:
+            out.append("ReplaySSM ring length (--linear-replayssm-cache-len): " + "; ".join(
+                f"{n} for chains of {', '.join(map(str, sorted(nodes)))}" for n, nodes in sorted(by_len.items())))
     for row in summary.get("equal_time") or []:
         tree = (f"Bole's largest tree within it: {row['largest_tree_nodes']} nodes ({row['tree_us']:.1f} us)"
                 if row["largest_tree_nodes"] else "no measured Bole tree fits")
         out.append(f"batch {row['batch']}: ReplaySSM chain of {row['replayssm_chain_nodes']} "
                    f"{row['replayssm_us']:.1f} us; {tree}")
+    for line in (result.notes if hasattr(result, "notes") else data.get("notes", [])):
+        if line.startswith("ReplaySSM did not run"):
+            out.append(line)
     for line in result.disagreements if hasattr(result, "disagreements") else data.get("disagreements", []):
         out.append(f"DISAGREEMENT {line}")
     if data["summary"][GEOMEAN_KEY]:

@@ -1,8 +1,8 @@
 """The model's own MTP layer, as SGLang 0.5.23 runs it (docs/design.md §8).
 
-SGLang's Qwen3.5 / Qwen3-Next MTP (sglang/srt/models/qwen3_5_mtp.py, qwen3_next_mtp.py):
-for a token x at position i and the target's final hidden state h (after its last norm) at
-position i - 1,
+SGLang's Qwen3.5 / Qwen3-Next MTP (where each piece sits in SGLang's source:
+docs/sglang-0.5.23.md (f)): for a token x at position i and the target's final hidden
+state h (after its last norm) at position i - 1,
 
     z = fc([norm_e(embed(x)), norm_h(h)])      m = norm(decoder_layer(z))      logits = lm_head(m)
 

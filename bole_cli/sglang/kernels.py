@@ -9,8 +9,13 @@ Adding a kernel: name its module below, list the callables it provides in
 `KERNEL_FUNCTIONS` and give `SGLangKernels` a field of the same name (tests check the two
 agree); a module outside the extracted folders also goes into `bole_cli.sglang.source`.
 
-Facts about the loaded kernels (signatures, layouts, dtypes): docs/sglang-0.5.23.md.
-Nothing heavy is imported at module level.
+Facts about the loaded kernels (signatures, layouts, dtypes, which ReplaySSM protocol a
+model gets): docs/sglang-0.5.23.md. Nothing heavy is imported at module level.
+
+ReplaySSM (chain verify without snapshots) has two protocols in 0.5.23, both wrapped here
+with the arguments SGLang passes: the *circular ring* a GDN model (Qwen3.5, Qwen3-Next)
+runs (`replayssm_ring_*`), and the *fold* that only KDA models run (`replayssm_fold*`,
+`replayssm_verify`), kept as a second, labelled baseline.
 """
 
 from __future__ import annotations
@@ -25,7 +30,11 @@ from typing import Any, Callable, Mapping, Optional
 from bole_cli.errors import BoleError
 from bole_cli.sglang.isolation import isolated_sglang, live_sglang
 from bole_cli.sglang.source import SGLANG_VERSION, SGLangSource, find_sglang_source
-from bole_cli.sglang.triton_interpreter import fix_interpreted_loop_counters, fix_triton_interpreter_masks
+from bole_cli.sglang.triton_interpreter import (
+    fix_interpreted_bf16_dot,
+    fix_interpreted_loop_counters,
+    fix_triton_interpreter_masks,
+)
 
 # The modules `load_sglang_kernels` imports (dotted names inside SGLang 0.5.23).
 VERIFY_MODULE = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
@@ -33,6 +42,7 @@ CONV_MODULE = "sglang.kernels.ops.mamba.causal_conv1d_triton"
 SCATTER_MODULE = "sglang.kernels.ops.mamba.mamba_state_scatter_triton"
 GATING_MODULE = "sglang.kernels.ops.attention.linear.fused_gdn_gating"
 FOLD_MODULE = "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_fold"
+RING_MODULE = "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode"
 WRAPPER_MODULE = "sglang.srt.layers.attention.linear.kernels.gdn_triton"
 
 #: Kernel module -> the callables `SGLangKernels` takes from it (one field each), in
@@ -44,10 +54,21 @@ KERNEL_FUNCTIONS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
                      "scatter_mamba_states_after_mtp_verify"),
     GATING_MODULE: ("fused_gdn_gating",),
     FOLD_MODULE: ("commit_gdn_replayssm_fold_all_layers",),
+    RING_MODULE: ("gdn_replayssm_spec_decode", "commit_gdn_replayssm_spec", "commit_gdn_replayssm_circular"),
 })
 KERNEL_MODULES = tuple(KERNEL_FUNCTIONS)
 # Light real modules those import whose parent package __init__ is heavy (stubbed parents).
 DEPENDENCY_MODULES = ("sglang.kernels.ops.memory.ptr_table",)
+#: SGLang's default --linear-replayssm-cache-len (the ring length L, a power of two).
+RING_DEFAULT_LEN = 16
+
+
+def ring_len_for(draft_tokens: int) -> int:
+    """The ring length Bole runs SGLang's ReplaySSM with for a window of `draft_tokens`:
+    SGLang's default (16), raised to the smallest power of two that holds the window (for
+    longer chains a user must raise --linear-replayssm-cache-len; 0.5.23 checks nothing
+    for GDN, and a window past the ring's end is dropped). docs/sglang-0.5.23.md."""
+    return max(RING_DEFAULT_LEN, 1 << max(0, draft_tokens - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -62,8 +83,11 @@ class SGLangKernels:
     - fused_mamba_state_scatter_with_mask / fused_conv_window_scatter_with_mask /
       scatter_mamba_states_after_mtp_verify: the accepted-snapshot copy-back (CUDA/XPU only;
       `copy_back_accepted` falls back to SGLang's torch indexing on other devices).
-    - commit_gdn_replayssm_fold_all_layers: ReplaySSM's commit, replaying each request's
-      accepted prefix from the raw-input ring into the state (`replayssm_fold`).
+    - commit_gdn_replayssm_fold_all_layers: ReplaySSM's KDA-protocol commit, replaying each
+      request's accepted prefix from the raw-input window into the state (`replayssm_fold`).
+    - gdn_replayssm_spec_decode / commit_gdn_replayssm_spec / commit_gdn_replayssm_circular:
+      ReplaySSM's GDN protocol, the circular ring (`replayssm_ring_verify`,
+      `replayssm_ring_commit`).
     - TritonGDNKernel: the wrapper class, only with ``with_wrapper=True``.
     """
 
@@ -77,6 +101,9 @@ class SGLangKernels:
     fused_conv_window_scatter_with_mask: Callable[..., Any]
     scatter_mamba_states_after_mtp_verify: Callable[..., Any]
     commit_gdn_replayssm_fold_all_layers: Callable[..., Any]
+    gdn_replayssm_spec_decode: Callable[..., Any]
+    commit_gdn_replayssm_spec: Callable[..., Any]
+    commit_gdn_replayssm_circular: Callable[..., Any]
     TritonGDNKernel: Optional[type] = None
     modules: Mapping[str, types.ModuleType] = field(default_factory=dict)
 
@@ -85,7 +112,7 @@ class SGLangKernels:
         intermediate_states_buffer, intermediate_state_indices, cache_steps,
         retrieve_parent_token, **_ignored,
     ):
-        """Exactly what ``TritonGDNKernel.target_verify`` does in 0.5.23 (gdn_triton.py:217-257)."""
+        """Exactly what ``TritonGDNKernel.target_verify`` does in 0.5.23 (docs/sglang-0.5.23.md (a))."""
         return self.fused_sigmoid_gating_delta_rule_update(
             A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b,
             initial_state_source=ssm_states, initial_state_indices=cache_indices,
@@ -97,13 +124,15 @@ class SGLangKernels:
             cache_steps=cache_steps, retrieve_parent_token=retrieve_parent_token,
         )
 
+    # ---- ReplaySSM, the fold (KDA's protocol in 0.5.23; a second baseline for GDN shapes) ----
+
     @staticmethod
     def replayssm_rings(state, tokens_per_request: int, key_heads: int, act_dtype) -> dict:
-        """Empty ReplaySSM rings for a state pool [L, S, HV, V, K] (L GDN layers): per layer
-        and slot the raw v [HV, RL, V] and pre-norm k [H, RL, K] in the activation dtype,
-        g and beta [HV, RL] float32, RL = draft tokens per request (0.5.23's
-        memory_pool.py:811-860, fold mode; uninitialised: the verify writes every entry the
-        fold reads). `replayssm_verify` takes one layer's slice."""
+        """Empty windows of the FOLD protocol (KDA's) for a state pool [L, S, HV, V, K]
+        (L GDN layers): per layer and slot the raw v [HV, RL, V] and pre-norm k [H, RL, K]
+        in the activation dtype, g and beta [HV, RL] float32, RL = draft tokens per request
+        (docs/sglang-0.5.23.md, "ReplaySSM"; uninitialised: the verify writes every entry
+        the fold reads). `replayssm_verify` takes one layer's slice."""
         import torch
 
         layers, slots, hv, vd, kd = state.shape
@@ -118,8 +147,8 @@ class SGLangKernels:
 
     def replayssm_verify(self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, cache_indices,
                          query_start_loc, rings: Mapping[str, Any]):
-        """ReplaySSM's chain verify, exactly as ``GDNAttnBackend._replayssm_fold_target_verify``
-        calls its Triton branch (0.5.23, gdn_backend.py:1418-1439): the recurrent kernel
+        """The FOLD protocol's verify (KDA's), exactly as
+        ``GDNAttnBackend._replayssm_fold_target_verify`` calls its Triton branch: the recurrent kernel
         with the state frozen and each token's raw v, k, g, beta written to `rings`
         (`replayssm_rings(...)` of one layer: each ring indexed [layer]). q, k [1, N, H, K];
         v [1, N, HV, V]; a, b [N, HV]; ssm_states [S, HV, V, K]."""
@@ -132,11 +161,11 @@ class SGLangKernels:
         )
 
     def replayssm_fold(self, state, rings: Mapping[str, Any], state_indices, accept_lens) -> None:
-        """ReplaySSM's commit: replay each request's first accept_lens[b] ring entries
-        (accepted drafts + the bonus position) into the state, every layer in one launch,
-        with the arguments ``commit_gdn_replayssm_fold_after_verify`` passes (0.5.23,
-        gdn_replayssm_spec_fold.py:240-254; no prefix-cache track slots). state
-        [L, S, HV, V, K]; each ring with the same leading layer dimension."""
+        """The FOLD protocol's commit (KDA's): replay each request's first accept_lens[b]
+        window entries (accepted drafts + the bonus position) into the state, every layer
+        in one launch, with the arguments ``commit_gdn_replayssm_fold_after_verify`` passes
+        (no prefix-cache track slots). state [L, S, HV, V, K]; each window with the same
+        leading layer dimension."""
         self.commit_gdn_replayssm_fold_all_layers(
             checkpoint_state=state,
             rawv_cache=rings["replayssm_rawv"], rawk_cache=rings["replayssm_rawk"],
@@ -146,11 +175,119 @@ class SGLangKernels:
             num_k_heads=rings["replayssm_rawk"].shape[2], null_block_id=-1,
         )
 
+    # ---- ReplaySSM, the circular ring (what a GDN model runs in 0.5.23) ---------------------
+
+    @staticmethod
+    def replayssm_ring(state, rows: int, key_heads: int, ring_dtype, cache_len: int = RING_DEFAULT_LEN) -> dict:
+        """Zeroed circular-ring buffers of a GDN pool `state` [L, S, HV, V, K], as MambaPool
+        allocates them under ``--enable-linear-replayssm-spec`` (docs/sglang-0.5.23.md,
+        "ReplaySSM"): per layer and request row the update vectors replayssm_d
+        [HV, Lr, V] and L2-normalised keys replayssm_k [H, Lr, K] in `ring_dtype` (SGLang:
+        the conv dtype, bf16 by default), log decays replayssm_g [HV, Lr] float32, and for a
+        16-bit ring their low parts replayssm_rawv / replayssm_rawk (else None); per row
+        the cursors write_pos, cache_base (int32) and is_flush (int8), shared by all
+        layers. Lr = cache_len (a power of two, at least the draft window). `rows`: request
+        rows (SGLang: max running requests + 1), indexed by the verify's replay_indices."""
+        import torch
+
+        if cache_len < 1 or cache_len & (cache_len - 1):
+            raise BoleError(f"ReplaySSM ring length {cache_len} is not a power of two")
+        layers, _, hv, vd, kd = state.shape
+        kw = dict(device=state.device)
+        low = ring_dtype != torch.float32
+        return {
+            "replayssm_d": torch.zeros(layers, rows, hv, cache_len, vd, dtype=ring_dtype, **kw),
+            "replayssm_k": torch.zeros(layers, rows, key_heads, cache_len, kd, dtype=ring_dtype, **kw),
+            "replayssm_g": torch.zeros(layers, rows, hv, cache_len, dtype=torch.float32, **kw),
+            "replayssm_rawv": torch.zeros(layers, rows, hv, cache_len, vd, dtype=ring_dtype, **kw) if low else None,
+            "replayssm_rawk": torch.zeros(layers, rows, key_heads, cache_len, kd, dtype=ring_dtype, **kw)
+            if low else None,
+            "write_pos": torch.zeros(rows, dtype=torch.int32, **kw),
+            "cache_base": torch.zeros(rows, dtype=torch.int32, **kw),
+            "is_flush": torch.zeros(rows, dtype=torch.int8, **kw),
+        }
+
+    @staticmethod
+    def ring_layer(ring: Mapping[str, Any], layer: int) -> dict:
+        """One GDN layer's view of `replayssm_ring(...)` (the cursors are shared)."""
+        return {name: (t[layer] if name.startswith("replayssm_") and t is not None else t)
+                for name, t in ring.items()}
+
+    def replayssm_ring_verify(self, A_log, dt_bias, query, key, value, a, b, *, checkpoint_state,
+                              ring: Mapping[str, Any], cache_indices, replay_indices, query_start_loc,
+                              draft_token_num: int):
+        """The circular ring's verify for one GDN layer, exactly as
+        ``GDNAttnBackend._replayssm_target_verify`` calls it: o of every draft position
+        from the frozen checkpoint [S, HV, V, K] plus the ring's committed history, and
+        this window's d, k, g written at the ring positions after the history (the
+        cursors are only read). query/key [1, N, H, K] or [N, H, K]; value [.., N, HV, V];
+        a, b [N, HV]; `ring`: `ring_layer(...)`; cache_indices: pool slots; replay_indices:
+        ring rows (SGLang: req_pool_indices). Returns o shaped like `value`."""
+        H, K = key.shape[-2], key.shape[-1]
+        HV, V = value.shape[-2], value.shape[-1]
+        seq_len = query.numel() // (H * K)
+        out = query.new_empty(seq_len, HV, V)
+        self.gdn_replayssm_spec_decode(
+            q=query.reshape(seq_len, H, K), k=key.reshape(seq_len, H, K), v=value.reshape(seq_len, HV, V),
+            a=a.reshape(seq_len, HV), b=b.reshape(seq_len, HV), A_log=A_log, dt_bias=dt_bias,
+            checkpoint_state=checkpoint_state, d_cache=ring["replayssm_d"], k_cache=ring["replayssm_k"],
+            g_cache=ring["replayssm_g"], rawv_cache=ring["replayssm_rawv"], rawk_cache=ring["replayssm_rawk"],
+            beta_cache=None, out=out, query_start_loc=query_start_loc, ssm_state_indices=cache_indices,
+            replay_indices=replay_indices, write_pos=ring["write_pos"], cache_base=ring["cache_base"],
+            is_flush=ring["is_flush"], max_cache_len=ring["replayssm_d"].shape[-2],
+            max_spec_len=draft_token_num, scale=K ** -0.5, use_qk_l2norm_in_kernel=True,
+            null_block_id=-1, launch_mode="verify",
+        )
+        return out.reshape(value.shape)
+
+    def replayssm_ring_commit(self, state, ring: Mapping[str, Any], state_indices, replay_indices, accept_lens,
+                              draft_token_num: int) -> None:
+        """The circular ring's commit, as ``commit_mamba_states_after_verify`` runs it for a
+        GDN model (no prefix-cache track slots; the conv-window scatter is left out):
+        advance each row's cursors by accept_lens[b] (accepted drafts + the bonus token; 0
+        commits nothing), then materialise, all layers in one launch, the rows whose ring
+        is due: every commit with a 16-bit pool, else when the next window could overflow
+        it. state [L, S, HV, V, K]; `ring` the whole `replayssm_ring(...)`."""
+        import torch
+
+        self.commit_gdn_replayssm_spec(
+            write_pos=ring["write_pos"], cache_base=ring["cache_base"], is_flush=ring["is_flush"],
+            num_accepted=accept_lens, replay_indices=replay_indices,
+            max_cache_len=ring["replayssm_d"].shape[-2], max_spec_len=draft_token_num,
+            fold_every_commit=state.dtype != torch.float32, null_block_id=-1,
+        )
+        self.commit_gdn_replayssm_circular(
+            checkpoint_state=state, d_cache=ring["replayssm_d"], k_cache=ring["replayssm_k"],
+            g_cache=ring["replayssm_g"], d_residual_cache=ring["replayssm_rawv"],
+            k_residual_cache=ring["replayssm_rawk"], state_batch_indices=state_indices,
+            replay_indices=replay_indices, write_pos=ring["write_pos"], cache_base=ring["cache_base"],
+            is_flush=ring["is_flush"], accept_lens=accept_lens, mamba_track_indices=None,
+            mamba_steps_to_track=None, null_block_id=-1,
+        )
+
+    def replayssm_ring_materialize(self, state, ring: Mapping[str, Any], state_indices, replay_indices) -> None:
+        """Fold every row's committed ring history into `state` now and empty the ring, with
+        SGLang's own materialisation (the circular commit with every row due and nothing
+        newly accepted). Not a step SGLang takes on its own: the bench and the tests use it
+        on copies to read the committed state a ring holds implicitly."""
+        import torch
+
+        ring["is_flush"][replay_indices.long()[state_indices >= 0]] = 1  # padding rows stay as they are
+        self.commit_gdn_replayssm_circular(
+            checkpoint_state=state, d_cache=ring["replayssm_d"], k_cache=ring["replayssm_k"],
+            g_cache=ring["replayssm_g"], d_residual_cache=ring["replayssm_rawv"],
+            k_residual_cache=ring["replayssm_rawk"], state_batch_indices=state_indices,
+            replay_indices=replay_indices, write_pos=ring["write_pos"], cache_base=ring["cache_base"],
+            is_flush=ring["is_flush"],
+            accept_lens=torch.zeros(state_indices.shape[0], dtype=torch.int32, device=state.device),
+            mamba_track_indices=None, mamba_steps_to_track=None, null_block_id=-1,
+        )
+
     def copy_back_accepted(self, dst, src, dst_indices, step_indices, src_indices=None) -> None:
         """dst[:, dst_indices[i]] = src[:, src_indices[i], step_indices[i]] for step >= 0.
 
-        Mirrors HybridLinearAttnBackend._scatter_speculative_state_with_mask (0.5.23,
-        hybrid_linear_attn_backend.py:1618-1658): the fused Triton scatter on CUDA, SGLang's
+        Mirrors HybridLinearAttnBackend._scatter_speculative_state_with_mask (docs/sglang-0.5.23.md
+        (b)): the fused Triton scatter on CUDA, SGLang's
         own torch indexing elsewhere. dst [layers, slots, ...]; src [layers, rows, steps, ...];
         src_indices default to arange (scratch row = batch position).
         """
@@ -197,7 +334,8 @@ def load_sglang_kernels(
     ``gdn_triton.TritonGDNKernel`` (needs einops and the fla chunk kernels importable).
     Set TRITON_INTERPRET=1 before calling to get interpreter (CPU) kernels; the result is
     cached per (source, interpreter mode). Under the interpreter, fix_interpreter applies
-    `fix_triton_interpreter_masks` (process-wide) so SGLang's conv kernel can run on CPU.
+    `fix_triton_interpreter_masks` and `fix_interpreted_bf16_dot` (process-wide) so SGLang's
+    conv kernel and ReplaySSM's bf16 ring run on CPU.
     """
     live = live_sglang() is not None
     source = find_sglang_source(wheel_or_site_dir, version=version)
@@ -211,6 +349,7 @@ def load_sglang_kernels(
         if key in _CACHE:
             if fix_interpreter:
                 fix_triton_interpreter_masks()
+                fix_interpreted_bf16_dot()
             return _CACHE[key]
         try:
             import torch  # noqa: F401 - fail here with a clear message rather than mid-import
@@ -219,6 +358,7 @@ def load_sglang_kernels(
             raise BoleError(f"loading SGLang's kernels needs torch and triton: {exc}") from exc
         if fix_interpreter:
             fix_triton_interpreter_masks()
+            fix_interpreted_bf16_dot()
         modules: dict[str, types.ModuleType] = {}
         current = None
         try:
@@ -233,8 +373,9 @@ def load_sglang_kernels(
             raise BoleError(
                 f"could not load {current} from {source.describe()}: {type(exc).__name__}: {exc}"
             ) from exc
-        if FOLD_MODULE in modules:
-            fix_interpreted_loop_counters(modules[FOLD_MODULE])
+        for loops in (FOLD_MODULE, RING_MODULE):
+            if loops in modules:
+                fix_interpreted_loop_counters(modules[loops])
         kernels = SGLangKernels(
             version=source.version,
             source=source,

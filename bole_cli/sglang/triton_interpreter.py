@@ -1,7 +1,9 @@
-"""A fix to Triton's interpreter so SGLang's conv kernel runs on CPU (docs/sglang-0.5.23.md).
+"""Fixes to Triton's interpreter so SGLang's kernels run on CPU (docs/sglang-0.5.23.md,
+"Running on CPU").
 
-Process-wide and idempotent; `bole_cli.sglang.kernels.load_sglang_kernels` applies it under
-``TRITON_INTERPRET=1``. triton and numpy are imported only when it applies.
+Each is process-wide (or per module) and idempotent, and does what the compiled GPU code
+does; `bole_cli.sglang.kernels.load_sglang_kernels` applies them under ``TRITON_INTERPRET=1``.
+triton and numpy are imported only when one applies.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ def fix_triton_interpreter_masks() -> bool:
     Triton 3.9's interpreter combines an int1 *scalar* with an int1 *block* (e.g.
     ``(slot < n_lines) & (idx < len)[:, None]``) into an int32/int64 numpy array, and
     its C++ load/store then fails with "ValueError: mask has unsupported dtype". SGLang's
-    causal_conv1d_update kernel (causal_conv1d_triton.py:752-757) hits this on CPU. The
-    fix casts such masks to bool (nonzero = True), which is what the GPU does. Returns
+    causal_conv1d_update kernel hits this on CPU (docs/sglang-0.5.23.md). The fix casts such masks to bool (nonzero = True), which is what the GPU does. Returns
     True when the interpreter is patched (now or before); False when not interpreting.
     """
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -52,7 +53,7 @@ def fix_interpreted_loop_counters(module) -> bool:
     code has (idempotent; only under ``TRITON_INTERPRET=1``).
 
     The interpreter runs such a loop with Python ints, so a counter method such as
-    ``t.to(tl.int64)`` (ReplaySSM's fold, gdn_replayssm_spec_fold.py:105) raises
+    ``t.to(tl.int64)`` (ReplaySSM's fold; docs/sglang-0.5.23.md) raises
     AttributeError on CPU. The module-level ``range`` installed here yields int32 Triton
     scalars instead; only the module's own functions see it.
     """
@@ -72,4 +73,41 @@ def fix_interpreted_loop_counters(module) -> bool:
 
     module.range = scalar_range
     module.__bole_range_fix__ = True
+    return True
+
+
+def fix_interpreted_bf16_dot() -> bool:
+    """Make Triton's interpreter compute ``tl.dot`` of bfloat16 operands as the GPU does
+    (products accumulated in float32) instead of multiplying their raw uint16 bits
+    (idempotent; only under ``TRITON_INTERPRET=1``).
+
+    The interpreter stores bfloat16 as uint16, and its dot hands those integers to
+    numpy's matmul, so every bf16 ``tl.dot`` returns garbage on CPU. SGLang's ReplaySSM
+    circular ring keeps its records in the activation dtype and materialises them with
+    bf16 dots (docs/sglang-0.5.23.md, "ReplaySSM"). The fix upcasts bf16 operands to
+    float32 first; other dtypes are untouched. Returns True when the interpreter is
+    patched (now or before).
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "__bole_bf16_dot_fix__", False):
+        return True
+    dot = builder.create_dot
+
+    def _upcast(x):
+        if x.dtype.scalar == tl.bfloat16:
+            data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32)
+            return interpreter.TensorHandle(data.reshape(x.data.shape), tl.float32)
+        return x
+
+    def create_dot(self, a, b, d, *rest):
+        return dot(self, _upcast(a), _upcast(b), d, *rest)
+
+    builder.create_dot = create_dot
+    builder.__bole_bf16_dot_fix__ = True
     return True

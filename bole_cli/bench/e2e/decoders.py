@@ -7,8 +7,10 @@
 3. Bole ("bole"): the same trees, verified with the closed form (tree_verify) and
    committed from the factors (tree_commit); docs/design.md §2, §3;
 4. ReplaySSM chain ("chain"): a depth-d top-1 MTP chain verified by SGLang 0.5.23's
-   ReplaySSM (ring verify + fold, bole_cli/runtime/replayssm.py), and Bole's chain
-   ("bole-chain"): the same chain through tree_verify + tree_commit. A chain is the rank-1
+   ReplaySSM in the protocol a GDN model runs, the circular ring (verify from checkpoint +
+   ring history, commit = cursor advance + materialisation when due;
+   bole_cli/runtime/replayssm.py, docs/sglang-0.5.23.md), and Bole's chain ("bole-chain"):
+   the same chain through tree_verify + tree_commit. A chain is the rank-1
    path of the same per-depth, per-rank acceptance matrix, drawn from the same per-step
    draws, so tree and chain are simulated consistently; the harness sweeps d.
 
@@ -301,12 +303,15 @@ class ChainDecoder(TreeDecoder):
 
 
 class ReplaySSMChainDecoder(ChainDecoder):
+    """SGLang's ReplaySSM ring. Between materialisations the committed GDN state is the
+    pool's checkpoint plus the ring (`model.replayssm.committed_state` reads it)."""
+
     name, path = "chain", "replayssm"
     label, short_label = "ReplaySSM chain", "RSSM"
 
     @staticmethod
     def verify_state(out) -> list:
-        return list(out.rings.values())  # the raw-input rings
+        return list(out.rings.values())  # the ring and its cursors (persistent, per slot)
 
 
 class BoleChainDecoder(ChainDecoder):
