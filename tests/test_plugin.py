@@ -10,8 +10,8 @@
   the plug-in's hook functions, with SGLang's kernels loaded from the wheel by
   bole_cli.sglang.kernels.load_sglang_kernels() (sglang need not be installed).
 
-The equivalence scenario replays SGLang's GDN target-verify branch (gdn_backend.py
-987-1163) twice per layer: once with SGLang's pool (snapshots + conv windows, its verify
+Chains (top-k 1) have their own file, tests/test_plugin_chains.py. The equivalence
+scenario replays SGLang's GDN target-verify branch (gdn_backend.py 987-1163) twice per layer: once with SGLang's pool (snapshots + conv windows, its verify
 kernel, its scatter) and once with Bole's (the hooks, no snapshots), then commits a random
 accepted node per request (and a prefix-cache track slot) and compares the pools.
 """
@@ -90,7 +90,18 @@ def test_plan_for_qwen35_9b_and_its_memory():
 
 
 @pytest.mark.parametrize("over,reason", [
-    (dict(topk=1), "chains (topk 1)"),
+    (dict(topk=1, chains="0"), "BOLE_CHAINS='0': chains keep SGLang's path"),
+    (dict(topk=None, chains="off"), "BOLE_CHAINS='off'"),
+    (dict(topk=1, chains="maybe"), "BOLE_CHAINS='maybe' (use 1 or 0)"),
+    (dict(topk=1, replayssm_spec=True), "--enable-linear-replayssm-spec: SGLang's ReplaySSM"),
+    (dict(topk=1, replayssm_spec=True, chains="0"), "--enable-linear-replayssm-spec"),
+    (dict(topk=1, replayssm=True), "--enable-linear-replayssm (SGLang's ReplaySSM decode ring)"),
+    (dict(topk="4"), "is not an integer"),
+    (dict(topk=1, draft_tokens=None), "no --speculative-num-draft-tokens"),
+    (dict(topk=1, algorithm="DSPARK"), "speculative algorithm 'DSPARK'"),
+    (dict(topk=1, torch_compile=True), "--enable-torch-compile"),
+    (dict(topk=1, disagg_mode="decode"), "PD disaggregation"),
+    (dict(topk=1, draft_tokens=300), "at most 256"),
     (dict(algorithm="NGRAM"), "speculative algorithm 'NGRAM'"),
     (dict(gdn=False), "no Gated DeltaNet"),
     (dict(kda=True), "KDA"),
@@ -110,6 +121,32 @@ def test_plan_for_qwen35_9b_and_its_memory():
 def test_plan_refusals_name_the_reason(over, reason):
     plan, why = decide(eligible_facts(**over))
     assert plan is None and reason in why and "\n" not in why
+
+
+@pytest.mark.parametrize("topk", [1, None, 0])
+@pytest.mark.parametrize("chains", [None, "", "1", "true", " ON "])
+def test_chains_get_a_plan_unless_switched_off(topk, chains):
+    """A top-k 1 draft (or an unset top-k: SGLang's chain) is verified by Bole like a tree,
+    with the same arena; BOLE_CHAINS only matters for chains."""
+    plan, why = decide(eligible_facts(topk=topk, chains=chains))
+    assert why == "" and plan is not None and plan.chain and plan.mode == "chain"
+    tree, _ = decide(eligible_facts(topk=4))
+    assert not tree.chain and tree.mode == "tree"
+    assert plan.arena_bytes() == tree.arena_bytes()  # the factors do not depend on the shape
+    assert decide(eligible_facts(topk=4, chains="0"))[0] == tree  # trees ignore the switch
+    assert decide(eligible_facts(topk=4, chains="maybe"))[0] == tree
+    assert plan.to_dict()["mode"] == "chain"
+
+
+def test_chain_snapshot_bytes_use_sglangs_deduplicated_conv_windows():
+    """SGLang 0.5.23 keeps one [conv_dim, D + W - 2] conv buffer per row for CUDA chains
+    (memory_pool.py _allocate_deduplicated_conv_window) and D dense windows for trees."""
+    chain, _ = decide(eligible_facts(topk=1))
+    tree, _ = decide(eligible_facts(topk=4))
+    ssm = 24 * 17 * 16 * 32 * 128 * 128 * 4
+    assert tree.snapshot_bytes() == ssm + 24 * 17 * 16 * 8192 * 3 * 2
+    assert chain.snapshot_bytes() == ssm + 24 * 17 * 8192 * (16 + 3 - 1) * 2
+    assert chain.saved_bytes() == chain.snapshot_bytes() - chain.arena_bytes() > 0
 
 
 def test_nextn_alias_and_bf16_state_are_eligible():

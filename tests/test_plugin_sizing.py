@@ -87,8 +87,12 @@ def per_req_bytes(m, ssm_bytes=4, conv_bytes=2):
     return (m["conv_dim"] * m["window"] * conv_bytes + m["hv"] * m["v"] * m["k"] * ssm_bytes) * m["layers"]
 
 
-def configure(g, *, reqs, draft_tokens, ratio, branch, dp=1, explicit_slots=300, model=QWEN35_9B):
+def configure(g, *, reqs, draft_tokens, ratio, branch, dp=1, explicit_slots=300, model=QWEN35_9B,
+              topk=4, replayssm_spec=False):
     """Set the globals for one scenario; returns a KVCacheConfigurator stand-in.
+
+    topk: 4 (a tree) or 1 (a chain); replayssm_spec: --enable-linear-replayssm-spec (its
+    ring bytes per request: replayssm_ring_bytes_per_req, a stand-in figure).
 
     ratio: SGLang's mamba ratio (_calculate_mamba_ratio): 3 without the extra buffer, 4
     with it and no overlap, 5 with it and the overlap scheduler (SGLang's default with the
@@ -102,9 +106,10 @@ def configure(g, *, reqs, draft_tokens, ratio, branch, dp=1, explicit_slots=300,
         Bag, "schedule", max_running_requests=reqs * dp, mamba_full_memory_ratio=0.9,
         max_mamba_cache_size=explicit_slots * dp if branch == "explicit" else None,
         disable_overlap_schedule=not overlap))
-    g["get_spec"] = lambda: NS(speculative_num_draft_tokens=draft_tokens, speculative_eagle_topk=4,
+    g["get_spec"] = lambda: NS(speculative_num_draft_tokens=draft_tokens, speculative_eagle_topk=topk,
                                speculative_algorithm="EAGLE", max_speculative_num_draft_tokens=None)
-    g["get_exec"] = lambda: NS(mamba=NS(enable_linear_replayssm=False, enable_linear_replayssm_spec=False,
+    g["get_exec"] = lambda: NS(mamba=NS(enable_linear_replayssm=False,
+                                        enable_linear_replayssm_spec=replayssm_spec,
                                         linear_replayssm_cache_len=16, enable_mamba_extra_buffer=extra,
                                         enable_mamba_extra_buffer_lazy=False),
                                graph=NS(enable_torch_compile=False))
@@ -115,6 +120,7 @@ def configure(g, *, reqs, draft_tokens, ratio, branch, dp=1, explicit_slots=300,
     g["get_context"] = lambda: NS(override=lambda source, **f: [schedule._set(k, v) for k, v in f.items()])
     m = model
     params = NS(layers=list(range(m["layers"])), mamba_cache_per_req=per_req_bytes(m),
+                replayssm_ring_bytes_per_req=lambda record_len: record_len * per_req_bytes(m) // 64,
                 shape=NS(conv=[(m["conv_dim"], m["window"])], temporal=(m["hv"], m["v"], m["k"]),
                          num_k_heads_per_tp=m["key_heads"]),
                 dtype=NS(temporal=torch.float32, conv=torch.bfloat16))
@@ -233,7 +239,10 @@ GRID = [(reqs, d, ratio, branch)
         for d in (4, 16, 64)]
 
 
-def test_budget_grid_on_sglangs_own_sizing(source, monkeypatch, fresh_state):
+@pytest.mark.parametrize("topk", [4, 1])
+def test_budget_grid_on_sglangs_own_sizing(source, monkeypatch, fresh_state, topk):
+    """Trees and chains (top-k 1) alike: SGLang reserves the same snapshots for both."""
+    monkeypatch.delenv("BOLE_CHAINS", raising=False)
     g = configurator_namespace(source)
     stock_fn = g["_handle_max_mamba_cache"]
     cls = hooked_sglang(source, monkeypatch, g)
@@ -243,23 +252,52 @@ def test_budget_grid_on_sglangs_own_sizing(source, monkeypatch, fresh_state):
     for dp in (1, 2):
         for reqs, d, ratio, branch in GRID:
             total = 100.0
-            cfg = configure(g, reqs=reqs, draft_tokens=d, ratio=ratio, branch=branch, dp=dp)
+            cfg = configure(g, reqs=reqs, draft_tokens=d, ratio=ratio, branch=branch, dp=dp, topk=topk)
             kv_stock = stock_fn(cfg, total)
             slots_stock = g["get_schedule"]().max_mamba_cache_size
             reserved = sglang_reservation(g, cfg, draft_tokens=d)
-            cfg = configure(g, reqs=reqs, draft_tokens=d, ratio=ratio, branch=branch, dp=dp)
+            cfg = configure(g, reqs=reqs, draft_tokens=d, ratio=ratio, branch=branch, dp=dp, topk=topk)
             plan, why = plugin.configurator_plan(cfg, g)
             assert plan is not None, why
+            assert plan.chain == (topk == 1)
             arena = plan.arena_bytes() / GIB
             kv_bole = cls._handle_max_mamba_cache(cfg, total)  # through the registry's wrapper
             case = dict(reqs=reqs, D=d, ratio=ratio, branch=branch, dp=dp, stock=kv_stock,
                         bole=kv_bole, reserved=reserved, arena=arena)
+            assert reserved > arena, case
             assert kv_bole >= kv_stock + reserved - arena - 1e-9, case
             assert kv_bole == pytest.approx(kv_stock + reserved - arena, abs=1e-9), case
             assert g["get_schedule"]().max_mamba_cache_size == slots_stock, case  # SGLang's slots
             assert g["_pd_prefill_skips_mamba_spec_state"] is gate
             checked += 1
     assert checked == 2 * len(GRID)
+
+
+@pytest.mark.parametrize("env", [{}, {"BOLE_CHAINS": "0"}])
+@pytest.mark.parametrize("branch", ["ratio", "explicit", "no_radix"])
+def test_replayssm_and_switched_off_chains_keep_sglangs_sizing(source, monkeypatch, fresh_state, caplog,
+                                                               branch, env):
+    """--enable-linear-replayssm-spec (SGLang's snapshot-free chain verify, with its own
+    ring sizing) or BOLE_CHAINS=0: through the hooked function the budget and the slots
+    are exactly SGLang's, with attention DP too, and one line says why."""
+    monkeypatch.delenv("BOLE_CHAINS", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    replay = not env
+    g = configurator_namespace(source)
+    stock_fn = g["_handle_max_mamba_cache"]
+    cls = hooked_sglang(source, monkeypatch, g)
+    for dp in (1, 2):
+        cfg = configure(g, reqs=8, draft_tokens=8, ratio=5, branch=branch, dp=dp, topk=1, replayssm_spec=replay)
+        stock = stock_fn(cfg, 100.0)
+        stock_slots = g["get_schedule"]().max_mamba_cache_size
+        cfg = configure(g, reqs=8, draft_tokens=8, ratio=5, branch=branch, dp=dp, topk=1, replayssm_spec=replay)
+        with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
+            assert cls._handle_max_mamba_cache(cfg, 100.0) == stock
+        assert g["get_schedule"]().max_mamba_cache_size == stock_slots
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert ("--enable-linear-replayssm-spec" if replay else "BOLE_CHAINS='0'") in lines[0]
 
 
 @pytest.mark.parametrize("reqs,d,stock_gib,stock_slots,old_gib,old_slots", [
@@ -383,6 +421,8 @@ def test_arena_rows_cover_every_capture_bucket(source, monkeypatch, fresh_state)
                             for reqs in (1, 3, 5, 8, 13, 16, 33):
                                 bound = plugin.largest_verify_batch(reqs)
                                 plan, _ = decide(eligible_facts(max_batch=bound))
+                                chain, _ = decide(eligible_facts(max_batch=bound, topk=1))
+                                assert chain.chain and chain.rows == plan.rows  # chains alike
                                 eager = common["get_eager_max_batch_size"](reqs)
                                 for d in (1, 4, 16):
                                     model_runner = NS(req_to_token_pool=NS(size=reqs), server_args=None)

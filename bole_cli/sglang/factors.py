@@ -19,7 +19,10 @@ nodes at query_start_loc[b] + i). The three entry points mirror SGLang 0.5.23's 
 - `verify` replaces TritonGDNKernel.target_verify: same arguments, same output
   ([1, T, HV, V] in q's dtype); it runs Bole's closed form with the gates fused
   (tree_verify_gated, SGLang's softplus/sigmoid/l2norm/scale) and writes k, u, log_p into
-  the layer's slice instead of a snapshot per node. ssm_states is only read.
+  the layer's slice instead of a snapshot per node. ssm_states is only read. Trees take
+  their parents from retrieve_parent_token (filled by SGLang's tree conv); chains (top-k
+  1, and the dummy runs of trees) carry none: SGLang's chain metadata has no retrive_*
+  tensors (hybrid_linear_attn_backend.py:298, 728, 914), so the parents are 0..D-2.
 - `commit` replaces HybridLinearAttnBackend.update_mamba_state_after_mtp_verify's scatter:
   ONE tree_commit launch over all layers (Eq. 10) plus one conv-window launch, for the
   accepted nodes (SGLang's last_correct_step_indices: the local index of the deepest

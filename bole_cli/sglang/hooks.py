@@ -101,7 +101,9 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
         ("self", "A_log", "dt_bias", "q", "k", "v", "a", "b", "*", "ssm_states",
          "cache_indices", "query_start_loc", "**kwargs"),
         466,
-        "routes tree verify to TritonGDNKernel even when the verify backend is FlashInfer.",
+        "routes tree verify to TritonGDNKernel even when the verify backend is FlashInfer; "
+        "chains (retrieve_parent_token None) go to the configured verify kernel, so Bole's "
+        "hook sits here too.",
     ),
     HookTarget(
         "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool",

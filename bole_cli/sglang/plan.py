@@ -5,9 +5,17 @@ configurator (`plugin._configurator_facts`), and `decide` turns them into a `Bol
 or the one reason Bole stays out of the way. `bole serve --dry-run` uses the same byte
 arithmetic without importing anything heavy.
 
+Trees (``--speculative-eagle-topk > 1``) and chains (top-k 1, or unset: SGLang's own
+meaning of a linear draft) both get a plan: a chain is the tree whose parents are
+0..D-2, verified by the same kernels. ``BOLE_CHAINS=0`` leaves chains to SGLang, and so
+does ``--enable-linear-replayssm-spec`` (SGLang's snapshot-free chain verify: its sizing
+and pool stay untouched). docs/design.md §6.
+
 The arena (bole_cli/sglang/factors.py) replaces SGLang's per-node snapshots
 (MambaPool.intermediate_ssm [L, rows, D, HV, V, K] in the state dtype) and per-node
-conv windows (intermediate_conv_window [L, rows, D, conv_dim, W-1], dense for trees):
+conv windows (intermediate_conv_window [L, rows, D, conv_dim, W-1], dense for trees; for
+CUDA chains SGLang stores one deduplicated [conv_dim, D + W - 2] window per row,
+memory_pool.py:910-960):
 
     per GDN layer and draft-token position (rows x D positions):
         k      [H, K]        activation dtype   (raw; l2-normalised in the kernels)
@@ -16,7 +24,7 @@ conv windows (intermediate_conv_window [L, rows, D, conv_dim, W-1], dense for tr
         x      [conv_dim]    conv-state dtype   (the conv inputs, for the conv commit)
     per GDN layer and row:
         conv_prev [conv_dim, W-1]  conv-state dtype (the committed window before verify:
-                                   SGLang's tree conv overwrites it during verify)
+                                   SGLang's verify conv, tree or chain, overwrites it)
     shared: parents [rows x D] int32, clamped slots [rows] int32, chain template [D].
 
 rows = the largest batch a verify can carry + 1, like SGLang's `spec_state_size + 1`: the
@@ -47,6 +55,22 @@ PRECISIONS = ("tf32", "tf32x3", "ieee")
 DEFAULT_PRECISION = "tf32x3"
 ENV_DISABLE = "BOLE_DISABLE"
 ENV_PRECISION = "BOLE_VERIFY_PRECISION"
+# BOLE_CHAINS=0 leaves top-k 1 (chain) verifies to SGLang; unset or 1: Bole takes them.
+ENV_CHAINS = "BOLE_CHAINS"
+_ON, _OFF = ("", "1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def chains_enabled(value: Optional[str]) -> Optional[bool]:
+    """BOLE_CHAINS's value: True (unset, 1, true, yes, on), False (0, false, no, off),
+    None for anything else (the plug-in then refuses chains, naming the value)."""
+    key = (value or "").strip().lower()
+    return True if key in _ON else False if key in _OFF else None
+
+
+def is_chain(topk: Any) -> bool:
+    """SGLang's linear draft: --speculative-eagle-topk unset (None) or at most 1
+    (hybrid_linear_attn_backend.py:85 reads ``topk or 0``; chains are ``topk <= 1``)."""
+    return topk is None or (isinstance(topk, int) and not isinstance(topk, bool) and topk <= 1)
 
 
 def verify_precision(value: Optional[str]) -> str:
@@ -71,6 +95,11 @@ class BolePlan:
     conv_dtype: str
     ssm_dtype: str
     precision: Optional[str] = DEFAULT_PRECISION  # tree_verify's dots; None: the kernel's choice
+    chain: bool = False  # top-k 1: every request's D tokens form one chain
+
+    @property
+    def mode(self) -> str:
+        return "chain" if self.chain else "tree"
 
     @property
     def tokens(self) -> int:
@@ -95,29 +124,41 @@ class BolePlan:
                 + conv_window_bytes(self.conv_dim, self.conv_window, FLOAT_DTYPES[self.conv_dtype]))
 
     def snapshot_bytes(self) -> int:
-        """intermediate_ssm + intermediate_conv_window as SGLang would allocate them."""
-        return self.layers * self.tokens * self.snapshot_node_bytes_per_layer()
+        """intermediate_ssm + intermediate_conv_window as SGLang would allocate them on CUDA:
+        dense windows for trees, one deduplicated [conv_dim, D + W - 2] window per row for
+        chains (memory_pool.py conv_window_dedup_enabled / _allocate_deduplicated_conv_window)."""
+        if not self.chain:
+            return self.layers * self.tokens * self.snapshot_node_bytes_per_layer()
+        ssm = state_snapshot_bytes(self.value_heads, self.value_dim, self.key_dim,
+                                   FLOAT_DTYPES[self.ssm_dtype])
+        window = conv_window_bytes(self.conv_dim, self.draft_tokens + self.conv_window - 1,
+                                   FLOAT_DTYPES[self.conv_dtype])
+        return self.layers * (self.tokens * ssm + self.rows * window)
 
     def saved_bytes(self) -> int:
         return self.snapshot_bytes() - self.arena_bytes()
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(tokens=self.tokens, arena_bytes=self.arena_bytes(),
+        d.update(mode=self.mode, tokens=self.tokens, arena_bytes=self.arena_bytes(),
                  snapshot_bytes=self.snapshot_bytes(), saved_bytes=self.saved_bytes())
         return d
 
 
 def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
-    """(plan, "") when Bole should own this pool's tree verify; else (None, why not).
+    """(plan, "") when Bole should own this pool's tree or chain verify; else (None, why not).
 
-    Every key is optional; a missing fact counts as the conservative answer. Keys:
-    disabled, gdn, kda, draft_worker, algorithm, topk, draft_tokens, replayssm,
-    replayssm_spec, unified_memory, page_major, disagg_mode, role_switch, npu, hip,
-    pp_spec, torch_compile, conv_shapes [(dim, W-1), ...], temporal (HV, V, K), key_heads, layers,
-    ssm_dtype, conv_dtype, act_dtype, max_batch, precision.
+    Every key is optional; a missing fact counts as the conservative answer (topk absent or
+    None is SGLang's chain). Keys: disabled, gdn, kda, draft_worker, algorithm, topk,
+    chains (BOLE_CHAINS's raw value), draft_tokens, replayssm, replayssm_spec,
+    unified_memory, page_major, disagg_mode, role_switch, npu, hip, pp_spec, torch_compile,
+    conv_shapes [(dim, W-1), ...], temporal (HV, V, K), key_heads, layers, ssm_dtype,
+    conv_dtype, act_dtype, max_batch, precision.
     """
     f = dict(facts)
+    topk = f.get("topk")
+    chain = is_chain(topk)
+    chains = chains_enabled(f.get("chains"))
     checks = (
         (f.get("disabled"), f"{ENV_DISABLE} is set"),
         (not f.get("gdn"), "the model has no Gated DeltaNet layers"),
@@ -125,11 +166,19 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
         (f.get("draft_worker"), "draft-model pool"),
         (str(f.get("algorithm") or "").upper() not in TREE_ALGORITHMS,
          f"speculative algorithm {f.get('algorithm')!r} is not one of {', '.join(TREE_ALGORITHMS)}"),
-        (not isinstance(f.get("topk"), int) or f["topk"] <= 1,
-         f"--speculative-eagle-topk {f.get('topk')!r}: chains (topk 1) keep SGLang's path"),
+        (not chain and (not isinstance(topk, int) or isinstance(topk, bool)),
+         f"--speculative-eagle-topk {topk!r} is not an integer"),
         (not isinstance(f.get("draft_tokens"), int) or f["draft_tokens"] < 1,
          "no --speculative-num-draft-tokens"),
-        (f.get("replayssm") or f.get("replayssm_spec"), "ReplaySSM is enabled"),
+        (f.get("replayssm_spec"),
+         "--enable-linear-replayssm-spec: SGLang's ReplaySSM verifies the chain without "
+         "snapshots; Bole stays out of the way (SGLang's sizing and pool unchanged)"),
+        (f.get("replayssm"), "--enable-linear-replayssm (SGLang's ReplaySSM decode ring)"),
+        (chain and chains is False,
+         f"--speculative-eagle-topk {topk!r} (a chain) with {ENV_CHAINS}={f.get('chains')!r}: "
+         "chains keep SGLang's path"),
+        (chain and chains is None,
+         f"{ENV_CHAINS}={f.get('chains')!r} (use 1 or 0); chains keep SGLang's path"),
         (f.get("unified_memory"), "--enable-unified-memory uses its own pool"),
         (f.get("page_major"), "page-major (envelope) state layout"),
         (str(f.get("disagg_mode") or "null") != "null" or f.get("role_switch"),
@@ -159,7 +208,8 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
             value_heads=hv, value_dim=vdim, conv_dim=conv_dim, conv_window=window,
             draft_tokens=int(f["draft_tokens"]), rows=max(int(f.get("max_batch") or 1), 1) + 1,
             act_dtype=canonical_dtype(f["act_dtype"]), conv_dtype=canonical_dtype(f["conv_dtype"]),
-            ssm_dtype=canonical_dtype(f["ssm_dtype"]), precision=verify_precision(f.get("precision")))
+            ssm_dtype=canonical_dtype(f["ssm_dtype"]), precision=verify_precision(f.get("precision")),
+            chain=chain)
     except (KeyError, TypeError, ValueError) as exc:
         return None, f"could not read the pool shapes ({type(exc).__name__}: {exc})"
     if plan.layers < 1 or plan.key_heads < 1 or hv % plan.key_heads:

@@ -10,9 +10,10 @@ releases whose hooked names and source facts still check out against their sourc
 SGLang's Ray launcher the scheduler actors never call ``load_plugins()``: `ray_worker_setup`
 is the Ray ``worker_process_setup_hook`` that makes them load it, and the launcher logs
 that it is needed (docs/sglang-0.5.23.md (c)). The hooks touch only hybrid Gated-DeltaNet models served
-with an EAGLE-family tree draft (``--speculative-eagle-topk > 1``); every other path
-(chains, prefill, decode, other models, ReplaySSM, PD disaggregation, ...) reaches
-SGLang's own code unchanged. Per pool, the decision and its reason are logged once.
+with an EAGLE-family draft: a tree (``--speculative-eagle-topk > 1``) or a chain (top-k 1,
+the tree whose parents are 0..D-2; ``BOLE_CHAINS=0`` leaves chains to SGLang); every other
+path (prefill, decode, other models, ReplaySSM, PD disaggregation, ...) reaches SGLang's
+own code unchanged. Per pool, the decision and its reason are logged once.
 
 What each hook does (tensor plumbing in `factors`, pool in `pool`, sizes in `plan`):
 
@@ -27,11 +28,13 @@ What each hook does (tensor plumbing in `factors`, pool in `pool`, sizes in `pla
    pool, ``HybridReqToTokenPool.mamba_pool_cls`` is a MambaPool subclass that allocates the
    factor arena instead of ``intermediate_ssm`` / ``intermediate_conv_window`` (logged).
 3. ``GDNAttnBackend.forward_extend`` (TARGET_VERIFY on a Bole pool): before SGLang's tree
-   conv overwrites the committed conv window, keep the conv inputs and the old window.
+   or chain conv overwrites the committed conv window, keep the conv inputs and the old window.
 4. ``TritonGDNKernel.target_verify`` (and the dispatcher in front of it, so that no other
    verify backend, e.g. FlashInfer in a dummy run without a tree, can write into the
    placeholder snapshot buffer): on a Bole pool (found by ``ssm_states.data_ptr()``),
    Bole's closed form with SGLang's gates / l2norm / scale; k, u, log_p go to the arena.
+   Parents come from SGLang's retrieve_parent_token (trees); a chain has none (its verify
+   metadata carries no retrive_* tensors), so its parents are 0..D-2.
    Other pools: SGLang's code, arguments untouched.
 5. ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify``: on a Bole pool, one
    tree_commit over all GDN layers + one conv-window commit for the accepted nodes, and
@@ -54,7 +57,8 @@ from typing import Any, Callable, Optional
 from bole_cli.sglang.source import SGLANG_VERSION
 from bole_cli.sglang.hooks import HOOK_TARGETS, HookTarget
 from bole_cli.memory import format_bytes
-from bole_cli.sglang.plan import ENV_DISABLE, ENV_PRECISION, BolePlan, decide
+from bole_cli.sglang.plan import (ENV_CHAINS, ENV_DISABLE, ENV_PRECISION, BolePlan, chains_enabled,
+                                  decide)
 
 logger = logging.getLogger("bole_cli.sglang.plugin")
 
@@ -153,6 +157,19 @@ SOURCE_FACTS: tuple[tuple[str, str, str], ...] = (
      "capture buckets stop at the pool size rounded up to the capture alignment"),
     ("sglang/srt/managers/scheduler.py", "    load_plugins()\n",
      "scheduler processes load plug-ins (run_scheduler_process)"),
+    ("sglang/srt/layers/attention/hybrid_linear_attn_backend.py",
+     "self.topk = get_spec().speculative_eagle_topk or 0",
+     "an unset top-k is a chain (plan.is_chain)"),
+    ("sglang/srt/layers/attention/hybrid_linear_attn_backend.py",
+     "                if self.topk > 1:\n"
+     "                    retrieve_next_token = forward_batch.spec_info.retrieve_next_token",
+     "eager chain verifies carry no retrive_* tensors: Bole's verify builds the chain's parents"),
+    ("sglang/srt/layers/attention/hybrid_linear_attn_backend.py",
+     "if is_target_verify and self.topk > 1:",
+     "CUDA-graph chain verifies carry no retrive_* tensors either"),
+    ("sglang/srt/speculative/spec_utils.py",
+     "accept_index[req_idx, (accept_lens - 1).to(torch.int64)] - accept_indices_offset",
+     "the commit's step index is the accepted node's local index (chains: accept_lens - 1)"),
 )
 
 # Frames (module, function) that mark a process running an SGLang scheduler.
@@ -290,8 +307,11 @@ def _activate(version: Optional[str], registry: Any = None, hook_type: Any = Non
     for hook in HOOKS:
         registry.register(hook.target, getattr(module, hook.function), hook_type.AROUND)
     _state.update(active=True, reason="")
-    logger.info("Bole plug-in: active on SGLang %s (%d hooks); tree verify of Gated DeltaNet "
-                "layers uses Bole's closed form and factorised commit", version, len(HOOKS))
+    chains = {True: "trees and chains", False: f"trees only ({ENV_CHAINS}=0: chains keep SGLang's path)",
+              None: f"trees only ({ENV_CHAINS}={env.get(ENV_CHAINS)!r} is not 1 or 0)"}
+    logger.info("Bole plug-in: active on SGLang %s (%d hooks); the verify of Gated DeltaNet layers "
+                "uses Bole's closed form and factorised commit for %s", version, len(HOOKS),
+                chains[chains_enabled(env.get(ENV_CHAINS))])
     return True
 
 
@@ -387,6 +407,7 @@ def configurator_facts(cfg: Any, g: dict) -> dict:
         draft_worker=bool(getattr(cfg, "is_draft_worker", False)),
         algorithm=str(algo or ""),
         topk=spec.speculative_eagle_topk,
+        chains=os.environ.get(ENV_CHAINS),
         draft_tokens=g["max_speculative_num_draft_tokens"](),
         replayssm=bool(ex.mamba.enable_linear_replayssm),
         replayssm_spec=bool(ex.mamba.enable_linear_replayssm_spec),
@@ -482,9 +503,9 @@ def _around_handle_max_mamba_cache(original: Callable, self: Any, total_rest_mem
                   "%s); SGLang's snapshot reservation stays in it", type(exc).__name__, exc)
         return stock
     arena = plan.arena_bytes() / (1 << 30)
-    logger.info("Bole plug-in: memory budget without per-node snapshots: SGLang's sizing "
-                "reserves %s for them (%d mamba slots, as SGLang chose); Bole's factor "
-                "arena takes %s; the KV cache gets %s more than with SGLang alone",
+    logger.info("Bole plug-in: memory budget without per-node snapshots (%s verify): SGLang's "
+                "sizing reserves %s for them (%d mamba slots, as SGLang chose); Bole's factor "
+                "arena takes %s; the KV cache gets %s more than with SGLang alone", plan.mode,
                 format_bytes((free - stock) * (1 << 30)), slots, format_bytes(plan.arena_bytes()),
                 format_bytes((free - arena - stock) * (1 << 30)))
     return free - arena

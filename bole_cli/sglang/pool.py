@@ -10,11 +10,14 @@ conv_dim, W-1]`` (memory_pool.py:864-977), allocates Bole's factor arena and exp
 - ``intermediate_ssm`` is a zero-stride placeholder of the right shape (4 bytes): the
   GDN verify branch asserts it is not None (gdn_backend.py:1143) and hands it to
   target_verify, whose Bole hook never touches it;
-- per-layer ``intermediate_conv_window`` is ``[None]``: SGLang's tree conv then skips its
-  window snapshots (SAVE_INTERMEDIATE=False) but still fills retrieve_parent_token.
+- per-layer ``intermediate_conv_window`` is ``[None]``: SGLang's tree or chain conv then
+  skips its window snapshots (SAVE_INTERMEDIATE=False); the tree conv still fills
+  retrieve_parent_token.
 
-Anything Bole does not handle (chains, ReplaySSM, envelope layout, no speculation) gets
-SGLang's own pool unchanged. The pool carries ``bole_store`` (a FactorStore, or None).
+Trees and chains (top-k 1; SGLang would allocate deduplicated conv windows for those)
+get the same arena. Anything Bole does not handle (ReplaySSM, envelope layout, no
+speculation, a draft shape other than the plan's) gets SGLang's own pool unchanged. The
+pool carries ``bole_store`` (a FactorStore, or None). docs/design.md §6.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ import contextlib
 import dataclasses
 import logging
 import sys
-from typing import Any
+from typing import Any, Optional
 
 from bole_cli.memory import format_bytes
-from bole_cli.sglang.plan import BolePlan
+from bole_cli.sglang.plan import BolePlan, is_chain
 
 logger = logging.getLogger("bole_cli.sglang.plugin")
 
@@ -75,16 +78,24 @@ def _kv_region(pool: Any):
     return adapter.region(tag)
 
 
-def eligible_pool_kwargs(kw: dict) -> str:
-    """Why SGLang's own pool must be built for these MambaPool kwargs ("" if Bole's can)."""
+def eligible_pool_kwargs(kw: dict, plan: Optional[BolePlan] = None) -> str:
+    """Why SGLang's own pool must be built for these MambaPool kwargs ("" if Bole's can).
+
+    A chain (speculative_eagle_topk None or <= 1, SGLang's meaning) takes Bole's pool like
+    a tree, but only under a plan made for the same shape of draft: `plan.decide` read the
+    top-k from the same server arguments, so a mismatch means SGLang changed under us."""
     if kw.get("speculative_num_draft_tokens") is None:
         return "no speculative decoding"
-    topk = kw.get("speculative_eagle_topk")
-    if topk is None or topk <= 1:
-        return "a draft chain (topk 1)"
     for flag in ("enable_linear_replayssm", "enable_linear_replayssm_spec", "envelope_layout"):
         if kw.get(flag):
             return f"{flag} is on"
+    topk = kw.get("speculative_eagle_topk")
+    chain = is_chain(topk)
+    if not chain and not isinstance(topk, int):
+        return f"speculative_eagle_topk {topk!r}"
+    if plan is not None and chain != plan.chain:
+        return (f"speculative_eagle_topk {topk!r} (a {'chain' if chain else 'tree'}) but the plan "
+                f"was made for a {plan.mode}")
     return ""
 
 
@@ -96,7 +107,7 @@ def bole_pool_class(mamba_pool_cls: type, plan: BolePlan) -> type:
 
         def __init__(self, **kw):
             self.bole_store = None
-            why = eligible_pool_kwargs(kw)
+            why = eligible_pool_kwargs(kw, self.bole_plan)
             if why:
                 logger.info("Bole: keeping SGLang's MambaPool (%s)", why)
                 super().__init__(**kw)
@@ -134,9 +145,9 @@ def bole_pool_class(mamba_pool_cls: type, plan: BolePlan) -> type:
             self.mem_usage = (self.mamba_cache.mem_usage_bytes() + store.nbytes) / (1 << 30)
             sglang_rows = spec_state_size + 1  # what SGLang's MambaPool would have allocated
             logger.info(
-                "Bole: no per-node snapshot buffers: intermediate_ssm + intermediate_conv_window "
-                "would take %s (%d GDN layers x %d rows x %d draft tokens); Bole's factor arena "
-                "takes %s (%d rows)",
+                "Bole: no per-node snapshot buffers (%s verify): intermediate_ssm + "
+                "intermediate_conv_window would take %s (%d GDN layers x %d rows x %d draft "
+                "tokens); Bole's factor arena takes %s (%d rows)", the_plan.mode,
                 format_bytes(dataclasses.replace(the_plan, rows=sglang_rows).snapshot_bytes()),
                 the_plan.layers, sglang_rows, draft_tokens, format_bytes(store.nbytes), the_plan.rows)
 
