@@ -1,10 +1,12 @@
 """What `bole serve` launches: SGLang's speculative flags from a profile, the command, its env.
 
-Finds the calibration profile for (GPU, model), derives SGLang's speculative flags from it
-(NEXTN with the model's own MTP head, or EAGLE with a draft model; draft depth and top-k
-from the profile's acceptance model; draft tokens per request = B_ver at the expected batch
-/ batch), builds ``python -m sglang.launch_server ...`` and the environment that enables the
-plug-in (docs/design.md §6, §8). Runs in the CLI's process, not SGLang's, so it lives
+Finds the calibration profile for (GPU, model) and applies its decision for the expected
+batch and context (docs/design.md §8): a tree -> NEXTN (the model's MTP head) or EAGLE (a
+draft model) with the decided depth, top-k and draft tokens, verified by the plug-in; a
+chain -> SGLang's top-k 1 flags, verified by the plug-in's chain path or by SGLang's
+ReplaySSM (`--enable-linear-replayssm-spec`, --chain-verify); no speculation -> no
+speculative flags. Builds ``python -m sglang.launch_server ...`` and the environment that
+enables the plug-in (docs/design.md §6). Runs in the CLI's process, not SGLang's, so it lives
 outside bole_cli/sglang/; nothing here imports sglang, and only the standard library and
 bole_cli's light modules load at import (this module is on the `bole --help` path).
 """
@@ -47,10 +49,35 @@ def max_tree_tokens(steps: int, topk: int) -> int:
     return 1 + topk + max(steps - 1, 0) * topk * topk
 
 
+CHAIN_VERIFIERS = ("bole", "replayssm")  # the plug-in's chain path, or SGLang's own
+REPLAYSSM_DEFAULT_WINDOW = 16  # SGLang's --linear-replayssm-cache-len default (docs/sglang-0.5.23.md)
+
+
+def _predicted(choice: Optional[dict]) -> Optional[dict]:
+    if not choice:
+        return None
+    return {k: choice[k] for k in ("label", "mode", "tokens", "tok_s", "speedup", "step_s",
+                                   "t_draft", "t_verify", "t_sample") if k in choice}
+
+
+def _why(decision: dict) -> str:
+    """One line: why the decided mode (against the runner-up, drafting counted)."""
+    ch, ru = decision["chosen"], decision.get("runner_up")
+    line = f"{ch['label']}: predicted {ch['speedup']:.2f}x over plain decoding, drafting counted"
+    if ru:
+        slower = (1 - ru["tok_s"] / ch["tok_s"]) * 100
+        line += f"; {ru['label']} would be {slower:.1f}% slower" if slower < 10 else \
+            f"; {ru['label']} would be {slower:.0f}% slower"
+    return line
+
+
 def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Optional[str] = None,
                     steps: Optional[int] = None, topk: Optional[int] = None,
-                    draft_tokens: Optional[int] = None) -> dict:
-    """The speculative settings for `batch` concurrent requests at context `kv_len`."""
+                    draft_tokens: Optional[int] = None,
+                    chain_verify: Optional[str] = None) -> dict:
+    """How to serve `batch` concurrent requests at context `kv_len`: the profile's decision
+    for that bucket (docs/design.md §8: no speculation, a chain or a Bole tree, drafting
+    counted), or the tree or chain that --steps / --topk / --draft-tokens ask for."""
     from bole_cli.profiles import lookup_budget
 
     if batch < 1:
@@ -60,26 +87,64 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     for name, value in (("--steps", steps), ("--topk", topk), ("--draft-tokens", draft_tokens)):
         if value is not None and value < 1:
             raise InputError(f"{name}: must be >= 1, got {value}")
+    if chain_verify is not None and chain_verify not in CHAIN_VERIFIERS:
+        raise InputError(f"--chain-verify: expected one of {', '.join(CHAIN_VERIFIERS)}, "
+                         f"got {chain_verify!r}")
     entry, note = lookup_budget(profile, batch, kv_len)
-    depth, k, source = tree_shape_from_profile(profile)
     notes = [f"budget: {note}"]
-    topk_v = topk if topk is not None else k
+    decision = entry.get("decision")
+    manual = any(v is not None for v in (steps, topk, draft_tokens))
+    if decision is None and not manual:
+        raise BoleError(
+            f"the profile has no decision for batch {entry['batch']}, kv {entry['kv_len']} "
+            "(made without drafter costs or an acceptance model, or by an older bole): re-run "
+            "`bole calibrate`, or give --steps, --topk and --draft-tokens")
+    chosen = decision["chosen"] if decision else None
+    depth, k, source = tree_shape_from_profile(profile)
+    if manual:
+        if topk == 1 or (topk is None and chosen and chosen["mode"] == "chain"
+                         and draft_tokens is None):
+            mode = "chain"
+        else:
+            mode = "tree"
+        why = "set by --steps / --topk / --draft-tokens"
+        chosen_for_mode = (decision or {}).get("best", {}).get(mode)
+    else:
+        mode, why, chosen_for_mode = chosen["mode"], _why(decision), chosen
+    settings: dict[str, Any] = {
+        "mode": mode, "why": why, "batch": batch, "kv_len": kv_len,
+        "max_running_requests": batch, "profile_batch": entry["batch"],
+        "profile_kv_len": entry["kv_len"], "b_ver": int(entry["b_ver"]),
+        "n_star": entry.get("n_star"), "predicted": _predicted(chosen_for_mode),
+        "runner_up": _predicted((decision or {}).get("runner_up")) if not manual else None,
+        "algorithm": None, "draft_model": draft_model, "num_steps": None, "eagle_topk": None,
+        "num_draft_tokens": None, "chain_verify": None, "plugin": False, "notes": notes,
+        "tree_source": "the profile's decision" if not manual else "--steps / --topk / --draft-tokens",
+    }
+    if mode == "none":
+        notes.append("no speculation: at this batch and context drafting costs more than the "
+                     "accepted tokens save")
+        return settings
+    settings["algorithm"] = "EAGLE" if draft_model else "NEXTN"
+    if mode == "chain":
+        d = steps or (chosen_for_mode or {}).get("depth") or depth
+        verify = chain_verify or (chosen_for_mode or {}).get("verify") or CHAIN_VERIFIERS[0]
+        if draft_tokens is not None and draft_tokens != d + 1:
+            notes.append(f"--draft-tokens {draft_tokens} -> {d + 1}: a chain of depth {d} "
+                         "verifies its drafts and the root")
+        settings.update(num_steps=d, eagle_topk=1, num_draft_tokens=d + 1,
+                        chain_verify=verify, plugin=verify == "bole")
+        return settings
+    topk_v = topk or ((chosen_for_mode or {}).get("topk") if chosen_for_mode else None) or k
     if topk_v < 2:
-        if topk is not None:
-            raise InputError("--topk: Bole handles trees (top-k >= 2); for chains SGLang "
-                             "needs no plug-in")
-        raise InputError(f"the profile's {source} has top-k {k}: Bole handles trees (top-k "
-                         ">= 2); give --topk 2 or more, or serve chains without Bole")
-    b_ver = int(entry["b_ver"])
+        topk_v = k if k >= 2 else 2
+    steps_v = steps or (chosen_for_mode or {}).get("depth") or depth
     if draft_tokens is not None:
         d = draft_tokens
         notes.append(f"draft tokens per request set by --draft-tokens ({d})")
     else:
-        d = b_ver // batch
-        if d < 2:
-            notes.append(f"B_ver {b_ver} / batch {batch} < 2: using 2 draft tokens per request")
-            d = 2
-    steps_v = steps if steps is not None else depth
+        budget = (chosen_for_mode or {}).get("budget") or int(entry["b_ver"])
+        d = max(2, budget // entry["batch"])
     cap = max_tree_tokens(steps_v, topk_v)
     if d > cap:
         notes.append(f"draft tokens {d} -> {cap}: the most an EAGLE tree of depth {steps_v} and "
@@ -93,22 +158,8 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     if steps is None and steps_v > d - 1:
         notes.append(f"draft depth {steps_v} -> {d - 1}: a tree of {d} tokens is at most that deep")
         steps_v = d - 1
-    return {
-        "algorithm": "EAGLE" if draft_model else "NEXTN",
-        "draft_model": draft_model,
-        "num_steps": steps_v,
-        "eagle_topk": topk_v,
-        "num_draft_tokens": d,
-        "max_running_requests": batch,
-        "batch": batch,
-        "kv_len": kv_len,
-        "profile_batch": entry["batch"],
-        "profile_kv_len": entry["kv_len"],
-        "b_ver": b_ver,
-        "n_star": entry.get("n_star"),
-        "tree_source": source if (steps is None or topk is None) else "--steps / --topk",
-        "notes": notes,
-    }
+    settings.update(num_steps=steps_v, eagle_topk=topk_v, num_draft_tokens=d, plugin=True)
+    return settings
 
 
 def _flag_in(flag: str, args: list[str]) -> bool:
@@ -119,18 +170,22 @@ def build_command(model: str, settings: dict, *, port: int, host: Optional[str] 
                   extra: Optional[list[str]] = None, python: Optional[str] = None) -> tuple[list[str], list[str]]:
     """(argv of launch_server, our flags the extra arguments override)."""
     extra = list(extra or [])
-    ours: list[tuple[str, Any]] = [
-        ("--model-path", model),
-        ("--speculative-algorithm", settings["algorithm"]),
-    ]
-    if settings.get("draft_model"):
-        ours.append(("--speculative-draft-model-path", settings["draft_model"]))
-    ours += [
-        ("--speculative-num-steps", settings["num_steps"]),
-        ("--speculative-eagle-topk", settings["eagle_topk"]),
-        ("--speculative-num-draft-tokens", settings["num_draft_tokens"]),
-        ("--max-running-requests", settings["max_running_requests"]),
-    ]
+    ours: list[tuple[str, Any]] = [("--model-path", model)]
+    if settings["mode"] != "none":
+        ours.append(("--speculative-algorithm", settings["algorithm"]))
+        if settings.get("draft_model"):
+            ours.append(("--speculative-draft-model-path", settings["draft_model"]))
+        ours += [
+            ("--speculative-num-steps", settings["num_steps"]),
+            ("--speculative-eagle-topk", settings["eagle_topk"]),
+            ("--speculative-num-draft-tokens", settings["num_draft_tokens"]),
+        ]
+    if settings.get("chain_verify") == "replayssm":
+        ours.append(("--enable-linear-replayssm-spec", None))
+        if settings["num_draft_tokens"] > REPLAYSSM_DEFAULT_WINDOW:  # 0.5.23 does not check it
+            window = 1 << (settings["num_draft_tokens"] - 1).bit_length()
+            ours.append(("--linear-replayssm-cache-len", window))
+    ours.append(("--max-running-requests", settings["max_running_requests"]))
     if host:
         ours.append(("--host", host))
     ours.append(("--port", port))
@@ -140,12 +195,15 @@ def build_command(model: str, settings: dict, *, port: int, host: Optional[str] 
         if _flag_in(flag, extra):
             overridden.append(flag)
             continue
-        argv += [flag, str(value)]
+        argv += [flag] if value is None else [flag, str(value)]
     return argv + extra, overridden
 
 
 def plugin_env(environ: Optional[dict] = None) -> dict:
-    """SGLANG_PLUGINS with `bole` added (SGLang loads only the listed plug-ins when set)."""
+    """SGLANG_PLUGINS with `bole` added (SGLang loads only the listed plug-ins when set).
+    The plug-in is listed in every mode: it takes only the verifies it is meant for and
+    steps aside on its own under SGLang's ReplaySSM or without speculation (docs/design.md
+    §6), so one environment serves every decision."""
     from bole_cli.sglang.plugin import PLUGIN_NAME
 
     env = dict(os.environ if environ is None else environ)
@@ -214,17 +272,19 @@ def check_can_launch(status: dict) -> None:
 
 
 def memory_summary(spec: Any, settings: dict, state_dtype: str = "float32") -> Optional[dict]:
-    """Per-node snapshot buffers SGLang would preallocate vs Bole's arena (TP 1, bf16)."""
+    """Per-node snapshot buffers SGLang would preallocate vs Bole's arena (TP 1, bf16), when
+    the plug-in verifies (a tree, or a chain through Bole)."""
     from bole_cli.sglang.plan import BolePlan
 
-    if spec is None:
+    if spec is None or not settings.get("plugin"):
         return None
     plan = BolePlan(layers=spec.n_gdn_layers, key_heads=spec.gdn_key_heads, key_dim=spec.gdn_key_dim,
                     value_heads=spec.gdn_value_heads, value_dim=spec.gdn_value_dim,
                     conv_dim=spec.conv_dim, conv_window=spec.conv_kernel - 1,
                     draft_tokens=settings["num_draft_tokens"],
                     rows=settings["max_running_requests"] + 1, act_dtype="bfloat16",
-                    conv_dtype="bfloat16", ssm_dtype=state_dtype)
+                    conv_dtype="bfloat16", ssm_dtype=state_dtype,
+                    chain=settings.get("eagle_topk") == 1)
     return {"sglang_snapshot_bytes": plan.snapshot_bytes(), "bole_arena_bytes": plan.arena_bytes(),
             "freed_bytes": plan.saved_bytes(), "state_dtype": state_dtype}
 
@@ -289,7 +349,7 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
                draft_model: Optional[str] = None, steps: Optional[int] = None,
                topk: Optional[int] = None, draft_tokens: Optional[int] = None,
                host: Optional[str] = None, port: int = DEFAULT_PORT, dry_run: bool = False,
-               extra: Optional[list[str]] = None) -> ServePlan:
+               extra: Optional[list[str]] = None, chain_verify: Optional[str] = None) -> ServePlan:
     """Settings, command line and environment for serving `model`; checks SGLang first
     unless `dry_run` (without SGLang: one error naming the install)."""
     if not 0 < port < 65536:
@@ -306,7 +366,7 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     if model_spec is not None and not draft_model and getattr(model_spec, "mtp_layers", 1) < 1:
         raise InputError(f"{model_spec.name} has no MTP head for NEXTN; pass --draft-model PATH (EAGLE)")
     settings = derive_settings(prof, batch, kv_len, draft_model=draft_model, steps=steps, topk=topk,
-                               draft_tokens=draft_tokens)
+                               draft_tokens=draft_tokens, chain_verify=chain_verify)
     # A catalogue alias (9b) becomes its Hugging Face id; a path or unknown id goes as given.
     model_path = (model_spec.name if model_spec is not None and model_spec.source == "catalogue"
                   else model)
@@ -314,6 +374,10 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     if overridden:
         notes.append("overridden by the arguments after `--`: " + ", ".join(overridden))
     env = plugin_env()
+    ours = {"SGLANG_PLUGINS": env["SGLANG_PLUGINS"]}
+    if settings.get("chain_verify") == "bole":  # a user's BOLE_CHAINS=0 must not undo it
+        ours["BOLE_CHAINS"] = env["BOLE_CHAINS"] = "1"
+    ours = dict(sorted(ours.items()))  # the order --json prints them in
     state_dtype = state_dtype_from_args(extra)
     try:
         memory = memory_summary(model_spec, settings, state_dtype)
@@ -330,8 +394,9 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         "settings": settings,
         "memory": memory,
         "command": argv,
-        "env": {"SGLANG_PLUGINS": env["SGLANG_PLUGINS"]},
-        "command_line": f"SGLANG_PLUGINS={shlex.quote(env['SGLANG_PLUGINS'])} " + shlex.join(argv),
+        "env": ours,
+        "command_line": " ".join(f"{k}={shlex.quote(v)}" for k, v in ours.items()) + " "
+                        + shlex.join(argv),
         "sglang": status,
         "notes": notes,
     }

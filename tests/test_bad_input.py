@@ -309,17 +309,16 @@ def test_plot_with_math_text_tokens(tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 0
 
 
-def test_a_profile_with_top_k_1_does_not_blame_topk(tmp_path):
+def test_a_decision_that_names_a_bad_mode_is_refused_naming_the_field(tmp_path):
     good = DATA.parent.parent / "profiles" / "a100" / "Qwen3.5-9B.yaml"
     data = yaml.safe_load(good.read_text())
-    data["acceptance"]["per_depth_rank"] = [[0.9]] * 4
+    data["configs"][0]["decision"]["chosen"]["mode"] = "forest"
     p = tmp_path / "p.yaml"
     p.write_text(yaml.safe_dump(data))
-    line = bad("serve", "--model", "9b", "--gpu", "a100", "--profile", str(p), "--dry-run",
-               culprit="top-k 1")
-    assert not line.startswith("error: --topk")
     bad("serve", "--model", "9b", "--gpu", "a100", "--profile", str(p), "--dry-run",
-        "--topk", "1", culprit="--topk")
+        culprit="configs[0].decision.chosen.mode")
+    bad("serve", "--model", "9b", "--gpu", "a100", "--dry-run", "--chain-verify", "fold",
+        culprit="--chain-verify")
 
 
 def test_huge_batches_are_refused(tmp_path):

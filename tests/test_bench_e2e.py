@@ -105,7 +105,8 @@ def test_budget_resolution():
 
     path = find_profile("h200", spec)
     assert path is not None, "the shipped H200 profile of Qwen3.5-9B"
-    want = lookup_budget(load_profile(path), 16, 4096)[0]["b_ver"]
+    entry = lookup_budget(load_profile(path), 16, 4096)[0]
+    want = entry.get("n_star") or entry["b_ver"]  # the decision's best tree, B_ver without one
     n, src = e2e_plan.resolve_budget("profile", spec, "NVIDIA H200", 16, 4096, 117)
     assert n == max(16, min(want, 16 * 117)) and "profile" in src and "Qwen3.5-9B" in src
     n, src = e2e_plan.resolve_budget("profile", spec, "cpu", 4, 4096, 117)

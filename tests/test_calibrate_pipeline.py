@@ -85,7 +85,9 @@ def test_summary_rows_of_a_profile(tmp_path):
     assert [(r["batch"], r["kv_len"]) for r in rows] == [(1, 1024), (4, 1024)]
     for r, cfg in zip(rows, sorted(profile["configs"], key=lambda c: c["batch"])):
         assert r["b_ver"] == cfg["b_ver"] and r["t_dec"] == cfg["t_dec"]
-        if r["n_star"] is not None:
-            j = cfg["n"].index(cfg["n_star"])
-            assert r["gain"] == pytest.approx((cfg["e_acc"][j] / cfg["t_ver"][j])
-                                              / (cfg["batch"] / cfg["t_dec"]))
+        ch = cfg["decision"]["chosen"]  # every speedup printed counts drafting and sampling
+        plain = cfg["batch"] / (cfg["t_dec"] + cfg["sample"]["fixed"]
+                                + cfg["sample"]["per_token"] * cfg["batch"])
+        assert r["speedup"] == pytest.approx(ch["tokens"] / (ch["t_draft"] + ch["t_verify"]
+                                                             + ch["t_sample"]) / plain)
+        assert r["decision"] == ch["label"] and (ch["mode"] == "none" or ch["t_draft"] > 0)

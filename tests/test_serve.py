@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from bole_cli import cli, serving
 from bole_cli.commands import serve as serve_cmd
-from bole_cli.errors import InputError
+from bole_cli.errors import BoleError, InputError
 from bole_cli.profiles import find_profile, load_profile, lookup_budget
 
 try:  # click < 8.2 mixes stderr into stdout unless told not to
@@ -59,31 +59,95 @@ def fake_sglang(monkeypatch):
 @pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("batch", [1, 4, 16])
 def test_dry_run_command_from_shipped_profiles(no_sglang, gpu, model, batch):
+    """serve applies the profile's decision for the bucket, and never a tree it did not
+    choose: the mode, the flags and the prediction are the decision's."""
     r = invoke("--model", model, "--gpu", gpu, "--batch", str(batch), "--dry-run", "--json")
     assert r.exit_code == 0, r.stderr
     res = json.loads(r.stdout)
     prof_path = find_profile(gpu, MODELS[model])
     assert res["profile"] == str(prof_path)
-    prof = load_profile(prof_path)
-    entry, _ = lookup_budget(prof, batch, serving.DEFAULT_KV_LEN)
-    depth, topk, _ = serving.tree_shape_from_profile(prof)
-    want_d = min(max(entry["b_ver"] // batch, 2), serving.max_tree_tokens(depth, topk), 256)
+    entry, _ = lookup_budget(load_profile(prof_path), batch, serving.DEFAULT_KV_LEN)
+    ch = entry["decision"]["chosen"]
     s = res["settings"]
-    assert (s["algorithm"], s["eagle_topk"], s["num_draft_tokens"]) == ("NEXTN", topk, want_d)
-    assert s["num_steps"] == min(depth, want_d - 1) and s["b_ver"] == entry["b_ver"]
+    assert s["mode"] == ch["mode"] and s["predicted"]["tok_s"] == ch["tok_s"]
+    assert s["b_ver"] == entry["b_ver"] and ch["label"] in s["why"]
     argv = res["command"]
     assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
     assert flag(argv, "--model-path") == MODELS[model]
-    assert flag(argv, "--speculative-algorithm") == "NEXTN"
-    assert flag(argv, "--speculative-num-steps") == str(s["num_steps"])
-    assert flag(argv, "--speculative-eagle-topk") == str(topk)
-    assert flag(argv, "--speculative-num-draft-tokens") == str(want_d)
     assert flag(argv, "--max-running-requests") == str(batch)
     assert flag(argv, "--port") == "30000" and "--speculative-draft-model-path" not in argv
-    assert res["env"] == {"SGLANG_PLUGINS": "bole"}
-    assert res["command_line"] == "SGLANG_PLUGINS=bole " + shlex.join(argv)
+    chains = {"BOLE_CHAINS": "1"} if ch["mode"] == "chain" else {}  # Bole's chain path
+    assert res["env"] == {"SGLANG_PLUGINS": "bole", **chains}
+    assert res["command_line"] == " ".join(
+        f"{k}={v}" for k, v in res["env"].items()) + " " + shlex.join(argv)
     assert res["dry_run"] is True and res["sglang"]["installed"] is False
+    if ch["mode"] == "none":
+        assert "--speculative-algorithm" not in argv and res["memory"] is None
+        return
+    assert flag(argv, "--speculative-algorithm") == "NEXTN"
+    if ch["mode"] == "chain":
+        want = (ch["depth"], 1, ch["depth"] + 1)
+        assert "--enable-linear-replayssm-spec" not in argv  # Bole's chain by default
+    else:
+        d = min(max(ch["budget"] // entry["batch"], 2),
+                serving.max_tree_tokens(ch["depth"], ch["topk"]), 256)
+        want = (min(ch["depth"], d - 1), ch["topk"], d)
+    assert (s["num_steps"], s["eagle_topk"], s["num_draft_tokens"]) == want
+    assert [flag(argv, f"--speculative-{k}") for k in ("num-steps", "eagle-topk",
+                                                       "num-draft-tokens")] == list(map(str, want))
     assert res["memory"]["bole_arena_bytes"] < res["memory"]["sglang_snapshot_bytes"] / 20
+
+
+def _decided(mode: str, depth: int = 0, topk: int = 0, budget: int = 8) -> dict:
+    """A one-bucket profile whose decision is `mode` (the rest as calibrate writes it)."""
+    choice = {"mode": mode, "depth": depth, "topk": topk, "budget": budget, "tokens": 10.0,
+              "t_draft": 0.001 * depth, "t_verify": 0.01, "t_sample": 1e-4, "verify": "bole",
+              "step_s": 0.012, "tok_s": 800.0, "speedup": 1.5,
+              "label": {"none": "no speculation", "chain": f"chain d={depth}",
+                        "tree": f"tree {depth}x{topk} N={budget}"}[mode]}
+    other = dict(choice, mode="none", depth=0, topk=0, budget=4, tok_s=500.0, speedup=1.0,
+                 label="no speculation")
+    decision = {"mode": mode, "chosen": choice,
+                "runner_up": None if mode == "none" else other,
+                "best": {mode: choice}, "considered": 3}
+    return {"gpu": "h200", "model": "m", "provenance": {"kind": "measured"},
+            "acceptance": {"name": "x", "per_depth_rank": [[0.9, 0.05, 0.01, 0.01]] * 8},
+            "configs": [{"batch": 4, "kv_len": 4096, "t_dec": 0.01, "n": [4, 8, 16, 32],
+                         "t_ver": [0.01] * 4, "b_ver": 16, "decision": decision}]}
+
+
+def test_serve_applies_each_decided_mode():
+    none = serving.derive_settings(_decided("none", budget=4), 4, 4096)
+    assert none["mode"] == "none" and none["num_steps"] is None
+    assert any("no speculation" in n for n in none["notes"])
+    argv, _ = serving.build_command("m", none, port=1)
+    assert "--speculative-algorithm" not in argv and "--max-running-requests" in argv
+    chain = serving.derive_settings(_decided("chain", 5, 1, 24), 4, 4096)
+    assert (chain["num_steps"], chain["eagle_topk"], chain["num_draft_tokens"]) == (5, 1, 6)
+    assert chain["plugin"] and chain["chain_verify"] == "bole"
+    assert "chain d=5" in chain["why"] and "38% slower" in chain["why"]  # 500 vs 800 tok/s
+    rssm = serving.derive_settings(_decided("chain", 5, 1, 24), 4, 4096, chain_verify="replayssm")
+    argv, _ = serving.build_command("m", rssm, port=1)
+    assert "--enable-linear-replayssm-spec" in argv and not rssm["plugin"]
+    assert flag(argv, "--speculative-eagle-topk") == "1" and "--linear-replayssm-cache-len" not in argv
+    deep = serving.derive_settings(_decided("chain", 5, 1, 24), 4, 4096, chain_verify="replayssm",
+                                   steps=20, topk=1)
+    argv, _ = serving.build_command("m", deep, port=1)  # 21 tokens: the window must hold them
+    assert flag(argv, "--linear-replayssm-cache-len") == "32"
+    tree = serving.derive_settings(_decided("tree", 6, 2, 32), 4, 4096)
+    assert (tree["num_steps"], tree["eagle_topk"], tree["num_draft_tokens"]) == (6, 2, 8)
+    assert "tree 6x2 N=32" in tree["why"] and "no speculation would be" in tree["why"]
+    with pytest.raises(InputError, match="--chain-verify"):
+        serving.derive_settings(_decided("chain", 5, 1, 24), 4, 4096, chain_verify="fold")
+
+
+def test_a_profile_without_a_decision_asks_for_calibration():
+    prof = _decided("tree", 6, 2, 32)
+    del prof["configs"][0]["decision"]
+    with pytest.raises(BoleError, match="re-run `bole calibrate`"):
+        serving.derive_settings(prof, 4, 4096)
+    s = serving.derive_settings(prof, 4, 4096, steps=3, topk=2, draft_tokens=8)  # by hand
+    assert (s["mode"], s["num_steps"], s["eagle_topk"], s["num_draft_tokens"]) == ("tree", 3, 2, 8)
 
 
 def test_dry_run_panel_shows_settings_and_command(no_sglang):
@@ -92,8 +156,8 @@ def test_dry_run_panel_shows_settings_and_command(no_sglang):
     assert r.exit_code == 0, r.stderr
     text = r.stdout
     for part in ("bole serve (dry run)", "NEXTN", "h200", "Qwen3.5-9B.yaml", "draft tokens",
-                 "SGLANG_PLUGINS=bole", "sglang.launch_server", "--speculative-eagle-topk 4",
-                 "Bole factors"):
+                 "SGLANG_PLUGINS=bole", "sglang.launch_server", "--speculative-eagle-topk",
+                 "mode", "why", "predicted"):
         assert part in text, part
 
 
@@ -121,23 +185,21 @@ def test_tree_shape_from_the_acceptance_model():
 
 
 def test_overrides_and_clamps():
-    base = load_profile(find_profile("h200", MODELS["9b"]))
-    prof = dict(base, configs=[dict(c, b_ver=128) for c in base["configs"]])
-    s = serving.derive_settings(prof, 1, 4096)  # B_ver 128 at batch 1: one deep tree
+    tree = _decided("tree", 8, 4, 512)  # 128 tokens per request at batch 4: one deep tree
+    s = serving.derive_settings(tree, 4, 4096)
     assert s["num_draft_tokens"] == 117 == serving.max_tree_tokens(8, 4)
     assert any("EAGLE tree of depth 8" in n for n in s["notes"])
-    s = serving.derive_settings(prof, 16, 4096, steps=3, topk=2, draft_tokens=64)
+    s = serving.derive_settings(tree, 16, 4096, steps=3, topk=2, draft_tokens=64)
     assert (s["num_steps"], s["eagle_topk"], s["num_draft_tokens"]) == (3, 2, 1 + 2 + 2 * 4)
-    s = serving.derive_settings(prof, 8, 4096, draft_tokens=3)
+    s = serving.derive_settings(tree, 8, 4096, draft_tokens=3)
     assert (s["num_draft_tokens"], s["num_steps"]) == (3, 2)  # depth <= tokens - 1
-    with pytest.raises(InputError, match="--topk"):
-        serving.derive_settings(prof, 8, 4096, topk=1)
+    s = serving.derive_settings(tree, 8, 4096, topk=1)  # --topk 1 is a chain now
+    assert (s["mode"], s["eagle_topk"], s["num_draft_tokens"]) == ("chain", 1, 9)
     with pytest.raises(InputError, match="--batch"):
-        serving.derive_settings(prof, 0, 4096)
-    big = dict(prof, configs=[dict(c, b_ver=100000) for c in prof["configs"]])
-    s = serving.derive_settings(big, 1, 4096, steps=40, topk=8)
+        serving.derive_settings(tree, 0, 4096)
+    s = serving.derive_settings(tree, 1, 4096, steps=40, topk=8, draft_tokens=100000)
     assert s["num_draft_tokens"] == 256 and any("256" in n for n in s["notes"])
-    small = dict(prof, configs=[dict(c, b_ver=8) for c in prof["configs"]])
+    small = _decided("tree", 8, 4, 4)
     assert serving.derive_settings(small, 16, 4096)["num_draft_tokens"] == 2
 
 

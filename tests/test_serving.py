@@ -9,8 +9,8 @@ from bole_cli import serving
 from bole_cli.catalog.models import resolve_model
 from bole_cli.errors import BoleError, InputError
 
-SETTINGS = {"algorithm": "NEXTN", "draft_model": None, "num_steps": 3, "eagle_topk": 4,
-            "num_draft_tokens": 16, "max_running_requests": 8}
+SETTINGS = {"mode": "tree", "algorithm": "NEXTN", "draft_model": None, "num_steps": 3,
+            "eagle_topk": 4, "num_draft_tokens": 16, "max_running_requests": 8, "plugin": True}
 
 
 def test_build_command_of_a_settings_dict():
@@ -52,6 +52,7 @@ def test_memory_summary_counts_the_arena_against_snapshots():
     assert bf16["sglang_snapshot_bytes"] < mem["sglang_snapshot_bytes"]
     assert bf16["bole_arena_bytes"] == mem["bole_arena_bytes"]  # factors do not follow the state
     assert serving.memory_summary(None, SETTINGS) is None
+    assert serving.memory_summary(spec, dict(SETTINGS, plugin=False)) is None  # SGLang's own
     with pytest.raises(KeyError):
         serving.memory_summary(spec, SETTINGS, "fp8")
 

@@ -255,6 +255,11 @@ class MTPDrafter:
             top = self.hot_ids[top]
         return x.view(bsz, rows, h), top.view(bsz, rows, self.layout.topk)
 
+    def level(self, st: DraftState, lvl: int, tokens: torch.Tensor, hidden: torch.Tensor,
+              kv_off: int):
+        """One level alone (what `bole calibrate` times per level: docs/design.md §8)."""
+        return self._level(st, lvl, tokens, hidden, kv_off)
+
     def forward(self, st: DraftState) -> torch.Tensor:
         """Draft every node of the beam tree: token ids [B, n_nodes] in layout order
         (column 0 is the root, st.pending)."""

@@ -9,17 +9,23 @@ P(v) = prod_i q[i][r_i]. At most one node per depth is accepted, so
 
     E[accepted draft tokens | tree] = sum_{v in tree} P(v)
 
-exactly. P never grows from a parent to a child, so the best tree of n tokens (the root,
-i.e. the last verified token, plus n - 1 draft nodes) is the n - 1 nodes of highest P,
-which is prefix-connected: the same greedy rule as docs/design.md §4. Counting the bonus
-(correction) token that every verify step commits,
+exactly. The tree is the one the drafter grows: the EAGLE beam tree of depth D and top-k K
+(bole_cli.trees.beam_tree: level 1 the root's K candidates, each further level the K
+candidates of each of the previous level's K best nodes), which SGLang's EAGLE worker and
+`bole bench e2e`'s drafter both grow. A budget of n tokens (the root, i.e. the last
+verified token, plus n - 1 draft nodes) keeps the n - 1 beam nodes of highest P, which is
+prefix-connected (P never grows from a parent to a child): the rule of docs/design.md §4.
+Counting the bonus (correction) token that every verify step commits,
 
-    E1(n) = 1 + sum of the n - 1 largest P(v)          (committed tokens per request)
+    E1(n) = 1 + sum of the n - 1 largest P(v) of the beam tree  (committed tokens per request)
 
-is increasing and concave in n (its increments are the sorted P values), and E1(1) = 1 is
-plain decoding. For a batch of b identical requests sharing a budget of N tokens, the
-global best-N rule gives every request its root and hands the N - b draft slots out in
-score order, so E_b(N) = b + sum_{j < N-b} P_(floor(j / b)).
+is increasing and concave in n, E1(1) = 1 is plain decoding, and it stops growing once the
+whole beam tree (1 + K + (D - 1) K^2 tokens) is kept. For a batch of b identical requests
+sharing a budget of N tokens, the global best-N rule gives every request its root and hands
+the N - b draft slots out in score order, so E_b(N) = b + sum_{j < N-b} P_(floor(j / b)).
+A chain of depth d is the beam tree of top-k 1: E1 = 1 + sum_{j<=d} prod_{i<=j} q[i][1].
+`tree(...)` evaluates any (depth, top-k, budget, batch); `bole calibrate` weighs it, and
+its drafting cost, against the verify time (docs/design.md §8).
 
 Per-depth statistics. The built-in presets (and a file's `per_depth` list) give, per depth,
 the top-1 acceptance a_d; lower ranks follow a fixed rule: the rank-r candidate is right,
@@ -48,19 +54,25 @@ Measured files (`bole acceptance`, bole_cli/mtp/): the same `per_depth_rank` mat
       chain: {trials: [...], hits: [...], committed: 4.1}   # the greedy chain, measured
     expected: {chain: 4.0, trees: {"16": 5.2, ...}}        # from the matrix (informative)
 
+Observed files (what a serving engine reports: the accepted length per verify step):
+`accepted_length_histogram: {counts: [...]}` with the `speculative:` settings they ran
+under; bole_cli.calibrate.observed fits the preset family to them and says how well
+(docs/design.md §8).
+
 Any reader of per_depth_rank reads it (`bole calibrate --acceptance`, `bole bench e2e
 --acceptance`; `bole serve` through the calibrated profile, which keeps the matrix and a
 summary of the measurement). from_data checks the measurement against the matrix.
 
-Presets: a_d = a * 0.97^(d-1) with a fitted so that a tree of depth 8, top-k 4 and 128
-tokens commits the paper's mean accepted length (the Bole paper: MBPP 6.70, GSM8K 7.08,
-ShareGPT 5.51, CNN/DailyMail 4.98; read as tokens committed per step, bonus included,
-the usual convention for "mean accepted tokens").
+Presets: a_d = a * 0.97^(d-1) with a fitted so that the beam tree of depth 8, top-k 4 at
+a budget of 128 tokens commits the paper's mean accepted length (the Bole paper: MBPP 6.70,
+GSM8K 7.08, ShareGPT 5.51, CNN/DailyMail 4.98; read as tokens committed per step, bonus
+included, the usual convention for "mean accepted tokens"). One meaning everywhere:
+`bole calibrate`, `bole serve` and `bole bench e2e` read the same q for a preset name.
 """
 
 from __future__ import annotations
 
-import heapq
+import functools
 import math
 import os
 from bisect import bisect_right
@@ -68,15 +80,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from bole_cli.calibrate.ranks import (DEFAULT_RANK_FACTOR, DEFAULT_TOP_K, DEPTH_DECAY,  # noqa: F401
+                                     PAPER_BUDGET, PAPER_DEPTH, rank_matrix)
 from bole_cli.errors import InputError
-
-DEFAULT_RANK_FACTOR = 0.5
-DEFAULT_TOP_K = 4
-PAPER_DEPTH = 8
-PAPER_BUDGET = 128
-# The presets' top-1 acceptance at depth d is a * DEPTH_DECAY^(d-1) (the module docstring);
-# `bole bench e2e` refits a to its drafter's beam tree with the same decay (preset_rows).
-DEPTH_DECAY = 0.97
 
 # preset -> the paper's mean accepted tokens (depth 8, top-k 4, budget 128), and the depth-1
 # top-1 acceptance fitted to it with fit_preset_a1 (tests/test_calibrate.py checks the fit).
@@ -87,32 +93,58 @@ PRESET_TARGETS = {
     "paper-cnndm": 4.98,
 }
 _PRESET_A1 = {
-    "paper-mbpp": 0.9060,
-    "paper-gsm8k": 0.9327,
-    "paper-sharegpt": 0.8152,
-    "paper-cnndm": 0.7696,
+    "paper-mbpp": 0.9320,
+    "paper-gsm8k": 0.9564,
+    "paper-sharegpt": 0.8450,
+    "paper-cnndm": 0.7995,
 }
 DEFAULT_PRESET = "paper-mbpp"
-
-
-def rank_matrix(per_depth: Sequence[float], top_k: int = DEFAULT_TOP_K,
-                rank_factor: float = DEFAULT_RANK_FACTOR) -> list[list[float]]:
-    """q[d][r] from per-depth top-1 acceptance (see the module docstring)."""
-    q = []
-    for a in per_depth:
-        row, miss = [], 1.0
-        for r in range(top_k):
-            c = a * rank_factor**r
-            row.append(miss * c)
-            miss *= 1.0 - c
-        q.append(row)
-    return q
 
 
 def preset_rows(top1: float, depth: int = PAPER_DEPTH, top_k: int = DEFAULT_TOP_K) -> list[list[float]]:
     """q[d][r] of a preset-shaped model: top-1 acceptance `top1` at depth 1, decaying by
     DEPTH_DECAY per level, lower ranks by DEFAULT_RANK_FACTOR."""
     return rank_matrix([top1 * DEPTH_DECAY**d for d in range(depth)], top_k, DEFAULT_RANK_FACTOR)
+
+
+#: A rank a file lacks, or a measured 0, in a beam tree (a log-probability needs p > 0).
+TINY = 1e-12
+
+
+def beam_rows(q: Sequence[Sequence[float]], depth: int, topk: int) -> list[list[float]]:
+    """q for `depth` levels of `topk` ranks as a beam tree takes it: ranks (or depths) q
+    lacks, and zeros, become TINY."""
+    rows = []
+    for d in range(depth):
+        row = [p if p > 0 else TINY for p in (q[d][:topk] if d < len(q) else ())]
+        rows.append(row + [TINY] * (topk - len(row)))
+    return rows
+
+
+def beam_node_probs(q: Sequence[Sequence[float]], depth: int, topk: int) -> tuple[float, ...]:
+    """P(v) of every draft node of the beam tree (depth, topk) under q, largest first."""
+    return _beam_node_probs(tuple(tuple(r) for r in beam_rows(q, depth, topk)), depth, topk)
+
+
+@functools.lru_cache(maxsize=512)
+def _beam_node_probs(rows: tuple, depth: int, topk: int) -> tuple[float, ...]:
+    from bole_cli.trees import beam_tree
+
+    tree = beam_tree(depth, topk, level_probs=[list(r) for r in rows])
+    return tuple(sorted(tree.rho[1:], reverse=True))
+
+
+def batch_expected(probs: Sequence[float], n_total: int, batch: int) -> Optional[float]:
+    """E_b(N) for `batch` requests whose trees hold draft nodes of probabilities `probs`
+    (largest first), sharing N tokens (None if N < b: every request needs its root)."""
+    if n_total < batch:
+        return None
+    full, rest = divmod(n_total - batch, batch)  # drafts each, and how many get one more
+    if full >= len(probs):
+        full, rest = len(probs), 0
+    lo = math.fsum(probs[:full])
+    nxt = probs[full] if full < len(probs) else 0.0
+    return batch * (1.0 + lo) + rest * nxt
 
 
 @dataclass
@@ -126,54 +158,41 @@ class AcceptanceModel:
     curve_e: Optional[list[float]] = None
     measured: Optional[dict] = None  # a measured file's provenance summary (describe())
 
-    def __post_init__(self) -> None:
-        self._probs: list[float] = []  # the largest P(v) found so far, decreasing
-        self._prefix: list[float] = [0.0]  # their prefix sums
-        # best-first frontier: (-P, depth of the node); a node's children are the rank-
-        # ordered candidates one level down
-        self._heap = [(-p, 1) for p in (self.q[0] if self.q else ()) if p > 0]
-        heapq.heapify(self._heap)
+    @property
+    def depth(self) -> int:
+        """Draft depth the model describes (the paper's for a measured curve)."""
+        return len(self.q) if self.q else PAPER_DEPTH
 
-    def _prefix_upto(self, count: int) -> list[float]:
-        """Prefix sums of the `count` largest P(v) (fewer if the tree is smaller)."""
-        assert self.q is not None
-        while len(self._probs) < count and self._heap:
-            negp, depth = heapq.heappop(self._heap)
-            p = -negp
-            self._probs.append(p)
-            self._prefix.append(self._prefix[-1] + p)
-            if depth < len(self.q):
-                for c in self.q[depth]:
-                    if c > 0:
-                        heapq.heappush(self._heap, (-(p * c), depth + 1))
-        return self._prefix
+    @property
+    def top_k(self) -> int:
+        """Ranks per depth the model describes (the paper's for a measured curve)."""
+        return max(len(r) for r in self.q) if self.q else DEFAULT_TOP_K
 
-    def _drafts(self, k: int) -> float:
-        """Sum of the k largest P(v)."""
-        pre = self._prefix_upto(k)
-        return pre[min(k, len(pre) - 1)]
+    def tree(self, n_total: int, batch: int = 1, depth: Optional[int] = None,
+             topk: Optional[int] = None) -> Optional[float]:
+        """E_b(N): committed tokens of `batch` requests drafting the beam tree (depth,
+        topk; default the model's own) and sharing N tree tokens (None if N < batch). A
+        measured curve knows one shape only: batch * E1(N / batch)."""
+        if n_total < batch:
+            return None
+        if self.q is None:
+            return batch * _interp(self.curve_n, self.curve_e, n_total / batch)
+        probs = beam_node_probs(self.q, depth or self.depth, topk or self.top_k)
+        return batch_expected(probs, n_total, batch)
 
     def per_request(self, n: float) -> float:
-        """E1(n): committed tokens (bonus included) for one request with n tree tokens;
-        linear between integers."""
+        """E1(n): committed tokens (bonus included) for one request with n tree tokens of
+        the model's beam tree; linear between integers."""
         if n < 1:
             raise ValueError("a request needs at least its root token")
         if self.curve_n is not None:
             return _interp(self.curve_n, self.curve_e, n)
-        k = int(math.floor(n)) - 1
-        lo, hi = self._drafts(k), self._drafts(k + 1)
-        return 1.0 + lo + (n - math.floor(n)) * (hi - lo)
+        lo, hi = self.tree(int(math.floor(n))), self.tree(int(math.floor(n)) + 1)
+        return lo + (n - math.floor(n)) * (hi - lo)
 
     def batch(self, n_total: int, batch: int) -> Optional[float]:
-        """E_b(N): committed tokens of a batch of identical requests sharing N tree tokens
-        (None if N < b: every request needs its root)."""
-        if n_total < batch:
-            return None
-        if self.curve_n is not None:
-            return batch * self.per_request(n_total / batch)
-        full, rest = divmod(n_total - batch, batch)  # drafts each, and how many get one more
-        lo, hi = self._drafts(full), self._drafts(full + 1)
-        return batch * (1.0 + lo) + rest * (hi - lo)
+        """E_b(N) at the model's own beam shape (see `tree`)."""
+        return self.tree(n_total, batch)
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "source": self.source}
@@ -206,19 +225,25 @@ def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def preset_top1(name: str) -> float:
+    """The preset's top-1 acceptance at depth 1 (its q for any depth and top-k follows)."""
+    return _PRESET_A1[name]
+
+
 def preset(name: str) -> AcceptanceModel:
     a1 = _PRESET_A1[name]
     return AcceptanceModel(
         name=name,
         source=(f"built-in: per-depth top-1 acceptance {a1} x {DEPTH_DECAY}^(d-1), depth {PAPER_DEPTH}, "
-                f"top-k {DEFAULT_TOP_K}, rank factor {DEFAULT_RANK_FACTOR}; reproduces the "
-                f"paper's mean accepted tokens {PRESET_TARGETS[name]} at budget {PAPER_BUDGET}"),
+                f"top-k {DEFAULT_TOP_K}, rank factor {DEFAULT_RANK_FACTOR}; its beam tree at budget "
+                f"{PAPER_BUDGET} commits the paper's mean accepted tokens {PRESET_TARGETS[name]}"),
         q=preset_rows(a1),
     )
 
 
-def fit_preset_a1(target: float, lo: float = 0.05, hi: float = 0.999) -> float:
-    """Top-1 acceptance at depth 1 that makes E1(128) equal `target` (for regenerating presets)."""
+def fit_preset_a1(target: float, lo: float = 0.05, hi: float = 0.9999) -> float:
+    """Top-1 acceptance at depth 1 that makes the beam tree (depth 8, top-k 4) at budget
+    128 commit `target` tokens per step (for regenerating the presets)."""
     def e(a: float) -> float:
         return AcceptanceModel("fit", "", q=preset_rows(a)).per_request(PAPER_BUDGET)
 
@@ -251,10 +276,17 @@ def from_data(data: Any, source: str) -> AcceptanceModel:
         raise InputError(f"{source}: top_k: expected a positive integer")
     if not isinstance(rank_factor, (int, float)) or not 0 <= rank_factor <= 1:
         raise InputError(f"{source}: rank_factor: expected a number in [0, 1]")
-    present = [k for k in ("per_depth", "per_depth_rank", "curve") if k in data]
+    present = [k for k in ("per_depth", "per_depth_rank", "curve", "accepted_length_histogram")
+               if k in data]
     if len(present) != 1:
-        raise InputError(f"{source}: give exactly one of per_depth, per_depth_rank, curve")
+        raise InputError(f"{source}: give exactly one of per_depth, per_depth_rank, curve, "
+                         "accepted_length_histogram")
     key = present[0]
+    if key == "accepted_length_histogram":  # observed per-step histograms: calibrate/observed.py
+        from bole_cli.calibrate.observed import fit_observed
+
+        fit = fit_observed(data, source)
+        return AcceptanceModel(name, fit.source, q=fit.q, measured=fit.measured)
     if key == "per_depth":
         per_depth = _numbers(data[key], f"{source}: per_depth", hi=1.0)
         return AcceptanceModel(name, f"file {source} (per-depth top-1, top-k {top_k})",

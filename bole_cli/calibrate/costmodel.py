@@ -30,7 +30,8 @@ Components (bf16 weights and activations, fp32 recurrent state and logits):
 - logits: the LM head's bf16 logits (T * vocab) read and cast to fp32 for sampling.
 - no kernel is shorter than eff.kernel_floor_s (small kernels are latency-bound), and a
   fixed launch overhead eff.launch_s per layer (and two for embedding, LM head/sampling).
-The MTP/draft head is not part of the target forward and is not counted.
+The MTP/draft head is not part of the target forward: `time_draft_level` prices one level
+of it (the same rooflines), `time_sample` the argmax and the host sync of a step.
 
 Efficiency factors (eff.bw, eff.flops) are the fractions of the datasheet figures that
 real kernels reach; see EFFICIENCY for the values and their reasons.
@@ -57,46 +58,49 @@ class Efficiency:
     kernel_floor_s: float  # no kernel is shorter than this (small kernels are latency-bound)
     l2_bytes: float  # last-level cache; activations below half of it never reach DRAM
     why: str
+    host_step_s: float = 1e-4  # per step: the sampled tokens' trip to the host (the sync)
+    draft_kernels: int = 24  # kernels of one drafter level (each at least kernel_floor_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-# Per-GPU efficiency factors. The bandwidth factors follow what streaming kernels reach on
-# each memory system; the FLOP factors are what bf16 GEMMs with M = 64..512 rows (the
-# tree-verify regime) reach, and were set so that the model's throughput-optimal budget
-# for Qwen3.5-9B at batch 8 lands on the paper's measured peaks (128 tree tokens on A100,
-# 256 on GB10). The weight knee sits at (peak * flops) / (bandwidth * bw) tokens.
-# l2_bytes: datasheet L2 (A100 40 MB, H100/H200 50 MB, B200 126 MB; GB10 24 MB assumed).
+# Per-GPU efficiency factors, from figures independent of the results they predict (none is
+# fitted to the Bole paper's budgets or speedups; tests/test_calibrate.py checks those as a
+# tolerance). Our H200 measurements (FACTS: 4.27 TB/s device copy = 89% of 4.8; 790 TFLOP/s
+# for an 8192^3 bf16 matmul = 80% of 989; an empty kernel 4.0-5.0 us, back to back in a
+# CUDA graph about 3 us, experiments run 27; the sampled tokens' sync 0.07-0.14 ms per step,
+# the `sample` phase of `bole bench e2e`'s AR decoder, run I15-a) set the H200's: weight
+# streaming at small M and GEMMs at 64-512 rows sit below those ceilings, so 80% / 60%.
+# The other GPUs take the same fractions of their datasheet figures (no device measured
+# here); their datasheets are in bole_cli.catalog.hardware. l2_bytes: datasheet L2
+# (A100 40 MB, H100/H200 50 MB, B200 126 MB; GB10 24 MB assumed).
+_HOPPER_MEASURED = ("fractions of the datasheet measured on one H200 (copy 89%, 8192^3 "
+                    "matmul 80%), lowered for small-M streaming and 64-512-row GEMMs")
 EFFICIENCY: dict[str, Efficiency] = {
     "a100": Efficiency(
-        bw=0.80, flops=0.70, launch_s=8e-6, kernel_floor_s=3e-6, l2_bytes=40e6,
-        why="GEMV-like weight streaming reaches ~80% of 2.04 TB/s on HBM2e; cuBLAS bf16 "
-            "GEMMs with 64-512 rows reach ~70% of 312 TFLOP/s. Ridge ~134 tokens, which "
-            "puts the 9B batch-8 knee at the paper's 128."),
+        bw=0.80, flops=0.60, launch_s=8e-6, kernel_floor_s=3e-6, l2_bytes=40e6,
+        why="The H200's " + _HOPPER_MEASURED + "; launch gaps as on Ampere (8 us per "
+            "layer, assumed). Not fitted."),
     "h100": Efficiency(
         bw=0.80, flops=0.60, launch_s=6e-6, kernel_floor_s=3e-6, l2_bytes=50e6,
-        why="Hopper GEMMs at 64-512 rows reach a smaller fraction of the 989 TFLOP/s peak "
-            "than large squares (~80%); 60% assumed; bandwidth as A100. Not fitted."),
+        why="The H200's " + _HOPPER_MEASURED + " (same SM). Not fitted."),
     "h200": Efficiency(
         bw=0.80, flops=0.60, launch_s=6e-6, kernel_floor_s=3e-6, l2_bytes=50e6,
-        why="Measured here: 4.27 TB/s copy (89% of 4.8), 790 TFLOP/s for 8192^3 (80% of "
-            "989); weight streaming at small M and GEMMs at 64-512 rows sit below those "
-            "ceilings, so 80% / 60%. Placeholder until the measured profiles replace it."),
+        why="Measured here: " + _HOPPER_MEASURED + "; kernel floor and launch gaps from "
+            "run 27, the per-step sync from run I15-a. The measured profiles replace it."),
     "gb10": Efficiency(
-        bw=0.85, flops=0.40, launch_s=8e-6, kernel_floor_s=4e-6, l2_bytes=24e6,
-        why="LPDDR5x streaming reaches ~85% of 273 GB/s. The 256 TFLOP/s the paper quotes is "
-            "not a dense bf16 rate bf16 GEMMs reach (GB10's headline figures are FP4 with "
-            "sparsity; dense bf16 is about half of 256); 0.40 (~100 TFLOP/s) puts the 9B "
-            "batch-8 N* at the paper's 256 tree tokens. Its effective FLOP:byte ratio (~440) "
-            "is still ~3x the A100's (~134), which is why its budget is the larger."),
+        bw=0.80, flops=0.60, launch_s=8e-6, kernel_floor_s=4e-6, l2_bytes=24e6,
+        why="The H200's " + _HOPPER_MEASURED + ", applied to GB10's dense bf16 rate (125 "
+            "TFLOP/s, bole_cli.catalog.hardware) and 273 GB/s LPDDR5x; a slower launch "
+            "path assumed. Not fitted."),
     "b200": Efficiency(
         bw=0.80, flops=0.60, launch_s=6e-6, kernel_floor_s=3e-6, l2_bytes=126e6,
-        why="Assumed like Hopper; not fitted."),
+        why="The H200's " + _HOPPER_MEASURED + ". Not fitted."),
 }
 DEFAULT_EFFICIENCY = Efficiency(
     bw=0.80, flops=0.60, launch_s=6e-6, kernel_floor_s=3e-6, l2_bytes=40e6,
-    why="Default for a GPU without fitted factors.")
+    why="The H200's " + _HOPPER_MEASURED + ", for a GPU without its own entry.")
 
 
 def efficiency_for(gpu: GpuSpec) -> Efficiency:
@@ -207,6 +211,39 @@ class RooflineForward:
         t["logits"] = self._time(Cost(act=T * m.vocab * (BF16 + FP32)))  # fp32 cast
         t["launch"] = self.eff.launch_s * (m.layers + 2)
         return t
+
+    def draft_components(self, batch: int, kv_len: int, rows: int,
+                         draft_vocab: Optional[int] = None) -> dict[str, float]:
+        """Seconds per component of one drafter level over `rows` rows per request: the MTP
+        layer (fc over [embedding | hidden], one gated-attention layer, the MLP) and the
+        shared LM head (or `draft_vocab` hot rows of it) read once, the layer's KV cache of
+        the context read, the logits' softmax and top-k; at least `draft_kernels` kernels."""
+        m = self.model
+        T = batch * rows
+        h, hq, hk, dh = m.hidden, m.attn_heads, m.attn_kv_heads, m.attn_head_dim
+        ffn = m.ffn or (m.experts_top_k * m.expert_ffn + m.shared_expert_ffn)
+        vocab = draft_vocab or m.vocab
+        t: dict[str, float] = {}
+        shapes = [(2 * h, h), (h, 2 * hq * dh + 2 * hk * dh), (hq * dh, h), (h, 2 * ffn),
+                  (ffn, h), (h, vocab)]
+        t["matmul"] = sum(self._time(Cost(bytes=i * o * BF16, flops=2.0 * T * i * o,
+                                          act=T * (i + o) * BF16)) for i, o in shapes)
+        kv = batch * (kv_len + rows) * 2 * hk * dh * BF16
+        t["attention"] = self._time(Cost(kv, 4.0 * T * hq * dh * (kv_len + rows)))
+        t["logits"] = self._time(Cost(act=T * vocab * (BF16 + 2 * FP32)))  # softmax, top-k
+        floor = self.eff.draft_kernels * self.eff.kernel_floor_s
+        t["launch"] = max(0.0, floor - sum(t.values()))
+        return t
+
+    def time_draft_level(self, batch: int, kv_len: int, rows: int) -> float:
+        """One drafter level (see draft_components), for the decision's T_draft."""
+        return sum(self.draft_components(batch, kv_len, rows).values())
+
+    def time_sample(self, batch: int, tokens: int) -> float:
+        """Sampling a step: the target's argmax over `tokens` rows of logits and the tokens'
+        trip to the host (eff.host_step_s)."""
+        read = Cost(bytes=tokens * self.model.vocab * BF16)
+        return self.eff.host_step_s + self._time(read)
 
     # ---- the Forward protocol ----------------------------------------------------------------
     def time_decode(self, batch: int, kv_len: int) -> float:

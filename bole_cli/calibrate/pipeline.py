@@ -65,8 +65,11 @@ def runtime_forward(model: Any, detected: Any, layers_sample: Optional[int]) -> 
         raise BoleError(
             f"measuring needs bole_cli.runtime (the embedded Qwen3.5 forward), which cannot "
             f"be imported ({exc}); use --estimate for the roofline model") from None
-    return HybridForwardTimer(model, f"cuda:{detected.index}", torch.bfloat16,
-                              layers_sample=layers_sample)
+    from bole_cli.calibrate.measured import MeasuredForward
+
+    timer = HybridForwardTimer(model, f"cuda:{detected.index}", torch.bfloat16,
+                               layers_sample=layers_sample, serving_step=True)
+    return MeasuredForward(timer)
 
 
 def device_for(gpu_spec: Any, measure: bool, estimate: bool) -> tuple[Any, str]:
@@ -211,6 +214,18 @@ def _provenance_extra(plan: CalibrationPlan, forward: Any) -> dict[str, Any]:
     return extra
 
 
+def sweep_extras(acceptance: Any) -> Any:
+    """What the sweep times for the decision: points up to the largest tree the acceptance
+    model's drafter proposes per request, the chains' verify sizes, and drafter levels of
+    1..top-k rows per request (docs/design.md §8)."""
+    from bole_cli.calibrate.decision import MAX_CHAIN_DEPTH, tree_cap
+    from bole_cli.calibrate.sweep import Extras
+
+    chains = min(acceptance.depth, MAX_CHAIN_DEPTH) if acceptance.q is not None else 0
+    return Extras(per_request_cap=tree_cap(acceptance), chain_depth=chains,
+                  draft_rows=acceptance.top_k)
+
+
 def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str], None]] = None,
                     progress: Optional[Progress] = None, plot: bool = True) -> CalibrationResult:
     """Build the Forward, `announce` the label, sweep (reporting each step to `progress`
@@ -222,14 +237,15 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
     forward = make_forward(plan)
     if announce is not None:
         announce(plan.label)
-    steps = sweep_steps(plan.batches, plan.kvs, plan.points)
+    extras = sweep_extras(plan.acceptance)
+    steps = sweep_steps(plan.batches, plan.kvs, plan.points, extras, forward)
     sweep = None
     with held() as section:  # after the sweep, Ctrl-C must not discard it: finish, then stop
         try:
             with released():  # ... but during the sweep it stops the sweep
                 with (progress(steps) if plan.measured and progress else nullcontext()) as on_step:
                     sweep = run_sweep(forward, plan.batches, plan.kvs, plan.points,
-                                      plan.timing, on_step=on_step)
+                                      plan.timing, on_step=on_step, extras=extras)
         except KeyboardInterrupt:
             if sweep is None:  # nothing measured yet
                 raise

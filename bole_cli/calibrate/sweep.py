@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkabl
 
 from bole_cli import __version__
 from bole_cli.calibrate.acceptance import AcceptanceModel
-from bole_cli.calibrate.selection import select_b_ver, throughput_optimal
+from bole_cli.calibrate.selection import select_b_ver
+from bole_cli.limits import MAX_TREE_NODES
 
 
 @runtime_checkable
@@ -40,7 +41,12 @@ class Forward(Protocol):
     the sweep records it and skips the rest of that configuration.
 
     Optional: `device_name` (str) and `info()` (dict, e.g. {"sampled_layers": [...],
-    "tree": "..."}), both recorded in the profile's provenance.
+    "tree": "..."}), both recorded in the profile's provenance; and the costs the decision
+    adds to the verify (docs/design.md §8), timed once per configuration when present:
+    - time_draft_level(batch, kv_len, rows): one level of the drafter over `rows` rows per
+      request (level 1 of a tree or chain has 1, further tree levels top-k);
+    - time_sample(batch, tokens): the target's argmax over `tokens` rows of logits and
+      the sampled tokens' trip to the host.
     """
 
     def time_decode(self, batch: int, kv_len: int) -> float: ...
@@ -101,6 +107,8 @@ class ConfigCurve:
     n: list[int] = field(default_factory=list)
     t_ver: list[float] = field(default_factory=list)
     noisy: list[int] = field(default_factory=list)  # grid points (0 = the decode step)
+    draft_level: list[float] = field(default_factory=list)  # rows per request 1..K
+    sample: Optional[tuple[float, float]] = None  # (fixed, per token) seconds
 
 
 @dataclass
@@ -110,18 +118,62 @@ class SweepResult:
     failures: list[str] = field(default_factory=list)  # points that raised (e.g. out of memory)
 
 
-def feasible_points(grid: Sequence[int], batch: int) -> list[int]:
-    """Grid points a batch can verify: every request needs at least its root token."""
-    return [n for n in grid if n >= batch]
+@dataclass(frozen=True)
+class Extras:
+    """What the sweep times beyond the curve, for the decision (docs/design.md §8)."""
+
+    per_request_cap: int = MAX_TREE_NODES  # no request verifies more tokens than this
+    chain_depth: int = 0  # also time the chains' verify sizes batch * (d + 1), d <= this
+    draft_rows: int = 0  # time drafter levels of 1..draft_rows rows per request (0: none)
 
 
-def sweep_steps(batches: Sequence[int], kv_lens: Sequence[int], grid: Sequence[int]) -> int:
-    return len(kv_lens) * sum(1 + len(feasible_points(grid, b)) for b in batches)
+def feasible_points(grid: Sequence[int], batch: int, extras: Extras = Extras()) -> list[int]:
+    """Points a batch verifies: grid points from its roots (one token per request) up to
+    `per_request_cap` tokens per request, and the chains' sizes."""
+    from bole_cli.calibrate.decision import chain_points
+
+    points = {n for n in grid if batch <= n <= batch * extras.per_request_cap}
+    points.update(chain_points(batch, extras.chain_depth) if extras.chain_depth else ())
+    return sorted(points)
+
+
+def extra_steps(forward: Any, extras: Extras) -> int:
+    """Timed steps per configuration beyond the curve: drafter levels and the sample line."""
+    draft = extras.draft_rows if callable(getattr(forward, "time_draft_level", None)) else 0
+    return draft + (2 if callable(getattr(forward, "time_sample", None)) else 0)
+
+
+def sweep_steps(batches: Sequence[int], kv_lens: Sequence[int], grid: Sequence[int],
+                extras: Extras = Extras(), forward: Any = None) -> int:
+    per_config = extra_steps(forward, extras) if forward is not None else 0
+    return len(kv_lens) * sum(1 + per_config + len(feasible_points(grid, b, extras))
+                              for b in batches)
+
+
+def _time_extras(forward: Any, curve: ConfigCurve, extras: Extras, timing: "Timing",
+                 step: Callable[[str], None]) -> None:
+    """The drafter's levels and the sample line of one configuration (when the Forward
+    offers them); a failure leaves them out, and the decision then prices no speculation."""
+    b, kv = curve.batch, curve.kv_len
+    if callable(getattr(forward, "time_draft_level", None)):
+        for rows in range(1, extras.draft_rows + 1):
+            curve.draft_level.append(
+                measure(lambda: forward.time_draft_level(b, kv, rows), timing).seconds)
+            step(f"batch {b}, kv {kv}: draft level x{rows}")
+    if callable(getattr(forward, "time_sample", None)):
+        top = max(curve.n) if curve.n else b
+        lo = measure(lambda: forward.time_sample(b, b), timing).seconds
+        step(f"batch {b}, kv {kv}: sample")
+        hi = measure(lambda: forward.time_sample(b, top), timing).seconds
+        step(f"batch {b}, kv {kv}: sample")
+        per_token = max(0.0, (hi - lo) / (top - b)) if top > b else 0.0
+        curve.sample = (max(0.0, lo - per_token * b), per_token)
 
 
 def run_sweep(forward: Forward, batches: Sequence[int], kv_lens: Sequence[int],
               grid: Sequence[int], timing: Timing = Timing(),
-              on_step: Optional[Callable[[str], None]] = None) -> SweepResult:
+              on_step: Optional[Callable[[str], None]] = None,
+              extras: Extras = Extras()) -> SweepResult:
     """Time T_dec and T_ver(N) for every configuration (kv_len outer, batch inner).
 
     Ctrl-C (KeyboardInterrupt) stops the sweep and keeps what was measured: complete
@@ -137,12 +189,13 @@ def run_sweep(forward: Forward, batches: Sequence[int], kv_lens: Sequence[int],
         for kv in kv_lens:
             for b in batches:
                 current = None
-                points = feasible_points(grid, b)
+                points = feasible_points(grid, b, extras)
+                per_config = extra_steps(forward, extras)
                 try:
                     dec = measure(lambda: forward.time_decode(b, kv), timing)
                 except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
                     result.failures.append(f"batch {b}, kv {kv}, decode: {type(exc).__name__}: {exc}")
-                    for _ in range(1 + len(points)):
+                    for _ in range(1 + len(points) + per_config):
                         step(f"batch {b}, kv {kv}: skipped")
                     continue
                 current = ConfigCurve(batch=b, kv_len=kv, t_dec=dec.seconds,
@@ -162,8 +215,24 @@ def run_sweep(forward: Forward, batches: Sequence[int], kv_lens: Sequence[int],
                     if ver.noisy:
                         current.noisy.append(n)
                     step(f"batch {b}, kv {kv}: verify {n}")
+                done = [0]
+
+                def counted(desc: str) -> None:
+                    done[0] += 1
+                    step(desc)
+
                 if current.n:
+                    try:
+                        _time_extras(forward, current, extras, timing, counted)
+                    except KeyboardInterrupt:
+                        raise
+                    except Exception as exc:  # noqa: BLE001
+                        current.draft_level, current.sample = [], None
+                        result.failures.append(f"batch {b}, kv {kv}, drafter or sampling: "
+                                               f"{type(exc).__name__}: {exc}")
                     result.curves.append(current)
+                for _ in range(per_config - done[0]):
+                    step(f"batch {b}, kv {kv}: skipped")
                 current = None
     except KeyboardInterrupt:
         result.interrupted = True
@@ -173,9 +242,25 @@ def run_sweep(forward: Forward, batches: Sequence[int], kv_lens: Sequence[int],
 
 
 # ---- from curves to a profile -------------------------------------------------------------
+def bucket_costs(curve: ConfigCurve) -> Optional["BucketCosts"]:
+    """The decision's inputs for one configuration (None without drafter or sample costs)."""
+    from bole_cli.calibrate.decision import BucketCosts
+
+    if not curve.draft_level or curve.sample is None:
+        return None
+    return BucketCosts(curve.batch, curve.kv_len, curve.t_dec, list(curve.n), list(curve.t_ver),
+                       list(curve.draft_level), curve.sample[0], curve.sample[1])
+
+
 def summarise(curve: ConfigCurve, eps: float,
               acceptance: Optional[AcceptanceModel]) -> tuple[dict, bool]:
-    """One profile config entry; also whether B_ver fell back (no point under threshold)."""
+    """One profile config entry; also whether B_ver fell back (no point under threshold).
+
+    With the drafter's and sampling's costs the entry carries the decision (how to
+    speculate, docs/design.md §8); N* is then the best tree's budget under the same
+    objective, and e_acc the expected tokens of the model's own beam tree per point."""
+    from bole_cli.calibrate.decision import decide
+
     budget = select_b_ver(curve.n, curve.t_ver, curve.t_dec, eps)
     entry: dict[str, Any] = {
         "batch": curve.batch,
@@ -187,11 +272,17 @@ def summarise(curve: ConfigCurve, eps: float,
         "below_threshold": budget.below_threshold,
         "n_star": None,
     }
+    costs = bucket_costs(curve)
+    if costs is not None:
+        entry["draft_level"] = list(curve.draft_level)
+        entry["sample"] = {"fixed": curve.sample[0], "per_token": curve.sample[1]}
     if acceptance is not None:
-        n_star, e_acc = throughput_optimal(curve.n, curve.t_ver,
-                                           lambda n: acceptance.batch(n, curve.batch))
-        entry["n_star"] = n_star
-        entry["e_acc"] = e_acc
+        entry["e_acc"] = [acceptance.batch(n, curve.batch) for n in curve.n]
+        if costs is not None:
+            decision = decide(costs, acceptance)
+            entry["decision"] = decision.to_dict()
+            tree = decision.best.get("tree")
+            entry["n_star"] = tree.budget if tree is not None else None
     if curve.noisy:
         entry["noisy"] = sorted(p for p in curve.noisy if p > 0)
         if 0 in curve.noisy:

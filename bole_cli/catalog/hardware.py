@@ -64,9 +64,12 @@ CATALOGUE: tuple[GpuSpec, ...] = (
             memory_kind="HBM3e", match="H200", aliases=("h200-sxm",),
             measured_bf16_flops=790 * TERA, measured_mem_bandwidth=4.27 * TERA,
             note="measured: 8192^3 bf16 matmul ~790 TFLOP/s, device-to-device copy 4.27 TB/s"),
-    GpuSpec("gb10", "GB10 (DGX Spark)", 256 * TERA, 273 * GIGA, 128 * 10**9,
+    GpuSpec("gb10", "GB10 (DGX Spark)", 125 * TERA, 273 * GIGA, 128 * 10**9,
             memory_kind="LPDDR5x", unified_memory=True, match="GB10",
-            aliases=("dgx-spark", "spark"), note="bf16 figure as quoted by the Bole paper"),
+            aliases=("dgx-spark", "spark"),
+            note="dense bf16 derived from NVIDIA's 1 PFLOP FP4 with sparsity: / 2 dense, / 4 "
+                 "bf16 against FP4 (Blackwell's tensor-core ratio, as B200's 9 PFLOP FP4 to "
+                 "2.25 bf16); the Bole paper quotes 256"),
     GpuSpec("b200", "B200", 2250 * TERA, 8 * TERA, 180 * 10**9,
             memory_kind="HBM3e", match="B200", aliases=("b200-sxm",)),
 )

@@ -25,7 +25,7 @@ bench_app = typer.Typer(help="GPU benchmarks (need CUDA).", no_args_is_help=True
 def kernels_cmd(
     model: str = typer.Option("9b", "--model", "-m", help="Model whose GDN shape to use."),
     batch: str = typer.Option("1,4,16,64", "--batch", help="Batch sizes."),
-    nodes: str = typer.Option("8,16,32,64,128", "--nodes", help="Tree nodes per request."),
+    nodes: str = typer.Option("8,16,32,64,128,192,256", "--nodes", help="Tree nodes per request."),
     trees: str = typer.Option("random,chain", "--trees", help="random (depth <= 8) and/or chain."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype: bfloat16, float16, float32."),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="State pool dtype: float32 or bfloat16."),
@@ -85,13 +85,6 @@ def kernels_cmd(
 bench_app.command("kernels")(kernels_cmd)
 
 
-# `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores).
-E2E_DEFAULTS = dict(batch="1,4,16", context=4096, depth=8, topk=4, steps=32, warmup=3, chain_depths=None,
-                    decoders="ar,snapshot,bole,chain,bole-chain")
-SMOKE_DEFAULTS = dict(batch="1,2", context=16, depth=3, topk=2, steps=2, warmup=1, chain_depths="2",
-                      decoders="ar,snapshot,bole")
-
-
 def e2e_cmd(
     model: str = typer.Option("9b", "--model", "-m", help="Model whose shapes to build (random weights)."),
     batch: Optional[str] = typer.Option(None, "--batch", help="Batch sizes, comma-separated [1,4,16; --tiny: 1,2]."),
@@ -117,6 +110,9 @@ def e2e_cmd(
     tree_budgets: Optional[str] = typer.Option(None, "--tree-budgets",
                                                help="Batch budgets the tree decoders sweep, best reported "
                                                     "(instead of --budget)."),
+    tree_shapes: Optional[str] = typer.Option(None, "--tree-shapes", metavar="DxK,...",
+                                              help="Draft tree shapes (depth x top-k) the tree decoders "
+                                                   "sweep, best reported [--depth x --topk]."),
     draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab",
                                               help="Score only this many hot tokens per draft level "
                                                    "(SGLang's --speculative-token-map); default: all."),
@@ -143,31 +139,13 @@ def e2e_cmd(
 
     check_tag(tag)
     check_writable(out_dir / "results.json", "--out-dir")
-    given = dict(batch=batch, context=context, depth=depth, topk=topk, steps=steps, warmup=warmup,
-                 chain_depths=chain_depths, decoders=decoders)
-    use = {k: v if v is not None else (SMOKE_DEFAULTS if tiny else E2E_DEFAULTS)[k] for k, v in given.items()}
-    batch, context, depth, topk, steps, warmup = (use[k] for k in ("batch", "context", "depth", "topk", "steps",
-                                                                    "warmup"))
-    batches = parse_int_list(batch, "--batch")
-    depths = tuple(parse_int_list(use["chain_depths"] or ",".join(map(str, range(1, depth + 1))),
-                                  "--chain-depths"))
-    names = tuple(d.strip() for d in use["decoders"].split(",") if d.strip())
-    if acceptance == "greedy" and len(names) < 2:
-        raise InputError("--acceptance greedy compares the decoders' token streams: give at least two "
-                         "--decoders")
-    sweep = tuple(parse_int_list(tree_budgets, "--tree-budgets")) if tree_budgets else ()
-    if device not in ("cuda", "cpu"):
-        raise InputError(f"--device: expected cuda or cpu, got {device!r}")
-    if device == "cpu" and not tiny:
-        raise InputError("--device cpu runs only with --tiny (a smoke run: CPU timings mean nothing)")
-    if dtype not in ("auto", "bfloat16", "float16", "float32"):
-        raise InputError(f"--dtype: expected auto, bfloat16, float16 or float32, got {dtype!r}")
-    for name, value, low in (("--context", context, 1), ("--steps", steps, 1), ("--warmup", warmup, 0),
-                             ("--max-batch", max_batch, 1), ("--max-probes", max_probes, 1)):
-        if value < low:
-            raise InputError(f"{name}: expected an integer >= {low}, got {value}")
-    if probe_nodes is not None and probe_nodes < 1:
-        raise InputError(f"--probe-nodes: expected a positive integer, got {probe_nodes}")
+    from bole_cli.bench.e2e.options import check_options
+
+    use = check_options(dict(batch=batch, context=context, depth=depth, topk=topk, steps=steps,
+                             warmup=warmup, chain_depths=chain_depths, decoders=decoders),
+                        tiny=tiny, acceptance=acceptance, tree_budgets=tree_budgets,
+                        tree_shapes=tree_shapes, device=device, dtype=dtype, max_batch=max_batch,
+                        max_probes=max_probes, probe_nodes=probe_nodes)
     from bole_cli.bench.e2e.plan import parse_budget
 
     budget_policy = parse_budget(budget)
@@ -189,13 +167,11 @@ def e2e_cmd(
         from bole_cli.runtime import tiny_spec
 
         spec = tiny_spec()
-    cfg = E2EConfig(spec=spec, batches=batches, context=context, budget=budget_policy, acceptance=acceptance,
-                    depth=depth, topk=topk, steps=steps, warmup=warmup, seed=seed, decoders=names,
-                    device=device, dtype=("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype,
+    cfg = E2EConfig(spec=spec, budget=budget_policy, acceptance=acceptance, seed=seed,
                     snapshot_engine=snapshot_engine, use_graphs=False if no_graphs else None,
                     max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes,
-                    search=not no_max_batch, command=" ".join(["bole"] + sys.argv[1:]), chain_depths=depths,
-                    draft_vocab=draft_vocab, tree_budgets=sweep)
+                    search=not no_max_batch, command=" ".join(["bole"] + sys.argv[1:]),
+                    draft_vocab=draft_vocab, device=device, **use)
     with err.status("bole bench e2e") as status:
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
     json_path = write_results(data, lambda path: plot(data, path), out_dir,

@@ -1,5 +1,6 @@
-"""`bole calibrate --gpu GPU --model M`: the verify budget B_ver (Eq. 12) and the
-throughput-optimal budget N* per (batch, KV bucket), written as a profile.
+"""`bole calibrate --gpu GPU --model M`: how to speculate per (batch, KV bucket) - no
+speculation, a chain or a tree, drafting counted - and the paper's budget B_ver (Eq. 12),
+written as a profile.
 
 Measures on the named GPU when it is the one present (through bole_cli.runtime); else
 estimates with a roofline model of the same forward, labelled so in the file and on screen.
@@ -29,7 +30,8 @@ def _progress(total: int) -> ContextManager:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f}" if seconds < 0.1 else f"{seconds * 1e3:.1f}"
+    ms = seconds * 1e3
+    return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 10 else f"{ms:.1f}"
 
 
 def _table(profile: dict, title: str):
@@ -40,26 +42,34 @@ def _table(profile: dict, title: str):
     from bole_cli.calibrate.summary import summary_rows
 
     rows = summary_rows(profile)
+    acc = (profile.get("acceptance") or {}).get("name", "none")
+    notes = [f"B_ver: largest N with T_ver(N) <= (1 + {profile['eps']:g}) T_dec (Eq. 12, the "
+             "paper's rule); *: the decision is not a tree of B_ver tokens.",
+             f"Decision: the most expected committed tokens per second (acceptance: {acc}), "
+             "drafting, verify, commit and sampling counted; vs AR on the same terms. "
+             "Runner-up: the best of another mode, and its tokens/s against the decision."]
+    if any(r["below_threshold"] for r in rows):
+        notes.append("!: no grid point met the threshold; B_ver is the smallest.")
+    if any(r["decision"] is None for r in rows):
+        notes.append("-: no decision (no drafter costs or acceptance model in the profile).")
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-              caption_justify="left",
-              caption=escape(f"B_ver: largest N with T_ver(N) <= (1 + {profile['eps']:g}) T_dec (Eq. 12). "
-                       "N*: argmax E[committed tokens | N] / T_ver(N) "
-                       f"(acceptance: {(profile.get('acceptance') or {}).get('name', 'none')}). "
-                       "N counts the tree tokens of the whole batch. vs AR: expected "
-                       "tokens per second at N* over plain decoding."
-                       + (" !: no grid point met the threshold; B_ver is the smallest."
-                          if any(r["below_threshold"] for r in rows) else "")))
-    for name in ("batch", "kv", "T_dec\nms", "B_ver", "T_ver@B_ver\nms", "N*", "T_ver@N*\nms",
-                 "tokens\n/step", "vs AR"):
-        t.add_column(name, justify="right", no_wrap=True)
+              pad_edge=False, collapse_padding=True, caption_justify="left",
+              caption=escape(" ".join(notes)))
+    for name in ("batch", "kv", "T_dec\nms", "B_ver", "decision", "tok\n/step",
+                 "step\nms", "vs AR", "runner-up"):
+        t.add_column(name, justify="left" if name in ("decision", "runner-up") else "right",
+                     no_wrap=True)
     for r in rows:
-        b_ver = str(r["b_ver"]) + (" [yellow]![/]" if r["below_threshold"] else "")
-        cells = [str(r["batch"]), str(r["kv_len"]), _ms(r["t_dec"]), b_ver, _ms(r["t_ver_b_ver"])]
-        if r["n_star"] is not None:
-            cells += [str(r["n_star"]), _ms(r["t_ver_n_star"]), f"{r['tokens_per_step']:.1f}",
-                      f"{r['gain']:.2f}x"]
+        b_ver = (str(r["b_ver"]) + ("*" if r["differs"] else "")
+                 + (" [yellow]![/]" if r["below_threshold"] else ""))
+        cells = [str(r["batch"]), str(r["kv_len"]), _ms(r["t_dec"]), b_ver]
+        if r["decision"] is not None:
+            runner = (f"{r['runner_up']} {max(r['runner_up_vs'] * 100, -99):+.0f}%"
+                      if r["runner_up"] else "-")
+            cells += [r["decision"], f"{r['tokens_per_step']:.1f}", _ms(r["step_s"]),
+                      f"{r['speedup']:.2f}x", runner]
         else:
-            cells += ["-", "-", "-", "-"]
+            cells += ["-", "-", "-", "-", "-"]
         t.add_row(*cells)
     return t
 
@@ -84,7 +94,9 @@ def calibrate(
                                   help="Use the roofline model even when the GPU is present."),
     acceptance: str = typer.Option(
         DEFAULT_PRESET, "--acceptance",
-        help=f"Acceptance statistics for N*: a preset ({', '.join(PRESET_TARGETS)}) or a YAML/JSON file."),
+        help=f"Acceptance statistics for the decision: a preset ({', '.join(PRESET_TARGETS)}), "
+             "or a YAML/JSON file: per-depth acceptance, `bole acceptance`'s measurement, or "
+             "an accepted-length histogram a server reported."),
     repeats: int = typer.Option(10, "--repeats", help="Timed runs per point (measured path)."),
     warmup: int = typer.Option(3, "--warmup", help="Untimed runs per point (measured path)."),
     layers_sample: Optional[int] = typer.Option(
@@ -94,7 +106,7 @@ def calibrate(
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Save a PNG next to the profile."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Pick the verify budget per batch size and KV length; write a profile and a plot."""
+    """Decide how to speculate per batch size and KV length; write a profile and a plot."""
     from rich.markup import escape
 
     from bole_cli.calibrate.pipeline import plan_calibration, run_calibration

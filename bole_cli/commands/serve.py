@@ -40,17 +40,25 @@ def _panel(result: dict) -> Any:
     t.add_column(overflow="fold")  # a long profile path wraps, never ends in "..."
     alg = s["algorithm"] + (" (the model's MTP head)" if s["algorithm"] == "NEXTN"
                             else f" (draft model {s['draft_model']})")
+    mode = {"none": "no speculation",
+            "chain": "chain, verified by " + ("the Bole plug-in" if s["chain_verify"] == "bole"
+                                              else "SGLang's ReplaySSM"),
+            "tree": "tree, verified by the Bole plug-in"}[s["mode"]]
     rows = [
         ("model", result["model"]),
         ("GPU", f"{result['gpu'] or '-'}" + (f" ({result['gpu_source']})" if result["gpu_source"] else "")),
         ("profile", f"{result['profile']} ({result['profile_kind']})"),
-        ("budget", f"B_ver {s['b_ver']} tree tokens at batch {s['profile_batch']}, kv {s['profile_kv_len']}"
-                   + (f"; N* {s['n_star']}" if s.get("n_star") else "")),
-        ("algorithm", alg),
-        ("draft tree", f"depth {s['num_steps']}, top-k {s['eagle_topk']} ({s['tree_source']})"),
-        ("draft tokens", f"{s['num_draft_tokens']} per request x {s['max_running_requests']} "
-                         f"request{'s' if s['max_running_requests'] != 1 else ''}"),
+        ("mode", f"{mode} (batch {s['profile_batch']}, kv {s['profile_kv_len']})"),
+        ("why", s["why"]),
+        ("B_ver", f"{s['b_ver']} tree tokens (Eq. 12, the paper's rule)"),
     ]
+    if s["mode"] != "none":
+        rows += [
+            ("algorithm", alg),
+            ("draft", f"depth {s['num_steps']}, top-k {s['eagle_topk']} ({s['tree_source']})"),
+            ("draft tokens", f"{s['num_draft_tokens']} per request x {s['max_running_requests']} "
+                             f"request{'s' if s['max_running_requests'] != 1 else ''}"),
+        ]
     mem = result.get("memory")
     if mem:
         rows.append(("verify memory", f"SGLang snapshots {format_bytes(mem['sglang_snapshot_bytes'])} -> "
@@ -89,10 +97,15 @@ def serve(
     kv_len: int = typer.Option(DEFAULT_KV_LEN, "--kv-len", "--context", help="Expected context length (KV bucket); --context as in bole bench e2e."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="EAGLE draft model "
                                               "(default: NEXTN with the model's own MTP head)."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Draft depth (default: the profile's)."),
-    topk: Optional[int] = typer.Option(None, "--topk", help="Drafts per expansion (default: the profile's)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Draft depth (default: the profile's decision)."),
+    topk: Optional[int] = typer.Option(None, "--topk", help="Drafts per expansion; 1 is a chain "
+                                       "(default: the profile's decision)."),
     draft_tokens: Optional[int] = typer.Option(None, "--draft-tokens",
-                                               help="Tree tokens per request (default: B_ver / batch)."),
+                                               help="Tree tokens per request (default: the "
+                                                    "profile's decision)."),
+    chain_verify: Optional[str] = typer.Option(None, "--chain-verify", metavar="bole|replayssm",
+                                               help="Who verifies a chain: the Bole plug-in or "
+                                                    "SGLang's ReplaySSM (default: bole)."),
     host: Optional[str] = typer.Option(None, "--host", help="Passed to SGLang (its default: 127.0.0.1)."),
     port: int = typer.Option(DEFAULT_PORT, "--port", help="Passed to SGLang."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the settings and command; start nothing."),
@@ -101,13 +114,14 @@ def serve(
         None, metavar="[-- SGLANG_ARGS...]", show_default=False,
         help="Further launch_server arguments after `--`; a flag given here overrides Bole's."),
 ) -> None:
-    """Serve a model with SGLang 0.5.23 and the Bole plug-in (tree verify without snapshots)."""
+    """Serve a model with SGLang 0.5.23 as the profile decides: a Bole tree, a chain, or none."""
     from bole_cli.console import emit_json, err, out
     from bole_cli.serving import plan_serve
 
     plan = plan_serve(model, profile=profile, gpu=gpu, batch=batch, kv_len=kv_len,
                       draft_model=draft_model, steps=steps, topk=topk, draft_tokens=draft_tokens,
-                      host=host, port=port, dry_run=dry_run, extra=extra)
+                      host=host, port=port, dry_run=dry_run, extra=extra,
+                      chain_verify=chain_verify)
     if json_out:
         emit_json(plan.report)
     else:

@@ -82,6 +82,7 @@ def lookup_budget(profile: dict, batch: int, kv_len: int) -> tuple[dict, str]:
     if prov.get("partial"):
         parts.append("partial profile")
     if entry.get("below_threshold"):
-        parts.append(f"no grid point met the threshold here; b_ver is the smallest ({entry['b_ver']})")
+        parts.append(f"no grid point met Eq. 12's threshold here; B_ver is the smallest "
+                     f"({entry['b_ver']})")
     note = "; ".join(parts) if parts else "exact match"
     return entry, note

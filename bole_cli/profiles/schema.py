@@ -30,8 +30,17 @@ A profile is one YAML mapping per (gpu, model):
         t_ver: [0.0118, ...]         # seconds, one per n
         b_ver: 64                    # Eq. 12
         below_threshold: false       # true: no point met the threshold, b_ver = n[0]
-        n_star: 128                  # throughput-optimal budget, null without acceptance
+        n_star: 128                  # the best tree's budget (decision.best.tree), or null
         e_acc: [8.0, ...]            # expected committed tokens per n (optional)
+        draft_level: [0.00098, ...]  # seconds of one drafter level, 1..top-k rows/request
+        sample: {fixed: 1.0e-4, per_token: 2.0e-7}   # T_sample(N) = fixed + per_token N
+        decision:                    # how to speculate here (docs/design.md §8)
+          mode: tree                 # none | chain | tree
+          chosen: {mode, depth, topk, budget, tokens, t_draft, t_verify, t_sample,
+                   verify, step_s, tok_s, speedup, label}
+          runner_up: {...}           # the best choice of another mode, or null
+          best: {none: {...}, chain: {...}, tree: {...}}
+          considered: 412
         noisy: []                    # n whose timing spread stayed high (optional)
         t_dec_noisy: true            # the decode step's spread stayed high (optional)
     kernels: {}                      # tuned tile configurations keyed by shape
@@ -48,7 +57,7 @@ from typing import Any, Optional
 
 from bole_cli.errors import InputError, brief
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: the decision (drafting counted), draft_level, sample, chain points
 KINDS = ("measured", "estimated")
 
 
@@ -202,9 +211,10 @@ def validate_profile(data: Any, source: str = "profile") -> dict:
             raise c.fail(f"{w}.t_ver", f"expected {len(n)} values (one per n), got {len(t_ver)}")
         if not n:
             raise c.fail(f"{w}.n", "expected at least one measured point")
-        off = [x for x in n if x not in grid_set]
+        chains = set(_chain_points(batch)) if version >= 2 else set()
+        off = [x for x in n if x not in grid_set and x not in chains]
         if off:
-            raise c.fail(f"{w}.n", f"{off[0]} is not a grid point")
+            raise c.fail(f"{w}.n", f"{off[0]} is not a grid point (nor a chain's size)")
         b_ver = c.integer(c.get(cfg, "b_ver", f"{w}.b_ver"), f"{w}.b_ver")
         if b_ver not in n:
             raise c.fail(f"{w}.b_ver", f"{b_ver} is not one of the measured n")
@@ -221,4 +231,52 @@ def validate_profile(data: Any, source: str = "profile") -> dict:
                 raise c.fail(f"{w}.e_acc", "expected a list of numbers, one per n")
         if cfg.get("noisy") is not None:
             c.integers(cfg["noisy"], f"{w}.noisy")
+        if "draft_level" in cfg:
+            c.numbers(cfg["draft_level"], f"{w}.draft_level")
+        if "sample" in cfg:
+            smp = c.mapping(cfg["sample"], f"{w}.sample")
+            for key in ("fixed", "per_token"):
+                c.number(c.get(smp, key, f"{w}.sample.{key}"), f"{w}.sample.{key}",
+                         positive=False)
+                if smp[key] < 0:
+                    raise c.fail(f"{w}.sample.{key}", f"expected a number >= 0, got {smp[key]}")
+        if cfg.get("decision") is not None:
+            _check_decision(c, cfg["decision"], f"{w}.decision", set(n), batch)
     return data
+
+
+def _chain_points(batch: int) -> list[int]:
+    from bole_cli.calibrate.decision import MAX_CHAIN_DEPTH, chain_points
+
+    return chain_points(batch, MAX_CHAIN_DEPTH)
+
+
+def _check_choice(c: "_Checker", value: Any, where: str, n: set, batch: int) -> dict:
+    from bole_cli.calibrate.decision import MODES
+
+    ch = c.mapping(value, where)
+    mode = c.string(c.get(ch, "mode", f"{where}.mode"), f"{where}.mode")
+    if mode not in MODES:
+        raise c.fail(f"{where}.mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
+    for key in ("depth", "topk"):
+        c.integer(c.get(ch, key, f"{where}.{key}"), f"{where}.{key}", minimum=0)
+    budget = c.integer(c.get(ch, "budget", f"{where}.budget"), f"{where}.budget")
+    if mode != "none" and budget not in n:
+        raise c.fail(f"{where}.budget", f"{budget} is not one of the measured n")
+    if mode == "none" and budget != batch:
+        raise c.fail(f"{where}.budget", f"no speculation verifies the batch ({batch}), got {budget}")
+    for key in ("tokens", "tok_s", "speedup", "step_s"):
+        c.number(c.get(ch, key, f"{where}.{key}"), f"{where}.{key}")
+    return ch
+
+
+def _check_decision(c: "_Checker", value: Any, where: str, n: set, batch: int) -> None:
+    d = c.mapping(value, where)
+    chosen = _check_choice(c, c.get(d, "chosen", f"{where}.chosen"), f"{where}.chosen", n, batch)
+    if d.get("mode") != chosen["mode"]:
+        raise c.fail(f"{where}.mode", f"{d.get('mode')!r} differs from chosen.mode "
+                                      f"{chosen['mode']!r}")
+    if d.get("runner_up") is not None:
+        _check_choice(c, d["runner_up"], f"{where}.runner_up", n, batch)
+    for mode, ch in c.mapping(d.get("best") or {}, f"{where}.best").items():
+        _check_choice(c, ch, f"{where}.best.{mode}", n, batch)

@@ -99,6 +99,10 @@ class HybridForwardTimer:
 
     path: GDN verify engine, "bole" (closed form + factorised commit) or "snapshot"
     (baseline). inner: replays averaged per call. use_graphs: default True on CUDA.
+    serving_step: time a step as a serving loop runs it (what `bole calibrate` decides
+    with, docs/design.md §8): between host syncs, the step's metadata prepared on the host,
+    the forward's graph replayed, a verify's commit launched eagerly after it, by the wall
+    clock; otherwise back-to-back replays of forward + device commit under CUDA events.
     free_bytes: memory budget override (default: torch.cuda.mem_get_info on CUDA; no
     check on CPU). Other keyword arguments go to HybridModel (gdn_backend, gdn_decode,
     snapshot, seed).
@@ -107,13 +111,14 @@ class HybridForwardTimer:
     def __init__(self, spec: ModelSpec, device="cuda", dtype: torch.dtype = torch.bfloat16,
                  layers_sample: Optional[int] = None, *, path: str = "bole", inner: int = 3,
                  use_graphs: Optional[bool] = None, free_bytes: Optional[int] = None,
-                 max_depth: int = 8, **model_kw):
+                 max_depth: int = 8, serving_step: bool = False, **model_kw):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
         self.path = path
         self.inner = max(1, int(inner))
         self.max_depth = max_depth
+        self.serving_step = serving_step
         self.layers_sample = layers_sample
         self.timed_spec = spec if layers_sample is None else sampled_spec(spec, layers_sample)
         self._free_override = free_bytes
@@ -207,6 +212,12 @@ class HybridForwardTimer:
                 self.model.forward_decode(cache, db, layers)
             return step
 
+        if self.serving_step and self.layers_sample is None:
+            tokens = self._tokens(batch, seed=kv_len)
+
+            def prepare():
+                db.copy_from(self.model.prepare_decode(cache, tokens, list(range(batch))))
+            return self._serving(key, make(None), prepare)
         return self._scaled(key, make)
 
     def time_verify(self, batch: int, kv_len: int, n_tree_tokens: int) -> float:
@@ -224,6 +235,7 @@ class HybridForwardTimer:
         def prepare():
             trees = [random_tree(1000 * n_tree_tokens + b, n, self.max_depth) for b, n in enumerate(sizes)]
             forest = pack_forest(trees)
+            self._steps[("prepared-trees",) + key] = (trees, forest)
             tb = self.model.prepare_verify(cache, forest, self._tokens(n_tree_tokens, seed=n_tree_tokens),
                                            list(range(batch)))
             deepest = [max(range(t.n_nodes), key=lambda i: t.depths[i]) for t in trees]
@@ -238,7 +250,55 @@ class HybridForwardTimer:
                     self.model.commit_device(cache, out, accepted)
             return step
 
+        if self.serving_step and self.layers_sample is None:
+            trees, forest = self._steps[("prepared-trees",) + key]
+            tokens = self._tokens(n_tree_tokens, seed=n_tree_tokens)
+            deepest = accepted.tolist()
+            outs: list = []
+
+            def forward():
+                outs[:] = [self.model.forward_verify(cache, tb, path=self.path)]
+
+            def prepare():
+                tb.copy_from(self.model.prepare_verify(cache, forest, tokens, list(range(batch))))
+
+            def finish():
+                self.model.commit(cache, outs[0], deepest)
+                for s in range(batch):
+                    cache.kv_lens[s] = kv_len
+            return self._serving(key + ("serving",), forward, prepare, finish)
         return self._scaled(key, make)
+
+    def _serving(self, key: tuple, forward, prepare, finish=None) -> float:
+        """Wall seconds of prepare (host) + forward (graph replay) + finish (eager), each
+        call between syncs: one step of a serving loop (serving_step)."""
+        import time
+
+        with torch.inference_mode():
+            # the first call's closures stay (the graph captured their buffers)
+            if key not in self._steps:
+                run = forward
+                if self.use_graphs:
+                    step, why = try_capture(forward, warmup=2, pool=self._pool)
+                    if step is not None:
+                        run, self._captured = step.replay, True
+                    else:
+                        self.use_graphs, self.eager_reason = False, why
+                self._steps[key] = (run, prepare, finish)
+            run, prepare, finish = self._steps[key]
+            total = 0.0
+            for _ in range(self.inner):
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                t0 = time.perf_counter()
+                prepare()
+                run()
+                if finish is not None:
+                    finish()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                total += time.perf_counter() - t0
+            return total / self.inner
 
     def _prepared(self, key: tuple, build):
         """Prepared metadata per shape, kept alive with its graphs (static inputs)."""

@@ -3,11 +3,12 @@
 Acceptance is SIMULATED (costs are measured). Below a node at depth d, the drafter's rank-r
 candidate is the target's token with probability q[d][r] (the events exclude each other);
 the draft probability of that node IS q[d][r] (a calibrated drafter), so a node is accepted
-with probability equal to its path's draft probability (docs/design.md §2, §8). q follows
-the calibrate presets (bole_cli/calibrate/acceptance.py: top-1 acceptance
-a * DEPTH_DECAY^(d-1), rank factor 0.5) with a refitted to the beam tree this drafter grows
-(bole_cli/bench/drafter.py), so that budget 128 at depth 8, top-k 4 commits the paper's
-mean accepted tokens (paper-mbpp: 6.70 per step, bonus token included). One
+with probability equal to its path's draft probability (docs/design.md §2, §8). q is
+the calibrate preset's (bole_cli/calibrate/acceptance.py: top-1 acceptance
+a * DEPTH_DECAY^(d-1), rank factor 0.5, a fitted so that the beam tree this drafter grows,
+bole_cli/bench/drafter.py, at budget 128, depth 8 and top-k 4 commits the paper's mean
+accepted tokens: paper-mbpp 6.70 per step, bonus token included), the same q `bole
+calibrate` and `bole serve` read. One
 `random.Random` per (seed, request, step) draws the walk, so the tree decoders accept
 exactly the same nodes. `greedy` instead accepts a draft token iff it equals the target's
 argmax at its parent (real tokens): the exactness check, under which every decoder emits
@@ -16,14 +17,11 @@ the same token stream.
 
 from __future__ import annotations
 
-import functools
-import math
 import random
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from bole_cli.bench.drafter import DraftLayout, build_layout
-from bole_cli.budget import select_budget
+from bole_cli.bench.drafter import DraftLayout
 from bole_cli.calibrate import acceptance as acc_mod
 from bole_cli.errors import InputError
 
@@ -62,32 +60,6 @@ class Acceptance:
         return f"acceptance: simulated ({self.name}: {self.source}); costs: measured"
 
 
-def beam_expected_accepted(rows: Sequence[Sequence[float]], depth: int, topk: int, budget: int,
-                           batch: int = 1) -> float:
-    """Expected committed tokens per request and step (bonus included) when `batch`
-    requests draft the beam tree and share a budget of `budget` nodes."""
-    layout = build_layout(depth, topk, rows)
-    sel = select_budget([layout.tree] * batch, max(budget, batch))
-    return math.fsum(sel.expected_accepted) / batch
-
-
-@functools.lru_cache(maxsize=None)
-def fit_beam_top1(target: float, depth: int = acc_mod.PAPER_DEPTH, topk: int = acc_mod.DEFAULT_TOP_K,
-                  budget: int = acc_mod.PAPER_BUDGET) -> float:
-    """Depth-1 top-1 acceptance a such that the beam tree (depth, top-k) at `budget`
-    commits `target` tokens per step in expectation (batch 1). The calibrate presets fit a
-    to the best tree of n tokens instead (calibrate.acceptance.fit_preset_a1); the drafter
-    grows a beam tree, which holds fewer of the likeliest nodes, so a comes out higher."""
-    lo, hi = 0.05, 0.9999
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        if beam_expected_accepted(acc_mod.preset_rows(mid, depth, topk), depth, topk, budget) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
 def paper_shape_expected(acc: Acceptance) -> Optional[float]:
     """Expected committed tokens per step at the paper's shape (depth 8, top-k 4, budget
     128, batch 1) under this acceptance model (None if it has fewer depths)."""
@@ -95,22 +67,18 @@ def paper_shape_expected(acc: Acceptance) -> Optional[float]:
         rows = acc.rows(acc_mod.PAPER_DEPTH, acc_mod.DEFAULT_TOP_K)
     except InputError:
         return None
-    return beam_expected_accepted(rows, acc_mod.PAPER_DEPTH, acc_mod.DEFAULT_TOP_K, acc_mod.PAPER_BUDGET)
+    return acc_mod.AcceptanceModel(acc.name, acc.source, q=rows).tree(acc_mod.PAPER_BUDGET)
 
 
 def load_e2e_acceptance(spec: str) -> Acceptance:
-    """A calibrate preset (refitted to the beam tree), a per-depth acceptance file, or 'greedy'."""
+    """A calibrate preset, a per-depth acceptance file, or 'greedy'."""
     if spec == GREEDY:
         base = load_e2e_acceptance(acc_mod.DEFAULT_PRESET)
         return Acceptance(GREEDY, f"tree shape and budget from {base.name}", base.q, True, base.top1_depth1)
-    if spec in acc_mod.PRESET_TARGETS:
-        target = acc_mod.PRESET_TARGETS[spec]
-        a1 = fit_beam_top1(target)
-        src = (f"top-1 acceptance {a1:.4f} x {acc_mod.DEPTH_DECAY}^(d-1), rank factor {acc_mod.DEFAULT_RANK_FACTOR}, "
-               f"fitted so the drafter's beam tree (depth {acc_mod.PAPER_DEPTH}, top-k {acc_mod.DEFAULT_TOP_K}) "
-               f"at budget {acc_mod.PAPER_BUDGET} commits the paper's {target} tokens per step")
-        rows = acc_mod.preset_rows(a1, acc_mod.PAPER_DEPTH, acc_mod.DEFAULT_TOP_K)
-        return Acceptance(spec, src, tuple(tuple(r) for r in rows), False, a1)
+    if spec in acc_mod.PRESET_TARGETS:  # the preset calibrate and serve read, unchanged
+        model = acc_mod.preset(spec)
+        return Acceptance(spec, model.source, tuple(tuple(r) for r in model.q), False,
+                          acc_mod.preset_top1(spec))
     model = acc_mod.load_acceptance(spec)  # InputError for an unknown name or a bad file
     if model.q is None:
         raise InputError(f"--acceptance {spec}: bole bench e2e needs per-depth acceptance "

@@ -30,6 +30,7 @@ import torch
 
 from bole_cli.bench.drafter import MTPDrafter, build_layout
 from bole_cli.bench.e2e.acceptance import Acceptance, load_e2e_acceptance, paper_shape_expected
+from bole_cli.bench.e2e.prediction import profile_pricer
 from bole_cli.bench.e2e.decoders import DECODERS, LABELS, PHASES, Decoder, decoder_class
 from bole_cli.bench.e2e.plan import TreePlan, plan_trees, resolve_budget
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
@@ -88,6 +89,8 @@ class RunResult:
     accept_trace: Optional[list[list[int]]] = None  # committed tokens per step and request
     streams: Optional[list[list[int]]] = None  # emitted tokens per request (exactness check)
     chain_depth: Optional[int] = None  # chain decoders: the draft depth d of this run
+    tree_shape: Optional[tuple[int, int]] = None  # tree decoders: (depth, top-k) of this run
+    predicted_tok_s: Optional[float] = None  # the calibration profile's price of this run
     error: str = ""
 
     def to_dict(self) -> dict:
@@ -180,9 +183,25 @@ class E2EBench:
         self.drafter = MTPDrafter(self.model, self.layout, seed=seed + 4321, draft_vocab=draft_vocab)
         self.snapshot, self.snapshot_desc = resolve_snapshot_engine(snapshot_engine, self.device)
         self.model.snapshot = self.snapshot
-        self._plans: dict[tuple[int, int], TreePlan] = {}
+        self._plans: dict[tuple, TreePlan] = {}
         self.chain_depth = depth  # what a chain decoder drafts (the harness sweeps it)
         self._chains: dict[int, tuple] = {}
+        self.shape = self.base_shape = (depth, topk)  # the trees' draft shape (swept)
+        self._shapes = {self.shape: (self.q, self.layout, self.drafter)}
+
+    def use_shape(self, depth: int, topk: int) -> None:
+        """Draft trees of `depth` levels and `topk` drafts per expansion from now on (the same
+        head and acceptance matrix; --tree-shapes)."""
+        import copy
+
+        if (depth, topk) not in self._shapes:
+            q = self.acceptance.rows(depth, topk)
+            layout = build_layout(depth, topk, q)
+            drafter = copy.copy(self._shapes[self.shape][2])
+            drafter.layout = layout
+            self._shapes[(depth, topk)] = (q, layout, drafter)
+        self.q, self.layout, self.drafter = self._shapes[(depth, topk)]
+        self.shape = (depth, topk)
 
     def use_replayssm(self) -> str:
         """Load SGLang's ReplaySSM kernels for the "chain" decoder; returns where from."""
@@ -191,20 +210,22 @@ class E2EBench:
 
         kernels = load_sglang_kernels()
         self.model.replayssm = ReplaySSMGDN(kernels)
-        return (f"SGLang {kernels.version}'s ReplaySSM: fused_sigmoid_gating_delta_rule_update with "
-                f"cache_ring=True (state frozen, raw v, k, g, beta per token into a ring), then "
-                f"commit_gdn_replayssm_fold_all_layers (the accepted prefix replayed into the state, all "
-                f"layers in one launch); kernels from {kernels.source.describe()}")
+        return (f"SGLang {kernels.version}'s ReplaySSM for GDN (--enable-linear-replayssm-spec): "
+                f"gdn_replayssm_spec_decode verifies the chain from the checkpointed state and the "
+                f"circular ring of earlier accepted tokens, commit_gdn_replayssm_spec / _circular "
+                f"appends the accepted prefix to the ring (folded into the state when it fills); "
+                f"docs/sglang-0.5.23.md; kernels from {kernels.source.describe()}")
 
     def _chain(self, depth: int) -> tuple:
         """(layout, drafter) of the depth-`depth` top-1 chain: the rank-1 path of the same
         acceptance matrix, drafted by the same head (shared weights)."""
         import copy
 
-        if not 1 <= depth <= len(self.q):
-            raise InputError(f"--chain-depths: {depth} is outside 1..{len(self.q)} (--depth)")
+        base = self._shapes[self.base_shape][0]  # --depth x --topk: the chains' matrix
+        if not 1 <= depth <= len(base):
+            raise InputError(f"--chain-depths: {depth} is outside 1..{len(base)} (--depth)")
         if depth not in self._chains:
-            layout = build_layout(depth, 1, [[row[0]] for row in self.q[:depth]])
+            layout = build_layout(depth, 1, [[row[0]] for row in base[:depth]])
             drafter = copy.copy(self.drafter)
             drafter.layout = layout
             self._chains[depth] = (layout, drafter)
@@ -266,7 +287,7 @@ class E2EBench:
         if budget is None:
             budget, source = resolve_budget(self.budget_policy, self.spec, self.device_name, batch,
                                             self.context, self.layout.n_nodes)
-        key = (batch, budget)
+        key = (batch, budget) + self.shape
         if key not in self._plans:
             self._plans[key] = plan_trees(self.layout, batch, budget, source)
         return self._plans[key]
@@ -375,8 +396,9 @@ def compare_decoders(results: list[RunResult], batches, bench: E2EBench, depth: 
                 continue
             if r.decoder not in best or r.tok_s > best[r.decoder]["tok_s"]:
                 best[r.decoder] = {"tok_s": r.tok_s, "chain_depth": r.chain_depth, "budget": r.budget,
-                                   "mean_accepted": r.mean_accepted, "expected": r.expected_accepted,
-                                   "phase_ms": r.phase_ms}
+                                   "tree_shape": r.tree_shape, "mean_accepted": r.mean_accepted,
+                                   "expected": r.expected_accepted, "phase_ms": r.phase_ms,
+                                   "predicted_tok_s": r.predicted_tok_s}
         row: dict[str, Any] = {"batch": b, "best": best}
         if best:
             winner = max(best, key=lambda n: best[n]["tok_s"])
@@ -387,7 +409,9 @@ def compare_decoders(results: list[RunResult], batches, bench: E2EBench, depth: 
         if bole and "chain" in best:
             row["bole_over_replayssm"] = max(bole) / best["chain"]["tok_s"]
             tree = best["bole"]["expected"] if "bole" in best else bench.plan(b).expected
-            row["ceiling"] = tree / bench.chain_plan(b, depth).expected  # the tree at its best budget
+            tree_depth = (best.get("bole") or {}).get("tree_shape") or (depth,)
+            # the tree at its best budget and shape, over the chain at the same depth
+            row["ceiling"] = tree / bench.chain_plan(b, min(tree_depth[0], depth)).expected
             realised, ceiling = row["bole_over_replayssm"], row["ceiling"]
             row["target_met"] = realised >= 1.0 and (b > 4 or realised - 1 >= 0.9 * (ceiling - 1))
         out.append(row)
@@ -407,8 +431,9 @@ def drafter_cost(results: list[RunResult], bench: E2EBench) -> dict:
     for r in results:
         if not r.tok_s or r.decoder == "ar" or not r.phase_ms:
             continue
-        levels = r.chain_depth or bench.layout.depth
-        per_row = 1 if r.chain_depth else bench.layout.topk
+        shape = r.tree_shape or bench.shape
+        levels = r.chain_depth or shape[0]
+        per_row = 1 if r.chain_depth else shape[1]
         floor = bench.drafter.level_read_bytes(r.batch, bench.context, per_row) / bw * 1e3
         ms = r.phase_ms["draft"] / levels
         rows.append({"decoder": r.decoder, "batch": r.batch, "levels": levels, "ms_per_level": ms,
@@ -464,6 +489,7 @@ class E2EConfig:
     chain_depths: tuple[int, ...] = CHAIN_DEPTHS
     draft_vocab: Optional[int] = None
     tree_budgets: tuple[int, ...] = ()  # the tree decoders run at each; empty: `budget` alone
+    tree_shapes: tuple[tuple[int, int], ...] = ()  # (depth, top-k) each; empty: (depth, topk)
 
 
 def versions() -> dict[str, Optional[str]]:
@@ -499,32 +525,42 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
             replayssm_error = f"SGLang's ReplaySSM kernels did not load: {exc}"
             replayssm_desc = "not run (" + replayssm_error + ")"
     budgets = tuple(cfg.tree_budgets) or (cfg.budget,)
-    for b in cfg.batches:  # budget and depth errors before any timing
-        for budget in budgets if any(decoder_class(d).drafts for d in cfg.decoders) else ():
+    shapes = tuple(cfg.tree_shapes) or ((cfg.depth, cfg.topk),)
+    trees = [(shape, n) for shape in shapes for n in budgets]
+    for b in cfg.batches:  # budget, shape and depth errors before any timing
+        for shape, budget in trees if any(decoder_class(d).drafts for d in cfg.decoders) else ():
+            bench.use_shape(*shape)
             bench.budget_policy = budget
             bench.plan(b)
         for d in cfg.chain_depths if chains else ():
             bench.chain_plan(b, d)
+    pricer = profile_pricer(cfg, bench)
     results: list[RunResult] = []
     for b in cfg.batches:
         for name in cfg.decoders:
             kind = decoder_class(name)
-            sweep = ([(None, d) for d in cfg.chain_depths] if kind.chain
-                     else [(n, None) for n in budgets] if kind.drafts else [(None, None)])
-            for budget, depth in sweep:
-                progress(f"{LABELS[name]}{f' d={depth}' if depth else ''}"
-                         f"{f' N={budget}' if len(budgets) > 1 and budget else ''}, batch {b}")
+            sweep = ([(None, None, d) for d in cfg.chain_depths] if kind.chain
+                     else [(shape, n, None) for shape, n in trees] if kind.drafts
+                     else [(None, None, None)])
+            for shape, budget, depth in sweep:
+                label = (f"{f' {shape[0]}x{shape[1]}' if shape and len(shapes) > 1 else ''}"
+                         f"{f' N={budget}' if len(budgets) > 1 and budget else ''}")
+                progress(f"{LABELS[name]}{f' d={depth}' if depth else ''}{label}, batch {b}")
                 if depth:
                     bench.chain_depth = depth
+                if shape is not None:
+                    bench.use_shape(*shape)
                 if budget is not None:
                     bench.budget_policy = budget
                 if name == "chain" and replayssm_error:
                     results.append(RunResult(name, b, chain_depth=depth, error=replayssm_error))
                     continue
                 r = bench.run(name, b)
-                r.chain_depth = depth
+                r.chain_depth, r.tree_shape = depth, shape if kind.drafts and not kind.chain else None
+                r.predicted_tok_s = pricer(r)
                 results.append(r)
     bench.budget_policy = budgets[0]
+    bench.use_shape(*shapes[0])
     ar = {r.batch: r.tok_s for r in results if r.decoder == "ar" and r.tok_s}
     for r in results:
         if r.tok_s and ar.get(r.batch):
@@ -533,8 +569,8 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
     for b in cfg.batches:
         traces = [r.accept_trace for r in results if r.batch == b and r.decoder in TREE_DECODERS
                   and r.accept_trace is not None]
-        if len(traces) == 2 * len(budgets):  # the two decoders at each budget, in the same order
-            same[str(b)] = all(traces[i] == traces[i + len(budgets)] for i in range(len(budgets)))
+        if len(traces) == 2 * len(trees):  # the two decoders at each (shape, budget), in order
+            same[str(b)] = all(traces[i] == traces[i + len(trees)] for i in range(len(trees)))
     comparison = compare_decoders(results, cfg.batches, bench, cfg.depth)
     drafter_levels = drafter_cost(results, bench)
     exact = exactness(results) if bench.acceptance.greedy else None
@@ -577,6 +613,8 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
                   "levels": drafter_levels},
         "budget_policy": cfg.budget,
         "tree_budgets": list(cfg.tree_budgets),
+        "tree_shapes": [list(x) for x in shapes],
+        "prediction": pricer.describe(),
         "expected_accepted_paper_shape": None if acc.greedy else paper_shape_expected(acc),
         "snapshot_engine": {"engine": bench.snapshot.engine, "description": bench.snapshot_desc},
         "gdn_ops": bench.model.ops.describe(),

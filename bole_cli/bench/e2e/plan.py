@@ -2,8 +2,9 @@
 
 Every step, each request drafts the same beam tree (bole_cli/bench/drafter.py); the batch
 budget N keeps the N best nodes of the whole batch (bole_cli.budget.select_budget,
-docs/design.md §4). N comes from `--budget`: a number, or the B_ver of this GPU and model's
-calibration profile (docs/design.md §5, §8).
+docs/design.md §4). N comes from `--budget`: a number, or this GPU and model's calibration
+profile: the budget of the best tree its decision priced (docs/design.md §8; B_ver in a
+profile without a decision).
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ def resolve_budget(policy: "str | int", spec: ModelSpec, device_name: str, batch
             src = f"no profile for ({gpu.key if gpu else device_name}, {spec.name}): the paper's {n}"
         else:
             entry, note = lookup_budget(load_profile(path), batch, context)
-            n = int(entry["b_ver"])
-            src = f"profile {path.parent.name}/{path.name}: B_ver {n} ({note})"
+            if entry.get("n_star"):  # the best tree's budget under the decision's objective
+                n = int(entry["n_star"])
+                src = f"profile {path.parent.name}/{path.name}: the best tree's N {n} ({note})"
+            else:
+                n = int(entry["b_ver"])
+                src = f"profile {path.parent.name}/{path.name}: B_ver {n} ({note}; no decision)"
         if n < batch:
             src += f"; raised to {batch} (one node per request)"
             n = batch

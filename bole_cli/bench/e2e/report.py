@@ -31,8 +31,9 @@ WIDE_COLUMNS = 150  # the one-table layout needs about this many terminal column
 _CAPTION = ("acc. = committed tokens per request and step (bonus included), exp. = the acceptance "
             "model's expectation, N = tree tokens verified per step (whole batch), peak = transient "
             "memory of one step (measured), state = snapshot buffer or Bole's factors, max B = largest "
-            "batch that fits")
-_THROUGHPUT = ("tok/s", "vs AR", "acc.", "exp.", "N")
+            "batch that fits, pred. = tokens/s the calibration profile predicts for the run (bole "
+            "calibrate's objective, drafting counted)")
+_THROUGHPUT = ("tok/s", "pred.", "vs AR", "acc.", "exp.", "N")
 _COSTS = PHASES + ("step", "peak", "state")
 
 
@@ -43,7 +44,8 @@ def _cells(data: dict, r: dict) -> dict:
         blank = {c: "-" for c in _THROUGHPUT + _COSTS}
         return {**blank, "tok/s": "OOM" if r["error"] == "out of memory" else "error", "max B": mb}
     ph = r["phase_ms"]
-    return {"tok/s": f"{r['tok_s']:.0f}",
+    pred = r.get("predicted_tok_s")
+    return {"tok/s": f"{r['tok_s']:.0f}", "pred.": f"{pred:.0f}" if pred else "-",
             "vs AR": f"{r['speedup_vs_ar']:.2f}x" if r["speedup_vs_ar"] else "-",
             "acc.": f"{r['mean_accepted']:.2f}", "exp.": f"{r['expected_accepted']:.2f}",
             "N": str(r["budget"]) if r["budget"] else "-",
@@ -67,7 +69,9 @@ def _one_table(data: dict, title: str, cols: tuple, caption: Optional[str], labe
 
 
 def _label(labels: dict, r: dict) -> str:
-    return labels[r["decoder"]] + (f" d{r['chain_depth']}" if r.get("chain_depth") else "")
+    shape = r.get("tree_shape")
+    return (labels[r["decoder"]] + (f" d{r['chain_depth']}" if r.get("chain_depth") else "")
+            + (f" {shape[0]}x{shape[1]}" if shape else ""))
 
 
 _COMPARE = ("B", "AR", "RSSM", "snap", "Bole", "Bole ch", "wins", "gain", "ceil.")

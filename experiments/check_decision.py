@@ -1,0 +1,164 @@
+"""Issue 16's H200 check: does `bole calibrate`'s decision pick (within 5%) the fastest
+configuration `bole bench e2e` measures when it sweeps the same choices, and does it
+predict its tokens/s (within 15%)?
+
+One run: `bole calibrate --measure` for the model at the given batches and context (into
+a cache folder of its own, so that `bole bench e2e` prices its runs with that profile),
+then per batch one `bole bench e2e` over chain depths 1..8 and the decided tree shape plus
+the paper's 8x4 at budgets around the decided one, then the verdict per batch.
+
+    python experiments/check_decision.py --model 9b --batch 1,4,16 --context 4096 --out DIR
+
+Writes DIR/check.json (the verdicts, the commands) beside the calibrate and e2e outputs;
+prints a table last. GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run(cmd: list[str], env: dict, log: Path, timeout: int) -> int:
+    print("+", " ".join(cmd), flush=True)
+    with log.open("a") as f:
+        f.write("+ " + " ".join(cmd) + "\n")
+        f.flush()
+        try:
+            return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            f.write(f"timed out after {timeout} s\n")
+            return 124
+
+
+def budgets_around(n: int, batch: int, per_request: int) -> list[int]:
+    """The decided budget and its neighbours on a 1.5x / 2x ladder, within what a batch
+    of these trees can hold."""
+    out = {n}
+    for f in (0.5, 0.75, 1.5, 2.0):
+        m = int(round(n * f))
+        if batch < m <= batch * per_request:
+            out.add(m)
+    return sorted(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="9b")
+    ap.add_argument("--batch", default="1,4,16")
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--acceptance", default="paper-mbpp")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--decoders", default="ar,bole,bole-chain,chain")
+    ap.add_argument("--calibrate-timeout", type=int, default=200)
+    ap.add_argument("--e2e-timeout", type=int, default=150)
+    ap.add_argument("--profile", type=Path, help="a measured profile to check instead of "
+                    "calibrating here (copied into the run's cache folder)")
+    args = ap.parse_args()
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "check.log"
+    env = dict(os.environ, BOLE_CACHE_DIR=str(out / "cache"), COLUMNS="120")
+    bole = [sys.executable, "-m", "bole_cli"]
+    batches = [int(b) for b in args.batch.split(",")]
+    cal_json = out / "calibrate.json"
+    cal = bole + ["calibrate", "--gpu", "h200", "--model", args.model, "--measure",
+                  "--batch", args.batch, "--kv", str(args.context), "--repeats", "5",
+                  "--warmup", "2", "--acceptance", args.acceptance, "--no-plot", "--json"]
+    if args.profile is not None:
+        import shutil
+
+        import yaml
+
+        profile = yaml.safe_load(args.profile.read_text())
+        dest = out / "cache" / "profiles" / "h200" / args.profile.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(args.profile, dest)
+        cal = ["(given)", str(args.profile)]
+    else:
+        print("+", " ".join(cal), flush=True)
+        with cal_json.open("w") as f:
+            rc = subprocess.run(cal, env=env, stdout=f, stderr=open(log, "a"),
+                                timeout=args.calibrate_timeout).returncode
+        if rc != 0:
+            print(f"calibrate failed ({rc}); see {log}")
+            return 1
+        profile = json.loads(cal_json.read_text())["profile"]
+    verdicts = []
+    from bole_cli.trees.generators import beam_tree_size
+
+    for b in batches:
+        entry = next(c for c in profile["configs"]
+                     if c["batch"] == b and c["kv_len"] == args.context)
+        d = entry["decision"]
+        tree = d["best"].get("tree")
+        shapes = {(8, 4)}
+        if tree:
+            shapes.add((tree["depth"], tree["topk"]))
+        per_request = max(beam_tree_size(x, y) for x, y in shapes)
+        n = tree["budget"] if tree else 8 * b
+        budgets = budgets_around(n, b, per_request)
+        tag = f"e2e-b{b}"
+        e2e = bole + ["bench", "e2e", "--model", args.model, "--batch", str(b), "--context",
+                      str(args.context), "--acceptance", args.acceptance,
+                      "--decoders", args.decoders, "--chain-depths", "1,2,3,4,5,6,7,8",
+                      "--tree-shapes", ",".join(f"{x}x{y}" for x, y in sorted(shapes)),
+                      "--tree-budgets", ",".join(map(str, budgets)), "--steps", str(args.steps),
+                      "--warmup", "2", "--no-max-batch", "--out-dir", str(out), "--tag", tag]
+        rc = run(e2e, env, log, args.e2e_timeout)
+        path = out / f"{tag}.json"
+        if rc != 0 or not path.exists():
+            verdicts.append({"batch": b, "error": f"bench e2e exit {rc}"})
+            continue
+        data = json.loads(path.read_text())
+        runs = [r for r in data["results"] if r.get("tok_s")]
+        best = max(runs, key=lambda r: r["tok_s"])
+        ch = d["chosen"]
+
+        def matches(r):
+            if ch["mode"] == "none":
+                return r["decoder"] == "ar"
+            if ch["mode"] == "chain":
+                return r["decoder"] == "bole-chain" and r["chain_depth"] == ch["depth"]
+            return (r["decoder"] == "bole" and r.get("tree_shape") == [ch["depth"], ch["topk"]]
+                    and r["budget"] == ch["budget"])
+
+        decided = next((r for r in runs if matches(r)), None)
+        v = {"batch": b, "decided": ch["label"], "predicted_tok_s": ch["tok_s"],
+             "best": {k: best.get(k) for k in ("decoder", "chain_depth", "tree_shape", "budget",
+                                               "tok_s", "predicted_tok_s", "phase_ms")}}
+        if decided is not None:
+            v.update(measured_tok_s=decided["tok_s"], decided_phase_ms=decided["phase_ms"],
+                     within_5pct_of_best=decided["tok_s"] >= 0.95 * best["tok_s"],
+                     prediction_error=ch["tok_s"] / decided["tok_s"] - 1,
+                     within_15pct=abs(ch["tok_s"] / decided["tok_s"] - 1) <= 0.15,
+                     decided_vs_best=decided["tok_s"] / best["tok_s"])
+        else:
+            v["error"] = "the decided configuration was not among the e2e runs"
+        verdicts.append(v)
+    doc = {"model": args.model, "context": args.context, "acceptance": args.acceptance,
+           "calibrate": " ".join(cal[2:]), "verdicts": verdicts}
+    (out / "check.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{'B':>3} {'decided':<18} {'pred':>7} {'meas':>7} {'err':>6} {'best':<26} {'vs best':>7}")
+    for v in verdicts:
+        if "measured_tok_s" not in v:
+            print(f"{v['batch']:>3} {v.get('decided', '-'):<18} {v.get('error')}")
+            continue
+        bst = v["best"]
+        what = (f"{bst['decoder']} d{bst['chain_depth']}" if bst["chain_depth"] else
+                f"{bst['decoder']} {bst['tree_shape']} N{bst['budget']}" if bst["tree_shape"]
+                else bst["decoder"])
+        print(f"{v['batch']:>3} {v['decided']:<18} {v['predicted_tok_s']:>7.0f} "
+              f"{v['measured_tok_s']:>7.0f} {v['prediction_error'] * 100:>+5.0f}% {what:<26} "
+              f"{v['decided_vs_best']:>7.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
