@@ -107,7 +107,7 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
             mode = "chain"
         else:
             mode = "tree"
-        why = "set by --steps / --topk / --draft-tokens"
+        why = "set by --steps / --topk / --draft-tokens (not the decision; not priced)"
         chosen_for_mode = (decision or {}).get("best", {}).get(mode)
     else:
         mode, why, chosen_for_mode = chosen["mode"], _why(decision), chosen
@@ -115,12 +115,15 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
         "mode": mode, "why": why, "batch": batch, "kv_len": kv_len,
         "max_running_requests": batch, "profile_batch": entry["batch"],
         "profile_kv_len": entry["kv_len"], "b_ver": int(entry["b_ver"]),
-        "n_star": entry.get("n_star"), "predicted": _predicted(chosen_for_mode),
+        "n_star": entry.get("n_star"), "predicted": None if manual else _predicted(chosen),
         "runner_up": _predicted((decision or {}).get("runner_up")) if not manual else None,
         "algorithm": None, "draft_model": draft_model, "num_steps": None, "eagle_topk": None,
         "num_draft_tokens": None, "chain_verify": None, "plugin": False, "notes": notes,
         "tree_source": "the profile's decision" if not manual else "--steps / --topk / --draft-tokens",
     }
+    if chain_verify is not None and mode != "chain":
+        notes.append(f"--chain-verify {chain_verify} ignored: the mode here is "
+                     f"{'no speculation' if mode == 'none' else 'a tree'}")
     if mode == "none":
         notes.append("no speculation: at this batch and context drafting costs more than the "
                      "accepted tokens save")

@@ -363,3 +363,21 @@ def test_kernel_bench_tables_fit_an_80_column_terminal():
     b16 = next(c for c in cases if (c.tree, c.batch, c.nodes) == ("random", 16, 64))
     assert f"{b16.sglang_us:.1f}" in text and "24.1 MiB" in text
     assert len(tables(result, 200)) == 1
+
+
+def test_tree_shapes_do_not_leak_into_chains_or_the_kv_read():
+    """--tree-shapes: a chain walks the chains' own matrix (--depth x --topk's rank-1 path),
+    not the last tree shape's, and every run reads the same KV length whatever the order."""
+    b = harness.E2EBench(tiny_spec(), device="cpu", dtype=F64, context=6, depth=DEPTH, topk=TOPK,
+                         acceptance="paper-mbpp", budget=8, seed=0, gdn_backend="reference",
+                         warmup=1, steps=2)
+    base_q = b.q
+    b.use_shape(1, 2)  # a one-level tree: its matrix has one depth
+    chain = b.chain_plan(2, DEPTH)
+    assert len(chain.q) == DEPTH and chain.q[0] == tuple(base_q[0])
+    assert b.plan(2).q == tuple(tuple(r) for r in b.q) and len(b.plan(2).q) == 1
+    lengths = []
+    for order in ((DEPTH, TOPK), (1, 2)):
+        b.use_shape(*order)
+        lengths.append(b.max_len(10))
+    assert lengths[0] == lengths[1], lengths

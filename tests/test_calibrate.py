@@ -18,7 +18,7 @@ from bole_cli import cli
 from bole_cli.calibrate.acceptance import (PRESET_TARGETS, AcceptanceModel, from_data,
                                            load_acceptance, preset, rank_matrix)
 from bole_cli.calibrate.costmodel import RooflineForward
-from bole_cli.calibrate.selection import select_b_ver, throughput_optimal
+from bole_cli.calibrate.selection import select_b_ver
 from bole_cli.calibrate.defaults import DEFAULT_GRID
 from bole_cli.calibrate.sweep import (EXACT, Forward, Timing, build_profile, measure, run_sweep,
                                       sweep_steps)
@@ -94,16 +94,6 @@ def test_select_b_ver_rejects_bad_arguments():
         select_b_ver([8, 16], [1.0], 1.0, 0.05)
     with pytest.raises(ValueError):
         select_b_ver([8], [1.0], 1.0, 0.0)
-
-
-def test_throughput_optimal_trades_acceptance_against_time():
-    n = [8, 16, 32, 64]
-    t = [1.0, 1.0, 1.0, 2.0]
-    best, e = throughput_optimal(n, t, lambda x: float(x) ** 0.5)
-    assert best == 32 and e == [x ** 0.5 for x in n]
-    # infeasible points (None) are skipped
-    best, _ = throughput_optimal(n, t, lambda x: None if x < 64 else 1.0)
-    assert best == 64
 
 
 # ---- acceptance models -------------------------------------------------------------------------

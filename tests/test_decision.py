@@ -103,3 +103,37 @@ def test_missing_drafter_costs_price_no_tree_of_that_width():
     pool = candidates(costs, preset("paper-mbpp"))  # levels measured up to 2 rows only
     assert {c.topk for c in pool if c.mode == "tree" and c.depth > 1} == {2}
     assert {c.topk for c in pool if c.mode == "tree" and c.depth == 1} == {2, 3, 4}  # 1 row
+
+
+def test_ties_go_to_the_simpler_mode():
+    """Ranks a file lacks enter the beam tree as 1e-12 placeholders: such a tree commits
+    what its chain commits (plus 1e-12s) at the same cost, and the chain must win."""
+    rows = [[0.9]] * 4  # top-1 only
+    model = AcceptanceModel("t", "", q=[list(r) + [0.0, 0.0] for r in rows])
+    costs = BucketCosts(1, 4096, 0.01, [2, 3, 4, 5, 8, 16], [0.0101] * 6, [0.001] * 3, 5e-5, 0.0)
+    d = decide(costs, model)
+    assert d.chosen.mode == "chain", d.chosen.label()
+    tree = d.best["tree"]
+    assert tree.tokens > d.chosen.tokens or tree.tok_s <= d.chosen.tok_s  # only 1e-12s apart
+
+
+def test_trees_are_whole_per_request_budgets():
+    """SGLang's --speculative-num-draft-tokens is per request: a batch budget that does not
+    split evenly is never decided (serve could not run it)."""
+    costs = BucketCosts(3, 4096, 0.01, [3, 8, 9, 12, 16, 24], [0.0101] * 6, [0.001] * 4, 5e-5, 0.0)
+    pool = [c for c in candidates(costs, preset("paper-mbpp")) if c.mode == "tree"]
+    assert pool and {c.budget for c in pool} == {9, 12, 24}
+
+
+def test_a_wide_model_whose_own_tree_exceeds_256_nodes_still_calibrates(tmp_path):
+    from typer.testing import CliRunner
+
+    from bole_cli import cli
+
+    f = tmp_path / "wide.yaml"
+    f.write_text("name: wide\ntop_k: 6\nper_depth: [0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8]\n")
+    assert AcceptanceModel("w", "", q=rank_matrix([0.8] * 8, 6)).shape == (8, 5)  # 8x6: 259
+    r = CliRunner().invoke(cli.app, ["calibrate", "--gpu", "a100", "--model", "4b", "--estimate",
+                                     "--batch", "1", "--kv", "1024", "--acceptance", str(f),
+                                     "--out", str(tmp_path / "p.yaml"), "--no-plot", "--json"])
+    assert r.exit_code == 0, r.output

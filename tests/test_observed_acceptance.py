@@ -373,6 +373,12 @@ def test_calibrate_reads_an_observed_histogram(no_gpu, tmp_path):
     assert got["measured"]["fit"]["quality"] == "good fit"
     assert abs(got["measured"]["fit"]["family"]["a"] - 0.85) < 0.05
     assert yaml.safe_load(out.read_text())["acceptance"]["measured"]["steps"] == 5000
+    # the screen says how good the fit is, in one place after the table
+    r = runner.invoke(cli.app, ["calibrate", "--gpu", "h200", "--model", "9b", "--batch", "1",
+                                "--kv", "4096", "--acceptance", str(path), "--estimate",
+                                "--out", str(out), "--no-plot"])
+    assert r.exit_code == 0, r.stderr
+    assert "acceptance: 5000 observed verify steps" in r.stdout and "good fit" in r.stdout
 
 
 def test_calibrate_names_the_bad_field(no_gpu, tmp_path):

@@ -6,6 +6,8 @@ import copy
 import threading
 from pathlib import Path
 
+import re
+
 import pytest
 import yaml
 
@@ -253,3 +255,28 @@ def test_no_stray_files_in_shipped_profiles():
     for f in files:
         if f.endswith(".yaml"):
             assert yaml.safe_load((shipped_profiles_dir() / f).read_text())["bole_profile"] in (1, 2)
+
+
+@pytest.mark.parametrize("where,edit,culprit", [
+    ("chosen", lambda ch: ch.pop("label"), "decision.chosen.label"),
+    ("chosen", lambda ch: ch.update(verify="garbage"), "decision.chosen.verify"),
+    ("chosen", lambda ch: ch.update(mode="tree", topk=1), "decision.chosen"),
+    ("chosen", lambda ch: ch.update(mode="tree", depth=40, topk=4), "decision.chosen"),
+    ("chosen", lambda ch: ch.update(mode="chain", topk=1, depth=3, budget=5), "decision.chosen"),
+    ("runner_up", lambda ch: ch.update(mode="__chosen__"), "decision.runner_up"),
+])
+def test_a_corrupt_decision_names_its_field(where, edit, culprit):
+    """serve acts on the decision: a wrong shape, verifier or runner-up must not pass."""
+    import copy
+
+    data = copy.deepcopy(yaml.safe_load(
+        (shipped_profiles_dir() / "a100" / "Qwen3.5-9B.yaml").read_text()))
+    dec = data["configs"][0]["decision"]
+    target = dec[where]
+    if target is None:
+        pytest.skip("no runner-up in this bucket")
+    edit(target)
+    if target.get("mode") == "__chosen__":
+        target.update({k: dec["chosen"][k] for k in dec["chosen"]})
+    with pytest.raises(InputError, match=re.escape(culprit)):
+        validate_profile(data, "p.yaml")

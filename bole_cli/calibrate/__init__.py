@@ -4,7 +4,9 @@
   median of repeats, noise guard, Ctrl-C keeps what was measured), profile building;
 - costmodel: `RooflineForward`, the same protocol answered by a roofline model
   (estimated profiles), and the per-GPU efficiency factors;
-- selection: Eq. 12 (`select_b_ver`) and the throughput-optimal budget N*;
+- decision: how to speculate, drafting counted (no speculation, a chain, a tree);
+- selection: Eq. 12 (`select_b_ver`), the paper's rule beside the decision;
+- measured: the GPU Forward's drafter and sampling timings;
 - acceptance: expected committed tokens per tree budget (paper presets, files);
 - plot: the T_ver / T_dec figure;
 - summary: the rows of the summary table `bole calibrate` prints;
@@ -26,7 +28,8 @@ _EXPORTS = {
     "AcceptanceModel": "acceptance", "load_acceptance": "acceptance", "preset": "acceptance",
     "EFFICIENCY": "costmodel", "Efficiency": "costmodel", "RooflineForward": "costmodel",
     "efficiency_for": "costmodel",
-    "Budget": "selection", "select_b_ver": "selection", "throughput_optimal": "selection",
+    "Budget": "selection", "select_b_ver": "selection",
+    "BucketCosts": "decision", "Choice": "decision", "decide": "decision", "price": "decision",
     "EXACT": "sweep", "Forward": "sweep", "SweepResult": "sweep", "Timing": "sweep",
     "build_profile": "sweep", "measure": "sweep", "run_sweep": "sweep",
     "write_profile": "sweep",

@@ -168,16 +168,29 @@ class AcceptanceModel:
         """Ranks per depth the model describes (the paper's for a measured curve)."""
         return max(len(r) for r in self.q) if self.q else DEFAULT_TOP_K
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(depth, top-k) of the model's own beam tree: its depths and its ranks, fewer
+        ranks where the tree would exceed the kernels' 256 nodes (top-k 6 at depth 8)."""
+        from bole_cli.limits import MAX_TREE_NODES
+        from bole_cli.trees.generators import beam_tree_size
+
+        k = self.top_k
+        while k > 1 and beam_tree_size(self.depth, k) > MAX_TREE_NODES:
+            k -= 1
+        return self.depth, k
+
     def tree(self, n_total: int, batch: int = 1, depth: Optional[int] = None,
              topk: Optional[int] = None) -> Optional[float]:
         """E_b(N): committed tokens of `batch` requests drafting the beam tree (depth,
-        topk; default the model's own) and sharing N tree tokens (None if N < batch). A
-        measured curve knows one shape only: batch * E1(N / batch)."""
+        topk; default the model's own `shape`) and sharing N tree tokens (None if N <
+        batch). A measured curve knows one shape only: batch * E1(N / batch)."""
         if n_total < batch:
             return None
         if self.q is None:
             return batch * _interp(self.curve_n, self.curve_e, n_total / batch)
-        probs = beam_node_probs(self.q, depth or self.depth, topk or self.top_k)
+        own_depth, own_topk = self.shape
+        probs = beam_node_probs(self.q, depth or own_depth, topk or own_topk)
         return batch_expected(probs, n_total, batch)
 
     def per_request(self, n: float) -> float:

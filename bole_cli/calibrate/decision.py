@@ -7,9 +7,10 @@ over the choices
 - none:  plain decoding, batch / (T_dec + T_sample(batch));
 - chain: depth d (1..D) of top-1 drafts, N = batch * (d + 1) tokens, drafted in d levels
          of one row per request;
-- tree:  depth d, top-k k (2..K) and batch budget N: the beam tree SGLang's EAGLE worker
-         and our drafter grow (level 1 one row per request, levels 2..d k rows), the N best
-         nodes of the batch kept, at most 256 per request (MAX_TREE_NODES).
+- tree:  depth d, top-k k (2..K) and batch budget N = batch * m: the beam tree SGLang's
+         EAGLE worker and our drafter grow (level 1 one row per request, levels 2..d k rows),
+         m tokens per request (SGLang's --speculative-num-draft-tokens is per request), at
+         least 2, at most the beam tree's size and 256 (MAX_TREE_NODES).
 E comes from the acceptance model (bole_cli.calibrate.acceptance: the same q for trees and
 chains, so both are judged on one statistic), T_verify(N) (verify + commit) from the
 calibrated curve (measured points only; a chain's N is measured too, see sweep.py),
@@ -135,7 +136,10 @@ class Decision:
 
 
 def _rank(c: Choice) -> tuple:
-    return (-c.tok_s * (1 - 1e-9), MODES.index(c.mode), c.t_draft, c.budget)
+    """Faster first; equal to 9 significant digits (a tree whose extra ranks add only the
+    1e-12 placeholders of absent ranks ties its chain), the simpler mode, then less
+    drafting, then the smaller budget."""
+    return (-float(f"{c.tok_s:.9g}"), MODES.index(c.mode), c.t_draft, c.budget)
 
 
 def candidates(costs: BucketCosts, acceptance: Optional[AcceptanceModel], *,
@@ -166,8 +170,8 @@ def candidates(costs: BucketCosts, acceptance: Optional[AcceptanceModel], *,
             size = beam_tree_size(d, k)
             if t_draft is None or size > MAX_TREE_NODES:
                 continue
-            for n in costs.n:
-                if not b < n <= b * size:
+            for n in costs.n:  # one tree per request: SGLang's draft tokens are per request
+                if n % b or not 2 <= n // b <= size:
                     continue
                 e = acceptance.tree(n, b, d, k)
                 out.append(Choice("tree", d, k, n, e, t_draft, costs.verify(n), costs.sample(n),
@@ -199,7 +203,9 @@ def tree_cap(acceptance: Optional[AcceptanceModel]) -> int:
     """The most tokens one request's tree can hold under the model's shape (and the kernels')."""
     if acceptance is None:
         return MAX_TREE_NODES
-    return min(MAX_TREE_NODES, beam_tree_size(acceptance.depth, acceptance.top_k))
+    return min(MAX_TREE_NODES, max(beam_tree_size(acceptance.depth, k)
+                                   for k in range(1, acceptance.top_k + 1)
+                                   if beam_tree_size(acceptance.depth, k) <= MAX_TREE_NODES))
 
 
 def speedup_of(entry: dict) -> Optional[float]:

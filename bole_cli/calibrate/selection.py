@@ -1,5 +1,5 @@
-"""Budget selection on one configuration's curve: Eq. 12 (B_ver) and the
-throughput-optimal budget N* (Sequoia's rule with verify times).
+"""Eq. 12 (B_ver) on one configuration's curve: the paper's rule, kept beside the decision
+(bole_cli.calibrate.decision, which chooses with drafting counted; docs/design.md §8).
 
 Eq. 12:  B_ver(c) = max { N in grid : T_ver(N|c) <= (1 + eps) T_dec(c) }.
 
@@ -14,7 +14,7 @@ result says so (`below_threshold`), so the caller can warn.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -46,21 +46,3 @@ def select_b_ver(n: Sequence[int], t_ver: Sequence[float], t_dec: float, eps: fl
     if best is None:
         return Budget(b_ver=int(n[0]), below_threshold=True)
     return Budget(b_ver=int(best), below_threshold=False)
-
-
-def throughput_optimal(n: Sequence[int], t_ver: Sequence[float],
-                       accepted: Callable[[int], Optional[float]]) -> tuple[Optional[int], list[Optional[float]]]:
-    """N* = argmax E[accepted | N] / T_ver(N) over the grid (on the running-max curve).
-
-    `accepted(N)` gives the batch's expected committed tokens for N tree tokens (None
-    where N is infeasible). Returns N* (None if no point is feasible) and the expected
-    tokens per grid point. Ties go to the smaller N.
-    """
-    best, best_rate = None, float("-inf")
-    e_acc: list[Optional[float]] = []
-    for point, t in zip(n, envelope(t_ver)):
-        e = accepted(int(point))
-        e_acc.append(e)
-        if e is not None and e / t > best_rate * (1 + 1e-12):
-            best, best_rate = int(point), e / t
-    return best, e_acc

@@ -31,7 +31,8 @@ def summary_rows(profile: dict) -> list[dict[str, Any]]:
             row.update(decision=ch["label"], mode=ch["mode"], tokens_per_step=ch["tokens"],
                        step_s=ch["step_s"], tok_s=ch["tok_s"], speedup=ch["speedup"],
                        differs=not (ch["mode"] == "tree" and ch["budget"] == cfg["b_ver"]))
-            if ru:
-                row.update(runner_up=ru["label"], runner_up_vs=ru["tok_s"] / ch["tok_s"] - 1)
+            if ru:  # the runner-up's mode and shape; its budget is in the JSON
+                short = ru["label"].split(" N=")[0]
+                row.update(runner_up=short, runner_up_vs=ru["tok_s"] / ch["tok_s"] - 1)
         rows.append(row)
     return rows

@@ -64,8 +64,9 @@ def _table(profile: dict, title: str):
                  + (" [yellow]![/]" if r["below_threshold"] else ""))
         cells = [str(r["batch"]), str(r["kv_len"]), _ms(r["t_dec"]), b_ver]
         if r["decision"] is not None:
-            runner = (f"{r['runner_up']} {max(r['runner_up_vs'] * 100, -99):+.0f}%"
-                      if r["runner_up"] else "-")
+            vs = max(r["runner_up_vs"] * 100, -99) if r["runner_up"] else 0.0
+            runner = (f"{r['runner_up']} {vs:+.1f}%" if r["runner_up"] and vs > -10 else
+                      f"{r['runner_up']} {vs:+.0f}%" if r["runner_up"] else "-")
             cells += [r["decision"], f"{r['tokens_per_step']:.1f}", _ms(r["step_s"]),
                       f"{r['speedup']:.2f}x", runner]
         else:
@@ -133,6 +134,10 @@ def calibrate(
     else:
         title = f"{plan.model_spec.name} on {plan.gpu_spec.name}, bf16"
         console.print(_table(result.profile, escape(title)))
+        measured = (result.profile.get("acceptance") or {}).get("measured") or {}
+        if measured.get("verdict"):  # an observed histogram's fit: say how good it is
+            console.print(f"acceptance: {escape(measured.get('what', ''))}: "
+                          f"{escape(measured['verdict'])}", soft_wrap=False)
         for w in result.warnings:
             err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
         console.print(f"profile: {escape(str(result.path))}")

@@ -252,19 +252,42 @@ def _chain_points(batch: int) -> list[int]:
 
 
 def _check_choice(c: "_Checker", value: Any, where: str, n: set, batch: int) -> dict:
-    from bole_cli.calibrate.decision import MODES
+    """One priced choice: its mode's shape (none: nothing drafted, the batch verified; a chain:
+    top-k 1, depth 1..8, batch (d + 1) tokens; a tree: top-k >= 2, a beam tree of at most
+    256 nodes, whole per-request budgets), a known verifier and positive figures."""
+    from bole_cli.calibrate.decision import MAX_CHAIN_DEPTH, MODES
+    from bole_cli.limits import MAX_TREE_NODES
+    from bole_cli.trees.generators import beam_tree_size
 
     ch = c.mapping(value, where)
     mode = c.string(c.get(ch, "mode", f"{where}.mode"), f"{where}.mode")
     if mode not in MODES:
         raise c.fail(f"{where}.mode", f"expected one of {', '.join(MODES)}, got {mode!r}")
-    for key in ("depth", "topk"):
-        c.integer(c.get(ch, key, f"{where}.{key}"), f"{where}.{key}", minimum=0)
+    c.string(c.get(ch, "label", f"{where}.label"), f"{where}.label")
+    verify = c.string(c.get(ch, "verify", f"{where}.verify"), f"{where}.verify")
+    want_verify = {"none": ("decode",), "chain": ("bole", "replayssm"), "tree": ("bole",)}[mode]
+    if verify not in want_verify:
+        raise c.fail(f"{where}.verify", f"a {mode} is verified by {' or '.join(want_verify)}, "
+                                        f"got {verify!r}")
+    depth = c.integer(c.get(ch, "depth", f"{where}.depth"), f"{where}.depth", minimum=0)
+    topk = c.integer(c.get(ch, "topk", f"{where}.topk"), f"{where}.topk", minimum=0)
     budget = c.integer(c.get(ch, "budget", f"{where}.budget"), f"{where}.budget")
     if mode != "none" and budget not in n:
         raise c.fail(f"{where}.budget", f"{budget} is not one of the measured n")
-    if mode == "none" and budget != batch:
-        raise c.fail(f"{where}.budget", f"no speculation verifies the batch ({batch}), got {budget}")
+    if mode == "none" and (depth, topk, budget) != (0, 0, batch):
+        raise c.fail(where, f"no speculation drafts nothing and verifies the batch ({batch}): "
+                            f"depth 0, topk 0, budget {batch}")
+    if mode == "chain" and not (topk == 1 and 1 <= depth <= MAX_CHAIN_DEPTH
+                                and budget == batch * (depth + 1)):
+        raise c.fail(where, f"a chain has topk 1, depth 1..{MAX_CHAIN_DEPTH} and budget "
+                            f"batch x (depth + 1); got topk {topk}, depth {depth}, budget {budget}")
+    if mode == "tree":
+        if topk < 2 or depth < 1 or beam_tree_size(depth, topk) > MAX_TREE_NODES:
+            raise c.fail(where, f"a tree has topk >= 2, depth >= 1 and at most {MAX_TREE_NODES} "
+                                f"nodes; got depth {depth}, topk {topk}")
+        if budget % batch or not 2 <= budget // batch <= beam_tree_size(depth, topk):
+            raise c.fail(f"{where}.budget", f"{budget} is not a whole tree of 2.."
+                                            f"{beam_tree_size(depth, topk)} tokens per request")
     for key in ("tokens", "tok_s", "speedup", "step_s"):
         c.number(c.get(ch, key, f"{where}.{key}"), f"{where}.{key}")
     return ch
@@ -277,6 +300,10 @@ def _check_decision(c: "_Checker", value: Any, where: str, n: set, batch: int) -
         raise c.fail(f"{where}.mode", f"{d.get('mode')!r} differs from chosen.mode "
                                       f"{chosen['mode']!r}")
     if d.get("runner_up") is not None:
-        _check_choice(c, d["runner_up"], f"{where}.runner_up", n, batch)
+        ru = _check_choice(c, d["runner_up"], f"{where}.runner_up", n, batch)
+        if ru["mode"] == chosen["mode"]:
+            raise c.fail(f"{where}.runner_up.mode", "the runner-up is the best of another mode")
     for mode, ch in c.mapping(d.get("best") or {}, f"{where}.best").items():
-        _check_choice(c, ch, f"{where}.best.{mode}", n, batch)
+        got = _check_choice(c, ch, f"{where}.best.{mode}", n, batch)
+        if got["mode"] != mode:
+            raise c.fail(f"{where}.best.{mode}.mode", f"expected {mode!r}, got {got['mode']!r}")

@@ -315,6 +315,10 @@ class HybridForwardTimer:
         m = self.model
         return {"runtime": "bole_cli.runtime", "model": self.spec.name, "dtype": str(self.dtype).replace("torch.", ""),
                 "device": self.device_name, "path": self.path, "gdn_ops": m.ops.describe(),
+                "step_timing": ("serving step (host metadata, graph replay, eager commit, "
+                                "between syncs; wall clock)"
+                                if self.serving_step and self.layers_sample is None else
+                                "back-to-back graph replays of forward + device commit"),
                 "gdn_decode": m.gdn_decode, "moe_grouped_mm": m.grouped_mm if self.spec.is_moe else None,
                 "cuda_graphs": self.use_graphs, "eager_reason": self.eager_reason or None,
                 "sampled": self.layers_sample is not None,

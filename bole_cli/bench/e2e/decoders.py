@@ -244,7 +244,7 @@ class TreeDecoder(Decoder):
                 path = walk_greedy(lay, kept_b, start, tgt, tok)
             else:
                 rng = step_rng(self.bench.seed, b, self.steps_done)
-                path = walk_simulated(lay, self.bench.q, kept_b, rng)
+                path = walk_simulated(lay, plan.q or self.bench.q, kept_b, rng)
             last = kept_b[path[-1]] if path else 0
             accepted.append(last)
             emitted.append([tok[start + kept_b[i]] for i in path] + [tgt[start + last]])

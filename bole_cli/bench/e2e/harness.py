@@ -33,6 +33,7 @@ from bole_cli.bench.e2e.acceptance import Acceptance, load_e2e_acceptance, paper
 from bole_cli.bench.e2e.prediction import profile_pricer
 from bole_cli.bench.e2e.decoders import DECODERS, LABELS, PHASES, Decoder, decoder_class
 from bole_cli.bench.e2e.plan import TreePlan, plan_trees, resolve_budget
+from bole_cli.bench.e2e.verdicts import compare_decoders, drafter_cost, exactness  # noqa: F401
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import BoleError, InputError
@@ -239,7 +240,8 @@ class E2EBench:
         layout = self._chain(depth)[0]
         key = (batch, -depth)
         if key not in self._plans:
-            self._plans[key] = plan_trees(layout, batch, batch * layout.n_nodes, f"chain of depth {depth}")
+            self._plans[key] = plan_trees(layout, batch, batch * layout.n_nodes, f"chain of depth {depth}",
+                                          q=self._shapes[self.base_shape][0])
         return self._plans[key]
 
     # ---- sizes -------------------------------------------------------------------------
@@ -257,8 +259,12 @@ class E2EBench:
     def max_len(self, max_steps: int) -> int:
         """Cache positions per request: the context, every step's growth, one tree, slack.
         It is also the KV read length of every step (one graph bucket), for all decoders."""
-        grow = (max_steps + 1) * (self.layout.depth + 1)
-        n = self.context + grow + self.layout.n_nodes + 1
+        # every shape swept reads the same length, so AR and chains do not depend on the
+        # order of --tree-shapes (the harness registers them all before the first run)
+        depth = max(lay.depth for _, lay, _ in self._shapes.values())
+        nodes = max(lay.n_nodes for _, lay, _ in self._shapes.values())
+        grow = (max_steps + 1) * (depth + 1)
+        n = self.context + grow + nodes + 1
         return -(-n // 64) * 64
 
     def new_cache(self, batch: int, max_len: int, *, fill: bool = True) -> HybridCache:
@@ -289,7 +295,7 @@ class E2EBench:
                                             self.context, self.layout.n_nodes)
         key = (batch, budget) + self.shape
         if key not in self._plans:
-            self._plans[key] = plan_trees(self.layout, batch, budget, source)
+            self._plans[key] = plan_trees(self.layout, batch, budget, source, q=self.q)
         return self._plans[key]
 
     def decoder(self, name: str, batch: int, max_steps: int, *, override=None) -> Decoder:
@@ -384,86 +390,6 @@ class E2EBench:
         return found
 
 
-def compare_decoders(results: list[RunResult], batches, bench: E2EBench, depth: int) -> list[dict]:
-    """Per batch: every decoder's best run (chains: the best swept depth), the winner, Bole's
-    best (tree or chain) over the best ReplaySSM chain, and the acceptance ceiling of that
-    gain: expected committed tokens of the tree over the chain at the same depth."""
-    out = []
-    for b in batches:
-        best: dict[str, dict] = {}
-        for r in results:
-            if r.batch != b or not r.tok_s:
-                continue
-            if r.decoder not in best or r.tok_s > best[r.decoder]["tok_s"]:
-                best[r.decoder] = {"tok_s": r.tok_s, "chain_depth": r.chain_depth, "budget": r.budget,
-                                   "tree_shape": r.tree_shape, "mean_accepted": r.mean_accepted,
-                                   "expected": r.expected_accepted, "phase_ms": r.phase_ms,
-                                   "predicted_tok_s": r.predicted_tok_s}
-        row: dict[str, Any] = {"batch": b, "best": best}
-        if best:
-            winner = max(best, key=lambda n: best[n]["tok_s"])
-            rest = [v["tok_s"] for n, v in best.items() if n != winner]
-            row["winner"] = winner
-            row["margin"] = best[winner]["tok_s"] / max(rest) if rest else None
-        bole = [best[n]["tok_s"] for n in ("bole", "bole-chain") if n in best]
-        if bole and "chain" in best:
-            row["bole_over_replayssm"] = max(bole) / best["chain"]["tok_s"]
-            tree = best["bole"]["expected"] if "bole" in best else bench.plan(b).expected
-            tree_depth = (best.get("bole") or {}).get("tree_shape") or (depth,)
-            # the tree at its best budget and shape, over the chain at the same depth
-            row["ceiling"] = tree / bench.chain_plan(b, min(tree_depth[0], depth)).expected
-            realised, ceiling = row["bole_over_replayssm"], row["ceiling"]
-            row["target_met"] = realised >= 1.0 and (b > 4 or realised - 1 >= 0.9 * (ceiling - 1))
-        out.append(row)
-    return out
-
-
-def drafter_cost(results: list[RunResult], bench: E2EBench) -> dict:
-    """The drafter's measured time per level against its weight-read floor (the bytes one
-    level must read / the measured copy bandwidth), from the chain runs (one row per request
-    per level: draft ms / d) and the tree runs (draft ms / depth, top-k rows per level)."""
-    if bench.device.type != "cuda":
-        return {"skipped": "needs CUDA (the floor is a GPU's bandwidth)"}
-    from bole_cli.timing import measure_copy_bandwidth
-
-    bw = measure_copy_bandwidth(torch)
-    rows = []
-    for r in results:
-        if not r.tok_s or r.decoder == "ar" or not r.phase_ms:
-            continue
-        shape = r.tree_shape or bench.shape
-        levels = r.chain_depth or shape[0]
-        per_row = 1 if r.chain_depth else shape[1]
-        floor = bench.drafter.level_read_bytes(r.batch, bench.context, per_row) / bw * 1e3
-        ms = r.phase_ms["draft"] / levels
-        rows.append({"decoder": r.decoder, "batch": r.batch, "levels": levels, "ms_per_level": ms,
-                     "floor_ms": floor, "over_floor": ms / floor})
-    return {"copy_bandwidth_tb_s": bw / 1e12, "draft_vocab": bench.drafter.draft_vocab, "rows": rows}
-
-
-def exactness(results: list[RunResult]) -> dict:
-    """Greedy acceptance: whether every decoder (autoregressive included) emitted the same
-    token stream, compared over each request's common prefix at each batch."""
-    mismatches, compared = [], 0
-    for b in sorted({r.batch for r in results}):
-        runs = [r for r in results if r.batch == b and r.streams is not None]
-        ref = next((r for r in runs if r.decoder == "ar"), runs[0] if runs else None)
-        for r in runs:
-            if r is ref:
-                continue
-            compared += 1
-            for i, (want, got) in enumerate(zip(ref.streams, r.streams)):
-                n = min(len(want), len(got))
-                if want[:n] != got[:n]:
-                    at = next(j for j in range(n) if want[j] != got[j])
-                    name = r.decoder + (f" d={r.chain_depth}" if r.chain_depth else "")
-                    mismatches.append(f"batch {b}, request {i}: {name} differs from {ref.decoder} at token {at}")
-                    break
-    failed = [f"{r.decoder} at batch {r.batch}: {r.error}" for r in results if r.error]
-    return {"identical": not mismatches and not failed and compared > 0, "compared_runs": compared,
-            "mismatches": mismatches, "failed": failed}
-
-
 @dataclass
 class E2EConfig:
     spec: ModelSpec
@@ -534,6 +460,7 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
             bench.plan(b)
         for d in cfg.chain_depths if chains else ():
             bench.chain_plan(b, d)
+    bench.use_shape(*shapes[0])
     pricer = profile_pricer(cfg, bench)
     results: list[RunResult] = []
     for b in cfg.batches:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from bole_cli.errors import InputError, brief
+from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.parsing import parse_int_list
+from bole_cli.trees.generators import beam_tree_size
 
 # `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores).
 E2E_DEFAULTS = dict(batch="1,4,16", context=4096, depth=8, topk=4, steps=32, warmup=3, chain_depths=None,
@@ -33,6 +35,10 @@ def parse_tree_shapes(text: Optional[str]) -> tuple[tuple[int, int], ...]:
         topk = parse_int_list(k, "--tree-shapes (top-k)")
         if len(depth) != 1 or len(topk) != 1 or topk[0] < 2:
             raise InputError(f"--tree-shapes: {brief(part)} is not DEPTHxTOPK with top-k >= 2")
+        size = beam_tree_size(depth[0], topk[0])
+        if size > MAX_TREE_NODES:
+            raise InputError(f"--tree-shapes: {depth[0]}x{topk[0]} drafts {size} nodes per "
+                             f"request; the tree kernels take at most {MAX_TREE_NODES}")
         shapes.append((depth[0], topk[0]))
     return tuple(dict.fromkeys(shapes))
 

@@ -79,6 +79,7 @@ class TreePlan:
     local: list[dict[int, int]]  # per request: layout node id -> local index in the kept tree
     kept_index: list[int]  # packed node -> row of the flattened [B, layout nodes] draft
     expected: float  # expected committed tokens per request and step
+    q: tuple = ()  # the acceptance rows this tree's walk draws from (its own shape's)
 
     @property
     def forest(self):
@@ -89,10 +90,12 @@ class TreePlan:
         return self.selection.forest.sizes
 
 
-def plan_trees(layout: DraftLayout, batch: int, budget: int, source: str = "") -> TreePlan:
-    """Keep the `budget` best nodes of `batch` copies of the layout's tree."""
+def plan_trees(layout: DraftLayout, batch: int, budget: int, source: str = "",
+               q=()) -> TreePlan:
+    """Keep the `budget` best nodes of `batch` copies of the layout's tree; `q` are the
+    acceptance rows its walk draws from."""
     sel = select_budget([layout.tree] * batch, budget)
     local = [{orig: j for j, orig in enumerate(ids)} for ids in sel.kept_ids]
     kept = [b * layout.n_nodes + orig for b, ids in enumerate(sel.kept_ids) for orig in ids]
     return TreePlan(layout, batch, budget, source, sel, local, kept,
-                    math.fsum(sel.expected_accepted) / batch)
+                    math.fsum(sel.expected_accepted) / batch, tuple(tuple(r) for r in q))

@@ -1,5 +1,6 @@
 """`bole bench e2e`'s predictions: what the calibration profile of this GPU and model says
-each measured run should reach, by the objective `bole calibrate` decides with
+each measured run of AR, Bole's trees and the chains (either verifier: one price, docs/
+design.md §8) should reach, by the objective `bole calibrate` decides with
 (bole_cli.calibrate.decision, docs/design.md §8), so every table shows prediction and
 measurement side by side. Needs a profile with drafter and sampling costs (format 2) and
 simulated acceptance; otherwise it prices nothing and says why.
@@ -32,7 +33,7 @@ class ProfilePricer:
         elif run.chain_depth:
             q = self.acceptance.rows(run.chain_depth, 1)
             choice = price(costs, AcceptanceModel("e2e", "", q=q), "chain", run.chain_depth)
-        elif run.tree_shape and run.budget:
+        elif run.tree_shape and run.budget and run.decoder == "bole":  # snapshot: not priced
             d, k = run.tree_shape
             q = self.acceptance.rows(d, k)
             choice = price(costs, AcceptanceModel("e2e", "", q=q), "tree", d, k, run.budget)

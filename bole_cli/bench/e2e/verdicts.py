@@ -1,0 +1,91 @@
+"""What `bole bench e2e`'s runs add up to, from its RunResults: the best run of each decoder
+per batch and who wins (tree against chain, with the acceptance ceiling of the gain), the
+drafter's cost per level against its weight-read floor, and the greedy exactness verdict.
+The harness runs, this module judges (docs/design.md §8).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def compare_decoders(results: list[Any], batches, bench: Any, depth: int) -> list[dict]:
+    """Per batch: every decoder's best run (chains: the best swept depth), the winner, Bole's
+    best (tree or chain) over the best ReplaySSM chain, and the acceptance ceiling of that
+    gain: expected committed tokens of the tree over the chain at the same depth."""
+    out = []
+    for b in batches:
+        best: dict[str, dict] = {}
+        for r in results:
+            if r.batch != b or not r.tok_s:
+                continue
+            if r.decoder not in best or r.tok_s > best[r.decoder]["tok_s"]:
+                best[r.decoder] = {"tok_s": r.tok_s, "chain_depth": r.chain_depth, "budget": r.budget,
+                                   "tree_shape": r.tree_shape, "mean_accepted": r.mean_accepted,
+                                   "expected": r.expected_accepted, "phase_ms": r.phase_ms,
+                                   "predicted_tok_s": r.predicted_tok_s}
+        row: dict[str, Any] = {"batch": b, "best": best}
+        if best:
+            winner = max(best, key=lambda n: best[n]["tok_s"])
+            rest = [v["tok_s"] for n, v in best.items() if n != winner]
+            row["winner"] = winner
+            row["margin"] = best[winner]["tok_s"] / max(rest) if rest else None
+        bole = [best[n]["tok_s"] for n in ("bole", "bole-chain") if n in best]
+        if bole and "chain" in best:
+            row["bole_over_replayssm"] = max(bole) / best["chain"]["tok_s"]
+            tree = best["bole"]["expected"] if "bole" in best else bench.plan(b).expected
+            tree_depth = (best.get("bole") or {}).get("tree_shape") or (depth,)
+            # the tree at its best budget and shape, over the chain at the same depth
+            row["ceiling"] = tree / bench.chain_plan(b, min(tree_depth[0], depth)).expected
+            realised, ceiling = row["bole_over_replayssm"], row["ceiling"]
+            row["target_met"] = realised >= 1.0 and (b > 4 or realised - 1 >= 0.9 * (ceiling - 1))
+        out.append(row)
+    return out
+
+
+def drafter_cost(results: list[Any], bench: Any) -> dict:
+    """The drafter's measured time per level against its weight-read floor (the bytes one
+    level must read / the measured copy bandwidth), from the chain runs (one row per request
+    per level: draft ms / d) and the tree runs (draft ms / depth, top-k rows per level)."""
+    if bench.device.type != "cuda":
+        return {"skipped": "needs CUDA (the floor is a GPU's bandwidth)"}
+    from bole_cli.timing import measure_copy_bandwidth
+
+    bw = measure_copy_bandwidth(torch)
+    rows = []
+    for r in results:
+        if not r.tok_s or r.decoder == "ar" or not r.phase_ms:
+            continue
+        shape = r.tree_shape or bench.shape
+        levels = r.chain_depth or shape[0]
+        per_row = 1 if r.chain_depth else shape[1]
+        floor = bench.drafter.level_read_bytes(r.batch, bench.context, per_row) / bw * 1e3
+        ms = r.phase_ms["draft"] / levels
+        rows.append({"decoder": r.decoder, "batch": r.batch, "levels": levels, "ms_per_level": ms,
+                     "floor_ms": floor, "over_floor": ms / floor})
+    return {"copy_bandwidth_tb_s": bw / 1e12, "draft_vocab": bench.drafter.draft_vocab, "rows": rows}
+
+
+def exactness(results: list[Any]) -> dict:
+    """Greedy acceptance: whether every decoder (autoregressive included) emitted the same
+    token stream, compared over each request's common prefix at each batch."""
+    mismatches, compared = [], 0
+    for b in sorted({r.batch for r in results}):
+        runs = [r for r in results if r.batch == b and r.streams is not None]
+        ref = next((r for r in runs if r.decoder == "ar"), runs[0] if runs else None)
+        for r in runs:
+            if r is ref:
+                continue
+            compared += 1
+            for i, (want, got) in enumerate(zip(ref.streams, r.streams)):
+                n = min(len(want), len(got))
+                if want[:n] != got[:n]:
+                    at = next(j for j in range(n) if want[j] != got[j])
+                    name = r.decoder + (f" d={r.chain_depth}" if r.chain_depth else "")
+                    mismatches.append(f"batch {b}, request {i}: {name} differs from {ref.decoder} at token {at}")
+                    break
+    failed = [f"{r.decoder} at batch {r.batch}: {r.error}" for r in results if r.error]
+    return {"identical": not mismatches and not failed and compared > 0, "compared_runs": compared,
+            "mismatches": mismatches, "failed": failed}
