@@ -390,3 +390,14 @@ def test_calibrate_names_the_bad_field(no_gpu, tmp_path):
     assert r.exit_code == 2
     assert "accepted_length_histogram.counts" in r.stderr and "at least 50" in r.stderr
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_histogram_file_refuses_keys_it_would_ignore(tmp_path):
+    from bole_cli.calibrate.acceptance import load_acceptance
+
+    counts = sample(tree_probs(0.85, 6, 4, 32), 500, 3)
+    for extra in ("top_k", "rank_factor"):
+        path = tmp_path / f"{extra}.yaml"
+        path.write_text(yaml.safe_dump(dict(doc(counts, 6, 4, 32), **{extra: 2 if extra == "top_k" else 0.5})))
+        with pytest.raises(InputError, match=f"{extra}: not read"):
+            load_acceptance(str(path))

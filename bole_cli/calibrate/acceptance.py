@@ -298,6 +298,10 @@ def from_data(data: Any, source: str) -> AcceptanceModel:
     if key == "accepted_length_histogram":  # observed per-step histograms: calibrate/observed.py
         from bole_cli.calibrate.observed import fit_observed
 
+        for extra in ("top_k", "rank_factor"):  # the histogram's settings fix them
+            if extra in data:
+                raise InputError(f"{source}: {extra}: not read with accepted_length_histogram "
+                                 "(speculative.topk sets the ranks; the fit sets the factor)")
         fit = fit_observed(data, source)
         return AcceptanceModel(name, fit.source, q=fit.q, measured=fit.measured)
     if key == "per_depth":
