@@ -16,3 +16,7 @@ MAX_TILE_NODES = 64
 #: Requests in one batch that any command accepts (a batch of trees, a calibration or serve
 #: batch): far above any server's running requests, low enough that a typo fails at once.
 MAX_BATCH_REQUESTS = 4096
+
+#: Recurrent-state dtypes the verify and commit kernels take (by name: no torch here); the
+#: kernels' checks, `bole bench kernels --state-dtype` and the plug-in's refusal read it.
+KERNEL_STATE_DTYPES = ("float32", "bfloat16")

@@ -16,7 +16,7 @@ import typer
 from bole_cli.bench.results import check_tag, result_stem, write_results
 from bole_cli.console import check_writable
 from bole_cli.errors import BoleError, InputError
-from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES
 from bole_cli.parsing import parse_int_list
 
 bench_app = typer.Typer(help="GPU benchmarks (need CUDA).", no_args_is_help=True)
@@ -50,7 +50,7 @@ def kernels_cmd(
     if max(node_list) > MAX_TREE_NODES:
         raise InputError(f"--nodes: at most {MAX_TREE_NODES} nodes per request")
     for name, value, allowed in (("--dtype", dtype, ("bfloat16", "float16", "float32")),
-                                 ("--state-dtype", state_dtype, ("float32", "bfloat16"))):
+                                 ("--state-dtype", state_dtype, KERNEL_STATE_DTYPES)):
         if value not in allowed:
             raise InputError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
     import torch

@@ -20,10 +20,10 @@ from typing import Mapping, Optional
 import torch
 
 from bole_cli.errors import InputError
-from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES
 
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-STATE_DTYPES = (torch.float32, torch.bfloat16)
+STATE_DTYPES = tuple(getattr(torch, name) for name in KERNEL_STATE_DTYPES)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 

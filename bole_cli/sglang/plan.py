@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
-from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES
 from bole_cli.memory import (FLOAT_DTYPES, canonical_dtype, conv_window_bytes, factor_bytes,
                              state_snapshot_bytes)
 
@@ -188,8 +188,9 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
         (f.get("torch_compile"),
          "--enable-torch-compile (the factor lookup by data_ptr() cannot be traced by dynamo)"),
         (len(f.get("conv_shapes") or ()) != 1, "not exactly one conv state per layer"),
-        (canonical_dtype(f.get("ssm_dtype")) not in ("float32", "bfloat16"),
-         f"--mamba-ssm-dtype {f.get('ssm_dtype')!r} (Bole supports float32, bfloat16)"),
+        (canonical_dtype(f.get("ssm_dtype")) not in KERNEL_STATE_DTYPES,
+         f"--mamba-ssm-dtype {f.get('ssm_dtype')!r} (Bole supports "
+         f"{', '.join(KERNEL_STATE_DTYPES)})"),
         (canonical_dtype(f.get("conv_dtype")) not in FLOAT_DTYPES,
          f"conv state dtype {f.get('conv_dtype')!r}"),
         (canonical_dtype(f.get("act_dtype")) not in FLOAT_DTYPES,
