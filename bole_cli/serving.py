@@ -100,7 +100,7 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
             "(made without drafter costs or an acceptance model, or by an older bole): re-run "
             "`bole calibrate`, or give --steps, --topk and --draft-tokens")
     chosen = decision["chosen"] if decision else None
-    depth, k, source = tree_shape_from_profile(profile)
+    depth, k, _ = tree_shape_from_profile(profile)
     if manual:
         if topk == 1 or (topk is None and chosen and chosen["mode"] == "chain"
                          and draft_tokens is None):
@@ -138,7 +138,7 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
         settings.update(num_steps=d, eagle_topk=1, num_draft_tokens=d + 1,
                         chain_verify=verify, plugin=verify == "bole")
         return settings
-    topk_v = topk or ((chosen_for_mode or {}).get("topk") if chosen_for_mode else None) or k
+    topk_v = topk or (chosen_for_mode or {}).get("topk") or k
     if topk_v < 2:
         topk_v = k if k >= 2 else 2
     steps_v = steps or (chosen_for_mode or {}).get("depth") or depth

@@ -3,6 +3,7 @@
 - Without CUDA, Triton kernels run under Triton's CPU interpreter: TRITON_INTERPRET=1 is
   set here, at conftest import, before any test module can import triton.
 - Tests marked `@pytest.mark.gpu` are skipped when no CUDA device is present.
+- `sglang_source` / `sglang_kernels`: SGLang 0.5.23's source and kernels, or a skip.
 - Hypothesis profiles: "default" (no deadline: the interpreter and first-call compiles
   are slow), "ci" (fewer examples, derandomised) and "thorough". Pick one with
   HYPOTHESIS_PROFILE=name; CI=true selects "ci".
@@ -44,6 +45,27 @@ if settings is not None:
     _profile = os.environ.get("HYPOTHESIS_PROFILE") or (
         "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "default")
     settings.load_profile(_profile)
+
+
+@pytest.fixture(scope="module")
+def sglang_source():
+    """SGLang 0.5.23's source (an installed sglang, $BOLE_SGLANG_WHEEL or .whl/); the test
+    skips, naming why, without it."""
+    from bole_cli.errors import BoleError
+    from bole_cli.sglang.source import SGLANG_VERSION, find_sglang_source
+
+    try:
+        return find_sglang_source()
+    except BoleError as exc:
+        pytest.skip(f"needs SGLang {SGLANG_VERSION} source: {exc}")
+
+
+@pytest.fixture(scope="module")
+def sglang_kernels(sglang_source):
+    """SGLang's Triton kernels loaded from that source without its heavy __init__."""
+    from bole_cli.sglang.kernels import load_sglang_kernels
+
+    return load_sglang_kernels()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -19,7 +19,6 @@ from bole_cli import cli
 from bole_cli.bench import kernel_report
 from bole_cli.bench.e2e import harness, report
 from bole_cli.bench.kernel_bench import KernelBenchResult, KernelCase, check_agreement
-from bole_cli.errors import BoleError
 from bole_cli.runtime import tiny_spec
 from test_bench_e2e import oracle, streams  # the oracle drafter and the stream helper
 
@@ -31,15 +30,6 @@ except TypeError:
 DEPTH, TOPK = 3, 2
 # SGLang's ReplaySSM ring kernel tiles the key dim in halves fed to tl.dot (>= 16 each)
 RING_SPEC = dict(layers=4, gdn_key_dim=32)
-
-
-def _sglang_or_skip():
-    from bole_cli.sglang.source import find_sglang_source
-
-    try:
-        find_sglang_source()
-    except BoleError as exc:
-        pytest.skip(f"needs SGLang 0.5.23's wheel: {exc}")
 
 
 def _text(tables, width=80) -> str:
@@ -70,11 +60,10 @@ def ring_oracle(seed: int):
     return override
 
 
-def test_chain_decoders_emit_the_autoregressive_stream():
+def test_chain_decoders_emit_the_autoregressive_stream(sglang_source):
     """SGLang's ReplaySSM ring (interpreted on CPU) and Bole on the same chains commit exactly
     the tokens autoregressive decoding emits, with deep accepted prefixes (oracle drafter),
     over enough steps that the ring keeps history between materialisations."""
-    _sglang_or_skip()
     bench = harness.E2EBench(tiny_spec(**RING_SPEC), device="cpu", dtype=torch.float32, context=6, depth=DEPTH,
                              topk=TOPK, acceptance="greedy", budget=14, seed=0, warmup=1, steps=2)
     bench.use_replayssm()
@@ -178,9 +167,9 @@ def test_default_smoke_run_takes_seconds_and_claims_no_search(tmp_path):
 # ---- the e2e comparison --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def chain_run():
-    """A CPU run of all five decoders (ReplaySSM interpreted) on a 4-layer model, its document."""
-    _sglang_or_skip()
+def chain_run(sglang_source):
+    """A CPU run of all five decoders (ReplaySSM interpreted) on a 4-layer model, its document
+    (skipped without SGLang's source: the sglang_source fixture)."""
     cfg = harness.E2EConfig(spec=tiny_spec(**RING_SPEC), batches=[1, 2], context=8, depth=DEPTH, topk=TOPK,
                             steps=1, warmup=0, device="cpu", dtype="float32", chain_depths=(1, 2),
                             decoders=("ar", "snapshot", "bole", "chain", "bole-chain"), budget="profile")

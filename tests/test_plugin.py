@@ -33,25 +33,10 @@ import pytest
 
 from bole_cli.errors import BoleError
 from bole_cli.sglang import plugin
-from bole_cli.sglang.source import SGLANG_VERSION, find_sglang_source
+from bole_cli.sglang.source import SGLANG_VERSION
 from bole_cli.sglang.plan import BolePlan, decide, verify_precision
 
 # ----------------------------------------------------------------- shared fixtures
-
-
-@pytest.fixture(scope="module")
-def sglang_source():
-    try:
-        return find_sglang_source()
-    except BoleError as exc:
-        pytest.skip(f"needs SGLang {SGLANG_VERSION} source: {exc}")
-
-
-@pytest.fixture(scope="module")
-def kernels(sglang_source):
-    from bole_cli.sglang.kernels import load_sglang_kernels
-
-    return load_sglang_kernels()
 
 
 def eligible_facts(**over):
@@ -545,21 +530,34 @@ def _fake_mamba_pool(State, SpeculativeState, torch):
     return MambaPool
 
 
-def test_bole_pool_on_sglangs_state_classes(sglang_source):
-    torch = pytest.importorskip("torch")
-    from bole_cli.sglang import factors
+POOL_SHAPE = (2, 4, 8, 8)  # H, HV, K, V of the pool tests
+
+
+def _bole_pool_case(sglang_source, torch, *, layers: int, draft_tokens: int, **facts):
+    """(Bole's pool class on SGLang's real State classes over a fake MambaPool, the cache
+    params SGLang would pass, the plan, those State classes): what the pool tests of trees
+    and chains share."""
     from bole_cli.sglang.pool import bole_pool_class
 
     State, SpeculativeState = _sglang_state_classes(sglang_source)
     base = _fake_mamba_pool(State, SpeculativeState, torch)
-    H, HV, K, V, L = 2, 4, 8, 8, 3
+    H, HV, K, V = POOL_SHAPE
     conv_dim = 2 * H * K + HV * V
     params = NS(shape=NS(conv=[(conv_dim, 3)], temporal=(HV, V, K)),
                 dtype=NS(conv=torch.float32, temporal=torch.float32))
     plan, _ = decide(eligible_facts(conv_shapes=[(conv_dim, 3)], temporal=(HV, V, K), key_heads=H,
-                                    layers=L, draft_tokens=5, max_batch=2, act_dtype="float32",
-                                    conv_dtype="float32"))
-    cls = bole_pool_class(base, plan)
+                                    layers=layers, draft_tokens=draft_tokens, max_batch=2,
+                                    act_dtype="float32", conv_dtype="float32", **facts))
+    return bole_pool_class(base, plan), params, plan, (State, SpeculativeState)
+
+
+def test_bole_pool_on_sglangs_state_classes(sglang_source):
+    torch = pytest.importorskip("torch")
+    from bole_cli.sglang import factors
+
+    H, HV, K, V, L = POOL_SHAPE[:4] + (3,)
+    cls, params, plan, (State, SpeculativeState) = _bole_pool_case(sglang_source, torch, layers=L,
+                                                                   draft_tokens=5)
     kw = dict(size=6, spec_state_size=3, cache_params=params, mamba_layer_ids=[0, 1, 2], device="cpu",
               speculative_num_draft_tokens=5, speculative_eagle_topk=4)
     pool = cls(**kw)
@@ -751,11 +749,11 @@ def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32"
     return out
 
 
-def test_equivalence_with_sglang_kernels_on_cpu(kernels):
+def test_equivalence_with_sglang_kernels_on_cpu(sglang_kernels):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("CPU interpreter variant; the GPU test covers CUDA")
-    res = run_equivalence(kernels, device="cpu", bs=3, D=6, H=2, HV=4, K=16, V=16, layers=2,
+    res = run_equivalence(sglang_kernels, device="cpu", bs=3, D=6, H=2, HV=4, K=16, V=16, layers=2,
                           act="float32", seed=1, pad=1)
     assert res["ssm_untouched_by_verify"]
     assert max(res["o"]) < 1e-5, res

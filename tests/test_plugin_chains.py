@@ -32,9 +32,9 @@ import pytest
 from bole_cli.sglang import plugin
 from bole_cli.sglang.plan import BolePlan, decide, verify_precision
 
-from test_plugin import (_fake_configurator, _fake_configurator_module, _fake_mamba_pool,  # noqa: F401
-                         _must_not_run, _sglang_state_classes, eligible_facts, fresh_plugin_state,
-                         kernels, rel, sglang_source)
+from test_plugin import (_fake_configurator, _fake_configurator_module,  # noqa: F401
+                         _bole_pool_case, _must_not_run,
+                         eligible_facts, fresh_plugin_state, rel)
 
 
 @pytest.fixture
@@ -121,19 +121,11 @@ def test_chain_pool_on_sglangs_state_classes(sglang_source):
     for snapshots, proving the pass-through)."""
     torch = pytest.importorskip("torch")
     from bole_cli.sglang import factors
-    from bole_cli.sglang.pool import bole_pool_class, eligible_pool_kwargs
+    from bole_cli.sglang.pool import eligible_pool_kwargs
 
-    State, SpeculativeState = _sglang_state_classes(sglang_source)
-    base = _fake_mamba_pool(State, SpeculativeState, torch)
-    H, HV, K, V, L = 2, 4, 8, 8, 2
-    conv_dim = 2 * H * K + HV * V
-    params = NS(shape=NS(conv=[(conv_dim, 3)], temporal=(HV, V, K)),
-                dtype=NS(conv=torch.float32, temporal=torch.float32))
-    plan, _ = decide(eligible_facts(topk=1, conv_shapes=[(conv_dim, 3)], temporal=(HV, V, K), key_heads=H,
-                                    layers=L, draft_tokens=4, max_batch=2, act_dtype="float32",
-                                    conv_dtype="float32"))
+    L = 2
+    cls, params, plan, _ = _bole_pool_case(sglang_source, torch, layers=L, draft_tokens=4, topk=1)
     assert plan.chain
-    cls = bole_pool_class(base, plan)
     kw = dict(size=5, spec_state_size=2, cache_params=params, mamba_layer_ids=[0, 1], device="cpu",
               speculative_num_draft_tokens=4, speculative_eagle_topk=1)
     for topk in (1, None):
@@ -330,7 +322,7 @@ def _chain(D, bs, pad):
 
 @pytest.mark.parametrize("bs,D,pad,seed,dedup", [
     (3, 6, 1, 1, False), (3, 6, 1, 1, True), (2, 9, 0, 2, True), (1, 2, 1, 3, False), (2, 17, 1, 5, True)])
-def test_chain_equivalence_with_sglangs_chain_paths_on_cpu(kernels, bs, D, pad, seed, dedup):
+def test_chain_equivalence_with_sglangs_chain_paths_on_cpu(sglang_kernels, bs, D, pad, seed, dedup):
     """Bole's chain (no snapshots) against SGLang's snapshot chain verify + scatter, its
     ReplaySSM fold verify + commit and, where kernels.py wraps it, its circular ring (GDN's
     protocol), within the tree tests' tolerances; D = 9 and 17 pass the one-tile kernel's
@@ -338,7 +330,7 @@ def test_chain_equivalence_with_sglangs_chain_paths_on_cpu(kernels, bs, D, pad, 
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("CPU interpreter variant; the GPU test covers CUDA")
-    res = run_chain_equivalence(kernels, device="cpu", bs=bs, D=D, H=2, HV=4, K=32, V=16, layers=2,
+    res = run_chain_equivalence(sglang_kernels, device="cpu", bs=bs, D=D, H=2, HV=4, K=32, V=16, layers=2,
                                 act="float32", seed=seed, pad=pad, dedup=dedup)
     assert res["parents"] == _chain(D, bs, pad)
     assert res["ssm_untouched_by_verify"]
@@ -350,7 +342,7 @@ def test_chain_equivalence_with_sglangs_chain_paths_on_cpu(kernels, bs, D, pad, 
         assert max(res["o_ring"]) < 1e-5 and res["state_ring"] < 1e-5, res
 
 
-def test_a_wrong_parent_in_bole_chain_fails_the_equivalence(kernels):
+def test_a_wrong_parent_in_bole_chain_fails_the_equivalence(sglang_kernels):
     """The equivalence above can fail: node 3's parent set to 1 instead of 2 (every request
     accepting past it) puts Bole's outputs and committed states far outside the tolerances."""
     torch = pytest.importorskip("torch")
@@ -358,8 +350,8 @@ def test_a_wrong_parent_in_bole_chain_fails_the_equivalence(kernels):
         pytest.skip("CPU interpreter variant")
     kw = dict(device="cpu", bs=3, D=6, H=2, HV=4, K=32, V=16, layers=2, act="float32", pad=1, seed=4,
               accept=[3, 5, 4])
-    good = run_chain_equivalence(kernels, **kw)
-    bad = run_chain_equivalence(kernels, wrong_parent=3, **kw)
+    good = run_chain_equivalence(sglang_kernels, **kw)
+    bad = run_chain_equivalence(sglang_kernels, wrong_parent=3, **kw)
     assert bad["parents"][3] == 1 and good["parents"][3] == 2
     assert max(good["o"]) < 1e-5 and good["state_replayssm"] < 1e-5
     assert min(bad["o"]) > 1e-2 and min(bad["o_replayssm"]) > 1e-2, bad

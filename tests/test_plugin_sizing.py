@@ -27,7 +27,6 @@ from bole_cli.sglang import plugin
 from bole_cli.sglang.source import SGLANG_VERSION
 
 from sglang_stubs import install_modules, sglang_defs
-from test_plugin import sglang_source  # noqa: F401 - the fixture
 
 GIB = 1 << 30
 KVC = "sglang/srt/mem_cache/kv_cache_configurator.py"

@@ -20,20 +20,9 @@ import torch
 
 from bole_cli.errors import BoleError
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings, strategies as st
 
 H, HV, K, V = 2, 4, 32, 16  # GQA 2; K >= 32: the ring kernel tiles K in halves of >= 16
-
-
-@pytest.fixture(scope="module")
-def sg():
-    from bole_cli.sglang.kernels import load_sglang_kernels
-
-    try:
-        return load_sglang_kernels()
-    except BoleError as exc:
-        pytest.skip(f"needs SGLang 0.5.23's wheel: {exc}")
 
 
 def ring_len(tokens: int, double: bool) -> int:
@@ -47,7 +36,7 @@ def chain(batch: int, tokens: int) -> torch.Tensor:
     return torch.tensor([-1] + list(range(tokens - 1)), dtype=torch.int32).repeat(batch)
 
 
-def run_steps(sg, *, seed: int, batch: int, tokens: int, steps: int, state_dtype, ring_dtype,
+def run_steps(sglang_kernels, *, seed: int, batch: int, tokens: int, steps: int, state_dtype, ring_dtype,
               double: bool, accepts=None, decay: float = 1.0, base=None) -> dict:
     """`steps` consecutive verify + commit steps through the ring, Bole and the float64
     recurrence on the same inputs; the worst relative differences and the ring's history."""
@@ -73,7 +62,7 @@ def run_steps(sg, *, seed: int, batch: int, tokens: int, steps: int, state_dtype
     ring_pool = pool0.clone()[None]  # [L=1 layer, S, HV, V, K]
     bole_pool = pool0.clone()
     want = pool0.double()
-    ring = sg.replayssm_ring(ring_pool, rows, H, ring_dtype, L)
+    ring = sglang_kernels.replayssm_ring(ring_pool, rows, H, ring_dtype, L)
     ring["cache_base"].copy_(torch.tensor(base if base is not None else [rng.randrange(L) for _ in range(rows)],
                                           dtype=torch.int32))
     worst = {"ring_o": 0.0, "ring_state": 0.0, "bole_o": 0.0, "bole_state": 0.0, "ring_vs_bole_o": 0.0}
@@ -85,8 +74,8 @@ def run_steps(sg, *, seed: int, batch: int, tokens: int, steps: int, state_dtype
         a, b = randn(n, HV, scale=2.0).to(ring_dtype), randn(n, HV, scale=2.0).to(ring_dtype)
         history.append(ring["write_pos"][replay.long()].tolist())
         positions.append(((ring["cache_base"] + ring["write_pos"])[replay.long()]).tolist())
-        o_ring = sg.replayssm_ring_verify(A_log, dt_bias, q[None], k[None], v[None], a, b,
-                                          checkpoint_state=ring_pool[0], ring=sg.ring_layer(ring, 0),
+        o_ring = sglang_kernels.replayssm_ring_verify(A_log, dt_bias, q[None], k[None], v[None], a, b,
+                                          checkpoint_state=ring_pool[0], ring=sglang_kernels.ring_layer(ring, 0),
                                           cache_indices=slots, replay_indices=replay, query_start_loc=cu,
                                           draft_token_num=tokens)
         res = kernels.tree_verify_gated(q, k, v, a, b, A_log, dt_bias, bole_pool, slots, parents, cu)
@@ -99,7 +88,7 @@ def run_steps(sg, *, seed: int, batch: int, tokens: int, steps: int, state_dtype
                                       (o_ring.reshape(n, HV, V).double() - res.o.double()).norm().item() / scale)
         lens = accepts[step] if accepts is not None else [rng.randint(0, tokens) for _ in range(batch)]
         accept_lens = torch.tensor(lens, dtype=torch.int32)  # accepted drafts + the bonus token
-        sg.replayssm_ring_commit(ring_pool, ring, slots, replay, accept_lens, tokens)
+        sglang_kernels.replayssm_ring_commit(ring_pool, ring, slots, replay, accept_lens, tokens)
         kernels.tree_commit(bole_pool, slots, k, res.u, res.log_p, parents, cu, accept_lens.long() - 1)
         for r, s in enumerate(slots.tolist()):
             if lens[r] > 0:
@@ -108,7 +97,7 @@ def run_steps(sg, *, seed: int, batch: int, tokens: int, steps: int, state_dtype
             want = want.to(state_dtype).double()  # the pool keeps what it stores
         # the committed state the ring holds: SGLang's own materialisation, on copies
         copy_pool, copy_ring = ring_pool.clone(), {name: None if t is None else t.clone() for name, t in ring.items()}
-        sg.replayssm_ring_materialize(copy_pool, copy_ring, slots, replay)
+        sglang_kernels.replayssm_ring_materialize(copy_pool, copy_ring, slots, replay)
         sel = slots.long()
         wnorm = want[sel].norm().item()
         worst["ring_state"] = max(worst["ring_state"], (copy_pool[0, sel].double() - want[sel]).norm().item() / wnorm)
@@ -136,13 +125,13 @@ DTYPES = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
 @given(seed=st.integers(0, 2**16), tokens=st.sampled_from([2, 3, 4, 5, 8, 9, 16, 17, 32, 64]),
        batch=st.integers(1, 3), steps=st.integers(2, 4), dtypes=st.sampled_from(DTYPES),
        double=st.booleans(), decay=st.sampled_from([1.0, 3.0, 0.0]))
-def test_ring_matches_bole_and_the_float64_recurrence(sg, seed, tokens, batch, steps, dtypes, double, decay):
+def test_ring_matches_bole_and_the_float64_recurrence(sglang_kernels, seed, tokens, batch, steps, dtypes, double, decay):
     """Random chains, random accepted lengths (0 included), several steps: the ring's o and
     committed state agree with the float64 recurrence and with Bole's verify + commit."""
     state_dtype, ring_dtype = dtypes
     if tokens > 16:
         batch, steps = 1, 2  # the interpreter's cost grows with the window
-    got = run_steps(sg, seed=seed, batch=batch, tokens=tokens, steps=steps, state_dtype=state_dtype,
+    got = run_steps(sglang_kernels, seed=seed, batch=batch, tokens=tokens, steps=steps, state_dtype=state_dtype,
                     ring_dtype=ring_dtype, double=double, decay=decay)
     o_tol, s_tol = tolerances(state_dtype, ring_dtype)
     assert got["ring_o"] < o_tol and got["ring_vs_bole_o"] < o_tol + 1e-4, got
@@ -152,13 +141,13 @@ def test_ring_matches_bole_and_the_float64_recurrence(sg, seed, tokens, batch, s
 
 
 @pytest.mark.parametrize("state_dtype,ring_dtype", DTYPES)
-def test_ring_wraps_around_and_keeps_history(sg, state_dtype, ring_dtype):
+def test_ring_wraps_around_and_keeps_history(sglang_kernels, state_dtype, ring_dtype):
     """Chains of 4 in a ring of 16 starting near its end: the float32 pool keeps committed
     history between materialisations (the verify reads it) and the window's positions
     wrap past the ring's end; a bf16 pool materialises at every commit. Accepted lengths
     include 0 (nothing committed) and the whole chain."""
     accepts = [[4, 0], [3, 4], [0, 1], [4, 4], [2, 3], [4, 2]]
-    got = run_steps(sg, seed=5, batch=2, tokens=4, steps=len(accepts), state_dtype=state_dtype,
+    got = run_steps(sglang_kernels, seed=5, batch=2, tokens=4, steps=len(accepts), state_dtype=state_dtype,
                     ring_dtype=ring_dtype, double=True, accepts=accepts, base=[13, 0, 15, 14, 9])
     o_tol, s_tol = tolerances(state_dtype, ring_dtype)
     assert got["ring_o"] < o_tol and got["ring_state"] < s_tol, got
@@ -171,7 +160,7 @@ def test_ring_wraps_around_and_keeps_history(sg, state_dtype, ring_dtype):
         assert all(h == 0 for hs in got["history"] for h in hs), got["history"]  # folded every commit
 
 
-def test_padding_request_gets_zeros_and_commits_nothing(sg):
+def test_padding_request_gets_zeros_and_commits_nothing(sglang_kernels):
     """A request with pool slot -1 (SGLang's padding) gets o = 0, its ring row and cursors
     stay as they were, and the other requests are unaffected."""
     tokens, L = 4, 16
@@ -182,23 +171,23 @@ def test_padding_request_gets_zeros_and_commits_nothing(sg):
     a, b = torch.randn(n, HV, generator=gen), torch.randn(n, HV, generator=gen)
     A_log, dt_bias = torch.randn(HV, generator=gen) * 0.5, torch.randn(HV, generator=gen)
     pool = torch.randn(1, 3, HV, V, K, generator=gen)
-    ring = sg.replayssm_ring(pool, 3, H, torch.float32, L)
+    ring = sglang_kernels.replayssm_ring(pool, 3, H, torch.float32, L)
     slots, replay = torch.tensor([1, -1], dtype=torch.int32), torch.tensor([0, 2], dtype=torch.int32)
     cu = torch.arange(0, n + 1, tokens, dtype=torch.int32)
-    o = sg.replayssm_ring_verify(A_log, dt_bias, q, k, v, a, b, checkpoint_state=pool[0],
-                                 ring=sg.ring_layer(ring, 0), cache_indices=slots, replay_indices=replay,
+    o = sglang_kernels.replayssm_ring_verify(A_log, dt_bias, q, k, v, a, b, checkpoint_state=pool[0],
+                                 ring=sglang_kernels.ring_layer(ring, 0), cache_indices=slots, replay_indices=replay,
                                  query_start_loc=cu, draft_token_num=tokens)
     assert torch.count_nonzero(o[tokens:]) == 0 and torch.count_nonzero(o[:tokens]) > 0
     assert torch.count_nonzero(ring["replayssm_d"][0, 2]) == 0  # nothing written for the padding row
     pool0 = pool.clone()
-    sg.replayssm_ring_commit(pool, ring, slots, replay, torch.tensor([4, 0], dtype=torch.int32), tokens)
+    sglang_kernels.replayssm_ring_commit(pool, ring, slots, replay, torch.tensor([4, 0], dtype=torch.int32), tokens)
     assert ring["write_pos"].tolist() == [4, 0, 0]
     assert torch.equal(pool, pool0)  # fp32 pool, 4 of 16 used: nothing materialised yet
 
 
-def test_ring_length_must_be_a_power_of_two(sg):
+def test_ring_length_must_be_a_power_of_two(sglang_kernels):
     with pytest.raises(BoleError, match="power of two"):
-        sg.replayssm_ring(torch.zeros(1, 2, HV, V, K), 3, H, torch.float32, 24)
+        sglang_kernels.replayssm_ring(torch.zeros(1, 2, HV, V, K), 3, H, torch.float32, 24)
 
 
 def _bench_sets(batch: int, nodes: int, count: int, seed: int):
@@ -222,7 +211,7 @@ def _bench_sets(batch: int, nodes: int, count: int, seed: int):
     return out
 
 
-def test_bench_ring_agreement_passes_and_catches_a_miscalled_ring(sg):
+def test_bench_ring_agreement_passes_and_catches_a_miscalled_ring(sglang_kernels):
     """`bole bench kernels`' agreement check of the ring (the code the GPU run uses), on
     CPU: SGLang's ring as called agrees with Bole over consecutive steps (history read);
     an accepted length off by one is caught far outside the tolerances."""
@@ -231,16 +220,16 @@ def test_bench_ring_agreement_passes_and_catches_a_miscalled_ring(sg):
 
     sets = _bench_sets(3, 4, 3, seed=11)
     pool0 = sets[0].pool.clone()
-    diff_o, diff_state = ring_agreement(torch, sg, kernels, sets, pool0, torch.float32, 16)
+    diff_o, diff_state = ring_agreement(torch, sglang_kernels, kernels, sets, pool0, torch.float32, 16)
     assert diff_o < 1e-4 and diff_state < 1e-4, (diff_o, diff_state)
     assert torch.equal(sets[0].pool, pool0)  # the pool is handed back as it was
 
     class OffByOne:
         def __getattr__(self, name):
-            return getattr(sg, name)
+            return getattr(sglang_kernels, name)
 
         def replayssm_ring_commit(self, state, ring, si, ri, lens, d):
-            return sg.replayssm_ring_commit(state, ring, si, ri, (lens + 1).clamp(max=d).to(torch.int32), d)
+            return sglang_kernels.replayssm_ring_commit(state, ring, si, ri, (lens + 1).clamp(max=d).to(torch.int32), d)
 
     for s in sets:
         s.accepted.clamp_(max=2)  # room for one more

@@ -25,6 +25,7 @@ Ties go to the simpler mode (none, then chain, then tree), then to less drafting
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
@@ -90,15 +91,18 @@ class BucketCosts:
     def sample(self, tokens: int) -> float:
         return self.sample_fixed + self.sample_per_token * tokens
 
+    @functools.cached_property
+    def _curve(self) -> dict[int, float]:
+        """Measured point -> T_verify on the curve's running maximum (computed once)."""
+        return dict(zip(self.n, envelope(self.t_ver)))
+
     def verify(self, tokens: int) -> Optional[float]:
         """T_verify at a measured point (on the running maximum); None elsewhere."""
-        if tokens not in self.n:
-            return None
-        return envelope(self.t_ver)[list(self.n).index(tokens)]
+        return self._curve.get(tokens)
 
     def verify_between(self, tokens: int) -> Optional[float]:
         """T_verify linearly between measured points (None outside them)."""
-        n, t = list(self.n), envelope(self.t_ver)
+        n, t = list(self._curve), list(self._curve.values())
         if not n or not n[0] <= tokens <= n[-1]:
             return None
         for (n0, t0), (n1, t1) in zip(zip(n, t), zip(n[1:], t[1:])):
@@ -206,13 +210,6 @@ def tree_cap(acceptance: Optional[AcceptanceModel]) -> int:
     return min(MAX_TREE_NODES, max(beam_tree_size(acceptance.depth, k)
                                    for k in range(1, acceptance.top_k + 1)
                                    if beam_tree_size(acceptance.depth, k) <= MAX_TREE_NODES))
-
-
-def speedup_of(entry: dict) -> Optional[float]:
-    """The decided choice's predicted speedup over plain decoding in a profile entry."""
-    d = entry.get("decision")
-    return None if not d else d["chosen"]["speedup"]
-
 
 
 def price(costs: BucketCosts, acceptance: AcceptanceModel, mode: str, depth: int = 0,
