@@ -244,3 +244,22 @@ def test_graphed_runner_replays_match_eager_on_cuda():
         model.commit(plain, want, accepted)
     torch.testing.assert_close(cache.gdn_state, plain.gdn_state, **tol)
     torch.testing.assert_close(runner.decode([1, 2]), model.decode(plain, [1, 2]), **tol)
+
+
+def test_interrupted_kernel_bench_writes_what_it_measured(kernel_result, tmp_path, monkeypatch):
+    """Ctrl-C during `bole bench kernels`: the cells measured before it are written (marked
+    interrupted) and the command ends with 130, as every interrupted command does."""
+    import torch
+    from typer.testing import CliRunner
+
+    from bole_cli import cli
+    from bole_cli.bench import kernel_bench
+
+    partial = copy.deepcopy(kernel_result)
+    partial.cases, partial.commits, partial.interrupted = partial.cases[:3], [], True
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernel_bench, "run_kernel_bench", lambda *a, **k: partial)
+    r = CliRunner().invoke(cli.app, ["bench", "kernels", "--no-sglang", "--out-dir", str(tmp_path), "--tag", "cut"])
+    assert r.exit_code == 130, r.output
+    data = json.loads((tmp_path / "cut.json").read_text())
+    assert data["interrupted"] is True and len(data["cases"]) == 3

@@ -184,6 +184,57 @@ def test_empty_request_and_bucketed_runner(dense):
         assert_slot_equal(cache, plain, slot)
 
 
+def _reference_flash_varlen(lse_2d: bool):
+    """flash_varlen's contract in float64 loops: per request, the first used[b] keys from
+    row cu_k[b] of the strided key view; lse [heads, total_q] or [B, heads, max_q]."""
+    def run(q, k, v, cu_q, cu_k, max_q, max_k, used):
+        total, heads, d = q.shape
+        group = heads // k.shape[1]
+        out, lse = torch.zeros_like(q), torch.full((heads, total), float("nan"), dtype=torch.float64)
+        for b in range(len(cu_q) - 1):
+            q0, q1, k0, n = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(used[b])
+            keys = k[k0:k0 + n].repeat_interleave(group, dim=1)
+            vals = v[k0:k0 + n].repeat_interleave(group, dim=1)
+            s = torch.einsum("qhd,khd->hqk", q[q0:q1], keys) * d ** -0.5
+            out[q0:q1] = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vals)
+            lse[:, q0:q1] = torch.logsumexp(s, -1)
+        if lse_2d:
+            return out, lse
+        per = torch.full((len(cu_q) - 1, heads, max_q), float("nan"), dtype=torch.float64)
+        for b in range(len(cu_q) - 1):
+            per[b, :, : int(cu_q[b + 1] - cu_q[b])] = lse[:, int(cu_q[b]):int(cu_q[b + 1])]
+        return out, per
+    return run
+
+
+@pytest.mark.parametrize("lse_2d", [True, False], ids=["lse-heads-total", "lse-batch-heads"])
+def test_varlen_attention_equals_the_dense_mask(lse_2d, dense, monkeypatch):
+    """The bucketed read (one graph for all steps, as bench e2e runs) through flash varlen
+    over each request's keys, read in place from the cache (a float64 stand-in for the CUDA
+    kernel): the same logits as the dense mask, for trees and decode; slots that do not
+    increase keep the dense mask."""
+    from bole_cli.runtime import attention
+
+    monkeypatch.setattr(attention, "flash_varlen", _reference_flash_varlen(lse_2d))
+    cache = warm_cache(dense, (5, 3, 7))
+    forest = pack_forest([tree([-1, 0, 0, 1, 1, 2]), tree([-1, -1, 0]), random_tree(3, 7, max_depth=3)])
+    toks = torch.randint(VOCAB, (forest.n_nodes,), generator=torch.Generator().manual_seed(6))
+    want = dense.verify(cache.clone(), forest, toks, [0, 1, 2])
+    assert want.batch.kv_used is None and want.batch.attn_bias is not None
+    monkeypatch.setattr(dense, "varlen_attention", True)
+    for bucket in (1, 16):
+        tb = dense.prepare_verify(cache, forest, toks, [0, 1, 2], kv_bucket=bucket)
+        assert tb.kv_used.tolist() == [5, 3, 7] and tb.attn_bias is None
+        got = dense.forward_verify(cache.clone(), tb)
+        torch.testing.assert_close(got.logits, want.logits, **TOL)
+    assert dense.prepare_verify(cache, forest, toks, [2, 1, 0], kv_bucket=16).kv_used is None
+    db = dense.prepare_decode(cache, [1, 2, 3], [0, 1, 2], kv_bucket=16)
+    assert db.kv_used.tolist() == [6, 4, 8] and db.attn_bias is None
+    got = dense.forward_decode(cache.clone(), db)
+    monkeypatch.setattr(dense, "varlen_attention", False)
+    torch.testing.assert_close(got, dense.decode(cache.clone(), [1, 2, 3], [0, 1, 2]), **TOL)
+
+
 def test_snapshot_buffer_holds_every_node_state(dense):
     """The baseline really stores one full state per node ([L, B, T+1, HV, V, K])."""
     cache = warm_cache(dense, prefix=(4, 6))

@@ -108,10 +108,12 @@ class KernelBenchResult:
     commits: list[CommitCase] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     disagreements: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C: the cells measured before it, no all-layer commit
 
     def to_dict(self) -> dict:
         return {
             "device": self.device, "versions": self.versions, "model": self.model,
+            "interrupted": self.interrupted,
             "copy_bandwidth_tb_s": self.copy_bandwidth / 1e12,
             "cases": [c.to_dict() for c in self.cases],
             "commits": [asdict(c) for c in self.commits],
@@ -251,62 +253,67 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
     result = KernelBenchResult(torch.cuda.get_device_name(), versions, spec.name, bw, notes=notes)
     snap_node = snapshot_bytes_per_node_layer(spec, "float32")
     fact_node = factor_bytes_per_node_layer(spec)
-    for tree in trees:
-        for batch in batches:
-            for nodes in nodes_list:
-                if progress:
-                    progress(f"{tree} tree, batch {batch}, {nodes} nodes")
-                sets = [LayerInputs(torch, spec, batch, nodes, tree, 1000 * i + batch * 7 + nodes, act, sdt)
-                        for i in range(ROTATE)]
-                case = KernelCase(batch, nodes, tree)
-                n = batch * nodes
-                outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, spec.gdn_value_heads, spec.gdn_value_dim,
-                                                                      device="cuda"),
-                                     torch.empty(n, spec.gdn_value_heads, device="cuda")) for s in sets]
-                verify = [bole_verify(s, kernels, o) for s, o in zip(sets, outs)]
-                commit = [bole_commit(s, kernels, o) for s, o in zip(sets, outs)]
-                case.bole_verify_us = time_graph(torch, verify)
-                case.bole_commit_us = time_graph(torch, commit)
-                case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
-                if sg is not None:
-                    # same inputs: check agreement before timing (the pool is read only here)
-                    s0 = sets[0]
-                    pool0 = s0.pool.clone()
-                    verify[0]()
-                    o_bole = outs[0].o.float().clone()
-                    sg_o = sg.target_verify(
-                        s0.A_log, s0.dt_bias, s0.q[None], s0.k[None], s0.v[None], s0.a, s0.b,
-                        ssm_states=s0.pool, cache_indices=s0.slots, query_start_loc=s0.cu,
-                        intermediate_states_buffer=s0.snapshots, intermediate_state_indices=s0.snap_rows,
-                        cache_steps=nodes, retrieve_parent_token=s0.rpt)
-                    o_sg = sg_o[0].reshape(o_bole.shape).float() if isinstance(sg_o, torch.Tensor) else sg_o[0]
-                    case.max_rel_diff_o = ((o_bole - o_sg).norm() / o_sg.norm()).item()
-                    commit[0]()
-                    idx = s0.accepted.long()
-                    want = s0.snapshots[torch.arange(batch, device="cuda"), idx]
-                    got = s0.pool[s0.slots.long()].float()
-                    case.max_rel_diff_state = ((got - want).norm() / want.norm()).item()
-                    bole_state = got.clone()
-                    s0.pool.copy_(pool0)
-                    case.sglang_us = time_graph(torch, [sglang_step(s, sg) for s in sets])
-                    if tree == "chain":
-                        try:
-                            _bench_replayssm(torch, sg, kernels, sets, case, o_bole, bole_state, pool0, act)
-                        except Exception as exc:  # noqa: BLE001 - a finding to report, not a crash
-                            torch.cuda.synchronize()
-                            case.replayssm_error = f"{type(exc).__name__}: {exc}"[:400]
-                            case.replayssm_us = case.fold_us = None
-                            result.notes.append(f"ReplaySSM did not run at chain batch {batch} x {nodes}: "
-                                                f"{case.replayssm_error}")
-                result.disagreements.extend(check_agreement(case, state_dtype))
-                bytes_ = floor_bytes(sets[0], spec)
-                case.floor_bytes = bytes_
-                case.floor_us = bytes_ / bw * 1e6
-                case.sglang_transient_bytes = n * snap_node
-                case.bole_transient_bytes = n * fact_node
-                result.cases.append(case)
-                del sets, outs, verify, commit
-                torch.cuda.empty_cache()
+    try:
+        for tree in trees:
+            for batch in batches:
+                for nodes in nodes_list:
+                    if progress:
+                        progress(f"{tree} tree, batch {batch}, {nodes} nodes")
+                    sets = [LayerInputs(torch, spec, batch, nodes, tree, 1000 * i + batch * 7 + nodes, act, sdt)
+                            for i in range(ROTATE)]
+                    case = KernelCase(batch, nodes, tree)
+                    n = batch * nodes
+                    outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, spec.gdn_value_heads, spec.gdn_value_dim,
+                                                                          device="cuda"),
+                                         torch.empty(n, spec.gdn_value_heads, device="cuda")) for s in sets]
+                    verify = [bole_verify(s, kernels, o) for s, o in zip(sets, outs)]
+                    commit = [bole_commit(s, kernels, o) for s, o in zip(sets, outs)]
+                    case.bole_verify_us = time_graph(torch, verify)
+                    case.bole_commit_us = time_graph(torch, commit)
+                    case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
+                    if sg is not None:
+                        # same inputs: check agreement before timing (the pool is read only here)
+                        s0 = sets[0]
+                        pool0 = s0.pool.clone()
+                        verify[0]()
+                        o_bole = outs[0].o.float().clone()
+                        sg_o = sg.target_verify(
+                            s0.A_log, s0.dt_bias, s0.q[None], s0.k[None], s0.v[None], s0.a, s0.b,
+                            ssm_states=s0.pool, cache_indices=s0.slots, query_start_loc=s0.cu,
+                            intermediate_states_buffer=s0.snapshots, intermediate_state_indices=s0.snap_rows,
+                            cache_steps=nodes, retrieve_parent_token=s0.rpt)
+                        o_sg = sg_o[0].reshape(o_bole.shape).float() if isinstance(sg_o, torch.Tensor) else sg_o[0]
+                        case.max_rel_diff_o = ((o_bole - o_sg).norm() / o_sg.norm()).item()
+                        commit[0]()
+                        idx = s0.accepted.long()
+                        want = s0.snapshots[torch.arange(batch, device="cuda"), idx]
+                        got = s0.pool[s0.slots.long()].float()
+                        case.max_rel_diff_state = ((got - want).norm() / want.norm()).item()
+                        bole_state = got.clone()
+                        s0.pool.copy_(pool0)
+                        case.sglang_us = time_graph(torch, [sglang_step(s, sg) for s in sets])
+                        if tree == "chain":
+                            try:
+                                _bench_replayssm(torch, sg, kernels, sets, case, o_bole, bole_state, pool0, act)
+                            except Exception as exc:  # noqa: BLE001 - a finding to report, not a crash
+                                torch.cuda.synchronize()
+                                case.replayssm_error = f"{type(exc).__name__}: {exc}"[:400]
+                                case.replayssm_us = case.fold_us = None
+                                result.notes.append(f"ReplaySSM did not run at chain batch {batch} x {nodes}: "
+                                                    f"{case.replayssm_error}")
+                    result.disagreements.extend(check_agreement(case, state_dtype))
+                    bytes_ = floor_bytes(sets[0], spec)
+                    case.floor_bytes = bytes_
+                    case.floor_us = bytes_ / bw * 1e6
+                    case.sglang_transient_bytes = n * snap_node
+                    case.bole_transient_bytes = n * fact_node
+                    result.cases.append(case)
+                    del sets, outs, verify, commit
+                    torch.cuda.empty_cache()
+    except KeyboardInterrupt:  # keep the cells measured so far; the command writes them
+        result.interrupted = True
+        torch.cuda.synchronize()
+        return result
     if commit_layers:
         result.commits.append(_bench_commit_all_layers(torch, kernels, spec, 16, sg, bw))
     return result

@@ -77,6 +77,10 @@ def kernels_cmd(
         for line in kernel_report.notes(result, data):
             out.print(line, markup=False)
         out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
+    if result.interrupted:
+        err.print(f"interrupted: the {len(result.cases)} cell(s) measured before it are in {json_path}",
+                  markup=False)
+        raise KeyboardInterrupt
     if result.disagreements:
         raise BoleError(f"{len(result.disagreements)} cell(s) where SGLang's and Bole's results disagree "
                         f"(first: {result.disagreements[0]}); see {json_path}")

@@ -86,6 +86,7 @@ class DecodeBatch(_Prepared):
     cos: torch.Tensor  # [B, rope/2] float32
     sin: torch.Tensor
     attn_bias: Optional[torch.Tensor]  # [B, 1, 1, kv_limit] additive, None when not needed
+    kv_used: Optional[torch.Tensor]  # [B] int32 keys each request reads (varlen mode), else None
     parents: torch.Tensor  # [B] int32 (all -1): a one-node tree per request, for the tree ops
     cu_seqlens: torch.Tensor  # [B+1] int32
     accepted: torch.Tensor  # [B] int64 zeros
@@ -93,9 +94,16 @@ class DecodeBatch(_Prepared):
     host_kv_lens: list[int]
 
 
+def _varlen_ok(varlen: bool, slots: list[int]) -> bool:
+    """Varlen attention reads the slots' keys in place: the slots must increase."""
+    return varlen and all(a < b for a, b in zip(slots, slots[1:]))
+
+
 def prepare_decode(tokens, slots: Sequence[int], kv_lens: Sequence[int], *, rope: Rope,
                    dtype: torch.dtype, device, n_slots: int, max_len: int,
-                   kv_bucket: int = 1) -> DecodeBatch:
+                   kv_bucket: int = 1, varlen: bool = False) -> DecodeBatch:
+    """varlen: when the requests' lengths differ or the read is bucketed, attend to each
+    request's keys with flash varlen (runtime/attention.py) instead of an additive mask."""
     slots = [int(s) for s in slots]
     _check_slots(slots, n_slots)
     bsz = len(slots)
@@ -109,14 +117,17 @@ def prepare_decode(tokens, slots: Sequence[int], kv_lens: Sequence[int], *, rope
         raise InputError(f"decode: {tok.numel()} tokens for {bsz} slots")
     pos = torch.tensor(lens, dtype=torch.int64, device=device)
     cos, sin = rope.tables(pos)
-    bias = None
+    bias = used = None
     if any(n + 1 != limit for n in lens):
-        vis = torch.arange(limit, device=device)[None, :] <= pos[:, None]
-        bias = _additive(vis.view(bsz, 1, 1, limit), dtype)
+        if _varlen_ok(varlen, slots):
+            used = torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=device)
+        else:
+            vis = torch.arange(limit, device=device)[None, :] <= pos[:, None]
+            bias = _additive(vis.view(bsz, 1, 1, limit), dtype)
     return DecodeBatch(
         batch=bsz, kv_limit=limit, slot_start=_contiguous_start(slots),
         tokens=tok.to(device), slots=torch.tensor(slots, dtype=torch.int64, device=device),
-        positions=pos, cos=cos, sin=sin, attn_bias=bias,
+        positions=pos, cos=cos, sin=sin, attn_bias=bias, kv_used=used,
         parents=torch.full((bsz,), -1, dtype=torch.int32, device=device),
         cu_seqlens=torch.arange(bsz + 1, dtype=torch.int32, device=device),
         accepted=torch.zeros(bsz, dtype=torch.int64, device=device),
@@ -161,7 +172,8 @@ class TreeBatch(_Prepared):
     pad_index: torch.Tensor  # [N] int64: row b*T + local in the padded layout
     split_base: Optional[int]  # every request's committed length, when attention is split
     attn_bias: Optional[torch.Tensor]  # [B, 1, T*G, kv_limit] additive over cache | tree (dense mode)
-    tree_bias: Optional[torch.Tensor]  # [B, 1, T*G, T] additive over the tree only (split mode)
+    tree_bias: Optional[torch.Tensor]  # [B, 1, T*G, T] additive over the tree only (split, varlen modes)
+    kv_used: Optional[torch.Tensor]  # [B] int32 committed keys each request reads (varlen mode)
     base: torch.Tensor  # [B] int64 committed lengths
     path_table: torch.Tensor  # [N, D] int64: local index of the ancestor at each depth, -1 pad
     parent_rows: torch.Tensor  # [T, B] int64: snapshot row of each step's parent (b*(T+1) + p + 1)
@@ -195,12 +207,14 @@ def forest_arrays(forest) -> tuple[list[int], list[int]]:
 
 def prepare_tree(forest, tokens, slots: Sequence[int], kv_lens: Sequence[int], *, rope: Rope,
                  dtype: torch.dtype, device, n_slots: int, max_len: int, gqa_group: int,
-                 n_gdn_layers: int, kv_bucket: int = 1, split: bool = False,
+                 n_gdn_layers: int, kv_bucket: int = 1, split: bool = False, varlen: bool = False,
                  bias_dtype: Optional[torch.dtype] = None) -> TreeBatch:
     """split: when every request has the same committed length, attend to the cache
     without a mask and to the tree with a small [T*G, T] mask, merging by log-sum-exp
-    (HybridModel); otherwise one additive mask over [cache | tree]. bias_dtype: the tree
-    mask's dtype in split mode (the tree part is computed in float32/float64)."""
+    (HybridModel); else, with varlen, the cache part is flash varlen over each request's
+    committed keys (runtime/attention.py) and the tree part the same small mask; otherwise
+    one additive mask over [cache | tree]. bias_dtype: the tree mask's dtype in the split
+    and varlen modes (the tree part is computed in float32/float64)."""
     parents, cu = forest_arrays(forest)
     slots = [int(s) for s in slots]
     bsz = len(cu) - 1
@@ -268,8 +282,11 @@ def prepare_tree(forest, tokens, slots: Sequence[int], kv_lens: Sequence[int], *
         return vis[:, None, :, None, :].expand(bsz, 1, t_max, gqa_group, keys).reshape(bsz, 1, t_max * gqa_group, keys)
 
     split_base = lens[0] if split and all(x == lens[0] for x in lens) else None
-    attn_bias = tree_bias = None
-    if split_base is None:
+    varlen = split_base is None and _varlen_ok(varlen, slots) and min(lens) > 0
+    attn_bias = tree_bias = kv_used = None
+    if varlen:
+        kv_used = torch.tensor(lens, dtype=torch.int32, device=dev)
+    if split_base is None and not varlen:
         pos = torch.arange(limit, device=dev)
         rel = pos[None, :] - base[:, None]  # [B, L] position relative to the tree's start
         in_tree = (rel >= 0) & (rel < t_max)
@@ -294,7 +311,8 @@ def prepare_tree(forest, tokens, slots: Sequence[int], kv_lens: Sequence[int], *
         tokens=tok.to(dev), slots=torch.tensor(slots, **i64), parents=par_t.to(dev),
         cu_seqlens=cu_t.to(dev), depths=dep, positions=positions, cos=cos, sin=sin,
         node_slot=torch.tensor(slots, **i64)[nb], kv_pos=base[nb] + loc,
-        pad_index=nb * t_max + loc, split_base=split_base, attn_bias=attn_bias, tree_bias=tree_bias, base=base,
+        pad_index=nb * t_max + loc, split_base=split_base, attn_bias=attn_bias, tree_bias=tree_bias,
+        kv_used=kv_used, base=base,
         path_table=table.to(dev), parent_rows=rows.t().contiguous().to(dev),
         sglang_parents=par_pad.clamp(min=0).to(dev),
         layer_slots=(torch.tensor(slots, dtype=torch.int64)[None, :] + n_slots * lay[:, None]).reshape(-1).to(dev),

@@ -30,7 +30,8 @@ from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import InputError
 from bole_cli.kernels.reference import VerifyResult
 from bole_cli.runtime import gdn_ops
-from bole_cli.runtime.attention import split_attention_works, split_tree_attention
+from bole_cli.runtime.attention import (split_attention_works, split_tree_attention, varlen_attention_works,
+                                        varlen_cache_attention)
 from bole_cli.runtime.batch import DecodeBatch, Rope, TreeBatch, forest_arrays, prepare_decode, prepare_tree
 from bole_cli.runtime.moe import grouped_mm_works, moe_forward, swiglu
 from bole_cli.runtime.snapshot import SnapshotGDN
@@ -193,12 +194,14 @@ class HybridModel:
     device and dtype) or a loop over experts. split_attention: tree attention as a
     mask-free cache part plus a small tree part when the batch shares one committed
     length (runtime.attention; default: when the probe passes), else one dense mask.
+    varlen_attention: otherwise (lengths that differ, a bucketed KV read) the cache part
+    as flash varlen over each request's keys (default: when its probe passes, CUDA only).
     """
 
     def __init__(self, spec: ModelSpec, device="cpu", dtype: torch.dtype = torch.bfloat16, *,
                  seed: int = 0, gdn_backend: str = "auto", gdn_decode: str = "auto",
                  snapshot: Optional[SnapshotGDN] = None, grouped_mm: Optional[bool] = None,
-                 split_attention: Optional[bool] = None):
+                 split_attention: Optional[bool] = None, varlen_attention: Optional[bool] = None):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
@@ -219,6 +222,8 @@ class HybridModel:
         self.gqa_group = spec.attn_heads // spec.attn_kv_heads
         self.split_attention = (split_attention_works(self.device.type, dtype, spec.attn_head_dim)
                                 if split_attention is None else split_attention)
+        self.varlen_attention = (varlen_attention_works(self.device.type, dtype, spec.attn_head_dim)
+                                 if varlen_attention is None else varlen_attention)
         self.rope = Rope(int(spec.attn_head_dim * ROPE_FRACTION) // 2 * 2)
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._build()
@@ -316,7 +321,7 @@ class HybridModel:
         slots = list(range(len(tokens))) if slots is None else [int(x) for x in slots]
         return prepare_decode(tokens, slots, cache.kv_lens, rope=self.rope, dtype=self.dtype,
                               device=self.device, n_slots=cache.n_slots, max_len=cache.max_len,
-                              kv_bucket=kv_bucket)
+                              kv_bucket=kv_bucket, varlen=self.varlen_attention)
 
     def prepare_verify(self, cache: HybridCache, forest, tokens, slots: Optional[Sequence[int]] = None,
                        *, kv_bucket: int = 1) -> TreeBatch:
@@ -330,7 +335,8 @@ class HybridModel:
         return prepare_tree((parents, cu), tokens, slots, cache.kv_lens, rope=self.rope, dtype=self.dtype,
                             device=self.device, n_slots=cache.n_slots, max_len=cache.max_len,
                             gqa_group=self.gqa_group, n_gdn_layers=self.n_gdn, kv_bucket=kv_bucket,
-                            split=self.split_attention and kv_bucket == 1, bias_dtype=self.fdtype)
+                            split=self.split_attention and kv_bucket == 1, varlen=self.varlen_attention,
+                            bias_dtype=self.fdtype)
 
     # ---- public steps -------------------------------------------------------------------
     @torch.inference_mode()
@@ -466,9 +472,13 @@ class HybridModel:
             q, gate, k, v = self._attn_in(w, h, db.cos, db.sin)
             cache.k_cache[l][db.slots, :, db.positions] = k
             cache.v_cache[l][db.slots, :, db.positions] = v
-            keys, vals = self._kv(cache, l, db.slots, db.slot_start, db.kv_limit)
             qf = q.view(bsz, s.attn_kv_heads, self.gqa_group, s.attn_head_dim)
-            o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=db.attn_bias)
+            if db.kv_used is not None:
+                o = varlen_cache_attention(qf, cache.k_cache[l], cache.v_cache[l], db.slots, db.kv_used,
+                                           group=self.gqa_group)[0]
+            else:
+                keys, vals = self._kv(cache, l, db.slots, db.slot_start, db.kv_limit)
+                o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=db.attn_bias)
             return F.linear(o.reshape(bsz, -1) * torch.sigmoid(gate), w.o_proj)
 
         return self._run(db.tokens, gdn, attn, layers)
@@ -521,7 +531,11 @@ class HybridModel:
             cache.v_cache[l][tb.node_slot, :, tb.kv_pos] = v
             qf = tb.padded(q).view(bsz, t_max, s.attn_kv_heads, grp, s.attn_head_dim).transpose(1, 2)
             qf = qf.reshape(bsz, s.attn_kv_heads, t_max * grp, s.attn_head_dim)
-            if tb.split_base is None:
+            if tb.kv_used is not None:
+                part = varlen_cache_attention(qf, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.kv_used)
+                o = split_tree_attention(qf, None, None, tb.padded(k).transpose(1, 2),
+                                         tb.padded(v).transpose(1, 2), tb.tree_bias, cache_part=part)
+            elif tb.split_base is None:
                 keys, vals = self._kv(cache, l, tb.slots, tb.slot_start, tb.kv_limit)
                 o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=tb.attn_bias)
             else:
