@@ -109,6 +109,9 @@ def test_budget_resolution():
     want = entry.get("n_star") or entry["b_ver"]  # the decision's best tree, B_ver without one
     n, src = e2e_plan.resolve_budget("profile", spec, "NVIDIA H200", 16, 4096, 117)
     assert n == max(16, min(want, 16 * 117)) and "profile" in src and "Qwen3.5-9B" in src
+    # a batch outside the profile keeps its nearest bucket's tokens per request (as serve does)
+    n64, src = e2e_plan.resolve_budget("profile", spec, "NVIDIA H200", 64, 4096, 117)
+    assert n64 == min(want * 4, 64 * 117) and f"is {want * 4} over 64" in src
     n, src = e2e_plan.resolve_budget("profile", spec, "cpu", 4, 4096, 117)
     assert n == 128 and "no profile" in src
     assert e2e_plan.resolve_budget(300, spec, "cpu", 2, 4096, 117) == (234, "--budget 300; 234 kept (every drafted node)")

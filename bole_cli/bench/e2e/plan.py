@@ -56,6 +56,10 @@ def resolve_budget(policy: "str | int", spec: ModelSpec, device_name: str, batch
             else:
                 n = int(entry["b_ver"])
                 src = f"profile {path.parent.name}/{path.name}: B_ver {n} ({note}; no decision)"
+            if entry["batch"] != batch:  # another batch's bucket: keep its tokens per request, as serve does
+                scaled = n * batch // entry["batch"]
+                src += f"; {n} over {entry['batch']} requests is {scaled} over {batch}"
+                n = scaled
         if n < batch:
             src += f"; raised to {batch} (one node per request)"
             n = batch
