@@ -246,9 +246,11 @@ def test_graphed_runner_replays_match_eager_on_cuda():
     torch.testing.assert_close(runner.decode([1, 2]), model.decode(plain, [1, 2]), **tol)
 
 
-def test_interrupted_kernel_bench_writes_what_it_measured(kernel_result, tmp_path, monkeypatch):
+@pytest.mark.parametrize("cells", [3, 0], ids=["some-cells", "before-the-first"])
+def test_interrupted_kernel_bench_writes_what_it_measured(cells, kernel_result, tmp_path, monkeypatch):
     """Ctrl-C during `bole bench kernels`: the cells measured before it are written (marked
-    interrupted) and the command ends with 130, as every interrupted command does."""
+    interrupted; no picture of none) and the command ends with 130, as every interrupted
+    command does."""
     import torch
     from typer.testing import CliRunner
 
@@ -256,10 +258,11 @@ def test_interrupted_kernel_bench_writes_what_it_measured(kernel_result, tmp_pat
     from bole_cli.bench import kernel_bench
 
     partial = copy.deepcopy(kernel_result)
-    partial.cases, partial.commits, partial.interrupted = partial.cases[:3], [], True
+    partial.cases, partial.commits, partial.interrupted = partial.cases[:cells], [], True
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(kernel_bench, "run_kernel_bench", lambda *a, **k: partial)
     r = CliRunner().invoke(cli.app, ["bench", "kernels", "--no-sglang", "--out-dir", str(tmp_path), "--tag", "cut"])
     assert r.exit_code == 130, r.output
     data = json.loads((tmp_path / "cut.json").read_text())
-    assert data["interrupted"] is True and len(data["cases"]) == 3
+    assert data["interrupted"] is True and len(data["cases"]) == cells
+    assert (tmp_path / "cut.png").exists() == (cells > 0)

@@ -235,6 +235,31 @@ def test_varlen_attention_equals_the_dense_mask(lse_2d, dense, monkeypatch):
     torch.testing.assert_close(got, dense.decode(cache.clone(), [1, 2, 3], [0, 1, 2]), **TOL)
 
 
+def test_varlen_attention_with_gaps_empty_trees_and_empty_requests(dense, monkeypatch):
+    """Slots with gaps and a request owning no tree node read right through the strided
+    view; a request with no committed key keeps the dense mask (flash's lse would be +inf)."""
+    from bole_cli.runtime import attention
+
+    monkeypatch.setattr(attention, "flash_varlen", _reference_flash_varlen(True))
+    cache = warm_cache(dense, (5, 0, 3, 7))
+    forest = ([-1, 0, 1, -1, 0], [0, 3, 3, 5])  # the second request owns no node
+    toks = [4, 5, 6, 7, 8]
+    want = dense.verify(cache.clone(), forest, toks, [0, 2, 3])
+    want_dec = dense.decode(cache.clone(), [1, 2, 3], [0, 2, 3])
+    monkeypatch.setattr(dense, "varlen_attention", True)
+    tb = dense.prepare_verify(cache, forest, toks, [0, 2, 3], kv_bucket=16)
+    assert tb.kv_used.tolist() == [5, 3, 7]
+    torch.testing.assert_close(dense.forward_verify(cache.clone(), tb).logits, want.logits, **TOL)
+    db = dense.prepare_decode(cache, [1, 2, 3], [0, 2, 3], kv_bucket=16)
+    assert db.kv_used.tolist() == [6, 4, 8]
+    torch.testing.assert_close(dense.forward_decode(cache.clone(), db), want_dec, **TOL)
+    assert dense.prepare_verify(cache, forest, toks, [0, 1, 3], kv_bucket=16).kv_used is None
+    kc = cache.k_cache[0][:, :, :20]  # a view of the first keys: not the layer's whole cache
+    with pytest.raises(ValueError, match="contiguous"):
+        attention.varlen_cache_attention(torch.zeros(3, kc.shape[1], 2, kc.shape[3], dtype=F64), kc, kc,
+                                         torch.tensor([0, 2, 3]), torch.tensor([5, 3, 7], dtype=torch.int32))
+
+
 def test_snapshot_buffer_holds_every_node_state(dense):
     """The baseline really stores one full state per node ([L, B, T+1, HV, V, K])."""
     cache = warm_cache(dense, prefix=(4, 6))

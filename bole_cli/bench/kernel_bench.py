@@ -310,9 +310,8 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     result.cases.append(case)
                     del sets, outs, verify, commit
                     torch.cuda.empty_cache()
-    except KeyboardInterrupt:  # keep the cells measured so far; the command writes them
+    except KeyboardInterrupt:  # keep the cells measured so far (on the host); the command writes them
         result.interrupted = True
-        torch.cuda.synchronize()
         return result
     if commit_layers:
         result.commits.append(_bench_commit_all_layers(torch, kernels, spec, 16, sg, bw))

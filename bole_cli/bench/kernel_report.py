@@ -164,6 +164,8 @@ def plot(result, path: Path) -> None:
     from bole_cli.console import save_figure
 
     trees = sorted({c.tree for c in result.cases})
+    if not trees:  # interrupted before its first cell: no picture
+        return
     fig, axes = plt.subplots(1, len(trees), figsize=(6 * len(trees), 4.2), squeeze=False)
     for ax, tree in zip(axes[0], trees):
         for batch in sorted({c.batch for c in result.cases}):

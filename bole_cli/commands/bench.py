@@ -65,10 +65,15 @@ def kernels_cmd(
         result = run_kernel_bench(spec, batches, node_list, tree_kinds, act_dtype=dtype, state_dtype=state_dtype,
                                   with_sglang=not no_sglang,
                                   progress=lambda msg: status.update(f"benchmarking: {msg}"))
-    data = kernel_report.kernel_document(result, dtype=dtype, state_dtype=state_dtype,
-                                         command=" ".join(["bole"] + sys.argv[1:]), seconds=time.time() - started)
-    json_path = write_results(data, lambda path: kernel_report.plot(result, path), out_dir,
-                              result_stem(tag, "kernels", result.device, spec.name))
+    from bole_cli.interrupts import held
+
+    with held() as section:  # a Ctrl-C now waits until the results are written
+        data = kernel_report.kernel_document(result, dtype=dtype, state_dtype=state_dtype,
+                                             command=" ".join(["bole"] + sys.argv[1:]),
+                                             seconds=time.time() - started)
+        json_path = write_results(data, lambda path: kernel_report.plot(result, path), out_dir,
+                                  result_stem(tag, "kernels", result.device, spec.name))
+    result.interrupted |= section.interrupted
     if json_out:
         emit_json(data)
     else:
@@ -78,6 +83,9 @@ def kernels_cmd(
             out.print(line, markup=False)
         out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
     if result.interrupted:
+        if result.disagreements:
+            err.print(f"{len(result.disagreements)} measured cell(s) where SGLang's and Bole's results "
+                      f"disagree (first: {result.disagreements[0]})", markup=False)
         err.print(f"interrupted: the {len(result.cases)} cell(s) measured before it are in {json_path}",
                   markup=False)
         raise KeyboardInterrupt

@@ -62,6 +62,9 @@ def varlen_cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     [B, H_kv, R, D] in q's dtype and lse [B, H_kv, R] float32."""
     bsz, hkv, rows, d = q.shape
     n_slots, _, lmax, _ = k_cache.shape
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or n_slots * hkv * lmax >= 2 ** 31:
+        raise ValueError("varlen_cache_attention: the layer's cache must be contiguous [S, H_kv, L_max, D] "
+                         "with S * H_kv * L_max < 2**31 (int32 key offsets)")
     t, heads = rows // group, hkv * group
     qv = q.view(bsz, hkv, t, group, d).permute(0, 2, 1, 3, 4).reshape(bsz * t, heads, d)
     # slot s, head h, key j sits at row s * H_kv * L_max + j of a [rows, H_kv, D] view whose
@@ -131,16 +134,18 @@ def split_attention_works(device_type: str, dtype: torch.dtype, head_dim: int) -
 @functools.lru_cache(maxsize=None)
 def varlen_attention_works(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
     """Probe varlen_cache_attention (both query layouts, slots with gaps, lengths that
-    differ) against masked SDPA on random data. False off CUDA or on any failure."""
+    differ, long enough for flash to split the keys, a layer's slice of a cache) against
+    masked SDPA on random data. False off CUDA or on any failure."""
     if device_type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
         return False
     try:
         gen = torch.Generator(device=device_type).manual_seed(0)
-        n_slots, hkv, lmax, group, t = 4, 2, 48, 2, 3
-        kc = torch.randn(n_slots, hkv, lmax, head_dim, generator=gen, device=device_type, dtype=dtype)
-        vc = torch.randn(n_slots, hkv, lmax, head_dim, generator=gen, device=device_type, dtype=dtype)
+        n_slots, hkv, lmax, group, t = 4, 2, 1024, 2, 3
+        shape = (2, n_slots, hkv, lmax, head_dim)  # two layers: the runtime passes cache[l]
+        kc = torch.randn(shape, generator=gen, device=device_type, dtype=dtype)[1]
+        vc = torch.randn(shape, generator=gen, device=device_type, dtype=dtype)[1]
         slots = torch.tensor([0, 2, 3], device=device_type)
-        used = torch.tensor([40, 7, 1], dtype=torch.int32, device=device_type)
+        used = torch.tensor([1000, 7, 1], dtype=torch.int32, device=device_type)
         keys = torch.arange(lmax, device=device_type)
         vis = (keys[None, :] < used[:, None].long())[:, None, None, :]  # [B, 1, 1, L]
         for rows, grp in ((t * group, 1), (group, group)):
