@@ -546,10 +546,10 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
         "snapshot_engine": {"engine": bench.snapshot.engine, "description": bench.snapshot_desc},
         "gdn_ops": bench.model.ops.describe(),
         "ar_gdn_decode": bench.model.gdn_decode,
-        "kv_read": ("one graph bucket for all steps and decoders (context + the run's growth); attention "
-                    "reads each request's committed keys (flash varlen)" if bench.model.varlen_attention else
-                    "every step reads the cache's full capacity (context + the run's growth), masked: one "
-                    "graph bucket, the same for all decoders"),
+        "kv_read": ("each request's committed keys (flash varlen), one graph bucket for all steps"
+                    if bench.model.varlen_attention else
+                    "the cache's whole bucket (context + the run's growth) under a mask, one graph bucket "
+                    "for all steps; slower than a serving engine's read on a GPU (flash varlen unavailable)"),
         "steps": cfg.steps, "warmup": cfg.warmup, "seed": cfg.seed,
         "results": [r.to_dict() for r in results],
         "same_acceptance_snapshot_vs_bole": same,

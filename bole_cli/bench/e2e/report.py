@@ -132,6 +132,8 @@ def tables(data: dict, width: int = WIDE_COLUMNS) -> list:
 
 def notes(data: dict) -> list[str]:
     out = [f"snapshot tree verify: {data['snapshot_engine']['description']}"]
+    if data.get("kv_read"):
+        out.append(f"KV read: {data['kv_read']}")
     if data.get("replayssm"):
         out.append(f"ReplaySSM chain verify: {data['replayssm']}")
     exact = data.get("greedy_exact")
