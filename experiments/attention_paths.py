@@ -13,7 +13,7 @@ which SDPA runs on its memory-efficient kernel. This script times, per (batch, r
   varlen_gqa  the same with flash's own GQA (the group as heads, not rows);
 and checks that masked and varlen agree with exact.
 
-    python experiments/attention_paths.py --model 9b --out results/issue16/attention.json
+    python experiments/attention_paths.py --model 9b --out experiments/results/issue16/attention-9b.json
 """
 
 from __future__ import annotations
