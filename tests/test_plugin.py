@@ -609,60 +609,90 @@ def rel(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32", seed=0, pad=0,
-                    W=4, precision=None) -> dict:
-    """SGLang's GDN target verify + commit vs the plug-in's, same inputs; error metrics."""
+def equivalence_rig(*, device, bs, D, H, HV, K, V, layers, act, seed, pad, W, precision, chain=False,
+                    metadata=None) -> NS:
+    """What the tree and chain equivalence runs share: slots (graph pads -1, track slots
+    apart), SGLang's and Bole's copies of the states, SGLang's snapshot buffer, the plan and
+    arena, the pool and backend namespaces the hooks read, and the q/k/v split. metadata:
+    extra forward_metadata fields (a chain's empty retrive_* links)."""
     import torch
 
     from bole_cli.sglang.factors import FactorStore
 
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[act]
-    rng = random.Random(seed)
+    r = NS(torch=torch, dt={"float32": torch.float32, "bfloat16": torch.bfloat16}[act], rng=random.Random(seed))
     gen = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, scale=1.0, dtype=torch.float32):
         return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
 
-    n_real, n_rows = bs, bs + pad
-    T, conv_dim = n_rows * D, 2 * H * K + HV * V
-    S = n_rows + bs + 3  # main slots, track slots, spare
-    perm = torch.randperm(S, generator=gen).tolist()
-    slots = torch.tensor(perm[:n_real] + [-1] * pad, dtype=torch.int32, device=device)  # -1: graph pad
+    r.rnd = rnd
+    r.n_real, r.n_rows = bs, bs + pad
+    r.T, r.conv_dim = r.n_rows * D, 2 * H * K + HV * V
+    r.S = r.n_rows + bs + 3  # main slots, track slots, spare
+    perm = torch.randperm(r.S, generator=gen).tolist()
+    r.slots = torch.tensor(perm[:bs] + [-1] * pad, dtype=torch.int32, device=device)  # -1: graph pad
     # prefix-cache track slots are int64 in SGLang (schedule_batch.py: mamba_track_indices)
-    track_slots = torch.tensor(perm[n_real:2 * n_real], dtype=torch.int64, device=device)
-    cu = torch.tensor([min(b, n_real) * D for b in range(n_rows + 1)], dtype=torch.int32, device=device)
-    rows = torch.arange(n_rows, dtype=torch.int32, device=device)  # scratch row = batch position
-    trees = _random_trees(rng, n_rows, D)
-    nt = torch.tensor([_links(p)[0] for p in trees], device=device)  # int64 like eagle_utils
-    ns = torch.tensor([_links(p)[1] for p in trees], device=device)
-
-    temporal_s = rnd(layers, S, HV, V, K, scale=0.3)
-    conv_s = rnd(layers, S, conv_dim, W - 1, dtype=dt)
-    temporal_b, conv_b = temporal_s.clone(), conv_s.clone()
-    inter = torch.zeros(layers, n_rows + 1, D, HV, V, K, device=device)  # SGLang's snapshots
-    icw = torch.zeros(layers, n_rows + 1, D, conv_dim, W - 1, dtype=dt, device=device)
-
-    plan = BolePlan(layers=layers, key_heads=H, key_dim=K, value_heads=HV, value_dim=V,
-                    conv_dim=conv_dim, conv_window=W - 1, draft_tokens=D, rows=n_rows + 1,
-                    act_dtype=act, conv_dtype=act, ssm_dtype="float32",
-                    precision=verify_precision(precision or os.environ.get("BOLE_VERIFY_PRECISION")))
-    store = FactorStore(plan, device).bind(temporal_b)
-    placeholder = torch.zeros(1, device=device).expand(layers, n_rows + 1, D, HV, V, K)
+    r.track_slots = torch.tensor(perm[bs:2 * bs], dtype=torch.int64, device=device)
+    r.cu = torch.tensor([min(b, bs) * D for b in range(r.n_rows + 1)], dtype=torch.int32, device=device)
+    r.rows = torch.arange(r.n_rows, dtype=torch.int32, device=device)  # scratch row = batch position
+    r.temporal_s = rnd(layers, r.S, HV, V, K, scale=0.3)
+    r.conv_s = rnd(layers, r.S, r.conv_dim, W - 1, dtype=r.dt)
+    r.temporal_b, r.conv_b = r.temporal_s.clone(), r.conv_s.clone()
+    r.inter = torch.zeros(layers, r.n_rows + 1, D, HV, V, K, device=device)  # SGLang's snapshots
+    r.plan = BolePlan(layers=layers, key_heads=H, key_dim=K, value_heads=HV, value_dim=V,
+                      conv_dim=r.conv_dim, conv_window=W - 1, draft_tokens=D, rows=r.n_rows + 1,
+                      act_dtype=act, conv_dtype=act, ssm_dtype="float32", chain=chain,
+                      precision=verify_precision(precision or os.environ.get("BOLE_VERIFY_PRECISION")))
+    r.store = FactorStore(r.plan, device).bind(r.temporal_b)
+    r.placeholder = torch.zeros(1, device=device).expand(layers, r.n_rows + 1, D, HV, V, K)
     # Qwen3.5's layout: every 4th model layer is full attention and has no mamba state, so
     # the pool index of a GDN layer is its position among the GDN layers
     # (memory_pool.py:1463 mamba_map, 1667 mamba2_layer_index); start past layer 3.
-    gdn_ids = [i for i in range(2, 8 * layers + 2) if i % 4 != 3][:layers]
-    mamba_map = {layer_id: i for i, layer_id in enumerate(gdn_ids)}
-    pool = NS(mamba_pool=NS(bole_store=store, mamba_cache=NS(conv=[conv_b], temporal=temporal_b)),
-              mamba2_layer_index=mamba_map.__getitem__)
-    backend = NS(req_to_token_pool=pool, mis_metadata=None,
-                 forward_metadata=NS(mamba_cache_indices=slots, query_start_loc=cu),
-                 _translate_mamba_indices=lambda x: x)
-    fb = NS(forward_mode=NS(is_target_verify=lambda: True), spec_info=NS(draft_token_num=D))
+    r.gdn_ids = [i for i in range(2, 8 * layers + 2) if i % 4 != 3][:layers]
+    mamba_map = {layer_id: i for i, layer_id in enumerate(r.gdn_ids)}
+    r.pool = NS(mamba_pool=NS(bole_store=r.store, mamba_cache=NS(conv=[r.conv_b], temporal=r.temporal_b)),
+                mamba2_layer_index=mamba_map.__getitem__)
+    r.backend = NS(req_to_token_pool=r.pool, mis_metadata=None,
+                   forward_metadata=NS(mamba_cache_indices=r.slots, query_start_loc=r.cu, **(metadata or {})),
+                   _translate_mamba_indices=lambda x: x)
+    r.fb = NS(forward_mode=NS(is_target_verify=lambda: True), spec_info=NS(draft_token_num=D))
 
     def split(y):
         q, k, v = torch.split(y, [H * K, H * K, HV * V], dim=-1)  # strided views, as SGLang
-        return q.view(1, T, H, K), k.view(1, T, H, K), v.view(1, T, HV, V)
+        return q.view(1, r.T, H, K), k.view(1, r.T, H, K), v.view(1, r.T, HV, V)
+
+    r.split = split
+    return r
+
+
+def commit_checks(r, out: dict, steps: list[int]) -> set:
+    """After both commits: the touched slots' state error, every other slot untouched, the
+    conv windows equal; returns the touched slots."""
+    torch = r.torch
+    touched = set(r.slots[:r.n_real].tolist()) | {s for s, st in zip(r.track_slots.tolist(), steps) if st >= 0}
+    out["state_slots"] = max(rel(r.temporal_b[:, s], r.temporal_s[:, s]) for s in touched)
+    out["untouched_equal"] = all(torch.equal(r.temporal_b[:, s], r.temporal_s[:, s])
+                                 and torch.equal(r.conv_b[:, s], r.conv_s[:, s])
+                                 for s in range(r.S) if s not in touched)
+    out["conv_equal"] = torch.equal(r.conv_b, r.conv_s)
+    out["tracked"] = sum(st >= 0 for st in steps)
+    return touched
+
+
+def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32", seed=0, pad=0,
+                    W=4, precision=None) -> dict:
+    """SGLang's GDN target verify + commit vs the plug-in's, same inputs; error metrics."""
+    r = equivalence_rig(device=device, bs=bs, D=D, H=H, HV=HV, K=K, V=V, layers=layers, act=act, seed=seed,
+                        pad=pad, W=W, precision=precision)
+    torch, dt, rng, rnd, split = r.torch, r.dt, r.rng, r.rnd, r.split
+    n_real, n_rows, T, conv_dim = r.n_real, r.n_rows, r.T, r.conv_dim
+    slots, track_slots, cu, rows = r.slots, r.track_slots, r.cu, r.rows
+    temporal_s, conv_s, temporal_b, inter, store = r.temporal_s, r.conv_s, r.temporal_b, r.inter, r.store
+    pool, backend, fb, gdn_ids, placeholder = r.pool, r.backend, r.fb, r.gdn_ids, r.placeholder
+    trees = _random_trees(rng, n_rows, D)
+    nt = torch.tensor([_links(p)[0] for p in trees], device=device)  # int64 like eagle_utils
+    ns = torch.tensor([_links(p)[1] for p in trees], device=device)
+    icw = torch.zeros(layers, n_rows + 1, D, conv_dim, W - 1, dtype=dt, device=device)
 
     def gdn_verify_branch(self, layer, forward_batch, mixed_qkv, a, b, *, weight, A_log, dt_bias):
         """gdn_backend.py's TARGET_VERIFY branch on Bole's pool (per-layer conv window None)."""
@@ -734,14 +764,8 @@ def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32"
                     _update_ple_state_after_mtp_verify=lambda *a_: ple.append(a_))
         plugin._around_commit(_must_not_run, hybrid, acc_t, track_slots, steps_t, None, None)
         out["ple_called"] = len(ple) == 1 and ple[0][2] is track_slots and ple[0][4] is None
-        touched = set(slots[:n_real].tolist()) | {s for s, st in zip(track_slots.tolist(), steps) if st >= 0}
         out["state"] = rel(temporal_b, temporal_s)
-        out["state_slots"] = max(rel(temporal_b[:, s], temporal_s[:, s]) for s in touched)
-        out["untouched_equal"] = all(torch.equal(temporal_b[:, s], temporal_s[:, s])
-                                     and torch.equal(conv_b[:, s], conv_s[:, s])
-                                     for s in range(S) if s not in touched)
-        out["conv_equal"] = torch.equal(conv_b, conv_s)
-        out["tracked"] = sum(st >= 0 for st in steps)
+        commit_checks(r, out, steps)
         out["arena_bytes"] = store.nbytes
         out["snapshot_bytes"] = (inter.numel() * inter.element_size() + icw.numel() * icw.element_size())
     finally:

@@ -23,17 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import random
 from types import SimpleNamespace as NS
 
 import pytest
 
 from bole_cli.sglang import plugin
-from bole_cli.sglang.plan import BolePlan, decide, verify_precision
 
 from test_plugin import (_fake_configurator, _fake_configurator_module,  # noqa: F401
-                         _bole_pool_case, _must_not_run,
+                         _bole_pool_case, _must_not_run, commit_checks, equivalence_rig,
                          eligible_facts, fresh_plugin_state, rel)
 
 
@@ -162,30 +159,16 @@ def run_chain_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="fl
     """SGLang's chain verify + commit (snapshots; ReplaySSM fold) vs the plug-in's; errors.
     accept: each request's accepted node (default random); wrong_parent: a node whose
     parent in Bole's chain is made i - 2 instead of i - 1 (the test that must fail)."""
-    import torch
-
-    from bole_cli.sglang.factors import FactorStore
-
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[act]
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=1.0, dtype=torch.float32):
-        return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
-
-    n_real, n_rows = bs, bs + pad
-    T, conv_dim = n_rows * D, 2 * H * K + HV * V
-    S = n_rows + bs + 3
-    perm = torch.randperm(S, generator=gen).tolist()
-    slots = torch.tensor(perm[:n_real] + [-1] * pad, dtype=torch.int32, device=device)  # -1: graph pad
-    track_slots = torch.tensor(perm[n_real:2 * n_real], dtype=torch.int64, device=device)
-    cu = torch.tensor([min(b, n_real) * D for b in range(n_rows + 1)], dtype=torch.int32, device=device)
-    rows = torch.arange(n_rows, dtype=torch.int32, device=device)
-
-    temporal_s = rnd(layers, S, HV, V, K, scale=0.3)
-    conv_s = rnd(layers, S, conv_dim, W - 1, dtype=dt)
-    temporal_b, conv_b, temporal_r = temporal_s.clone(), conv_s.clone(), temporal_s.clone()
-    inter = torch.zeros(layers, n_rows + 1, D, HV, V, K, device=device)
+    r = equivalence_rig(device=device, bs=bs, D=D, H=H, HV=HV, K=K, V=V, layers=layers, act=act, seed=seed,
+                        pad=pad, W=W, precision=precision, chain=True,
+                        metadata=dict(retrieve_next_token=None, retrieve_next_sibling=None,
+                                      retrieve_parent_token=None))
+    torch, dt, rng, rnd, split = r.torch, r.dt, r.rng, r.rnd, r.split
+    n_real, n_rows, T, conv_dim = r.n_real, r.n_rows, r.T, r.conv_dim
+    slots, track_slots, cu, rows = r.slots, r.track_slots, r.cu, r.rows
+    temporal_s, conv_s, temporal_b, inter, store = r.temporal_s, r.conv_s, r.temporal_b, r.inter, r.store
+    pool, backend, fb, gdn_ids, placeholder = r.pool, r.backend, r.fb, r.gdn_ids, r.placeholder
+    temporal_r = temporal_s.clone()
     icw = (_dedup_conv_window(torch, layers, n_rows + 1, D, conv_dim, W - 1, dt, device) if dedup else
            torch.zeros(layers, n_rows + 1, D, conv_dim, W - 1, dtype=dt, device=device))
     rings = kern.replayssm_rings(temporal_r, D, H, dt)
@@ -199,28 +182,8 @@ def run_chain_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="fl
         replay = torch.arange(n_rows, dtype=torch.int32, device=device)
         ring = kern.replayssm_ring(temporal_c, n_rows + 1, H, dt, cache_len=ring_len_for(D))
 
-    plan = BolePlan(layers=layers, key_heads=H, key_dim=K, value_heads=HV, value_dim=V,
-                    conv_dim=conv_dim, conv_window=W - 1, draft_tokens=D, rows=n_rows + 1,
-                    act_dtype=act, conv_dtype=act, ssm_dtype="float32", chain=True,
-                    precision=verify_precision(precision or os.environ.get("BOLE_VERIFY_PRECISION")))
-    store = FactorStore(plan, device).bind(temporal_b)
     if wrong_parent is not None:  # the template the chain verify copies: node i's parent -> i - 2
         store.chain[wrong_parent] = wrong_parent - 2
-    placeholder = torch.zeros(1, device=device).expand(layers, n_rows + 1, D, HV, V, K)
-    gdn_ids = [i for i in range(2, 8 * layers + 2) if i % 4 != 3][:layers]
-    mamba_map = {layer_id: i for i, layer_id in enumerate(gdn_ids)}
-    pool = NS(mamba_pool=NS(bole_store=store, mamba_cache=NS(conv=[conv_b], temporal=temporal_b)),
-              mamba2_layer_index=mamba_map.__getitem__)
-    backend = NS(req_to_token_pool=pool, mis_metadata=None,
-                 forward_metadata=NS(mamba_cache_indices=slots, query_start_loc=cu,
-                                     retrieve_next_token=None, retrieve_next_sibling=None,
-                                     retrieve_parent_token=None),
-                 _translate_mamba_indices=lambda x: x)
-    fb = NS(forward_mode=NS(is_target_verify=lambda: True), spec_info=NS(draft_token_num=D))
-
-    def split(y):
-        q, k, v = torch.split(y, [H * K, H * K, HV * V], dim=-1)
-        return q.view(1, T, H, K), k.view(1, T, H, K), v.view(1, T, HV, V)
 
     def conv(x, states, weight, window, meta):
         """gdn_backend.py's verify conv for a chain: no retrive_* links (metadata has none)."""
@@ -300,16 +263,10 @@ def run_chain_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="fl
                     _update_ple_state_after_mtp_verify=lambda *a_: ple.append(a_))
         plugin._around_commit(_must_not_run, hybrid, acc_t, track_slots, steps_t, None, None)
         out["ple_called"] = len(ple) == 1 and ple[0][2] is track_slots
+        commit_checks(r, out, steps)
         main = slots[:n_real].tolist()
-        touched = set(main) | {s for s, st in zip(track_slots.tolist(), steps) if st >= 0}
-        out["state_slots"] = max(rel(temporal_b[:, s], temporal_s[:, s]) for s in touched)
         out["state_replayssm"] = max(rel(temporal_b[:, s], temporal_r[:, s]) for s in main)
         out["state_ring"] = max(rel(temporal_b[:, s], temporal_c[:, s]) for s in main) if use_ring else None
-        out["untouched_equal"] = all(torch.equal(temporal_b[:, s], temporal_s[:, s])
-                                     and torch.equal(conv_b[:, s], conv_s[:, s])
-                                     for s in range(S) if s not in touched)
-        out["conv_equal"] = torch.equal(conv_b, conv_s)
-        out["tracked"] = sum(st >= 0 for st in steps)
         out["accepted"] = acc
     finally:
         store.unbind()
