@@ -26,6 +26,9 @@ ROTATE = 4  # input sets timed together
 
 # ---- inputs -------------------------------------------------------------------------------
 
+RANDOM_TREE_DEPTH = 8  # the benches' random trees: at most this many levels below the root
+
+
 def tree_parents(kind: str, nodes: int, rng: random.Random) -> list[int]:
     """One request's local parents: a random tree of depth <= 8 (one root, like SGLang's
     drafts), or a pure chain."""
@@ -33,7 +36,7 @@ def tree_parents(kind: str, nodes: int, rng: random.Random) -> list[int]:
 
     if kind == "chain":
         return list(random_tree(rng, nodes, shape="chain").parents)
-    return list(random_tree(rng, nodes, max_depth=8, n_roots=1, shape="random").parents)
+    return list(random_tree(rng, nodes, max_depth=RANDOM_TREE_DEPTH, n_roots=1, shape="random").parents)
 
 
 class LayerInputs:
@@ -52,6 +55,8 @@ class LayerInputs:
         h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
         n = batch * nodes
         self.batch, self.nodes = batch, nodes
+        # strict ancestors of the deepest node at most (tree_verify's max_depth promise)
+        self.max_depth = nodes - 1 if tree == "chain" else min(RANDOM_TREE_DEPTH, nodes - 1)
         local = []
         for _ in range(batch):
             local.extend(tree_parents(tree, nodes, rng))

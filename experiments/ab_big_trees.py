@@ -1,12 +1,14 @@
-"""Issue 17 items 1-2 on the GPU, in one process: the blocked verify kernel for 65-256-node
-trees (bole_cli/kernels/tree_verify.py) against the one it replaced (commit 9b66697's,
-a copy passed as --baseline), per launch config, plus the shipped commit, on random
+"""Issue 17 items 1-2 on the GPU, in one process: the big-tree verify kernels for 65-256-node
+trees (bole_cli/kernels/tree_verify.py: the rank and chain kernels v12, config FAST 1, and
+the blocked v10, FAST 0) against a baseline, per launch config, plus the shipped commit, on random
 (depth <= 8) trees and chains at the Qwen3.5-9B GDN shape (bf16 activations, float32 state).
+The baseline is the shipped blocked kernel by its rule (FAST 0), or a copy of an older
+tree_verify.py passed as --baseline.
 
+    python experiments/ab_big_trees.py --configs FA,FB --batch 1,4,16,64 --nodes 128,192,256 --out OUT.json
     git show 9b66697:bole_cli/kernels/tree_verify.py > experiments/old_blocked.py  # v3, untracked
-    python experiments/ab_big_trees.py --baseline experiments/old_blocked.py \
-        --batch 1,4,16,64 --nodes 128,192,256 --out OUT.json
-    python experiments/ab_big_trees.py --baseline ... --no-check --configs A,E2 --cells random:16x128
+    python experiments/ab_big_trees.py --baseline experiments/old_blocked.py --configs A,E2 \
+        --no-check --cells random:16x128
 
 First every config is checked at real shapes against the float64 reference (random trees,
 chains of 256, wide trees, several roots, 1-node requests; float32 and bf16 activations);
@@ -21,11 +23,21 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import random
 import sys
 import time
 
 CONFIGS = {
+    # v12 (FAST 1): the rank kernels for shallow trees, the chain kernel for long chains
+    "FA": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 4},
+    "FB": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 8},
+    "FD": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 4},
+    "FH": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 8},
+    "FE": {"BC": 16, "BV": 32, "BK": 32, "num_warps": 4},
+    "FI": {"BC": 16, "BV": 64, "BK": 64, "num_warps": 4},
+    "FJ": {"BC": 32, "BV": 128, "BK": 32, "num_warps": 8},
+    # v10, the blocked kernel (FAST 0)
     "A": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4},
     "B": {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4},
     "C": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 8},
@@ -41,6 +53,8 @@ CONFIGS = {
     "E2": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2},
     "K2": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 2},
 }
+for _name, _cfg in CONFIGS.items():
+    _cfg.setdefault("FAST", int(_name.startswith("F")))
 
 
 class Capped:
@@ -71,7 +85,7 @@ def launch(tv, name, fn):
     """Run fn with config CONFIGS[name] (maxnreg applied by swapping the module's kernel)."""
     cfg = dict(CONFIGS[name])
     cap = cfg.pop("maxnreg", None)
-    shipped = tv._tree_verify_kernel
+    shipped = tv._tree_verify_kernel  # (the cap applies to the blocked kernel only)
     if cap:
         tv._tree_verify_kernel = Capped(shipped, {"maxnreg": cap})
     try:
@@ -127,7 +141,8 @@ def check_configs(torch, tv, names, seed=0, dims=(16, 32, 128, 128), sizes=(256,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", required=True, help="the replaced tree_verify.py (a copy)")
+    ap.add_argument("--baseline", help="an older tree_verify.py (a copy); default: the shipped "
+                                       "blocked kernel by its rule (FAST 0)")
     ap.add_argument("--batch", default="1,4,16,64")
     ap.add_argument("--nodes", default="128,192,256")
     ap.add_argument("--trees", default="random,chain")
@@ -137,6 +152,8 @@ def main(argv=None):
     ap.add_argument("--no-check", action="store_true", help="skip the float64 checks (each cell still "
                                                             "compares every config with the baseline)")
     ap.add_argument("--rep-ms", type=int, default=40)
+    ap.add_argument("--eager", type=int, default=0, help="instead of timing, launch each config N times "
+                                                          "without graphs (for ncu)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
 
@@ -150,7 +167,8 @@ def main(argv=None):
     from bole_cli.timing import ROTATE, LayerInputs, time_graph, warm_gpu
 
     tv = importlib.import_module("bole_cli.kernels.tree_verify")
-    old = load_module(args.baseline, "old_tree_verify")
+    old = load_module(args.baseline, "old_tree_verify") if args.baseline else tv
+    old_cfg = None if args.baseline else {"FAST": 0}
     names = [c for c in args.configs.split(",") if c]
     t0 = time.time()
     checks = {} if args.no_check else check_configs(torch, tv, names)
@@ -172,14 +190,23 @@ def main(argv=None):
                              torch.empty(n, hv, device="cuda")) for s in sets]
 
         def verify(mod, cfg):
+            depth = {} if args.baseline and mod is old else {"max_depth": sets[0].max_depth}
             return [lambda s=s, o=o: mod.tree_verify_gated(
                 s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots, s.parents, s.cu,
-                check_trees=False, max_nodes=nodes, out=o, config=cfg) for s, o in zip(sets, outs)]
+                check_trees=False, max_nodes=nodes, out=o, config=cfg, **depth) for s, o in zip(sets, outs)]
         row = {"tree": tree, "batch": batch, "nodes": nodes,
                "floor_us": _floor_bytes(sets[0], spec) / bw * 1e6}
-        fns = verify(old, None)
+        fns = verify(old, old_cfg)
         fns[0]()
         want = [x.float().clone() for x in outs[0]]
+        if args.eager:  # for a profiler (ncu): plain launches, no graphs, no timing
+            torch.cuda.synchronize()
+            for name in ["baseline"] + names:
+                cfg = old_cfg if name == "baseline" else CONFIGS[name]
+                for _ in range(args.eager):
+                    verify(old if name == "baseline" else tv, cfg)[0]()
+                torch.cuda.synchronize()
+            continue
         row["old_us"] = time_graph(torch, fns, rep_ms=args.rep_ms)
         for name in names:
             def run(cfg):
@@ -205,11 +232,12 @@ def main(argv=None):
               f"x{(best[0] + row['commit_us']) / max(row['floor_us'], 8.0):.2f}", flush=True)
         del sets, outs, fns
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "triton": triton.__version__, "command": "python " + " ".join(sys.argv),
-                       "configs": CONFIGS, "checks": checks, "bandwidth": bw, "rows": rows}, f, indent=1)
+        if args.out:  # after every cell, so a cut run keeps what it measured
+            with open(args.out + ".tmp", "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "triton": triton.__version__, "command": "python " + " ".join(sys.argv),
+                           "configs": CONFIGS, "checks": checks, "bandwidth": bw, "rows": rows}, f, indent=1)
+            os.replace(args.out + ".tmp", args.out)
     print(f"total {time.time() - t0:.0f} s")
 
 

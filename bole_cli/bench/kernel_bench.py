@@ -204,7 +204,7 @@ def bole_verify(s: LayerInputs, kernels, out, config=None) -> Callable[[], None]
     def run():
         kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias,
                                   s.pool, s.slots, s.parents, s.cu, check_trees=False,
-                                  max_nodes=s.nodes, out=out, config=config)
+                                  max_nodes=s.nodes, max_depth=s.max_depth, out=out, config=config)
     return run
 
 

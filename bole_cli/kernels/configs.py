@@ -20,8 +20,9 @@ DEFAULTS: dict[str, dict] = {
     # (one-tile kernel, trees <= 64 nodes); BC: node chunk (blocked kernel, larger trees);
     # warps and stages as Triton's; precision of the dots (None: by activation dtype);
     # GRAM16: 16-bit inputs' Gram products on 16-bit operands (exact; one-tile kernel).
+    # FAST: past one tile, chains and shallow trees take the fast kernel (0: all blocked).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
-                    "precision": None, "GRAM16": 1},
+                    "precision": None, "GRAM16": 1, "FAST": 1},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # tree_conv: BN16 BD64 w4 s2 won 22 of the 24 tree_conv buckets on the H200 by 1.1-1.3x
     # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1

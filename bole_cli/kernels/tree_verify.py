@@ -35,10 +35,14 @@ import triton.language as tl
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, poison_rows, request_span, softplus
+from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, poison_rows, request_span, softplus,
+                                      tree_kind)
 from bole_cli.kernels.reference import VerifyResult
+from bole_cli.kernels.tree_verify_chain import tree_chain_kernel
+from bole_cli.kernels.tree_verify_rank import tree_rank_factors_kernel, tree_rank_values_kernel
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
+from bole_cli.limits import FAST_TREE_DEPTH
 from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
     MAX_TREE_NODES,
@@ -95,6 +99,7 @@ def _tree_verify_kernel(
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     BC: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NW: tl.constexpr, TP: tl.constexpr,
+    DS: tl.constexpr, REMAINDER: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -104,6 +109,11 @@ def _tree_verify_kernel(
     start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
     # a slot outside the pool, or a tree larger than the promised TP: no chunk runs, NaN rows
     n_solved = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
+    n_poison = n_nodes - n_solved
+    if REMAINDER:  # after the rank and chain kernels: only deep branching trees are left
+        chain0, depth0, shallow0 = tree_kind(parents, start, n_solved, TP, DS)
+        n_solved = tl.where(chain0 | shallow0, 0, n_solved)
+        n_poison = 0
 
     offs_v = iv * BV + tl.arange(0, BV)
     vmask = offs_v < V
@@ -249,7 +259,7 @@ def _tree_verify_kernel(
             tl.store(log_p + rows_g * s_ln + hv, lpc, mask=rmask)
         tl.debug_barrier()  # later chunks of this program read u back
     # ... and its outputs are NaN instead (no rows when the request was solved)
-    poison_rows(o, u, log_p, start, n_nodes - n_solved, iv * BV, hv, s_on, s_oh, s_un, s_uh, s_ln, iv == 0,
+    poison_rows(o, u, log_p, start, n_poison, iv * BV, hv, s_on, s_oh, s_un, s_uh, s_ln, iv == 0,
                 V, BC, BV, BV)
 
 
@@ -268,6 +278,7 @@ def tree_verify(
     use_qk_l2norm: bool = True,
     check_trees: bool = True,
     max_nodes: Optional[int] = None,
+    max_depth: Optional[int] = None,
     config: Optional[dict] = None,
     out: Optional[VerifyResult] = None,
 ) -> VerifyResult:
@@ -280,7 +291,11 @@ def tree_verify(
 
     max_nodes: the largest tree in the batch (a promise, checked when check_trees). Trees of
     at most 64 nodes take the one-tile kernel; without the bound and without check_trees
-    (which reads the sizes on the host) the blocked kernel, exact for any size, is used.
+    (which reads the sizes on the host) the big-tree kernels, exact for any size, are used.
+    max_depth: the most strict ancestors of any node (a promise, checked when check_trees).
+    Past one tile, chains and trees shallower than FAST_TREE_DEPTH take the fast kernel
+    (tree_verify_fast.py); other trees need the blocked kernel after it, which a promise
+    below FAST_TREE_DEPTH (or the host check) saves; a broken promise gives NaN rows.
 
     state_indices outside [0, S): an InputError with check_trees; without it (CUDA graphs,
     no host read) that request's o, u and log_p are NaN and the pool is never read there.
@@ -289,7 +304,7 @@ def tree_verify(
     """
     return _verify(q, k, v, g, beta, None, None, state, state_indices, parents, cu_seqlens, False,
                    scale=scale, use_qk_l2norm=use_qk_l2norm, check_trees=check_trees,
-                   max_nodes=max_nodes, config=config, out=out)
+                   max_nodes=max_nodes, max_depth=max_depth, config=config, out=out)
 
 
 def tree_verify_gated(
@@ -313,8 +328,8 @@ def tree_verify_gated(
 
 
 def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_seqlens, gated, *,
-            scale=None, use_qk_l2norm=True, check_trees=True, max_nodes=None, config=None,
-            out=None) -> VerifyResult:
+            scale=None, use_qk_l2norm=True, check_trees=True, max_nodes=None, max_depth=None,
+            config=None, out=None) -> VerifyResult:
     gname, bname = ("a", "b") if gated else ("g", "beta")
     check_tensor("q", q, 3, ACTIVATION_DTYPES)
     dev = q.device
@@ -355,6 +370,9 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int)
                                   or not 1 <= max_nodes <= MAX_TREE_NODES):
         raise InputError(f"max_nodes: expected an int in 1..{MAX_TREE_NODES}, got {max_nodes!r}")
+    if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int)
+                                  or not 0 <= max_depth < MAX_TREE_NODES):
+        raise InputError(f"max_depth: expected an int in 0..{MAX_TREE_NODES - 1}, got {max_depth!r}")
     if out is not None:
         out = check_out(out, n, hv, vdim, dev)
     check_config("tree_verify", config)
@@ -363,6 +381,9 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         if max_nodes is not None and largest > max_nodes:
             raise InputError(f"max_nodes: {max_nodes} promised, but a request has {largest} nodes")
         max_nodes = largest
+        deepest, kinds = _forest_depths(parents, cu_seqlens)
+        if max_depth is not None and deepest > max_depth:
+            raise InputError(f"max_depth: {max_depth} promised, but a tree is {deepest} levels deep")
         check_pool_slots(state_indices, state.shape[0], check_trees)
 
     if out is None:
@@ -407,9 +428,66 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         tp = max(16, triton.next_power_of_2(max_nodes))
         tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part, **common)
     else:
-        # The whole tree's rows sit in registers for the ancestor walk: the promised size
-        # (a larger request gets NaN rows), else the limit.
+        # The whole tree's rows sit in registers (walks, rank tables): the promised size (a
+        # larger request gets NaN rows), else the limit.
         tp = max(64, triton.next_power_of_2(max_nodes or MAX_TREE_NODES))
         bc = min(cfg["BC"], 64)
-        _tree_verify_kernel[(bsz, hv, triton.cdiv(vdim, bv))](*args, BC=bc, NW=tp // 64, TP=tp, **common)
+        grid = (bsz, hv, triton.cdiv(vdim, bv))
+        blocked = dict(BC=bc, NW=tp // 64, TP=tp, DS=FAST_TREE_DEPTH, **common)
+        if not cfg["FAST"]:
+            _tree_verify_kernel[grid](*args, REMAINDER=False, **blocked)
+            return VerifyResult(o, u, log_p)
+        # Shallow trees take the rank kernels; long chains and deep branching trees need the
+        # chain and blocked kernels after them, unless the host check or a max_depth promise
+        # rules them out (a broken promise then gives NaN rows).
+        if check_trees:
+            long_chain, deep_branching = kinds
+        else:
+            long_chain = deep_branching = max_depth is None or max_depth >= FAST_TREE_DEPTH
+        rank = dict(GROUP=hv // h, K=kdim, KP=max(16, kp), BC=bc, BK=bk, TP=tp, DS=FAST_TREE_DEPTH,
+                    USE_L2NORM=use_qk_l2norm, GATED=gated, num_warps=cfg["num_warps"],
+                    num_stages=cfg["num_stages"])
+        ws = torch.empty(n, hv, 2, FAST_TREE_DEPTH, device=dev, dtype=torch.float32)
+        tree_rank_factors_kernel[(bsz, hv)](
+            q, k, g, beta, args[5], args[6], state_indices, parents, cu_seqlens, log_p, ws,
+            scale, state.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), log_p.stride(0), ws.stride(0), ws.stride(1),
+            **rank)
+        tree_rank_values_kernel[grid](
+            q, k, v, beta, state, state_indices, parents, cu_seqlens, o, u, log_p, ws,
+            scale, state.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            beta.stride(0), beta.stride(1), state.stride(0), state.stride(1), state.stride(2),
+            o.stride(0), o.stride(1), u.stride(0), u.stride(1), log_p.stride(0), ws.stride(0), ws.stride(1),
+            V=vdim, BV=bv, PRECISION=precision, POISON_OTHER=not (long_chain or deep_branching), **rank)
+        if long_chain:
+            chain = {key: common[key] for key in ("GROUP", "K", "V", "BV", "USE_L2NORM", "PRECISION", "GATED",
+                                                  "num_warps", "num_stages")}
+            tree_chain_kernel[grid](*args, KP=max(16, kp), BC=bc, TP=tp, DS=FAST_TREE_DEPTH, **chain)
+        if deep_branching:
+            _tree_verify_kernel[grid](*args, REMAINDER=True, **blocked)
     return VerifyResult(o, u, log_p)
+
+
+def _forest_depths(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[int, tuple[bool, bool]]:
+    """Host read (check_trees only): (the most strict ancestors of any node, (whether some
+    request is a chain as deep as FAST_TREE_DEPTH: the chain kernel, whether some is a deeper
+    branching tree: the blocked kernel)). Depths by pointer jumping, log2(depth) steps."""
+    par = parents.detach().to("cpu", torch.int64)
+    cu = cu_seqlens.detach().to("cpu", torch.int64)
+    if par.numel() == 0:
+        return 0, (False, False)
+    sizes = cu[1:] - cu[:-1]
+    first = torch.repeat_interleave(cu[:-1], sizes)
+    local = torch.arange(par.numel()) - first
+    ptr = torch.where(par >= 0, par + first, torch.full_like(par, -1))
+    dist = (ptr >= 0).to(torch.int64)  # levels from each node up to where ptr points
+    while bool((ptr >= 0).any()):
+        live = ptr >= 0
+        safe = ptr.clamp_min(0)
+        dist = dist + torch.where(live, dist[safe], 0)
+        ptr = torch.where(live, ptr[safe], ptr)
+    req = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
+    counts = torch.zeros(sizes.numel(), dtype=torch.int64)
+    not_chain = counts.index_add(0, req, (par != local - 1).to(torch.int64)) > 0
+    deep = counts.index_add(0, req, (dist >= FAST_TREE_DEPTH).to(torch.int64)) > 0
+    return int(dist.max()), (bool((~not_chain & deep).any()), bool((not_chain & deep).any()))

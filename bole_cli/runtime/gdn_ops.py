@@ -128,12 +128,14 @@ class GDNOps:
         return g.to(fdt), beta.to(fdt)
 
     def verify(self, q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
-               *, out: Optional[ref.VerifyResult] = None, max_nodes: Optional[int] = None) -> ref.VerifyResult:
+               *, out: Optional[ref.VerifyResult] = None, max_nodes: Optional[int] = None,
+               max_depth: Optional[int] = None) -> ref.VerifyResult:
         """Theorem 1 over the packed forest; `out` (o, u, log_p) receives the results.
-        max_nodes: the largest tree, if known (lets the kernel take its one-tile path)."""
+        max_nodes, max_depth: the largest tree and the most strict ancestors of a node, if
+        known (they pick the kernel: one tile, or the fast big-tree kernel alone)."""
         if "tree_verify" in self._k:
-            return self._k["tree_verify"](q, k, v, g, beta, state, state_indices, parents,
-                                          cu_seqlens, check_trees=False, max_nodes=max_nodes, out=out)
+            return self._k["tree_verify"](q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
+                                          check_trees=False, max_nodes=max_nodes, max_depth=max_depth, out=out)
         o, u, log_p = ref.tree_verify_ref(q, k, v, g, beta, state, state_indices, parents, cu_seqlens)
         fdt = factor_dtype(v.dtype)
         if out is None:

@@ -516,7 +516,7 @@ class HybridModel:
                 out.k[l].copy_(k)
                 res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), out.u[l], out.log_p[l])
                 o = self.ops.verify(q, k, v, g, beta, state, tb.slots, tb.parents, tb.cu_seqlens, out=res,
-                                    max_nodes=tb.max_nodes).o
+                                    max_nodes=tb.max_nodes, max_depth=tb.max_depth - 1).o
             elif path == "replayssm":
                 o = self.replayssm.verify_layer(out.rings, l, q, k, v, a, b, w.A_log, w.dt_bias, state, tb)
             else:
