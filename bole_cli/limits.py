@@ -13,10 +13,11 @@ MAX_TREE_NODES = 256
 #: registers. Larger trees take the blocked kernel.
 MAX_TILE_NODES = 64
 
-#: Past one tile, trees with fewer strict ancestors than this per node (and chains of any
-#: length) take the fast big-tree verify kernel: it keeps each node's ancestors by rank in a
-#: [T, FAST_TREE_DEPTH] table. Drafters' trees are far shallower (depth 8 and so).
-FAST_TREE_DEPTH = 16
+#: Past one tile, chains at least this many nodes deep take the chain verify kernel (state
+#: carried in registers: 1.6-1.7x faster than the blocked kernel at 256 nodes, H200); a
+#: max_depth promise below it means no such chain, so the chain kernel is not launched.
+#: Drafters' trees are far shallower (depth 8 or so).
+CHAIN_KERNEL_DEPTH = 16
 
 #: Requests in one batch that any command accepts (a batch of trees, a calibration or serve
 #: batch): far above any server's running requests, low enough that a typo fails at once.

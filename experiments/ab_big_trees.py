@@ -1,11 +1,12 @@
 """Issue 17 items 1-2 on the GPU, in one process: the big-tree verify kernels for 65-256-node
-trees (bole_cli/kernels/tree_verify.py: the rank and chain kernels v12, config FAST 1, and
-the blocked v10, FAST 0) against a baseline, per launch config, plus the shipped commit, on random
+trees (bole_cli/kernels/tree_verify.py: the blocked kernel v10 and, for long chains, the
+chain kernel) against a baseline, per launch config, plus the shipped commit, on random
 (depth <= 8) trees and chains at the Qwen3.5-9B GDN shape (bf16 activations, float32 state).
-The baseline is the shipped blocked kernel by its rule (FAST 0), or a copy of an older
-tree_verify.py passed as --baseline.
+The baseline is the shipped blocked kernel by its rule for every tree (CHAIN 0), or a copy
+of an older tree_verify.py passed as --baseline; config R is the shipped launch rules. (The
+v11 and v12 kernels of runs I17-c/d/e, with their configs, are in commit 1f7e8e9.)
 
-    python experiments/ab_big_trees.py --configs FA,FB --batch 1,4,16,64 --nodes 128,192,256 --out OUT.json
+    python experiments/ab_big_trees.py --configs R --batch 1,4,16,64 --nodes 128,192,256 --out OUT.json
     git show 9b66697:bole_cli/kernels/tree_verify.py > experiments/old_blocked.py  # v3, untracked
     python experiments/ab_big_trees.py --baseline experiments/old_blocked.py --configs A,E2 \
         --no-check --cells random:16x128
@@ -29,15 +30,9 @@ import sys
 import time
 
 CONFIGS = {
-    # v12 (FAST 1): the rank kernels for shallow trees, the chain kernel for long chains
-    "FA": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 4},
-    "FB": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 8},
-    "FD": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 4},
-    "FH": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 8},
-    "FE": {"BC": 16, "BV": 32, "BK": 32, "num_warps": 4},
-    "FI": {"BC": 16, "BV": 64, "BK": 64, "num_warps": 4},
-    "FJ": {"BC": 32, "BV": 128, "BK": 32, "num_warps": 8},
-    # v10, the blocked kernel (FAST 0)
+    # as shipped: the launch rules (long chains on the chain kernel, CHAIN 1)
+    "R": {},
+    # the blocked kernel (v10) alone, CHAIN 0
     "A": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4},
     "B": {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4},
     "C": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 8},
@@ -54,7 +49,7 @@ CONFIGS = {
     "K2": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 2},
 }
 for _name, _cfg in CONFIGS.items():
-    _cfg.setdefault("FAST", int(_name.startswith("F")))
+    _cfg.setdefault("CHAIN", int(_name == "R"))
 
 
 class Capped:
@@ -142,7 +137,7 @@ def check_configs(torch, tv, names, seed=0, dims=(16, 32, 128, 128), sizes=(256,
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", help="an older tree_verify.py (a copy); default: the shipped "
-                                       "blocked kernel by its rule (FAST 0)")
+                                       "blocked kernel by its rule for every tree (CHAIN 0)")
     ap.add_argument("--batch", default="1,4,16,64")
     ap.add_argument("--nodes", default="128,192,256")
     ap.add_argument("--trees", default="random,chain")
@@ -168,7 +163,7 @@ def main(argv=None):
 
     tv = importlib.import_module("bole_cli.kernels.tree_verify")
     old = load_module(args.baseline, "old_tree_verify") if args.baseline else tv
-    old_cfg = None if args.baseline else {"FAST": 0}
+    old_cfg = None if args.baseline else {"CHAIN": 0}
     names = [c for c in args.configs.split(",") if c]
     t0 = time.time()
     checks = {} if args.no_check else check_configs(torch, tv, names)

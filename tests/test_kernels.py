@@ -7,6 +7,7 @@ deep chains, wide trees and several roots in one batch.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -303,30 +304,155 @@ def test_errors_name_the_argument():
                     case["cu_seqlens"], torch.tensor([0, 3], dtype=torch.int32))
 
 
+class LaunchSpy:
+    """Records which of tree_verify's kernels a call launches, in order."""
+
+    def __init__(self, monkeypatch):
+        import importlib
+
+        tv = importlib.import_module("bole_cli.kernels.tree_verify")  # the module (the package exports the function)
+        self.launched = []
+        for attr, name in (("tree_verify_tile_kernel", "tile"), ("_tree_verify_kernel", "blocked"),
+                           ("tree_chain_kernel", "chain")):
+            monkeypatch.setattr(tv, attr, self._spy(name, getattr(tv, attr)))
+
+    def _spy(self, name, kernel):
+        spy = self
+
+        class Spy:
+            def __getitem__(self, grid):
+                spy.launched.append(name)
+                return kernel[grid]
+        return Spy()
+
+    def take(self):
+        out, self.launched = self.launched, []
+        return out
+
+
 def test_dispatch_by_tree_size(monkeypatch):
     """A known tree size <= 64 launches the one-tile kernel, else the blocked one."""
-    import importlib
-
-    tv = importlib.import_module("bole_cli.kernels.tree_verify")  # the module (the package exports the function)
-    launched = []
-
-    class Spy:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            launched.append(self.name)
-            return self.kernel[grid]
-
-    monkeypatch.setattr(tv, "tree_verify_tile_kernel", Spy("tile", tv.tree_verify_tile_kernel))
-    monkeypatch.setattr(tv, "_tree_verify_kernel", Spy("blocked", tv._tree_verify_kernel))
-    small, _ = make_case(4, [64, 3], h=1, group=1, kdim=16, vdim=16, decay=(-1.0, -0.1))
-    big, _ = make_case(4, [65, 3], h=1, group=1, kdim=16, vdim=16, decay=(-1.0, -0.1))
+    spy = LaunchSpy(monkeypatch)
+    small, _ = make_case(4, [64, 3], h=1, group=1, kdim=16, vdim=16, decay=(-1.0, -0.1), shape="random")
+    big, _ = make_case(4, [65, 3], h=1, group=1, kdim=16, vdim=16, decay=(-1.0, -0.1), shape="wide")
     tree_verify(*args(small))
     tree_verify(*args(small), check_trees=False, max_nodes=64)
-    tree_verify(*args(small), check_trees=False)  # size unknown
+    tree_verify(*args(small), check_trees=False, max_depth=8)  # size unknown
     tree_verify(*args(big))
-    assert launched == ["tile", "tile", "blocked", "blocked"]
+    assert spy.take() == ["tile", "tile", "blocked", "blocked"]
+
+
+def forest_case(parent_lists, seed=3, group=2):
+    """make_case's inputs over the given local parent lists."""
+    case, _ = make_case(seed, [len(p) for p in parent_lists], h=1, group=group, kdim=16, vdim=16,
+                        decay=(-3.0, -0.01))
+    case["parents"] = torch.tensor([p for ps in parent_lists for p in ps], dtype=torch.int32)
+    return case
+
+
+CHAIN_100 = list(range(-1, 99))
+CHAIN_16 = list(range(-1, 15))  # 15 strict ancestors: below CHAIN_KERNEL_DEPTH
+BUSH_70 = [-1] + [(i - 1) // 3 for i in range(1, 70)]  # depth 3
+
+
+@pytest.mark.parametrize("trees,call,want", [
+    ([CHAIN_100, BUSH_70], {}, ["chain", "blocked"]),                                # host: both kinds
+    ([CHAIN_100, CHAIN_100[:40]], {}, ["chain"]),                                     # host: only long chains
+    ([CHAIN_16, BUSH_70], {}, ["blocked"]),                                           # a short chain is a tree
+    ([CHAIN_100, BUSH_70], {"check_trees": False}, ["chain", "blocked"]),             # nothing known: both
+    ([CHAIN_100, BUSH_70], {"check_trees": False, "max_depth": 99}, ["chain", "blocked"]),
+    ([BUSH_70, CHAIN_16], {"check_trees": False, "max_depth": 15}, ["blocked"]),      # promise: no long chain
+    ([CHAIN_100, BUSH_70], {"check_trees": False, "max_depth": 8}, ["blocked"]),      # broken: still exact
+    ([CHAIN_100, BUSH_70], {"config": {"CHAIN": 0}}, ["blocked"]),
+])
+def test_long_chains_take_the_chain_kernel(monkeypatch, trees, call, want):
+    """Past one tile, chains at least CHAIN_KERNEL_DEPTH deep take the chain kernel and the
+    rest the blocked kernel after it; the host check or a max_depth promise saves a launch
+    that has nothing to do. Every row exact whichever kernels ran (a broken promise too)."""
+    spy = LaunchSpy(monkeypatch)
+    case = forest_case(trees)
+    res = tree_verify(*args(case), out=poisoned_out(case), **call)
+    assert spy.take() == want
+    ref = tree_verify_ref(*args(case))
+    for got, exp in zip(res, ref):
+        assert rel_err(got, exp) <= LARGE_TREE_TOL
+
+
+def test_blocked_kernel_leaves_long_chains_to_the_chain_kernel(monkeypatch):
+    """With the chain kernel made a no-op, the long chain's rows stay as they were (NaN):
+    the blocked kernel after it skips exactly the long chains, and computes the rest."""
+    import importlib
+
+    tv = importlib.import_module("bole_cli.kernels.tree_verify")
+
+    class NoOp:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: None
+    monkeypatch.setattr(tv, "tree_chain_kernel", NoOp())
+    case = forest_case([BUSH_70, CHAIN_100, CHAIN_16])
+    res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False)
+    ref = tree_verify_ref(*args(case))
+    chain_rows = slice(70, 170)
+    keep = torch.ones(186, dtype=torch.bool)
+    keep[chain_rows] = False
+    for got, want in zip(res, ref):
+        assert torch.isnan(got[chain_rows]).all()
+        assert rel_err(got[keep], want[keep]) <= LARGE_TREE_TOL
+
+
+@pytest.mark.parametrize("config", [None, {"BC": 32, "BV": 16}, {"BC": 64, "BV": 32, "num_warps": 2}])
+@pytest.mark.parametrize("group", [1, 4])
+def test_chain_kernel_chunks_and_shapes(config, group):
+    """The chain kernel's chunk boundaries (a 129-node chain: the last chunk one node long),
+    K = 24 and V = 40 (masked slices and value tiles), GQA 1 and 4, decays near 0 and near
+    -30, gates fused, against the float64 reference; then commit in the middle of it."""
+    from bole_cli.kernels.reference import gdn_gates_ref
+
+    sizes = [129, 3, 70]
+    case, forest = make_case(5, sizes, h=2, group=group, kdim=24, vdim=40, decay=(-30.0, -1e-5), shape="chain")
+    n, hv = case["g"].shape
+    gen = torch.Generator().manual_seed(9)
+    a = torch.randn(n, hv, generator=gen) * 3
+    b = torch.randn(n, hv, generator=gen)
+    A_log = torch.linspace(-4.0, math.log(30.0), hv)  # from decays near 0 to about -30 a node
+    dt_bias = torch.randn(hv, generator=gen)
+    g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
+    ref = tree_verify_ref(*args(dict(case, g=g.float(), beta=beta.float())))
+    res = tree_verify_gated(case["q"], case["k"], case["v"], a, b, A_log, dt_bias, case["state"],
+                            case["state_indices"], case["parents"], case["cu_seqlens"], check_trees=False,
+                            config=config, out=poisoned_out(case))
+    for got, want in zip(res, ref):
+        assert rel_err(got, want) <= LARGE_TREE_TOL
+    accepted = torch.tensor([77, 2, 69], dtype=torch.int32)
+    pool = case["state"].clone()
+    tree_commit(pool, case["state_indices"], case["k"], res.u, res.log_p, case["parents"], case["cu_seqlens"],
+                accepted)
+    want = tree_commit_ref(case["state"], case["state_indices"], case["k"], ref.u, ref.log_p, case["parents"],
+                           case["cu_seqlens"], accepted)
+    assert rel_err(pool, want) <= LARGE_TREE_TOL
+
+
+@pytest.mark.parametrize("fault", ["slot", "promise"])
+def test_chain_kernel_faults_give_nan(fault):
+    """A long chain whose slot lies outside the pool, or larger than the kernels' TP (a broken
+    max_nodes promise; check_trees=False): NaN rows, written by the blocked kernel after the
+    chain kernel skipped the request; the pool untouched; the other requests exact."""
+    chain_200 = list(range(-1, 199))
+    case = forest_case([chain_200, CHAIN_100[:70], BUSH_70])
+    ref = tree_verify_ref(*args(case))
+    before = case["state"].clone()
+    if fault == "slot":
+        case["state_indices"][1] = 10**6
+        call, bad = {"max_nodes": 200}, slice(200, 270)
+    else:
+        call, bad = {"max_nodes": 100}, slice(0, 200)  # TP 128 < 200 nodes
+    res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False, **call)
+    assert torch.equal(case["state"], before)
+    keep = torch.ones(340, dtype=torch.bool)
+    keep[bad] = False
+    for got, want in zip(res, ref):
+        assert torch.isnan(got[bad]).all()
+        assert rel_err(got[keep], want[keep]) <= LARGE_TREE_TOL
 
 
 @pytest.mark.parametrize("kernel", ["tile", "blocked"])

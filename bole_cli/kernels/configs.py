@@ -20,9 +20,9 @@ DEFAULTS: dict[str, dict] = {
     # (one-tile kernel, trees <= 64 nodes); BC: node chunk (blocked kernel, larger trees);
     # warps and stages as Triton's; precision of the dots (None: by activation dtype);
     # GRAM16: 16-bit inputs' Gram products on 16-bit operands (exact; one-tile kernel).
-    # FAST: past one tile, chains and shallow trees take the fast kernel (0: all blocked).
+    # CHAIN: past one tile, long chains take the chain kernel (0: the blocked kernel for all).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
-                    "precision": None, "GRAM16": 1, "FAST": 1},
+                    "precision": None, "GRAM16": 1, "CHAIN": 1},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # tree_conv: BN16 BD64 w4 s2 won 22 of the 24 tree_conv buckets on the H200 by 1.1-1.3x
     # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1
@@ -67,6 +67,14 @@ def _verify_blocked_rule(shape: dict) -> dict:
     bc = 16 if avg_nodes < 32 else 32
     return {"BC": bc, "BV": 32 if lanes < 512 else 64, "BK": 64 if bc == 16 and lanes < 512 else 32,
             "num_warps": 2}
+
+
+def chain_launch_config(lanes: int) -> dict:
+    """tree_verify's chain kernel (chains past one tile), by request-heads `lanes`: from the
+    H200 A/B of issue 17 (experiments/results/i17-big/ab-v12.json, configs FE and FI; NOTES.md
+    "Big trees"): chunks of 16 nodes on 4 warps, value tiles of 32 for a single request (128
+    programs) and 64 beyond. Not tuned per GPU: the rule is the measured best at every cell."""
+    return {"BC": 16, "BV": 32 if lanes <= 32 else 64, "num_warps": 4, "num_stages": 1}
 
 
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:

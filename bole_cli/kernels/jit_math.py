@@ -48,49 +48,14 @@ def poison_rows(o, u, log_p, first, n_rows, v0, hv, s_on, s_oh, s_un, s_uh, s_ln
 
 
 @triton.jit
-def tree_kind(parents, start, n_solved, TP: tl.constexpr, DS: tl.constexpr):
-    """(chain, depth, shallow) of a request's tree of n_solved nodes, by global loads of its
-    parents (L1-resident): chain when parents[i] = i - 1 throughout; depth = the most strict
-    ancestors of a node, counted up to DS; shallow = depth < DS. Every big-tree kernel
-    classifies a request with this, so that exactly one of them writes its rows. A parent
-    that does not precede its node (a malformed tree) makes it a root, as in every kernel."""
+def is_long_chain(parents, start, n_solved, TP: tl.constexpr, DS: tl.constexpr):
+    """Whether a request's tree of n_solved nodes is a chain (parents[i] = i - 1 throughout)
+    at least DS nodes deep. The chain kernel takes exactly these requests and the blocked
+    kernel, after it, the others: both ask this, so exactly one of them writes each row."""
     alln = tl.arange(0, TP)
     amask = alln < n_solved
     par = tl.load(parents + start + alln, mask=amask, other=-1).to(tl.int32)
-    cur = tl.where(amask & (par >= 0) & (par < alln), par, -1)
-    chain = tl.sum(tl.where(amask & (cur != alln - 1), 1, 0), axis=0) == 0
-    depth = 0
-    while (tl.max(cur, axis=0) >= 0) & (depth < DS):
-        depth += 1
-        cur = parent_of(parents, start, cur)
-    return chain, depth, depth < DS
-
-
-@triton.jit
-def parent_of(parents, start, nodes):
-    """The parents of local nodes (-1 stays -1; a parent that does not precede is -1)."""
-    live = nodes >= 0
-    p = tl.load(parents + start + tl.maximum(nodes, 0), mask=live, other=-1).to(tl.int32)
-    return tl.where(live & (p >= 0) & (p < nodes), p, -1)
-
-
-@triton.jit
-def chunk_ancestors(parents, start, rows, rmask, depth, DS: tl.constexpr):
-    """[R, DS]: entry (i, s) = the ancestor of rows[i] s levels up (s = 0: itself), -1 where
-    there is none; `depth` dependent loads of the parents."""
-    cols = tl.arange(0, DS)
-    cur = tl.where(rmask, rows, -1)
-    anc = tl.where(cols[None, :] == 0, cur[:, None], -1)
-    for s in range(1, depth + 1):
-        cur = parent_of(parents, start, cur)
-        anc = tl.where(cols[None, :] == s, cur[:, None], anc)
-    return anc
-
-
-@triton.jit
-def column(t, s, DS: tl.constexpr):
-    """Column s of an [R, DS] table as an [R] vector."""
-    return tl.sum(tl.where(tl.arange(0, DS)[None, :] == s, t, 0), axis=1)
+    return (tl.sum(tl.where(amask & (par != alln - 1), 1, 0), axis=0) == 0) & (n_solved > DS)
 
 
 # Trees at most this deep invert (I + G) by the product form (I - G)(I + G^2)(I + G^4): at

@@ -1,7 +1,9 @@
 """Closed-form tree verify through one GDN layer (docs/design.md §2, Theorem 1).
 
 Trees of at most 64 nodes go to the one-tile kernel (tree_verify_tile.py); this module
-holds the public API and the blocked kernel for larger trees (up to 256 nodes).
+holds the public API and the blocked kernel for larger trees (up to 256 nodes). Past one
+tile, chains at least CHAIN_KERNEL_DEPTH deep take the chain kernel (tree_verify_chain.py)
+and the blocked kernel, launched after it in its REMAINDER mode, skips exactly those.
 
 Blocked kernel (v10, issue 17): one program per (request, value head, value tile). First
 the whole tree at once: each node's ancestor-or-self set as NW 64-bit words and logP, by
@@ -34,15 +36,14 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
-from bole_cli.kernels.configs import launch_config
+from bole_cli.kernels.configs import chain_launch_config, launch_config
 from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, poison_rows, request_span, softplus,
-                                      tree_kind)
+                                      is_long_chain)
 from bole_cli.kernels.reference import VerifyResult
 from bole_cli.kernels.tree_verify_chain import tree_chain_kernel
-from bole_cli.kernels.tree_verify_rank import tree_rank_factors_kernel, tree_rank_values_kernel
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
-from bole_cli.limits import FAST_TREE_DEPTH
+from bole_cli.limits import CHAIN_KERNEL_DEPTH
 from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
     MAX_TREE_NODES,
@@ -110,10 +111,8 @@ def _tree_verify_kernel(
     # a slot outside the pool, or a tree larger than the promised TP: no chunk runs, NaN rows
     n_solved = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     n_poison = n_nodes - n_solved
-    if REMAINDER:  # after the rank and chain kernels: only deep branching trees are left
-        chain0, depth0, shallow0 = tree_kind(parents, start, n_solved, TP, DS)
-        n_solved = tl.where(chain0 | shallow0, 0, n_solved)
-        n_poison = 0
+    if REMAINDER:  # after the chain kernel, which took the chains at least DS deep
+        n_solved = tl.where(is_long_chain(parents, start, n_solved, TP, DS), 0, n_solved)
 
     offs_v = iv * BV + tl.arange(0, BV)
     vmask = offs_v < V
@@ -293,9 +292,10 @@ def tree_verify(
     at most 64 nodes take the one-tile kernel; without the bound and without check_trees
     (which reads the sizes on the host) the big-tree kernels, exact for any size, are used.
     max_depth: the most strict ancestors of any node (a promise, checked when check_trees).
-    Past one tile, chains and trees shallower than FAST_TREE_DEPTH take the fast kernel
-    (tree_verify_fast.py); other trees need the blocked kernel after it, which a promise
-    below FAST_TREE_DEPTH (or the host check) saves; a broken promise gives NaN rows.
+    Past one tile, chains at least CHAIN_KERNEL_DEPTH deep take the chain kernel
+    (tree_verify_chain.py) and other trees the blocked one; a promise below that depth (or
+    the host check) saves the chain kernel's launch. A request neither kernel takes (a
+    broken promise) is computed by the blocked kernel, so a promise never costs exactness.
 
     state_indices outside [0, S): an InputError with check_trees; without it (CUDA graphs,
     no host read) that request's o, u and log_p are NaN and the pool is never read there.
@@ -428,50 +428,38 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         tp = max(16, triton.next_power_of_2(max_nodes))
         tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part, **common)
     else:
-        # The whole tree's rows sit in registers (walks, rank tables): the promised size (a
+        # The whole tree's rows sit in registers (the ancestor walk): the promised size (a
         # larger request gets NaN rows), else the limit.
         tp = max(64, triton.next_power_of_2(max_nodes or MAX_TREE_NODES))
         bc = min(cfg["BC"], 64)
         grid = (bsz, hv, triton.cdiv(vdim, bv))
-        blocked = dict(BC=bc, NW=tp // 64, TP=tp, DS=FAST_TREE_DEPTH, **common)
-        if not cfg["FAST"]:
-            _tree_verify_kernel[grid](*args, REMAINDER=False, **blocked)
-            return VerifyResult(o, u, log_p)
-        # Shallow trees take the rank kernels; long chains and deep branching trees need the
-        # chain and blocked kernels after them, unless the host check or a max_depth promise
-        # rules them out (a broken promise then gives NaN rows).
+        blocked = dict(BC=bc, NW=tp // 64, TP=tp, DS=CHAIN_KERNEL_DEPTH, **common)
+        # Chains at least CHAIN_KERNEL_DEPTH deep take the chain kernel, everything else this
+        # one after it; the host check or a max_depth promise can rule the chains out.
         if check_trees:
-            long_chain, deep_branching = kinds
+            long_chain, other = kinds
         else:
-            long_chain = deep_branching = max_depth is None or max_depth >= FAST_TREE_DEPTH
-        rank = dict(GROUP=hv // h, K=kdim, KP=max(16, kp), BC=bc, BK=bk, TP=tp, DS=FAST_TREE_DEPTH,
-                    USE_L2NORM=use_qk_l2norm, GATED=gated, num_warps=cfg["num_warps"],
-                    num_stages=cfg["num_stages"])
-        ws = torch.empty(n, hv, 2, FAST_TREE_DEPTH, device=dev, dtype=torch.float32)
-        tree_rank_factors_kernel[(bsz, hv)](
-            q, k, g, beta, args[5], args[6], state_indices, parents, cu_seqlens, log_p, ws,
-            scale, state.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), log_p.stride(0), ws.stride(0), ws.stride(1),
-            **rank)
-        tree_rank_values_kernel[grid](
-            q, k, v, beta, state, state_indices, parents, cu_seqlens, o, u, log_p, ws,
-            scale, state.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            beta.stride(0), beta.stride(1), state.stride(0), state.stride(1), state.stride(2),
-            o.stride(0), o.stride(1), u.stride(0), u.stride(1), log_p.stride(0), ws.stride(0), ws.stride(1),
-            V=vdim, BV=bv, PRECISION=precision, POISON_OTHER=not (long_chain or deep_branching), **rank)
-        if long_chain:
-            chain = {key: common[key] for key in ("GROUP", "K", "V", "BV", "USE_L2NORM", "PRECISION", "GATED",
-                                                  "num_warps", "num_stages")}
-            tree_chain_kernel[grid](*args, KP=max(16, kp), BC=bc, TP=tp, DS=FAST_TREE_DEPTH, **chain)
-        if deep_branching:
-            _tree_verify_kernel[grid](*args, REMAINDER=True, **blocked)
+            long_chain = other = max_depth is None or max_depth >= CHAIN_KERNEL_DEPTH
+        if cfg["CHAIN"] and long_chain:
+            # its own rule; an explicit config= applies to it too
+            ccfg = chain_launch_config(bsz * hv)
+            ccfg.update({key: config[key] for key in ccfg if config and key in config})
+            cbv = min(ccfg.pop("BV"), vp)
+            tree_chain_kernel[(bsz, hv, triton.cdiv(vdim, cbv))](
+                *args, KP=max(16, kp), TP=tp, DS=CHAIN_KERNEL_DEPTH, BV=cbv,  # KP: [BC, KP] tl.dot operands
+                GROUP=hv // h, K=kdim, V=vdim, USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated,
+                **dict(ccfg, BC=min(ccfg["BC"], 64)))
+            if other:
+                _tree_verify_kernel[grid](*args, REMAINDER=True, **blocked)
+        else:
+            _tree_verify_kernel[grid](*args, REMAINDER=False, **blocked)
     return VerifyResult(o, u, log_p)
 
 
 def _forest_depths(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[int, tuple[bool, bool]]:
     """Host read (check_trees only): (the most strict ancestors of any node, (whether some
-    request is a chain as deep as FAST_TREE_DEPTH: the chain kernel, whether some is a deeper
-    branching tree: the blocked kernel)). Depths by pointer jumping, log2(depth) steps."""
+    request is a chain at least CHAIN_KERNEL_DEPTH deep: the chain kernel, whether some other
+    request is not: the blocked kernel)). Depths by pointer jumping, log2(depth) steps."""
     par = parents.detach().to("cpu", torch.int64)
     cu = cu_seqlens.detach().to("cpu", torch.int64)
     if par.numel() == 0:
@@ -489,5 +477,6 @@ def _forest_depths(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[int
     req = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
     counts = torch.zeros(sizes.numel(), dtype=torch.int64)
     not_chain = counts.index_add(0, req, (par != local - 1).to(torch.int64)) > 0
-    deep = counts.index_add(0, req, (dist >= FAST_TREE_DEPTH).to(torch.int64)) > 0
-    return int(dist.max()), (bool((~not_chain & deep).any()), bool((not_chain & deep).any()))
+    deep = counts.index_add(0, req, (dist >= CHAIN_KERNEL_DEPTH).to(torch.int64)) > 0
+    long_chain = ~not_chain & deep & (sizes > 0)
+    return int(dist.max()), (bool(long_chain.any()), bool((~long_chain & (sizes > 0)).any()))

@@ -1,4 +1,4 @@
-"""Closed-form tree verify for long chains (more than FAST_TREE_DEPTH nodes; issue 17, v11):
+"""Closed-form tree verify for long chains (more than CHAIN_KERNEL_DEPTH nodes; issue 17, v12):
 chunks of BC nodes in order with the state carried in registers, as a chunked recurrence
 does (docs/design.md §2 on one path):
 
@@ -7,9 +7,9 @@ does (docs/design.md §2 on one path):
     S_(c+1) = P_last S_c + sum_j exp(logP_last - logP_j) k_j u_j^T   (registers only)
 
 so each chunk costs one chunk's work, where the blocked kernel pairs it with every earlier
-chunk. Shorter chains are shallow trees (tree_verify_rank.py); other requests are left to
-the rank and blocked kernels (tree_verify.py). One program per (request, value head,
-value tile). Measured: experiments/NOTES.md "Big trees".
+chunk. Every other request (shorter chains, branching trees, a slot outside the pool, a
+tree larger than TP) is left to the blocked kernel, launched after this one (tree_verify.py).
+One program per (request, value head, value tile). Measured: experiments/NOTES.md "Big trees".
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import inverse_by_blocks, request_span, softplus, tree_kind
+from bole_cli.kernels.jit_math import inverse_by_blocks, is_long_chain, request_span, softplus
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -36,8 +36,7 @@ def tree_chain_kernel(
     h = hv // GROUP
     start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
     valid = in_pool & (n_nodes <= TP)
-    chain, depth, shallow = tree_kind(parents, start, tl.where(valid, n_nodes, 0), TP, DS)
-    if valid & chain & (shallow == 0):
+    if is_long_chain(parents, start, tl.where(valid, n_nodes, 0), TP, DS):
         _chain_solve(q, k, v, g, beta, A_log, dt_bias, state, o, u, log_p, start, n_nodes, slot, h, hv, iv, scale,
                      s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh, s_sn, s_sh, s_sv,
                      s_on, s_oh, s_un, s_uh, s_ln, K, V, KP, BC, BV, USE_L2NORM, PRECISION, GATED)
