@@ -13,10 +13,10 @@ MAX_TREE_NODES = 256
 #: registers. Larger trees take the blocked kernel.
 MAX_TILE_NODES = 64
 
-#: Past one tile, chains at least this many nodes deep take the chain verify kernel (state
-#: carried in registers: 1.6-1.7x faster than the blocked kernel at 256 nodes, H200); a
-#: max_depth promise below it means no such chain, so the chain kernel is not launched.
-#: Drafters' trees are far shallower (depth 8 or so).
+#: Past one tile, chains with at least this many strict ancestors at the end (more nodes
+#: than this) take the chain verify kernel (state carried in registers: verify 1.7-1.9x
+#: faster than the blocked kernel at 256 nodes, H200); a max_depth promise below it means no
+#: such chain, so the chain kernel is not launched. Drafters' trees are far shallower.
 CHAIN_KERNEL_DEPTH = 16
 
 #: Requests in one batch that any command accepts (a batch of trees, a calibration or serve

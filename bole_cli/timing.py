@@ -26,7 +26,7 @@ ROTATE = 4  # input sets timed together
 
 # ---- inputs -------------------------------------------------------------------------------
 
-RANDOM_TREE_DEPTH = 8  # the benches' random trees: at most this many levels below the root
+RANDOM_TREE_DEPTH = 8  # the benches' random trees: at most this many levels, the root's counted
 
 
 def tree_parents(kind: str, nodes: int, rng: random.Random) -> list[int]:
@@ -56,7 +56,7 @@ class LayerInputs:
         n = batch * nodes
         self.batch, self.nodes = batch, nodes
         # strict ancestors of the deepest node at most (tree_verify's max_depth promise)
-        self.max_depth = nodes - 1 if tree == "chain" else min(RANDOM_TREE_DEPTH, nodes - 1)
+        self.max_depth = nodes - 1 if tree == "chain" else min(RANDOM_TREE_DEPTH - 1, nodes - 1)
         local = []
         for _ in range(batch):
             local.extend(tree_parents(tree, nodes, rng))

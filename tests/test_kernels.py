@@ -79,10 +79,13 @@ def args(case):
 
 
 def check_verify_and_commit(case, forest, tol, config=None, seed=0, kernel="auto"):
-    """kernel: "auto" (sizes read on the host), "tile" (max_nodes promised, no host read) or
-    "blocked" (neither: the kernel for any tree size)."""
+    """kernel: "auto" (sizes read on the host), "tile" (max_nodes promised, no host read),
+    "big" (neither: past one tile, long chains on the chain kernel, the rest on the blocked
+    kernel) or "blocked" (the blocked kernel for every tree, chains too: CHAIN 0)."""
     extra = {"auto": {}, "tile": {"check_trees": False, "max_nodes": max(forest.sizes)},
-             "blocked": {"check_trees": False}}[kernel]
+             "big": {"check_trees": False}, "blocked": {"check_trees": False}}[kernel]
+    if kernel == "blocked":
+        config = dict(config or {}, CHAIN=0)
     res = tree_verify(*args(case), out=poisoned_out(case), config=config, **extra)
     ref = tree_verify_ref(*[x.cpu() for x in args(case)])
     assert rel_err(res.o, ref.o) <= tol
@@ -112,7 +115,7 @@ def check_verify_and_commit(case, forest, tol, config=None, seed=0, kernel="auto
     group=st.sampled_from([1, 2, 4]),
     decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -25.0), (-30.0, -1e-4)]),
     bc=st.sampled_from([16, 32]),
-    kernel=st.sampled_from(["tile", "blocked"]),
+    kernel=st.sampled_from(["tile", "blocked", "big"]),
     vsplit=st.sampled_from([1, 2]),
 )
 def test_tree_verify_and_commit_match_reference(seed, sizes, group, decay, bc, kernel, vsplit):
@@ -134,11 +137,13 @@ LARGE_TREE_TOL = 5e-5
     group=st.sampled_from([1, 2, 4]),
     decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -1e-4)]),
     bc=st.sampled_from([16, 32, 64]),
-    kernel=st.sampled_from(["auto", "blocked"]),
+    kernel=st.sampled_from(["auto", "big", "blocked"]),
 )
 @example(seed=1, size=256, shape="random", group=2, decay=(-30.0, -1e-4), bc=32, kernel="auto")
 @example(seed=2, size=200, shape="wide", group=1, decay=(-2.0, -0.01), bc=64, kernel="blocked")
 @example(seed=3, size=129, shape="roots", group=2, decay=(-1e-4, -1e-6), bc=16, kernel="blocked")
+@example(seed=4, size=256, shape="chain", group=4, decay=(-30.0, -1e-4), bc=64, kernel="blocked")
+@example(seed=5, size=256, shape="chain", group=4, decay=(-1e-4, -1e-6), bc=32, kernel="big")
 def test_large_trees_match_reference(seed, size, shape, group, decay, bc, kernel):
     """65-256-node trees (the blocked kernel's range: DDTree / JetSpec budgets) beside a
     small request, against the float64 reference; small K and V keep the interpreter fast."""
@@ -165,13 +170,15 @@ def test_blocked_kernel_promise_sizes_its_walk(promise):
         assert rel_err(got[keep], want[keep]) <= LARGE_TREE_TOL
 
 
-@pytest.mark.parametrize("bc,kernel", [(16, "auto"), (64, "blocked")])
+@pytest.mark.parametrize("bc,kernel", [(16, "auto"), (64, "blocked"), (32, "big")])
 def test_256_node_chain(bc, kernel):
     """The deepest tree a request may hold, beside a 3-node tree (GQA 2): verify against the
-    float64 reference, then commit its leaf, a walk over all 256 path nodes."""
+    float64 reference (the chain kernel, or the blocked one with CHAIN 0), then commit its
+    leaf, a walk over all 256 path nodes."""
     case, forest = make_case(13, [256, 3], h=1, group=2, kdim=16, vdim=16, decay=(-30.0, -1e-4), shape="chain")
-    extra = {"auto": {}, "blocked": {"check_trees": False}}[kernel]
-    res = tree_verify(*args(case), out=poisoned_out(case), config={"BC": bc, "BV": 16}, **extra)
+    extra = {"auto": {}, "blocked": {"check_trees": False}, "big": {"check_trees": False}}[kernel]
+    cfg = {"BC": bc, "BV": 16, "CHAIN": int(kernel != "blocked")}
+    res = tree_verify(*args(case), out=poisoned_out(case), config=cfg, **extra)
     ref = tree_verify_ref(*args(case))
     for got, want in zip(res, ref):
         assert rel_err(got, want) <= LARGE_TREE_TOL
@@ -432,22 +439,37 @@ def test_chain_kernel_chunks_and_shapes(config, group):
     assert rel_err(pool, want) <= LARGE_TREE_TOL
 
 
+@pytest.mark.parametrize("dtype,state_dtype,tol", [(torch.bfloat16, torch.float32, 1e-2),
+                                                  (torch.float16, torch.bfloat16, 1e-2)])
+def test_chain_kernel_low_precision(dtype, state_dtype, tol):
+    """bf16 / fp16 activations and a bf16 state pool on the chain kernel (a 17-node chain,
+    the shortest it takes, and a 90-node one), against float64 on the same rounded inputs."""
+    case, forest = make_case(8, [17, 90, 6], h=2, group=2, kdim=16, vdim=16, decay=(-3.0, -0.01),
+                             dtype=dtype, state_dtype=state_dtype, shape="chain")
+    check_verify_and_commit(case, forest, tol, kernel="big")
+
+
+def test_broken_max_depth_promise_is_an_error_when_checking():
+    case = forest_case([CHAIN_100, BUSH_70])
+    with pytest.raises(InputError, match=r"^max_depth: 15 promised, but a node has 99 strict ancestors"):
+        tree_verify(*args(case), max_depth=15)
+    tree_verify(*args(case), max_depth=99)
+
+
 @pytest.mark.parametrize("fault", ["slot", "promise"])
 def test_chain_kernel_faults_give_nan(fault):
     """A long chain whose slot lies outside the pool, or larger than the kernels' TP (a broken
     max_nodes promise; check_trees=False): NaN rows, written by the blocked kernel after the
-    chain kernel skipped the request; the pool untouched; the other requests exact."""
+    chain kernel skipped the request; the other requests exact."""
     chain_200 = list(range(-1, 199))
     case = forest_case([chain_200, CHAIN_100[:70], BUSH_70])
     ref = tree_verify_ref(*args(case))
-    before = case["state"].clone()
     if fault == "slot":
         case["state_indices"][1] = 10**6
         call, bad = {"max_nodes": 200}, slice(200, 270)
     else:
         call, bad = {"max_nodes": 100}, slice(0, 200)  # TP 128 < 200 nodes
     res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False, **call)
-    assert torch.equal(case["state"], before)
     keep = torch.ones(340, dtype=torch.bool)
     keep[bad] = False
     for got, want in zip(res, ref):
@@ -471,7 +493,8 @@ def test_empty_request_in_batch(kernel):
 
 @pytest.mark.parametrize("kernel,size,bc", [("tile", 64, None), ("tile", 40, None), ("tile", 9, None),
                                             ("tile", 5, None), ("tile", 3, None), ("blocked", 100, 32),
-                                            ("blocked", 70, 16), ("blocked", 9, 16), ("blocked", 256, 64)])
+                                            ("blocked", 70, 16), ("blocked", 9, 16), ("blocked", 256, 64),
+                                            ("big", 17, 16), ("big", 100, 32), ("big", 256, 64)])
 def test_deep_chains_with_correlated_keys(kernel, size, bc):
     """Consecutive keys with cosine ~0.9 and beta 1: I + G stays well conditioned, but G's
     powers grow like path counts. float32 must still reach 1e-5 (the product form alone was
@@ -553,16 +576,16 @@ def test_gpu_real_shapes(dtype, tol, group, sizes):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("size", [64, 200], ids=["tile", "blocked"])
-def test_gpu_deep_chains_with_correlated_keys(dtype, tol, size):
+@pytest.mark.parametrize("size,kernel", [(64, "auto"), (200, "blocked"), (200, "auto")], ids=["tile", "blocked", "chain"])
+def test_gpu_deep_chains_with_correlated_keys(dtype, tol, size, kernel):
     """The CPU suite's hard case (test_deep_chains_with_correlated_keys) at real shapes, on
-    the GPU's dots: the block-merging solve."""
+    the GPU's dots: the block-merging solve (one tile, the blocked kernel, the chain kernel)."""
     case, forest = make_case(7, [size, size], h=16, group=2, kdim=128, vdim=128, decay=(-0.01, -1e-4),
                              dtype=dtype, device="cuda", shape="chain")
     k = case["k"].float()
     case["k"] = (0.8 * k[0] / k[0].norm(dim=-1, keepdim=True) * 11.3 + 0.2 * k).to(dtype)
     case["beta"][:] = 1.0
-    check_verify_and_commit(case, forest, tol)
+    check_verify_and_commit(case, forest, tol, kernel=kernel)
 
 
 def test_tree_verify_gated_equals_gates_then_verify():

@@ -2,8 +2,9 @@
 
 Trees of at most 64 nodes go to the one-tile kernel (tree_verify_tile.py); this module
 holds the public API and the blocked kernel for larger trees (up to 256 nodes). Past one
-tile, chains at least CHAIN_KERNEL_DEPTH deep take the chain kernel (tree_verify_chain.py)
-and the blocked kernel, launched after it in its REMAINDER mode, skips exactly those.
+tile, chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernel
+(tree_verify_chain.py) and the blocked kernel, launched after it in its REMAINDER mode,
+skips exactly those.
 
 Blocked kernel (v10, issue 17): one program per (request, value head, value tile). First
 the whole tree at once: each node's ancestor-or-self set as NW 64-bit words and logP, by
@@ -292,9 +293,9 @@ def tree_verify(
     at most 64 nodes take the one-tile kernel; without the bound and without check_trees
     (which reads the sizes on the host) the big-tree kernels, exact for any size, are used.
     max_depth: the most strict ancestors of any node (a promise, checked when check_trees).
-    Past one tile, chains at least CHAIN_KERNEL_DEPTH deep take the chain kernel
-    (tree_verify_chain.py) and other trees the blocked one; a promise below that depth (or
-    the host check) saves the chain kernel's launch. A request neither kernel takes (a
+    Past one tile, chains of more than CHAIN_KERNEL_DEPTH nodes (as many strict ancestors or
+    more) take the chain kernel (tree_verify_chain.py) and other trees the blocked one; a
+    promise below CHAIN_KERNEL_DEPTH (or the host check) saves the chain kernel's launch. A request neither kernel takes (a
     broken promise) is computed by the blocked kernel, so a promise never costs exactness.
 
     state_indices outside [0, S): an InputError with check_trees; without it (CUDA graphs,
@@ -383,7 +384,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         max_nodes = largest
         deepest, kinds = _forest_depths(parents, cu_seqlens)
         if max_depth is not None and deepest > max_depth:
-            raise InputError(f"max_depth: {max_depth} promised, but a tree is {deepest} levels deep")
+            raise InputError(f"max_depth: {max_depth} promised, but a node has {deepest} strict ancestors")
         check_pool_slots(state_indices, state.shape[0], check_trees)
 
     if out is None:
@@ -434,8 +435,8 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         bc = min(cfg["BC"], 64)
         grid = (bsz, hv, triton.cdiv(vdim, bv))
         blocked = dict(BC=bc, NW=tp // 64, TP=tp, DS=CHAIN_KERNEL_DEPTH, **common)
-        # Chains at least CHAIN_KERNEL_DEPTH deep take the chain kernel, everything else this
-        # one after it; the host check or a max_depth promise can rule the chains out.
+        # Chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernel, everything else
+        # this one after it; the host check or a max_depth promise can rule the chains out.
         if check_trees:
             long_chain, other = kinds
         else:
@@ -458,7 +459,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
 
 def _forest_depths(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[int, tuple[bool, bool]]:
     """Host read (check_trees only): (the most strict ancestors of any node, (whether some
-    request is a chain at least CHAIN_KERNEL_DEPTH deep: the chain kernel, whether some other
+    request is a chain of more than CHAIN_KERNEL_DEPTH nodes: the chain kernel, whether some other
     request is not: the blocked kernel)). Depths by pointer jumping, log2(depth) steps."""
     par = parents.detach().to("cpu", torch.int64)
     cu = cu_seqlens.detach().to("cpu", torch.int64)

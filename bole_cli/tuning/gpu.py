@@ -106,7 +106,8 @@ class GpuEvaluator:
             if bucket.kernel == "tree_verify":
                 out = self._outs[i]
 
-                path = verify_path_kwargs(cfg, int(bucket.nodes or 1))
+                # as the benches and the runtime launch it: sizes and depth promised
+                path = dict(verify_path_kwargs(cfg, int(bucket.nodes or 1)), max_depth=getattr(s, "max_depth", None))
 
                 def fn(s=s, out=out, path=path):
                     k.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
