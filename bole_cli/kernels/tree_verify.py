@@ -382,7 +382,9 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         if max_nodes is not None and largest > max_nodes:
             raise InputError(f"max_nodes: {max_nodes} promised, but a request has {largest} nodes")
         max_nodes = largest
-        deepest, kinds = _forest_depths(parents, cu_seqlens)
+        # depths only where they matter: a depth promise to check, or the big-tree launch
+        deepest, kinds = (_forest_depths(parents, cu_seqlens)
+                          if max_depth is not None or not is_tile_launch({"T": largest}) else (0, None))
         if max_depth is not None and deepest > max_depth:
             raise InputError(f"max_depth: {max_depth} promised, but a node has {deepest} strict ancestors")
         check_pool_slots(state_indices, state.shape[0], check_trees)
