@@ -1,6 +1,7 @@
 """A/B of kernel variants against the shipped kernel, on the GPU, in one process.
 
     python experiments/ab_kernels.py verify v8 v9 [--cases 1x16,16x64,16x64:chain] [--config BV=64,BK=32]
+    python experiments/ab_kernels.py blocked b-no-pairs b-state-only --cases 16x128,16x256
     python experiments/ab_kernels.py commit c8 cA --layers 24 --cases 16x64 [--out FILE.json]
     python experiments/ab_kernels.py --list | --check | --launch-floor | --source v9
     ncu -k regex:tree_ --set full -o OUT python experiments/ab_kernels.py verify --once --cases 16x64,1x16
@@ -28,6 +29,7 @@ from kernel_variants import SITES, VARIANTS, edited_source, load_variant
 
 VERIFY_CASES = "1x16,1x64,1x64:chain,4x32,4x64,16x16,16x32,16x64,16x64:chain,64x64,64x64:chain"
 COMMIT_CASES = "1x64,4x64,16x64,64x64"
+BLOCKED_CASES = "1x128,16x128,64x128,16x256"
 
 
 def parse_cases(text: str) -> list[tuple[int, int, str]]:
@@ -77,14 +79,15 @@ def case_runner(torch, kernels, kind, spec, batch, nodes, tree, layers):
 
     s = LayerInputs(torch, spec, batch, nodes, tree, 11, torch.bfloat16, torch.float32, sglang_buffers=False)
     n, hv, vd = batch * nodes, spec.gdn_value_heads, spec.gdn_value_dim
-    if kind == "verify":
+    if kind in ("verify", "blocked"):
         def run(config):
             out = VerifyResult(torch.empty_like(s.v), torch.empty(n, hv, vd, device="cuda"),
                                torch.empty(n, hv, device="cuda"))
 
             def fn():
                 kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots, s.parents,
-                                          s.cu, check_trees=False, max_nodes=nodes, out=out, config=config)
+                                          s.cu, check_trees=False, max_nodes=nodes, max_depth=s.max_depth, out=out,
+                                          config=config)
             return fn, lambda: out
         return run
     lead = (layers,) if layers > 1 else ()
@@ -123,7 +126,7 @@ def main(argv=None) -> None:
     ap.add_argument("kernel", nargs="?", choices=sorted(SITES))
     ap.add_argument("variants", nargs="*", help="names from --list")
     ap.add_argument("--cases", help=f"BxT[:chain], comma-separated (verify default {VERIFY_CASES}; "
-                                    f"commit default {COMMIT_CASES})")
+                                    f"blocked {BLOCKED_CASES}; commit {COMMIT_CASES})")
     ap.add_argument("--layers", type=int, default=1, help="commit: GDN layers in one launch")
     ap.add_argument("--config", default="", help="launch knobs for every kernel, e.g. BV=64,BK=32")
     ap.add_argument("--model", default="9b")
@@ -152,7 +155,7 @@ def main(argv=None) -> None:
         print("empty launch us by grid size:", launch_floor())
         return
     if args.kernel is None:
-        ap.error("name a kernel (verify or commit), or --list / --check / --launch-floor")
+        ap.error("name a kernel (verify, blocked or commit), or --list / --check / --launch-floor")
     site = SITES[args.kernel]
     wrong = [v for v in args.variants if v not in VARIANTS or VARIANTS[v].site != site]
     if wrong:
@@ -176,7 +179,8 @@ def main(argv=None) -> None:
     if not args.once:
         warm_gpu(torch)
     rows = []
-    for batch, nodes, tree in parse_cases(args.cases or (VERIFY_CASES if args.kernel == "verify" else COMMIT_CASES)):
+    for batch, nodes, tree in parse_cases(args.cases or {"verify": VERIFY_CASES, "blocked": BLOCKED_CASES,
+                                                                 "commit": COMMIT_CASES}[args.kernel]):
         run = case_runner(torch, kernels, args.kernel, spec, batch, nodes, tree, args.layers)
         row, ref = {"batch": batch, "nodes": nodes, "tree": tree, "layers": args.layers}, None
         for name, (kern, own) in contenders.items():
@@ -185,7 +189,7 @@ def main(argv=None) -> None:
                 fn()
                 out = result()
                 ref = out if ref is None else ref
-                row[f"{name}_diff"] = max(rel(a, b) for a, b in zip(out, ref)) if args.kernel == "verify" \
+                row[f"{name}_diff"] = max(rel(a, b) for a, b in zip(out, ref)) if args.kernel != "commit" \
                     else rel(out, ref)
                 if not args.once:
                     row[f"{name}_us"] = time_graph(torch, [fn], rep_ms=args.rep_ms)

@@ -35,7 +35,8 @@ class KernelSite:
 VERIFY_TILE = KernelSite("bole_cli.kernels.tree_verify_tile", "tree_verify_tile_kernel",
                          "bole_cli.kernels.tree_verify")
 COMMIT = KernelSite("bole_cli.kernels.tree_commit", "_tree_commit_kernel", "bole_cli.kernels.tree_commit")
-SITES = {"verify": VERIFY_TILE, "commit": COMMIT}
+VERIFY_BLOCKED = KernelSite("bole_cli.kernels.tree_verify", "_tree_verify_kernel", "bole_cli.kernels.tree_verify")
+SITES = {"verify": VERIFY_TILE, "commit": COMMIT, "blocked": VERIFY_BLOCKED}
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,12 @@ class Variant:
 # The state tile loaded before the walk (in flight during it) instead of after it.
 _STATE_FIRST = (
     ("        s_old = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32)\n", ""),
-    ("        path_sum = tl.zeros([BV, KP], dtype=tl.float32)\n",
+    ("        path_sum = accepted_path_sum(",
      "        s_old = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32)\n"
-     "        path_sum = tl.zeros([BV, KP], dtype=tl.float32)\n"),
+     "        path_sum = accepted_path_sum("),
 )
-# The request's parents loaded once into registers (TN of them), the walk a reduction a level.
+# The request's parents loaded once into registers (TN of them), the walk a reduction a level
+# (the walk lives in tree_commit.accepted_path_sum: it takes the registers as two more arguments).
 _PARENTS_IN_REGISTERS = (
     ("    DP: tl.constexpr, USE_L2NORM: tl.constexpr,\n):",
      "    DP: tl.constexpr, TN: tl.constexpr, USE_L2NORM: tl.constexpr,\n):"),
@@ -65,6 +67,9 @@ _PARENTS_IN_REGISTERS = (
      "        nodes = tl.arange(0, TN)\n"
      "        par = tl.load(parents + start + nodes, mask=nodes < (tl.load(cu + b + 1) - start),"
      " other=-1).to(tl.int32)\n"),
+    ("def accepted_path_sum(acc, k, u, lp_base, parents, start, cur,",
+     "def accepted_path_sum(acc, k, u, lp_base, parents, start, cur, nodes, par,"),
+    ("lp_base, parents, start, a, lp_a,", "lp_base, parents, start, a, nodes, par, lp_a,"),
     ("nxt = tl.load(parents + start + cur).to(tl.int32)", "nxt = tl.sum(tl.where(nodes == cur, par, 0), axis=0)"),
 )
 
@@ -111,6 +116,21 @@ _NO_VALUES = (("for vt in range(0, VT, BV):\n            offs_v = part",
               (_LOG_P_STORE, _LOG_P_STORE.replace(
                   "lp, mask", "lp + 0.0 * (tl.sum(ce, axis=1) + tl.sum(ainv, axis=1)), mask")))
 
+# --- verify, blocked kernel (shipped: v10; trees of 65-256 nodes) ------------------------
+
+# Ablations as above, of the blocked kernel (issue 17, run I17-h): which stage holds its time.
+_B_NO_PAIRS = (("        for c2 in range(0, c):\n", "        for c2 in range(0, 0):\n"),)
+_B_NO_STATE = (("        for kb in range(0, KP, BK):\n            offs = kb + tl.arange(0, BK)\n"
+                "            m2 = rmask[:, None] & (offs < K)[None, :]\n            kc = tl.load",
+                "        for kb in range(0, 0, BK):\n            offs = kb + tl.arange(0, BK)\n"
+                "            m2 = rmask[:, None] & (offs < K)[None, :]\n            kc = tl.load"),)
+_B_NO_DIAG = (("        kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)\n",
+               "        kk = tl.zeros([BC, BC], dtype=tl.float32)\n"),
+              ("        qk = _gram(q, k, rows_g, rmask, h, s_qn, s_qh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)\n",
+               "        qk = tl.zeros([BC, BC], dtype=tl.float32)\n"),
+              ("            while covered < depth:\n", "            while covered < 0:\n"))
+_B_NO_WALK = (("    while tl.max(cur, axis=0) >= 0:\n", "    while tl.max(cur, axis=0) >= 1 << 30:\n"),)
+
 VARIANTS: dict[str, Variant] = {
     "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",
                   _PARENTS_IN_REGISTERS, {"TN": 256}),
@@ -127,6 +147,13 @@ VARIANTS: dict[str, Variant] = {
     "no-solve": Variant(VERIFY_TILE, "ablation: no product-form solve", _NO_SOLVE),
     "no-gram": Variant(VERIFY_TILE, "ablation: no Gram terms", _NO_GRAM),
     "no-state": Variant(VERIFY_TILE, "ablation: no products with the state", _NO_STATE),
+    "b-no-pairs": Variant(VERIFY_BLOCKED, "ablation: no chunk pairs (earlier chunks' G U and C U)", _B_NO_PAIRS),
+    "b-no-state": Variant(VERIFY_BLOCKED, "ablation: no products with the state", _B_NO_STATE),
+    "b-no-diag": Variant(VERIFY_BLOCKED, "ablation: no diagonal Gram blocks and no product-form solve",
+                         _B_NO_DIAG),
+    "b-no-walk": Variant(VERIFY_BLOCKED, "ablation: no pointer jumping (ancestor words and logP)", _B_NO_WALK),
+    "b-state-only": Variant(VERIFY_BLOCKED, "ablation: only the state products and the stores (no tree work)",
+                            _B_NO_PAIRS + _B_NO_DIAG + _B_NO_WALK),
     "no-values": Variant(VERIFY_TILE, "ablation: no value loop (state products, solves' products, stores)",
                          _NO_VALUES),
 }

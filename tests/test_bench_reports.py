@@ -138,17 +138,22 @@ def test_result_stem_and_files(tmp_path):
 
 
 def test_decoder_registry():
-    # issue 15 added the two chain decoders after the original three (their names unchanged)
-    assert decoders.DECODERS == ("ar", "snapshot", "bole", "chain", "bole-chain")
+    # issue 15 added the two chain decoders after the original three, issue 17 the two
+    # deferred ones (the earlier names unchanged)
+    names = ("ar", "snapshot", "bole", "chain", "bole-chain", "bole-deferred", "bole-chain-deferred")
+    assert decoders.DECODERS == names
     assert decoders.LABELS == {"ar": "autoregressive", "snapshot": "snapshot tree", "bole": "Bole",
-                               "chain": "ReplaySSM chain", "bole-chain": "Bole chain"}
-    assert decoders.SHORT_LABELS == {"ar": "AR", "snapshot": "snapshot", "bole": "Bole",
-                                     "chain": "RSSM", "bole-chain": "Bole ch"}
-    assert [decoders.decoder_class(n).drafts for n in decoders.DECODERS] == [False, True, True, True, True]
-    assert [decoders.decoder_class(n).chain for n in decoders.DECODERS] == [False, False, False, True, True]
-    assert [decoders.decoder_class(n).path for n in ("snapshot", "bole", "chain", "bole-chain")] == [
-        "snapshot", "bole", "replayssm", "bole"]
-    with pytest.raises(InputError, match="expected one of ar, snapshot, bole, chain, bole-chain"):
+                               "chain": "ReplaySSM chain", "bole-chain": "Bole chain",
+                               "bole-deferred": "Bole deferred", "bole-chain-deferred": "Bole chain deferred"}
+    assert decoders.SHORT_LABELS == {"ar": "AR", "snapshot": "snapshot", "bole": "Bole", "chain": "RSSM",
+                                     "bole-chain": "Bole ch", "bole-deferred": "Bole def",
+                                     "bole-chain-deferred": "Bole chd"}
+    assert [decoders.decoder_class(n).drafts for n in names] == [False] + [True] * 6
+    assert [decoders.decoder_class(n).chain for n in names] == [False, False, False, True, True, False, True]
+    assert [decoders.decoder_class(n).path for n in names[1:]] == [
+        "snapshot", "bole", "replayssm", "bole", "bole", "bole"]
+    assert decoders.BOLE_DECODERS == ("bole", "bole-chain", "bole-deferred", "bole-chain-deferred")
+    with pytest.raises(InputError, match="expected one of ar, snapshot, bole, chain, bole-chain, bole-deferred"):
         decoders.decoder_class("chains")
 
 

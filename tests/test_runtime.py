@@ -293,10 +293,13 @@ def test_moe_dispatch_equals_per_token_loop(dtype):
 
 # ---- issue 8's check: three decoders, one greedy stream ----------------------------------
 
-def _greedy_run(model, path, steps, seed=0):
-    """Greedy speculative decoding of one request; path None = autoregressive."""
+def _greedy_run(model, path, steps, seed=0, defer_rows=0):
+    """Greedy speculative decoding of one request; path None = autoregressive; defer_rows:
+    that many pending rows (deferred commits)."""
     rng = random.Random(seed)
     cache = model.new_cache(1, 96)
+    if defer_rows:
+        model.defer_commits(cache, defer_rows)
     decode_path(model, cache, 0, [3, 1, 4, 1, 5])
     pending, stream = 9, []
     while len(stream) < steps:
@@ -334,6 +337,36 @@ def test_three_decoders_emit_the_same_greedy_stream(dense):
     ar = _greedy_run(dense, None, 14)
     assert _greedy_run(dense, "bole", 14) == ar
     assert _greedy_run(dense, "snapshot", 14) == ar
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_deferred_commits_emit_the_same_greedy_stream(rows, dense):
+    """Pending rows that overflow at once, every other step, or rarely: the same stream
+    (the oracle's decodes on a clone write its pending rows first)."""
+    assert _greedy_run(dense, "bole", 14, defer_rows=rows) == _greedy_run(dense, None, 14)
+
+
+def test_deferred_commits_through_the_kernels():
+    """Kernels (interpreted): three tree steps with deferred commits give the logits and,
+    once flushed, the states of plain commits; a decode in between writes the rows first."""
+    spec = tiny_spec(layers=4)
+    model = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="kernels", gdn_decode="tree")
+    plain = warm_cache(model, prefix=(3, 2), max_len=32)
+    deferred = model.defer_commits(plain.clone(), 4)
+    forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])
+    tol = dict(atol=2e-4, rtol=2e-4)
+    for step, accepted in enumerate(([2, 2], [3, 0], [-1, 2])):
+        toks = [5 + step, 6, 7, 8, 9, 10 + step, 11]
+        outs = [model.verify(c, forest, toks, [0, 1]) for c in (plain, deferred)]
+        torch.testing.assert_close(outs[1].logits, outs[0].logits, **tol)
+        for c, out in zip((plain, deferred), outs):
+            model.commit(c, out, accepted)
+        if step == 1:
+            torch.testing.assert_close(model.decode(deferred, [1, 2]), model.decode(plain, [1, 2]), **tol)
+            assert int(deferred.gdn_pending.count.abs().sum()) == 0
+    assert int(deferred.gdn_pending.count.abs().sum()) > 0
+    model.flush_pending(deferred, torch.tensor([0, 1]))
+    torch.testing.assert_close(deferred.gdn_state, plain.gdn_state, **tol)
 
 
 # ---- errors and the timer ----------------------------------------------------------------

@@ -115,7 +115,9 @@ def e2e_cmd(
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed steps first (graph capture) [3; --tiny: 1]."),
     decoders: Optional[str] = typer.Option(None, "--decoders",
                                            help="Some of ar, snapshot, bole, chain (SGLang's ReplaySSM chain), "
-                                                "bole-chain (default all; --tiny: ar,snapshot,bole)."),
+                                                "bole-chain, bole-deferred, bole-chain-deferred (Bole with "
+                                                "deferred state writes) [ar,snapshot,bole,chain,bole-chain; "
+                                                "--tiny: ar,snapshot,bole]."),
     chain_depths: Optional[str] = typer.Option(None, "--chain-depths",
                                                help="Depths the chain decoders sweep, best reported "
                                                     "[1..--depth; --tiny: 2]."),

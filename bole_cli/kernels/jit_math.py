@@ -80,3 +80,33 @@ def inverse_by_blocks(gram, idx, n, PRECISION: tl.constexpr):
         x -= tl.dot(x, tl.dot(e, x, input_precision=PRECISION), input_precision=PRECISION)
         blk = 2 * blk
     return x
+
+
+@triton.jit
+def pending_rows(pend_u, pend_lp, pend_n, slot, ok, hv, n_hv, offs_v, vmask, V: tl.constexpr,
+                 LP: tl.constexpr, LPP: tl.constexpr):
+    """A deferred commit's pending rows of (slot, head hv) for value columns offs_v
+    (docs/design.md §2, "Deferred commit"): (u rows weighted by exp(logP_end - logP_j)
+    [LPP, BV], exp(logP_end), the rows' index in the [S * LP] row space, which rows are in
+    use). No row is read unless `ok` (the slot is inside the pool); the count is clamped
+    to 0..LP whatever the buffer holds."""
+    j = tl.arange(0, LPP)
+    n = tl.load(pend_n + tl.where(ok, slot, 0) * n_hv + hv, mask=ok, other=0)
+    n = tl.minimum(tl.maximum(n, 0), LP)
+    used = j < n
+    row = tl.where(ok, slot, 0) * LP + j
+    lpj = tl.load(pend_lp + row * n_hv + hv, mask=used, other=0.0)
+    end = tl.sum(tl.where(j == n - 1, lpj, 0.0), axis=0)
+    w = tl.where(used, tl.exp(tl.minimum(end - lpj, 0.0)), 0.0)
+    uw = tl.load(pend_u + (row[:, None] * n_hv + hv) * V + offs_v[None, :],
+                 mask=used[:, None] & vmask[None, :], other=0.0) * w[:, None]
+    return uw, tl.exp(end), row, used
+
+
+@triton.jit
+def pending_slice(sb, uw, decay, pend_k, row, used, h, n_h, offs, K: tl.constexpr, PRECISION: tl.constexpr):
+    """A slice sb [BV, BK] (key columns offs) of the written state -> the same slice of the
+    true state: exp(logP_end) sb + sum_j w_j u_j k_j^T (`pending_rows` gives uw, decay)."""
+    kp = tl.load(pend_k + (row[:, None] * n_h + h) * K + offs[None, :],
+                 mask=used[:, None] & (offs < K)[None, :], other=0.0)
+    return decay * sb + tl.dot(tl.trans(uw), kp, input_precision=PRECISION)

@@ -23,23 +23,40 @@ import torch
 import triton
 import triton.language as tl
 
-from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.validate import (
-    ACTIVATION_DTYPES,
-    STATE_DTYPES,
-    check_accepted,
-    check_commit_slots,
-    check_config,
-    check_flag,
-    check_forest,
-    check_index_vector,
-    check_last_contiguous,
-    check_nonempty,
-    check_pool_slots,
-    check_shape,
-    check_tensor,
-)
+from bole_cli.kernels.validate import check_commit, check_config
+
+
+@triton.jit
+def accepted_path_sum(acc, k, u, lp_base, parents, start, cur, lp_a, h, hv, offs_k, kmask, offs_v, vmask,
+                      s_kn, s_kh, s_un, s_uh, s_ln, DP: tl.constexpr, USE_L2NORM: tl.constexpr):
+    """acc + sum_{j in A+(cur)} exp(logP_a - logP_j) u_j k_j^T over value columns offs_v
+    (nothing for cur = -1): the walk from node `cur` to its root, DP path nodes at a time."""
+    slots = tl.arange(0, DP)
+    while cur >= 0:
+        # DP path nodes: the walk reads only `parents` (tiny, cache-resident); the rows'
+        # k, u and log_p are then fetched together instead of one dependent load a node.
+        path = tl.full([DP], -1, tl.int32)
+        i = 0
+        while (i < DP) & (cur >= 0):
+            path = tl.where(slots == i, cur, path)
+            nxt = tl.load(parents + start + cur).to(tl.int32)
+            cur = tl.where(nxt < cur, nxt, -1)
+            i += 1
+        on = path >= 0
+        rows = start + tl.where(on, path, 0)
+        kj = tl.load(k + rows[:, None] * s_kn + h * s_kh + offs_k[None, :],
+                     mask=on[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        uj = tl.load(u + rows[:, None] * s_un + hv * s_uh + offs_v[None, :],
+                     mask=on[:, None] & vmask[None, :], other=0.0)
+        lpj = tl.load(lp_base + rows * s_ln, mask=on, other=0.0)
+        w = tl.where(on, tl.exp(tl.minimum(lp_a - lpj, 0.0)), 0.0)
+        if USE_L2NORM:
+            w = w / tl.sqrt(tl.sum(kj * kj, axis=1) + 1e-6)
+        # float32 FMA ("ieee"): the committed state stays float32-exact. tf32x3 (tensor
+        # cores) was measured slower: 736 vs 498 us for 24 layers (H200, experiments/NOTES.md)
+        acc += tl.dot(tl.trans(uj * w[:, None]), kj, input_precision="ieee")
+    return acc
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -77,32 +94,9 @@ def _tree_commit_kernel(
         tile_mask = vmask[:, None] & kmask[None, :]
         lp_base = log_p + layer * s_ll + hv
         lp_a = tl.load(lp_base + (start + a) * s_ln)
-        path_sum = tl.zeros([BV, KP], dtype=tl.float32)
-        slots = tl.arange(0, DP)
-        cur = a
-        while cur >= 0:
-            # DP path nodes: the walk reads only `parents` (tiny, cache-resident); the rows'
-            # k, u and log_p are then fetched together instead of one dependent load a node.
-            path = tl.full([DP], -1, tl.int32)
-            i = 0
-            while (i < DP) & (cur >= 0):
-                path = tl.where(slots == i, cur, path)
-                nxt = tl.load(parents + start + cur).to(tl.int32)
-                cur = tl.where(nxt < cur, nxt, -1)
-                i += 1
-            on = path >= 0
-            rows = start + tl.where(on, path, 0)
-            kj = tl.load(k + layer * s_kl + rows[:, None] * s_kn + h * s_kh + offs_k[None, :],
-                         mask=on[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            uj = tl.load(u + layer * s_ul + rows[:, None] * s_un + hv * s_uh + offs_v[None, :],
-                         mask=on[:, None] & vmask[None, :], other=0.0)
-            lpj = tl.load(lp_base + rows * s_ln, mask=on, other=0.0)
-            w = tl.where(on, tl.exp(tl.minimum(lp_a - lpj, 0.0)), 0.0)
-            if USE_L2NORM:
-                w = w / tl.sqrt(tl.sum(kj * kj, axis=1) + 1e-6)
-            # float32 FMA ("ieee"): the committed state stays float32-exact. tf32x3 (tensor
-            # cores) was measured slower: 736 vs 498 us for 24 layers (H200, experiments/NOTES.md)
-            path_sum += tl.dot(tl.trans(uj * w[:, None]), kj, input_precision="ieee")
+        path_sum = accepted_path_sum(tl.zeros([BV, KP], dtype=tl.float32), k + layer * s_kl, u + layer * s_ul,
+                                     lp_base, parents, start, a, lp_a, h, hv, offs_k, kmask, offs_v, vmask,
+                                     s_kn, s_kh, s_un, s_uh, s_ln, DP, USE_L2NORM)
         s_old = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32)
         tl.store(s_ptr, (s_old * tl.exp(lp_a) + path_sum).to(state.dtype.element_ty),
                  mask=store_mask[:, None] & kmask[None, :])
@@ -133,69 +127,34 @@ def tree_commit(
     skips a request whose slot lies outside the pool or whose accepted node lies outside its
     tree; shared commit slots are then undefined (docs/design.md §3).
     """
-    if not isinstance(state, torch.Tensor) or state.dim() not in (4, 5):
-        raise InputError(f"state: expected [S, HV, V, K] or [L, S, HV, V, K], got "
-                         f"{tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__}")
-    dev = state.device
-    layered = state.dim() == 5
-    nd = 1 if layered else 0
-    check_tensor("state", state, 4 + nd, STATE_DTYPES, dev)
-    check_nonempty("state", state, {nd + 1: "HV (value heads)", nd + 2: "V (value dim)", nd + 3: "K (key dim)"})
-    n_layers = state.shape[0] if layered else 1
-    n_slots = state.shape[nd]
-    hv, vdim, kdim = state.shape[-3:]
-    check_tensor("k", k, 3 + nd, ACTIVATION_DTYPES, dev)
-    check_tensor("u", u, 3 + nd, (torch.float32,), dev)
-    check_tensor("log_p", log_p, 2 + nd, (torch.float32,), dev)
-    n = k.shape[nd]
-    h = k.shape[nd + 1]
-    lead = (n_layers,) if layered else ()
-    check_shape("k", k, lead + (n, h, kdim))
-    check_shape("u", u, lead + (n, hv, vdim))
-    check_shape("log_p", log_p, lead + (n, hv))
-    check_nonempty("k", k, {nd + 1: "H (key heads)"})
-    if hv % h:
-        raise InputError(f"k: {h} key heads do not divide the state's {hv} value heads")
-    for name, t in (("state", state), ("k", k), ("u", u), ("log_p", log_p)):
-        check_last_contiguous(name, t)
-    check_tensor("cu_seqlens", cu_seqlens, 1, None, dev)
-    bsz = cu_seqlens.shape[0] - 1
-    if bsz < 0:
-        raise InputError("cu_seqlens: needs at least one entry")
-    cu_seqlens = check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
-    state_indices = check_index_vector("state_indices", state_indices, bsz, dev)
-    parents = check_index_vector("parents", parents, n, dev)
-    check_flag("use_qk_l2norm", use_qk_l2norm)
-    check_flag("check_trees", check_trees)
+    c = check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees)
     check_config("tree_commit", config)
-    if check_trees:
-        check_forest(parents, cu_seqlens, n)
-    accepted = check_accepted(accepted, cu_seqlens, dev, check_trees)
-    if check_trees:
-        check_pool_slots(state_indices, n_slots, check_trees, active=accepted >= 0)
-        check_commit_slots(state_indices, accepted)
-    if bsz == 0 or n == 0 or n_layers == 0 or n_slots == 0:
+    n_layers = state.shape[0] if c.lead else 1
+    if c.bsz == 0 or c.n == 0 or n_layers == 0 or c.n_slots == 0:
         return state
 
-    cfg = launch_config("tree_commit", {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "L": n_layers}, config)
-    bv = min(cfg["BV"], triton.next_power_of_2(vdim))
-    dp = cfg["DP"]
-    if layered:
-        lstr = (state.stride(0), k.stride(0), u.stride(0), log_p.stride(0))
-        st, kk, uu, ll = state[0], k[0], u[0], log_p[0]
-    else:
-        lstr = (0, 0, 0, 0)
-        st, kk, uu, ll = state, k, u, log_p
-    grid = (n_layers * bsz, hv, triton.cdiv(vdim, bv))
-    _tree_commit_kernel[grid](
-        state, state_indices, k, u, log_p, parents, cu_seqlens, accepted,
-        bsz, n_slots,
-        lstr[0], st.stride(0), st.stride(1), st.stride(2),
-        lstr[1], kk.stride(0), kk.stride(1),
-        lstr[2], uu.stride(0), uu.stride(1),
-        lstr[3], ll.stride(0),
-        GROUP=hv // h, K=kdim, V=vdim, KP=triton.next_power_of_2(kdim), BV=bv, DP=dp,
+    cfg = launch_config("tree_commit", {"K": c.kdim, "V": c.vdim, "HV": c.hv, "B": c.bsz, "L": n_layers}, config)
+    bv = min(cfg["BV"], triton.next_power_of_2(c.vdim))
+    lstr, st, kk, uu, ll = layer_views(state, k, u, log_p, bool(c.lead))
+    _tree_commit_kernel[(n_layers * c.bsz, c.hv, triton.cdiv(c.vdim, bv))](
+        state, c.state_indices, k, u, log_p, c.parents, c.cu_seqlens, c.accepted,
+        c.bsz, c.n_slots, *commit_strides(lstr, st, kk, uu, ll),
+        GROUP=c.hv // c.h, K=c.kdim, V=c.vdim, KP=triton.next_power_of_2(c.kdim), BV=bv, DP=cfg["DP"],
         USE_L2NORM=use_qk_l2norm,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return state
+
+
+def layer_views(state, k, u, log_p, layered: bool):
+    """(layer strides of state, k, u, log_p (0 without a layer dim), and one layer of each):
+    a commit kernel adds layer * stride and indexes the rest like one layer."""
+    if layered:
+        return (state.stride(0), k.stride(0), u.stride(0), log_p.stride(0)), state[0], k[0], u[0], log_p[0]
+    return (0, 0, 0, 0), state, k, u, log_p
+
+
+def commit_strides(lstr, st, kk, uu, ll) -> tuple:
+    """The commit kernels' stride arguments, in their order."""
+    return (lstr[0], st.stride(0), st.stride(1), st.stride(2), lstr[1], kk.stride(0), kk.stride(1),
+            lstr[2], uu.stride(0), uu.stride(1), lstr[3], ll.stride(0))

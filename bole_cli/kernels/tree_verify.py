@@ -38,9 +38,9 @@ import triton.language as tl
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import chain_launch_config, launch_config
-from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, poison_rows, request_span, softplus,
-                                      is_long_chain)
-from bole_cli.kernels.reference import VerifyResult
+from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, is_long_chain, pending_rows,
+                                      pending_slice, poison_rows, request_span, softplus)
+from bole_cli.kernels.reference import PendingPath, VerifyResult
 from bole_cli.kernels.tree_verify_chain import tree_chain_kernel
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
@@ -56,6 +56,7 @@ from bole_cli.kernels.validate import (
     check_last_contiguous,
     check_nonempty,
     check_out,
+    check_pending,
     check_pool_slots,
     check_scale,
     check_shape,
@@ -96,13 +97,15 @@ def _gram(a, b, rows_g, rmask, h, s_an, s_ah, s_bn, s_bh, K: tl.constexpr, KP: t
 @triton.jit(do_not_specialize=["n_slots"])
 def _tree_verify_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    scale, n_slots,
+    pend_k, pend_u, pend_lp, pend_n,
+    scale, n_slots, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     BC: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NW: tl.constexpr, TP: tl.constexpr,
     DS: tl.constexpr, REMAINDER: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
+    LP: tl.constexpr, LPP: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -117,6 +120,9 @@ def _tree_verify_kernel(
 
     offs_v = iv * BV + tl.arange(0, BV)
     vmask = offs_v < V
+    if LP > 0:  # a deferred commit: the slot's true state (jit_math.pending_slice)
+        uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, n_solved > 0, hv, n_hv, offs_v, vmask,
+                                              V, LP, LPP)
     lane = tl.arange(0, BC)
     words = tl.arange(0, NW)
     if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
@@ -175,6 +181,8 @@ def _tree_verify_kernel(
                 nq += tl.sum(qc * qc, axis=1)
             sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
                          mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+            if LP > 0:
+                sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_hv // GROUP, offs, K, PRECISION)
             xs += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
             ys += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
         if USE_L2NORM:
@@ -281,6 +289,7 @@ def tree_verify(
     max_depth: Optional[int] = None,
     config: Optional[dict] = None,
     out: Optional[VerifyResult] = None,
+    pending: Optional[PendingPath] = None,
 ) -> VerifyResult:
     """Verify a packed forest of draft trees through one GDN layer in closed form.
 
@@ -298,6 +307,9 @@ def tree_verify(
     promise below CHAIN_KERNEL_DEPTH (or the host check) saves the chain kernel's launch. A request neither kernel takes (a
     broken promise) is computed by the blocked kernel, so a promise never costs exactness.
 
+    pending: a deferred commit's rows for this layer (tree_commit_deferred.py): each slot's
+    true state, exp(logP_end) S + its pending rows' u k^T, is what the trees see.
+
     state_indices outside [0, S): an InputError with check_trees; without it (CUDA graphs,
     no host read) that request's o, u and log_p are NaN and the pool is never read there.
     1-D arguments may be strided views (they are copied contiguous); bad input raises one
@@ -305,7 +317,7 @@ def tree_verify(
     """
     return _verify(q, k, v, g, beta, None, None, state, state_indices, parents, cu_seqlens, False,
                    scale=scale, use_qk_l2norm=use_qk_l2norm, check_trees=check_trees,
-                   max_nodes=max_nodes, max_depth=max_depth, config=config, out=out)
+                   max_nodes=max_nodes, max_depth=max_depth, config=config, out=out, pending=pending)
 
 
 def tree_verify_gated(
@@ -330,7 +342,7 @@ def tree_verify_gated(
 
 def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_seqlens, gated, *,
             scale=None, use_qk_l2norm=True, check_trees=True, max_nodes=None, max_depth=None,
-            config=None, out=None) -> VerifyResult:
+            config=None, out=None, pending=None) -> VerifyResult:
     gname, bname = ("a", "b") if gated else ("g", "beta")
     check_tensor("q", q, 3, ACTIVATION_DTYPES)
     dev = q.device
@@ -377,6 +389,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     if out is not None:
         out = check_out(out, n, hv, vdim, dev)
     check_config("tree_verify", config)
+    rows = 0 if pending is None else check_pending(pending, (), state.shape[0], h, kdim, hv, vdim, dev)
     if check_trees:
         largest = check_forest(parents, cu_seqlens, n)
         if max_nodes is not None and largest > max_nodes:
@@ -413,7 +426,8 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     args = (
         q, k, v, g, beta, A_log if gated else g, dt_bias if gated else g,
         state, state_indices, parents, cu_seqlens, o, u, log_p,
-        scale, state.shape[0],
+        *(pending if pending is not None else (u, u, u, state_indices)),  # no rows: never read
+        scale, state.shape[0], hv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         state.stride(0), state.stride(1), state.stride(2),
@@ -423,9 +437,10 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     # (and 16-bit dots need a 16-wide inner dimension)
     gram16 = bool(cfg["GRAM16"]) and q.dtype == k.dtype and q.dtype in (torch.bfloat16, torch.float16) \
         and bk >= 16 and not interpreting()
+    lp = dict(LP=rows, LPP=max(16, triton.next_power_of_2(rows)))  # LPP: the pending dot's inner dim
     common = dict(GROUP=hv // h, K=kdim, V=vdim, KP=kp, BV=bv, BK=bk, USE_L2NORM=use_qk_l2norm,
                   PRECISION=precision, GATED=gated, GRAM16=gram16, num_warps=cfg["num_warps"],
-                  num_stages=cfg["num_stages"])
+                  num_stages=cfg["num_stages"], **lp)
     if tile:
         per_part, parts = value_split(vdim, bv, cfg["VSPLIT"])
         tp = max(16, triton.next_power_of_2(max_nodes))
@@ -451,7 +466,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
             tree_chain_kernel[(bsz, hv, triton.cdiv(vdim, cbv))](
                 *args, KP=max(16, kp), TP=tp, DS=CHAIN_KERNEL_DEPTH, BV=cbv,  # KP: [BC, KP] tl.dot operands
                 GROUP=hv // h, K=kdim, V=vdim, USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated,
-                **dict(ccfg, BC=min(ccfg["BC"], 64)))
+                **lp, **dict(ccfg, BC=min(ccfg["BC"], 64)))
             if other:
                 _tree_verify_kernel[grid](*args, REMAINDER=True, **blocked)
         else:

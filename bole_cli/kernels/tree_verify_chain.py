@@ -17,18 +17,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import inverse_by_blocks, is_long_chain, request_span, softplus
+from bole_cli.kernels.jit_math import (inverse_by_blocks, is_long_chain, pending_rows, pending_slice, request_span,
+                                      softplus)
 
 
 @triton.jit(do_not_specialize=["n_slots"])
 def tree_chain_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    scale, n_slots,
+    pend_k, pend_u, pend_lp, pend_n,
+    scale, n_slots, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     BC: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, DS: tl.constexpr,
-    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, LP: tl.constexpr, LPP: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -37,17 +39,20 @@ def tree_chain_kernel(
     start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
     valid = in_pool & (n_nodes <= TP)
     if is_long_chain(parents, start, tl.where(valid, n_nodes, 0), TP, DS):
-        _chain_solve(q, k, v, g, beta, A_log, dt_bias, state, o, u, log_p, start, n_nodes, slot, h, hv, iv, scale,
+        _chain_solve(q, k, v, g, beta, A_log, dt_bias, state, o, u, log_p, pend_k, pend_u, pend_lp, pend_n,
+                     start, n_nodes, slot, h, hv, iv, scale, n_hv,
                      s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh, s_sn, s_sh, s_sv,
-                     s_on, s_oh, s_un, s_uh, s_ln, K, V, KP, BC, BV, USE_L2NORM, PRECISION, GATED)
+                     s_on, s_oh, s_un, s_uh, s_ln, GROUP, K, V, KP, BC, BV, USE_L2NORM, PRECISION, GATED, LP, LPP)
 
 
 @triton.jit
-def _chain_solve(q, k, v, g, beta, A_log, dt_bias, state, o, u, log_p, start, n_nodes, slot, h, hv, iv, scale,
+def _chain_solve(q, k, v, g, beta, A_log, dt_bias, state, o, u, log_p, pend_k, pend_u, pend_lp, pend_n,
+                 start, n_nodes, slot, h, hv, iv, scale, n_hv,
                  s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh, s_sn, s_sh, s_sv,
                  s_on, s_oh, s_un, s_uh, s_ln,
-                 K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, BV: tl.constexpr,
-                 USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr):
+                 GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr,
+                 BV: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
+                 LP: tl.constexpr, LPP: tl.constexpr):
     """A chain by chunks with the state carried in registers (module doc)."""
     if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
         neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
@@ -60,6 +65,10 @@ def _chain_solve(q, k, v, g, beta, A_log, dt_bias, state, o, u, log_p, start, n_
     lower = lane[:, None] >= lane[None, :]
     sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :],
                  mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BV, KP]
+    if LP > 0:  # a deferred commit: the slot's true state (jit_math.pending_slice)
+        uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, n_nodes > 0, hv, n_hv, offs_v, vmask,
+                                              V, LP, LPP)
+        sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_hv // GROUP, offs_k, K, PRECISION)
     lp_run = tl.sum(tl.zeros([BC], dtype=tl.float32), axis=0)
     for c0 in range(0, n_nodes, BC):
         rows = c0 + lane

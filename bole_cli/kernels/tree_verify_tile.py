@@ -19,6 +19,8 @@ then per value tile (BV columns of the state), with X = K S^T and Y = Q S^T:
     R = D_beta (V - D_P X),   U = A R,   O = D_P Y + Ce R.
 
 The state is read once per program; nothing per node is materialised beyond u and log_p.
+With a deferred commit (LP > 0) each state slice is made the slot's true state as it is read:
+exp(logP_end) S + the pending rows' u k^T (jit_math.pending_slice; docs/design.md §2).
 Trees larger than the tile go to the blocked kernel (tree_verify.py); a request larger than
 the promised tile (max_nodes broken under check_trees=False), or whose slot lies outside the
 pool [0, n_slots), gets NaN outputs throughout and its slot is never read.
@@ -29,17 +31,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import PRODUCT_FORM_DEPTH, inverse_by_blocks, poison_rows, request_span, softplus
+from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, pending_rows, pending_slice, poison_rows,
+                                      request_span, softplus)
 
 
 @triton.jit(do_not_specialize=["n_slots"])
 def tree_verify_tile_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    scale, n_slots,
+    pend_k, pend_u, pend_lp, pend_n,
+    scale, n_slots, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
-    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, VT: tl.constexpr,
+    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, VT: tl.constexpr, LP: tl.constexpr, LPP: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -131,6 +135,9 @@ def tree_verify_tile_kernel(
         for vt in range(0, VT, BV):
             offs_v = part * VT + vt + tl.arange(0, BV)
             vmask = offs_v < V
+            if LP > 0:  # a deferred commit: the slot's true state is the written one + pending rows
+                uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, in_pool, hv, n_hv, offs_v,
+                                                      vmask, V, LP, LPP)
             xs = tl.zeros([TP, BV], dtype=tl.float32)  # rows k_i^T S
             ys = tl.zeros([TP, BV], dtype=tl.float32)  # rows q_i^T S
             for kb in range(0, KP, BK):
@@ -140,6 +147,8 @@ def tree_verify_tile_kernel(
                 qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
                 sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
                              mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+                if LP > 0:
+                    sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_hv // GROUP, offs, K, PRECISION)
                 xs += tl.dot(kc * inv_k[:, None], tl.trans(sb), input_precision=PRECISION)
                 ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)
             vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],

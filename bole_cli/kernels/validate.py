@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Mapping, Optional
+from typing import Mapping, NamedTuple, Optional
 
 import torch
 
 from bole_cli.errors import InputError
-from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_PENDING_ROWS, MAX_TREE_NODES
 
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 STATE_DTYPES = tuple(getattr(torch, name) for name in KERNEL_STATE_DTYPES)
@@ -158,6 +158,99 @@ def check_commit_slots(state_indices: torch.Tensor, accepted: torch.Tensor) -> N
         if slot in seen:
             raise InputError(f"state_indices: requests {seen[slot]} and {b} both commit into slot {slot}")
         seen[slot] = b
+
+
+def check_forest_vectors(state_indices, parents, cu_seqlens, n: int, device) -> tuple:
+    """cu_seqlens [B+1], state_indices [B], parents [N]: (B, state_indices, parents,
+    cu_seqlens), each contiguous (the kernels read them as raw memory)."""
+    check_tensor("cu_seqlens", cu_seqlens, 1, None, device)
+    bsz = cu_seqlens.shape[0] - 1
+    if bsz < 0:
+        raise InputError("cu_seqlens: needs at least one entry")
+    return (bsz, check_index_vector("state_indices", state_indices, bsz, device),
+            check_index_vector("parents", parents, n, device),
+            check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, device))
+
+
+class CommitArgs(NamedTuple):
+    """A commit's checked arguments (`check_commit`): the shape facts and the contiguous index vectors."""
+
+    lead: tuple  # () or (L,): the leading layer dim
+    n_slots: int
+    hv: int
+    vdim: int
+    kdim: int
+    n: int  # nodes
+    h: int  # key heads
+    bsz: int
+    state_indices: torch.Tensor
+    parents: torch.Tensor
+    cu_seqlens: torch.Tensor
+    accepted: torch.Tensor
+
+
+def check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees,
+                 *, every_slot_writes: bool = False) -> CommitArgs:
+    """tree_commit's and tree_commit_deferred's shared arguments: state [S, HV, V, K] (or
+    [L, S, HV, V, K] with the same leading dim on k, u, log_p), the factors, the forest and
+    accepted; with check_trees, the forest, the accepted nodes and the slots of the requests
+    that write (accepted >= 0, or all of them: every_slot_writes, a flush)."""
+    if not isinstance(state, torch.Tensor) or state.dim() not in (4, 5):
+        raise InputError(f"state: expected [S, HV, V, K] or [L, S, HV, V, K], got "
+                         f"{tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__}")
+    dev = state.device
+    nd = state.dim() - 4
+    check_tensor("state", state, 4 + nd, STATE_DTYPES, dev)
+    check_nonempty("state", state, {nd + 1: "HV (value heads)", nd + 2: "V (value dim)", nd + 3: "K (key dim)"})
+    lead = tuple(state.shape[:nd])
+    hv, vdim, kdim = state.shape[-3:]
+    check_tensor("k", k, 3 + nd, ACTIVATION_DTYPES, dev)
+    check_tensor("u", u, 3 + nd, (torch.float32,), dev)
+    check_tensor("log_p", log_p, 2 + nd, (torch.float32,), dev)
+    n, h = k.shape[nd], k.shape[nd + 1]
+    check_shape("k", k, lead + (n, h, kdim))
+    check_shape("u", u, lead + (n, hv, vdim))
+    check_shape("log_p", log_p, lead + (n, hv))
+    check_nonempty("k", k, {nd + 1: "H (key heads)"})
+    if hv % h:
+        raise InputError(f"k: {h} key heads do not divide the state's {hv} value heads")
+    for name, t in (("state", state), ("k", k), ("u", u), ("log_p", log_p)):
+        check_last_contiguous(name, t)
+    bsz, state_indices, parents, cu_seqlens = check_forest_vectors(state_indices, parents, cu_seqlens, n, dev)
+    check_flag("use_qk_l2norm", use_qk_l2norm)
+    check_flag("check_trees", check_trees)
+    if check_trees:
+        check_forest(parents, cu_seqlens, n)
+    accepted = check_accepted(accepted, cu_seqlens, dev, check_trees)
+    if check_trees:
+        writes = (accepted >= 0) | every_slot_writes
+        check_pool_slots(state_indices, state.shape[nd], check_trees, active=writes)
+        check_commit_slots(state_indices, torch.where(writes, 0, -1))
+    return CommitArgs(lead, state.shape[nd], hv, vdim, kdim, n, h, bsz, state_indices, parents, cu_seqlens,
+                      accepted)
+
+
+def check_pending(pending, lead: tuple, n_slots: int, h: int, kdim: int, hv: int, vdim: int, device) -> int:
+    """A deferred commit's pending rows (reference.PendingPath: k, u, log_p, count) for a
+    pool of n_slots slots, with `lead` leading dims (a layer): float32 factors and int32
+    counts, contiguous (the kernels index them by their shapes). Returns the rows per slot."""
+    if not isinstance(pending, tuple) or len(pending) != 4:
+        raise InputError(f"pending: expected PendingPath(k, u, log_p, count), got {type(pending).__name__}")
+    pk, pu, plp, pn = pending
+    nd = len(lead)
+    check_tensor("pending.k", pk, 4 + nd, (torch.float32,), device)
+    rows = pk.shape[nd + 1]
+    if not 1 <= rows <= MAX_PENDING_ROWS:
+        raise InputError(f"pending.k: {rows} rows a slot, expected 1..{MAX_PENDING_ROWS}")
+    for name, t, shape, dtype in (("pending.k", pk, (n_slots, rows, h, kdim), torch.float32),
+                                  ("pending.u", pu, (n_slots, rows, hv, vdim), torch.float32),
+                                  ("pending.log_p", plp, (n_slots, rows, hv), torch.float32),
+                                  ("pending.count", pn, (n_slots, hv), torch.int32)):
+        check_tensor(name, t, len(shape) + nd, (dtype,), device)
+        check_shape(name, t, lead + shape)
+        if not t.is_contiguous():
+            raise InputError(f"{name}: must be contiguous (the kernels index it by its shape)")
+    return rows
 
 
 def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool) -> torch.Tensor:

@@ -13,6 +13,9 @@
    the same chain through tree_verify + tree_commit. A chain is the rank-1
    path of the same per-depth, per-rank acceptance matrix, drawn from the same per-step
    draws, so tree and chain are simulated consistently; the harness sweeps d.
+5. Bole with deferred commits ("bole-deferred", "bole-chain-deferred"): as 3 and 4, but the
+   commit appends the accepted path to pending rows beside the state and writes the state
+   only when they overflow (tree_commit_deferred; docs/design.md §2, "Deferred commit").
 
 A tree decoder's step: the drafter (bole_cli/bench/drafter.py) grows the beam tree, the
 plan's budget keeps its nodes (plan.py), the target verifies them (one hybrid forward),
@@ -37,6 +40,7 @@ from bole_cli.bench.drafter import DraftState
 from bole_cli.bench.e2e.acceptance import step_rng, walk_greedy, walk_simulated
 from bole_cli.bench.e2e.plan import TreePlan, plan_trees
 from bole_cli.errors import InputError
+from bole_cli.limits import DEFAULT_PENDING_ROWS
 from bole_cli.runtime.graphs import GraphCache
 from bole_cli.runtime.model import HybridCache
 
@@ -280,6 +284,32 @@ class BoleTreeDecoder(TreeDecoder):
         return [out.k, out.u, out.log_p]  # the factors
 
 
+class DeferredCommits:
+    """Mix-in of a Bole decoder: its cache keeps DEFAULT_PENDING_ROWS pending rows a slot
+    (HybridModel.defer_commits), which the verify reads and the commit appends to."""
+
+    def __init__(self, bench, batch, max_steps, *args, **kwargs):
+        super().__init__(bench, batch, max_steps, *args, **kwargs)
+        self.model.defer_commits(self.cache, DEFAULT_PENDING_ROWS)
+
+    @classmethod
+    def probe(cls, bench, cache, batch, nodes_per_request):
+        bench.model.defer_commits(cache, DEFAULT_PENDING_ROWS)
+        super().probe(bench, cache, batch, nodes_per_request)
+
+    def step(self, *, eager=False, mem=None):
+        marks, prep = super().step(eager=eager, mem=mem)
+        if mem is not None:  # the rows persist beside the state, as the ReplaySSM ring does
+            mem["verify_state_bytes"] = mem.get("verify_state_bytes", 0) + sum(
+                t.numel() * t.element_size() for t in self.cache.gdn_pending)
+        return marks, prep
+
+
+class BoleDeferredTreeDecoder(DeferredCommits, BoleTreeDecoder):
+    name, path = "bole-deferred", "bole"
+    label, short_label = "Bole deferred", "Bole def"
+
+
 class ChainDecoder(TreeDecoder):
     """A depth-d top-1 chain (d = bench.chain_depth), drafted and verified whole."""
 
@@ -323,9 +353,16 @@ class BoleChainDecoder(ChainDecoder):
         return [out.k, out.u, out.log_p]
 
 
+class BoleDeferredChainDecoder(DeferredCommits, BoleChainDecoder):
+    name, path = "bole-chain-deferred", "bole"
+    label, short_label = "Bole chain deferred", "Bole chd"
+
+
 DECODER_CLASSES: dict[str, type[Decoder]] = {c.name: c for c in (
-    ARDecoder, SnapshotTreeDecoder, BoleTreeDecoder, ReplaySSMChainDecoder, BoleChainDecoder)}
+    ARDecoder, SnapshotTreeDecoder, BoleTreeDecoder, ReplaySSMChainDecoder, BoleChainDecoder,
+    BoleDeferredTreeDecoder, BoleDeferredChainDecoder)}
 DECODERS = tuple(DECODER_CLASSES)
+BOLE_DECODERS = tuple(name for name, c in DECODER_CLASSES.items() if getattr(c, "path", "") == "bole")
 LABELS = {name: c.label for name, c in DECODER_CLASSES.items()}
 SHORT_LABELS = {name: c.short_label for name, c in DECODER_CLASSES.items()}
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from bole_cli.bench.e2e.decoders import BOLE_DECODERS
+
 
 def compare_decoders(results: list[Any], batches, bench: Any, depth: int) -> list[dict]:
     """Per batch: every decoder's best run (chains: the best swept depth), the winner, Bole's
@@ -32,7 +34,7 @@ def compare_decoders(results: list[Any], batches, bench: Any, depth: int) -> lis
             rest = [v["tok_s"] for n, v in best.items() if n != winner]
             row["winner"] = winner
             row["margin"] = best[winner]["tok_s"] / max(rest) if rest else None
-        bole = [best[n]["tok_s"] for n in ("bole", "bole-chain") if n in best]
+        bole = [best[n]["tok_s"] for n in BOLE_DECODERS if n in best]
         if bole and "chain" in best:
             row["bole_over_replayssm"] = max(bole) / best["chain"]["tok_s"]
             tree = best["bole"]["expected"] if "bole" in best else bench.plan(b).expected

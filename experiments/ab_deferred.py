@@ -1,0 +1,154 @@
+"""Issue 17 item 4 on the GPU: the deferred commit (bole_cli/kernels/tree_commit_deferred.py;
+docs/design.md §2, "Deferred commit") against verify + tree_commit, in one process, one GDN
+layer at a catalogue model's shape (bf16 activations, float32 state by default).
+
+    python experiments/ab_deferred.py --batch 1,4,16,64 --cells chain:2,chain:4,chain:8,random:16,random:64 \
+        --rows 8,16 --out OUT.json
+    python experiments/ab_deferred.py --device cpu --model tiny --batch 2 --cells chain:4 --rows 4 --steps 3  # smoke
+
+A step is the gated verify of every request's tree plus the commit of its accepted node
+(chains: the whole chain, as a drafted chain that is all accepted; random trees of depth
+<= 8: a random node). The deferred variant's pending rows carry over from step to step, so
+steps alternate between appends and, when the rows overflow, a state write: each variant is
+captured as a CUDA graph of one step and timed as the MEAN over many back-to-back replays
+(CUDA events), not the median, which would hide the writes. Before timing, both variants run
+--steps steps from the same pool; every step's o and the flushed final pool must agree.
+Index of experiments: experiments/README.md; notes: experiments/NOTES.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+
+def parse_cells(text):
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        tree, _, nodes = item.partition(":")
+        if tree not in ("chain", "random"):
+            raise SystemExit(f"--cells: {item!r}: expected chain:N or random:N")
+        out.append((tree, int(nodes)))
+    return out
+
+
+def cell_inputs(torch, spec, batch, tree, nodes, seed, device, act_dtype, state_dtype):
+    from bole_cli.timing import tree_parents
+
+    rng = random.Random(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
+    n = batch * nodes
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
+
+    local = []
+    for _ in range(batch):
+        local.extend(tree_parents(tree, nodes, rng))
+    accepted = [nodes - 1 if tree == "chain" else rng.randint(0, nodes - 1) for _ in range(batch)]
+    return dict(
+        q=randn(n, h, kd).to(act_dtype), k=randn(n, h, kd).to(act_dtype), v=randn(n, hv, vd).to(act_dtype),
+        a=randn(n, hv).to(act_dtype), b=randn(n, hv).to(act_dtype),
+        A_log=(torch.rand(hv, generator=gen, device=device) * 2.0 - 1.0).float(), dt_bias=randn(hv).float(),
+        pool=randn(batch + 1, hv, vd, kd).mul_(0.05).to(state_dtype),
+        slots=torch.randperm(batch + 1, generator=gen, device=device)[:batch].to(torch.int32),
+        parents=torch.tensor(local, dtype=torch.int32, device=device),
+        cu=torch.arange(0, n + 1, nodes, dtype=torch.int32, device=device),
+        accepted=torch.tensor(accepted, dtype=torch.int32, device=device),
+        max_depth=nodes - 1 if tree == "chain" else min(7, nodes - 1), nodes=nodes)
+
+
+def step_fn(kernels, x, pool, pending):
+    """One step on `pool` (and `pending`, if deferred): verify, then commit; returns o."""
+    def step():
+        res = kernels.tree_verify_gated(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], pool,
+                                        x["slots"], x["parents"], x["cu"], check_trees=False,
+                                        max_nodes=x["nodes"], max_depth=x["max_depth"], pending=pending)
+        if pending is None:
+            kernels.tree_commit(pool, x["slots"], x["k"], res.u, res.log_p, x["parents"], x["cu"], x["accepted"],
+                                check_trees=False)
+        else:
+            kernels.tree_commit_deferred(pool, x["slots"], x["k"], res.u, res.log_p, x["parents"], x["cu"],
+                                         x["accepted"], pending, check_trees=False)
+        return res.o
+    return step
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="9b")
+    ap.add_argument("--batch", default="1,4,16,64")
+    ap.add_argument("--cells", default="chain:2,chain:4,chain:8,random:16,random:32,random:64")
+    ap.add_argument("--rows", default="8,16", help="pending rows a slot, one deferred variant each")
+    ap.add_argument("--steps", type=int, default=6, help="steps of the agreement check")
+    ap.add_argument("--calls", type=int, default=200, help="graph replays timed per variant")
+    ap.add_argument("--state-dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+    import torch
+    import triton
+
+    from bole_cli import kernels
+    from bole_cli.catalog.models import resolve_model
+    from bole_cli.runtime.model import tiny_spec
+    from bole_cli.timing import capture_graph, seconds_per_call, warm_gpu
+
+    spec = tiny_spec() if args.model == "tiny" else resolve_model(args.model)
+    cuda = args.device == "cuda"
+    state_dtype = getattr(torch, args.state_dtype)
+    rows_list = [int(r) for r in args.rows.split(",")]
+    if cuda:
+        warm_gpu(torch)
+    table, t0 = [], time.time()
+    for batch in (int(b) for b in args.batch.split(",")):
+        for tree, nodes in parse_cells(args.cells):
+            x = cell_inputs(torch, spec, batch, tree, nodes, 11, args.device, torch.bfloat16, state_dtype)
+            row = {"batch": batch, "tree": tree, "nodes": nodes}
+            # agreement: the same steps from the same pool, o every step, the flushed pool at the end
+            ref_pool = x["pool"].clone()
+            ref_step = step_fn(kernels, x, ref_pool, None)
+            outs = [ref_step().clone() for _ in range(args.steps)]
+            for rows in rows_list:
+                pool = x["pool"].clone()
+                pend = kernels.new_pending(pool, rows, spec.gdn_key_heads)
+                step = step_fn(kernels, x, pool, pend)
+                row[f"r{rows}_o_diff"] = max(rel(step(), want) for want in outs)
+                kernels.tree_flush(pool, pend, check_trees=False)
+                row[f"r{rows}_state_diff"] = rel(pool, ref_pool)
+            if cuda:  # steady state: one step a graph, the mean over back-to-back replays
+                for name, rows in [("plain", None)] + [(f"r{r}", r) for r in rows_list]:
+                    pool = x["pool"].clone()
+                    pend = None if rows is None else kernels.new_pending(pool, rows, spec.gdn_key_heads)
+                    graph = capture_graph(torch, [step_fn(kernels, x, pool, pend)])
+                    seconds_per_call(torch, graph.replay, 20, cuda=True)
+                    row[f"{name}_us"] = seconds_per_call(torch, graph.replay, args.calls, cuda=True) * 1e6
+            table.append(row)
+            cells = "  ".join(f"{k} {v:.3g}" for k, v in row.items() if k.endswith(("_us", "_diff")))
+            print(f"B{batch:3d} {tree:6s} T{nodes:3d}  {cells}", flush=True)
+            if args.out:  # after every cell: an interrupt keeps what was measured
+                blob = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreter, untimed)",
+                        "torch": torch.__version__, "triton": triton.__version__, "model": spec.name,
+                        "state_dtype": args.state_dtype, "command": "python " + " ".join(sys.argv),
+                        "seconds": round(time.time() - t0, 1), "rows": table}
+                tmp = args.out + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump(blob, f, indent=1)
+                os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    main()
