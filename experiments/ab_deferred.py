@@ -12,7 +12,7 @@ A step is the gated verify of every request's tree plus the commit of its accept
 steps alternate between appends and, when the rows overflow, a state write: each variant is
 captured as a CUDA graph of one step and timed as the MEAN over many back-to-back replays
 (CUDA events), not the median, which would hide the writes. Before timing, both variants run
---steps steps from the same pool; every step's o and the flushed final pool must agree.
+--steps steps from the same pool; every step's o and u and the flushed final pool must agree.
 Index of experiments: experiments/README.md; notes: experiments/NOTES.md.
 """
 
@@ -64,7 +64,8 @@ def cell_inputs(torch, spec, batch, tree, nodes, seed, device, act_dtype, state_
 
 
 def step_fn(kernels, x, pool, pending):
-    """One step on `pool` (and `pending`, if deferred): verify, then commit; returns o."""
+    """One step on `pool` (and `pending`, if deferred): verify, then commit; returns the
+    verify's (o, u, log_p)."""
     def step():
         res = kernels.tree_verify_gated(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], pool,
                                         x["slots"], x["parents"], x["cu"], check_trees=False,
@@ -75,7 +76,7 @@ def step_fn(kernels, x, pool, pending):
         else:
             kernels.tree_commit_deferred(pool, x["slots"], x["k"], res.u, res.log_p, x["parents"], x["cu"],
                                          x["accepted"], pending, check_trees=False)
-        return res.o
+        return res
     return step
 
 
@@ -121,12 +122,15 @@ def main(argv=None):
             # agreement: the same steps from the same pool, o every step, the flushed pool at the end
             ref_pool = x["pool"].clone()
             ref_step = step_fn(kernels, x, ref_pool, None)
-            outs = [ref_step().clone() for _ in range(args.steps)]
+            outs = [tuple(t.clone() for t in ref_step()) for _ in range(args.steps)]
             for rows in rows_list:
                 pool = x["pool"].clone()
                 pend = kernels.new_pending(pool, rows, spec.gdn_key_heads)
                 step = step_fn(kernels, x, pool, pend)
-                row[f"r{rows}_o_diff"] = max(rel(step(), want) for want in outs)
+                # every step's o (bf16) and u (float32: shows what bf16 rounding would hide)
+                diffs = [[rel(a, b) for a, b in zip(step(), want)] for want in outs]
+                row[f"r{rows}_o_diff"] = max(d[0] for d in diffs)
+                row[f"r{rows}_u_diff"] = max(d[1] for d in diffs)
                 kernels.tree_flush(pool, pend, check_trees=False)
                 row[f"r{rows}_state_diff"] = rel(pool, ref_pool)
             if cuda:  # steady state: one step a graph, the mean over back-to-back replays

@@ -27,30 +27,30 @@ CALLS = {"auto": {}, "tile": {"check_trees": False, "max_nodes": 64}, "big": {"c
          "blocked": {"check_trees": False, "config": {"CHAIN": 0}}}
 
 
-def step_inputs(seed, sizes, shape, group, decay, dtype=torch.float32):
-    case, forest = make_case(seed, sizes, h=2, group=group, kdim=16, vdim=16, decay=decay, dtype=dtype,
+def step_inputs(seed, sizes, shape, group, decay, dtype=torch.float32, h=2, kdim=16, vdim=16):
+    case, forest = make_case(seed, sizes, h=h, group=group, kdim=kdim, vdim=vdim, decay=decay, dtype=dtype,
                              shape=shape, slots_extra=0)
     return {x: case[x] for x in KEYS + ("parents", "cu_seqlens")}, forest
 
 
 def run_steps(steps, rows, group=2, decay=(-2.0, -0.01), kernel="auto", state_dtype=torch.float32,
-              dtype=torch.float32, seed=0, tol=2e-5):
+              dtype=torch.float32, seed=0, tol=2e-5, h=2, kdim=16, vdim=16):
     """steps: [(sizes, shape[, accepted])], one forest each over len(sizes) slots of a pool
     with spares (accepted nodes drawn at random unless given).
     Checks every step's verify and the true state after every commit; returns the counts
     seen after each commit (which path the commits took)."""
     bsz = len(steps[0][0])
     gen = torch.Generator().manual_seed(seed)
-    hv = 2 * group
-    pool = torch.randn(bsz + 2, hv, 16, 16, generator=gen).to(state_dtype)
+    hv = h * group
+    pool = torch.randn(bsz + 2, hv, vdim, kdim, generator=gen).to(state_dtype)
     slots = torch.randperm(bsz + 2, generator=gen)[:bsz].to(torch.int32)
     truth = pool.double()
-    pend = new_pending(pool, rows, 2)
+    pend = new_pending(pool, rows, h)
     r = random.Random(seed)
     counts = []
     state_tol = tol if state_dtype == torch.float32 else 1e-2
     for i, (sizes, shape, *given_accepted) in enumerate(steps):
-        inp, forest = step_inputs(seed * 100 + i, sizes, shape, group, decay, dtype)
+        inp, forest = step_inputs(seed * 100 + i, sizes, shape, group, decay, dtype, h, kdim, vdim)
         tree = (inp["parents"], inp["cu_seqlens"])
         want = tree_verify_ref(*(inp[x] for x in KEYS), truth, slots, *tree)
         out = poisoned_out({"v": inp["v"]})
@@ -66,7 +66,9 @@ def run_steps(steps, rows, group=2, decay=(-2.0, -0.01), kernel="auto", state_dt
         tree_commit_deferred(pool, slots, inp["k"], got.u, got.log_p, *tree, accepted, pend,
                              check_trees=kernel == "auto")
         assert rel_err(pending_state_ref(pool, pend), truth) <= state_tol, f"step {i}: true state off"
-        counts.append(pend.count[slots.long(), 0].tolist())
+        seen = pend.count[slots.long()]
+        assert bool((seen == seen[:, :1]).all()), f"step {i}: a slot's heads disagree on their rows"
+        counts.append(seen[:, 0].tolist())
     tree_flush(pool, pend)
     assert int(pend.count.abs().sum()) == 0
     assert rel_err(pool, truth) <= state_tol
@@ -85,6 +87,12 @@ def run_steps(steps, rows, group=2, decay=(-2.0, -0.01), kernel="auto", state_dt
 def test_deferred_steps_match_committing_every_step(seed, sizes, rows, group, decay, kernel):
     steps = [(sizes, "any")] * 4
     run_steps(steps, rows, group, decay, kernel, seed=seed, tol=1e-4 if decay[0] < -20 else 2e-5)
+
+
+@pytest.mark.parametrize("h,group,kdim,vdim", [(3, 1, 24, 40), (1, 4, 8, 20)])
+def test_odd_shapes(h, group, kdim, vdim):
+    """Key and value dims that are not powers of two, 3 key heads, GQA 4."""
+    run_steps([([4, 7], "any")] * 4, rows=5, group=group, h=h, kdim=kdim, vdim=vdim, seed=9)
 
 
 def test_both_paths_run():
@@ -126,7 +134,7 @@ def test_kernel_matches_the_reference_row_for_row():
     want_pool, want = tree_commit_deferred_ref(pool, *args, PendingPath(*(t.clone() for t in pend)))
     got_pool = pool.clone()
     tree_commit_deferred(got_pool, *args, pend)
-    assert pend.count[:, 0].tolist() == [0, 0, 2, 0, 4] == want.count[:, 0].tolist()
+    assert torch.equal(pend.count, want.count) and pend.count[:, 0].tolist() == [0, 0, 2, 0, 4]
     assert rel_err(got_pool, want_pool) <= 1e-6
     for slot, n in ((4, 4), (2, 2)):
         for got_t, want_t in zip(pend[:3], want[:3]):
@@ -134,8 +142,9 @@ def test_kernel_matches_the_reference_row_for_row():
 
 
 def test_all_layers_in_one_launch():
-    """A leading layer dim commits every layer at once, as per layer."""
-    inp, _ = step_inputs(3, [5, 2], "any", 2, (-1.0, -0.1))
+    """A leading layer dim commits every layer at once, as the reference does per layer,
+    over rows already there (one request's path then overflows, the other's fits)."""
+    inp, _ = step_inputs(3, [5, 2], "chain", 2, (-1.0, -0.1))
     n = inp["k"].shape[0]
     layers = 3
     pool = torch.randn(layers, 4, 4, 16, 16)
@@ -144,18 +153,20 @@ def test_all_layers_in_one_launch():
     u = torch.randn(layers, n, 4, 16)
     log_p = -torch.rand(layers, n, 4).cumsum(1)
     accepted = torch.tensor([4, 1], dtype=torch.int32)
-    for rows in (2, 8):  # the write path, then the append path
-        pend = new_pending(pool, rows, 2)
-        got = pool.clone()
-        tree_commit_deferred(got, slots, k, u, log_p, inp["parents"], inp["cu_seqlens"], accepted, pend)
-        for layer in range(layers):
-            one = pool[layer].clone()
-            lp = new_pending(one, rows, 2)
-            tree_commit_deferred(one, slots, k[layer], u[layer], log_p[layer], inp["parents"], inp["cu_seqlens"],
-                                 accepted, lp)
-            assert torch.equal(got[layer], one)
-            for a, b in zip(pend, lp):
-                assert torch.equal(a[layer], b)
+    pend = new_pending(pool, 6, 2)
+    for t in pend[:2]:
+        t.normal_()
+    pend.log_p.copy_(-torch.rand(layers, 4, 6, 4).cumsum(2))
+    pend.count[:, 1] = 2  # slot 1: 2 rows + a 5-node path > 6: written
+    pend.count[:, 3] = 3  # slot 3: 3 rows + a 2-node path: appended
+    want_pool, want = tree_commit_deferred_ref(pool, slots, k, u, log_p, inp["parents"], inp["cu_seqlens"],
+                                               accepted, PendingPath(*(t.clone() for t in pend)))
+    got = pool.clone()
+    tree_commit_deferred(got, slots, k, u, log_p, inp["parents"], inp["cu_seqlens"], accepted, pend)
+    assert rel_err(got, want_pool) <= 1e-6 and torch.equal(pend.count, want.count)
+    assert pend.count[:, 1].unique().tolist() == [0] and pend.count[:, 3].unique().tolist() == [5]
+    for a, b in zip(pend[:3], want[:3]):
+        assert rel_err(a[:, 3, :5], b[:, 3, :5]) <= 1e-6
 
 
 def test_guards_without_checks():
@@ -197,6 +208,18 @@ def test_verify_clamps_a_corrupt_count():
     assert rel_err(got.o, want.o) <= 2e-5
 
 
+def test_new_pending_and_flush_name_the_argument():
+    pool = torch.zeros(2, 4, 16, 16)
+    for kwargs, message in (({"rows": 0, "key_heads": 2}, "rows: expected an int in 1..64"),
+                            ({"rows": 65, "key_heads": 2}, "rows: expected an int in 1..64"),
+                            ({"rows": 4, "key_heads": 3}, "key_heads: expected a divisor of the state's 4")):
+        with pytest.raises(InputError, match=message):
+            new_pending(pool, **kwargs)
+    odd = PendingPath(torch.zeros(2, 4, 3, 16), *new_pending(pool, 4, 2)[1:])
+    with pytest.raises(InputError, match="pending.k: 3 key heads do not divide"):
+        tree_flush(pool, odd)
+
+
 def test_bad_pending_names_the_field():
     inp, _ = step_inputs(1, [3], "any", 2, (-1.0, -0.1))
     pool = torch.randn(2, 4, 16, 16)
@@ -216,6 +239,17 @@ def test_bad_pending_names_the_field():
     for message, pend in bad.items():
         with pytest.raises(InputError, match=message.replace("(", r"\(")):
             verify(pend)
+    corrupt = PendingPath(*good[:3], good.count.clone())
+    corrupt.count[1, 3] = 2  # one head of slot 1 disagrees (and 0 is fine elsewhere)
+    with pytest.raises(InputError, match="pending.count: slot 1 head 3 holds 2 rows"):
+        verify(corrupt)
+    corrupt.count[1] = 5
+    with pytest.raises(InputError, match=r"pending.count: slot 1 head 0 holds 5 rows \(expected 0..4"):
+        verify(corrupt)
+    layered = new_pending(torch.zeros(2, 2, 4, 16, 16), 4, 2)
+    layered.count[1, 0] = -1
+    with pytest.raises(InputError, match="pending.count: layer 1, slot 0 head 0 holds -1 rows"):
+        tree_flush(torch.zeros(2, 2, 4, 16, 16), layered)
     res = verify(good)
     two = dict(k=torch.randn(4, 2, 16), u=torch.randn(4, 4, 16), log_p=-torch.rand(4, 4),
                parents=torch.tensor([-1, 0, -1, 0]), cu_seqlens=torch.tensor([0, 2, 4]))

@@ -346,6 +346,25 @@ def test_deferred_commits_emit_the_same_greedy_stream(rows, dense):
     assert _greedy_run(dense, "bole", 14, defer_rows=rows) == _greedy_run(dense, None, 14)
 
 
+def test_graph_warmup_restores_pending_rows(dense):
+    """A decode's capture warm-up writes the slots' true states (the decode flushes their
+    pending rows first); the restore puts back both the written states and the rows."""
+    from bole_cli.runtime.graphs import GraphedRunner
+
+    cache = dense.defer_commits(warm_cache(dense), 4)
+    forest = pack_forest([chain_tree(3), chain_tree(2), chain_tree(3)])
+    out = dense.verify(cache, forest, [1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2])
+    dense.commit(cache, out, [2, 1, 0])
+    before = cache.clone()
+    restore = GraphedRunner(dense, cache, enabled=False)._save_slots(torch.tensor([0, 1, 2]))
+    dense.forward_decode(cache, dense.prepare_decode(cache, [1, 2, 3]))  # what a warm-up run does
+    assert int(cache.gdn_pending.count.abs().sum()) == 0
+    restore()
+    for got, want in zip((cache.gdn_state, *cache.gdn_pending), (before.gdn_state, *before.gdn_pending)):
+        assert torch.equal(got, want)
+    assert int(cache.gdn_pending.count.abs().sum()) > 0
+
+
 def test_deferred_commits_through_the_kernels():
     """Kernels (interpreted): three tree steps with deferred commits give the logits and,
     once flushed, the states of plain commits; a decode in between writes the rows first."""

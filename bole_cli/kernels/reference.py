@@ -24,6 +24,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from bole_cli.errors import InputError
+from bole_cli.limits import MAX_PENDING_ROWS
+
 L2NORM_EPS = 1e-6
 
 
@@ -38,7 +41,7 @@ class VerifyResult(NamedTuple):
 class PendingPath(NamedTuple):
     """A deferred state write (docs/design.md §2, "Deferred commit"): per state slot, the
     accepted nodes committed since the slot's state was last written, as factors, in path
-    order. k [S, L, H, K] float32 unit keys (normalised as the verify normalises them), u
+    order. k [S, L, H, K] float32 keys as the verify uses them (unit keys with use_qk_l2norm), u
     [S, L, HV, V] float32, log_p [S, L, HV] float32 (log decay from the written state down
     the path), count [S, HV] int32 (rows in use, the same for every head). A leading layer
     dimension on all four holds every GDN layer. The slot's true state is
@@ -56,6 +59,10 @@ def new_pending(state: torch.Tensor, rows: int, key_heads: int, dtype=torch.floa
     rows * (H K + HV V + HV) * 4 bytes a slot and layer (9B, 16 rows: 0.38 MiB beside the
     state's 2 MiB)."""
     *lead, slots, hv, vdim, kdim = state.shape
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_PENDING_ROWS:
+        raise InputError(f"rows: expected an int in 1..{MAX_PENDING_ROWS}, got {rows!r}")
+    if isinstance(key_heads, bool) or not isinstance(key_heads, int) or key_heads < 1 or hv % key_heads:
+        raise InputError(f"key_heads: expected a divisor of the state's {hv} value heads, got {key_heads!r}")
     kw = dict(device=state.device, dtype=dtype)
     return PendingPath(torch.zeros(*lead, slots, rows, key_heads, kdim, **kw),
                        torch.zeros(*lead, slots, rows, hv, vdim, **kw),

@@ -144,15 +144,17 @@ def tree_commit_deferred(
 
     Arguments as tree_commit (a leading layer dim commits every layer in one launch), plus
     `pending` (new_pending) with the same leading dim. With check_trees, bad slots,
-    accepted nodes and shared commit slots are InputErrors; without it the kernel skips a
-    slot outside the pool or an accepted node outside the tree. A slot's rows are only
-    valid for the state they were appended to: write the slot (flush) before anything else
-    reads or replaces its state.
+    accepted nodes, shared commit slots and counts outside 0..L (or unequal across a slot's
+    heads) are InputErrors; without it the kernel skips a slot outside the pool and the path
+    of an accepted node outside the tree (with flush=True the slot's rows are still
+    written), reads a count outside 0..L as clamped, and leaves a slot whose heads' counts
+    disagree undefined. A slot's rows are only valid for the state they were appended to:
+    write the slot (flush) before anything else reads or replaces its state.
     """
     check_flag("flush", flush)
     c = check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees,
                      every_slot_writes=flush)
-    rows = check_pending(pending, c.lead, c.n_slots, c.h, c.kdim, c.hv, c.vdim, state.device)
+    rows = check_pending(pending, c.lead, c.n_slots, c.h, c.kdim, c.hv, c.vdim, state.device, check_trees)
     check_config("tree_commit", config)
     n_layers = state.shape[0] if c.lead else 1
     if c.bsz == 0 or n_layers == 0 or c.n_slots == 0:
@@ -194,6 +196,8 @@ def tree_flush(state: torch.Tensor, pending: PendingPath, state_indices: Optiona
     h = pending.k.shape[-2] if isinstance(pending, tuple) and len(pending) == 4 \
         and isinstance(pending[0], torch.Tensor) and pending[0].dim() >= 2 else 1
     hv, vdim, kdim = state.shape[-3:]
+    if h < 1 or hv % h:
+        raise InputError(f"pending.k: {h} key heads do not divide the state's {hv} value heads")
     k = torch.zeros(lead + (0, h, kdim), device=dev, dtype=torch.float32)
     return tree_commit_deferred(state, state_indices, k, k.new_zeros(lead + (0, hv, vdim)),
                                 k.new_zeros(lead + (0, hv)), torch.zeros(0, device=dev, dtype=torch.int64),

@@ -389,7 +389,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     if out is not None:
         out = check_out(out, n, hv, vdim, dev)
     check_config("tree_verify", config)
-    rows = 0 if pending is None else check_pending(pending, (), state.shape[0], h, kdim, hv, vdim, dev)
+    rows = 0 if pending is None else check_pending(pending, (), state.shape[0], h, kdim, hv, vdim, dev, check_trees)
     if check_trees:
         largest = check_forest(parents, cu_seqlens, n)
         if max_nodes is not None and largest > max_nodes:

@@ -230,10 +230,13 @@ def check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepte
                       accepted)
 
 
-def check_pending(pending, lead: tuple, n_slots: int, h: int, kdim: int, hv: int, vdim: int, device) -> int:
+def check_pending(pending, lead: tuple, n_slots: int, h: int, kdim: int, hv: int, vdim: int, device,
+                  check_trees: bool = False) -> int:
     """A deferred commit's pending rows (reference.PendingPath: k, u, log_p, count) for a
     pool of n_slots slots, with `lead` leading dims (a layer): float32 factors and int32
-    counts, contiguous (the kernels index them by their shapes). Returns the rows per slot."""
+    counts, contiguous (the kernels index them by their shapes). With check_trees (a host
+    read) every count must lie in 0..rows and be the same for all heads of a slot (the
+    kernels clamp a bad one instead). Returns the rows per slot."""
     if not isinstance(pending, tuple) or len(pending) != 4:
         raise InputError(f"pending: expected PendingPath(k, u, log_p, count), got {type(pending).__name__}")
     pk, pu, plp, pn = pending
@@ -250,6 +253,14 @@ def check_pending(pending, lead: tuple, n_slots: int, h: int, kdim: int, hv: int
         check_shape(name, t, lead + shape)
         if not t.is_contiguous():
             raise InputError(f"{name}: must be contiguous (the kernels index it by its shape)")
+    if check_trees and pn.numel():
+        counts = pn.detach().cpu().reshape(-1, n_slots, hv)
+        bad = (counts < 0) | (counts > rows) | (counts != counts[..., :1])
+        if bool(bad.any()):
+            layer, slot, head = (int(i) for i in torch.nonzero(bad)[0])
+            where = f"layer {layer}, " if lead else ""
+            raise InputError(f"pending.count: {where}slot {slot} head {head} holds {int(counts[layer, slot, head])} "
+                             f"rows (expected 0..{rows}, the same for every head)")
     return rows
 
 

@@ -106,12 +106,15 @@ class GraphedRunner:
         return self.graphs.reason
 
     def _save_slots(self, slots: Sequence[int]) -> Callable[[], None]:
+        """The slots' per-step state (GDN states, pending rows of deferred commits, conv
+        windows), put back after a capture's warm-up runs advanced it."""
         c = self.cache
-        saved = (c.gdn_state[:, slots].clone(), c.conv_state[:, slots].clone())
+        tensors = [c.gdn_state, c.conv_state, *(c.gdn_pending or ())]
+        saved = [t[:, slots].clone() for t in tensors]
 
         def restore() -> None:
-            c.gdn_state[:, slots] = saved[0]
-            c.conv_state[:, slots] = saved[1]
+            for t, old in zip(tensors, saved):
+                t[:, slots] = old
         return restore
 
     @torch.inference_mode()

@@ -32,6 +32,7 @@ from bole_cli.bench.drafter import MTPDrafter, build_layout
 from bole_cli.bench.e2e.acceptance import Acceptance, load_e2e_acceptance, paper_shape_expected
 from bole_cli.bench.e2e.prediction import profile_pricer
 from bole_cli.bench.e2e.decoders import DECODERS, LABELS, PHASES, Decoder, decoder_class
+from bole_cli.bench.e2e.options import E2E_DEFAULTS
 from bole_cli.bench.e2e.plan import TreePlan, plan_trees, resolve_budget
 from bole_cli.bench.e2e.verdicts import compare_decoders, drafter_cost, exactness  # noqa: F401
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
@@ -402,7 +403,7 @@ class E2EConfig:
     steps: int = 32
     warmup: int = 3
     seed: int = 0
-    decoders: tuple[str, ...] = DECODERS
+    decoders: tuple[str, ...] = tuple(E2E_DEFAULTS["decoders"].split(","))  # the deferred ones are opt-in
     device: str = "cuda"
     dtype: str = "bfloat16"
     snapshot_engine: str = "auto"
