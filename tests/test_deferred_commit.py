@@ -169,6 +169,26 @@ def test_all_layers_in_one_launch():
         assert rel_err(a[:, 3, :5], b[:, 3, :5]) <= 1e-6
 
 
+def test_launch_config():
+    """config= picks the value tile and path chunk of the write path (same result); a bad one
+    is one error naming config."""
+    inp, _ = step_inputs(8, [9, 3], "chain", 2, (-1.0, -0.1), vdim=40)  # BV 16: three value tiles
+    pool = torch.randn(2, 4, 40, 16)
+    slots = torch.tensor([0, 1], dtype=torch.int32)
+    res = tree_verify_ref(*(inp[x] for x in KEYS), pool, slots, inp["parents"], inp["cu_seqlens"])
+    args = (slots, inp["k"], res.u.float(), res.log_p.float(), inp["parents"], inp["cu_seqlens"],
+            torch.tensor([8, 2]))
+    pools = []
+    for config in (None, {"BV": 16, "DP": 16, "num_warps": 2}):
+        got = pool.clone()
+        tree_commit_deferred(got, *args, new_pending(pool, 4, 2), config=config)  # 9 nodes > 4 rows: written
+        pools.append(got)
+    want, _ = tree_commit_deferred_ref(pool, *args, new_pending(pool, 4, 2))
+    assert all(rel_err(p, want) <= 1e-6 for p in pools) and not torch.equal(pools[0], pool)
+    with pytest.raises(InputError, match="config: BV must be a power of two"):
+        tree_commit_deferred(pool.clone(), *args, new_pending(pool, 4, 2), config={"BV": 3})
+
+
 def test_guards_without_checks():
     """No host check (CUDA graphs): a slot outside the pool or an accepted node outside the
     tree leaves slot and rows untouched; a count outside 0..L reads as clamped."""

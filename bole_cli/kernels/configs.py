@@ -24,6 +24,9 @@ DEFAULTS: dict[str, dict] = {
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
                     "precision": None, "GRAM16": 1, "CHAIN": 1},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
+    # one program per (layer x request, value head) loops over the value tiles when it writes
+    # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
+    "tree_commit_deferred": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},
     # tree_conv: BN16 BD64 w4 s2 won 22 of the 24 tree_conv buckets on the H200 by 1.1-1.3x
     # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1
     "tree_conv": {"BN": 16, "BD": 64, "num_warps": 4, "num_stages": 2},

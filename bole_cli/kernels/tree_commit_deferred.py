@@ -155,12 +155,13 @@ def tree_commit_deferred(
     c = check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees,
                      every_slot_writes=flush)
     rows = check_pending(pending, c.lead, c.n_slots, c.h, c.kdim, c.hv, c.vdim, state.device, check_trees)
-    check_config("tree_commit", config)
+    check_config("tree_commit_deferred", config)
     n_layers = state.shape[0] if c.lead else 1
     if c.bsz == 0 or n_layers == 0 or c.n_slots == 0:
         return state
 
-    cfg = launch_config("tree_commit", {"K": c.kdim, "V": c.vdim, "HV": c.hv, "B": c.bsz, "L": n_layers}, config)
+    cfg = launch_config("tree_commit_deferred", {"K": c.kdim, "V": c.vdim, "HV": c.hv, "B": c.bsz, "L": n_layers},
+                        config)
     lstr, st, kk, uu, ll = layer_views(state, k, u, log_p, bool(c.lead))
     parents = c.parents
     if c.n == 0:  # no node to walk (a flush of pending rows alone): any row-shaped tensors do
