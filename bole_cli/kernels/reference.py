@@ -262,7 +262,7 @@ def tree_commit_deferred_ref(
     pend = PendingPath(*(t.clone() for t in pending))
     rows = pending.k.shape[1]
     kn = l2norm(k.to(torch.float64)) if use_qk_l2norm else k.to(torch.float64)
-    for b, start, _end in _requests(cu_seqlens):
+    for b, start, stop in _requests(cu_seqlens):
         a = int(accepted[b])
         slot = int(state_indices[b])
         n = int(pend.count[slot, 0])
@@ -285,8 +285,8 @@ def tree_commit_deferred_ref(
             continue
         true = pending_state_ref(state[slot:slot + 1], PendingPath(*(t[slot:slot + 1] for t in pend)))[0]
         if path:
-            one = tree_commit_ref(true[None], torch.zeros(1, dtype=torch.int64), k[start:_end], u[start:_end],
-                                  log_p[start:_end], parents[start:_end], torch.tensor([0, _end - start]),
+            one = tree_commit_ref(true[None], torch.zeros(1, dtype=torch.int64), k[start:stop], u[start:stop],
+                                  log_p[start:stop], parents[start:stop], torch.tensor([0, stop - start]),
                                   torch.tensor([a]), use_qk_l2norm=use_qk_l2norm)
             true = one[0]
         new[slot] = true.to(state.dtype)

@@ -28,7 +28,7 @@ from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
 from bole_cli.kernels.reference import PendingPath
 from bole_cli.kernels.tree_commit import accepted_path_sum, commit_strides, layer_views
-from bole_cli.kernels.validate import check_commit, check_config, check_flag, check_pending
+from bole_cli.kernels.validate import check_commit, check_config, check_flag, check_pending, check_pool_rank
 
 
 @triton.jit
@@ -185,17 +185,16 @@ def tree_flush(state: torch.Tensor, pending: PendingPath, state_indices: Optiona
                *, check_trees: bool = True) -> torch.Tensor:
     """Write the true state of `state_indices` (default: every slot) and clear their pending
     rows (in place; returns `state`): before a plain decode, a snapshot or a slot's reuse."""
-    if not isinstance(state, torch.Tensor) or state.dim() not in (4, 5):
-        raise InputError(f"state: expected [S, HV, V, K] or [L, S, HV, V, K], got "
-                         f"{tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__}")
-    nd = state.dim() - 4
+    nd = check_pool_rank(state)
+    if not isinstance(pending, tuple) or len(pending) != 4 or not isinstance(pending[0], torch.Tensor) \
+            or pending[0].dim() < 2:
+        raise InputError(f"pending: expected PendingPath(k, u, log_p, count), got {type(pending).__name__}")
     dev = state.device
     if state_indices is None:
         state_indices = torch.arange(state.shape[nd], device=dev)
     bsz = state_indices.shape[0] if isinstance(state_indices, torch.Tensor) and state_indices.dim() == 1 else 0
     lead = tuple(state.shape[:nd])
-    h = pending.k.shape[-2] if isinstance(pending, tuple) and len(pending) == 4 \
-        and isinstance(pending[0], torch.Tensor) and pending[0].dim() >= 2 else 1
+    h = pending.k.shape[-2]
     hv, vdim, kdim = state.shape[-3:]
     if h < 1 or hv % h:
         raise InputError(f"pending.k: {h} key heads do not divide the state's {hv} value heads")

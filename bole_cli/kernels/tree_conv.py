@@ -27,7 +27,7 @@ from bole_cli.kernels.validate import (
     check_config,
     check_flag,
     check_forest,
-    check_index_vector,
+    check_forest_vectors,
     check_nonempty,
     check_pool_slots,
     check_shape,
@@ -126,13 +126,7 @@ def _check_conv_common(x, conv_state, state_indices, parents, cu_seqlens, check_
     check_tensor("conv_state", conv_state, 3, ACTIVATION_DTYPES, dev)
     if conv_state.shape[1] != dim:
         raise InputError(f"conv_state: expected [S, {dim}, W-1] (logical layout), got {tuple(conv_state.shape)}")
-    check_tensor("cu_seqlens", cu_seqlens, 1, None, dev)
-    bsz = cu_seqlens.shape[0] - 1
-    if bsz < 0:
-        raise InputError("cu_seqlens: needs at least one entry")
-    cu_seqlens = check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
-    state_indices = check_index_vector("state_indices", state_indices, bsz, dev)
-    parents = check_index_vector("parents", parents, n, dev)
+    bsz, state_indices, parents, cu_seqlens = check_forest_vectors(state_indices, parents, cu_seqlens, n, dev)
     if x.numel() and x.stride(1) != 1:
         raise InputError("x: the channel dimension must be contiguous")
     check_flag("check_trees", check_trees)
@@ -212,8 +206,7 @@ def tree_conv_commit(
         x, conv_state, state_indices, parents, cu_seqlens, check_trees, check_slots=False)
     accepted = check_accepted(accepted, cu_seqlens, x.device, check_trees)
     if check_trees:
-        check_pool_slots(state_indices, conv_state.shape[0], check_trees, active=accepted >= 0)
-        check_commit_slots(state_indices, accepted)
+        check_commit_slots(state_indices, conv_state.shape[0], accepted >= 0)
     check_config("tree_conv", config)
     if n == 0 or bsz == 0:
         return conv_state

@@ -52,7 +52,7 @@ from bole_cli.kernels.validate import (
     check_config,
     check_flag,
     check_forest,
-    check_index_vector,
+    check_forest_vectors,
     check_last_contiguous,
     check_nonempty,
     check_out,
@@ -370,13 +370,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         raise InputError(f"state: expected [S, {hv}, {vdim}, {kdim}] (slots, HV, V, K), got {tuple(state.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v), ("state", state)):
         check_last_contiguous(name, t)
-    check_tensor("cu_seqlens", cu_seqlens, 1, None, dev)
-    bsz = cu_seqlens.shape[0] - 1
-    if bsz < 0:
-        raise InputError("cu_seqlens: needs at least one entry")
-    state_indices = check_index_vector("state_indices", state_indices, bsz, dev)
-    parents = check_index_vector("parents", parents, n, dev)
-    cu_seqlens = check_index_vector("cu_seqlens", cu_seqlens, bsz + 1, dev)
+    bsz, state_indices, parents, cu_seqlens = check_forest_vectors(state_indices, parents, cu_seqlens, n, dev)
     scale = check_scale(scale, kdim)
     check_flag("use_qk_l2norm", use_qk_l2norm)
     check_flag("check_trees", check_trees)

@@ -147,17 +147,27 @@ def check_pool_slots(state_indices: torch.Tensor, n_slots: int, check_trees: boo
                          f"{n_slots} slots (0..{n_slots - 1})")
 
 
-def check_commit_slots(state_indices: torch.Tensor, accepted: torch.Tensor) -> None:
-    """Two requests that both commit (accepted >= 0) into one slot leave it undefined (their
-    programs race): refused here, with check_trees (host read)."""
+def check_commit_slots(state_indices: torch.Tensor, n_slots: int, writes: torch.Tensor) -> None:
+    """The slots of the requests that write (writes [B] bool: a commit's accepted >= 0) lie
+    inside the pool, and no two of them share one (their programs would race). Host read:
+    with check_trees only."""
+    check_pool_slots(state_indices, n_slots, True, active=writes)
     idx = state_indices.detach().to("cpu", torch.int64)
-    writing = accepted.detach().cpu() >= 0
     seen: dict[int, int] = {}
-    for b in torch.nonzero(writing).flatten().tolist():
+    for b in torch.nonzero(writes.detach().cpu()).flatten().tolist():
         slot = int(idx[b])
         if slot in seen:
             raise InputError(f"state_indices: requests {seen[slot]} and {b} both commit into slot {slot}")
         seen[slot] = b
+
+
+def check_pool_rank(state) -> int:
+    """A commit's state pool: [S, HV, V, K], or [L, S, HV, V, K] for every layer at once.
+    Returns the number of leading layer dims (0 or 1)."""
+    if not isinstance(state, torch.Tensor) or state.dim() not in (4, 5):
+        raise InputError(f"state: expected [S, HV, V, K] or [L, S, HV, V, K], got "
+                         f"{tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__}")
+    return state.dim() - 4
 
 
 def check_forest_vectors(state_indices, parents, cu_seqlens, n: int, device) -> tuple:
@@ -195,11 +205,8 @@ def check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepte
     [L, S, HV, V, K] with the same leading dim on k, u, log_p), the factors, the forest and
     accepted; with check_trees, the forest, the accepted nodes and the slots of the requests
     that write (accepted >= 0, or all of them: every_slot_writes, a flush)."""
-    if not isinstance(state, torch.Tensor) or state.dim() not in (4, 5):
-        raise InputError(f"state: expected [S, HV, V, K] or [L, S, HV, V, K], got "
-                         f"{tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__}")
+    nd = check_pool_rank(state)
     dev = state.device
-    nd = state.dim() - 4
     check_tensor("state", state, 4 + nd, STATE_DTYPES, dev)
     check_nonempty("state", state, {nd + 1: "HV (value heads)", nd + 2: "V (value dim)", nd + 3: "K (key dim)"})
     lead = tuple(state.shape[:nd])
@@ -223,9 +230,7 @@ def check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepte
         check_forest(parents, cu_seqlens, n)
     accepted = check_accepted(accepted, cu_seqlens, dev, check_trees)
     if check_trees:
-        writes = (accepted >= 0) | every_slot_writes
-        check_pool_slots(state_indices, state.shape[nd], check_trees, active=writes)
-        check_commit_slots(state_indices, torch.where(writes, 0, -1))
+        check_commit_slots(state_indices, state.shape[nd], (accepted >= 0) | every_slot_writes)
     return CommitArgs(lead, state.shape[nd], hv, vdim, kdim, n, h, bsz, state_indices, parents, cu_seqlens,
                       accepted)
 
