@@ -13,6 +13,8 @@ steps alternate between appends and, when the rows overflow, a state write: each
 captured as a CUDA graph of one step and timed as the MEAN over many back-to-back replays
 (CUDA events), not the median, which would hide the writes. Before timing, both variants run
 --steps steps from the same pool; every step's o and u and the flushed final pool must agree.
+--parts also times the verify and the commit apart (time_parts), to say which one moved, and
+the verify under each of --verify-configs.
 Index of experiments: experiments/README.md; notes: experiments/NOTES.md.
 """
 
@@ -60,24 +62,59 @@ def cell_inputs(torch, spec, batch, tree, nodes, seed, device, act_dtype, state_
         parents=torch.tensor(local, dtype=torch.int32, device=device),
         cu=torch.arange(0, n + 1, nodes, dtype=torch.int32, device=device),
         accepted=torch.tensor(accepted, dtype=torch.int32, device=device),
-        max_depth=nodes - 1 if tree == "chain" else min(7, nodes - 1), nodes=nodes)
+        max_depth=nodes - 1 if tree == "chain" else min(7, nodes - 1), nodes=nodes, key_heads=h)
+
+
+def verify_fn(kernels, x, pool, pending, config=None):
+    return lambda: kernels.tree_verify_gated(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], pool,
+                                             x["slots"], x["parents"], x["cu"], check_trees=False,
+                                             max_nodes=x["nodes"], max_depth=x["max_depth"], pending=pending,
+                                             config=config)
+
+
+def commit_fn(kernels, x, pool, pending, res):
+    if pending is None:
+        return lambda: kernels.tree_commit(pool, x["slots"], x["k"], res.u, res.log_p, x["parents"], x["cu"],
+                                           x["accepted"], check_trees=False)
+    return lambda: kernels.tree_commit_deferred(pool, x["slots"], x["k"], res.u, res.log_p, x["parents"], x["cu"],
+                                                x["accepted"], pending, check_trees=False)
 
 
 def step_fn(kernels, x, pool, pending):
     """One step on `pool` (and `pending`, if deferred): verify, then commit; returns the
     verify's (o, u, log_p)."""
+    verify = verify_fn(kernels, x, pool, pending)
+
     def step():
-        res = kernels.tree_verify_gated(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], pool,
-                                        x["slots"], x["parents"], x["cu"], check_trees=False,
-                                        max_nodes=x["nodes"], max_depth=x["max_depth"], pending=pending)
-        if pending is None:
-            kernels.tree_commit(pool, x["slots"], x["k"], res.u, res.log_p, x["parents"], x["cu"], x["accepted"],
-                                check_trees=False)
-        else:
-            kernels.tree_commit_deferred(pool, x["slots"], x["k"], res.u, res.log_p, x["parents"], x["cu"],
-                                         x["accepted"], pending, check_trees=False)
+        res = verify()
+        commit_fn(kernels, x, pool, pending, res)()
         return res
     return step
+
+
+def time_parts(torch, kernels, x, rows, calls, timed, configs=()):
+    """The step's two launches apart, each its own graph (mean over replays): verify over
+    rows kept about half full (no commit runs), and the commit alone in steady state (the
+    deferred one cycles through appends and state writes as in a step); then the verify
+    again under each of `configs` (verify_0, verify_1, ...)."""
+    from bole_cli.timing import capture_graph, seconds_per_call
+
+    pool = x["pool"].clone()
+    pend = None if rows is None else kernels.new_pending(pool, rows, x["key_heads"])
+    step = step_fn(kernels, x, pool, pend)
+    for _ in range(4 * (rows or 0)):  # fill the rows to about half
+        if int(pend.count.max()) >= rows // 2:
+            break
+        step()
+    res = verify_fn(kernels, x, pool, pend)()
+    out = {}
+    parts = [("verify", verify_fn(kernels, x, pool, pend)), ("commit", commit_fn(kernels, x, pool, pend, res))]
+    parts += [(f"verify_{i}", verify_fn(kernels, x, pool, pend, cfg)) for i, cfg in enumerate(configs)]
+    for part, fn in parts:
+        graph = capture_graph(torch, [fn])
+        seconds_per_call(torch, graph.replay, 20, cuda=True)
+        out[part] = timed(graph)
+    return out
 
 
 def rel(a, b):
@@ -94,6 +131,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=6, help="steps of the agreement check")
     ap.add_argument("--calls", type=int, default=200, help="graph replays timed per variant")
     ap.add_argument("--state-dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--parts", action="store_true", help="also time verify and commit apart (time_parts)")
+    ap.add_argument("--verify-configs", default="",
+                    help="with --parts: verify launch configs to time too, e.g. 'BV=32,BK=64;BV=64,num_warps=8'")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
@@ -112,6 +152,8 @@ def main(argv=None):
     cuda = args.device == "cuda"
     state_dtype = getattr(torch, args.state_dtype)
     rows_list = [int(r) for r in args.rows.split(",")]
+    configs = [{k: int(v) for k, v in (kv.split("=") for kv in c.split(","))}
+               for c in filter(None, args.verify_configs.split(";"))]
     if cuda:
         warm_gpu(torch)
     table, t0 = [], time.time()
@@ -140,13 +182,18 @@ def main(argv=None):
                     graph = capture_graph(torch, [step_fn(kernels, x, pool, pend)])
                     seconds_per_call(torch, graph.replay, 20, cuda=True)
                     row[f"{name}_us"] = seconds_per_call(torch, graph.replay, args.calls, cuda=True) * 1e6
+                    if args.parts:
+                        parts = time_parts(torch, kernels, x, rows, args.calls,
+                                           lambda g: seconds_per_call(torch, g.replay, args.calls, cuda=True) * 1e6,
+                                           configs)
+                        row.update({f"{name}_{part}_us": us for part, us in parts.items()})
             table.append(row)
             cells = "  ".join(f"{k} {v:.3g}" for k, v in row.items() if k.endswith(("_us", "_diff")))
             print(f"B{batch:3d} {tree:6s} T{nodes:3d}  {cells}", flush=True)
             if args.out:  # after every cell: an interrupt keeps what was measured
                 blob = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreter, untimed)",
                         "torch": torch.__version__, "triton": triton.__version__, "model": spec.name,
-                        "state_dtype": args.state_dtype, "command": "python " + " ".join(sys.argv),
+                        "state_dtype": args.state_dtype, "verify_configs": configs, "command": "python " + " ".join(sys.argv),
                         "seconds": round(time.time() - t0, 1), "rows": table}
                 tmp = args.out + ".tmp"
                 with open(tmp, "w") as f:

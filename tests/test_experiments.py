@@ -38,3 +38,20 @@ def test_an_edit_that_no_longer_applies_fails():
     site = next(iter(variants.VARIANTS.values())).site
     with pytest.raises(ValueError, match="edit no longer applies"):
         variants.edited_source(site, [("this text is in no kernel", "")])
+
+
+def test_the_deferred_ab_smoke_run_agrees_and_writes_its_record(tmp_path):
+    """ab_deferred's CPU mode (the tiny model under the interpreter) runs the agreement
+    check the GPU run relies on: deferred steps against plain ones, then the flushed pool."""
+    out = tmp_path / "ab.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, str(EXPERIMENTS / "ab_deferred.py"), "--device", "cpu", "--model", "tiny",
+                          "--batch", "2", "--cells", "chain:4,random:16", "--rows", "3", "--steps", "3",
+                          "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["tree"], r["nodes"]) for r in rows] == [("chain", 4), ("random", 16)]
+    for r in rows:  # 3 rows and 4-node paths: every step of the chain writes the state
+        assert r["r3_u_diff"] < 1e-5 and r["r3_state_diff"] < 1e-5, r
