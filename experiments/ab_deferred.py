@@ -14,7 +14,8 @@ captured as a CUDA graph of one step and timed as the MEAN over many back-to-bac
 (CUDA events), not the median, which would hide the writes. Before timing, both variants run
 --steps steps from the same pool; every step's o and u and the flushed final pool must agree.
 --parts also times the verify and the commit apart (time_parts), to say which one moved, and
-the verify under each of --verify-configs.
+the verify under each of --verify-configs; --variants runs the deferred rows again with each
+named kernel variant (kernel_variants.py) in place, in the same process.
 Index of experiments: experiments/README.md; notes: experiments/NOTES.md.
 """
 
@@ -26,6 +27,9 @@ import os
 import random
 import sys
 import time
+from contextlib import nullcontext
+
+from kernel_variants import VARIANTS, kernel_in_place, load_variant
 
 
 def parse_cells(text):
@@ -134,9 +138,16 @@ def main(argv=None):
     ap.add_argument("--parts", action="store_true", help="also time verify and commit apart (time_parts)")
     ap.add_argument("--verify-configs", default="",
                     help="with --parts: verify launch configs to time too, e.g. 'BV=32,BK=64;BV=64,num_warps=8'")
+    ap.add_argument("--variants", default="",
+                    help="kernel_variants.py names to run with the deferred rows too, each in place of its kernel "
+                         "(keys NAME_r16_us, ...), e.g. p-after")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    variants = list(filter(None, args.variants.split(",")))
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown} (kernel_variants.py has {sorted(VARIANTS)})")
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -165,35 +176,43 @@ def main(argv=None):
             ref_pool = x["pool"].clone()
             ref_step = step_fn(kernels, x, ref_pool, None)
             outs = [tuple(t.clone() for t in ref_step()) for _ in range(args.steps)]
-            for rows in rows_list:
-                pool = x["pool"].clone()
-                pend = kernels.new_pending(pool, rows, spec.gdn_key_heads)
-                step = step_fn(kernels, x, pool, pend)
-                # every step's o (bf16) and u (float32: shows what bf16 rounding would hide)
-                diffs = [[rel(a, b) for a, b in zip(step(), want)] for want in outs]
-                row[f"r{rows}_o_diff"] = max(d[0] for d in diffs)
-                row[f"r{rows}_u_diff"] = max(d[1] for d in diffs)
-                kernels.tree_flush(pool, pend, check_trees=False)
-                row[f"r{rows}_state_diff"] = rel(pool, ref_pool)
-            if cuda:  # steady state: one step a graph, the mean over back-to-back replays
-                for name, rows in [("plain", None)] + [(f"r{r}", r) for r in rows_list]:
-                    pool = x["pool"].clone()
-                    pend = None if rows is None else kernels.new_pending(pool, rows, spec.gdn_key_heads)
-                    graph = capture_graph(torch, [step_fn(kernels, x, pool, pend)])
-                    seconds_per_call(torch, graph.replay, 20, cuda=True)
-                    row[f"{name}_us"] = seconds_per_call(torch, graph.replay, args.calls, cuda=True) * 1e6
-                    if args.parts:
-                        parts = time_parts(torch, kernels, x, rows, args.calls,
-                                           lambda g: seconds_per_call(torch, g.replay, args.calls, cuda=True) * 1e6,
-                                           configs)
-                        row.update({f"{name}_{part}_us": us for part, us in parts.items()})
+            for variant in [None] + variants:  # the shipped kernels first, then each variant in place
+                tag = "" if variant is None else f"{variant}_"
+                with nullcontext() if variant is None else kernel_in_place(VARIANTS[variant].site,
+                                                                           load_variant(variant)):
+                    for rows in rows_list:
+                        pool = x["pool"].clone()
+                        pend = kernels.new_pending(pool, rows, spec.gdn_key_heads)
+                        step = step_fn(kernels, x, pool, pend)
+                        # every step's o (bf16) and u (float32: shows what bf16 rounding would hide)
+                        diffs = [[rel(a, b) for a, b in zip(step(), want)] for want in outs]
+                        row[f"{tag}r{rows}_o_diff"] = max(d[0] for d in diffs)
+                        row[f"{tag}r{rows}_u_diff"] = max(d[1] for d in diffs)
+                        kernels.tree_flush(pool, pend, check_trees=False)
+                        row[f"{tag}r{rows}_state_diff"] = rel(pool, ref_pool)
+                    if not cuda:
+                        continue
+                    # steady state: one step a graph, the mean over back-to-back replays
+                    timed = [("plain", None)] if variant is None else []
+                    for name, rows in timed + [(f"{tag}r{r}", r) for r in rows_list]:
+                        pool = x["pool"].clone()
+                        pend = None if rows is None else kernels.new_pending(pool, rows, spec.gdn_key_heads)
+                        graph = capture_graph(torch, [step_fn(kernels, x, pool, pend)])
+                        seconds_per_call(torch, graph.replay, 20, cuda=True)
+                        row[f"{name}_us"] = seconds_per_call(torch, graph.replay, args.calls, cuda=True) * 1e6
+                        if args.parts:
+                            parts = time_parts(torch, kernels, x, rows, args.calls,
+                                               lambda g: seconds_per_call(torch, g.replay, args.calls, cuda=True) * 1e6,
+                                               configs)
+                            row.update({f"{name}_{part}_us": us for part, us in parts.items()})
             table.append(row)
             cells = "  ".join(f"{k} {v:.3g}" for k, v in row.items() if k.endswith(("_us", "_diff")))
             print(f"B{batch:3d} {tree:6s} T{nodes:3d}  {cells}", flush=True)
             if args.out:  # after every cell: an interrupt keeps what was measured
                 blob = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreter, untimed)",
                         "torch": torch.__version__, "triton": triton.__version__, "model": spec.name,
-                        "state_dtype": args.state_dtype, "verify_configs": configs, "command": "python " + " ".join(sys.argv),
+                        "state_dtype": args.state_dtype, "verify_configs": configs, "variants": variants,
+                        "command": "python " + " ".join(sys.argv),
                         "seconds": round(time.time() - t0, 1), "rows": table}
                 tmp = args.out + ".tmp"
                 with open(tmp, "w") as f:

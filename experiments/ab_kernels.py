@@ -23,9 +23,8 @@ import argparse
 import importlib
 import json
 import sys
-from contextlib import contextmanager
 
-from kernel_variants import SITES, VARIANTS, edited_source, load_variant
+from kernel_variants import SITES, VARIANTS, edited_source, kernel_in_place, load_variant
 
 VERIFY_CASES = "1x16,1x64,1x64:chain,4x32,4x64,16x16,16x32,16x64,16x64:chain,64x64,64x64:chain"
 COMMIT_CASES = "1x64,4x64,16x64,64x64"
@@ -54,18 +53,6 @@ class WithConstexprs:
 
     def __getitem__(self, grid):
         return lambda *args, **kw: self.kernel[grid](*args, **self.constexprs, **kw)
-
-
-@contextmanager
-def kernel_in_place(site, kernel):
-    """The launcher reads `kernel` while inside (CUDA graphs keep what was captured)."""
-    launcher = importlib.import_module(site.launcher)
-    shipped = getattr(launcher, site.attr)
-    setattr(launcher, site.attr, kernel)
-    try:
-        yield
-    finally:
-        setattr(launcher, site.attr, shipped)
 
 
 def rel(a, b) -> float:

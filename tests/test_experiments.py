@@ -4,6 +4,7 @@ kernel changed under it) must fail loudly here, not on the GPU machine."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -47,11 +48,25 @@ def test_the_deferred_ab_smoke_run_agrees_and_writes_its_record(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, str(EXPERIMENTS / "ab_deferred.py"), "--device", "cpu", "--model", "tiny",
                           "--batch", "2", "--cells", "chain:4,random:16", "--rows", "3", "--steps", "3",
-                          "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+                          "--variants", "p-after", "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     import json
 
     rows = json.loads(out.read_text())["rows"]
     assert [(r["tree"], r["nodes"]) for r in rows] == [("chain", 4), ("random", 16)]
     for r in rows:  # 3 rows and 4-node paths: every step of the chain writes the state
-        assert r["r3_u_diff"] < 1e-5 and r["r3_state_diff"] < 1e-5, r
+        for tag in ("", "p-after_"):  # the shipped verify, then the variant in its place
+            assert r[f"{tag}r3_u_diff"] < 1e-5 and r[f"{tag}r3_state_diff"] < 1e-5, r
+    assert rows[1]["r3_u_diff"] > 0  # the random tree's verify did read pending rows
+
+
+def test_a_variant_is_in_place_only_inside_its_context():
+    variants = _kernel_variants()
+    site = variants.VARIANTS["p-after"].site
+    launcher = importlib.import_module(site.launcher)
+    shipped = getattr(launcher, site.attr)
+    edited = variants.load_variant("p-after")
+    with variants.kernel_in_place(site, edited):
+        assert getattr(launcher, site.attr) is edited is not shipped
+    assert getattr(launcher, site.attr) is shipped

@@ -104,9 +104,19 @@ def pending_rows(pend_u, pend_lp, pend_n, slot, ok, hv, n_hv, offs_v, vmask, V: 
 
 
 @triton.jit
+def pending_keys(pend_k, row, used, h, n_h, offs, K: tl.constexpr):
+    """The pending rows' unit keys [LPP, BK] of key head h, key columns offs (zero in rows
+    not in use)."""
+    return tl.load(pend_k + (row[:, None] * n_h + h) * K + offs[None, :],
+                   mask=used[:, None] & (offs < K)[None, :], other=0.0)
+
+
+@triton.jit
 def pending_slice(sb, uw, decay, pend_k, row, used, h, n_h, offs, K: tl.constexpr, PRECISION: tl.constexpr):
     """A slice sb [BV, BK] (key columns offs) of the written state -> the same slice of the
-    true state: exp(logP_end) sb + sum_j w_j u_j k_j^T (`pending_rows` gives uw, decay)."""
-    kp = tl.load(pend_k + (row[:, None] * n_h + h) * K + offs[None, :],
-                 mask=used[:, None] & (offs < K)[None, :], other=0.0)
+    true state: exp(logP_end) sb + sum_j w_j u_j k_j^T (`pending_rows` gives uw, decay).
+    In the one-tile kernel this rebuild inside the key loop spills (experiments/NOTES.md
+    "Deferred commit measured"; the form that adds the rows after the state products
+    instead is variant p-after in experiments/kernel_variants.py)."""
+    kp = pending_keys(pend_k, row, used, h, n_h, offs, K)
     return decay * sb + tl.dot(tl.trans(uw), kp, input_precision=PRECISION)
