@@ -70,3 +70,27 @@ def test_a_variant_is_in_place_only_inside_its_context():
     with variants.kernel_in_place(site, edited):
         assert getattr(launcher, site.attr) is edited is not shipped
     assert getattr(launcher, site.attr) is shipped
+
+
+def test_compile_stats_reads_the_sm90_compile(tmp_path):
+    """compile_stats.py compiles a verify kernel for sm_90 on this machine (no GPU) and reads
+    ptxas's registers and spill bytes; a spec of the wrong length is refused by name."""
+    import glob
+
+    import triton
+
+    if not glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas*")):
+        pytest.skip("this Triton install ships no ptxas")
+    out = tmp_path / "stats.json"
+    script = str(EXPERIMENTS / "compile_stats.py")
+    run = subprocess.run([sys.executable, script, "tile", "16,32,64,32,4,1", "--rows", "0,16", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["rows"] for r in rows] == [0, 16]
+    assert all(0 < r["registers"] <= 255 and r["spill_stores"] >= 0 for r in rows)
+    assert rows[1]["shared"] > rows[0]["shared"]  # the pending rows' dot operands
+    bad = subprocess.run([sys.executable, script, "tile", "16,32"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "six numbers" in bad.stderr

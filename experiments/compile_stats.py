@@ -1,0 +1,120 @@
+"""sm_90 compile statistics of the verify kernels without a GPU: registers, stack frame and
+spill bytes, shared memory and barriers, from Triton's own compile for an sm_90 target and the
+ptxas Triton ships. A proxy, not a timing: in I17-i the ranking of spill bytes of three
+pending-row forms matched their measured ranking on the H200 (experiments/NOTES.md,
+"Deferred commit measured").
+
+    python experiments/compile_stats.py tile 16,128,32,128,2,2 --rows 0,16 [--variant p-after]
+    python experiments/compile_stats.py blocked 128,64,32,32,2,1 --rows 16 [--out FILE.json]
+
+A spec is TP,BV,BK,VT,warps,stages (blocked: BC in VT's place); the shapes are Qwen3.5-9B's
+GDN layer (H 16, HV 32, dk = dv = 128), bf16 activations, float32 state, gated, L2 norms.
+Index of experiments: experiments/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from kernel_variants import SITES, VARIANTS, load_variant
+
+POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
+            "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
+            "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "pend_k": "*fp32", "pend_u": "*fp32",
+            "pend_lp": "*fp32", "pend_n": "*i32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32"}
+STRIDES = dict(s_qn=16 * 128, s_qh=128, s_kn=16 * 128, s_kh=128, s_vn=32 * 128, s_vh=128, s_gn=32, s_gh=1,
+               s_bn=32, s_bh=1, s_sn=32 * 128 * 128, s_sh=128 * 128, s_sv=128, s_on=32 * 128, s_oh=128,
+               s_un=32 * 128, s_uh=128, s_ln=32)
+
+
+def ptxas_path() -> str:
+    """The ptxas Triton ships (the newest of its binaries, which knows sm_90a)."""
+    import triton
+
+    found = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas*")))
+    if not found:
+        raise SystemExit("no ptxas in this Triton install (backends/nvidia/bin)")
+    return found[-1]
+
+
+def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    tp, bv, bk, vt, warps, stages = spec
+    constexprs = dict(GROUP=2, K=128, V=128, KP=128, TP=tp, BV=bv, BK=bk, LP=rows,
+                      LPP=max(16, triton.next_power_of_2(max(rows, 1))), USE_L2NORM=True, PRECISION="tf32",
+                      GATED=True, GRAM16=True)
+    constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False) if blocked else dict(VT=vt))
+    params = [p.name for p in kernel.params]
+    const = {p.name for p in kernel.params if p.is_constexpr}
+    signature = {p: "constexpr" if p in const else ("i32" if p in STRIDES else POINTERS[p]) for p in params}
+    values = dict(constexprs, **STRIDES)
+    src = ASTSource(fn=kernel, signature=signature,
+                    constexprs={(params.index(n),): v for n, v in values.items() if n in params})
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    ptx = out.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        run = subprocess.run([ptxas_path(), "-v", "-arch=sm_90a", path, "-o", os.path.join(tmp, "kernel.cubin")],
+                             capture_output=True, text=True)
+    regs = re.search(r"Used (\d+) registers", run.stderr)
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", run.stderr)
+    if not (regs and frame):
+        raise SystemExit(f"ptxas gave no statistics: {run.stderr[-400:]}")
+    return {"registers": int(regs.group(1)), "stack": int(frame.group(1)), "spill_stores": int(frame.group(2)),
+            "spill_loads": int(frame.group(3)), "shared": out.metadata.shared, "bar_sync": ptx.count("bar.sync")}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kernel", choices=("tile", "blocked"))
+    ap.add_argument("specs", nargs="+", help="TP,BV,BK,VT,warps,stages (blocked: BC for VT)")
+    ap.add_argument("--rows", default="0", help="pending rows (0: none), comma-separated")
+    ap.add_argument("--variant", help="a kernel_variants.py name of this kernel's site")
+    ap.add_argument("--out", help="write the rows as JSON here")
+    args = ap.parse_args(argv)
+    site = SITES["verify" if args.kernel == "tile" else "blocked"]
+    if args.variant and (args.variant not in VARIANTS or VARIANTS[args.variant].site != site):
+        names = sorted(n for n, v in VARIANTS.items() if v.site == site)
+        raise SystemExit(f"--variant: {args.variant!r} is not a {args.kernel} variant ({', '.join(names)})")
+    try:
+        specs = [tuple(int(x) for x in s.split(",")) for s in args.specs]
+        rows_list = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        raise SystemExit("specs and --rows are comma-separated integers") from None
+    if any(len(s) != 6 for s in specs):
+        raise SystemExit("a spec has six numbers: TP,BV,BK,VT,warps,stages")
+    os.environ["TRITON_INTERPRET"] = "0"  # a real compile for the sm_90 target, with or without a GPU
+    kernel = load_variant(args.variant) if args.variant else getattr(importlib.import_module(site.source), site.attr)
+    table = []
+    for spec in specs:
+        for rows in rows_list:
+            stats = compile_stats(kernel, spec, rows, args.kernel == "blocked")
+            table.append(dict(kernel=args.kernel, variant=args.variant, spec=list(spec), rows=rows, **stats))
+            print(f"{args.kernel} {args.variant or 'shipped'} {','.join(map(str, spec))} rows {rows}: "
+                  f"{stats['registers']} regs, stack {stats['stack']}, spill st/ld {stats['spill_stores']}/"
+                  f"{stats['spill_loads']} B, smem {stats['shared']}, bar.sync {stats['bar_sync']}", flush=True)
+    if args.out:
+        import triton
+
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"target": "sm_90a (compiled, not run)", "triton": triton.__version__, "ptxas": ptxas_path(),
+                       "command": "python " + " ".join(sys.argv), "rows": table}, f, indent=1)
+        os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    main()
