@@ -26,7 +26,8 @@ MAX_PENDING_ROWS = 64
 
 #: Pending rows a slot that `bole bench e2e`'s deferred decoders keep: two to five accepted
 #: paths of the drafters' depths (<= 8) between state writes, for 19% more GDN state
-#: memory at Qwen3.5-9B's shape (not yet tuned on a GPU).
+#: memory at Qwen3.5-9B's shape (on the H200 16 beat 8 in every cell, though deferral
+#: itself lost: experiments/NOTES.md "Deferred commit measured").
 DEFAULT_PENDING_ROWS = 16
 
 #: Requests in one batch that any command accepts (a batch of trees, a calibration or serve

@@ -40,7 +40,8 @@ def tree_parents(kind: str, nodes: int, rng: random.Random) -> list[int]:
 
 
 class LayerInputs:
-    """One GDN layer's verify inputs for a batch of same-size trees, on the GPU.
+    """One GDN layer's verify inputs for a batch of same-size trees, on the GPU (or `device`,
+    for a smoke run under the interpreter).
 
     spec: anything with the ModelSpec's gdn_* head counts and dims. sglang_buffers: also
     SGLang's per-node snapshot buffer (B*T*HV*V*K*4 bytes), its rows and
@@ -48,8 +49,8 @@ class LayerInputs:
     """
 
     def __init__(self, torch, spec, batch: int, nodes: int, tree: str, seed: int, act_dtype, state_dtype,
-                 *, sglang_buffers: bool = True):
-        dev = "cuda"
+                 *, sglang_buffers: bool = True, device: str = "cuda"):
+        dev = device
         rng = random.Random(seed)
         gen = torch.Generator(device=dev).manual_seed(seed)
         h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 from contextlib import nullcontext
@@ -42,46 +41,33 @@ def parse_cells(text):
     return out
 
 
-def cell_inputs(torch, spec, batch, tree, nodes, seed, device, act_dtype, state_dtype):
-    from bole_cli.timing import tree_parents
+def cell_inputs(torch, spec, batch, tree, nodes, seed, device, state_dtype):
+    """bole_cli.timing.LayerInputs (as `bole bench kernels` builds them, bf16 activations)
+    with a state pool of a decoding model's scale and, for chains, the whole chain accepted
+    (a drafted chain that is all accepted: the longest path the rows must take)."""
+    from bole_cli.timing import LayerInputs
 
-    rng = random.Random(seed)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
-    n = batch * nodes
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, device=device)
-
-    local = []
-    for _ in range(batch):
-        local.extend(tree_parents(tree, nodes, rng))
-    accepted = [nodes - 1 if tree == "chain" else rng.randint(0, nodes - 1) for _ in range(batch)]
-    return dict(
-        q=randn(n, h, kd).to(act_dtype), k=randn(n, h, kd).to(act_dtype), v=randn(n, hv, vd).to(act_dtype),
-        a=randn(n, hv).to(act_dtype), b=randn(n, hv).to(act_dtype),
-        A_log=(torch.rand(hv, generator=gen, device=device) * 2.0 - 1.0).float(), dt_bias=randn(hv).float(),
-        pool=randn(batch + 1, hv, vd, kd).mul_(0.05).to(state_dtype),
-        slots=torch.randperm(batch + 1, generator=gen, device=device)[:batch].to(torch.int32),
-        parents=torch.tensor(local, dtype=torch.int32, device=device),
-        cu=torch.arange(0, n + 1, nodes, dtype=torch.int32, device=device),
-        accepted=torch.tensor(accepted, dtype=torch.int32, device=device),
-        max_depth=nodes - 1 if tree == "chain" else min(7, nodes - 1), nodes=nodes, key_heads=h)
+    x = LayerInputs(torch, spec, batch, nodes, tree, seed, torch.bfloat16, state_dtype, sglang_buffers=False,
+                    device=device)
+    x.pool.mul_(0.05)
+    if tree == "chain":
+        x.accepted.fill_(nodes - 1)
+    return x
 
 
 def verify_fn(kernels, x, pool, pending, config=None):
-    return lambda: kernels.tree_verify_gated(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], pool,
-                                             x["slots"], x["parents"], x["cu"], check_trees=False,
-                                             max_nodes=x["nodes"], max_depth=x["max_depth"], pending=pending,
+    return lambda: kernels.tree_verify_gated(x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, pool,
+                                             x.slots, x.parents, x.cu, check_trees=False,
+                                             max_nodes=x.nodes, max_depth=x.max_depth, pending=pending,
                                              config=config)
 
 
 def commit_fn(kernels, x, pool, pending, res):
     if pending is None:
-        return lambda: kernels.tree_commit(pool, x["slots"], x["k"], res.u, res.log_p, x["parents"], x["cu"],
-                                           x["accepted"], check_trees=False)
-    return lambda: kernels.tree_commit_deferred(pool, x["slots"], x["k"], res.u, res.log_p, x["parents"], x["cu"],
-                                                x["accepted"], pending, check_trees=False)
+        return lambda: kernels.tree_commit(pool, x.slots, x.k, res.u, res.log_p, x.parents, x.cu,
+                                           x.accepted, check_trees=False)
+    return lambda: kernels.tree_commit_deferred(pool, x.slots, x.k, res.u, res.log_p, x.parents, x.cu,
+                                                x.accepted, pending, check_trees=False)
 
 
 def step_fn(kernels, x, pool, pending):
@@ -103,8 +89,8 @@ def time_parts(torch, kernels, x, rows, calls, timed, configs=()):
     again under each of `configs` (verify_0, verify_1, ...)."""
     from bole_cli.timing import capture_graph, seconds_per_call
 
-    pool = x["pool"].clone()
-    pend = None if rows is None else kernels.new_pending(pool, rows, x["key_heads"])
+    pool = x.pool.clone()
+    pend = None if rows is None else kernels.new_pending(pool, rows, x.k.shape[1])
     step = step_fn(kernels, x, pool, pend)
     for _ in range(4 * (rows or 0)):  # fill the rows to about half
         if int(pend.count.max()) >= rows // 2:
@@ -170,10 +156,10 @@ def main(argv=None):
     table, t0 = [], time.time()
     for batch in (int(b) for b in args.batch.split(",")):
         for tree, nodes in parse_cells(args.cells):
-            x = cell_inputs(torch, spec, batch, tree, nodes, 11, args.device, torch.bfloat16, state_dtype)
+            x = cell_inputs(torch, spec, batch, tree, nodes, 11, args.device, state_dtype)
             row = {"batch": batch, "tree": tree, "nodes": nodes}
             # agreement: the same steps from the same pool, o every step, the flushed pool at the end
-            ref_pool = x["pool"].clone()
+            ref_pool = x.pool.clone()
             ref_step = step_fn(kernels, x, ref_pool, None)
             outs = [tuple(t.clone() for t in ref_step()) for _ in range(args.steps)]
             for variant in [None] + variants:  # the shipped kernels first, then each variant in place
@@ -181,7 +167,7 @@ def main(argv=None):
                 with nullcontext() if variant is None else kernel_in_place(VARIANTS[variant].site,
                                                                            load_variant(variant)):
                     for rows in rows_list:
-                        pool = x["pool"].clone()
+                        pool = x.pool.clone()
                         pend = kernels.new_pending(pool, rows, spec.gdn_key_heads)
                         step = step_fn(kernels, x, pool, pend)
                         # every step's o (bf16) and u (float32: shows what bf16 rounding would hide)
@@ -195,7 +181,7 @@ def main(argv=None):
                     # steady state: one step a graph, the mean over back-to-back replays
                     timed = [("plain", None)] if variant is None else []
                     for name, rows in timed + [(f"{tag}r{r}", r) for r in rows_list]:
-                        pool = x["pool"].clone()
+                        pool = x.pool.clone()
                         pend = None if rows is None else kernels.new_pending(pool, rows, spec.gdn_key_heads)
                         graph = capture_graph(torch, [step_fn(kernels, x, pool, pend)])
                         seconds_per_call(torch, graph.replay, 20, cuda=True)

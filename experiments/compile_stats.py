@@ -7,8 +7,8 @@ pending-row forms matched their measured ranking on the H200 (experiments/NOTES.
     python experiments/compile_stats.py tile 16,128,32,128,2,2 --rows 0,16 [--variant p-after]
     python experiments/compile_stats.py blocked 128,64,32,32,2,1 --rows 16 [--out FILE.json]
 
-A spec is TP,BV,BK,VT,warps,stages (blocked: BC in VT's place); the shapes are Qwen3.5-9B's
-GDN layer (H 16, HV 32, dk = dv = 128), bf16 activations, float32 state, gated, L2 norms.
+A spec is TP,BV,BK,VT,warps,stages (blocked: BC in VT's place); the shapes are a catalogue
+model's GDN layer (--model, default 9b), bf16 activations, float32 state, gated, L2 norms.
 Index of experiments: experiments/README.md.
 """
 
@@ -30,9 +30,20 @@ POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf
             "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
             "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "pend_k": "*fp32", "pend_u": "*fp32",
             "pend_lp": "*fp32", "pend_n": "*i32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32"}
-STRIDES = dict(s_qn=16 * 128, s_qh=128, s_kn=16 * 128, s_kh=128, s_vn=32 * 128, s_vh=128, s_gn=32, s_gh=1,
-               s_bn=32, s_bh=1, s_sn=32 * 128 * 128, s_sh=128 * 128, s_sv=128, s_on=32 * 128, s_oh=128,
-               s_un=32 * 128, s_uh=128, s_ln=32)
+
+
+def layer_shape(model: str) -> tuple[dict, dict]:
+    """(the kernels' shape constexprs, the contiguous tensors' strides) of a catalogue model's
+    GDN layer."""
+    from bole_cli.catalog.models import resolve_model
+
+    spec = resolve_model(model)
+    h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
+    shape = dict(GROUP=hv // h, K=kd, V=vd, KP=1 << (kd - 1).bit_length())
+    strides = dict(s_qn=h * kd, s_qh=kd, s_kn=h * kd, s_kh=kd, s_vn=hv * vd, s_vh=vd, s_gn=hv, s_gh=1, s_bn=hv,
+                   s_bh=1, s_sn=hv * vd * kd, s_sh=vd * kd, s_sv=kd, s_on=hv * vd, s_oh=vd, s_un=hv * vd, s_uh=vd,
+                   s_ln=hv)
+    return shape, strides
 
 
 def ptxas_path() -> str:
@@ -45,20 +56,21 @@ def ptxas_path() -> str:
     return found[-1]
 
 
-def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool) -> dict:
+def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model: str = "9b") -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     tp, bv, bk, vt, warps, stages = spec
-    constexprs = dict(GROUP=2, K=128, V=128, KP=128, TP=tp, BV=bv, BK=bk, LP=rows,
+    shape, strides = layer_shape(model)
+    constexprs = dict(shape, TP=tp, BV=bv, BK=bk, LP=rows,
                       LPP=max(16, triton.next_power_of_2(max(rows, 1))), USE_L2NORM=True, PRECISION="tf32",
                       GATED=True, GRAM16=True)
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False) if blocked else dict(VT=vt))
     params = [p.name for p in kernel.params]
     const = {p.name for p in kernel.params if p.is_constexpr}
-    signature = {p: "constexpr" if p in const else ("i32" if p in STRIDES else POINTERS[p]) for p in params}
-    values = dict(constexprs, **STRIDES)
+    signature = {p: "constexpr" if p in const else ("i32" if p in strides else POINTERS[p]) for p in params}
+    values = dict(constexprs, **strides)
     src = ASTSource(fn=kernel, signature=signature,
                     constexprs={(params.index(n),): v for n, v in values.items() if n in params})
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
@@ -83,6 +95,7 @@ def main(argv=None) -> None:
     ap.add_argument("specs", nargs="+", help="TP,BV,BK,VT,warps,stages (blocked: BC for VT)")
     ap.add_argument("--rows", default="0", help="pending rows (0: none), comma-separated")
     ap.add_argument("--variant", help="a kernel_variants.py name of this kernel's site")
+    ap.add_argument("--model", default="9b", help="catalogue model whose GDN layer shape to compile for")
     ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args(argv)
     site = SITES["verify" if args.kernel == "tile" else "blocked"]
@@ -101,8 +114,9 @@ def main(argv=None) -> None:
     table = []
     for spec in specs:
         for rows in rows_list:
-            stats = compile_stats(kernel, spec, rows, args.kernel == "blocked")
-            table.append(dict(kernel=args.kernel, variant=args.variant, spec=list(spec), rows=rows, **stats))
+            stats = compile_stats(kernel, spec, rows, args.kernel == "blocked", args.model)
+            table.append(dict(kernel=args.kernel, variant=args.variant, model=args.model, spec=list(spec), rows=rows,
+                              **stats))
             print(f"{args.kernel} {args.variant or 'shipped'} {','.join(map(str, spec))} rows {rows}: "
                   f"{stats['registers']} regs, stack {stats['stack']}, spill st/ld {stats['spill_stores']}/"
                   f"{stats['spill_loads']} B, smem {stats['shared']}, bar.sync {stats['bar_sync']}", flush=True)

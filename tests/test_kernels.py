@@ -576,7 +576,8 @@ def test_gpu_real_shapes(dtype, tol, group, sizes):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("size,kernel", [(64, "auto"), (200, "blocked"), (200, "auto")], ids=["tile", "blocked", "chain"])
+@pytest.mark.parametrize("size,kernel", [(64, "auto"), (200, "blocked"), (200, "auto")],
+                         ids=["tile", "blocked", "chain"])
 def test_gpu_deep_chains_with_correlated_keys(dtype, tol, size, kernel):
     """The CPU suite's hard case (test_deep_chains_with_correlated_keys) at real shapes, on
     the GPU's dots: the block-merging solve (one tile, the blocked kernel, the chain kernel)."""

@@ -76,7 +76,8 @@ def chain_launch_config(lanes: int) -> dict:
     """tree_verify's chain kernel (chains past one tile), by request-heads `lanes`: from the
     H200 A/B of issue 17 (experiments/results/i17-big/ab-v12.json, configs FE and FI; NOTES.md
     "Big trees"): chunks of 16 nodes on 4 warps, value tiles of 32 up to 32 request-heads (a
-    single 9B request: 128 programs) and 64 beyond. Not tuned per GPU: the rule is the measured best at every cell."""
+    single 9B request: 128 programs) and 64 beyond. Not tuned per GPU: the rule is the
+    measured best at every cell."""
     return {"BC": 16, "BV": 32 if lanes <= 32 else 64, "num_warps": 4, "num_stages": 1}
 
 

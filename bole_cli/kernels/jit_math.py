@@ -50,8 +50,9 @@ def poison_rows(o, u, log_p, first, n_rows, v0, hv, s_on, s_oh, s_un, s_uh, s_ln
 @triton.jit
 def is_long_chain(parents, start, n_solved, TP: tl.constexpr, DS: tl.constexpr):
     """Whether a request's tree of n_solved nodes is a chain (parents[i] = i - 1 throughout)
-    of more than DS nodes (its last node has DS strict ancestors or more). The chain kernel takes exactly these requests and the blocked
-    kernel, after it, the others: both ask this, so exactly one of them writes each row."""
+    of more than DS nodes (its last node has DS strict ancestors or more). The chain kernel
+    takes exactly these requests and the blocked kernel, after it, the others: both ask
+    this, so exactly one of them writes each row."""
     alln = tl.arange(0, TP)
     amask = alln < n_solved
     par = tl.load(parents + start + alln, mask=amask, other=-1).to(tl.int32)

@@ -304,8 +304,9 @@ def tree_verify(
     max_depth: the most strict ancestors of any node (a promise, checked when check_trees).
     Past one tile, chains of more than CHAIN_KERNEL_DEPTH nodes (as many strict ancestors or
     more) take the chain kernel (tree_verify_chain.py) and other trees the blocked one; a
-    promise below CHAIN_KERNEL_DEPTH (or the host check) saves the chain kernel's launch. A request neither kernel takes (a
-    broken promise) is computed by the blocked kernel, so a promise never costs exactness.
+    promise below CHAIN_KERNEL_DEPTH (or the host check) saves the chain kernel's launch. A
+    request neither kernel takes (a broken promise) is computed by the blocked kernel, so a
+    promise never costs exactness.
 
     pending: a deferred commit's rows for this layer (tree_commit_deferred.py): each slot's
     true state, exp(logP_end) S + its pending rows' u k^T, is what the trees see.
