@@ -15,7 +15,8 @@ captured as a CUDA graph of one step and timed as the MEAN over many back-to-bac
 --steps steps from the same pool; every step's o and u and the flushed final pool must agree.
 --parts also times the verify and the commit apart (time_parts), to say which one moved, and
 the verify under each of --verify-configs; --variants runs the deferred rows again with each
-named kernel variant (kernel_variants.py) in place, in the same process.
+named kernel variant (kernel_variants.py) in place, or under its launch knobs, in the same
+process.
 Index of experiments: experiments/README.md; notes: experiments/NOTES.md.
 """
 
@@ -70,10 +71,10 @@ def commit_fn(kernels, x, pool, pending, res):
                                                 x.accepted, pending, check_trees=False)
 
 
-def step_fn(kernels, x, pool, pending):
-    """One step on `pool` (and `pending`, if deferred): verify, then commit; returns the
-    verify's (o, u, log_p)."""
-    verify = verify_fn(kernels, x, pool, pending)
+def step_fn(kernels, x, pool, pending, config=None):
+    """One step on `pool` (and `pending`, if deferred): verify (under `config`), then
+    commit; returns the verify's (o, u, log_p)."""
+    verify = verify_fn(kernels, x, pool, pending, config)
 
     def step():
         res = verify()
@@ -82,23 +83,24 @@ def step_fn(kernels, x, pool, pending):
     return step
 
 
-def time_parts(torch, kernels, x, rows, calls, timed, configs=()):
+def time_parts(torch, kernels, x, rows, calls, timed, configs=(), config=None):
     """The step's two launches apart, each its own graph (mean over replays): verify over
     rows kept about half full (no commit runs), and the commit alone in steady state (the
     deferred one cycles through appends and state writes as in a step); then the verify
-    again under each of `configs` (verify_0, verify_1, ...)."""
+    again under each of `configs` (verify_0, verify_1, ...). `config`: a variant's knobs."""
     from bole_cli.timing import capture_graph, seconds_per_call
 
     pool = x.pool.clone()
     pend = None if rows is None else kernels.new_pending(pool, rows, x.k.shape[1])
-    step = step_fn(kernels, x, pool, pend)
+    step = step_fn(kernels, x, pool, pend, config)
     for _ in range(4 * (rows or 0)):  # fill the rows to about half
         if int(pend.count.max()) >= rows // 2:
             break
         step()
-    res = verify_fn(kernels, x, pool, pend)()
+    res = verify_fn(kernels, x, pool, pend, config)()
     out = {}
-    parts = [("verify", verify_fn(kernels, x, pool, pend)), ("commit", commit_fn(kernels, x, pool, pend, res))]
+    parts = [("verify", verify_fn(kernels, x, pool, pend, config)),
+             ("commit", commit_fn(kernels, x, pool, pend, res))]
     parts += [(f"verify_{i}", verify_fn(kernels, x, pool, pend, cfg)) for i, cfg in enumerate(configs)]
     for part, fn in parts:
         graph = capture_graph(torch, [fn])
@@ -164,12 +166,13 @@ def main(argv=None):
             outs = [tuple(t.clone() for t in ref_step()) for _ in range(args.steps)]
             for variant in [None] + variants:  # the shipped kernels first, then each variant in place
                 tag = "" if variant is None else f"{variant}_"
+                knobs = VARIANTS[variant].config or None if variant else None  # a launch-knob variant's
                 with nullcontext() if variant is None else kernel_in_place(VARIANTS[variant].site,
                                                                            load_variant(variant)):
                     for rows in rows_list:
                         pool = x.pool.clone()
                         pend = kernels.new_pending(pool, rows, spec.gdn_key_heads)
-                        step = step_fn(kernels, x, pool, pend)
+                        step = step_fn(kernels, x, pool, pend, knobs)
                         # every step's o (bf16) and u (float32: shows what bf16 rounding would hide)
                         diffs = [[rel(a, b) for a, b in zip(step(), want)] for want in outs]
                         row[f"{tag}r{rows}_o_diff"] = max(d[0] for d in diffs)
@@ -183,13 +186,13 @@ def main(argv=None):
                     for name, rows in timed + [(f"{tag}r{r}", r) for r in rows_list]:
                         pool = x.pool.clone()
                         pend = None if rows is None else kernels.new_pending(pool, rows, spec.gdn_key_heads)
-                        graph = capture_graph(torch, [step_fn(kernels, x, pool, pend)])
+                        graph = capture_graph(torch, [step_fn(kernels, x, pool, pend, knobs)])
                         seconds_per_call(torch, graph.replay, 20, cuda=True)
                         row[f"{name}_us"] = seconds_per_call(torch, graph.replay, args.calls, cuda=True) * 1e6
                         if args.parts:
                             parts = time_parts(torch, kernels, x, rows, args.calls,
                                                lambda g: seconds_per_call(torch, g.replay, args.calls, cuda=True) * 1e6,
-                                               configs)
+                                               configs, knobs)
                             row.update({f"{name}_{part}_us": us for part, us in parts.items()})
             table.append(row)
             cells = "  ".join(f"{k} {v:.3g}" for k, v in row.items() if k.endswith(("_us", "_diff")))

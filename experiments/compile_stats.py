@@ -56,7 +56,9 @@ def ptxas_path() -> str:
     return found[-1]
 
 
-def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model: str = "9b") -> dict:
+def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model: str = "9b",
+                  knobs: dict | None = None) -> dict:
+    """knobs: a launch-knob variant's constexprs (e.g. PENDING_AFTER)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -66,7 +68,8 @@ def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model
     constexprs = dict(shape, TP=tp, BV=bv, BK=bk, LP=rows,
                       LPP=max(16, triton.next_power_of_2(max(rows, 1))), USE_L2NORM=True, PRECISION="tf32",
                       GATED=True, GRAM16=True)
-    constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False) if blocked else dict(VT=vt))
+    constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False) if blocked
+                      else dict(VT=vt, PENDING_AFTER=bool(rows and (knobs or {}).get("PENDING_AFTER", 0))))
     params = [p.name for p in kernel.params]
     const = {p.name for p in kernel.params if p.is_constexpr}
     signature = {p: "constexpr" if p in const else ("i32" if p in strides else POINTERS[p]) for p in params}
@@ -114,7 +117,8 @@ def main(argv=None) -> None:
     table = []
     for spec in specs:
         for rows in rows_list:
-            stats = compile_stats(kernel, spec, rows, args.kernel == "blocked", args.model)
+            stats = compile_stats(kernel, spec, rows, args.kernel == "blocked", args.model,
+                                  VARIANTS[args.variant].config if args.variant else None)
             table.append(dict(kernel=args.kernel, variant=args.variant, model=args.model, spec=list(spec), rows=rows,
                               **stats))
             print(f"{args.kernel} {args.variant or 'shipped'} {','.join(map(str, spec))} rows {rows}: "

@@ -135,39 +135,6 @@ _B_NO_DIAG = (("        kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn, s_k
               ("            while covered < depth:\n", "            while covered < 0:\n"))
 _B_NO_WALK = (("    while tl.max(cur, axis=0) >= 0:\n", "    while tl.max(cur, axis=0) >= 1 << 30:\n"),)
 
-# The one-tile verify's pending rows (deferred commit, I17-i) added after the state products:
-# x^T S_true = decay x^T S + sum_j (x . k_j) w_j u_j, in a second key loop, instead of
-# rebuilding each [BV, BK] state slice inside the first (which spills: NOTES.md "Deferred
-# commit measured"). sm_90 compile here: spill stores 568 -> 68 bytes at batch 64's tuned
-# config, 348 -> 0 at batch 16's; more at T 64 and batch 1-4 (NOTES.md). Not yet timed.
-_P_AFTER = (
-    ("            if LP > 0:  # a deferred commit: the slot's true state is the written one + pending rows\n"
-     "                uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, in_pool, hv, n_hv, offs_v,\n"
-     "                                                      vmask, V, LP, LPP)\n", ""),
-    ("                if LP > 0:\n"
-     "                    sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_hv // GROUP, offs, K, PRECISION)\n"
-     "                xs += tl.dot(kc * inv_k[:, None], tl.trans(sb), input_precision=PRECISION)\n"
-     "                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)\n",
-     "                xs += tl.dot(kc * inv_k[:, None], tl.trans(sb), input_precision=PRECISION)\n"
-     "                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)\n"
-     "            if LP > 0:  # the pending rows in a key loop of their own, after the state products\n"
-     "                uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, in_pool, hv, n_hv, offs_v,\n"
-     "                                                      vmask, V, LP, LPP)\n"
-     "                xk = tl.zeros([TP, LPP], dtype=tl.float32)  # k_i . k_j over the rows j\n"
-     "                yk = tl.zeros([TP, LPP], dtype=tl.float32)\n"
-     "                for kb in range(0, KP, BK):\n"
-     "                    offs = kb + tl.arange(0, BK)\n"
-     "                    m2 = rmask[:, None] & (offs < K)[None, :]\n"
-     "                    kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0)\n"
-     "                    qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)\n"
-     "                    kp = pending_keys(pend_k, prow, pused, h, n_hv // GROUP, offs, K)\n"
-     "                    xk += tl.dot(kc.to(tl.float32) * inv_k[:, None], tl.trans(kp), input_precision=PRECISION)\n"
-     "                    yk += tl.dot(qc.to(tl.float32) * inv_q[:, None], tl.trans(kp), input_precision=PRECISION)\n"
-     "                xs = tl.dot(xk, uw, acc=decay * xs, input_precision=PRECISION)\n"
-     "                ys = tl.dot(yk, uw, acc=decay * ys, input_precision=PRECISION)\n"),
-    ("inverse_by_blocks, pending_rows, pending_slice,", "inverse_by_blocks, pending_keys, pending_rows,"),
-)
-
 VARIANTS: dict[str, Variant] = {
     "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",
                   _PARENTS_IN_REGISTERS, {"TN": 256}),
@@ -192,8 +159,11 @@ VARIANTS: dict[str, Variant] = {
     "b-no-walk": Variant(VERIFY_BLOCKED, "ablation: no pointer jumping (ancestor words and logP)", _B_NO_WALK),
     "b-state-only": Variant(VERIFY_BLOCKED, "ablation: only the state products and the stores (no tree work)",
                             _B_NO_PAIRS + _B_NO_DIAG + _B_NO_WALK),
-    "p-after": Variant(VERIFY_TILE, "pending rows after the state products, in a key loop of their own (I17-i)",
-                       _P_AFTER),
+    # the two pending forms of the one-tile kernel (PENDING_AFTER, shipped by rule since I17-j)
+    "p-rebuild": Variant(VERIFY_TILE, "pending rows rebuilt into each state slice (I17-i's shipped form)",
+                         config={"PENDING_AFTER": 0}),
+    "p-after": Variant(VERIFY_TILE, "pending rows after the state products, a key loop of their own (I17-j)",
+                       config={"PENDING_AFTER": 1}),
     "no-values": Variant(VERIFY_TILE, "ablation: no value loop (state products, solves' products, stores)",
                          _NO_VALUES),
 }

@@ -24,7 +24,9 @@ from test_kernels import LARGE_TREE_TOL, make_case, poisoned_out, rel_err
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 KEYS = ("q", "k", "v", "g", "beta")
 CALLS = {"auto": {}, "tile": {"check_trees": False, "max_nodes": 64}, "big": {"check_trees": False},
-         "blocked": {"check_trees": False, "config": {"CHAIN": 0}}}
+         "blocked": {"check_trees": False, "config": {"CHAIN": 0}},
+         # the one-tile kernel's other pending form (the rule takes it from batch 16 at 9B)
+         "tile-after": {"check_trees": False, "max_nodes": 64, "config": {"PENDING_AFTER": 1}}}
 
 
 def step_inputs(seed, sizes, shape, group, decay, dtype=torch.float32, h=2, kdim=16, vdim=16):
@@ -55,7 +57,7 @@ def run_steps(steps, rows, group=2, decay=(-2.0, -0.01), kernel="auto", state_dt
         want = tree_verify_ref(*(inp[x] for x in KEYS), truth, slots, *tree)
         out = poisoned_out({"v": inp["v"]})
         call = dict(CALLS[kernel])
-        if kernel == "tile":
+        if kernel.startswith("tile"):
             call["max_nodes"] = max(sizes)
         got = tree_verify(*(inp[x] for x in KEYS), pool, slots, *tree, pending=pend, out=out, **call)
         for a, b in zip(got, want):
@@ -82,17 +84,18 @@ def run_steps(steps, rows, group=2, decay=(-2.0, -0.01), kernel="auto", state_dt
     rows=st.sampled_from([1, 4, 16]),
     group=st.sampled_from([1, 2, 4]),
     decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -25.0)]),
-    kernel=st.sampled_from(["auto", "tile", "big"]),
+    kernel=st.sampled_from(["auto", "tile", "tile-after", "big"]),
 )
 def test_deferred_steps_match_committing_every_step(seed, sizes, rows, group, decay, kernel):
     steps = [(sizes, "any")] * 4
     run_steps(steps, rows, group, decay, kernel, seed=seed, tol=1e-4 if decay[0] < -20 else 2e-5)
 
 
+@pytest.mark.parametrize("kernel", ["auto", "tile-after"])
 @pytest.mark.parametrize("h,group,kdim,vdim", [(3, 1, 24, 40), (1, 4, 8, 20)])
-def test_odd_shapes(h, group, kdim, vdim):
+def test_odd_shapes(h, group, kdim, vdim, kernel):
     """Key and value dims that are not powers of two, 3 key heads, GQA 4."""
-    run_steps([([4, 7], "any")] * 4, rows=5, group=group, h=h, kdim=kdim, vdim=vdim, seed=9)
+    run_steps([([4, 7], "any")] * 4, rows=5, group=group, h=h, kdim=kdim, vdim=vdim, seed=9, kernel=kernel)
 
 
 def test_both_paths_run():
@@ -112,10 +115,11 @@ def test_big_trees_and_long_chains_read_pending_rows(kernel):
     assert counts[0] == [3, 4] and counts[2] == [5, 7]
 
 
+@pytest.mark.parametrize("kernel", ["auto", "tile-after"])
 @pytest.mark.parametrize("state_dtype,dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
-def test_low_precision(state_dtype, dtype):
+def test_low_precision(state_dtype, dtype, kernel):
     """A bf16 pool (written only when the rows overflow) and bf16 activations."""
-    run_steps([([5, 3], "any")] * 4, rows=8, state_dtype=state_dtype, dtype=dtype, tol=2e-2)
+    run_steps([([5, 3], "any")] * 4, rows=8, state_dtype=state_dtype, dtype=dtype, tol=2e-2, kernel=kernel)
 
 
 def test_kernel_matches_the_reference_row_for_row():
@@ -187,6 +191,22 @@ def test_launch_config():
     assert all(rel_err(p, want) <= 1e-6 for p in pools) and not torch.equal(pools[0], pool)
     with pytest.raises(InputError, match="config: BV must be a power of two"):
         tree_commit_deferred(pool.clone(), *args, new_pending(pool, 4, 2), config={"BV": 3})
+
+
+def test_the_rule_picks_the_pending_form():
+    """The one-tile kernel adds pending rows after the state products for trees of at most
+    32 nodes from 512 request-heads (where the H200 measured it faster, I17-j), else it
+    rebuilds each state slice; config= overrides the rule."""
+    from bole_cli.kernels.configs import launch_config
+
+    def form(batch, nodes, override=None):
+        shape = {"K": 128, "V": 128, "HV": 32, "B": batch, "N": batch * nodes, "T": nodes}
+        return launch_config("tree_verify", shape, override)["PENDING_AFTER"]
+
+    assert [form(64, 4), form(16, 32), form(4, 4), form(64, 64)] == [1, 1, 0, 0]
+    assert form(4, 4, {"PENDING_AFTER": 1}) == 1
+    with pytest.raises(InputError, match="config: PENDING_AFTER must be 0 or 1"):
+        form(4, 4, {"PENDING_AFTER": 2})
 
 
 def test_guards_without_checks():

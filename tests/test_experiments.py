@@ -56,17 +56,17 @@ def test_the_deferred_ab_smoke_run_agrees_and_writes_its_record(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["tree"], r["nodes"]) for r in rows] == [("chain", 4), ("random", 16)]
     for r in rows:  # 3 rows and 4-node paths: every step of the chain writes the state
-        for tag in ("", "p-after_"):  # the shipped verify, then the variant in its place
+        for tag in ("", "p-after_"):  # the shipped verify, then under the variant's launch knobs
             assert r[f"{tag}r3_u_diff"] < 1e-5 and r[f"{tag}r3_state_diff"] < 1e-5, r
     assert rows[1]["r3_u_diff"] > 0  # the random tree's verify did read pending rows
 
 
 def test_a_variant_is_in_place_only_inside_its_context():
     variants = _kernel_variants()
-    site = variants.VARIANTS["p-after"].site
+    site = variants.VARIANTS["no-values"].site
     launcher = importlib.import_module(site.launcher)
     shipped = getattr(launcher, site.attr)
-    edited = variants.load_variant("p-after")
+    edited = variants.load_variant("no-values")
     with variants.kernel_in_place(site, edited):
         assert getattr(launcher, site.attr) is edited is not shipped
     assert getattr(launcher, site.attr) is shipped

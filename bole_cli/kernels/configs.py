@@ -21,8 +21,10 @@ DEFAULTS: dict[str, dict] = {
     # warps and stages as Triton's; precision of the dots (None: by activation dtype);
     # GRAM16: 16-bit inputs' Gram products on 16-bit operands (exact; one-tile kernel).
     # CHAIN: past one tile, long chains take the chain kernel (0: the blocked kernel for all).
+    # PENDING_AFTER: with a deferred commit's rows, the one-tile kernel adds their products
+    # after the state's (1) instead of rebuilding each state slice (0).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
-                    "precision": None, "GRAM16": 1, "CHAIN": 1},
+                    "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # one program per (layer x request, value head) loops over the value tiles when it writes
     # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
@@ -43,11 +45,16 @@ def _verify_tile_rule(shape: dict) -> dict:
     """One-tile kernel, from the H200 grid (experiments/results/sweep-v4-h200.json): split a value
     head over 4 programs at batch 1 and 2 at batch 4 (the tree work repeated per program
     costs nothing while SMs are idle), one program per head beyond; 64-wide key slices,
-    4 warps (8 lose everywhere: the [T, T] factors are replicated per warp)."""
+    4 warps (8 lose everywhere: the [T, T] factors are replicated per warp). A deferred
+    commit's rows are added after the state products for trees of at most 32 nodes from 512
+    request-heads (batch 16 at 9B), where that form measured 8-26 us faster than rebuilding
+    each state slice; it lost at 64 nodes and at batch 1-4 (H200, I17-j, NOTES.md
+    "Deferred commit measured")."""
     lanes = shape.get("B", 1) * shape.get("HV", 1)
+    after = int(lanes >= 512 and shape.get("T", 0) <= 32)
     if lanes <= 32:
-        return {"BV": 32, "BK": 64, "VSPLIT": 4, "num_warps": 4}
-    return {"BV": 64, "BK": 64, "VSPLIT": 2 if lanes <= 128 else 1, "num_warps": 4}
+        return {"BV": 32, "BK": 64, "VSPLIT": 4, "num_warps": 4, "PENDING_AFTER": after}
+    return {"BV": 64, "BK": 64, "VSPLIT": 2 if lanes <= 128 else 1, "num_warps": 4, "PENDING_AFTER": after}
 
 
 def _verify_blocked_rule(shape: dict) -> dict:

@@ -116,8 +116,8 @@ def pending_keys(pend_k, row, used, h, n_h, offs, K: tl.constexpr):
 def pending_slice(sb, uw, decay, pend_k, row, used, h, n_h, offs, K: tl.constexpr, PRECISION: tl.constexpr):
     """A slice sb [BV, BK] (key columns offs) of the written state -> the same slice of the
     true state: exp(logP_end) sb + sum_j w_j u_j k_j^T (`pending_rows` gives uw, decay).
-    In the one-tile kernel this rebuild inside the key loop spills (experiments/NOTES.md
-    "Deferred commit measured"; the form that adds the rows after the state products
-    instead is variant p-after in experiments/kernel_variants.py)."""
+    In the one-tile kernel this rebuild inside the key loop spills at T <= 32, where the
+    kernel adds the rows' products after the state's instead (PENDING_AFTER;
+    experiments/NOTES.md "Deferred commit measured")."""
     kp = pending_keys(pend_k, row, used, h, n_h, offs, K)
     return decay * sb + tl.dot(tl.trans(uw), kp, input_precision=PRECISION)

@@ -439,7 +439,8 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     if tile:
         per_part, parts = value_split(vdim, bv, cfg["VSPLIT"])
         tp = max(16, triton.next_power_of_2(max_nodes))
-        tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part, **common)
+        tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part,
+                                                  PENDING_AFTER=bool(rows and cfg["PENDING_AFTER"]), **common)
     else:
         # The whole tree's rows sit in registers (the ancestor walk): the promised size (a
         # larger request gets NaN rows), else the limit.
