@@ -53,7 +53,39 @@ CONFIGS = {
     "E2S3": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2, "num_stages": 3},
     "AS2": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4, "num_stages": 2},
     "BS2": {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4, "num_stages": 2},
+    # fifth session (I17-k): SPLIT, the state products and Gram terms in launches of their
+    # own (tree_verify_parts.py) before the tree stage; "stage" times one side alone (the
+    # other launches made no-ops: outputs meaningless, the time is what counts)
+    "SA": {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4, "SPLIT": 1},
+    "SB": {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4, "SPLIT": 1},
+    "SD": {"BC": 64, "BV": 128, "BK": 32, "num_warps": 8, "SPLIT": 1},
+    "SE": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 4, "SPLIT": 1},
+    "SE2": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2, "SPLIT": 1},
+    "SF": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 4, "SPLIT": 1},
+    "SK2": {"BC": 32, "BV": 32, "BK": 32, "num_warps": 2, "SPLIT": 1},
+    "SG": {"BC": 32, "BV": 128, "BK": 32, "num_warps": 4, "SPLIT": 1},
+    "SG8": {"BC": 32, "BV": 128, "BK": 32, "num_warps": 8, "SPLIT": 1},
+    "SH": {"BC": 16, "BV": 128, "BK": 32, "num_warps": 4, "SPLIT": 1},
+    "SGS2": {"BC": 32, "BV": 128, "BK": 32, "num_warps": 4, "num_stages": 2, "SPLIT": 1},
+    "SE2-parts": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2, "SPLIT": 1, "stage": "parts"},
+    "SE2-tree": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2, "SPLIT": 1, "stage": "tree"},
 }
+# SG's stages alone, and the parts' launch settings ("parts": tree_verify.PARTS overrides)
+for _stage in ("parts", "tree", "walk", "P", "G"):
+    CONFIGS[f"SG-{_stage}"] = dict(CONFIGS["SG"], stage=_stage)
+_P_SWEEP = {"P1": {"BR": 32}, "P2": {"num_stages": 2}, "P3": {"num_stages": 3},
+            "P4": {"BV": 128, "num_warps": 8, "num_stages": 2}, "P5": {"BR": 128, "num_warps": 8, "num_stages": 2},
+            "P6": {"BR": 32, "BV": 128, "num_stages": 2}, "P7": {"BK": 64, "num_stages": 2},
+            "P8": {"BR": 32, "num_stages": 2}, "P9": {"BR": 32, "BV": 32, "num_stages": 2}}
+_P_SWEEP.update({"P10": {"num_stages": 4}, "P11": {"BR": 128, "num_warps": 8, "num_stages": 3},
+                 "P12": {"BV": 128, "num_warps": 8, "num_stages": 3}, "P13": {"BK": 64, "num_stages": 3},
+                 "P14": {"BR": 32, "num_stages": 3}, "P15": {"num_stages": 1}})  # (P3's stages are shipped)
+_G_SWEEP = {"G1": {"BG": 32}, "G2": {"gram_stages": 2}, "G3": {"BG": 32, "gram_stages": 2},
+            "G4": {"gram_warps": 8, "gram_stages": 2}}
+for _name, _parts in _P_SWEEP.items():
+    CONFIGS[f"SG-{_name}"] = dict(CONFIGS["SG"], stage="P", parts=_parts)
+for _name, _parts in _G_SWEEP.items():
+    CONFIGS[f"SG-{_name}"] = dict(CONFIGS["SG"], stage="G", parts=_parts)
 for _name, _cfg in CONFIGS.items():
     _cfg.setdefault("CHAIN", int(_name == "R"))
 
@@ -82,17 +114,41 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
+class NoOp:
+    """A kernel that launches nothing (a SPLIT stage timed alone)."""
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: None
+
+
+SPLIT_KERNELS = ("_tree_verify_kernel", "ancestors_kernel", "state_products_kernel", "gram_kernel")
+STAGE_KEEP = {"parts": SPLIT_KERNELS[1:], "tree": SPLIT_KERNELS[:1], "walk": ("ancestors_kernel",),
+              "P": ("state_products_kernel",), "G": ("gram_kernel",)}
+
+
 def launch(tv, name, fn):
-    """Run fn with config CONFIGS[name] (maxnreg applied by swapping the module's kernel)."""
+    """Run fn with config CONFIGS[name] (maxnreg applied by swapping the module's kernel; a
+    "stage" by making the SPLIT kernels it does not keep no-ops; "parts" by overriding
+    tree_verify.PARTS)."""
     cfg = dict(CONFIGS[name])
     cap = cfg.pop("maxnreg", None)
-    shipped = tv._tree_verify_kernel  # (the cap applies to the blocked kernel only)
-    if cap:
-        tv._tree_verify_kernel = Capped(shipped, {"maxnreg": cap})
+    stage = cfg.pop("stage", None)
+    parts = cfg.pop("parts", {})
+    shipped = {k: getattr(tv, k) for k in SPLIT_KERNELS}
+    shipped_parts = dict(tv.PARTS)
+    if cap:  # (the cap applies to the blocked kernel only)
+        tv._tree_verify_kernel = Capped(shipped["_tree_verify_kernel"], {"maxnreg": cap})
+    for k in SPLIT_KERNELS if stage else ():
+        if k not in STAGE_KEEP[stage]:
+            setattr(tv, k, NoOp())
+    tv.PARTS.update(parts)
     try:
         return fn(cfg)
     finally:
-        tv._tree_verify_kernel = shipped
+        for k, v in shipped.items():
+            setattr(tv, k, v)
+        tv.PARTS.clear()
+        tv.PARTS.update(shipped_parts)
 
 
 def check_configs(torch, tv, names, seed=0, dims=(16, 32, 128, 128), sizes=(256, 256, 130, 1, 200, 65),
@@ -128,7 +184,7 @@ def check_configs(torch, tv, names, seed=0, dims=(16, 32, 128, 128), sizes=(256,
         g, beta = gdn_gates_ref(a_log, a, dt_bias, b)
         ref = tree_verify_ref(q, k, v, g, beta, state, slots, par, cu)
         dev = [x.to(device) for x in (q, k, v, a, b, a_log, dt_bias, state, slots, par, cu)]
-        for name in which:
+        for name in (w for w in which if "stage" not in CONFIGS[w]):  # a stage alone is not exact
             def run(cfg):
                 return tv.tree_verify_gated(*dev, check_trees=False, max_nodes=max(sizes), config=cfg)
             got = launch(tv, name, run)

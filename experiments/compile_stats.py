@@ -29,7 +29,8 @@ from kernel_variants import SITES, VARIANTS, load_variant
 POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
             "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
             "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "pend_k": "*fp32", "pend_u": "*fp32",
-            "pend_lp": "*fp32", "pend_n": "*i32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32"}
+            "pend_lp": "*fp32", "pend_n": "*i32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32",
+            "ys": "*fp32", "gram_ws": "*fp32", "bits_ws": "*i64"}
 
 
 def layer_shape(model: str) -> tuple[dict, dict]:
@@ -42,7 +43,7 @@ def layer_shape(model: str) -> tuple[dict, dict]:
     shape = dict(GROUP=hv // h, K=kd, V=vd, KP=1 << (kd - 1).bit_length())
     strides = dict(s_qn=h * kd, s_qh=kd, s_kn=h * kd, s_kh=kd, s_vn=hv * vd, s_vh=vd, s_gn=hv, s_gh=1, s_bn=hv,
                    s_bh=1, s_sn=hv * vd * kd, s_sh=vd * kd, s_sv=kd, s_on=hv * vd, s_oh=vd, s_un=hv * vd, s_uh=vd,
-                   s_ln=hv)
+                   s_ln=hv, s_yn=hv * vd, s_yh=vd)
     return shape, strides
 
 
@@ -68,8 +69,9 @@ def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model
     constexprs = dict(shape, TP=tp, BV=bv, BK=bk, LP=rows,
                       LPP=max(16, triton.next_power_of_2(max(rows, 1))), USE_L2NORM=True, PRECISION="tf32",
                       GATED=True, GRAM16=True)
-    constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False) if blocked
-                      else dict(VT=vt, PENDING_AFTER=bool(rows and (knobs or {}).get("PENDING_AFTER", 0))))
+    knobs = knobs or {}
+    constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
+                      else dict(VT=vt, PENDING_AFTER=bool(rows and knobs.get("PENDING_AFTER", 0))))
     params = [p.name for p in kernel.params]
     const = {p.name for p in kernel.params if p.is_constexpr}
     signature = {p: "constexpr" if p in const else ("i32" if p in strides else POINTERS[p]) for p in params}

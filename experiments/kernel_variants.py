@@ -123,17 +123,19 @@ _NO_VALUES = (("for vt in range(0, VT, BV):\n            offs_v = part",
 _B_NO_PAIRS = (("        for c2 in range(0, c):\n", "        for c2 in range(0, 0):\n"),)
 # (I17-h's first form skipped the whole key-slice loop, the L2 norms with it: NaN outputs,
 # timings above the shipped kernel's, discarded. This one keeps the norms and q / k loads.)
-_B_NO_STATE = (("            sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],\n"
-                "                         mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)\n",
-                "            sb = tl.zeros([BV, BK], dtype=tl.float32)\n"),
-               ("            xs += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)\n"
-                "            ys += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)\n", ""))
-_B_NO_DIAG = (("        kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)\n",
-               "        kk = tl.zeros([BC, BC], dtype=tl.float32)\n"),
-              ("        qk = _gram(q, k, rows_g, rmask, h, s_qn, s_qh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)\n",
-               "        qk = tl.zeros([BC, BC], dtype=tl.float32)\n"),
+_B_NO_STATE = (("                sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],\n"
+                "                             mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)\n",
+                "                sb = tl.zeros([BV, BK], dtype=tl.float32)\n"),
+               ("                xs += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)\n"
+                "                ys_c += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)\n", ""))
+_B_NO_DIAG = (("            kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)\n",
+               "            kk = tl.zeros([BC, BC], dtype=tl.float32)\n"),
+              ("            qk = _gram(q, k, rows_g, rmask, h, s_qn, s_qh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)\n",
+               "            qk = tl.zeros([BC, BC], dtype=tl.float32)\n"),
               ("            while covered < depth:\n", "            while covered < 0:\n"))
-_B_NO_WALK = (("    while tl.max(cur, axis=0) >= 0:\n", "    while tl.max(cur, axis=0) >= 1 << 30:\n"),)
+# (b-no-walk and b-state-only, I17-h, edited the walk inline in v10; it moved into
+# tree_verify_parts.ancestor_words with SPLIT (I17-k), so they were retired: their records
+# stay in results/i17-big/ablate.json, their edits in git history.)
 
 VARIANTS: dict[str, Variant] = {
     "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",
@@ -156,9 +158,8 @@ VARIANTS: dict[str, Variant] = {
                           _B_NO_STATE),
     "b-no-diag": Variant(VERIFY_BLOCKED, "ablation: no diagonal Gram blocks and no product-form solve",
                          _B_NO_DIAG),
-    "b-no-walk": Variant(VERIFY_BLOCKED, "ablation: no pointer jumping (ancestor words and logP)", _B_NO_WALK),
-    "b-state-only": Variant(VERIFY_BLOCKED, "ablation: only the state products and the stores (no tree work)",
-                            _B_NO_PAIRS + _B_NO_DIAG + _B_NO_WALK),
+    "b-split": Variant(VERIFY_BLOCKED, "the tree stage of SPLIT (state products and Gram terms read from "
+                       "workspaces; I17-k)", config={"SPLIT": 1}),
     # the two pending forms of the one-tile kernel (PENDING_AFTER, shipped by rule since I17-j)
     "p-rebuild": Variant(VERIFY_TILE, "pending rows rebuilt into each state slice (I17-i's shipped form)",
                          config={"PENDING_AFTER": 0}),

@@ -24,7 +24,8 @@ from test_kernels import args, make_case, poisoned_out, rel_err
 SIZES = [6, 9, 4]  # request 1 gets the bad slot
 BAD_SLOTS = [-1, -7, 5, 6, 10**9, 2**40]  # the pool has 5 slots (SIZES + 2 spare)
 FAST = settings(max_examples=6, deadline=None, derandomize=True)
-PATHS = {"tile": {"check_trees": False, "max_nodes": max(SIZES)}, "blocked": {"check_trees": False}}
+PATHS = {"tile": {"check_trees": False, "max_nodes": max(SIZES)}, "blocked": {"check_trees": False},
+         "split": {"check_trees": False, "config": {"SPLIT": 1}}}  # the blocked kernel after its parts
 
 
 def guarded(pool: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +97,7 @@ def test_bad_slot_is_refused_when_checking(path, bad):
 
 
 @FAST
-@given(bad=st.sampled_from(BAD_SLOTS), path=st.sampled_from(["tile", "blocked"]), gated=st.booleans())
+@given(bad=st.sampled_from(BAD_SLOTS), path=st.sampled_from(["tile", "blocked", "split"]), gated=st.booleans())
 def test_bad_slot_without_checks_gives_nan_and_reads_nothing(bad, path, gated):
     """The request with the bad slot: NaN o, u, log_p; the others exact; the pool and its
     canaries bitwise unchanged (verify never writes the pool)."""

@@ -138,18 +138,61 @@ LARGE_TREE_TOL = 5e-5
     decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -1e-4)]),
     bc=st.sampled_from([16, 32, 64]),
     kernel=st.sampled_from(["auto", "big", "blocked"]),
+    split=st.sampled_from([0, 1]),
 )
-@example(seed=1, size=256, shape="random", group=2, decay=(-30.0, -1e-4), bc=32, kernel="auto")
-@example(seed=2, size=200, shape="wide", group=1, decay=(-2.0, -0.01), bc=64, kernel="blocked")
-@example(seed=3, size=129, shape="roots", group=2, decay=(-1e-4, -1e-6), bc=16, kernel="blocked")
-@example(seed=4, size=256, shape="chain", group=4, decay=(-30.0, -1e-4), bc=64, kernel="blocked")
-@example(seed=5, size=256, shape="chain", group=4, decay=(-1e-4, -1e-6), bc=32, kernel="big")
-def test_large_trees_match_reference(seed, size, shape, group, decay, bc, kernel):
+@example(seed=1, size=256, shape="random", group=2, decay=(-30.0, -1e-4), bc=32, kernel="auto", split=0)
+@example(seed=2, size=200, shape="wide", group=1, decay=(-2.0, -0.01), bc=64, kernel="blocked", split=0)
+@example(seed=3, size=129, shape="roots", group=2, decay=(-1e-4, -1e-6), bc=16, kernel="blocked", split=0)
+@example(seed=4, size=256, shape="chain", group=4, decay=(-30.0, -1e-4), bc=64, kernel="blocked", split=0)
+@example(seed=5, size=256, shape="chain", group=4, decay=(-1e-4, -1e-6), bc=32, kernel="big", split=0)
+@example(seed=6, size=256, shape="random", group=2, decay=(-30.0, -1e-4), bc=32, kernel="big", split=1)
+@example(seed=7, size=170, shape="roots", group=4, decay=(-1e-4, -1e-6), bc=64, kernel="blocked", split=1)
+@example(seed=8, size=256, shape="chain", group=1, decay=(-2.0, -0.01), bc=16, kernel="blocked", split=1)
+def test_large_trees_match_reference(seed, size, shape, group, decay, bc, kernel, split):
     """65-256-node trees (the blocked kernel's range: DDTree / JetSpec budgets) beside a
-    small request, against the float64 reference; small K and V keep the interpreter fast."""
+    small request, against the float64 reference, with the blocked kernel whole or SPLIT
+    (its parts first: tree_verify_parts.py); small K and V keep the interpreter fast."""
     case, forest = make_case(seed, [size, 7], h=1, group=group, kdim=16, vdim=16, decay=decay, shape=shape)
-    check_verify_and_commit(case, forest, LARGE_TREE_TOL, config={"BC": bc, "BV": 16, "BK": 16}, seed=seed,
-                            kernel=kernel)
+    check_verify_and_commit(case, forest, LARGE_TREE_TOL, config={"BC": bc, "BV": 16, "BK": 16, "SPLIT": split},
+                            seed=seed, kernel=kernel)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_split_parts_with_odd_shapes(gated):
+    """SPLIT at K = 24 and V = 40 (masked key slices, a partial value tile in every part),
+    3 key heads at GQA 2, no L2 norm, several roots and a 1-node request."""
+    from bole_cli.kernels.reference import gdn_gates_ref
+
+    case, forest = make_case(17, [150, 1, 90], h=3, group=2, kdim=24, vdim=40, decay=(-30.0, -1e-5),
+                             shape="roots")
+    cfg = {"BC": 32, "BV": 32, "SPLIT": 1}
+    for l2 in (True, False):
+        if gated:
+            n, hv = case["g"].shape
+            gen = torch.Generator().manual_seed(3)
+            a, b = torch.randn(n, hv, generator=gen) * 3, torch.randn(n, hv, generator=gen)
+            A_log, dt_bias = torch.linspace(-4.0, math.log(30.0), hv), torch.randn(hv, generator=gen)
+            g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
+            ref = tree_verify_ref(*args(dict(case, g=g.float(), beta=beta.float())), use_qk_l2norm=l2)
+            res = tree_verify_gated(case["q"], case["k"], case["v"], a, b, A_log, dt_bias, case["state"],
+                                    case["state_indices"], case["parents"], case["cu_seqlens"], config=cfg,
+                                    use_qk_l2norm=l2, out=poisoned_out(case))
+        else:
+            ref = tree_verify_ref(*args(case), use_qk_l2norm=l2)
+            res = tree_verify(*args(case), config=cfg, use_qk_l2norm=l2, out=poisoned_out(case))
+        for got, want in zip(res, ref):
+            assert rel_err(got, want) <= LARGE_TREE_TOL
+
+
+def test_the_rule_splits_big_trees_at_large_batch():
+    """From 512 request-heads the blocked kernel's parts run first (SPLIT), below it not
+    (where the H200 measured the whole kernel faster, I17-k)."""
+    from bole_cli.kernels.configs import launch_config
+
+    def split(batch, nodes):
+        return launch_config("tree_verify", {"K": 128, "V": 128, "HV": 32, "B": batch, "N": batch * nodes})["SPLIT"]
+
+    assert [split(16, 128), split(64, 256), split(4, 128), split(1, 256), split(16, 40)] == [1, 1, 0, 0, 0]
 
 
 @pytest.mark.parametrize("promise", [128, 200])
@@ -385,7 +428,8 @@ def test_long_chains_take_the_chain_kernel(monkeypatch, trees, call, want):
         assert rel_err(got, exp) <= LARGE_TREE_TOL
 
 
-def test_blocked_kernel_leaves_long_chains_to_the_chain_kernel(monkeypatch):
+@pytest.mark.parametrize("split", [0, 1])
+def test_blocked_kernel_leaves_long_chains_to_the_chain_kernel(monkeypatch, split):
     """With the chain kernel made a no-op, the long chain's rows stay as they were (NaN):
     the blocked kernel after it skips exactly the long chains, and computes the rest."""
     import importlib
@@ -397,7 +441,7 @@ def test_blocked_kernel_leaves_long_chains_to_the_chain_kernel(monkeypatch):
             return lambda *a, **kw: None
     monkeypatch.setattr(tv, "tree_chain_kernel", NoOp())
     case = forest_case([BUSH_70, CHAIN_100, CHAIN_16])
-    res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False)
+    res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False, config={"SPLIT": split})
     ref = tree_verify_ref(*args(case))
     chain_rows = slice(70, 170)
     keep = torch.ones(186, dtype=torch.bool)
@@ -456,8 +500,9 @@ def test_broken_max_depth_promise_is_an_error_when_checking():
     tree_verify(*args(case), max_depth=99)
 
 
+@pytest.mark.parametrize("split", [0, 1])
 @pytest.mark.parametrize("fault", ["slot", "promise"])
-def test_chain_kernel_faults_give_nan(fault):
+def test_chain_kernel_faults_give_nan(fault, split):
     """A long chain whose slot lies outside the pool, or larger than the kernels' TP (a broken
     max_nodes promise; check_trees=False): NaN rows, written by the blocked kernel after the
     chain kernel skipped the request; the other requests exact."""
@@ -469,7 +514,7 @@ def test_chain_kernel_faults_give_nan(fault):
         call, bad = {"max_nodes": 200}, slice(200, 270)
     else:
         call, bad = {"max_nodes": 100}, slice(0, 200)  # TP 128 < 200 nodes
-    res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False, **call)
+    res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False, config={"SPLIT": split}, **call)
     keep = torch.ones(340, dtype=torch.bool)
     keep[bad] = False
     for got, want in zip(res, ref):

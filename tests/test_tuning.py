@@ -134,7 +134,7 @@ def test_builtin_default_ignores_an_installed_resolver():
 
     b = Bucket("tree_verify", GDN_9B, 1, 64)
     want = {k: v for k, v in configs.launch_config("tree_verify", b.launch_shape()).items()
-            if k not in ("precision", "BC", "GRAM16", "CHAIN", "PENDING_AFTER")}  # one tile; these not tuned
+            if k not in ("precision", "BC", "GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT")}  # one tile; not tuned
     weird = lambda kernel, shape: {"BC": 64, "BV": 16}  # noqa: E731
     tt.set_resolver(weird)
     assert builtin_default(b) == want
@@ -184,9 +184,10 @@ def test_blocked_buckets_check_and_time_their_own_tree_size():
             for b in (1, 4, 16, 64)}
     assert all(rule[1][n]["BV"] == 32 and rule[1][n]["BC"] == 64 for n in (128, 192, 256))
     assert all(rule[4][n]["BC"] == 64 and rule[4][n]["num_warps"] == 4 for n in (128, 192, 256))
-    for b in (16, 64):
-        assert (rule[b][128]["BC"], rule[b][128]["num_warps"]) == (32, 2)
-        assert (rule[b][256]["BC"], rule[b][256]["num_warps"]) == (64, 4)
+    for b in (16, 64):  # SPLIT from batch 16 (I17-k): chunks of 32, whole value heads, 4 warps
+        assert all((rule[b][n]["BC"], rule[b][n]["BV"], rule[b][n]["num_warps"], rule[b][n]["SPLIT"])
+                   == (32, 128, 4, 1) for n in (128, 192, 256))
+    assert not any(rule[b][n].get("SPLIT") for b in (1, 4) for n in (128, 192, 256))
 
 
 def test_first_launch_installs_the_tables_once(monkeypatch, capsys):

@@ -22,9 +22,10 @@ DEFAULTS: dict[str, dict] = {
     # GRAM16: 16-bit inputs' Gram products on 16-bit operands (exact; one-tile kernel).
     # CHAIN: past one tile, long chains take the chain kernel (0: the blocked kernel for all).
     # PENDING_AFTER: with a deferred commit's rows, the one-tile kernel adds their products
-    # after the state's (1) instead of rebuilding each state slice (0).
+    # after the state's (1) instead of rebuilding each state slice (0). SPLIT: the blocked
+    # kernel's state products and Gram terms in launches of their own before it (1).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
-                    "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0},
+                    "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0, "SPLIT": 0},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # one program per (layer x request, value head) loops over the value tiles when it writes
     # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
@@ -62,16 +63,20 @@ def _verify_blocked_rule(shape: dict) -> dict:
     (experiments/results/i17-big/, NOTES.md "Big trees"): at batch 1 value tiles of 32 keep
     128 programs busy; at batch 4 chunks of 64 and value tiles of 64, 4 warps; at batch 16
     and beyond chunks of 32 on 2 warps (fewer registers a program, so 4 programs an SM) up to
-    about 160 nodes, chunks of 64 on 4 warps past that (fewer chunk pairs). Smaller trees
-    (size not promised) keep the rule measured on the v3 kernel (sweep-verify-v2-v3-h200.json)."""
+    about 160 nodes, chunks of 64 on 4 warps past that (fewer chunk pairs). From 512
+    request-heads (batch 16 at 9B) the state products, Gram terms and ancestor walk run as
+    launches of their own first (SPLIT) and the tree stage on chunks of 32 with whole value
+    heads on 4 warps: 1.13-1.29x faster there, slower at batch 1-4 (three more launches
+    against little work; I17-k, NOTES.md "Big trees, fifth session"). Smaller trees (size
+    not promised) keep the rule measured on the v3 kernel (sweep-verify-v2-v3-h200.json)."""
     lanes = shape.get("B", 1) * shape.get("HV", 1)  # programs per value tile
     avg_nodes = shape.get("N", 0) / max(shape.get("B", 1), 1)
     if avg_nodes > 64:
         if lanes <= 32:
             return {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4}
-        if lanes < 512 or avg_nodes > 160:
+        if lanes < 512:
             return {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4}
-        return {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2}
+        return {"BC": 32, "BV": 128, "BK": 32, "num_warps": 4, "SPLIT": 1}
     if lanes <= 32:
         return {"BC": 32, "BV": 32, "BK": 32, "num_warps": 4}
     bc = 16 if avg_nodes < 32 else 32

@@ -39,9 +39,10 @@ from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import chain_launch_config, launch_config
 from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, is_long_chain, pending_rows,
-                                      pending_slice, poison_rows, request_span, softplus)
+                                      pending_slice, poison_rows, request_span)
 from bole_cli.kernels.reference import PendingPath, VerifyResult
 from bole_cli.kernels.tree_verify_chain import tree_chain_kernel
+from bole_cli.kernels.tree_verify_parts import ancestor_words, ancestors_kernel, gram_kernel, state_products_kernel
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
 from bole_cli.limits import CHAIN_KERNEL_DEPTH
@@ -65,6 +66,11 @@ from bole_cli.kernels.validate import (
 )
 
 NW = MAX_TREE_NODES // 64  # 64-bit ancestor words per node
+# SPLIT's parts (tree_verify_parts.py), not tuned per GPU: the state products' rows, value
+# columns and key slice a program, the Gram kernel's tile; warps and stages of each
+# (the H200 sweep of I17-k, experiments/NOTES.md "Big trees")
+PARTS = {"BR": 64, "BV": 64, "BK": 32, "num_warps": 4, "num_stages": 3, "BG": 64, "gram_warps": 4,
+         "gram_stages": 2, "walk_warps": 4}
 
 
 @triton.jit
@@ -94,6 +100,14 @@ def _gram(a, b, rows_g, rmask, h, s_an, s_ah, s_bn, s_bh, K: tl.constexpr, KP: t
     return acc
 
 
+@triton.jit
+def _gram_block(at, rows, cols, n, TP: tl.constexpr):
+    """[BC, BC] block (rows, cols) of a request-head's [TP, TP] Gram workspace (zero
+    outside the tree's n nodes: never read there)."""
+    return tl.load(at + rows[:, None] * TP + cols[None, :], mask=(rows < n)[:, None] & (cols < n)[None, :],
+                   other=0.0)
+
+
 @triton.jit(do_not_specialize=["n_slots"])
 def _tree_verify_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
@@ -101,9 +115,10 @@ def _tree_verify_kernel(
     scale, n_slots, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
+    ys, gram_ws, bits_ws, s_yn, s_yh,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     BC: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NW: tl.constexpr, TP: tl.constexpr,
-    DS: tl.constexpr, REMAINDER: tl.constexpr,
+    DS: tl.constexpr, REMAINDER: tl.constexpr, SPLIT: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
     LP: tl.constexpr, LPP: tl.constexpr,
 ):
@@ -112,6 +127,9 @@ def _tree_verify_kernel(
     iv = tl.program_id(2)
     h = hv // GROUP
     start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    if SPLIT:  # the Gram terms of (request, key head): tree_verify_parts.gram_kernel
+        kk_at = gram_ws + (b.to(tl.int64) * (n_hv // GROUP) + h) * TP * TP
+        qk_at = kk_at + (n_hv // GROUP) * TP * TP * tl.num_programs(0)
     # a slot outside the pool, or a tree larger than the promised TP: no chunk runs, NaN rows
     n_solved = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     n_poison = n_nodes - n_solved
@@ -135,30 +153,20 @@ def _tree_verify_kernel(
     # The whole tree at once (TP rows in registers): ancestor-or-self bitmask (NW 64-bit
     # words a row) and logP by pointer jumping, ceil(log2(depth + 1)) steps of tl.gather, as
     # the one-tile kernel does; chunks below take their rows with one more gather each.
-    alln = tl.arange(0, TP)
-    amask = alln < n_solved
-    par = tl.load(parents + start + alln, mask=amask, other=-1).to(tl.int32)
-    lp = tl.load(g + (start + alln) * s_gn + hv * s_gh, mask=amask, other=0.0).to(tl.float32)
-    if GATED:
-        lp = tl.where(amask, neg_a * softplus(lp + bias), 0.0)
-    one = tl.full([TP, NW], 1, tl.int64)
-    own = amask[:, None] & (words[None, :] == (alln // 64)[:, None])
-    bits = tl.where(own, one << (alln % 64).to(tl.int64)[:, None], 0)
-    cur = tl.where(amask & (par < alln), par, -1)  # a parent that does not precede ends the row
-    while tl.max(cur, axis=0) >= 0:
-        act = cur >= 0
-        safe = tl.where(act, cur, 0)
-        bits = bits | tl.where(act[:, None], tl.gather(bits, tl.broadcast_to(safe[:, None], (TP, NW)), 0), 0)
-        lp += tl.where(act, tl.gather(lp, safe, 0), 0.0)
-        cur = tl.where(act, tl.gather(cur, safe, 0), -1)
+    if not SPLIT:  # (SPLIT: ancestors_kernel wrote them; the chunks load their rows)
+        bits, lp = ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP, NW, GATED)
 
     for c in range(0, tl.cdiv(n_solved, BC)):
         c0 = c * BC
         rows = c0 + lane
         rmask = rows < n_nodes
         rows_g = start + rows
-        rbits = tl.gather(bits, tl.broadcast_to(rows[:, None], (BC, NW)), 0)
-        lpc = tl.gather(lp, rows, 0)
+        if SPLIT:
+            rbits = tl.load(bits_ws + rows_g[:, None] * NW + words[None, :], mask=rmask[:, None], other=0)
+            lpc = tl.load(log_p + rows_g * s_ln + hv, mask=rmask, other=0.0)
+        else:
+            rbits = tl.gather(bits, tl.broadcast_to(rows[:, None], (BC, NW)), 0)
+            lpc = tl.gather(lp, rows, 0)
         bc = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
         if GATED:
             bc = tl.where(rmask, tl.sigmoid(bc), 0.0)
@@ -167,34 +175,41 @@ def _tree_verify_kernel(
         # The chunk's products with the state over key-dim slices (whole [BC, K] float32
         # operands do not fit the registers); the L2 norms come from the same slices and
         # scale the products afterwards.
-        xs = tl.zeros([BC, BV], dtype=tl.float32)  # rows k_i^T S
-        ys = tl.zeros([BC, BV], dtype=tl.float32)  # rows q_i^T S
-        nk = tl.zeros([BC], dtype=tl.float32)
-        nq = tl.zeros([BC], dtype=tl.float32)
-        for kb in range(0, KP, BK):
-            offs = kb + tl.arange(0, BK)
-            m2 = rmask[:, None] & (offs < K)[None, :]
-            kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
-            qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
-            if USE_L2NORM:
-                nk += tl.sum(kc * kc, axis=1)
-                nq += tl.sum(qc * qc, axis=1)
-            sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
-                         mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-            if LP > 0:
-                sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_hv // GROUP, offs, K, PRECISION)
-            xs += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
-            ys += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
-        if USE_L2NORM:
-            inv_k = 1.0 / tl.sqrt(nk + 1e-6)
-            inv_q = scale / tl.sqrt(nq + 1e-6)
-        else:
+        if SPLIT:  # unit and scaled already (tree_verify_parts.state_products_kernel)
+            tile = rmask[:, None] & vmask[None, :]
+            xs = tl.load(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], mask=tile, other=0.0)
+            ys_c = tl.load(ys + rows_g[:, None] * s_yn + hv * s_yh + offs_v[None, :], mask=tile, other=0.0)
             inv_k = tl.full([BC], 1.0, tl.float32)
-            inv_q = tl.full([BC], 1.0, tl.float32) * scale
+            inv_q = tl.full([BC], 1.0, tl.float32)
+        else:
+            xs = tl.zeros([BC, BV], dtype=tl.float32)  # rows k_i^T S
+            ys_c = tl.zeros([BC, BV], dtype=tl.float32)  # rows q_i^T S
+            nk = tl.zeros([BC], dtype=tl.float32)
+            nq = tl.zeros([BC], dtype=tl.float32)
+            for kb in range(0, KP, BK):
+                offs = kb + tl.arange(0, BK)
+                m2 = rmask[:, None] & (offs < K)[None, :]
+                kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+                if USE_L2NORM:
+                    nk += tl.sum(kc * kc, axis=1)
+                    nq += tl.sum(qc * qc, axis=1)
+                sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
+                             mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+                if LP > 0:
+                    sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_hv // GROUP, offs, K, PRECISION)
+                xs += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
+                ys_c += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
+            if USE_L2NORM:
+                inv_k = 1.0 / tl.sqrt(nk + 1e-6)
+                inv_q = scale / tl.sqrt(nq + 1e-6)
+            else:
+                inv_k = tl.full([BC], 1.0, tl.float32)
+                inv_q = tl.full([BC], 1.0, tl.float32) * scale
         vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
                      mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
         r = bc[:, None] * (vc - (p * inv_k)[:, None] * xs)
-        out = (p * inv_q)[:, None] * ys
+        out = (p * inv_q)[:, None] * ys_c
 
         # Earlier chunks: R -= G[c, c'] U_c', O += C[c, c'] U_c' (U_c' written by this program
         # before the barrier). A pair with no ancestor link (wide trees, several roots) is skipped.
@@ -203,30 +218,38 @@ def _tree_verify_kernel(
             m = _block_mask(rbits, cols, c2 * BC, NW)
             if tl.max(tl.max(m.to(tl.int32), axis=1), axis=0) > 0:
                 cols_g = start + cols
-                kkj = tl.zeros([BC, BC], dtype=tl.float32)
-                qkj = tl.zeros([BC, BC], dtype=tl.float32)
-                nkj = tl.zeros([BC], dtype=tl.float32)
-                for kb in range(0, KP, BK):
-                    offs = kb + tl.arange(0, BK)
-                    m2 = rmask[:, None] & (offs < K)[None, :]
-                    kn = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0)
-                    qn = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)
-                    kj = tl.load(k + cols_g[:, None] * s_kn + h * s_kh + offs[None, :],
-                                 mask=(offs < K)[None, :], other=0.0)
-                    if USE_L2NORM:
-                        kjf = kj.to(tl.float32)
-                        nkj += tl.sum(kjf * kjf, axis=1)
-                    if GRAM16:
-                        kkj += tl.dot(kn, tl.trans(kj))
-                        qkj += tl.dot(qn, tl.trans(kj))
-                    else:
-                        kkj += tl.dot(kn.to(tl.float32), tl.trans(kj.to(tl.float32)), input_precision=PRECISION)
-                        qkj += tl.dot(qn.to(tl.float32), tl.trans(kj.to(tl.float32)), input_precision=PRECISION)
-                if USE_L2NORM:
-                    inv_kj = 1.0 / tl.sqrt(nkj + 1e-6)
-                else:
+                if SPLIT:
+                    kkj = _gram_block(kk_at, rows, cols, n_solved, TP)
+                    qkj = _gram_block(qk_at, rows, cols, n_solved, TP)
                     inv_kj = tl.full([BC], 1.0, tl.float32)
-                lpj = tl.gather(lp, cols, 0)
+                else:
+                    kkj = tl.zeros([BC, BC], dtype=tl.float32)
+                    qkj = tl.zeros([BC, BC], dtype=tl.float32)
+                    nkj = tl.zeros([BC], dtype=tl.float32)
+                    for kb in range(0, KP, BK):
+                        offs = kb + tl.arange(0, BK)
+                        m2 = rmask[:, None] & (offs < K)[None, :]
+                        kn = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0)
+                        qn = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)
+                        kj = tl.load(k + cols_g[:, None] * s_kn + h * s_kh + offs[None, :],
+                                     mask=(offs < K)[None, :], other=0.0)
+                        if USE_L2NORM:
+                            kjf = kj.to(tl.float32)
+                            nkj += tl.sum(kjf * kjf, axis=1)
+                        if GRAM16:
+                            kkj += tl.dot(kn, tl.trans(kj))
+                            qkj += tl.dot(qn, tl.trans(kj))
+                        else:
+                            kkj += tl.dot(kn.to(tl.float32), tl.trans(kj.to(tl.float32)), input_precision=PRECISION)
+                            qkj += tl.dot(qn.to(tl.float32), tl.trans(kj.to(tl.float32)), input_precision=PRECISION)
+                    if USE_L2NORM:
+                        inv_kj = 1.0 / tl.sqrt(nkj + 1e-6)
+                    else:
+                        inv_kj = tl.full([BC], 1.0, tl.float32)
+                if SPLIT:
+                    lpj = tl.load(log_p + cols_g * s_ln + hv)
+                else:
+                    lpj = tl.gather(lp, cols, 0)
                 uj = tl.load(u + cols_g[:, None] * s_un + hv * s_uh + offs_v[None, :],
                              mask=vmask[None, :], other=0.0)
                 ratio = tl.where(m, tl.exp(tl.minimum(lpc[:, None] - lpj[None, :], 0.0)), 0.0) * inv_kj[None, :]
@@ -239,7 +262,10 @@ def _tree_verify_kernel(
         # slices, so that only one [BC, BC] Gram tile is live next to the solve's).
         m = _block_mask(rbits, rows, c0, NW)
         ratio = tl.where(m, tl.exp(tl.minimum(lpc[:, None] - lpc[None, :], 0.0)), 0.0) * inv_k[None, :]
-        kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)
+        if SPLIT:
+            kk = _gram_block(kk_at, rows, rows, n_solved, TP)
+        else:
+            kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)
         gram = tl.where(m & (rows[None, :] != rows[:, None]), (bc * inv_k)[:, None] * ratio * kk, 0.0)
 
         # (I + G_cc)^-1 R: the product form (I - G)(I + G^2)(I + G^4)... (G nilpotent of
@@ -257,13 +283,16 @@ def _tree_verify_kernel(
         else:
             x = tl.dot(inverse_by_blocks(gram, lane, tl.minimum(n_nodes - c0, BC), PRECISION), r,
                        input_precision=PRECISION)
-        qk = _gram(q, k, rows_g, rmask, h, s_qn, s_qh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)
+        if SPLIT:
+            qk = _gram_block(qk_at, rows, rows, n_solved, TP)
+        else:
+            qk = _gram(q, k, rows_g, rmask, h, s_qn, s_qh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)
         out += tl.dot(inv_q[:, None] * ratio * qk, x, input_precision=PRECISION)
 
         tile = rmask[:, None] & vmask[None, :]
         tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], x, mask=tile)
         tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty), mask=tile)
-        if iv == 0:
+        if (iv == 0) & (not SPLIT):
             tl.store(log_p + rows_g * s_ln + hv, lpc, mask=rmask)
         tl.debug_barrier()  # later chunks of this program read u back
     # ... and its outputs are NaN instead (no rows when the request was solved)
@@ -447,7 +476,15 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         tp = max(64, triton.next_power_of_2(max_nodes or MAX_TREE_NODES))
         bc = min(cfg["BC"], 64)
         grid = (bsz, hv, triton.cdiv(vdim, bv))
-        blocked = dict(BC=bc, NW=tp // 64, TP=tp, DS=CHAIN_KERNEL_DEPTH, **common)
+        split = bool(cfg["SPLIT"]) and not rows  # with pending rows: the state products stay inside
+        blocked = dict(BC=bc, NW=tp // 64, TP=tp, DS=CHAIN_KERNEL_DEPTH, SPLIT=split, **common)
+        if split:  # the state products and Gram terms first, in launches of their own
+            ys = torch.empty(n, hv, vdim, device=dev, dtype=torch.float32)
+            gram = torch.empty(2, bsz, h, tp, tp, device=dev, dtype=torch.float32)
+            bits = torch.empty(n, tp // 64, device=dev, dtype=torch.int64)
+            blocked.update(ys=ys, gram_ws=gram, bits_ws=bits, s_yn=ys.stride(0), s_yh=ys.stride(1))
+        else:  # never read
+            blocked.update(ys=u, gram_ws=u, bits_ws=u, s_yn=0, s_yh=0)
         # Chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernel, everything else
         # this one after it; the host check or a max_depth promise can rule the chains out.
         if check_trees:
@@ -464,10 +501,38 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
                 GROUP=hv // h, K=kdim, V=vdim, USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated,
                 **lp, **dict(ccfg, BC=min(ccfg["BC"], 64)))
             if other:
-                _tree_verify_kernel[grid](*args, REMAINDER=True, **blocked)
+                _blocked(args, grid, blocked, True)
         else:
-            _tree_verify_kernel[grid](*args, REMAINDER=False, **blocked)
+            _blocked(args, grid, blocked, False)
     return VerifyResult(o, u, log_p)
+
+
+def _blocked(args, grid, blocked: dict, remainder: bool) -> None:
+    """The blocked kernel, after its SPLIT parts (tree_verify_parts.py) when it has them."""
+    if blocked["SPLIT"]:
+        (q, k, _v, g, _beta, A_log, dt_bias, state, state_idx, parents, cu, _o, u, log_p, _pk, _pu, _pl, _pn,
+         scale, n_slots, _hv, s_qn, s_qh, s_kn, s_kh, _s_vn, _s_vh, s_gn, s_gh, *_rest) = args
+        bsz, hv, _ = grid
+        ys, gram, tp, h = blocked["ys"], blocked["gram_ws"], blocked["TP"], k.shape[1]
+        common = dict(TP=tp, DS=blocked["DS"], REMAINDER=remainder)
+        dots = dict(K=blocked["K"], KP=blocked["KP"], USE_L2NORM=blocked["USE_L2NORM"],
+                    PRECISION=blocked["PRECISION"], **common)
+        ancestors_kernel[(bsz, hv)](g, A_log, dt_bias, state_idx, parents, cu, log_p, blocked["bits_ws"],
+                                    n_slots, s_gn, s_gh, log_p.stride(0), NW=blocked["NW"], GATED=blocked["GATED"],
+                                    num_warps=PARTS["walk_warps"], **common)
+        pv = PARTS["BV"]
+        state_products_kernel[(bsz, hv, triton.cdiv(blocked["V"], pv))](
+            q, k, state, state_idx, parents, cu, u, ys, scale, n_slots,
+            s_qn, s_qh, s_kn, s_kh, state.stride(0), state.stride(1), state.stride(2),
+            u.stride(0), u.stride(1), ys.stride(0), ys.stride(1),
+            GROUP=blocked["GROUP"], V=blocked["V"], BR=PARTS["BR"], BV=pv, BK=min(PARTS["BK"], blocked["KP"]),
+            num_warps=PARTS["num_warps"], num_stages=PARTS["num_stages"], **dots)
+        bg = min(PARTS["BG"], tp)
+        gram_kernel[(bsz, h, (tp // bg) ** 2)](
+            q, k, state_idx, parents, cu, gram, scale, n_slots, h, s_qn, s_qh, s_kn, s_kh,
+            BG=bg, BK=min(PARTS["BK"], blocked["KP"]), GRAM16=blocked["GRAM16"], num_warps=PARTS["gram_warps"],
+            num_stages=PARTS["gram_stages"], **dots)
+    _tree_verify_kernel[grid](*args, REMAINDER=remainder, **blocked)
 
 
 def _forest_depths(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[int, tuple[bool, bool]]:

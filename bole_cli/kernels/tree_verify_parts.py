@@ -1,0 +1,198 @@
+"""The blocked verify's tree-independent parts as launches of their own (SPLIT, issue 17).
+
+The blocked kernel (tree_verify.py) runs one long dependent chain per (request, value head,
+value tile) at 2-4 programs an SM; its products with the state and its Gram terms need no
+tree at all, so here they are computed before it by two wide launches that keep every SM
+busy (docs/design.md §2, "Big trees"; measured: experiments/NOTES.md "Big trees"):
+
+    ancestors_kernel        per (request, value head): logP into log_p and the ancestor
+                            words [N, NW] (pointer jumping), read back a chunk at a time
+    state_products_kernel   per (request, value head, value tile): x_i = k^_i^T S and
+                            y_i = scale q^_i^T S (unit keys and queries when L2-normalised)
+                            for every node, rows of BR at a time; x goes to `u` (which the
+                            tree stage overwrites with U row chunk by row chunk, after
+                            reading it), y to a float32 workspace [N, HV, V]
+    gram_kernel             per (request, key head, [BG, BG] tile below the diagonal):
+                            k^_i . k^_j and scale q^_i . k^_j into a float32 workspace
+                            [2, B, H, TP, TP], shared by the key head's value heads and tiles
+
+A request the tree stage does not compute (slot outside the pool, more than TP nodes, or a
+long chain the chain kernel took) is skipped by both, so neither reads the pool outside its
+bounds nor writes rows another kernel owns.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from bole_cli.kernels.jit_math import is_long_chain, request_span, softplus
+
+
+@triton.jit
+def solved_nodes(cu, state_idx, parents, b, n_slots, TP: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr):
+    """(first node, nodes the tree stage solves: 0 when it skips the request, slot): as
+    the blocked kernel decides it, so the parts cover exactly its requests."""
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    n_solved = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
+    if REMAINDER:
+        n_solved = tl.where(is_long_chain(parents, start, n_solved, TP, DS), 0, n_solved)
+    return start, n_solved, slot
+
+
+@triton.jit
+def ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP: tl.constexpr, NW: tl.constexpr,
+                   GATED: tl.constexpr):
+    """The whole tree at once (TP rows in registers): each node's ancestor-or-self set as NW
+    64-bit words and its logP, by pointer jumping, ceil(log2(depth + 1)) steps of
+    tl.gather (as the one-tile kernel does). Returns (bits [TP, NW], logP [TP])."""
+    alln = tl.arange(0, TP)
+    words = tl.arange(0, NW)
+    amask = alln < n_solved
+    par = tl.load(parents + start + alln, mask=amask, other=-1).to(tl.int32)
+    lp = tl.load(g + (start + alln) * s_gn + hv * s_gh, mask=amask, other=0.0).to(tl.float32)
+    if GATED:
+        lp = tl.where(amask, neg_a * softplus(lp + bias), 0.0)
+    one = tl.full([TP, NW], 1, tl.int64)
+    own = amask[:, None] & (words[None, :] == (alln // 64)[:, None])
+    bits = tl.where(own, one << (alln % 64).to(tl.int64)[:, None], 0)
+    cur = tl.where(amask & (par < alln), par, -1)  # a parent that does not precede ends the row
+    while tl.max(cur, axis=0) >= 0:
+        act = cur >= 0
+        safe = tl.where(act, cur, 0)
+        bits = bits | tl.where(act[:, None], tl.gather(bits, tl.broadcast_to(safe[:, None], (TP, NW)), 0), 0)
+        lp += tl.where(act, tl.gather(lp, safe, 0), 0.0)
+        cur = tl.where(act, tl.gather(cur, safe, 0), -1)
+    return bits, lp
+
+
+@triton.jit(do_not_specialize=["n_slots"])
+def ancestors_kernel(
+    g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, s_gn, s_gh, s_ln,
+    TP: tl.constexpr, NW: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr, GATED: tl.constexpr,
+):
+    """Per (request, value head): logP into log_p and (head 0 only: the tree is the same for
+    every head) the ancestor words into bits_ws [N, NW], so the tree stage loads its chunk's
+    rows instead of holding the whole tree in registers."""
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
+    if GATED:  # g holds SGLang's raw a: fuse the gate (as its verifier does)
+        neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
+        bias = tl.load(dt_bias + hv).to(tl.float32)
+    else:
+        neg_a = 0.0
+        bias = 0.0
+    if n_solved > 0:
+        bits, lp = ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP, NW, GATED)
+        alln = tl.arange(0, TP)
+        amask = alln < n_solved
+        tl.store(log_p + (start + alln) * s_ln + hv, lp, mask=amask)
+        if hv == 0:
+            words = tl.arange(0, NW)
+            tl.store(bits_ws + (start + alln)[:, None] * NW + words[None, :], bits, mask=amask[:, None])
+
+
+@triton.jit(do_not_specialize=["n_slots"])
+def state_products_kernel(
+    q, k, state, state_idx, parents, cu, xs, ys, scale, n_slots,
+    s_qn, s_qh, s_kn, s_kh, s_sn, s_sh, s_sv, s_xn, s_xh, s_yn, s_yh,
+    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
+    BR: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr, DS: tl.constexpr,
+    REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    iv = tl.program_id(2)
+    h = hv // GROUP
+    start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
+    offs_v = iv * BV + tl.arange(0, BV)
+    vmask = offs_v < V
+    for r0 in range(0, n_solved, BR):
+        rows = r0 + tl.arange(0, BR)
+        rmask = rows < n_solved
+        rows_g = start + rows
+        x = tl.zeros([BR, BV], dtype=tl.float32)
+        y = tl.zeros([BR, BV], dtype=tl.float32)
+        nk = tl.zeros([BR], dtype=tl.float32)
+        nq = tl.zeros([BR], dtype=tl.float32)
+        for kb in range(0, KP, BK):
+            offs = kb + tl.arange(0, BK)
+            m2 = rmask[:, None] & (offs < K)[None, :]
+            kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+            qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+            if USE_L2NORM:
+                nk += tl.sum(kc * kc, axis=1)
+                nq += tl.sum(qc * qc, axis=1)
+            sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
+                         mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+            x += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
+            y += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
+        if USE_L2NORM:
+            x = x * (1.0 / tl.sqrt(nk + 1e-6))[:, None]
+            y = y * (scale / tl.sqrt(nq + 1e-6))[:, None]
+        else:
+            y = y * scale
+        tile = rmask[:, None] & vmask[None, :]
+        tl.store(xs + rows_g[:, None] * s_xn + hv * s_xh + offs_v[None, :], x, mask=tile)
+        tl.store(ys + rows_g[:, None] * s_yn + hv * s_yh + offs_v[None, :], y, mask=tile)
+
+
+@triton.jit
+def _row_norms(a, rows_g, rmask, h, s_an, s_ah, K: tl.constexpr, KP: tl.constexpr, BG: tl.constexpr,
+               BK: tl.constexpr):
+    acc = tl.zeros([BG], dtype=tl.float32)
+    for kb in range(0, KP, BK):
+        offs = kb + tl.arange(0, BK)
+        x = tl.load(a + rows_g[:, None] * s_an + h * s_ah + offs[None, :],
+                    mask=rmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(x * x, axis=1)
+    return 1.0 / tl.sqrt(acc + 1e-6)
+
+
+@triton.jit(do_not_specialize=["n_slots"])
+def gram_kernel(
+    q, k, state_idx, parents, cu, gram, scale, n_slots, n_h,
+    s_qn, s_qh, s_kn, s_kh,
+    K: tl.constexpr, KP: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
+    DS: tl.constexpr, REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    GRAM16: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    t = tl.program_id(2)
+    ci = t // (TP // BG)
+    cj = t % (TP // BG)
+    start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
+    if (cj <= ci) & (ci * BG < n_solved):
+        rows = ci * BG + tl.arange(0, BG)
+        cols = cj * BG + tl.arange(0, BG)
+        rmask = rows < n_solved
+        cmask = cols < n_solved
+        rows_g = start + rows
+        cols_g = start + cols
+        kk = tl.zeros([BG, BG], dtype=tl.float32)
+        qk = tl.zeros([BG, BG], dtype=tl.float32)
+        for kb in range(0, KP, BK):
+            offs = kb + tl.arange(0, BK)
+            kmask = (offs < K)[None, :]
+            kn = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=rmask[:, None] & kmask, other=0.0)
+            qn = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=rmask[:, None] & kmask, other=0.0)
+            kj = tl.load(k + cols_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=cmask[:, None] & kmask, other=0.0)
+            if GRAM16:  # 16-bit inputs: their products are exact in the float32 accumulator
+                kk += tl.dot(kn, tl.trans(kj))
+                qk += tl.dot(qn, tl.trans(kj))
+            else:
+                kk += tl.dot(kn.to(tl.float32), tl.trans(kj.to(tl.float32)), input_precision=PRECISION)
+                qk += tl.dot(qn.to(tl.float32), tl.trans(kj.to(tl.float32)), input_precision=PRECISION)
+        if USE_L2NORM:
+            inv_kj = _row_norms(k, cols_g, cmask, h, s_kn, s_kh, K, KP, BG, BK)
+            kk = kk * _row_norms(k, rows_g, rmask, h, s_kn, s_kh, K, KP, BG, BK)[:, None] * inv_kj[None, :]
+            qk = qk * (scale * _row_norms(q, rows_g, rmask, h, s_qn, s_qh, K, KP, BG, BK))[:, None] * inv_kj[None, :]
+        else:
+            qk = qk * scale
+        base = (b.to(tl.int64) * n_h + h) * TP * TP
+        at = base + rows[:, None] * TP + cols[None, :]
+        tile = rmask[:, None] & cmask[None, :]
+        tl.store(gram + at, kk, mask=tile)
+        tl.store(gram + n_h * TP * TP * tl.num_programs(0) + at, qk, mask=tile)
