@@ -80,14 +80,33 @@ _P_SWEEP = {"P1": {"BR": 32}, "P2": {"num_stages": 2}, "P3": {"num_stages": 3},
 _P_SWEEP.update({"P10": {"num_stages": 4}, "P11": {"BR": 128, "num_warps": 8, "num_stages": 3},
                  "P12": {"BV": 128, "num_warps": 8, "num_stages": 3}, "P13": {"BK": 64, "num_stages": 3},
                  "P14": {"BR": 32, "num_stages": 3}, "P15": {"num_stages": 1}})  # (P3's stages are shipped)
-_G_SWEEP = {"G1": {"BG": 32}, "G2": {"gram_stages": 2}, "G3": {"BG": 32, "gram_stages": 2},
-            "G4": {"gram_warps": 8, "gram_stages": 2}}
+_G_SWEEP = {"G1": {"BG": 32}}
+# the fused parts launch (all three roles) under other settings
+for _name, _parts in {"PP1": {"num_stages": 2}, "PP2": {"num_warps": 8}, "PP3": {"BR": 128, "num_warps": 8},
+                      "PP4": {"BV": 128, "num_warps": 8}, "PP5": {"num_stages": 4}}.items():
+    CONFIGS[f"SG-{_name}"] = dict(CONFIGS["SG"], stage="parts", parts=_parts)
 for _name, _parts in _P_SWEEP.items():
     CONFIGS[f"SG-{_name}"] = dict(CONFIGS["SG"], stage="P", parts=_parts)
 for _name, _parts in _G_SWEEP.items():
     CONFIGS[f"SG-{_name}"] = dict(CONFIGS["SG"], stage="G", parts=_parts)
+# V10: the whole blocked kernel by the rule it shipped with until I17-k (the baseline of
+# SPLIT, side by side in the same process; launch() picks its config per cell)
+CONFIGS["V10"] = {"SPLIT": 0, "v10_rule": 1}
 for _name, _cfg in CONFIGS.items():
     _cfg.setdefault("CHAIN", int(_name == "R"))
+    if "BC" in _cfg and "SPLIT" not in _cfg:
+        _cfg["SPLIT"] = 0  # the configs before SPLIT ran the whole kernel (the rule now splits)
+
+
+def v10_rule(batch: int, nodes: int, hv: int = 32) -> dict:
+    """The blocked kernel's launch rule before SPLIT (configs._verify_blocked_rule until
+    I17-k): trees of 65-256 nodes by request-heads."""
+    lanes = batch * hv
+    if lanes <= 32:
+        return {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4}
+    if lanes < 512 or nodes > 160:
+        return {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4}
+    return {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2}
 
 
 class Capped:
@@ -121,12 +140,13 @@ class NoOp:
         return lambda *a, **kw: None
 
 
-SPLIT_KERNELS = ("_tree_verify_kernel", "ancestors_kernel", "state_products_kernel", "gram_kernel")
-STAGE_KEEP = {"parts": SPLIT_KERNELS[1:], "tree": SPLIT_KERNELS[:1], "walk": ("ancestors_kernel",),
-              "P": ("state_products_kernel",), "G": ("gram_kernel",)}
+SPLIT_KERNELS = ("_tree_verify_kernel", "parts_kernel")
+# a stage: (the SPLIT kernels it keeps, the parts' roles: 1 state products, 2 Gram, 4 walk)
+STAGES = {"parts": (("parts_kernel",), 7), "tree": (("_tree_verify_kernel",), 7), "walk": (("parts_kernel",), 4),
+          "P": (("parts_kernel",), 1), "G": (("parts_kernel",), 2)}
 
 
-def launch(tv, name, fn):
+def launch(tv, name, fn, cell=None):
     """Run fn with config CONFIGS[name] (maxnreg applied by swapping the module's kernel; a
     "stage" by making the SPLIT kernels it does not keep no-ops; "parts" by overriding
     tree_verify.PARTS)."""
@@ -134,14 +154,17 @@ def launch(tv, name, fn):
     cap = cfg.pop("maxnreg", None)
     stage = cfg.pop("stage", None)
     parts = cfg.pop("parts", {})
+    if cfg.pop("v10_rule", 0):
+        cfg.update(v10_rule(*(cell or (16, 128))))
     shipped = {k: getattr(tv, k) for k in SPLIT_KERNELS}
     shipped_parts = dict(tv.PARTS)
     if cap:  # (the cap applies to the blocked kernel only)
         tv._tree_verify_kernel = Capped(shipped["_tree_verify_kernel"], {"maxnreg": cap})
-    for k in SPLIT_KERNELS if stage else ():
-        if k not in STAGE_KEEP[stage]:
+    keep, roles = STAGES[stage] if stage else (SPLIT_KERNELS, 7)
+    for k in SPLIT_KERNELS:
+        if k not in keep:
             setattr(tv, k, NoOp())
-    tv.PARTS.update(parts)
+    tv.PARTS.update(parts, ROLES=roles)
     try:
         return fn(cfg)
     finally:
@@ -272,7 +295,7 @@ def main(argv=None):
                 diff = max(rel(a, b) for a, b in zip(outs[0], want))
                 return diff, time_graph(torch, f, rep_ms=args.rep_ms)
             try:
-                row[f"{name}_diff"], row[f"{name}_us"] = launch(tv, name, run)
+                row[f"{name}_diff"], row[f"{name}_us"] = launch(tv, name, run, (batch, nodes))
             except Exception as exc:  # a config that does not compile: note it, go on
                 row[f"{name}_err"] = str(exc)[:200]
                 print(f"  {name}: {exc!r}"[:300], flush=True)

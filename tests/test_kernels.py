@@ -184,15 +184,17 @@ def test_split_parts_with_odd_shapes(gated):
             assert rel_err(got, want) <= LARGE_TREE_TOL
 
 
-def test_the_rule_splits_big_trees_at_large_batch():
-    """From 512 request-heads the blocked kernel's parts run first (SPLIT), below it not
-    (where the H200 measured the whole kernel faster, I17-k)."""
+def test_the_rule_splits_big_trees():
+    """Trees past one tile take the blocked kernel's parts first (SPLIT, I17-k); small trees
+    on the blocked kernel (no size promised) do not; config= overrides the rule."""
     from bole_cli.kernels.configs import launch_config
 
-    def split(batch, nodes):
-        return launch_config("tree_verify", {"K": 128, "V": 128, "HV": 32, "B": batch, "N": batch * nodes})["SPLIT"]
+    def split(batch, nodes, override=None):
+        shape = {"K": 128, "V": 128, "HV": 32, "B": batch, "N": batch * nodes}
+        return launch_config("tree_verify", shape, override)["SPLIT"]
 
-    assert [split(16, 128), split(64, 256), split(4, 128), split(1, 256), split(16, 40)] == [1, 1, 0, 0, 0]
+    assert [split(16, 128), split(64, 256), split(4, 128), split(1, 256), split(16, 40)] == [1, 1, 1, 1, 0]
+    assert split(16, 128, {"SPLIT": 0}) == 0
 
 
 @pytest.mark.parametrize("promise", [128, 200])

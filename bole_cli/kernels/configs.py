@@ -59,24 +59,17 @@ def _verify_tile_rule(shape: dict) -> dict:
 
 
 def _verify_blocked_rule(shape: dict) -> dict:
-    """tree_verify's blocked kernel. Trees of 65-256 nodes from the H200 A/B of issue 17
-    (experiments/results/i17-big/, NOTES.md "Big trees"): at batch 1 value tiles of 32 keep
-    128 programs busy; at batch 4 chunks of 64 and value tiles of 64, 4 warps; at batch 16
-    and beyond chunks of 32 on 2 warps (fewer registers a program, so 4 programs an SM) up to
-    about 160 nodes, chunks of 64 on 4 warps past that (fewer chunk pairs). From 512
-    request-heads (batch 16 at 9B) the state products, Gram terms and ancestor walk run as
-    launches of their own first (SPLIT) and the tree stage on chunks of 32 with whole value
-    heads on 4 warps: 1.13-1.29x faster there, slower at batch 1-4 (three more launches
-    against little work; I17-k, NOTES.md "Big trees, fifth session"). Smaller trees (size
-    not promised) keep the rule measured on the v3 kernel (sweep-verify-v2-v3-h200.json)."""
+    """tree_verify's blocked kernel. Trees of 65-256 nodes (H200 A/B of issue 17, I17-k;
+    experiments/results/i17-big/, NOTES.md "Big trees, fifth session"): SPLIT, the ancestor
+    walk, state products and Gram terms in one wide launch first, then the tree stage on
+    chunks of 32 with whole value heads, on 8 warps below 512 request-heads (batch 16 at 9B)
+    and 4 from there: 1.3-1.5x faster than the whole kernel from batch 4, even at batch 1.
+    Smaller trees (size not promised) keep the rule measured on the v3 kernel
+    (sweep-verify-v2-v3-h200.json)."""
     lanes = shape.get("B", 1) * shape.get("HV", 1)  # programs per value tile
     avg_nodes = shape.get("N", 0) / max(shape.get("B", 1), 1)
     if avg_nodes > 64:
-        if lanes <= 32:
-            return {"BC": 64, "BV": 32, "BK": 32, "num_warps": 4}
-        if lanes < 512:
-            return {"BC": 64, "BV": 64, "BK": 32, "num_warps": 4}
-        return {"BC": 32, "BV": 128, "BK": 32, "num_warps": 4, "SPLIT": 1}
+        return {"BC": 32, "BV": 128, "BK": 32, "num_warps": 8 if lanes < 512 else 4, "SPLIT": 1}
     if lanes <= 32:
         return {"BC": 32, "BV": 32, "BK": 32, "num_warps": 4}
     bc = 16 if avg_nodes < 32 else 32

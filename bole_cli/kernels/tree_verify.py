@@ -42,7 +42,7 @@ from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, is
                                       pending_slice, poison_rows, request_span)
 from bole_cli.kernels.reference import PendingPath, VerifyResult
 from bole_cli.kernels.tree_verify_chain import tree_chain_kernel
-from bole_cli.kernels.tree_verify_parts import ancestor_words, ancestors_kernel, gram_kernel, state_products_kernel
+from bole_cli.kernels.tree_verify_parts import ancestor_words, parts_grid, parts_kernel
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
 from bole_cli.limits import CHAIN_KERNEL_DEPTH
@@ -67,10 +67,9 @@ from bole_cli.kernels.validate import (
 
 NW = MAX_TREE_NODES // 64  # 64-bit ancestor words per node
 # SPLIT's parts (tree_verify_parts.py), not tuned per GPU: the state products' rows, value
-# columns and key slice a program, the Gram kernel's tile; warps and stages of each
-# (the H200 sweep of I17-k, experiments/NOTES.md "Big trees")
-PARTS = {"BR": 64, "BV": 64, "BK": 32, "num_warps": 4, "num_stages": 3, "BG": 64, "gram_warps": 4,
-         "gram_stages": 2, "walk_warps": 4}
+# columns and key slice a program, the Gram tile, the launch's warps and stages, the roles
+# it runs (all three; fewer only to time them apart) (H200, I17-k: NOTES.md "Big trees")
+PARTS = {"BR": 64, "BV": 64, "BK": 32, "BG": 64, "num_warps": 4, "num_stages": 3, "ROLES": 7}
 
 
 @triton.jit
@@ -127,9 +126,9 @@ def _tree_verify_kernel(
     iv = tl.program_id(2)
     h = hv // GROUP
     start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
-    if SPLIT:  # the Gram terms of (request, key head): tree_verify_parts.gram_kernel
+    if SPLIT:  # the Gram terms of (request, key head): tree_verify_parts.py's Gram role
         kk_at = gram_ws + (b.to(tl.int64) * (n_hv // GROUP) + h) * TP * TP
-        qk_at = kk_at + (n_hv // GROUP) * TP * TP * tl.num_programs(0)
+        qk_at = kk_at + tl.num_programs(0).to(tl.int64) * (n_hv // GROUP) * TP * TP
     # a slot outside the pool, or a tree larger than the promised TP: no chunk runs, NaN rows
     n_solved = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     n_poison = n_nodes - n_solved
@@ -153,7 +152,7 @@ def _tree_verify_kernel(
     # The whole tree at once (TP rows in registers): ancestor-or-self bitmask (NW 64-bit
     # words a row) and logP by pointer jumping, ceil(log2(depth + 1)) steps of tl.gather, as
     # the one-tile kernel does; chunks below take their rows with one more gather each.
-    if not SPLIT:  # (SPLIT: ancestors_kernel wrote them; the chunks load their rows)
+    if not SPLIT:  # (SPLIT: the parts' walk wrote them; the chunks load their rows)
         bits, lp = ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP, NW, GATED)
 
     for c in range(0, tl.cdiv(n_solved, BC)):
@@ -175,7 +174,7 @@ def _tree_verify_kernel(
         # The chunk's products with the state over key-dim slices (whole [BC, K] float32
         # operands do not fit the registers); the L2 norms come from the same slices and
         # scale the products afterwards.
-        if SPLIT:  # unit and scaled already (tree_verify_parts.state_products_kernel)
+        if SPLIT:  # unit and scaled already (tree_verify_parts.py's state products)
             tile = rmask[:, None] & vmask[None, :]
             xs = tl.load(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], mask=tile, other=0.0)
             ys_c = tl.load(ys + rows_g[:, None] * s_yn + hv * s_yh + offs_v[None, :], mask=tile, other=0.0)
@@ -513,25 +512,18 @@ def _blocked(args, grid, blocked: dict, remainder: bool) -> None:
         (q, k, _v, g, _beta, A_log, dt_bias, state, state_idx, parents, cu, _o, u, log_p, _pk, _pu, _pl, _pn,
          scale, n_slots, _hv, s_qn, s_qh, s_kn, s_kh, _s_vn, _s_vh, s_gn, s_gh, *_rest) = args
         bsz, hv, _ = grid
-        ys, gram, tp, h = blocked["ys"], blocked["gram_ws"], blocked["TP"], k.shape[1]
-        common = dict(TP=tp, DS=blocked["DS"], REMAINDER=remainder)
-        dots = dict(K=blocked["K"], KP=blocked["KP"], USE_L2NORM=blocked["USE_L2NORM"],
-                    PRECISION=blocked["PRECISION"], **common)
-        ancestors_kernel[(bsz, hv)](g, A_log, dt_bias, state_idx, parents, cu, log_p, blocked["bits_ws"],
-                                    n_slots, s_gn, s_gh, log_p.stride(0), NW=blocked["NW"], GATED=blocked["GATED"],
-                                    num_warps=PARTS["walk_warps"], **common)
-        pv = PARTS["BV"]
-        state_products_kernel[(bsz, hv, triton.cdiv(blocked["V"], pv))](
-            q, k, state, state_idx, parents, cu, u, ys, scale, n_slots,
-            s_qn, s_qh, s_kn, s_kh, state.stride(0), state.stride(1), state.stride(2),
-            u.stride(0), u.stride(1), ys.stride(0), ys.stride(1),
-            GROUP=blocked["GROUP"], V=blocked["V"], BR=PARTS["BR"], BV=pv, BK=min(PARTS["BK"], blocked["KP"]),
-            num_warps=PARTS["num_warps"], num_stages=PARTS["num_stages"], **dots)
-        bg = min(PARTS["BG"], tp)
-        gram_kernel[(bsz, h, (tp // bg) ** 2)](
-            q, k, state_idx, parents, cu, gram, scale, n_slots, h, s_qn, s_qh, s_kn, s_kh,
-            BG=bg, BK=min(PARTS["BK"], blocked["KP"]), GRAM16=blocked["GRAM16"], num_warps=PARTS["gram_warps"],
-            num_stages=PARTS["gram_stages"], **dots)
+        ys, tp, h = blocked["ys"], blocked["TP"], k.shape[1]
+        bv, bg, roles = PARTS["BV"], min(PARTS["BG"], tp), PARTS["ROLES"]
+        parts_kernel[(parts_grid(bsz, h, hv, blocked["V"], bv, bg, tp, roles),)](
+            q, k, g, A_log, dt_bias, state, state_idx, parents, cu, u, ys, log_p, blocked["bits_ws"],
+            blocked["gram_ws"], scale, n_slots, bsz, h, hv,
+            s_qn, s_qh, s_kn, s_kh, s_gn, s_gh, state.stride(0), state.stride(1), state.stride(2),
+            u.stride(0), u.stride(1), ys.stride(0), ys.stride(1), log_p.stride(0),
+            GROUP=blocked["GROUP"], K=blocked["K"], V=blocked["V"], KP=blocked["KP"], BR=PARTS["BR"], BV=bv,
+            BK=min(PARTS["BK"], blocked["KP"]), BG=bg, TP=tp, NW=blocked["NW"], DS=blocked["DS"],
+            REMAINDER=remainder, USE_L2NORM=blocked["USE_L2NORM"], PRECISION=blocked["PRECISION"],
+            GRAM16=blocked["GRAM16"], GATED=blocked["GATED"], ROLES=roles, num_warps=PARTS["num_warps"],
+            num_stages=PARTS["num_stages"])
     _tree_verify_kernel[grid](*args, REMAINDER=remainder, **blocked)
 
 

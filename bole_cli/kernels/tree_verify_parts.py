@@ -1,24 +1,27 @@
-"""The blocked verify's tree-independent parts as launches of their own (SPLIT, issue 17).
+"""The blocked verify's tree-independent parts, one wide launch before it (SPLIT, issue 17).
 
 The blocked kernel (tree_verify.py) runs one long dependent chain per (request, value head,
-value tile) at 2-4 programs an SM; its products with the state and its Gram terms need no
-tree at all, so here they are computed before it by two wide launches that keep every SM
-busy (docs/design.md §2, "Big trees"; measured: experiments/NOTES.md "Big trees"):
+value tile) at 2-4 programs an SM; its ancestor walk, its products with the state and its
+Gram terms need no chunk order at all, so with SPLIT they run first in one launch whose
+programs take one of three roles (the heavy ones first, the light ones filling the tail),
+and the tree stage loads what they wrote (docs/design.md §2, "Big trees"; measured:
+experiments/NOTES.md "Big trees, fifth session"):
 
-    ancestors_kernel        per (request, value head): logP into log_p and the ancestor
-                            words [N, NW] (pointer jumping), read back a chunk at a time
-    state_products_kernel   per (request, value head, value tile): x_i = k^_i^T S and
-                            y_i = scale q^_i^T S (unit keys and queries when L2-normalised)
-                            for every node, rows of BR at a time; x goes to `u` (which the
-                            tree stage overwrites with U row chunk by row chunk, after
-                            reading it), y to a float32 workspace [N, HV, V]
-    gram_kernel             per (request, key head, [BG, BG] tile below the diagonal):
-                            k^_i . k^_j and scale q^_i . k^_j into a float32 workspace
-                            [2, B, H, TP, TP], shared by the key head's value heads and tiles
+    state products  per (request, value head, value tile): x_i = k^_i^T S and
+                    y_i = scale q^_i^T S (unit keys and queries when L2-normalised) for
+                    every node, rows of BR at a time; x goes to `u` (which the tree stage
+                    overwrites with U row chunk by row chunk, after reading it), y to a
+                    float32 workspace [N, HV, V]
+    Gram            per (request, key head, [BG, BG] tile on or below the diagonal):
+                    k^_i . k^_j and scale q^_i . k^_j into a float32 workspace
+                    [2, B, H, TP, TP], shared by the key head's value heads and tiles
+    walk            per (request, value head): logP into log_p and (head 0) the ancestor
+                    words into [N, NW] (pointer jumping), read back a chunk at a time
 
 A request the tree stage does not compute (slot outside the pool, more than TP nodes, or a
-long chain the chain kernel took) is skipped by both, so neither reads the pool outside its
-bounds nor writes rows another kernel owns.
+long chain the chain kernel took) is skipped by every role, so none reads the pool outside
+its bounds nor writes rows another kernel owns. ROLES (a bit each, in the order above)
+leaves roles out, for timing them apart (experiments/ab_big_trees.py).
 """
 
 from __future__ import annotations
@@ -66,16 +69,9 @@ def ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP:
     return bits, lp
 
 
-@triton.jit(do_not_specialize=["n_slots"])
-def ancestors_kernel(
-    g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, s_gn, s_gh, s_ln,
-    TP: tl.constexpr, NW: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr, GATED: tl.constexpr,
-):
-    """Per (request, value head): logP into log_p and (head 0 only: the tree is the same for
-    every head) the ancestor words into bits_ws [N, NW], so the tree stage loads its chunk's
-    rows instead of holding the whole tree in registers."""
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
+@triton.jit
+def _walk_role(g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, s_gn, s_gh, s_ln, b, hv,
+               TP: tl.constexpr, NW: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr, GATED: tl.constexpr):
     start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
     if GATED:  # g holds SGLang's raw a: fuse the gate (as its verifier does)
         neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
@@ -88,22 +84,17 @@ def ancestors_kernel(
         alln = tl.arange(0, TP)
         amask = alln < n_solved
         tl.store(log_p + (start + alln) * s_ln + hv, lp, mask=amask)
-        if hv == 0:
+        if hv == 0:  # the tree is the same for every head
             words = tl.arange(0, NW)
             tl.store(bits_ws + (start + alln)[:, None] * NW + words[None, :], bits, mask=amask[:, None])
 
 
-@triton.jit(do_not_specialize=["n_slots"])
-def state_products_kernel(
-    q, k, state, state_idx, parents, cu, xs, ys, scale, n_slots,
-    s_qn, s_qh, s_kn, s_kh, s_sn, s_sh, s_sv, s_xn, s_xh, s_yn, s_yh,
-    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
-    BR: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr, DS: tl.constexpr,
-    REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
-):
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
-    iv = tl.program_id(2)
+@triton.jit
+def _state_products_role(q, k, state, state_idx, parents, cu, xs, ys, scale, n_slots,
+                         s_qn, s_qh, s_kn, s_kh, s_sn, s_sh, s_sv, s_xn, s_xh, s_yn, s_yh, b, hv, iv,
+                         GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BR: tl.constexpr,
+                         BV: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr, DS: tl.constexpr,
+                         REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr):
     h = hv // GROUP
     start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
     offs_v = iv * BV + tl.arange(0, BV)
@@ -150,17 +141,11 @@ def _row_norms(a, rows_g, rmask, h, s_an, s_ah, K: tl.constexpr, KP: tl.constexp
     return 1.0 / tl.sqrt(acc + 1e-6)
 
 
-@triton.jit(do_not_specialize=["n_slots"])
-def gram_kernel(
-    q, k, state_idx, parents, cu, gram, scale, n_slots, n_h,
-    s_qn, s_qh, s_kn, s_kh,
-    K: tl.constexpr, KP: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
-    DS: tl.constexpr, REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
-    GRAM16: tl.constexpr,
-):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    t = tl.program_id(2)
+@triton.jit
+def _gram_role(q, k, state_idx, parents, cu, gram, scale, n_slots, n_req, n_h, s_qn, s_qh, s_kn, s_kh, b, h, t,
+               K: tl.constexpr, KP: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
+               DS: tl.constexpr, REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+               GRAM16: tl.constexpr):
     ci = t // (TP // BG)
     cj = t % (TP // BG)
     start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
@@ -195,4 +180,44 @@ def gram_kernel(
         at = base + rows[:, None] * TP + cols[None, :]
         tile = rmask[:, None] & cmask[None, :]
         tl.store(gram + at, kk, mask=tile)
-        tl.store(gram + n_h * TP * TP * tl.num_programs(0) + at, qk, mask=tile)
+        tl.store(gram + n_req.to(tl.int64) * n_h * TP * TP + at, qk, mask=tile)
+
+
+@triton.jit(do_not_specialize=["n_slots", "n_req"])
+def parts_kernel(
+    q, k, g, A_log, dt_bias, state, state_idx, parents, cu, xs, ys, log_p, bits_ws, gram,
+    scale, n_slots, n_req, n_h, n_hv,
+    s_qn, s_qh, s_kn, s_kh, s_gn, s_gh, s_sn, s_sh, s_sv, s_xn, s_xh, s_yn, s_yh, s_ln,
+    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BR: tl.constexpr,
+    BV: tl.constexpr, BK: tl.constexpr, BG: tl.constexpr, TP: tl.constexpr, NW: tl.constexpr, DS: tl.constexpr,
+    REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GRAM16: tl.constexpr,
+    GATED: tl.constexpr, ROLES: tl.constexpr,
+):
+    """One program of a role, by program id: state products, then Gram tiles, then walks
+    (parts_grid gives the count)."""
+    pid = tl.program_id(0)
+    n_vt = tl.cdiv(V, BV)
+    n_p = n_req * n_hv * n_vt if ROLES & 1 else 0
+    n_g = n_req * n_h * (TP // BG) * (TP // BG) if ROLES & 2 else 0
+    if pid < n_p:
+        b = pid // (n_hv * n_vt)
+        rest = pid % (n_hv * n_vt)
+        _state_products_role(q, k, state, state_idx, parents, cu, xs, ys, scale, n_slots,
+                             s_qn, s_qh, s_kn, s_kh, s_sn, s_sh, s_sv, s_xn, s_xh, s_yn, s_yh, b, rest // n_vt,
+                             rest % n_vt, GROUP, K, V, KP, BR, BV, BK, TP, DS, REMAINDER, USE_L2NORM, PRECISION)
+    elif pid < n_p + n_g:
+        t = pid - n_p
+        per = n_h * (TP // BG) * (TP // BG)
+        _gram_role(q, k, state_idx, parents, cu, gram, scale, n_slots, n_req, n_h, s_qn, s_qh, s_kn, s_kh,
+                   t // per, (t % per) // ((TP // BG) * (TP // BG)), t % ((TP // BG) * (TP // BG)),
+                   K, KP, BG, BK, TP, DS, REMAINDER, USE_L2NORM, PRECISION, GRAM16)
+    else:
+        t = pid - n_p - n_g
+        _walk_role(g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, s_gn, s_gh, s_ln,
+                   t // n_hv, t % n_hv, TP, NW, DS, REMAINDER, GATED)
+
+
+def parts_grid(n_req: int, n_h: int, n_hv: int, vdim: int, bv: int, bg: int, tp: int, roles: int) -> int:
+    """Programs of parts_kernel: each role in ROLES, in parts_kernel's order."""
+    return (n_req * n_hv * triton.cdiv(vdim, bv) * (roles & 1) + n_req * n_h * (tp // bg) ** 2 * (roles >> 1 & 1)
+            + n_req * n_hv * (roles >> 2 & 1))
