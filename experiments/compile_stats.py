@@ -30,7 +30,7 @@ POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf
             "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
             "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "pend_k": "*fp32", "pend_u": "*fp32",
             "pend_lp": "*fp32", "pend_n": "*i32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32",
-            "ys": "*fp32", "gram_ws": "*fp32", "bits_ws": "*i64"}
+            "ys": "*fp32", "kk_ws": "*fp32", "qk_ws": "*fp32", "bits_ws": "*i64"}
 
 
 def layer_shape(model: str) -> tuple[dict, dict]:

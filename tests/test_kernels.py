@@ -159,12 +159,16 @@ def test_large_trees_match_reference(seed, size, shape, group, decay, bc, kernel
 
 @pytest.mark.parametrize("gated", [False, True])
 def test_split_parts_with_odd_shapes(gated):
-    """SPLIT at K = 24 and V = 40 (masked key slices, a partial value tile in every part),
-    3 key heads at GQA 2, no L2 norm, several roots and a 1-node request."""
+    """SPLIT at K = 48 and V = 72 (two key slices and two value tiles of the parts, the
+    last of each masked), 3 key heads at GQA 2, no L2 norm, several roots, a 1-node and an
+    empty request."""
     from bole_cli.kernels.reference import gdn_gates_ref
 
-    case, forest = make_case(17, [150, 1, 90], h=3, group=2, kdim=24, vdim=40, decay=(-30.0, -1e-5),
+    case, forest = make_case(17, [150, 1, 90], h=3, group=2, kdim=48, vdim=72, decay=(-30.0, -1e-5),
                              shape="roots")
+    case = dict(case, cu_seqlens=torch.tensor([0, 150, 150, 151, 241], dtype=torch.int32),
+                state_indices=torch.cat([case["state_indices"][:1], case["state_indices"][2:3],
+                                         case["state_indices"][1:]]))
     cfg = {"BC": 32, "BV": 32, "SPLIT": 1}
     for l2 in (True, False):
         if gated:
@@ -182,6 +186,43 @@ def test_split_parts_with_odd_shapes(gated):
             res = tree_verify(*args(case), config=cfg, use_qk_l2norm=l2, out=poisoned_out(case))
         for got, want in zip(res, ref):
             assert rel_err(got, want) <= LARGE_TREE_TOL
+
+
+def test_split_reads_only_what_its_parts_wrote(monkeypatch):
+    """SPLIT's scratch starts as NaN (int words as -1), and the parts' Gram tile is set
+    smaller than the tree stage's chunk (16 against 64, which would leave the diagonal
+    blocks' upper tiles unwritten; the launcher widens it): exact all the same, so the tree
+    stage reads no entry the parts left."""
+    import importlib
+
+    tv = importlib.import_module("bole_cli.kernels.tree_verify")
+    monkeypatch.setitem(tv.PARTS, "BG", 16)
+    real_empty = torch.empty
+
+    def nan_empty(*a, **kw):
+        t = real_empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
+
+    case, forest = make_case(23, [130, 66, 1], h=1, group=2, kdim=16, vdim=16, decay=(-3.0, -1e-3), shape="random")
+    ref = tree_verify_ref(*args(case))
+    with monkeypatch.context() as m:
+        m.setattr(torch, "empty", nan_empty)
+        res = tree_verify(*args(case), config={"BC": 64, "BV": 16, "SPLIT": 1}, out=poisoned_out(case))
+    for got, want in zip(res, ref):
+        assert rel_err(got, want) <= LARGE_TREE_TOL
+
+
+def test_split_scratch_bytes():
+    """SPLIT's scratch as `bole bench kernels` counts it: y [N, HV, V] and the Gram terms
+    [2, B, H, TP, TP] in float32, the ancestor words [N, TP / 64] in int64; none for the
+    one-tile kernel or small trees on the whole blocked kernel."""
+    from bole_cli.kernels.tree_verify import verify_scratch_bytes
+
+    n, b, h, hv, d = 16 * 128, 16, 16, 32, 128
+    assert verify_scratch_bytes(n, b, h, hv, d, d, 128) == n * hv * d * 4 + 2 * b * h * 128 * 128 * 4 + n * 2 * 8
+    assert verify_scratch_bytes(16 * 64, b, h, hv, d, d, 64) == 0  # one tile
+    assert verify_scratch_bytes(16 * 40, b, h, hv, d, d, None) == 0  # the blocked kernel whole (small trees)
+    assert verify_scratch_bytes(n, b, h, hv, d, d, None) == n * hv * d * 4 + 2 * b * h * 256 * 256 * 4 + n * 4 * 8
 
 
 def test_the_rule_splits_big_trees():

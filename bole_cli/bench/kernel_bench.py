@@ -235,6 +235,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
     from bole_cli import __version__
     from bole_cli import kernels
     from bole_cli.kernels.reference import VerifyResult
+    from bole_cli.kernels.tree_verify import verify_scratch_bytes
     from bole_cli.memory import factor_bytes_per_node_layer, snapshot_bytes_per_node_layer
 
     act = getattr(torch, act_dtype)
@@ -306,7 +307,10 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     case.floor_bytes = bytes_
                     case.floor_us = bytes_ / bw * 1e6
                     case.sglang_transient_bytes = n * snap_node
-                    case.bole_transient_bytes = n * fact_node
+                    # the per-node factors, plus the big-tree kernel's scratch while it runs
+                    case.bole_transient_bytes = n * fact_node + verify_scratch_bytes(
+                        n, batch, spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim,
+                        nodes)
                     result.cases.append(case)
                     del sets, outs, verify, commit
                     torch.cuda.empty_cache()

@@ -29,6 +29,7 @@ Measured history and what limits it: experiments/NOTES.md "Big trees".
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -102,7 +103,8 @@ def _gram(a, b, rows_g, rmask, h, s_an, s_ah, s_bn, s_bh, K: tl.constexpr, KP: t
 @triton.jit
 def _gram_block(at, rows, cols, n, TP: tl.constexpr):
     """[BC, BC] block (rows, cols) of a request-head's [TP, TP] Gram workspace (zero
-    outside the tree's n nodes: never read there)."""
+    outside the tree's n nodes: never read there). The parts write every tile on or below
+    the diagonal, at least BC wide (_blocked), so every entry read here is written."""
     return tl.load(at + rows[:, None] * TP + cols[None, :], mask=(rows < n)[:, None] & (cols < n)[None, :],
                    other=0.0)
 
@@ -114,7 +116,7 @@ def _tree_verify_kernel(
     scale, n_slots, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
-    ys, gram_ws, bits_ws, s_yn, s_yh,
+    ys, kk_ws, qk_ws, bits_ws, s_yn, s_yh,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     BC: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NW: tl.constexpr, TP: tl.constexpr,
     DS: tl.constexpr, REMAINDER: tl.constexpr, SPLIT: tl.constexpr,
@@ -127,8 +129,8 @@ def _tree_verify_kernel(
     h = hv // GROUP
     start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
     if SPLIT:  # the Gram terms of (request, key head): tree_verify_parts.py's Gram role
-        kk_at = gram_ws + (b.to(tl.int64) * (n_hv // GROUP) + h) * TP * TP
-        qk_at = kk_at + tl.num_programs(0).to(tl.int64) * (n_hv // GROUP) * TP * TP
+        kk_at = kk_ws + (b.to(tl.int64) * (n_hv // GROUP) + h) * TP * TP
+        qk_at = qk_ws + (b.to(tl.int64) * (n_hv // GROUP) + h) * TP * TP
     # a slot outside the pool, or a tree larger than the promised TP: no chunk runs, NaN rows
     n_solved = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     n_poison = n_nodes - n_solved
@@ -477,13 +479,6 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         grid = (bsz, hv, triton.cdiv(vdim, bv))
         split = bool(cfg["SPLIT"]) and not rows  # with pending rows: the state products stay inside
         blocked = dict(BC=bc, NW=tp // 64, TP=tp, DS=CHAIN_KERNEL_DEPTH, SPLIT=split, **common)
-        if split:  # the state products and Gram terms first, in launches of their own
-            ys = torch.empty(n, hv, vdim, device=dev, dtype=torch.float32)
-            gram = torch.empty(2, bsz, h, tp, tp, device=dev, dtype=torch.float32)
-            bits = torch.empty(n, tp // 64, device=dev, dtype=torch.int64)
-            blocked.update(ys=ys, gram_ws=gram, bits_ws=bits, s_yn=ys.stride(0), s_yh=ys.stride(1))
-        else:  # never read
-            blocked.update(ys=u, gram_ws=u, bits_ws=u, s_yn=0, s_yh=0)
         # Chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernel, everything else
         # this one after it; the host check or a max_depth promise can rule the chains out.
         if check_trees:
@@ -506,25 +501,53 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     return VerifyResult(o, u, log_p)
 
 
+def _split_workspaces(n: int, bsz: int, h: int, hv: int, vdim: int, tp: int) -> tuple:
+    """SPLIT's scratch, ((shape, dtype) of y [N, HV, V], the Gram terms [2, B, H, TP, TP],
+    the ancestor words [N, NW]): allocated per launch, reused by the next layer's."""
+    return (((n, hv, vdim), torch.float32), ((2, bsz, h, tp, tp), torch.float32), ((n, tp // 64), torch.int64))
+
+
+def verify_scratch_bytes(n: int, bsz: int, h: int, hv: int, kdim: int, vdim: int, max_nodes: Optional[int]) -> int:
+    """Scratch bytes one tree_verify launch allocates beyond its outputs (SPLIT's
+    workspaces; 0 when the launch takes the one-tile kernel or the whole blocked one),
+    for memory budgets (`bole bench kernels`' transient bytes). No pending rows."""
+    shape = {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "N": n, "T": max_nodes or 0}
+    if is_tile_launch(shape):
+        return 0
+    if not launch_config("tree_verify", dict(shape, T=0))["SPLIT"]:
+        return 0
+    tp = max(64, triton.next_power_of_2(max_nodes or MAX_TREE_NODES))
+    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+               for shape, dtype in _split_workspaces(n, bsz, h, hv, vdim, tp))
+
+
 def _blocked(args, grid, blocked: dict, remainder: bool) -> None:
-    """The blocked kernel, after its SPLIT parts (tree_verify_parts.py) when it has them."""
-    if blocked["SPLIT"]:
-        (q, k, _v, g, _beta, A_log, dt_bias, state, state_idx, parents, cu, _o, u, log_p, _pk, _pu, _pl, _pn,
-         scale, n_slots, _hv, s_qn, s_qh, s_kn, s_kh, _s_vn, _s_vh, s_gn, s_gh, *_rest) = args
-        bsz, hv, _ = grid
-        ys, tp, h = blocked["ys"], blocked["TP"], k.shape[1]
-        bv, bg, roles = PARTS["BV"], min(PARTS["BG"], tp), PARTS["ROLES"]
-        parts_kernel[(parts_grid(bsz, h, hv, blocked["V"], bv, bg, tp, roles),)](
-            q, k, g, A_log, dt_bias, state, state_idx, parents, cu, u, ys, log_p, blocked["bits_ws"],
-            blocked["gram_ws"], scale, n_slots, bsz, h, hv,
-            s_qn, s_qh, s_kn, s_kh, s_gn, s_gh, state.stride(0), state.stride(1), state.stride(2),
-            u.stride(0), u.stride(1), ys.stride(0), ys.stride(1), log_p.stride(0),
-            GROUP=blocked["GROUP"], K=blocked["K"], V=blocked["V"], KP=blocked["KP"], BR=PARTS["BR"], BV=bv,
-            BK=min(PARTS["BK"], blocked["KP"]), BG=bg, TP=tp, NW=blocked["NW"], DS=blocked["DS"],
-            REMAINDER=remainder, USE_L2NORM=blocked["USE_L2NORM"], PRECISION=blocked["PRECISION"],
-            GRAM16=blocked["GRAM16"], GATED=blocked["GATED"], ROLES=roles, num_warps=PARTS["num_warps"],
-            num_stages=PARTS["num_stages"])
-    _tree_verify_kernel[grid](*args, REMAINDER=remainder, **blocked)
+    """The blocked kernel, after its SPLIT parts (tree_verify_parts.py) when it has them
+    (their scratch allocated here, only when they run)."""
+    (q, k, _v, g, _beta, A_log, dt_bias, state, state_idx, parents, cu, _o, u, log_p, _pk, _pu, _pl, _pn,
+     scale, n_slots, _hv, s_qn, s_qh, s_kn, s_kh, _s_vn, _s_vh, s_gn, s_gh, *_rest) = args
+    if not blocked["SPLIT"]:  # never read
+        _tree_verify_kernel[grid](*args, ys=u, kk_ws=u, qk_ws=u, bits_ws=u, s_yn=0, s_yh=0, REMAINDER=remainder,
+                                  **blocked)
+        return
+    bsz, hv, _ = grid
+    tp, h = blocked["TP"], k.shape[1]
+    ys, gram, bits = (torch.empty(shape, device=q.device, dtype=dtype)
+                      for shape, dtype in _split_workspaces(q.shape[0], bsz, h, hv, blocked["V"], tp))
+    # the Gram tiles at least a chunk wide: the tree stage's diagonal blocks lie in written tiles
+    bv, bg, roles = PARTS["BV"], min(max(PARTS["BG"], blocked["BC"]), tp), PARTS["ROLES"]
+    parts_kernel[(parts_grid(bsz, h, hv, blocked["V"], bv, bg, tp, roles),)](
+        q, k, g, A_log, dt_bias, state, state_idx, parents, cu, u, ys, log_p, bits, gram[0], gram[1],
+        scale, n_slots, bsz, h, hv,
+        s_qn, s_qh, s_kn, s_kh, s_gn, s_gh, state.stride(0), state.stride(1), state.stride(2),
+        u.stride(0), u.stride(1), ys.stride(0), ys.stride(1), log_p.stride(0),
+        GROUP=blocked["GROUP"], K=blocked["K"], V=blocked["V"], KP=blocked["KP"], BR=PARTS["BR"], BV=bv,
+        BK=min(PARTS["BK"], blocked["KP"]), BG=bg, TP=tp, NW=blocked["NW"], DS=blocked["DS"],
+        REMAINDER=remainder, USE_L2NORM=blocked["USE_L2NORM"], PRECISION=blocked["PRECISION"],
+        GRAM16=blocked["GRAM16"], GATED=blocked["GATED"], ROLES=roles, num_warps=PARTS["num_warps"],
+        num_stages=PARTS["num_stages"])
+    _tree_verify_kernel[grid](*args, ys=ys, kk_ws=gram[0], qk_ws=gram[1], bits_ws=bits, s_yn=ys.stride(0),
+                              s_yh=ys.stride(1), REMAINDER=remainder, **blocked)
 
 
 def _forest_depths(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[int, tuple[bool, bool]]:

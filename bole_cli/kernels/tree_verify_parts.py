@@ -13,8 +13,8 @@ experiments/NOTES.md "Big trees, fifth session"):
                     overwrites with U row chunk by row chunk, after reading it), y to a
                     float32 workspace [N, HV, V]
     Gram            per (request, key head, [BG, BG] tile on or below the diagonal):
-                    k^_i . k^_j and scale q^_i . k^_j into a float32 workspace
-                    [2, B, H, TP, TP], shared by the key head's value heads and tiles
+                    k^_i . k^_j and scale q^_i . k^_j into two float32 workspaces
+                    [B, H, TP, TP], shared by the key head's value heads and tiles
     walk            per (request, value head): logP into log_p and (head 0) the ancestor
                     words into [N, NW] (pointer jumping), read back a chunk at a time
 
@@ -142,7 +142,7 @@ def _row_norms(a, rows_g, rmask, h, s_an, s_ah, K: tl.constexpr, KP: tl.constexp
 
 
 @triton.jit
-def _gram_role(q, k, state_idx, parents, cu, gram, scale, n_slots, n_req, n_h, s_qn, s_qh, s_kn, s_kh, b, h, t,
+def _gram_role(q, k, state_idx, parents, cu, gram_kk, gram_qk, scale, n_slots, n_h, s_qn, s_qh, s_kn, s_kh, b, h, t,
                K: tl.constexpr, KP: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
                DS: tl.constexpr, REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
                GRAM16: tl.constexpr):
@@ -179,13 +179,13 @@ def _gram_role(q, k, state_idx, parents, cu, gram, scale, n_slots, n_req, n_h, s
         base = (b.to(tl.int64) * n_h + h) * TP * TP
         at = base + rows[:, None] * TP + cols[None, :]
         tile = rmask[:, None] & cmask[None, :]
-        tl.store(gram + at, kk, mask=tile)
-        tl.store(gram + n_req.to(tl.int64) * n_h * TP * TP + at, qk, mask=tile)
+        tl.store(gram_kk + at, kk, mask=tile)
+        tl.store(gram_qk + at, qk, mask=tile)
 
 
 @triton.jit(do_not_specialize=["n_slots", "n_req"])
 def parts_kernel(
-    q, k, g, A_log, dt_bias, state, state_idx, parents, cu, xs, ys, log_p, bits_ws, gram,
+    q, k, g, A_log, dt_bias, state, state_idx, parents, cu, xs, ys, log_p, bits_ws, gram_kk, gram_qk,
     scale, n_slots, n_req, n_h, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_gn, s_gh, s_sn, s_sh, s_sv, s_xn, s_xh, s_yn, s_yh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BR: tl.constexpr,
@@ -208,7 +208,7 @@ def parts_kernel(
     elif pid < n_p + n_g:
         t = pid - n_p
         per = n_h * (TP // BG) * (TP // BG)
-        _gram_role(q, k, state_idx, parents, cu, gram, scale, n_slots, n_req, n_h, s_qn, s_qh, s_kn, s_kh,
+        _gram_role(q, k, state_idx, parents, cu, gram_kk, gram_qk, scale, n_slots, n_h, s_qn, s_qh, s_kn, s_kh,
                    t // per, (t % per) // ((TP // BG) * (TP // BG)), t % ((TP // BG) * (TP // BG)),
                    K, KP, BG, BK, TP, DS, REMAINDER, USE_L2NORM, PRECISION, GRAM16)
     else:
