@@ -289,7 +289,8 @@ def memory_summary(spec: Any, settings: dict, state_dtype: str = "float32") -> O
                     conv_dtype="bfloat16", ssm_dtype=state_dtype,
                     chain=settings.get("eagle_topk") == 1)
     return {"sglang_snapshot_bytes": plan.snapshot_bytes(), "bole_arena_bytes": plan.arena_bytes(),
-            "freed_bytes": plan.saved_bytes(), "state_dtype": state_dtype}
+            "bole_scratch_bytes": plan.scratch_bytes(), "freed_bytes": plan.saved_bytes(),
+            "state_dtype": state_dtype}
 
 
 # --------------------------------------------------------------------------- the whole plan

@@ -48,6 +48,11 @@ def test_memory_summary_counts_the_arena_against_snapshots():
     spec = resolve_model("9b")
     mem = serving.memory_summary(spec, SETTINGS)
     assert mem["freed_bytes"] == mem["sglang_snapshot_bytes"] - mem["bole_arena_bytes"] > 0
+    assert mem["bole_scratch_bytes"] == 0  # trees of at most 64 nodes: one tile, no scratch
+    big = serving.memory_summary(spec, dict(SETTINGS, num_draft_tokens=128))
+    assert big["bole_scratch_bytes"] > 0  # past one tile: the blocked kernel's SPLIT scratch
+    assert big["freed_bytes"] == (big["sglang_snapshot_bytes"] - big["bole_arena_bytes"]
+                                  - big["bole_scratch_bytes"])
     bf16 = serving.memory_summary(spec, SETTINGS, "bfloat16")
     assert bf16["sglang_snapshot_bytes"] < mem["sglang_snapshot_bytes"]
     assert bf16["bole_arena_bytes"] == mem["bole_arena_bytes"]  # factors do not follow the state

@@ -61,8 +61,9 @@ def _panel(result: dict) -> Any:
         ]
     mem = result.get("memory")
     if mem:
+        scratch = f" + scratch {format_bytes(mem['bole_scratch_bytes'])}" if mem["bole_scratch_bytes"] else ""
         rows.append(("verify memory", f"SGLang snapshots {format_bytes(mem['sglang_snapshot_bytes'])} -> "
-                                      f"Bole factors {format_bytes(mem['bole_arena_bytes'])} "
+                                      f"Bole factors {format_bytes(mem['bole_arena_bytes'])}{scratch} "
                                       f"({format_bytes(mem['freed_bytes'])} to the KV cache)"))
     st = result["sglang"]
     rows.append(("SGLang", f"{st['version'] or 'not installed'} (plug-in pinned to {st['pinned']}; "

@@ -117,6 +117,16 @@ class BolePlan:
         return (self.layers * (self.tokens * self.node_bytes_per_layer() + self.rows * per_row)
                 + 4 * (self.tokens + self.rows + self.draft_tokens))
 
+    def scratch_bytes(self) -> int:
+        """The big-tree verify's scratch while one layer verifies (trees past one tile take
+        the blocked kernel's SPLIT parts, docs/design.md §3): reserved beside the arena, at
+        the largest verify batch, D nodes a request promised as factors.py launches it."""
+        from bole_cli.kernels.tree_verify import verify_scratch_bytes  # torch and triton: here only
+
+        batch = max(self.rows - 1, 1)
+        return verify_scratch_bytes(batch * self.draft_tokens, batch, self.key_heads, self.value_heads,
+                                    self.key_dim, self.value_dim, self.draft_tokens)
+
     def snapshot_node_bytes_per_layer(self) -> int:
         """What SGLang stores per draft token and layer: a full state and a conv window."""
         return (state_snapshot_bytes(self.value_heads, self.value_dim, self.key_dim,
@@ -136,11 +146,11 @@ class BolePlan:
         return self.layers * (self.tokens * ssm + self.rows * window)
 
     def saved_bytes(self) -> int:
-        return self.snapshot_bytes() - self.arena_bytes()
+        return self.snapshot_bytes() - self.arena_bytes() - self.scratch_bytes()
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(mode=self.mode, tokens=self.tokens, arena_bytes=self.arena_bytes(),
+        d.update(mode=self.mode, tokens=self.tokens, arena_bytes=self.arena_bytes(), scratch_bytes=self.scratch_bytes(),
                  snapshot_bytes=self.snapshot_bytes(), saved_bytes=self.saved_bytes())
         return d
 

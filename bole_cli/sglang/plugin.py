@@ -502,11 +502,13 @@ def _around_handle_max_mamba_cache(original: Callable, self: Any, total_rest_mem
         _log_once(logging.WARNING, "Bole plug-in: could not size the budget without snapshots (%s: "
                   "%s); SGLang's snapshot reservation stays in it", type(exc).__name__, exc)
         return stock
-    arena = plan.arena_bytes() / (1 << 30)
+    scratch = plan.scratch_bytes()  # trees past one tile: the verify's scratch, one layer at a time
+    arena = (plan.arena_bytes() + scratch) / (1 << 30)
     logger.info("Bole plug-in: memory budget without per-node snapshots (%s verify): SGLang's "
                 "sizing reserves %s for them (%d mamba slots, as SGLang chose); Bole's factor "
-                "arena takes %s; the KV cache gets %s more than with SGLang alone", plan.mode,
-                format_bytes((free - stock) * (1 << 30)), slots, format_bytes(plan.arena_bytes()),
+                "arena takes %s (and %s of verify scratch); the KV cache gets %s more than with "
+                "SGLang alone", plan.mode, format_bytes((free - stock) * (1 << 30)), slots,
+                format_bytes(plan.arena_bytes()), format_bytes(scratch),
                 format_bytes((free - arena - stock) * (1 << 30)))
     return free - arena
 
