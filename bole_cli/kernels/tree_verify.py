@@ -29,6 +29,7 @@ Measured history and what limits it: experiments/NOTES.md "Big trees".
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Optional
 
@@ -301,6 +302,15 @@ def _tree_verify_kernel(
                 V, BC, BV, BV)
 
 
+_BLOCKED_ARGS = tuple(inspect.signature(_tree_verify_kernel.fn).parameters)  # its parameters' names, in order
+
+
+def _blocked_tp(max_nodes: Optional[int]) -> int:
+    """Rows of the blocked kernel's whole-tree walk: the promised size rounded up to a power
+    of two (a larger request gets NaN rows), else the limit."""
+    return max(64, triton.next_power_of_2(max_nodes or MAX_TREE_NODES))
+
+
 def tree_verify(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -472,9 +482,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         tree_verify_tile_kernel[(bsz, hv, parts)](*args, TP=tp, VT=per_part,
                                                   PENDING_AFTER=bool(rows and cfg["PENDING_AFTER"]), **common)
     else:
-        # The whole tree's rows sit in registers (the ancestor walk): the promised size (a
-        # larger request gets NaN rows), else the limit.
-        tp = max(64, triton.next_power_of_2(max_nodes or MAX_TREE_NODES))
+        tp = _blocked_tp(max_nodes)  # the whole tree's rows sit in registers (the ancestor walk)
         bc = min(cfg["BC"], 64)
         grid = (bsz, hv, triton.cdiv(vdim, bv))
         split = bool(cfg["SPLIT"]) and not rows  # with pending rows: the state products stay inside
@@ -516,7 +524,7 @@ def verify_scratch_bytes(n: int, bsz: int, h: int, hv: int, kdim: int, vdim: int
         return 0
     if not launch_config("tree_verify", dict(shape, T=0))["SPLIT"]:
         return 0
-    tp = max(64, triton.next_power_of_2(max_nodes or MAX_TREE_NODES))
+    tp = _blocked_tp(max_nodes)
     return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
                for shape, dtype in _split_workspaces(n, bsz, h, hv, vdim, tp))
 
@@ -524,23 +532,24 @@ def verify_scratch_bytes(n: int, bsz: int, h: int, hv: int, kdim: int, vdim: int
 def _blocked(args, grid, blocked: dict, remainder: bool) -> None:
     """The blocked kernel, after its SPLIT parts (tree_verify_parts.py) when it has them
     (their scratch allocated here, only when they run)."""
-    (q, k, _v, g, _beta, A_log, dt_bias, state, state_idx, parents, cu, _o, u, log_p, _pk, _pu, _pl, _pn,
-     scale, n_slots, _hv, s_qn, s_qh, s_kn, s_kh, _s_vn, _s_vh, s_gn, s_gh, *_rest) = args
+    a = dict(zip(_BLOCKED_ARGS, args))  # the launch's arguments by name
+    u = a["u"]
     if not blocked["SPLIT"]:  # never read
         _tree_verify_kernel[grid](*args, ys=u, kk_ws=u, qk_ws=u, bits_ws=u, s_yn=0, s_yh=0, REMAINDER=remainder,
                                   **blocked)
         return
     bsz, hv, _ = grid
-    tp, h = blocked["TP"], k.shape[1]
+    q, state, log_p = a["q"], a["state"], a["log_p"]
+    tp, h = blocked["TP"], q.shape[1]
     ys, gram, bits = (torch.empty(shape, device=q.device, dtype=dtype)
                       for shape, dtype in _split_workspaces(q.shape[0], bsz, h, hv, blocked["V"], tp))
     # the Gram tiles at least a chunk wide: the tree stage's diagonal blocks lie in written tiles
     bv, bg, roles = PARTS["BV"], min(max(PARTS["BG"], blocked["BC"]), tp), PARTS["ROLES"]
     parts_kernel[(parts_grid(bsz, h, hv, blocked["V"], bv, bg, tp, roles),)](
-        q, k, g, A_log, dt_bias, state, state_idx, parents, cu, u, ys, log_p, bits, gram[0], gram[1],
-        scale, n_slots, bsz, h, hv,
-        s_qn, s_qh, s_kn, s_kh, s_gn, s_gh, state.stride(0), state.stride(1), state.stride(2),
-        u.stride(0), u.stride(1), ys.stride(0), ys.stride(1), log_p.stride(0),
+        q, a["k"], a["g"], a["A_log"], a["dt_bias"], state, a["state_idx"], a["parents"], a["cu"], u, ys, log_p,
+        bits, gram[0], gram[1], a["scale"], a["n_slots"], bsz, h, hv,
+        a["s_qn"], a["s_qh"], a["s_kn"], a["s_kh"], a["s_gn"], a["s_gh"], state.stride(0), state.stride(1),
+        state.stride(2), u.stride(0), u.stride(1), ys.stride(0), ys.stride(1), log_p.stride(0),
         GROUP=blocked["GROUP"], K=blocked["K"], V=blocked["V"], KP=blocked["KP"], BR=PARTS["BR"], BV=bv,
         BK=min(PARTS["BK"], blocked["KP"]), BG=bg, TP=tp, NW=blocked["NW"], DS=blocked["DS"],
         REMAINDER=remainder, USE_L2NORM=blocked["USE_L2NORM"], PRECISION=blocked["PRECISION"],
