@@ -121,21 +121,15 @@ _NO_VALUES = (("for vt in range(0, VT, BV):\n            offs_v = part",
 
 # Ablations as above, of the blocked kernel (issue 17, run I17-h): which stage holds its time.
 _B_NO_PAIRS = (("        for c2 in range(0, c):\n", "        for c2 in range(0, 0):\n"),)
-# (I17-h's first form skipped the whole key-slice loop, the L2 norms with it: NaN outputs,
-# timings above the shipped kernel's, discarded. This one keeps the norms and q / k loads.)
-_B_NO_STATE = (("                sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],\n"
-                "                             mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)\n",
-                "                sb = tl.zeros([BV, BK], dtype=tl.float32)\n"),
-               ("                xs += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)\n"
-                "                ys_c += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)\n", ""))
 _B_NO_DIAG = (("            kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)\n",
                "            kk = tl.zeros([BC, BC], dtype=tl.float32)\n"),
               ("            qk = _gram(q, k, rows_g, rmask, h, s_qn, s_qh, s_kn, s_kh, K, KP, BC, BK, PRECISION, GRAM16)\n",
                "            qk = tl.zeros([BC, BC], dtype=tl.float32)\n"),
               ("            while covered < depth:\n", "            while covered < 0:\n"))
-# (b-no-walk and b-state-only, I17-h, edited the walk inline in v10; it moved into
-# tree_verify_parts.ancestor_words with SPLIT (I17-k), so they were retired: their records
-# stay in results/i17-big/ablate.json, their edits in git history.)
+# (b-no-walk, b-state-only and b-no-state, I17-h, edited the walk and the state products
+# inline in v10; they moved into tree_verify_parts.ancestor_words / state_products with
+# SPLIT (I17-k), so they were retired: their records stay in results/i17-big/ablate.json
+# and ablate-no-state.json, their edits in git history.)
 
 VARIANTS: dict[str, Variant] = {
     "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",
@@ -154,8 +148,6 @@ VARIANTS: dict[str, Variant] = {
     "no-gram": Variant(VERIFY_TILE, "ablation: no Gram terms", _NO_GRAM),
     "no-state": Variant(VERIFY_TILE, "ablation: no products with the state", _NO_STATE),
     "b-no-pairs": Variant(VERIFY_BLOCKED, "ablation: no chunk pairs (earlier chunks' G U and C U)", _B_NO_PAIRS),
-    "b-no-state": Variant(VERIFY_BLOCKED, "ablation: no state loads or products with the state (norms kept)",
-                          _B_NO_STATE),
     "b-no-diag": Variant(VERIFY_BLOCKED, "ablation: no diagonal Gram blocks and no product-form solve",
                          _B_NO_DIAG),
     "b-split": Variant(VERIFY_BLOCKED, "the tree stage of SPLIT (state products and Gram terms read from "

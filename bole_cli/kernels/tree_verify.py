@@ -41,10 +41,10 @@ from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import chain_launch_config, launch_config
 from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, is_long_chain, pending_rows,
-                                      pending_slice, poison_rows, request_span)
+                                      poison_rows, request_span)
 from bole_cli.kernels.reference import PendingPath, VerifyResult
 from bole_cli.kernels.tree_verify_chain import tree_chain_kernel
-from bole_cli.kernels.tree_verify_parts import ancestor_words, parts_grid, parts_kernel
+from bole_cli.kernels.tree_verify_parts import ancestor_words, parts_grid, parts_kernel, state_products
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
 from bole_cli.limits import CHAIN_KERNEL_DEPTH
@@ -143,6 +143,8 @@ def _tree_verify_kernel(
     if LP > 0:  # a deferred commit: the slot's true state (jit_math.pending_slice)
         uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, n_solved > 0, hv, n_hv, offs_v, vmask,
                                               V, LP, LPP)
+    else:  # (never read)
+        uw, decay, prow, pused = 0.0, 0.0, 0, 0
     lane = tl.arange(0, BC)
     words = tl.arange(0, NW)
     if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
@@ -184,24 +186,9 @@ def _tree_verify_kernel(
             inv_k = tl.full([BC], 1.0, tl.float32)
             inv_q = tl.full([BC], 1.0, tl.float32)
         else:
-            xs = tl.zeros([BC, BV], dtype=tl.float32)  # rows k_i^T S
-            ys_c = tl.zeros([BC, BV], dtype=tl.float32)  # rows q_i^T S
-            nk = tl.zeros([BC], dtype=tl.float32)
-            nq = tl.zeros([BC], dtype=tl.float32)
-            for kb in range(0, KP, BK):
-                offs = kb + tl.arange(0, BK)
-                m2 = rmask[:, None] & (offs < K)[None, :]
-                kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
-                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
-                if USE_L2NORM:
-                    nk += tl.sum(kc * kc, axis=1)
-                    nq += tl.sum(qc * qc, axis=1)
-                sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
-                             mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-                if LP > 0:
-                    sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_hv // GROUP, offs, K, PRECISION)
-                xs += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
-                ys_c += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
+            xs, ys_c, nk, nq = state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn, s_qh, s_kn,
+                                              s_kh, s_sn, s_sh, s_sv, uw, decay, pend_k, prow, pused, n_hv // GROUP,
+                                              K, KP, BK, BC, BV, LP, USE_L2NORM, PRECISION)
             if USE_L2NORM:
                 inv_k = 1.0 / tl.sqrt(nk + 1e-6)
                 inv_q = scale / tl.sqrt(nq + 1e-6)

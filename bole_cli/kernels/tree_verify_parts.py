@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import is_long_chain, request_span, softplus
+from bole_cli.kernels.jit_math import is_long_chain, pending_slice, request_span, softplus
 
 
 @triton.jit
@@ -70,6 +70,36 @@ def ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP:
 
 
 @triton.jit
+def state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn, s_qh, s_kn, s_kh, s_sn, s_sh, s_sv,
+                   uw, decay, pend_k, prow, pused, n_h, K: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
+                   R: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, USE_L2NORM: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """Rows k_i^T S and q_i^T S [R, BV] (value columns offs_v) over key-dim slices (whole
+    [R, K] float32 operands do not fit the registers), with the rows' squared norms from the
+    same slices (zero unless USE_L2NORM). LP > 0: each state slice is first made the slot's
+    true state (jit_math.pending_slice; uw .. pused from jit_math.pending_rows)."""
+    x = tl.zeros([R, BV], dtype=tl.float32)
+    y = tl.zeros([R, BV], dtype=tl.float32)
+    nk = tl.zeros([R], dtype=tl.float32)
+    nq = tl.zeros([R], dtype=tl.float32)
+    for kb in range(0, KP, BK):
+        offs = kb + tl.arange(0, BK)
+        m2 = rmask[:, None] & (offs < K)[None, :]
+        kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+        qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+        if USE_L2NORM:
+            nk += tl.sum(kc * kc, axis=1)
+            nq += tl.sum(qc * qc, axis=1)
+        sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
+                     mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+        if LP > 0:
+            sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_h, offs, K, PRECISION)
+        x += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
+        y += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
+    return x, y, nk, nq
+
+
+@triton.jit
 def _walk_role(g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, s_gn, s_gh, s_ln, b, hv,
                TP: tl.constexpr, NW: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr, GATED: tl.constexpr):
     start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
@@ -103,22 +133,9 @@ def _state_products_role(q, k, state, state_idx, parents, cu, xs, ys, scale, n_s
         rows = r0 + tl.arange(0, BR)
         rmask = rows < n_solved
         rows_g = start + rows
-        x = tl.zeros([BR, BV], dtype=tl.float32)
-        y = tl.zeros([BR, BV], dtype=tl.float32)
-        nk = tl.zeros([BR], dtype=tl.float32)
-        nq = tl.zeros([BR], dtype=tl.float32)
-        for kb in range(0, KP, BK):
-            offs = kb + tl.arange(0, BK)
-            m2 = rmask[:, None] & (offs < K)[None, :]
-            kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
-            qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
-            if USE_L2NORM:
-                nk += tl.sum(kc * kc, axis=1)
-                nq += tl.sum(qc * qc, axis=1)
-            sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
-                         mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-            x += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
-            y += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
+        x, y, nk, nq = state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn, s_qh, s_kn, s_kh,
+                                      s_sn, s_sh, s_sv, 0.0, 0.0, state, 0, 0, 1, K, KP, BK, BR, BV, 0, USE_L2NORM,
+                                      PRECISION)  # no pending rows here
         if USE_L2NORM:
             x = x * (1.0 / tl.sqrt(nk + 1e-6))[:, None]
             y = y * (scale / tl.sqrt(nq + 1e-6))[:, None]

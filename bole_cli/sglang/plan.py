@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
-from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TILE_NODES, MAX_TREE_NODES
 from bole_cli.memory import (FLOAT_DTYPES, canonical_dtype, conv_window_bytes, factor_bytes,
                              state_snapshot_bytes)
 
@@ -121,6 +121,8 @@ class BolePlan:
         """The big-tree verify's scratch while one layer verifies (trees past one tile take
         the blocked kernel's SPLIT parts, docs/design.md §3): reserved beside the arena, at
         the largest verify batch, D nodes a request promised as factors.py launches it."""
+        if self.draft_tokens <= MAX_TILE_NODES:  # one tile: no scratch (and no torch import to say so)
+            return 0
         from bole_cli.kernels.tree_verify import verify_scratch_bytes  # torch and triton: here only
 
         batch = max(self.rows - 1, 1)
