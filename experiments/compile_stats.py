@@ -30,7 +30,12 @@ POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf
             "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
             "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "pend_k": "*fp32", "pend_u": "*fp32",
             "pend_lp": "*fp32", "pend_n": "*i32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32",
-            "ys": "*fp32", "kk_ws": "*fp32", "qk_ws": "*fp32", "bits_ws": "*i64"}
+            "ys": "*fp32", "kk_ws": "*fp32", "qk_ws": "*fp32", "bits_ws": "*i64", "fu": "*fp32", "fo": "*fp32",
+            "accepted": "*i32", "n_req": "i32"}
+# the other kernels (name: module, attribute): their specs say TP,BV,BK,BC,warps,stages the same way
+KERNELS = {"chain-factors": ("bole_cli.kernels.tree_verify_chain", "chain_factors_kernel"),
+           "chain-scan": ("bole_cli.kernels.tree_verify_chain", "chain_scan_kernel"),
+           "commit": ("bole_cli.kernels.tree_commit", "_tree_commit_kernel")}
 
 
 def layer_shape(model: str) -> tuple[dict, dict]:
@@ -70,10 +75,12 @@ def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model
                       LPP=max(16, triton.next_power_of_2(max(rows, 1))), USE_L2NORM=True, PRECISION="tf32",
                       GATED=True, GRAM16=True)
     knobs = knobs or {}
+    constexprs.update(dict(DP=16, CW=knobs.get("CW", 64)))  # (the commit's)
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
                       else dict(VT=vt, PENDING_AFTER=bool(rows and knobs.get("PENDING_AFTER", 0))))
     params = [p.name for p in kernel.params]
     const = {p.name for p in kernel.params if p.is_constexpr}
+    strides.update({f"s_{x}l": 0 for x in "skul"}, s_sl=0)  # (the commit's layer strides)
     signature = {p: "constexpr" if p in const else ("i32" if p in strides else POINTERS[p]) for p in params}
     values = dict(constexprs, **strides)
     src = ASTSource(fn=kernel, signature=signature,
@@ -96,14 +103,14 @@ def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("kernel", choices=("tile", "blocked"))
+    ap.add_argument("kernel", choices=("tile", "blocked", *KERNELS))
     ap.add_argument("specs", nargs="+", help="TP,BV,BK,VT,warps,stages (blocked: BC for VT)")
     ap.add_argument("--rows", default="0", help="pending rows (0: none), comma-separated")
     ap.add_argument("--variant", help="a kernel_variants.py name of this kernel's site")
     ap.add_argument("--model", default="9b", help="catalogue model whose GDN layer shape to compile for")
     ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args(argv)
-    site = SITES["verify" if args.kernel == "tile" else "blocked"]
+    site = SITES["verify" if args.kernel == "tile" else "blocked"] if args.kernel in ("tile", "blocked") else None
     if args.variant and (args.variant not in VARIANTS or VARIANTS[args.variant].site != site):
         names = sorted(n for n, v in VARIANTS.items() if v.site == site)
         raise SystemExit(f"--variant: {args.variant!r} is not a {args.kernel} variant ({', '.join(names)})")
@@ -115,11 +122,14 @@ def main(argv=None) -> None:
     if any(len(s) != 6 for s in specs):
         raise SystemExit("a spec has six numbers: TP,BV,BK,VT,warps,stages")
     os.environ["TRITON_INTERPRET"] = "0"  # a real compile for the sm_90 target, with or without a GPU
-    kernel = load_variant(args.variant) if args.variant else getattr(importlib.import_module(site.source), site.attr)
+    if site is None:
+        kernel = getattr(importlib.import_module(KERNELS[args.kernel][0]), KERNELS[args.kernel][1])
+    else:
+        kernel = load_variant(args.variant) if args.variant else getattr(importlib.import_module(site.source), site.attr)
     table = []
     for spec in specs:
         for rows in rows_list:
-            stats = compile_stats(kernel, spec, rows, args.kernel == "blocked", args.model,
+            stats = compile_stats(kernel, spec, rows, args.kernel != "tile", args.model,
                                   VARIANTS[args.variant].config if args.variant else None)
             table.append(dict(kernel=args.kernel, variant=args.variant, model=args.model, spec=list(spec), rows=rows,
                               **stats))

@@ -43,7 +43,8 @@ from bole_cli.kernels.configs import chain_launch_config, launch_config
 from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, is_long_chain, pending_rows,
                                       poison_rows, request_span)
 from bole_cli.kernels.reference import PendingPath, VerifyResult
-from bole_cli.kernels.tree_verify_chain import tree_chain_kernel
+from bole_cli.kernels.tree_verify_chain import (chain_factors_kernel, chain_scan_kernel, chain_scratch_shape,
+                                               tree_chain_kernel)
 from bole_cli.kernels.tree_verify_parts import ancestor_words, parts_grid, parts_kernel, state_products
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
@@ -482,13 +483,16 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
             long_chain = other = max_depth is None or max_depth >= CHAIN_KERNEL_DEPTH
         if cfg["CHAIN"] and long_chain:
             # its own rule; an explicit config= applies to it too
-            ccfg = chain_launch_config(bsz * hv)
+            ccfg = chain_launch_config(bsz * hv, cfg["CHAIN"])
             ccfg.update({key: config[key] for key in ccfg if config and key in config})
             cbv = min(ccfg.pop("BV"), vp)
-            tree_chain_kernel[(bsz, hv, triton.cdiv(vdim, cbv))](
-                *args, KP=max(16, kp), TP=tp, DS=CHAIN_KERNEL_DEPTH, BV=cbv,  # KP: [BC, KP] tl.dot operands
-                GROUP=hv // h, K=kdim, V=vdim, USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated,
-                **lp, **dict(ccfg, BC=min(ccfg["BC"], 64)))
+            chain = dict(KP=max(16, kp), TP=tp, DS=CHAIN_KERNEL_DEPTH, BV=cbv,  # KP: [BC, KP] tl.dot operands
+                         GROUP=hv // h, K=kdim, V=vdim, USE_L2NORM=use_qk_l2norm, PRECISION=precision,
+                         GATED=gated, **lp, **dict(ccfg, BC=min(ccfg["BC"], 64)))
+            if cfg["CHAIN"] == 2:
+                _chain_scan(args, (bsz, hv, triton.cdiv(vdim, cbv)), chain)
+            else:
+                tree_chain_kernel[(bsz, hv, triton.cdiv(vdim, cbv))](*args, **chain)
             if other:
                 _blocked(args, grid, blocked, True)
         else:
@@ -544,6 +548,28 @@ def _blocked(args, grid, blocked: dict, remainder: bool) -> None:
         num_stages=PARTS["num_stages"])
     _tree_verify_kernel[grid](*args, ys=ys, kk_ws=gram[0], qk_ws=gram[1], bits_ws=bits, s_yn=ys.stride(0),
                               s_yh=ys.stride(1), REMAINDER=remainder, **blocked)
+
+
+def _chain_scan(args, grid, chain: dict) -> None:
+    """The chain verify v13 (tree_verify_chain.py): the chunk factors for every (request,
+    value head, chunk), then the scan; the factors' scratch allocated here."""
+    a = dict(zip(_BLOCKED_ARGS, args))  # the launch's arguments by name
+    bsz, hv, _ = grid
+    q, k, log_p = a["q"], a["k"], a["log_p"]
+    bc, tp = chain["BC"], chain["TP"]
+    fu, fo = torch.empty(chain_scratch_shape(bsz, hv, tp, bc), device=q.device, dtype=torch.float32)
+    same = {key: chain[key] for key in ("GROUP", "K", "KP", "BC", "TP", "DS", "USE_L2NORM", "PRECISION", "GATED")}
+    chain_factors_kernel[(bsz, hv, tp // bc)](
+        q, k, a["g"], a["beta"], a["A_log"], a["dt_bias"], a["state_idx"], a["parents"], a["cu"], log_p, fu, fo,
+        a["scale"], a["n_slots"], hv, a["s_qn"], a["s_qh"], a["s_kn"], a["s_kh"], a["s_gn"], a["s_gh"],
+        a["s_bn"], a["s_bh"], a["s_ln"], num_warps=chain.get("FACTOR_WARPS", 4), **same)
+    chain_scan_kernel[grid](
+        q, k, a["v"], a["g"], a["beta"], a["A_log"], a["dt_bias"], a["state"], a["state_idx"], a["parents"], a["cu"],
+        a["o"], a["u"], fu, fo, a["pend_k"], a["pend_u"], a["pend_lp"], a["pend_n"], a["scale"], a["n_slots"], hv,
+        a["s_qn"], a["s_qh"], a["s_kn"], a["s_kh"], a["s_vn"], a["s_vh"], a["s_gn"], a["s_gh"], a["s_bn"], a["s_bh"],
+        a["s_sn"], a["s_sh"], a["s_sv"], a["s_on"], a["s_oh"], a["s_un"], a["s_uh"],
+        V=chain["V"], BV=chain["BV"], LP=chain["LP"], LPP=chain["LPP"], num_warps=chain["num_warps"],
+        num_stages=chain["num_stages"], **same)
 
 
 def _forest_depths(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[int, tuple[bool, bool]]:

@@ -112,3 +112,178 @@ def _chain_solve(q, k, v, g, beta, A_log, dt_bias, state, o, u, log_p, pend_k, p
         w = tl.where(rmask, tl.exp(tl.minimum(last - lc, 0.0)), 0.0)
         sb = tl.exp(last) * sb + tl.dot(tl.trans(uu * w[:, None]), kc, input_precision=PRECISION)
         lp_run += last
+
+
+# ---- v13: the chunk factors in a wide launch first, then the state scan (issue 17) ------
+#
+# v12 above solves each chunk inside the dependent loop (Gram, a log2(BC)-step inverse, q.k
+# products) and so keeps chunks small. A chain's chunk factors need no state at all, so
+# v13 builds them first for every (request, value head, chunk) at once, as chunked
+# recurrences do (the WY form of fla's chunk kernels):
+#
+#     Fu_c = (I + G_cc)^-1 D_beta        Fo_c = C_cc Fu_c          (chain_factors_kernel)
+#
+# and the scan then costs three products on its critical path a chunk (chain_scan_kernel):
+#
+#     Z_c = V_c - D_Pc K_c S_c^T,   U_c = Fu_c Z_c,   O_c = D_Pc Q_c S_c^T + Fo_c Z_c,
+#     S_(c+1) = P_last S_c + sum_j exp(logP_last - logP_j) k_j u_j^T
+#
+# with P relative to the chunk's start. Fu and Fo are [BC, BC] float32 a chunk and value
+# head (scratch: chain_scratch_shape). The chunk's inverse merges diagonal blocks, exact at
+# any depth (jit_math.inverse_by_blocks). Measured: experiments/NOTES.md "Big trees".
+
+
+@triton.jit
+def _chunk_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED: tl.constexpr,
+                 WANT_BETA: tl.constexpr):
+    """(log decays g, gates beta) of a chunk's rows, gated from SGLang's raw a and b when
+    GATED; zero in rows outside the request."""
+    gc = tl.load(g + rows_g * s_gn + hv * s_gh, mask=rmask, other=0.0).to(tl.float32)
+    if GATED:
+        gc = tl.where(rmask, neg_a * softplus(gc + bias), 0.0)
+    bc = gc * 0.0
+    if WANT_BETA:
+        bc = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
+        if GATED:
+            bc = tl.where(rmask, tl.sigmoid(bc), 0.0)
+    return gc, bc
+
+
+@triton.jit
+def _unit_rows(x, rows_g, rmask, h, s_xn, s_xh, offs_k, kmask, scale, USE_L2NORM: tl.constexpr):
+    """A chunk's rows of q or k [BC, KP] as float32 and the factor that makes them unit
+    (times `scale`) when USE_L2NORM; applied by the caller where it is cheapest."""
+    xc = tl.load(x + rows_g[:, None] * s_xn + h * s_xh + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                 other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        inv = scale / tl.sqrt(tl.sum(xc * xc, axis=1) + 1e-6)
+    else:
+        inv = tl.sum(xc * 0.0, axis=1) + scale
+    return xc, inv
+
+
+@triton.jit(do_not_specialize=["n_slots"])
+def chain_factors_kernel(
+    q, k, g, beta, A_log, dt_bias, state_idx, parents, cu, log_p, fu, fo,
+    scale, n_slots, n_hv,
+    s_qn, s_qh, s_kn, s_kh, s_gn, s_gh, s_bn, s_bh, s_ln,
+    GROUP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, TP: tl.constexpr,
+    DS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
+):
+    """One program per (request, value head, chunk): Fu_c, Fo_c and the chunk's logP."""
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    c = tl.program_id(2)
+    h = hv // GROUP
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    c0 = c * BC
+    n_ok = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
+    if (c0 < n_ok) & is_long_chain(parents, start, n_ok, TP, DS):
+        if GATED:
+            neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
+            bias = tl.load(dt_bias + hv).to(tl.float32)
+        else:
+            neg_a = 0.0
+            bias = 0.0
+        lane = tl.arange(0, BC)
+        offs_k = tl.arange(0, KP)
+        kmask = offs_k < K
+        rows = c0 + lane
+        rmask = rows < n_nodes
+        rows_g = start + rows
+        # logP before the chunk: the earlier rows' log decays
+        before = tl.arange(0, TP)
+        gp, _ = _chunk_gates(g, beta, start + before, before < c0, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED,
+                             False)
+        gc, bc = _chunk_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED, True)
+        lc = tl.cumsum(gc, 0)  # from the chunk's start, inclusive
+        tl.store(log_p + rows_g * s_ln + hv, tl.sum(gp, axis=0) + lc, mask=rmask)
+
+        kc, inv_k = _unit_rows(k, rows_g, rmask, h, s_kn, s_kh, offs_k, kmask, 1.0, USE_L2NORM)
+        qc, inv_q = _unit_rows(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, scale, USE_L2NORM)
+        kc = kc * inv_k[:, None]
+        qc = qc * inv_q[:, None]
+        lower = lane[:, None] >= lane[None, :]
+        decay = tl.where(lower, tl.exp(tl.minimum(lc[:, None] - lc[None, :], 0.0)), 0.0)
+        gram = tl.where(lane[:, None] > lane[None, :],
+                        bc[:, None] * decay * tl.dot(kc, tl.trans(kc), input_precision=PRECISION), 0.0)
+        f_u = inverse_by_blocks(gram, lane, tl.minimum(n_nodes - c0, BC), PRECISION) * bc[None, :]
+        f_o = tl.dot(decay * tl.dot(qc, tl.trans(kc), input_precision=PRECISION), f_u, input_precision=PRECISION)
+        at = ((b.to(tl.int64) * n_hv + hv) * (TP // BC) + c) * BC * BC + lane[:, None] * BC + lane[None, :]
+        tl.store(fu + at, f_u)
+        tl.store(fo + at, f_o)
+
+
+@triton.jit(do_not_specialize=["n_slots"])
+def chain_scan_kernel(
+    q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, fu, fo,
+    pend_k, pend_u, pend_lp, pend_n,
+    scale, n_slots, n_hv,
+    s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
+    s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh,
+    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
+    BC: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, DS: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, LP: tl.constexpr, LPP: tl.constexpr,
+):
+    """One program per (request, value head, value tile): the chunks in order, the state
+    tile [BV, K] carried in registers, each chunk's factors loaded (module comment)."""
+    b = tl.program_id(0)
+    hv = tl.program_id(1)
+    iv = tl.program_id(2)
+    h = hv // GROUP
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    n_ok = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
+    if is_long_chain(parents, start, n_ok, TP, DS):
+        if GATED:
+            neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
+            bias = tl.load(dt_bias + hv).to(tl.float32)
+        else:
+            neg_a = 0.0
+            bias = 0.0
+        lane = tl.arange(0, BC)
+        offs_k = tl.arange(0, KP)
+        kmask = offs_k < K
+        offs_v = iv * BV + tl.arange(0, BV)
+        vmask = offs_v < V
+        sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :],
+                     mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BV, KP]
+        if LP > 0:  # a deferred commit: the slot's true state (jit_math.pending_slice)
+            uw, pdecay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, n_nodes > 0, hv, n_hv, offs_v,
+                                                   vmask, V, LP, LPP)
+            sb = pending_slice(sb, uw, pdecay, pend_k, prow, pused, h, n_hv // GROUP, offs_k, K, PRECISION)
+        f_at = (b.to(tl.int64) * n_hv + hv) * (TP // BC) * BC * BC + lane[:, None] * BC + lane[None, :]
+        for c0 in range(0, n_nodes, BC):
+            rows = c0 + lane
+            rmask = rows < n_nodes
+            rows_g = start + rows
+            # q's rows only feed the output's state product: taken first, then dead; k's rows
+            # stay in their 16-bit form between their two products (fewer live registers)
+            qc, inv_q = _unit_rows(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, scale, USE_L2NORM)
+            gc, _ = _chunk_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED, False)
+            lc = tl.cumsum(gc, 0)
+            pc = tl.exp(lc)
+            out = (pc * inv_q)[:, None] * tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
+            kr = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                         other=0.0)
+            kc = kr.to(tl.float32)
+            if USE_L2NORM:
+                inv_k = 1.0 / tl.sqrt(tl.sum(kc * kc, axis=1) + 1e-6)
+            else:
+                inv_k = tl.sum(kc * 0.0, axis=1) + 1.0
+            # the unit rows' norms scale the products' rows (cheaper than the operands)
+            z = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
+                        mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32) \
+                - (pc * inv_k)[:, None] * tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
+            uu = tl.dot(tl.load(fu + f_at + (c0 // BC) * BC * BC), z, input_precision=PRECISION)
+            out += tl.dot(tl.load(fo + f_at + (c0 // BC) * BC * BC), z, input_precision=PRECISION)
+            tile = rmask[:, None] & vmask[None, :]
+            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)
+            tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty), mask=tile)
+            last = tl.sum(gc, axis=0)
+            w = tl.where(rmask, tl.exp(tl.minimum(last - lc, 0.0)), 0.0) * inv_k
+            sb = tl.exp(last) * sb + tl.dot(tl.trans(uu * w[:, None]), kr.to(tl.float32), input_precision=PRECISION)
+
+
+def chain_scratch_shape(bsz: int, hv: int, tp: int, bc: int) -> tuple:
+    """v13's factor scratch: (Fu, Fo) x [B, HV, TP / BC, BC, BC] float32."""
+    return (2, bsz, hv, tp // bc, bc, bc)
