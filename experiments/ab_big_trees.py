@@ -90,16 +90,13 @@ for _name, _parts in _P_SWEEP.items():
 for _name, _parts in _G_SWEEP.items():
     CONFIGS[f"SG-{_name}"] = dict(CONFIGS["SG"], stage="G", parts=_parts)
 # sixth session (I17-l): the chain verify v13 (tree_verify_chain.py: the chunk factors in a
-# wide launch, then the state scan) against v12 (CHAIN 1), by their rules and variations
-CONFIGS["V12"] = {"CHAIN": 1, "SPLIT": 1}
-CONFIGS["C13"] = {"CHAIN": 2, "SPLIT": 1}
+# wide launch, then the state scan) under other launch settings than its rule's (I17-l ran
+# them as CHAIN 2 beside v12, CHAIN 1 then: commit 398a8b5)
 for _name, _chain in {"BC32": {"BC": 32}, "BV16": {"BV": 16}, "BV32": {"BV": 32}, "w8": {"num_warps": 8},
                       "BV128w8": {"BV": 128, "num_warps": 8}, "s2": {"num_stages": 2},
                       "BC32BV32": {"BC": 32, "BV": 32}, "BC32BV16": {"BC": 32, "BV": 16},
-                      "BC32w8": {"BC": 32, "num_warps": 8}, "BC16": {"BC": 16}}.items():
-    CONFIGS[f"C13-{_name}"] = dict(CONFIGS["C13"], **_chain)
-# the commit's chain windows (tree_commit's CW: 0 walks every path as before I17-l)
-COMMITS = {"walk": {"CW": 0}, "cw16": {"CW": 16}, "cw32": {"CW": 32}, "cw64": {"CW": 64}}
+                      "BC32w8": {"BC": 32, "num_warps": 8}, "BC16": {"BC": 16}, "BC64": {"BC": 64}}.items():
+    CONFIGS[f"C13-{_name}"] = {"CHAIN": 1, "SPLIT": 1, **_chain}
 # V10: the whole blocked kernel by the rule it shipped with until I17-k (the baseline of
 # SPLIT, side by side in the same process; launch() picks its config per cell)
 CONFIGS["V10"] = {"SPLIT": 0, "v10_rule": 1}
@@ -245,8 +242,6 @@ def main(argv=None):
     ap.add_argument("--rep-ms", type=int, default=40)
     ap.add_argument("--eager", type=int, default=0, help="instead of timing, launch each config N times "
                                                           "without graphs (for ncu)")
-    ap.add_argument("--commits", default="", help="tree_commit configs timed beside the shipped one, "
-                                                    f"from {', '.join(COMMITS)}")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
 
@@ -316,25 +311,11 @@ def main(argv=None):
                                                       s.accepted, check_trees=False)
                   for s, o in zip(sets, outs)]
         row["commit_us"] = time_graph(torch, commit, rep_ms=args.rep_ms)
-        for cname in (c for c in args.commits.split(",") if c):
-            pools = [s.pool.clone() for s in sets]  # the same commit on copies, compared with the shipped one
-            variant = [lambda s=s, o=o, p=p: kernels.tree_commit(p, s.slots, s.k, o.u, o.log_p, s.parents, s.cu,
-                                                                 s.accepted, check_trees=False, config=COMMITS[cname])
-                       for s, o, p in zip(sets, outs, pools)]
-            ref_pool = sets[0].pool.clone()
-            kernels.tree_commit(ref_pool, sets[0].slots, sets[0].k, outs[0].u, outs[0].log_p, sets[0].parents,
-                                sets[0].cu, sets[0].accepted, check_trees=False)
-            check_pool = sets[0].pool.clone()
-            kernels.tree_commit(check_pool, sets[0].slots, sets[0].k, outs[0].u, outs[0].log_p, sets[0].parents,
-                                sets[0].cu, sets[0].accepted, check_trees=False, config=COMMITS[cname])
-            row[f"commit_{cname}_diff"] = rel(check_pool, ref_pool)
-            row[f"commit_{cname}_us"] = time_graph(torch, variant, rep_ms=args.rep_ms)
         best = min([(row[f"{c}_us"], c) for c in names if f"{c}_us" in row] or [(math.nan, "-")])
         row["best"] = best[1]
         rows.append(row)
         print(f"{tree:6s} B{batch:3d} T{nodes:3d} floor {row['floor_us']:7.1f} old {row['old_us']:8.1f} "
               + " ".join(f"{c} {row.get(c + '_us', math.nan):7.1f}" for c in names)
-              + "".join(f" c-{c} {row.get(f'commit_{c}_us', math.nan):6.1f}" for c in args.commits.split(",") if c)
               + f" | commit {row['commit_us']:6.1f} best {best[1]} {best[0]:.1f} "
               f"x{(best[0] + row['commit_us']) / max(row['floor_us'], 8.0):.2f}", flush=True)
         del sets, outs, fns

@@ -75,7 +75,7 @@ def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model
                       LPP=max(16, triton.next_power_of_2(max(rows, 1))), USE_L2NORM=True, PRECISION="tf32",
                       GATED=True, GRAM16=True)
     knobs = knobs or {}
-    constexprs.update(dict(DP=16, CW=knobs.get("CW", 64)))  # (the commit's)
+    constexprs.update(dict(DP=16))  # (the commit's)
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
                       else dict(VT=vt, PENDING_AFTER=bool(rows and knobs.get("PENDING_AFTER", 0))))
     params = [p.name for p in kernel.params]

@@ -213,16 +213,25 @@ def test_split_reads_only_what_its_parts_wrote(monkeypatch):
 
 
 def test_split_scratch_bytes():
-    """SPLIT's scratch as `bole bench kernels` counts it: y [N, HV, V] and the Gram terms
-    [2, B, H, TP, TP] in float32, the ancestor words [N, TP / 64] in int64; none for the
-    one-tile kernel or small trees on the whole blocked kernel."""
+    """The big-tree scratch as `bole bench kernels` and the plug-in count it: SPLIT's y
+    [N, HV, V] and Gram terms [2, B, H, TP, TP] in float32 and ancestor words [N, TP / 64]
+    in int64, plus the chain kernels' factors [2, B, HV, TP / BC, BC, BC] in float32 unless a
+    depth promise rules long chains out; none for the one-tile kernel or small trees on
+    the whole blocked kernel."""
     from bole_cli.kernels.tree_verify import verify_scratch_bytes
 
     n, b, h, hv, d = 16 * 128, 16, 16, 32, 128
-    assert verify_scratch_bytes(n, b, h, hv, d, d, 128) == n * hv * d * 4 + 2 * b * h * 128 * 128 * 4 + n * 2 * 8
+    split = n * hv * d * 4 + 2 * b * h * 128 * 128 * 4 + n * 2 * 8
+    chain = 2 * b * hv * 128 * 16 * 4  # chunks of 16 from 512 request-heads
+    assert verify_scratch_bytes(n, b, h, hv, d, d, 128, max_depth=8) == split
+    assert verify_scratch_bytes(n, b, h, hv, d, d, 128) == split + chain
+    assert verify_scratch_bytes(n, b, h, hv, d, d, 128, max_depth=127) == split + chain
     assert verify_scratch_bytes(16 * 64, b, h, hv, d, d, 64) == 0  # one tile
-    assert verify_scratch_bytes(16 * 40, b, h, hv, d, d, None) == 0  # the blocked kernel whole (small trees)
-    assert verify_scratch_bytes(n, b, h, hv, d, d, None) == n * hv * d * 4 + 2 * b * h * 256 * 256 * 4 + n * 4 * 8
+    assert verify_scratch_bytes(16 * 40, b, h, hv, d, d, None, max_depth=8) == 0  # the blocked kernel whole
+    assert verify_scratch_bytes(n, b, h, hv, d, d, None, max_depth=8) == (n * hv * d * 4 + 2 * b * h * 256 * 256 * 4
+                                                                          + n * 4 * 8)
+    assert verify_scratch_bytes(128, 1, h, hv, d, d, 128) == (128 * hv * d * 4 + 2 * h * 128 * 128 * 4 + 128 * 2 * 8
+                                                              + 2 * hv * 128 * 32 * 4)  # chunks of 32 at batch 1
 
 
 def test_the_rule_splits_big_trees():
@@ -406,7 +415,7 @@ class LaunchSpy:
         tv = importlib.import_module("bole_cli.kernels.tree_verify")  # the module (the package exports the function)
         self.launched = []
         for attr, name in (("tree_verify_tile_kernel", "tile"), ("_tree_verify_kernel", "blocked"),
-                           ("tree_chain_kernel", "chain")):
+                           ("chain_scan_kernel", "chain")):
             monkeypatch.setattr(tv, attr, self._spy(name, getattr(tv, attr)))
 
     def _spy(self, name, kernel):
@@ -473,8 +482,8 @@ def test_long_chains_take_the_chain_kernel(monkeypatch, trees, call, want):
 
 @pytest.mark.parametrize("split", [0, 1])
 def test_blocked_kernel_leaves_long_chains_to_the_chain_kernel(monkeypatch, split):
-    """With the chain kernel made a no-op, the long chain's rows stay as they were (NaN):
-    the blocked kernel after it skips exactly the long chains, and computes the rest."""
+    """With the chain kernels made no-ops, the long chain's rows stay as they were (NaN):
+    the blocked kernel after them skips exactly the long chains, and computes the rest."""
     import importlib
 
     tv = importlib.import_module("bole_cli.kernels.tree_verify")
@@ -482,7 +491,8 @@ def test_blocked_kernel_leaves_long_chains_to_the_chain_kernel(monkeypatch, spli
     class NoOp:
         def __getitem__(self, grid):
             return lambda *a, **kw: None
-    monkeypatch.setattr(tv, "tree_chain_kernel", NoOp())
+    monkeypatch.setattr(tv, "chain_factors_kernel", NoOp())
+    monkeypatch.setattr(tv, "chain_scan_kernel", NoOp())
     case = forest_case([BUSH_70, CHAIN_100, CHAIN_16])
     res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False, config={"SPLIT": split})
     ref = tree_verify_ref(*args(case))
@@ -524,6 +534,26 @@ def test_chain_kernel_chunks_and_shapes(config, group):
     want = tree_commit_ref(case["state"], case["state_indices"], case["k"], ref.u, ref.log_p, case["parents"],
                            case["cu_seqlens"], accepted)
     assert rel_err(pool, want) <= LARGE_TREE_TOL
+
+
+@pytest.mark.parametrize("bc", [16, 64])
+def test_chain_scan_reads_only_the_factors_written(monkeypatch, bc):
+    """The chain factors' scratch starts as NaN: the scan reads only the chunks the factors
+    wrote (a 129-node chain's last chunk is one node; a 70-node chain and a short tree left
+    to the blocked kernel share the launch), so every row is exact all the same."""
+    real_empty = torch.empty
+
+    def nan_empty(*a, **kw):
+        t = real_empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
+
+    case = forest_case([list(range(-1, 128)), CHAIN_100[:70], BUSH_70[:9]])
+    ref = tree_verify_ref(*args(case))
+    with monkeypatch.context() as m:
+        m.setattr(torch, "empty", nan_empty)
+        res = tree_verify(*args(case), config={"BC": bc, "BV": 16}, check_trees=False, out=poisoned_out(case))
+    for got, want in zip(res, ref):
+        assert rel_err(got, want) <= LARGE_TREE_TOL
 
 
 @pytest.mark.parametrize("dtype,state_dtype,tol", [(torch.bfloat16, torch.float32, 1e-2),

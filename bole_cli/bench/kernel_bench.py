@@ -310,7 +310,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     # the per-node factors, plus the big-tree kernel's scratch while it runs
                     case.bole_transient_bytes = n * fact_node + verify_scratch_bytes(
                         n, batch, spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim,
-                        nodes)
+                        nodes, sets[0].max_depth)
                     result.cases.append(case)
                     del sets, outs, verify, commit
                     torch.cuda.empty_cache()

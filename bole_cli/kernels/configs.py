@@ -25,9 +25,8 @@ DEFAULTS: dict[str, dict] = {
     # after the state's (1) instead of rebuilding each state slice (0). SPLIT: the blocked
     # kernel's state products and Gram terms in launches of their own before it (1).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
-                    "precision": None, "GRAM16": 1, "CHAIN": 2, "PENDING_AFTER": 0, "SPLIT": 0},
-    # DP: path nodes a walked pass; CW: path nodes a pass along a chain segment (0: walk only)
-    "tree_commit": {"BV": 64, "DP": 16, "CW": 64, "num_warps": 4, "num_stages": 1},
+                    "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0, "SPLIT": 0},
+    "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # one program per (layer x request, value head) loops over the value tiles when it writes
     # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
     "tree_commit_deferred": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},
@@ -78,17 +77,15 @@ def _verify_blocked_rule(shape: dict) -> dict:
             "num_warps": 2}
 
 
-def chain_launch_config(lanes: int, version: int = 1) -> dict:
-    """tree_verify's chain kernel (chains past one tile), by request-heads `lanes`.
-    version 1 (v12): from the H200 A/B of issue 17 (experiments/results/i17-big/ab-v12.json,
-    configs FE and FI; NOTES.md "Big trees"): chunks of 16 nodes on 4 warps, value tiles of
-    32 up to 32 request-heads (a single 9B request: 128 programs) and 64 beyond. Not tuned
-    per GPU: the rule is the measured best at every cell. version 2 (v13, the factors
-    first): chunks of 64, value tiles of 16 up to 32 request-heads and 64 beyond (first
-    guess; not yet measured)."""
-    if version == 2:
-        return {"BC": 64, "BV": 16 if lanes <= 32 else 64, "num_warps": 4, "num_stages": 1}
-    return {"BC": 16, "BV": 32 if lanes <= 32 else 64, "num_warps": 4, "num_stages": 1}
+def chain_launch_config(lanes: int) -> dict:
+    """tree_verify's chain kernels (chains past one tile), by request-heads `lanes`: from the
+    H200 A/B of issue 17 (experiments/results/i17-big/ab-chain13.json; NOTES.md "Big trees,
+    sixth session"): chunks of 32 and value tiles of 32 up to 32 request-heads (a single 9B
+    request), chunks of 16 and value tiles of 64 beyond, on 4 warps. Not tuned per GPU: the
+    rule is the measured best or within 1% of it at every cell."""
+    if lanes <= 32:
+        return {"BC": 32, "BV": 32, "num_warps": 4, "num_stages": 1}
+    return {"BC": 16, "BV": 64, "num_warps": 4, "num_stages": 1}
 
 
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:

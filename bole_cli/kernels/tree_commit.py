@@ -29,61 +29,33 @@ from bole_cli.kernels.validate import check_commit, check_config
 
 @triton.jit
 def accepted_path_sum(acc, k, u, lp_base, parents, start, cur, lp_a, h, hv, offs_k, kmask, offs_v, vmask,
-                      s_kn, s_kh, s_un, s_uh, s_ln, DP: tl.constexpr, USE_L2NORM: tl.constexpr,
-                      CW: tl.constexpr):
+                      s_kn, s_kh, s_un, s_uh, s_ln, DP: tl.constexpr, USE_L2NORM: tl.constexpr):
     """acc + sum_{j in A+(cur)} exp(logP_a - logP_j) u_j k_j^T over value columns offs_v
-    (nothing for cur = -1): the walk from node `cur` to its root. A pass takes the CW nodes
-    ending at `cur` at once when they form a chain segment (each the parent of the next:
-    one load of `parents`, not CW dependent ones), else walks DP path nodes. CW = 0: always
-    walk."""
+    (nothing for cur = -1): the walk from node `cur` to its root, DP path nodes at a time."""
     slots = tl.arange(0, DP)
     while cur >= 0:
-        if CW > 0:
-            win = tl.arange(0, CW)
-            first = cur - CW + 1
-            idx = first + win
-            pw = tl.load(parents + start + idx, mask=idx >= 0, other=-2).to(tl.int32)
-            seg = (first >= 0) & (tl.sum(tl.where((win > 0) & (pw == idx - 1), 1, 0), axis=0) == CW - 1)
-        else:
-            seg = cur < 0  # (never: the loop runs while cur >= 0)
-        if seg:  # a chain segment (long chains: issue 17)
-            if CW > 0:  # (names of their own: a name set in both branches must keep its shape)
-                seg_rows = start + idx
-                seg_k = tl.load(k + seg_rows[:, None] * s_kn + h * s_kh + offs_k[None, :], mask=kmask[None, :],
-                                other=0.0).to(tl.float32)
-                seg_u = tl.load(u + seg_rows[:, None] * s_un + hv * s_uh + offs_v[None, :], mask=vmask[None, :],
-                                other=0.0)
-                seg_w = tl.exp(tl.minimum(lp_a - tl.load(lp_base + seg_rows * s_ln), 0.0))
-                if USE_L2NORM:
-                    seg_w = seg_w / tl.sqrt(tl.sum(seg_k * seg_k, axis=1) + 1e-6)
-                # tensor cores at about float32's accuracy: CW path nodes a pass make the
-                # float32 FMA form compute-bound on long chains
-                acc += tl.dot(tl.trans(seg_u * seg_w[:, None]), seg_k, input_precision="tf32x3")
-                up = tl.sum(tl.where(win == 0, pw, 0), axis=0)
-                cur = tl.where(up < first, up, -1)
-        else:
-            # DP path nodes: the walk reads only `parents` (tiny, cache-resident); the rows'
-            # k, u and log_p are then fetched together instead of one dependent load a node.
-            path = tl.full([DP], -1, tl.int32)
-            i = 0
-            while (i < DP) & (cur >= 0):
-                path = tl.where(slots == i, cur, path)
-                nxt = tl.load(parents + start + cur).to(tl.int32)
-                cur = tl.where(nxt < cur, nxt, -1)
-                i += 1
-            on = path >= 0
-            rows = start + tl.where(on, path, 0)
-            kj = tl.load(k + rows[:, None] * s_kn + h * s_kh + offs_k[None, :],
-                         mask=on[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-            uj = tl.load(u + rows[:, None] * s_un + hv * s_uh + offs_v[None, :],
-                         mask=on[:, None] & vmask[None, :], other=0.0)
-            lpj = tl.load(lp_base + rows * s_ln, mask=on, other=0.0)
-            w = tl.where(on, tl.exp(tl.minimum(lp_a - lpj, 0.0)), 0.0)
-            if USE_L2NORM:
-                w = w / tl.sqrt(tl.sum(kj * kj, axis=1) + 1e-6)
-            # float32 FMA ("ieee"): the committed state stays float32-exact. tf32x3 (tensor
-            # cores) was measured slower: 736 vs 498 us for 24 layers (H200, experiments/NOTES.md)
-            acc += tl.dot(tl.trans(uj * w[:, None]), kj, input_precision="ieee")
+        # DP path nodes: the walk reads only `parents` (tiny, cache-resident); the rows'
+        # k, u and log_p are then fetched together instead of one dependent load a node.
+        path = tl.full([DP], -1, tl.int32)
+        i = 0
+        while (i < DP) & (cur >= 0):
+            path = tl.where(slots == i, cur, path)
+            nxt = tl.load(parents + start + cur).to(tl.int32)
+            cur = tl.where(nxt < cur, nxt, -1)
+            i += 1
+        on = path >= 0
+        rows = start + tl.where(on, path, 0)
+        kj = tl.load(k + rows[:, None] * s_kn + h * s_kh + offs_k[None, :],
+                     mask=on[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        uj = tl.load(u + rows[:, None] * s_un + hv * s_uh + offs_v[None, :],
+                     mask=on[:, None] & vmask[None, :], other=0.0)
+        lpj = tl.load(lp_base + rows * s_ln, mask=on, other=0.0)
+        w = tl.where(on, tl.exp(tl.minimum(lp_a - lpj, 0.0)), 0.0)
+        if USE_L2NORM:
+            w = w / tl.sqrt(tl.sum(kj * kj, axis=1) + 1e-6)
+        # float32 FMA ("ieee"): the committed state stays float32-exact. tf32x3 (tensor
+        # cores) was measured slower: 736 vs 498 us for 24 layers (H200, experiments/NOTES.md)
+        acc += tl.dot(tl.trans(uj * w[:, None]), kj, input_precision="ieee")
     return acc
 
 
@@ -93,7 +65,7 @@ def _tree_commit_kernel(
     n_req, n_slots,
     s_sl, s_sn, s_sh, s_sv, s_kl, s_kn, s_kh, s_ul, s_un, s_uh, s_ll, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
-    DP: tl.constexpr, CW: tl.constexpr, USE_L2NORM: tl.constexpr,
+    DP: tl.constexpr, USE_L2NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     layer = (pid // n_req).to(tl.int64)
@@ -124,7 +96,7 @@ def _tree_commit_kernel(
         lp_a = tl.load(lp_base + (start + a) * s_ln)
         path_sum = accepted_path_sum(tl.zeros([BV, KP], dtype=tl.float32), k + layer * s_kl, u + layer * s_ul,
                                      lp_base, parents, start, a, lp_a, h, hv, offs_k, kmask, offs_v, vmask,
-                                     s_kn, s_kh, s_un, s_uh, s_ln, DP, USE_L2NORM, CW)
+                                     s_kn, s_kh, s_un, s_uh, s_ln, DP, USE_L2NORM)
         s_old = tl.load(s_ptr, mask=tile_mask, other=0.0).to(tl.float32)
         tl.store(s_ptr, (s_old * tl.exp(lp_a) + path_sum).to(state.dtype.element_ty),
                  mask=store_mask[:, None] & kmask[None, :])
@@ -168,7 +140,7 @@ def tree_commit(
         state, c.state_indices, k, u, log_p, c.parents, c.cu_seqlens, c.accepted,
         c.bsz, c.n_slots, *commit_strides(lstr, st, kk, uu, ll),
         GROUP=c.hv // c.h, K=c.kdim, V=c.vdim, KP=triton.next_power_of_2(c.kdim), BV=bv, DP=cfg["DP"],
-        CW=cfg["CW"], USE_L2NORM=use_qk_l2norm,
+        USE_L2NORM=use_qk_l2norm,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return state

@@ -113,7 +113,7 @@ def _tree_commit_deferred_kernel(
                 acc = tl.dot(tl.trans(pu * wp[:, None]), kp, input_precision="ieee")  # [BV, KP]
                 acc = accepted_path_sum(acc, k + layer * s_kl, u + layer * s_ul, lp_base, parents, start,
                                         tl.where(has_path, a, -1), lp_a, h, hv, offs_k, kmask, offs_v, vmask,
-                                        s_kn, s_kh, s_un, s_uh, s_ln, DP, USE_L2NORM, 0)
+                                        s_kn, s_kh, s_un, s_uh, s_ln, DP, USE_L2NORM)
                 s_ptr = state + layer * s_sl + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]
                 tile = vmask[:, None] & kmask[None, :]
                 s_old = tl.load(s_ptr, mask=tile, other=0.0).to(tl.float32)

@@ -43,8 +43,7 @@ from bole_cli.kernels.configs import chain_launch_config, launch_config
 from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, is_long_chain, pending_rows,
                                       poison_rows, request_span)
 from bole_cli.kernels.reference import PendingPath, VerifyResult
-from bole_cli.kernels.tree_verify_chain import (chain_factors_kernel, chain_scan_kernel, chain_scratch_shape,
-                                               tree_chain_kernel)
+from bole_cli.kernels.tree_verify_chain import chain_factors_kernel, chain_scan_kernel, chain_scratch_shape
 from bole_cli.kernels.tree_verify_parts import ancestor_words, parts_grid, parts_kernel, state_products
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
@@ -483,16 +482,13 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
             long_chain = other = max_depth is None or max_depth >= CHAIN_KERNEL_DEPTH
         if cfg["CHAIN"] and long_chain:
             # its own rule; an explicit config= applies to it too
-            ccfg = chain_launch_config(bsz * hv, cfg["CHAIN"])
+            ccfg = chain_launch_config(bsz * hv)
             ccfg.update({key: config[key] for key in ccfg if config and key in config})
             cbv = min(ccfg.pop("BV"), vp)
             chain = dict(KP=max(16, kp), TP=tp, DS=CHAIN_KERNEL_DEPTH, BV=cbv,  # KP: [BC, KP] tl.dot operands
                          GROUP=hv // h, K=kdim, V=vdim, USE_L2NORM=use_qk_l2norm, PRECISION=precision,
                          GATED=gated, **lp, **dict(ccfg, BC=min(ccfg["BC"], 64)))
-            if cfg["CHAIN"] == 2:
-                _chain_scan(args, (bsz, hv, triton.cdiv(vdim, cbv)), chain)
-            else:
-                tree_chain_kernel[(bsz, hv, triton.cdiv(vdim, cbv))](*args, **chain)
+            _chain_scan(args, (bsz, hv, triton.cdiv(vdim, cbv)), chain)
             if other:
                 _blocked(args, grid, blocked, True)
         else:
@@ -506,18 +502,25 @@ def _split_workspaces(n: int, bsz: int, h: int, hv: int, vdim: int, tp: int) -> 
     return (((n, hv, vdim), torch.float32), ((2, bsz, h, tp, tp), torch.float32), ((n, tp // 64), torch.int64))
 
 
-def verify_scratch_bytes(n: int, bsz: int, h: int, hv: int, kdim: int, vdim: int, max_nodes: Optional[int]) -> int:
+def verify_scratch_bytes(n: int, bsz: int, h: int, hv: int, kdim: int, vdim: int, max_nodes: Optional[int],
+                         max_depth: Optional[int] = None) -> int:
     """Scratch bytes one tree_verify launch allocates beyond its outputs (SPLIT's
-    workspaces; 0 when the launch takes the one-tile kernel or the whole blocked one),
-    for memory budgets (`bole bench kernels`' transient bytes). No pending rows."""
+    workspaces, and the chain kernels' factors when long chains may be present: max_depth
+    None or at least CHAIN_KERNEL_DEPTH; 0 when the launch takes the one-tile kernel or
+    the whole blocked one alone), for memory budgets (`bole bench kernels`' transient
+    bytes, the SGLang plug-in's reserve). No pending rows; the launch rules, not config=."""
     shape = {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "N": n, "T": max_nodes or 0}
     if is_tile_launch(shape):
         return 0
-    if not launch_config("tree_verify", dict(shape, T=0))["SPLIT"]:
-        return 0
+    cfg = launch_config("tree_verify", dict(shape, T=0))
     tp = _blocked_tp(max_nodes)
-    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-               for shape, dtype in _split_workspaces(n, bsz, h, hv, vdim, tp))
+    total = 0
+    if cfg["SPLIT"]:
+        total += sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                     for shape, dtype in _split_workspaces(n, bsz, h, hv, vdim, tp))
+    if cfg["CHAIN"] and (max_depth is None or max_depth >= CHAIN_KERNEL_DEPTH):
+        total += math.prod(chain_scratch_shape(bsz, hv, tp, min(chain_launch_config(bsz * hv)["BC"], 64))) * 4
+    return total
 
 
 def _blocked(args, grid, blocked: dict, remainder: bool) -> None:
@@ -551,8 +554,8 @@ def _blocked(args, grid, blocked: dict, remainder: bool) -> None:
 
 
 def _chain_scan(args, grid, chain: dict) -> None:
-    """The chain verify v13 (tree_verify_chain.py): the chunk factors for every (request,
-    value head, chunk), then the scan; the factors' scratch allocated here."""
+    """The chain verify (tree_verify_chain.py): the chunk factors for every (request, value
+    head, chunk), then the scan; the factors' scratch allocated here."""
     a = dict(zip(_BLOCKED_ARGS, args))  # the launch's arguments by name
     bsz, hv, _ = grid
     q, k, log_p = a["q"], a["k"], a["log_p"]
@@ -562,7 +565,7 @@ def _chain_scan(args, grid, chain: dict) -> None:
     chain_factors_kernel[(bsz, hv, tp // bc)](
         q, k, a["g"], a["beta"], a["A_log"], a["dt_bias"], a["state_idx"], a["parents"], a["cu"], log_p, fu, fo,
         a["scale"], a["n_slots"], hv, a["s_qn"], a["s_qh"], a["s_kn"], a["s_kh"], a["s_gn"], a["s_gh"],
-        a["s_bn"], a["s_bh"], a["s_ln"], num_warps=chain.get("FACTOR_WARPS", 4), **same)
+        a["s_bn"], a["s_bh"], a["s_ln"], num_warps=4, **same)
     chain_scan_kernel[grid](
         q, k, a["v"], a["g"], a["beta"], a["A_log"], a["dt_bias"], a["state"], a["state_idx"], a["parents"], a["cu"],
         a["o"], a["u"], fu, fo, a["pend_k"], a["pend_u"], a["pend_lp"], a["pend_n"], a["scale"], a["n_slots"], hv,

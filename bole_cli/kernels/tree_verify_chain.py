@@ -1,15 +1,9 @@
-"""Closed-form tree verify for long chains (more than CHAIN_KERNEL_DEPTH nodes; issue 17, v12):
+"""Closed-form tree verify for long chains (more than CHAIN_KERNEL_DEPTH nodes; issue 17, v13):
 chunks of BC nodes in order with the state carried in registers, as a chunked recurrence
-does (docs/design.md §2 on one path):
-
-    R_c = D_beta (V_c - D_Pc K_c S_c^T),   U_c = (I + G_cc)^-1 R_c   (merged diagonal blocks:
-    exact at any depth),   O_c = D_Pc Q_c S_c^T + C_cc U_c,
-    S_(c+1) = P_last S_c + sum_j exp(logP_last - logP_j) k_j u_j^T   (registers only)
-
-so each chunk costs one chunk's work, where the blocked kernel pairs it with every earlier
-chunk. Every other request (shorter chains, branching trees, a slot outside the pool, a
-tree larger than TP) is left to the blocked kernel, launched after this one (tree_verify.py).
-One program per (request, value head, value tile). Measured: experiments/NOTES.md "Big trees".
+does (docs/design.md §2 on one path). Each chunk costs one chunk's work, where the blocked
+kernel pairs it with every earlier chunk. Every other request (shorter chains, branching
+trees, a slot outside the pool, a tree larger than TP) is left to the blocked kernel,
+launched after these two (tree_verify.py). Measured: experiments/NOTES.md "Big trees".
 """
 
 from __future__ import annotations
@@ -21,105 +15,9 @@ from bole_cli.kernels.jit_math import (inverse_by_blocks, is_long_chain, pending
                                       softplus)
 
 
-@triton.jit(do_not_specialize=["n_slots"])
-def tree_chain_kernel(
-    q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    pend_k, pend_u, pend_lp, pend_n,
-    scale, n_slots, n_hv,
-    s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
-    s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
-    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
-    BC: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, DS: tl.constexpr,
-    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, LP: tl.constexpr, LPP: tl.constexpr,
-):
-    b = tl.program_id(0)
-    hv = tl.program_id(1)
-    iv = tl.program_id(2)
-    h = hv // GROUP
-    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
-    valid = in_pool & (n_nodes <= TP)
-    if is_long_chain(parents, start, tl.where(valid, n_nodes, 0), TP, DS):
-        _chain_solve(q, k, v, g, beta, A_log, dt_bias, state, o, u, log_p, pend_k, pend_u, pend_lp, pend_n,
-                     start, n_nodes, slot, h, hv, iv, scale, n_hv,
-                     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh, s_sn, s_sh, s_sv,
-                     s_on, s_oh, s_un, s_uh, s_ln, GROUP, K, V, KP, BC, BV, USE_L2NORM, PRECISION, GATED, LP, LPP)
-
-
-@triton.jit
-def _chain_solve(q, k, v, g, beta, A_log, dt_bias, state, o, u, log_p, pend_k, pend_u, pend_lp, pend_n,
-                 start, n_nodes, slot, h, hv, iv, scale, n_hv,
-                 s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh, s_sn, s_sh, s_sv,
-                 s_on, s_oh, s_un, s_uh, s_ln,
-                 GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr,
-                 BV: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
-                 LP: tl.constexpr, LPP: tl.constexpr):
-    """A chain by chunks with the state carried in registers (module doc)."""
-    if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
-        neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
-        bias = tl.load(dt_bias + hv).to(tl.float32)
-    lane = tl.arange(0, BC)
-    offs_k = tl.arange(0, KP)
-    kmask = offs_k < K
-    offs_v = iv * BV + tl.arange(0, BV)
-    vmask = offs_v < V
-    lower = lane[:, None] >= lane[None, :]
-    sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :],
-                 mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BV, KP]
-    if LP > 0:  # a deferred commit: the slot's true state (jit_math.pending_slice)
-        uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, n_nodes > 0, hv, n_hv, offs_v, vmask,
-                                              V, LP, LPP)
-        sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_hv // GROUP, offs_k, K, PRECISION)
-    lp_run = tl.sum(tl.zeros([BC], dtype=tl.float32), axis=0)
-    for c0 in range(0, n_nodes, BC):
-        rows = c0 + lane
-        rmask = rows < n_nodes
-        rows_g = start + rows
-        m2 = rmask[:, None] & kmask[None, :]
-        kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs_k[None, :], mask=m2, other=0.0).to(tl.float32)
-        qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs_k[None, :], mask=m2, other=0.0).to(tl.float32)
-        if USE_L2NORM:
-            inv_k = 1.0 / tl.sqrt(tl.sum(kc * kc, axis=1) + 1e-6)
-            inv_q = scale / tl.sqrt(tl.sum(qc * qc, axis=1) + 1e-6)
-        else:
-            inv_k = tl.full([BC], 1.0, tl.float32)
-            inv_q = tl.full([BC], 1.0, tl.float32) * scale
-        kc = kc * inv_k[:, None]
-        qc = qc * inv_q[:, None]
-        gc = tl.load(g + rows_g * s_gn + hv * s_gh, mask=rmask, other=0.0).to(tl.float32)
-        bc = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
-        if GATED:
-            gc = tl.where(rmask, neg_a * softplus(gc + bias), 0.0)
-            bc = tl.where(rmask, tl.sigmoid(bc), 0.0)
-        lc = tl.cumsum(gc, 0)  # log decay from the chunk's start, inclusive
-        decay = tl.where(lower, tl.exp(tl.minimum(lc[:, None] - lc[None, :], 0.0)), 0.0)
-        gram = tl.where(lane[:, None] > lane[None, :],
-                        bc[:, None] * decay * tl.dot(kc, tl.trans(kc), input_precision=PRECISION), 0.0)
-        pc = tl.exp(lc)
-        vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
-                     mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
-        r = bc[:, None] * (vc - pc[:, None] * tl.dot(kc, tl.trans(sb), input_precision=PRECISION))
-        ainv = inverse_by_blocks(gram, lane, tl.minimum(n_nodes - c0, BC), PRECISION)
-        uu = tl.dot(ainv, r, input_precision=PRECISION)
-        out = pc[:, None] * tl.dot(qc, tl.trans(sb), input_precision=PRECISION) \
-            + tl.dot(decay * tl.dot(qc, tl.trans(kc), input_precision=PRECISION), uu, input_precision=PRECISION)
-        tile = rmask[:, None] & vmask[None, :]
-        tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)
-        tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty), mask=tile)
-        if iv == 0:
-            tl.store(log_p + rows_g * s_ln + hv, lp_run + lc, mask=rmask)
-        # the state after the chunk's last node: P_last S + sum_j exp(lc_last - lc_j) k_j u_j^T
-        last = tl.sum(gc, axis=0)
-        w = tl.where(rmask, tl.exp(tl.minimum(last - lc, 0.0)), 0.0)
-        sb = tl.exp(last) * sb + tl.dot(tl.trans(uu * w[:, None]), kc, input_precision=PRECISION)
-        lp_run += last
-
-
-# ---- v13: the chunk factors in a wide launch first, then the state scan (issue 17) ------
-#
-# v12 above solves each chunk inside the dependent loop (Gram, a log2(BC)-step inverse, q.k
-# products) and so keeps chunks small. A chain's chunk factors need no state at all, so
-# v13 builds them first for every (request, value head, chunk) at once, as chunked
-# recurrences do (the WY form of fla's chunk kernels):
+# A chain's chunk factors need no state, so they are built first for every (request, value
+# head, chunk) at once, as chunked recurrences do (the WY form of fla's chunk kernels; v12,
+# which built them inside the dependent loop, was 1.06-1.44x slower: NOTES.md):
 #
 #     Fu_c = (I + G_cc)^-1 D_beta        Fo_c = C_cc Fu_c          (chain_factors_kernel)
 #

@@ -318,12 +318,6 @@ def check_config(kernel: str, config: Optional[Mapping]) -> None:
         elif key == "precision":
             if value is not None and value not in PRECISIONS:
                 raise InputError(f"config: precision must be None or one of {', '.join(PRECISIONS)}, got {value!r}")
-        elif key == "CW":
-            if value != 0 and not (_power_of_two(value) and 16 <= value <= MAX_TREE_NODES):
-                raise InputError(f"config: CW must be 0 or a power of two in 16..{MAX_TREE_NODES}, got {value!r}")
-        elif key == "CHAIN":
-            if value not in (0, 1, 2) or not isinstance(value, (bool, int)):
-                raise InputError(f"config: CHAIN must be 0, 1 or 2, got {value!r}")
-        elif key in ("GRAM16", "PENDING_AFTER", "SPLIT"):
+        elif key in ("GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT"):
             if value not in (0, 1) or not isinstance(value, (bool, int)):
                 raise InputError(f"config: {key} must be 0 or 1, got {value!r}")
