@@ -2,7 +2,7 @@
 trees (bole_cli/kernels/tree_verify.py: the blocked kernel v10 and, for long chains, the
 chain kernel) against a baseline, per launch config, plus the shipped commit, on random
 (depth <= 8) trees and chains at the Qwen3.5-9B GDN shape (bf16 activations, float32 state).
-The baseline is the shipped blocked kernel by its rule for every tree (CHAIN 0), or a copy
+The baseline is the shipped blocked kernel by its rule for every tree (CHAIN 0, LEVELS 0), or a copy
 of an older tree_verify.py passed as --baseline; config R is the shipped launch rules. (The
 v11 and v12 kernels of runs I17-c/d/e, with their configs, are in commit 1f7e8e9.)
 
@@ -97,6 +97,15 @@ for _name, _chain in {"BC32": {"BC": 32}, "BV16": {"BV": 16}, "BV32": {"BV": 32}
                       "BC32BV32": {"BC": 32, "BV": 32}, "BC32BV16": {"BC": 32, "BV": 16},
                       "BC32w8": {"BC": 32, "num_warps": 8}, "BC16": {"BC": 16}, "BC64": {"BC": 64}}.items():
     CONFIGS[f"C13-{_name}"] = {"CHAIN": 1, "SPLIT": 1, **_chain}
+# sixth session (I17-m): the level kernel (tree_verify_levels.py) for shallow trees, by its
+# rule and under other settings, against SPLIT (LEVELS 0: the blocked kernel by its rule)
+CONFIGS["S"] = {"LEVELS": 0}
+CONFIGS["S-BV32"] = {"LEVELS": 0, "BV": 32}
+for _name, _lev in {"BV16w4": {"BV": 16, "num_warps": 4}, "BV32w4": {"BV": 32, "num_warps": 4},
+                    "BV16w8": {"BV": 16, "num_warps": 8}, "BV32w8": {"BV": 32, "num_warps": 8},
+                    "BV64w8": {"BV": 64, "num_warps": 8}, "BK64": {"BK": 64}, "s2": {"num_stages": 2},
+                    "RB32": {"RB": 32}}.items():
+    CONFIGS[f"L-{_name}"] = {"LEVELS": 1, **_lev}
 # V10: the whole blocked kernel by the rule it shipped with until I17-k (the baseline of
 # SPLIT, side by side in the same process; launch() picks its config per cell)
 CONFIGS["V10"] = {"SPLIT": 0, "v10_rule": 1}
@@ -184,7 +193,18 @@ def launch(tv, name, fn, cell=None):
 
 def check_configs(torch, tv, names, seed=0, dims=(16, 32, 128, 128), sizes=(256, 256, 130, 1, 200, 65),
                   device="cuda"):
-    """Every config against the float64 reference at the real shape; worst rel error."""
+    """Every config against the float64 reference at the real shape; worst rel error: a
+    forest of deep and shallow trees (no depth promise), then shallow trees only (depth <= 8,
+    wide, roots) with their depth promised (the level kernel's case)."""
+    rows = check_forest(torch, tv, names, seed, dims, sizes, ("random", "chain", "roots", "random", "wide", "chain"),
+                        device, "")
+    rows.update(check_forest(torch, tv, names, seed + 1, dims, sizes, ("random", "random", "wide", "random",
+                                                                       "roots", "random"), device, "shallow/"))
+    return rows
+
+
+def check_forest(torch, tv, names, seed, dims, sizes, shapes, device, label):
+    """check_configs on one forest (a depth promise when no tree is deeper than 8)."""
     import itertools
 
     from bole_cli.kernels.reference import gdn_gates_ref, tree_verify_ref
@@ -192,7 +212,6 @@ def check_configs(torch, tv, names, seed=0, dims=(16, 32, 128, 128), sizes=(256,
 
     rows = {}
     h, hv, kd, vd = dims
-    shapes = ["random", "chain", "roots", "random", "wide", "chain"]
     parents = []
     r = random.Random(seed)
     for s, sh in zip(sizes, shapes):
@@ -215,13 +234,15 @@ def check_configs(torch, tv, names, seed=0, dims=(16, 32, 128, 128), sizes=(256,
         g, beta = gdn_gates_ref(a_log, a, dt_bias, b)
         ref = tree_verify_ref(q, k, v, g, beta, state, slots, par, cu)
         dev = [x.to(device) for x in (q, k, v, a, b, a_log, dt_bias, state, slots, par, cu)]
+        depth = {} if "chain" in shapes else {"max_depth": 8}
         for name in (w for w in which if "stage" not in CONFIGS[w]):  # a stage alone is not exact
             def run(cfg):
-                return tv.tree_verify_gated(*dev, check_trees=False, max_nodes=max(sizes), config=cfg)
+                return tv.tree_verify_gated(*dev, check_trees=False, max_nodes=max(sizes), config=cfg, **depth)
             got = launch(tv, name, run)
             err = max(rel(x, y) for x, y in zip(got, ref))
-            rows[f"{name}/{str(dtype)[6:]}"] = err
-            print(f"check {name:2s} {str(dtype)[6:]:8s} rel err {err:.2e} {'ok' if err <= tol else 'FAIL'}", flush=True)
+            rows[f"{label}{name}/{str(dtype)[6:]}"] = err
+            print(f"check {label}{name:2s} {str(dtype)[6:]:8s} rel err {err:.2e} {'ok' if err <= tol else 'FAIL'}",
+                  flush=True)
             if not err <= tol:
                 raise SystemExit(f"config {name} is wrong at the real shape ({dtype}): rel err {err:.2e}")
     return rows
@@ -256,7 +277,7 @@ def main(argv=None):
 
     tv = importlib.import_module("bole_cli.kernels.tree_verify")
     old = load_module(args.baseline, "old_tree_verify") if args.baseline else tv
-    old_cfg = None if args.baseline else {"CHAIN": 0}
+    old_cfg = None if args.baseline else {"CHAIN": 0, "LEVELS": 0}
     names = [c for c in args.configs.split(",") if c]
     t0 = time.time()
     checks = {} if args.no_check else check_configs(torch, tv, names)

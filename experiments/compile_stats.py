@@ -31,11 +31,14 @@ POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf
             "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "pend_k": "*fp32", "pend_u": "*fp32",
             "pend_lp": "*fp32", "pend_n": "*i32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32",
             "ys": "*fp32", "kk_ws": "*fp32", "qk_ws": "*fp32", "bits_ws": "*i64", "fu": "*fp32", "fo": "*fp32",
-            "accepted": "*i32", "n_req": "i32"}
+            "accepted": "*i32", "n_req": "i32", "up": "*i32", "kk": "*fp32", "qk": "*fp32",
+            "n_h": "i32"}
 # the other kernels (name: module, attribute): their specs say TP,BV,BK,BC,warps,stages the same way
 KERNELS = {"chain-factors": ("bole_cli.kernels.tree_verify_chain", "chain_factors_kernel"),
            "chain-scan": ("bole_cli.kernels.tree_verify_chain", "chain_scan_kernel"),
-           "commit": ("bole_cli.kernels.tree_commit", "_tree_commit_kernel")}
+           "commit": ("bole_cli.kernels.tree_commit", "_tree_commit_kernel"),
+           "levels-gram": ("bole_cli.kernels.tree_verify_levels", "levels_gram_kernel"),
+           "levels": ("bole_cli.kernels.tree_verify_levels", "tree_levels_kernel")}
 
 
 def layer_shape(model: str) -> tuple[dict, dict]:
@@ -75,7 +78,7 @@ def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model
                       LPP=max(16, triton.next_power_of_2(max(rows, 1))), USE_L2NORM=True, PRECISION="tf32",
                       GATED=True, GRAM16=True)
     knobs = knobs or {}
-    constexprs.update(dict(DP=16))  # (the commit's)
+    constexprs.update(dict(DP=16, DW=8, RB=64))  # (the commit's, the level kernels')
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
                       else dict(VT=vt, PENDING_AFTER=bool(rows and knobs.get("PENDING_AFTER", 0))))
     params = [p.name for p in kernel.params]

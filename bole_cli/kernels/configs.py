@@ -23,9 +23,10 @@ DEFAULTS: dict[str, dict] = {
     # CHAIN: past one tile, long chains take the chain kernel (0: the blocked kernel for all).
     # PENDING_AFTER: with a deferred commit's rows, the one-tile kernel adds their products
     # after the state's (1) instead of rebuilding each state slice (0). SPLIT: the blocked
-    # kernel's state products and Gram terms in launches of their own before it (1).
+    # kernel's state products and Gram terms in launches of their own before it (1). LEVELS:
+    # past one tile, trees of known depth below CHAIN_KERNEL_DEPTH take the level kernel (1).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
-                    "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0, "SPLIT": 0},
+                    "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0, "SPLIT": 0, "LEVELS": 1, "RB": 64},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # one program per (layer x request, value head) loops over the value tiles when it writes
     # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
@@ -86,6 +87,13 @@ def chain_launch_config(lanes: int) -> dict:
     if lanes <= 32:
         return {"BC": 32, "BV": 32, "num_warps": 4, "num_stages": 1}
     return {"BC": 16, "BV": 64, "num_warps": 4, "num_stages": 1}
+
+
+def levels_launch_config(lanes: int, tp: int) -> dict:
+    """tree_verify's level kernel (shallow trees past one tile), by request-heads `lanes`
+    and rows TP: value tiles of 32 and 4 warps (a first guess, issue 17; RB: rows of a
+    products program)."""
+    return {"BV": 32, "BK": 32, "RB": 64, "num_warps": 4 if tp <= 128 else 8, "num_stages": 1}
 
 
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:

@@ -39,11 +39,12 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
-from bole_cli.kernels.configs import chain_launch_config, launch_config
+from bole_cli.kernels.configs import chain_launch_config, launch_config, levels_launch_config
 from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, is_long_chain, pending_rows,
                                       poison_rows, request_span)
 from bole_cli.kernels.reference import PendingPath, VerifyResult
 from bole_cli.kernels.tree_verify_chain import chain_factors_kernel, chain_scan_kernel, chain_scratch_shape
+from bole_cli.kernels.tree_verify_levels import levels_gram_kernel, levels_scratch, levels_width, tree_levels_kernel
 from bole_cli.kernels.tree_verify_parts import ancestor_words, parts_grid, parts_kernel, state_products
 from bole_cli.kernels.tree_verify_tile import tree_verify_tile_kernel, value_split
 from bole_cli.kernels.verify_path import is_tile_launch
@@ -478,8 +479,10 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         # this one after it; the host check or a max_depth promise can rule the chains out.
         if check_trees:
             long_chain, other = kinds
+            depth_bound = deepest
         else:
             long_chain = other = max_depth is None or max_depth >= CHAIN_KERNEL_DEPTH
+            depth_bound = max_depth
         if cfg["CHAIN"] and long_chain:
             # its own rule; an explicit config= applies to it too
             ccfg = chain_launch_config(bsz * hv)
@@ -491,9 +494,38 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
             _chain_scan(args, (bsz, hv, triton.cdiv(vdim, cbv)), chain)
             if other:
                 _blocked(args, grid, blocked, True)
+        elif cfg["LEVELS"] and depth_bound is not None and depth_bound < CHAIN_KERNEL_DEPTH:
+            # shallow trees level by level (tree_verify_levels.py), by its own rule; an
+            # explicit config= applies to it too
+            lcfg = levels_launch_config(bsz * hv, tp)
+            lcfg.update({key: config[key] for key in lcfg if config and key in config})
+            _levels(args, (bsz, hv, triton.cdiv(vdim, min(lcfg["BV"], vp))), lcfg, levels_width(depth_bound),
+                    dict(GROUP=hv // h, K=kdim, V=vdim, KP=kp, TP=tp, USE_L2NORM=use_qk_l2norm, PRECISION=precision,
+                         GATED=gated, **lp))
         else:
             _blocked(args, grid, blocked, False)
     return VerifyResult(o, u, log_p)
+
+
+def _levels(args, grid, lcfg: dict, dw: int, same: dict) -> None:
+    """The level-by-level verify (tree_verify_levels.py): the ancestors and their products
+    per key head, then the levels; the scratch allocated here."""
+    a = dict(zip(_BLOCKED_ARGS, args))  # the launch's arguments by name
+    bsz, hv, _ = grid
+    q, k = a["q"], a["k"]
+    n, h = q.shape[0], q.shape[1]
+    (up_shape, _), (prod_shape, _) = levels_scratch(n, h, dw)
+    up = torch.empty(up_shape, device=q.device, dtype=torch.int32)
+    kk, qk = torch.empty(prod_shape, device=q.device, dtype=torch.float32)
+    tp, rb = same["TP"], min(lcfg["RB"], same["TP"])
+    levels_gram_kernel[(bsz, h, dw * (tp // rb))](
+        q, k, a["state_idx"], a["parents"], a["cu"], up, kk, qk, a["scale"], a["n_slots"], h,
+        a["s_qn"], a["s_qh"], a["s_kn"], a["s_kh"], K=same["K"], KP=same["KP"], TP=tp, RB=rb, DW=dw,
+        USE_L2NORM=same["USE_L2NORM"], num_warps=8)
+    tree_levels_kernel[grid](
+        *args[:_BLOCKED_ARGS.index("pend_n") + 1], up, kk, qk,
+        *args[_BLOCKED_ARGS.index("pend_n") + 1:], DW=dw, BV=min(lcfg["BV"], triton.next_power_of_2(same["V"])),
+        BK=min(lcfg["BK"], same["KP"]), num_warps=lcfg["num_warps"], num_stages=lcfg["num_stages"], **same)
 
 
 def _split_workspaces(n: int, bsz: int, h: int, hv: int, vdim: int, tp: int) -> tuple:

@@ -286,7 +286,7 @@ def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool
 
 # Launch-config values: every tile is a power of two (tl.arange); tiles that feed tl.dot
 # are at least 16 wide (the tensor cores' smallest operand).
-_DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_deferred": ("BV", "DP"),
+_DOT_TILES = {"tree_verify": ("BV", "BK", "BC", "RB"), "tree_commit": ("BV", "DP"), "tree_commit_deferred": ("BV", "DP"),
               "tree_conv": ()}
 _PLAIN_TILES = {"tree_verify": (), "tree_commit": (), "tree_commit_deferred": (), "tree_conv": ("BN", "BD")}
 PRECISIONS = ("ieee", "tf32", "tf32x3")
@@ -318,6 +318,6 @@ def check_config(kernel: str, config: Optional[Mapping]) -> None:
         elif key == "precision":
             if value is not None and value not in PRECISIONS:
                 raise InputError(f"config: precision must be None or one of {', '.join(PRECISIONS)}, got {value!r}")
-        elif key in ("GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT"):
+        elif key in ("GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT", "LEVELS"):
             if value not in (0, 1) or not isinstance(value, (bool, int)):
                 raise InputError(f"config: {key} must be 0 or 1, got {value!r}")
