@@ -104,8 +104,7 @@ CONFIGS["S-BV32"] = {"LEVELS": 0, "BV": 32}
 for _name, _lev in {"BV16w4": {"BV": 16, "num_warps": 4}, "BV32w4": {"BV": 32, "num_warps": 4},
                     "BV16w8": {"BV": 16, "num_warps": 8}, "BV32w8": {"BV": 32, "num_warps": 8},
                     "BV64w8": {"BV": 64, "num_warps": 8}, "BK64": {"BK": 64}, "s2": {"num_stages": 2},
-                    "RB32": {"RB": 32}, "G": {"GATHER": 1}, "GBV16": {"GATHER": 1, "BV": 16},
-                    "GBV64": {"GATHER": 1, "BV": 64}, "Gw8": {"GATHER": 1, "num_warps": 8}}.items():
+                    "RB32": {"RB": 32}}.items():  # (I17-m's GATHER configs: commit 111a5b6)
     CONFIGS[f"L-{_name}"] = {"LEVELS": 1, **_lev}
 # V10: the whole blocked kernel by the rule it shipped with until I17-k (the baseline of
 # SPLIT, side by side in the same process; launch() picks its config per cell)

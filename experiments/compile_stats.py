@@ -78,7 +78,7 @@ def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model
                       LPP=max(16, triton.next_power_of_2(max(rows, 1))), USE_L2NORM=True, PRECISION="tf32",
                       GATED=True, GRAM16=True)
     knobs = knobs or {}
-    constexprs.update(dict(DP=16, DW=8, RB=64, GATHER=bool(knobs.get("GATHER", 0))))  # (the commit's, the level kernels')
+    constexprs.update(dict(DP=16, DW=8, RB=64))  # (the commit's, the level kernels')
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
                       else dict(VT=vt, PENDING_AFTER=bool(rows and knobs.get("PENDING_AFTER", 0))))
     params = [p.name for p in kernel.params]

@@ -25,9 +25,9 @@ DEFAULTS: dict[str, dict] = {
     # after the state's (1) instead of rebuilding each state slice (0). SPLIT: the blocked
     # kernel's state products and Gram terms in launches of their own before it (1). LEVELS:
     # past one tile, trees of known depth below CHAIN_KERNEL_DEPTH take the level kernel (1;
-    # its own keys: RB, GATHER, and BV / BK / warps / stages by levels_launch_config).
+    # RB, its products launch's rows, and BV / BK / warps / stages by levels_launch_config).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
-                    "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0, "SPLIT": 0, "LEVELS": 0, "RB": 64, "GATHER": 0},
+                    "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0, "SPLIT": 0, "LEVELS": 0, "RB": 64},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # one program per (layer x request, value head) loops over the value tiles when it writes
     # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
@@ -72,10 +72,11 @@ def _verify_blocked_rule(shape: dict) -> dict:
     avg_nodes = shape.get("N", 0) / max(shape.get("B", 1), 1)
     if avg_nodes > 64:
         # trees of known depth below CHAIN_KERNEL_DEPTH: level by level up to 64 request-heads
-        # (batch 1-2 at 9B; H200, I17-m: 1.8-3.1x faster than SPLIT at batch 1, 0.89-1.2x
-        # at batch 4 and slower from 16)
+        # (batch 1-2 at 9B), and up to 128 past 192 nodes (H200, I17-m: 1.5-3.1x faster than
+        # SPLIT at batch 1-2, at batch 4 1.2x at 256 nodes but 0.89-0.97x at 128-192, slower
+        # from batch 16)
         return {"BC": 32, "BV": 128, "BK": 32, "num_warps": 8 if lanes < 512 else 4, "SPLIT": 1,
-                "LEVELS": int(lanes <= 64)}
+                "LEVELS": int(lanes <= 64 or (lanes <= 128 and avg_nodes > 192))}
     if lanes <= 32:
         return {"BC": 32, "BV": 32, "BK": 32, "num_warps": 4}
     bc = 16 if avg_nodes < 32 else 32
@@ -97,9 +98,9 @@ def chain_launch_config(lanes: int) -> dict:
 def levels_launch_config(lanes: int, tp: int) -> dict:
     """tree_verify's level kernel (shallow trees past one tile), by request-heads `lanes`
     and rows TP: value tiles of 32, key slices of 64, 4 warps up to 128 rows and 8 beyond
-    (H200, I17-m: the best or within 3% of it at batch 1; RB: rows of a products program;
-    GATHER: a level's rows through shared memory instead of `u`)."""
-    return {"BV": 32, "BK": 64, "RB": 64, "num_warps": 4 if tp <= 128 else 8, "num_stages": 1, "GATHER": 0}
+    (H200, I17-m: the best or within 4% of it at batch 1-2). Its products launch takes RB
+    rows a program (tree_verify's RB)."""
+    return {"BV": 32, "BK": 64, "num_warps": 4 if tp <= 128 else 8, "num_stages": 1}
 
 
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:

@@ -498,7 +498,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
             # shallow trees level by level (tree_verify_levels.py), by its own rule; an
             # explicit config= applies to it too
             lcfg = levels_launch_config(bsz * hv, tp)
-            lcfg.update({key: cfg[key] for key in ("RB", "GATHER")})
+            lcfg["RB"] = cfg["RB"]
             lcfg.update({key: config[key] for key in lcfg if config and key in config})
             _levels(args, (bsz, hv, triton.cdiv(vdim, min(lcfg["BV"], vp))), lcfg, levels_width(depth_bound),
                     dict(GROUP=hv // h, K=kdim, V=vdim, KP=kp, TP=tp, USE_L2NORM=use_qk_l2norm, PRECISION=precision,
@@ -526,8 +526,7 @@ def _levels(args, grid, lcfg: dict, dw: int, same: dict) -> None:
     tree_levels_kernel[grid](
         *args[:_BLOCKED_ARGS.index("pend_n") + 1], up, kk, qk,
         *args[_BLOCKED_ARGS.index("pend_n") + 1:], DW=dw, BV=min(lcfg["BV"], triton.next_power_of_2(same["V"])),
-        BK=min(lcfg["BK"], same["KP"]), GATHER=bool(lcfg["GATHER"]), num_warps=lcfg["num_warps"],
-        num_stages=lcfg["num_stages"], **same)
+        BK=min(lcfg["BK"], same["KP"]), num_warps=lcfg["num_warps"], num_stages=lcfg["num_stages"], **same)
 
 
 def _split_workspaces(n: int, bsz: int, h: int, hv: int, vdim: int, tp: int) -> tuple:

@@ -102,7 +102,7 @@ def tree_levels_kernel(
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     TP: tl.constexpr, DW: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
-    LP: tl.constexpr, LPP: tl.constexpr, GATHER: tl.constexpr,
+    LP: tl.constexpr, LPP: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -174,21 +174,17 @@ def tree_levels_kernel(
             w = tl.where(deeper, tl.exp(tl.minimum(lp - tl.gather(lp, j, 0), 0.0)), 0.0)
             gk = bt * w * tl.load(kk + hat, mask=deeper, other=0.0)
             cq = w * tl.load(qk + hat, mask=deeper, other=0.0)
-            if GATHER:  # the rows from the registers (tl.gather: through shared memory)
-                uj = tl.where(deeper[:, None], tl.gather(uu, tl.broadcast_to(j[:, None], (TP, BV)), 0), 0.0)
-            else:  # through `u`: level lvl is final, written, then read back after a barrier
-                tl.store(u_at, uu, mask=tile & (depth == lvl)[:, None])
-                tl.debug_barrier()
-                uj = tl.load(u + (start + j)[:, None] * s_un + hv * s_uh + offs_v[None, :],
-                             mask=deeper[:, None] & vmask[None, :], other=0.0)
+            # level lvl is final: written to `u`, read back after a barrier (through shared
+            # memory by tl.gather instead: slower at 7 of 8 cells, H200, I17-m)
+            tl.store(u_at, uu, mask=tile & (depth == lvl)[:, None])
+            tl.debug_barrier()
+            uj = tl.load(u + (start + j)[:, None] * s_un + hv * s_uh + offs_v[None, :],
+                         mask=deeper[:, None] & vmask[None, :], other=0.0)
             uu -= gk[:, None] * uj
             out += cq[:, None] * uj
         self_qk = tl.load(qk + (rows_g * n_h + h) * DW, mask=rmask, other=0.0)
         out += self_qk[:, None] * uu
-        if GATHER:
-            tl.store(u_at, uu, mask=tile)
-        else:
-            tl.store(u_at, uu, mask=tile & (depth == deepest)[:, None])
+        tl.store(u_at, uu, mask=tile & (depth == deepest)[:, None])
         tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty), mask=tile)
     poison_rows(o, u, log_p, start, n_poison, iv * BV, hv, s_on, s_oh, s_un, s_uh, s_ln, iv == 0,
                 V, 32, BV, BV)

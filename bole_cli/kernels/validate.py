@@ -318,6 +318,6 @@ def check_config(kernel: str, config: Optional[Mapping]) -> None:
         elif key == "precision":
             if value is not None and value not in PRECISIONS:
                 raise InputError(f"config: precision must be None or one of {', '.join(PRECISIONS)}, got {value!r}")
-        elif key in ("GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT", "LEVELS", "GATHER"):
+        elif key in ("GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT", "LEVELS"):
             if value not in (0, 1) or not isinstance(value, (bool, int)):
                 raise InputError(f"config: {key} must be 0 or 1, got {value!r}")
