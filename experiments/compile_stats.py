@@ -6,8 +6,10 @@ pending-row forms matched their measured ranking on the H200 (experiments/NOTES.
 
     python experiments/compile_stats.py tile 16,128,32,128,2,2 --rows 0,16 [--variant p-after]
     python experiments/compile_stats.py blocked 128,64,32,32,2,1 --rows 16 [--out FILE.json]
+    python experiments/compile_stats.py chain-scan 256,64,32,16,4,1     # also chain-factors,
+    python experiments/compile_stats.py levels 256,32,64,0,8,1          # levels-gram, commit
 
-A spec is TP,BV,BK,VT,warps,stages (blocked: BC in VT's place); the shapes are a catalogue
+A spec is TP,BV,BK,VT,warps,stages (the other kernels: BC in VT's place); the shapes are a catalogue
 model's GDN layer (--model, default 9b), bf16 activations, float32 state, gated, L2 norms.
 Index of experiments: experiments/README.md.
 """

@@ -232,6 +232,10 @@ def test_split_scratch_bytes():
                                                                           + n * 4 * 8)
     assert verify_scratch_bytes(128, 1, h, hv, d, d, 128) == (128 * hv * d * 4 + 2 * h * 128 * 128 * 4 + 128 * 2 * 8
                                                               + 2 * hv * 128 * 32 * 4)  # chunks of 32 at batch 1
+    # the level kernel (its rule: up to 64 request-heads): ancestors [N, DW] int32 and the
+    # products [2, N, H, DW] float32, DW the promised depth + 1 rounded up
+    assert verify_scratch_bytes(128, 1, h, hv, d, d, 128, max_depth=7) == 128 * 8 * 4 + 2 * 128 * h * 8 * 4
+    assert verify_scratch_bytes(256, 2, h, hv, d, d, 128, max_depth=8) == 256 * 16 * 4 + 2 * 256 * h * 16 * 4
 
 
 def test_the_rule_splits_big_trees():

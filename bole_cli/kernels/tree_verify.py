@@ -2,9 +2,10 @@
 
 Trees of at most 64 nodes go to the one-tile kernel (tree_verify_tile.py); this module
 holds the public API and the blocked kernel for larger trees (up to 256 nodes). Past one
-tile, chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernel
-(tree_verify_chain.py) and the blocked kernel, launched after it in its REMAINDER mode,
-skips exactly those.
+tile, chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernels
+(tree_verify_chain.py) and the blocked kernel, launched after them in its REMAINDER mode,
+skips exactly those; shallow trees of a known depth take the level kernel
+(tree_verify_levels.py) instead, by the rule (configs.py).
 
 Blocked kernel (v10, issue 17): one program per (request, value head, value tile). First
 the whole tree at once: each node's ancestor-or-self set as NW 64-bit words and logP, by
@@ -331,10 +332,11 @@ def tree_verify(
     (which reads the sizes on the host) the big-tree kernels, exact for any size, are used.
     max_depth: the most strict ancestors of any node (a promise, checked when check_trees).
     Past one tile, chains of more than CHAIN_KERNEL_DEPTH nodes (as many strict ancestors or
-    more) take the chain kernel (tree_verify_chain.py) and other trees the blocked one; a
-    promise below CHAIN_KERNEL_DEPTH (or the host check) saves the chain kernel's launch. A
-    request neither kernel takes (a broken promise) is computed by the blocked kernel, so a
-    promise never costs exactness.
+    more) take the chain kernels (tree_verify_chain.py) and other trees the blocked one; a
+    promise below CHAIN_KERNEL_DEPTH (or the host check) saves the chain kernels' launches
+    and, by the rule (small batches), takes the level kernel (tree_verify_levels.py). Off
+    the level kernel a request neither kernel takes (a broken promise) is computed by the
+    blocked kernel; on it, a request deeper than the promise gets NaN rows.
 
     pending: a deferred commit's rows for this layer (tree_commit_deferred.py): each slot's
     true state, exp(logP_end) S + its pending rows' u k^T, is what the trees see.
@@ -537,16 +539,20 @@ def _split_workspaces(n: int, bsz: int, h: int, hv: int, vdim: int, tp: int) -> 
 
 def verify_scratch_bytes(n: int, bsz: int, h: int, hv: int, kdim: int, vdim: int, max_nodes: Optional[int],
                          max_depth: Optional[int] = None) -> int:
-    """Scratch bytes one tree_verify launch allocates beyond its outputs (SPLIT's
-    workspaces, and the chain kernels' factors when long chains may be present: max_depth
-    None or at least CHAIN_KERNEL_DEPTH; 0 when the launch takes the one-tile kernel or
-    the whole blocked one alone), for memory budgets (`bole bench kernels`' transient
-    bytes, the SGLang plug-in's reserve). No pending rows; the launch rules, not config=."""
+    """Scratch bytes one tree_verify launch allocates beyond its outputs, for memory budgets
+    (`bole bench kernels`' transient bytes, the SGLang plug-in's reserve): the level
+    kernel's when the rule takes it (a depth promise below CHAIN_KERNEL_DEPTH), else SPLIT's
+    workspaces, and the chain kernels' factors when long chains may be present (max_depth
+    None or at least CHAIN_KERNEL_DEPTH); 0 for the one-tile kernel or the whole blocked one
+    alone. No pending rows; the launch rules, not config=."""
     shape = {"K": kdim, "V": vdim, "HV": hv, "B": bsz, "N": n, "T": max_nodes or 0}
     if is_tile_launch(shape):
         return 0
     cfg = launch_config("tree_verify", dict(shape, T=0))
     tp = _blocked_tp(max_nodes)
+    sizes = {"int32": 4, "float32": 4}
+    if cfg["LEVELS"] and max_depth is not None and max_depth < CHAIN_KERNEL_DEPTH:
+        return sum(math.prod(shape) * sizes[dtype] for shape, dtype in levels_scratch(n, h, levels_width(max_depth)))
     total = 0
     if cfg["SPLIT"]:
         total += sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()

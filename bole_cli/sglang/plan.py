@@ -119,8 +119,9 @@ class BolePlan:
 
     def scratch_bytes(self) -> int:
         """The big-tree verify's scratch while one layer verifies (trees past one tile take
-        the blocked kernel's SPLIT parts, docs/design.md §3): reserved beside the arena, at
-        the largest verify batch, D nodes a request promised as factors.py launches it."""
+        the blocked kernel's SPLIT parts and, with no depth promised, the chain kernels'
+        factors too: docs/design.md §3): reserved beside the arena, at the largest verify
+        batch, D nodes a request promised as factors.py launches it."""
         if self.draft_tokens <= MAX_TILE_NODES:  # one tile: no scratch (and no torch import to say so)
             return 0
         from bole_cli.kernels.tree_verify import verify_scratch_bytes  # torch and triton: here only
