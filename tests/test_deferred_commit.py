@@ -26,7 +26,8 @@ KEYS = ("q", "k", "v", "g", "beta")
 CALLS = {"auto": {}, "tile": {"check_trees": False, "max_nodes": 64}, "big": {"check_trees": False},
          "blocked": {"check_trees": False, "config": {"CHAIN": 0}},
          # the one-tile kernel's other pending form (the rule takes it from batch 16 at 9B)
-         "tile-after": {"check_trees": False, "max_nodes": 64, "config": {"PENDING_AFTER": 1}}}
+         "tile-after": {"check_trees": False, "max_nodes": 64, "config": {"PENDING_AFTER": 1}},
+         "levels": {"check_trees": False, "max_depth": 15, "config": {"LEVELS": 1}}}
 
 
 def step_inputs(seed, sizes, shape, group, decay, dtype=torch.float32, h=2, kdim=16, vdim=16):
@@ -89,6 +90,18 @@ def run_steps(steps, rows, group=2, decay=(-2.0, -0.01), kernel="auto", state_dt
 def test_deferred_steps_match_committing_every_step(seed, sizes, rows, group, decay, kernel):
     steps = [(sizes, "any")] * 4
     run_steps(steps, rows, group, decay, kernel, seed=seed, tol=1e-4 if decay[0] < -20 else 2e-5)
+
+
+def test_level_kernel_reads_pending_rows():
+    """Pending rows from small chains' commits, then 70- to 100-node shallow trees (wide,
+    several roots) on the level kernel: it adds the rows too."""
+    from test_kernel_levels import on_the_level_kernel
+
+    steps = [([3, 4], "chain", [2, 3]), ([70, 100], "wide", [-1, -1]), ([2, 3], "chain", [1, 2]),
+             ([90, 80], "roots"), ([3, 2], "chain")]
+    with on_the_level_kernel():
+        counts = run_steps(steps, rows=16, kernel="levels", seed=2, tol=LARGE_TREE_TOL)
+    assert counts[0] == [3, 4] and counts[2] == [5, 7]
 
 
 @pytest.mark.parametrize("kernel", ["auto", "tile-after"])

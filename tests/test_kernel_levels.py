@@ -4,19 +4,21 @@ shapes). Outputs start as NaN, so a row the kernel forgot fails the comparison."
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import math
 import random
+from unittest import mock
 
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bole_cli.kernels import tree_commit, tree_verify, tree_verify_gated
-from bole_cli.kernels.reference import gdn_gates_ref, tree_commit_ref, tree_verify_ref
+from bole_cli.kernels import tree_commit, tree_verify
+from bole_cli.kernels.reference import tree_commit_ref, tree_verify_ref
 from bole_cli.trees import random_tree
-from test_kernels import LARGE_TREE_TOL, LaunchSpy, args, make_case, poisoned_out, rel_err
+from test_kernels import (LARGE_TREE_TOL, LaunchSpy, args, make_case, poisoned_out, rel_err, verify_odd,
+                          with_empty_request)
 
 tv = importlib.import_module("bole_cli.kernels.tree_verify")  # the module (the package exports the function)
 LEVELS = {"LEVELS": 1}
@@ -39,6 +41,22 @@ def shallow_case(seed, trees, *, h=1, group=2, kdim=16, vdim=16, decay=(-3.0, -1
     return case
 
 
+@contextlib.contextmanager
+def on_the_level_kernel():
+    """Fails unless tree_verify launches the level kernel inside the block (the blocked
+    kernel is exact too, so the outputs alone cannot tell)."""
+    launched = []
+    real = tv.tree_levels_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+    with mock.patch.object(tv, "tree_levels_kernel", Spy()):
+        yield
+    assert launched, "the level kernel did not run"
+
+
 def deepest(case) -> int:
     return tv._forest_depths(case["parents"], case["cu_seqlens"])[0]
 
@@ -48,7 +66,8 @@ def check_levels(case, tol, config=None, **call):
     node of each request, both against float64."""
     sizes = (case["cu_seqlens"][1:] - case["cu_seqlens"][:-1]).tolist()
     call = {"check_trees": False, "max_depth": deepest(case), **call}
-    res = tree_verify(*args(case), out=poisoned_out(case), config=dict(LEVELS, **(config or {})), **call)
+    with on_the_level_kernel():
+        res = tree_verify(*args(case), out=poisoned_out(case), config=dict(LEVELS, **(config or {})), **call)
     ref = tree_verify_ref(*[x.cpu() for x in args(case)])
     for got, want in zip(res, ref):
         assert rel_err(got, want) <= tol
@@ -66,20 +85,20 @@ def check_levels(case, tol, config=None, **call):
 @given(
     seed=st.integers(0, 2**31 - 1),
     size=st.integers(65, 256),
-    kind=st.sampled_from([2, 8, 15, "wide", "roots"]),
+    kind=st.sampled_from([2, 8, 16, "wide", "roots"]),
     group=st.sampled_from([1, 2, 4]),
     decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -1e-4)]),
     bv=st.sampled_from([16, 32]),
     rb=st.sampled_from([16, 64]),
 )
 @example(seed=1, size=256, kind=8, group=2, decay=(-30.0, -1e-4), bv=16, rb=64)
-@example(seed=2, size=256, kind=15, group=4, decay=(-1e-4, -1e-6), bv=32, rb=16)
+@example(seed=2, size=256, kind=16, group=4, decay=(-1e-4, -1e-6), bv=32, rb=16)
 @example(seed=3, size=129, kind="wide", group=1, decay=(-2.0, -0.01), bv=16, rb=64)
 @example(seed=4, size=200, kind="roots", group=2, decay=(-30.0, -1e-4), bv=16, rb=16)
 def test_level_kernel_matches_reference(seed, size, kind, group, decay, bv, rb):
-    """65-256-node shallow trees (depth up to 15: the level kernel's range) beside a small
-    tree and a 1-node request, GQA 1/2/4, decays near 0 and near -30, value tiles and
-    products blocks of several sizes."""
+    """65-256-node shallow trees (up to 16 nodes on a path: the level kernel's range of 15
+    strict ancestors) beside a small tree and a 1-node request, GQA 1/2/4, decays near 0 and
+    near -30, value tiles and products blocks of several sizes."""
     case = shallow_case(seed, [(size, kind), (7, 3), (1, 1)], group=group, decay=decay)
     check_levels(case, LARGE_TREE_TOL, config={"BV": bv, "BK": 16, "RB": rb})
 
@@ -89,24 +108,11 @@ def test_level_kernel_odd_shapes(gated):
     """K = 48 and V = 72 (a masked key slice and value tile), 3 key heads at GQA 2, with
     and without the L2 norm, gates fused or not, an empty request between two others."""
     case = shallow_case(17, [(150, 8), (1, 1), (90, "roots")], h=3, group=2, kdim=48, vdim=72, decay=(-30.0, -1e-5))
-    case = dict(case, cu_seqlens=torch.tensor([0, 150, 150, 151, 241], dtype=torch.int32),
-                state_indices=torch.cat([case["state_indices"][:1], case["state_indices"][2:3],
-                                         case["state_indices"][1:]]))
-    call = dict(check_trees=False, max_depth=deepest(case), config={"LEVELS": 1, "BV": 32, "BK": 32})
+    case = with_empty_request(case)
     for l2 in (True, False):
-        if gated:
-            n, hv = case["g"].shape
-            gen = torch.Generator().manual_seed(3)
-            a, b = torch.randn(n, hv, generator=gen) * 3, torch.randn(n, hv, generator=gen)
-            A_log, dt_bias = torch.linspace(-4.0, math.log(30.0), hv), torch.randn(hv, generator=gen)
-            g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
-            ref = tree_verify_ref(*args(dict(case, g=g.float(), beta=beta.float())), use_qk_l2norm=l2)
-            res = tree_verify_gated(case["q"], case["k"], case["v"], a, b, A_log, dt_bias, case["state"],
-                                    case["state_indices"], case["parents"], case["cu_seqlens"], use_qk_l2norm=l2,
-                                    out=poisoned_out(case), **call)
-        else:
-            ref = tree_verify_ref(*args(case), use_qk_l2norm=l2)
-            res = tree_verify(*args(case), use_qk_l2norm=l2, out=poisoned_out(case), **call)
+        with on_the_level_kernel():
+            res, ref = verify_odd(case, gated, l2, check_trees=False, max_depth=deepest(case),
+                                  config={"LEVELS": 1, "BV": 32, "BK": 32})
         for got, want in zip(res, ref):
             assert rel_err(got, want) <= LARGE_TREE_TOL
 
@@ -148,7 +154,7 @@ def test_level_kernel_reads_only_what_its_products_wrote(monkeypatch):
     case = shallow_case(23, [(130, 8), (66, "wide"), (1, 1)], group=2)
     depth = deepest(case)
     ref = tree_verify_ref(*args(case))
-    with monkeypatch.context() as m:
+    with monkeypatch.context() as m, on_the_level_kernel():
         m.setattr(torch, "empty", nan_empty)
         res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False, max_depth=depth,
                           config={"LEVELS": 1, "BV": 16, "RB": 16})
@@ -164,8 +170,9 @@ def test_level_kernel_treats_a_malformed_parent_as_a_root():
     bad[50], bad[60], bad[90 + 40] = 70, 60, -7
     fixed = bad.clone()
     fixed[50], fixed[60], fixed[90 + 40] = -1, -1, -1
-    res = tree_verify(*args(dict(case, parents=bad)), out=poisoned_out(case), check_trees=False, max_depth=8,
-                      config=LEVELS)
+    with on_the_level_kernel():
+        res = tree_verify(*args(dict(case, parents=bad)), out=poisoned_out(case), check_trees=False, max_depth=8,
+                          config=LEVELS)
     ref = tree_verify_ref(*args(dict(case, parents=fixed)))
     for got, want in zip(res, ref):
         assert rel_err(got, want) <= LARGE_TREE_TOL
@@ -189,6 +196,55 @@ def test_shallow_trees_take_the_level_kernel_by_the_rule(monkeypatch, batch, cal
     ref = tree_verify_ref(*args(case))
     for got, exp in zip(res, ref):
         assert rel_err(got, exp) <= LARGE_TREE_TOL
+
+
+def test_level_kernel_at_its_deepest():
+    """A 100-node tree with a 16-node path (15 strict ancestors: the scratch's last column
+    at the promise 15) and bushes off it, beside a 1-node request."""
+    case = shallow_case(41, [(100, "wide"), (1, 1)], group=2)
+    case["parents"] = torch.tensor(list(range(-1, 15)) + [(i - 16) % 15 for i in range(16, 100)] + [-1],
+                                   dtype=torch.int32)
+    assert deepest(case) == 15
+    check_levels(case, LARGE_TREE_TOL)
+
+
+def test_solve_reads_nothing_outside_u_whatever_the_ancestors_say(monkeypatch):
+    """The solve trusts no ancestor index: requests overlapping in cu_seqlens share rows of
+    the level scratch, so a row can find another request's index there (-1 where a parent
+    does not precede it in that request). Here the scratch is corrupted between the two
+    launches (-1, the row itself, far past the tree): only ancestors before the row are read,
+    so `u`, placed in a NaN-filled buffer one row in, never takes a row from outside it."""
+    real = tv.tree_levels_kernel
+    at = list(real.arg_names).index("ancestors")
+
+    class Corrupting:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                anc = a[at]
+                anc[::3] = -1
+                anc[1::3] = torch.arange(anc.shape[0], dtype=torch.int32)[1::3, None]
+                anc[2::7] = 10**6
+                return real[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(tv, "tree_levels_kernel", Corrupting())
+    case = shallow_case(5, [(130, 6)], group=2)
+    o, _, log_p = poisoned_out(case)
+    guarded = torch.full((131,) + o.shape[1:], float("nan"))
+    res = tree_verify(*args(case), out=(o, guarded[1:], log_p), check_trees=False, max_depth=5, config=LEVELS)
+    assert torch.isfinite(res.u).all() and torch.isfinite(res.o).all()
+
+
+def test_the_rule_takes_levels_at_small_batches():
+    """LEVELS by the rule (9B: 32 value heads): batch 1-2 past one tile, batch 4 past 192
+    nodes, never from batch 16 nor for small trees on the blocked kernel."""
+    from bole_cli.kernels.configs import launch_config
+
+    def levels(batch, nodes):
+        shape = {"K": 128, "V": 128, "HV": 32, "B": batch, "N": batch * nodes}
+        return launch_config("tree_verify", shape)["LEVELS"]
+
+    assert [levels(1, 128), levels(2, 256), levels(4, 256), levels(4, 192), levels(16, 256), levels(1, 40)] == \
+        [1, 1, 1, 0, 0, 0]
 
 
 # ---- GPU, real Qwen3.5 shapes -----------------------------------------------------------

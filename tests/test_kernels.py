@@ -157,33 +157,44 @@ def test_large_trees_match_reference(seed, size, shape, group, decay, bc, kernel
                             seed=seed, kernel=kernel)
 
 
+def verify_odd(case, gated, l2, **call):
+    """(tree_verify's result, the float64 reference) on the case as it is, or with raw
+    gates drawn for it (a, b, A_log with decays from near 0 to about -30 a node, dt_bias)
+    through tree_verify_gated; outputs poisoned first."""
+    from bole_cli.kernels.reference import gdn_gates_ref
+
+    if not gated:
+        return (tree_verify(*args(case), use_qk_l2norm=l2, out=poisoned_out(case), **call),
+                tree_verify_ref(*args(case), use_qk_l2norm=l2))
+    n, hv = case["g"].shape
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(n, hv, generator=gen) * 3, torch.randn(n, hv, generator=gen)
+    A_log, dt_bias = torch.linspace(-4.0, math.log(30.0), hv), torch.randn(hv, generator=gen)
+    g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
+    ref = tree_verify_ref(*args(dict(case, g=g.float(), beta=beta.float())), use_qk_l2norm=l2)
+    res = tree_verify_gated(case["q"], case["k"], case["v"], a, b, A_log, dt_bias, case["state"],
+                            case["state_indices"], case["parents"], case["cu_seqlens"], use_qk_l2norm=l2,
+                            out=poisoned_out(case), **call)
+    return res, ref
+
+
+def with_empty_request(case):
+    """The case's requests [150, 1, 90] with an empty one between the first two."""
+    return dict(case, cu_seqlens=torch.tensor([0, 150, 150, 151, 241], dtype=torch.int32),
+                state_indices=torch.cat([case["state_indices"][:1], case["state_indices"][2:3],
+                                         case["state_indices"][1:]]))
+
+
 @pytest.mark.parametrize("gated", [False, True])
 def test_split_parts_with_odd_shapes(gated):
     """SPLIT at K = 48 and V = 72 (two key slices and two value tiles of the parts, the
     last of each masked), 3 key heads at GQA 2, no L2 norm, several roots, a 1-node and an
     empty request."""
-    from bole_cli.kernels.reference import gdn_gates_ref
-
     case, forest = make_case(17, [150, 1, 90], h=3, group=2, kdim=48, vdim=72, decay=(-30.0, -1e-5),
                              shape="roots")
-    case = dict(case, cu_seqlens=torch.tensor([0, 150, 150, 151, 241], dtype=torch.int32),
-                state_indices=torch.cat([case["state_indices"][:1], case["state_indices"][2:3],
-                                         case["state_indices"][1:]]))
-    cfg = {"BC": 32, "BV": 32, "SPLIT": 1}
+    case = with_empty_request(case)
     for l2 in (True, False):
-        if gated:
-            n, hv = case["g"].shape
-            gen = torch.Generator().manual_seed(3)
-            a, b = torch.randn(n, hv, generator=gen) * 3, torch.randn(n, hv, generator=gen)
-            A_log, dt_bias = torch.linspace(-4.0, math.log(30.0), hv), torch.randn(hv, generator=gen)
-            g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
-            ref = tree_verify_ref(*args(dict(case, g=g.float(), beta=beta.float())), use_qk_l2norm=l2)
-            res = tree_verify_gated(case["q"], case["k"], case["v"], a, b, A_log, dt_bias, case["state"],
-                                    case["state_indices"], case["parents"], case["cu_seqlens"], config=cfg,
-                                    use_qk_l2norm=l2, out=poisoned_out(case))
-        else:
-            ref = tree_verify_ref(*args(case), use_qk_l2norm=l2)
-            res = tree_verify(*args(case), config=cfg, use_qk_l2norm=l2, out=poisoned_out(case))
+        res, ref = verify_odd(case, gated, l2, config={"BC": 32, "BV": 32, "SPLIT": 1})
         for got, want in zip(res, ref):
             assert rel_err(got, want) <= LARGE_TREE_TOL
 

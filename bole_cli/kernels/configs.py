@@ -72,9 +72,8 @@ def _verify_blocked_rule(shape: dict) -> dict:
     avg_nodes = shape.get("N", 0) / max(shape.get("B", 1), 1)
     if avg_nodes > 64:
         # trees of known depth below CHAIN_KERNEL_DEPTH: level by level up to 64 request-heads
-        # (batch 1-2 at 9B), and up to 128 past 192 nodes (H200, I17-m: 1.5-3.1x faster than
-        # SPLIT at batch 1-2, at batch 4 1.2x at 256 nodes but 0.89-0.97x at 128-192, slower
-        # from batch 16)
+        # (batch 1-2 at 9B), and up to 128 past 192 nodes, where it beat SPLIT on the H200
+        # (I17-m, NOTES.md "Big trees, sixth session")
         return {"BC": 32, "BV": 128, "BK": 32, "num_warps": 8 if lanes < 512 else 4, "SPLIT": 1,
                 "LEVELS": int(lanes <= 64 or (lanes <= 128 and avg_nodes > 192))}
     if lanes <= 32:
@@ -95,11 +94,11 @@ def chain_launch_config(lanes: int) -> dict:
     return {"BC": 16, "BV": 64, "num_warps": 4, "num_stages": 1}
 
 
-def levels_launch_config(lanes: int, tp: int) -> dict:
-    """tree_verify's level kernel (shallow trees past one tile), by request-heads `lanes`
-    and rows TP: value tiles of 32, key slices of 64, 4 warps up to 128 rows and 8 beyond
-    (H200, I17-m: the best or within 4% of it at batch 1-2). Its products launch takes RB
-    rows a program (tree_verify's RB)."""
+def levels_launch_config(tp: int) -> dict:
+    """tree_verify's level kernel (shallow trees past one tile), by its rows TP: value tiles
+    of 32, key slices of 64, 4 warps up to 128 rows and 8 beyond (H200, I17-m: the best or
+    within 4% of it at batch 1-2). Its products launch takes RB rows a program
+    (tree_verify's RB)."""
     return {"BV": 32, "BK": 64, "num_warps": 4 if tp <= 128 else 8, "num_stages": 1}
 
 

@@ -16,6 +16,33 @@ def softplus(x):
 
 
 @triton.jit
+def gate_params(A_log, dt_bias, hv, GATED: tl.constexpr):
+    """(-exp(A_log), dt_bias) of value head hv when g and beta hold SGLang's raw a and b (the
+    gates fused into the kernel, as its verifier does); zeros, never read, otherwise."""
+    if GATED:
+        neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
+        bias = tl.load(dt_bias + hv).to(tl.float32)
+    else:
+        neg_a = 0.0
+        bias = 0.0
+    return neg_a, bias
+
+
+@triton.jit
+def unit_scales(nk, nq, scale, USE_L2NORM: tl.constexpr):
+    """The row factors that make k unit and q unit times `scale` (x / sqrt(sum x^2 + 1e-6),
+    as SGLang and fla do), from the rows' squared norms nk, nq [R]; 1 and `scale` without
+    the L2 norm."""
+    if USE_L2NORM:
+        inv_k = 1.0 / tl.sqrt(nk + 1e-6)
+        inv_q = scale / tl.sqrt(nq + 1e-6)
+    else:
+        inv_k = nk * 0.0 + 1.0
+        inv_q = nq * 0.0 + scale
+    return inv_k, inv_q
+
+
+@triton.jit
 def request_span(cu, state_idx, b, n_slots):
     """Request b of a packed forest: (first node, node count, state-pool slot, whether the
     slot is inside the pool of n_slots). One compare per program guards the pool against a

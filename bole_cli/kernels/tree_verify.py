@@ -41,8 +41,8 @@ import triton.language as tl
 from bole_cli.errors import InputError
 from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import chain_launch_config, launch_config, levels_launch_config
-from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, is_long_chain, pending_rows,
-                                      poison_rows, request_span)
+from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, gate_params, inverse_by_blocks, is_long_chain,
+                                      pending_rows, poison_rows, request_span, unit_scales)
 from bole_cli.kernels.reference import PendingPath, VerifyResult
 from bole_cli.kernels.tree_verify_chain import chain_factors_kernel, chain_scan_kernel, chain_scratch_shape
 from bole_cli.kernels.tree_verify_levels import levels_gram_kernel, levels_scratch, levels_width, tree_levels_kernel
@@ -149,12 +149,7 @@ def _tree_verify_kernel(
         uw, decay, prow, pused = 0.0, 0.0, 0, 0
     lane = tl.arange(0, BC)
     words = tl.arange(0, NW)
-    if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
-        neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
-        bias = tl.load(dt_bias + hv).to(tl.float32)
-    else:
-        neg_a = 0.0
-        bias = 0.0
+    neg_a, bias = gate_params(A_log, dt_bias, hv, GATED)
 
     # The whole tree at once (TP rows in registers): ancestor-or-self bitmask (NW 64-bit
     # words a row) and logP by pointer jumping, ceil(log2(depth + 1)) steps of tl.gather, as
@@ -191,12 +186,7 @@ def _tree_verify_kernel(
             xs, ys_c, nk, nq = state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn, s_qh, s_kn,
                                               s_kh, s_sn, s_sh, s_sv, uw, decay, pend_k, prow, pused, n_hv // GROUP,
                                               K, KP, BK, BC, BV, LP, USE_L2NORM, PRECISION)
-            if USE_L2NORM:
-                inv_k = 1.0 / tl.sqrt(nk + 1e-6)
-                inv_q = scale / tl.sqrt(nq + 1e-6)
-            else:
-                inv_k = tl.full([BC], 1.0, tl.float32)
-                inv_q = tl.full([BC], 1.0, tl.float32) * scale
+            inv_k, inv_q = unit_scales(nk, nq, scale, USE_L2NORM)
         vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
                      mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
         r = bc[:, None] * (vc - (p * inv_k)[:, None] * xs)
@@ -487,48 +477,48 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
             depth_bound = max_depth
         if cfg["CHAIN"] and long_chain:
             # its own rule; an explicit config= applies to it too
-            ccfg = chain_launch_config(bsz * hv)
-            ccfg.update({key: config[key] for key in ccfg if config and key in config})
-            cbv = min(ccfg.pop("BV"), vp)
-            chain = dict(KP=max(16, kp), TP=tp, DS=CHAIN_KERNEL_DEPTH, BV=cbv,  # KP: [BC, KP] tl.dot operands
+            chain_cfg = chain_launch_config(bsz * hv)
+            chain_cfg.update({key: config[key] for key in chain_cfg if config and key in config})
+            chain_bv = min(chain_cfg.pop("BV"), vp)
+            chain = dict(KP=max(16, kp), TP=tp, DS=CHAIN_KERNEL_DEPTH, BV=chain_bv,  # KP: [BC, KP] tl.dot operands
                          GROUP=hv // h, K=kdim, V=vdim, USE_L2NORM=use_qk_l2norm, PRECISION=precision,
-                         GATED=gated, **lp, **dict(ccfg, BC=min(ccfg["BC"], 64)))
-            _chain_scan(args, (bsz, hv, triton.cdiv(vdim, cbv)), chain)
+                         GATED=gated, **lp, **dict(chain_cfg, BC=min(chain_cfg["BC"], 64)))
+            _chain_scan(args, (bsz, hv, triton.cdiv(vdim, chain_bv)), chain)
             if other:
                 _blocked(args, grid, blocked, True)
         elif cfg["LEVELS"] and depth_bound is not None and depth_bound < CHAIN_KERNEL_DEPTH:
             # shallow trees level by level (tree_verify_levels.py), by its own rule; an
             # explicit config= applies to it too
-            lcfg = levels_launch_config(bsz * hv, tp)
-            lcfg["RB"] = cfg["RB"]
-            lcfg.update({key: config[key] for key in lcfg if config and key in config})
-            _levels(args, (bsz, hv, triton.cdiv(vdim, min(lcfg["BV"], vp))), lcfg, levels_width(depth_bound),
-                    dict(GROUP=hv // h, K=kdim, V=vdim, KP=kp, TP=tp, USE_L2NORM=use_qk_l2norm, PRECISION=precision,
-                         GATED=gated, **lp))
+            level_cfg = dict(levels_launch_config(tp), RB=cfg["RB"])
+            level_cfg.update({key: config[key] for key in level_cfg if config and key in config})
+            _levels(args, (bsz, hv, triton.cdiv(vdim, min(level_cfg["BV"], vp))), level_cfg,
+                    levels_width(depth_bound), dict(GROUP=hv // h, K=kdim, V=vdim, KP=kp, TP=tp,
+                                                    USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated, **lp))
         else:
             _blocked(args, grid, blocked, False)
     return VerifyResult(o, u, log_p)
 
 
-def _levels(args, grid, lcfg: dict, dw: int, same: dict) -> None:
+def _levels(args, grid, level_cfg: dict, dw: int, consts: dict) -> None:
     """The level-by-level verify (tree_verify_levels.py): the ancestors and their products
     per key head, then the levels; the scratch allocated here."""
     a = dict(zip(_BLOCKED_ARGS, args))  # the launch's arguments by name
     bsz, hv, _ = grid
     q, k = a["q"], a["k"]
     n, h = q.shape[0], q.shape[1]
-    (up_shape, _), (prod_shape, _) = levels_scratch(n, h, dw)
-    up = torch.empty(up_shape, device=q.device, dtype=torch.int32)
-    kk, qk = torch.empty(prod_shape, device=q.device, dtype=torch.float32)
-    tp, rb = same["TP"], min(lcfg["RB"], same["TP"])
+    ancestors, products = (torch.empty(shape, device=q.device, dtype=dtype)
+                           for shape, dtype in levels_scratch(n, h, dw))
+    kk, qk = products
+    tp, rb = consts["TP"], min(level_cfg["RB"], consts["TP"])
     levels_gram_kernel[(bsz, h, dw * (tp // rb))](
-        q, k, a["state_idx"], a["parents"], a["cu"], up, kk, qk, a["scale"], a["n_slots"], h,
-        a["s_qn"], a["s_qh"], a["s_kn"], a["s_kh"], K=same["K"], KP=same["KP"], TP=tp, RB=rb, DW=dw,
-        USE_L2NORM=same["USE_L2NORM"], num_warps=8)
+        q, k, a["state_idx"], a["parents"], a["cu"], ancestors, kk, qk, a["scale"], a["n_slots"], h,
+        a["s_qn"], a["s_qh"], a["s_kn"], a["s_kh"], K=consts["K"], KP=consts["KP"], TP=tp, RB=rb, DW=dw,
+        USE_L2NORM=consts["USE_L2NORM"], num_warps=8)
     tree_levels_kernel[grid](
-        *args[:_BLOCKED_ARGS.index("pend_n") + 1], up, kk, qk,
-        *args[_BLOCKED_ARGS.index("pend_n") + 1:], DW=dw, BV=min(lcfg["BV"], triton.next_power_of_2(same["V"])),
-        BK=min(lcfg["BK"], same["KP"]), num_warps=lcfg["num_warps"], num_stages=lcfg["num_stages"], **same)
+        *args[:_BLOCKED_ARGS.index("pend_n") + 1], ancestors, kk, qk,
+        *args[_BLOCKED_ARGS.index("pend_n") + 1:], DW=dw, BV=min(level_cfg["BV"], triton.next_power_of_2(consts["V"])),
+        BK=min(level_cfg["BK"], consts["KP"]), num_warps=level_cfg["num_warps"], num_stages=level_cfg["num_stages"],
+        **consts)
 
 
 def _split_workspaces(n: int, bsz: int, h: int, hv: int, vdim: int, tp: int) -> tuple:
@@ -550,9 +540,9 @@ def verify_scratch_bytes(n: int, bsz: int, h: int, hv: int, kdim: int, vdim: int
         return 0
     cfg = launch_config("tree_verify", dict(shape, T=0))
     tp = _blocked_tp(max_nodes)
-    sizes = {"int32": 4, "float32": 4}
     if cfg["LEVELS"] and max_depth is not None and max_depth < CHAIN_KERNEL_DEPTH:
-        return sum(math.prod(shape) * sizes[dtype] for shape, dtype in levels_scratch(n, h, levels_width(max_depth)))
+        return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                   for shape, dtype in levels_scratch(n, h, levels_width(max_depth)))
     total = 0
     if cfg["SPLIT"]:
         total += sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
@@ -600,18 +590,18 @@ def _chain_scan(args, grid, chain: dict) -> None:
     q, k, log_p = a["q"], a["k"], a["log_p"]
     bc, tp = chain["BC"], chain["TP"]
     fu, fo = torch.empty(chain_scratch_shape(bsz, hv, tp, bc), device=q.device, dtype=torch.float32)
-    same = {key: chain[key] for key in ("GROUP", "K", "KP", "BC", "TP", "DS", "USE_L2NORM", "PRECISION", "GATED")}
+    consts = {key: chain[key] for key in ("GROUP", "K", "KP", "BC", "TP", "DS", "USE_L2NORM", "PRECISION", "GATED")}
     chain_factors_kernel[(bsz, hv, tp // bc)](
         q, k, a["g"], a["beta"], a["A_log"], a["dt_bias"], a["state_idx"], a["parents"], a["cu"], log_p, fu, fo,
         a["scale"], a["n_slots"], hv, a["s_qn"], a["s_qh"], a["s_kn"], a["s_kh"], a["s_gn"], a["s_gh"],
-        a["s_bn"], a["s_bh"], a["s_ln"], num_warps=4, **same)
+        a["s_bn"], a["s_bh"], a["s_ln"], num_warps=4, **consts)
     chain_scan_kernel[grid](
         q, k, a["v"], a["g"], a["beta"], a["A_log"], a["dt_bias"], a["state"], a["state_idx"], a["parents"], a["cu"],
         a["o"], a["u"], fu, fo, a["pend_k"], a["pend_u"], a["pend_lp"], a["pend_n"], a["scale"], a["n_slots"], hv,
         a["s_qn"], a["s_qh"], a["s_kn"], a["s_kh"], a["s_vn"], a["s_vh"], a["s_gn"], a["s_gh"], a["s_bn"], a["s_bh"],
         a["s_sn"], a["s_sh"], a["s_sv"], a["s_on"], a["s_oh"], a["s_un"], a["s_uh"],
         V=chain["V"], BV=chain["BV"], LP=chain["LP"], LPP=chain["LPP"], num_warps=chain["num_warps"],
-        num_stages=chain["num_stages"], **same)
+        num_stages=chain["num_stages"], **consts)
 
 
 def _forest_depths(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[int, tuple[bool, bool]]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import (inverse_by_blocks, is_long_chain, pending_rows, pending_slice, request_span,
-                                      softplus)
+from bole_cli.kernels.jit_math import (gate_params, inverse_by_blocks, is_long_chain, pending_rows, pending_slice,
+                                      request_span, softplus)
 
 
 # A chain's chunk factors need no state, so they are built first for every (request, value
 # head, chunk) at once, as chunked recurrences do (the WY form of fla's chunk kernels; v12,
-# which built them inside the dependent loop, was 1.06-1.44x slower: NOTES.md):
+# which built them inside the dependent loop, was 1.07-1.44x slower: NOTES.md):
 #
 #     Fu_c = (I + G_cc)^-1 D_beta        Fo_c = C_cc Fu_c          (chain_factors_kernel)
 #
@@ -77,12 +77,7 @@ def chain_factors_kernel(
     c0 = c * BC
     n_ok = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     if (c0 < n_ok) & is_long_chain(parents, start, n_ok, TP, DS):
-        if GATED:
-            neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
-            bias = tl.load(dt_bias + hv).to(tl.float32)
-        else:
-            neg_a = 0.0
-            bias = 0.0
+        neg_a, bias = gate_params(A_log, dt_bias, hv, GATED)
         lane = tl.arange(0, BC)
         offs_k = tl.arange(0, KP)
         kmask = offs_k < K
@@ -132,12 +127,7 @@ def chain_scan_kernel(
     start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
     n_ok = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     if is_long_chain(parents, start, n_ok, TP, DS):
-        if GATED:
-            neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
-            bias = tl.load(dt_bias + hv).to(tl.float32)
-        else:
-            neg_a = 0.0
-            bias = 0.0
+        neg_a, bias = gate_params(A_log, dt_bias, hv, GATED)
         lane = tl.arange(0, BC)
         offs_k = tl.arange(0, KP)
         kmask = offs_k < K

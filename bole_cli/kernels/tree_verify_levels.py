@@ -18,7 +18,7 @@ one row gather each. Two launches:
                          distance m of every node (m gathers of `parents`), and the unit
                          products k^_i . k^_j and scale q^_i . k^_j with it (m = 0: the
                          node itself), into [N, H, DW] scratch; head 0 writes the
-                         ancestors [N, DW] (-1: none)
+                         ancestors [N, DW] (local indices, -1: none)
     tree_levels_kernel   per (request, value head, value tile): logP and depths by pointer
                          jumping, the state products of all rows, then the levels above,
                          each level's final U rows written to `u` and read back (a barrier
@@ -31,10 +31,11 @@ slot is never read. Measured: experiments/NOTES.md "Big trees, sixth session".
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import pending_rows, poison_rows, request_span, softplus
+from bole_cli.kernels.jit_math import gate_params, pending_rows, poison_rows, request_span, softplus, unit_scales
 from bole_cli.kernels.tree_verify_parts import state_products
 
 
@@ -48,7 +49,7 @@ def _valid_parents(parents, rows_g, rows, rmask):
 
 @triton.jit(do_not_specialize=["n_slots"])
 def levels_gram_kernel(
-    q, k, state_idx, parents, cu, up, kk, qk,
+    q, k, state_idx, parents, cu, ancestors, kk, qk,
     scale, n_slots, n_h,
     s_qn, s_qh, s_kn, s_kh,
     K: tl.constexpr, KP: tl.constexpr, TP: tl.constexpr, RB: tl.constexpr, DW: tl.constexpr,
@@ -71,7 +72,7 @@ def levels_gram_kernel(
         anc = tl.where(rmask, tl.gather(cur, tl.minimum(rows, TP - 1), 0), -1)  # this block's rows
         at = (start + rows) * DW + m
         if h == 0:
-            tl.store(up + at, anc, mask=rmask)
+            tl.store(ancestors + at, anc, mask=rmask)
         on = anc >= 0
         if tl.max(on.to(tl.int32), axis=0) > 0:
             offs = tl.arange(0, KP)
@@ -96,7 +97,7 @@ def levels_gram_kernel(
 @triton.jit(do_not_specialize=["n_slots"])
 def tree_levels_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    pend_k, pend_u, pend_lp, pend_n, up, kk, qk,
+    pend_k, pend_u, pend_lp, pend_n, ancestors, kk, qk,
     scale, n_slots, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
@@ -114,12 +115,7 @@ def tree_levels_kernel(
     rows = tl.arange(0, TP)
     rmask = rows < n_ok
     rows_g = start + rows
-    if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
-        neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
-        bias = tl.load(dt_bias + hv).to(tl.float32)
-    else:
-        neg_a = 0.0
-        bias = 0.0
+    neg_a, bias = gate_params(A_log, dt_bias, hv, GATED)
     # logP and the path length (depth + 1) of every node by pointer jumping
     cur = _valid_parents(parents, rows_g, rows, rmask)
     lp = tl.load(g + rows_g * s_gn + hv * s_gh, mask=rmask, other=0.0).to(tl.float32)
@@ -149,12 +145,7 @@ def tree_levels_kernel(
         xs, ys, nk, nq = state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn, s_qh, s_kn,
                                         s_kh, s_sn, s_sh, s_sv, uw, decay, pend_k, prow, pused, n_h, K, KP, BK, TP,
                                         BV, LP, USE_L2NORM, PRECISION)
-        if USE_L2NORM:
-            inv_k = 1.0 / tl.sqrt(nk + 1e-6)
-            inv_q = scale / tl.sqrt(nq + 1e-6)
-        else:
-            inv_k = tl.full([TP], 1.0, tl.float32)
-            inv_q = tl.full([TP], 1.0, tl.float32) * scale
+        inv_k, inv_q = unit_scales(nk, nq, scale, USE_L2NORM)
         bt = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
         if GATED:
             bt = tl.where(rmask, tl.sigmoid(bt), 0.0)
@@ -168,8 +159,11 @@ def tree_levels_kernel(
             # the ancestor at depth lvl of every deeper node, and its products with the node:
             # independent of U, so fetched before the barrier
             deeper = rmask & (depth > lvl)
-            at = rows_g * DW + (depth - lvl)
-            j = tl.load(up + at, mask=deeper, other=0)
+            j = tl.load(ancestors + rows_g * DW + (depth - lvl), mask=deeper, other=0)
+            # an ancestor precedes its node: anything else (requests overlapping in
+            # cu_seqlens, whose products launches share rows of the scratch) is not read
+            deeper = deeper & (j >= 0) & (j < rows)
+            j = tl.where(deeper, j, 0)
             hat = (rows_g * n_h + h) * DW + (depth - lvl)
             w = tl.where(deeper, tl.exp(tl.minimum(lp - tl.gather(lp, j, 0), 0.0)), 0.0)
             gk = bt * w * tl.load(kk + hat, mask=deeper, other=0.0)
@@ -197,5 +191,5 @@ def levels_width(max_depth: int) -> int:
 
 
 def levels_scratch(n: int, h: int, dw: int) -> tuple:
-    """((shape, dtype name) of the ancestors [N, DW] int32, of k.k and q.k [2, N, H, DW] float32)."""
-    return ((n, dw), "int32"), ((2, n, h, dw), "float32")
+    """((shape, dtype) of the ancestors [N, DW] int32, of k.k and q.k [2, N, H, DW] float32)."""
+    return ((n, dw), torch.int32), ((2, n, h, dw), torch.float32)

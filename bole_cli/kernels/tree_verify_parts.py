@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import is_long_chain, pending_slice, request_span, softplus
+from bole_cli.kernels.jit_math import gate_params, is_long_chain, pending_slice, request_span, softplus
 
 
 @triton.jit
@@ -103,12 +103,7 @@ def state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn,
 def _walk_role(g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, s_gn, s_gh, s_ln, b, hv,
                TP: tl.constexpr, NW: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr, GATED: tl.constexpr):
     start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
-    if GATED:  # g holds SGLang's raw a: fuse the gate (as its verifier does)
-        neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
-        bias = tl.load(dt_bias + hv).to(tl.float32)
-    else:
-        neg_a = 0.0
-        bias = 0.0
+    neg_a, bias = gate_params(A_log, dt_bias, hv, GATED)
     if n_solved > 0:
         bits, lp = ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP, NW, GATED)
         alln = tl.arange(0, TP)

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, pending_keys, pending_rows, pending_slice,
-                                      poison_rows, request_span, softplus)
+                                      poison_rows, request_span, softplus, unit_scales)
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -109,12 +109,7 @@ def tree_verify_tile_kernel(
             else:
                 kk += tl.dot(kc, tl.trans(kc), input_precision=PRECISION)
                 qk += tl.dot(qc, tl.trans(kc), input_precision=PRECISION)
-        if USE_L2NORM:
-            inv_k = 1.0 / tl.sqrt(nk + 1e-6)
-            inv_q = scale / tl.sqrt(nq + 1e-6)
-        else:
-            inv_k = tl.full([TP], 1.0, tl.float32)
-            inv_q = tl.full([TP], 1.0, tl.float32) * scale
+        inv_k, inv_q = unit_scales(nk, nq, scale, USE_L2NORM)
 
         ratio = tl.where(anc, tl.exp(tl.minimum(lp[:, None] - lp[None, :], 0.0)), 0.0)
         gram = tl.where(anc & ~eye, (bv * inv_k)[:, None] * ratio * kk * inv_k[None, :], 0.0)
