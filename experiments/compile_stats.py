@@ -33,7 +33,7 @@ POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf
             "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "pend_k": "*fp32", "pend_u": "*fp32",
             "pend_lp": "*fp32", "pend_n": "*i32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32",
             "ys": "*fp32", "kk_ws": "*fp32", "qk_ws": "*fp32", "bits_ws": "*i64", "fu": "*fp32", "fo": "*fp32",
-            "accepted": "*i32", "n_req": "i32", "up": "*i32", "kk": "*fp32", "qk": "*fp32",
+            "accepted": "*i32", "n_req": "i32", "ancestors": "*i32", "kk": "*fp32", "qk": "*fp32",
             "n_h": "i32"}
 # the other kernels (name: module, attribute): their specs say TP,BV,BK,BC,warps,stages the same way
 KERNELS = {"chain-factors": ("bole_cli.kernels.tree_verify_chain", "chain_factors_kernel"),
