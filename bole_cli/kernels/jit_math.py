@@ -29,6 +29,31 @@ def gate_params(A_log, dt_bias, hv, GATED: tl.constexpr):
 
 
 @triton.jit
+def row_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED: tl.constexpr,
+              WANT_BETA: tl.constexpr):
+    """(log decays g, gates beta) of rows rows_g of value head hv, gated from SGLang's raw a
+    and b when GATED (neg_a, bias from gate_params); zero in rows outside the request, and
+    beta zero unless WANT_BETA."""
+    gr = tl.load(g + rows_g * s_gn + hv * s_gh, mask=rmask, other=0.0).to(tl.float32)
+    if GATED:
+        gr = tl.where(rmask, neg_a * softplus(gr + bias), 0.0)
+    br = gr * 0.0
+    if WANT_BETA:
+        br = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
+        if GATED:
+            br = tl.where(rmask, tl.sigmoid(br), 0.0)
+    return gr, br
+
+
+@triton.jit
+def valid_parents(parents, rows_g, rows, rmask):
+    """Each row's local parent, -1 for a root or for a parent that does not precede it (that
+    ends the path, as in every kernel here)."""
+    par = tl.load(parents + rows_g, mask=rmask, other=-1).to(tl.int32)
+    return tl.where(rmask & (par >= 0) & (par < rows), par, -1)
+
+
+@triton.jit
 def unit_scales(nk, nq, scale, USE_L2NORM: tl.constexpr):
     """The row factors that make k unit and q unit times `scale` (x / sqrt(sum x^2 + 1e-6),
     as SGLang and fla do), from the rows' squared norms nk, nq [R]; 1 and `scale` without

@@ -477,8 +477,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
             depth_bound = max_depth
         if cfg["CHAIN"] and long_chain:
             # its own rule; an explicit config= applies to it too
-            chain_cfg = chain_launch_config(bsz * hv)
-            chain_cfg.update({key: config[key] for key in chain_cfg if config and key in config})
+            chain_cfg = _overridden(chain_launch_config(bsz * hv), config)
             chain_bv = min(chain_cfg.pop("BV"), vp)
             chain = dict(KP=max(16, kp), TP=tp, DS=CHAIN_KERNEL_DEPTH, BV=chain_bv,  # KP: [BC, KP] tl.dot operands
                          GROUP=hv // h, K=kdim, V=vdim, USE_L2NORM=use_qk_l2norm, PRECISION=precision,
@@ -489,14 +488,18 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         elif cfg["LEVELS"] and depth_bound is not None and depth_bound < CHAIN_KERNEL_DEPTH:
             # shallow trees level by level (tree_verify_levels.py), by its own rule; an
             # explicit config= applies to it too
-            level_cfg = dict(levels_launch_config(tp), RB=cfg["RB"])
-            level_cfg.update({key: config[key] for key in level_cfg if config and key in config})
+            level_cfg = _overridden(dict(levels_launch_config(tp), RB=cfg["RB"]), config)
             _levels(args, (bsz, hv, triton.cdiv(vdim, min(level_cfg["BV"], vp))), level_cfg,
                     levels_width(depth_bound), dict(GROUP=hv // h, K=kdim, V=vdim, KP=kp, TP=tp,
                                                     USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated, **lp))
         else:
             _blocked(args, grid, blocked, False)
     return VerifyResult(o, u, log_p)
+
+
+def _overridden(rule: dict, config: Optional[dict]) -> dict:
+    """A kernel's own launch rule with the keys an explicit config= names taken from it."""
+    return {key: config[key] if config and key in config else value for key, value in rule.items()}
 
 
 def _levels(args, grid, level_cfg: dict, dw: int, consts: dict) -> None:
@@ -541,12 +544,10 @@ def verify_scratch_bytes(n: int, bsz: int, h: int, hv: int, kdim: int, vdim: int
     cfg = launch_config("tree_verify", dict(shape, T=0))
     tp = _blocked_tp(max_nodes)
     if cfg["LEVELS"] and max_depth is not None and max_depth < CHAIN_KERNEL_DEPTH:
-        return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-                   for shape, dtype in levels_scratch(n, h, levels_width(max_depth)))
+        return sum(math.prod(shape) * dtype.itemsize for shape, dtype in levels_scratch(n, h, levels_width(max_depth)))
     total = 0
     if cfg["SPLIT"]:
-        total += sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-                     for shape, dtype in _split_workspaces(n, bsz, h, hv, vdim, tp))
+        total += sum(math.prod(shape) * dtype.itemsize for shape, dtype in _split_workspaces(n, bsz, h, hv, vdim, tp))
     if cfg["CHAIN"] and (max_depth is None or max_depth >= CHAIN_KERNEL_DEPTH):
         total += math.prod(chain_scratch_shape(bsz, hv, tp, min(chain_launch_config(bsz * hv)["BC"], 64))) * 4
     return total

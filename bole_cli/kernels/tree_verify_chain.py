@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.kernels.jit_math import (gate_params, inverse_by_blocks, is_long_chain, pending_rows, pending_slice,
-                                      request_span, softplus)
+                                      request_span, row_gates)
 
 
 # A chain's chunk factors need no state, so they are built first for every (request, value
@@ -32,32 +32,18 @@ from bole_cli.kernels.jit_math import (gate_params, inverse_by_blocks, is_long_c
 
 
 @triton.jit
-def _chunk_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED: tl.constexpr,
-                 WANT_BETA: tl.constexpr):
-    """(log decays g, gates beta) of a chunk's rows, gated from SGLang's raw a and b when
-    GATED; zero in rows outside the request."""
-    gc = tl.load(g + rows_g * s_gn + hv * s_gh, mask=rmask, other=0.0).to(tl.float32)
-    if GATED:
-        gc = tl.where(rmask, neg_a * softplus(gc + bias), 0.0)
-    bc = gc * 0.0
-    if WANT_BETA:
-        bc = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
-        if GATED:
-            bc = tl.where(rmask, tl.sigmoid(bc), 0.0)
-    return gc, bc
-
-
-@triton.jit
 def _unit_rows(x, rows_g, rmask, h, s_xn, s_xh, offs_k, kmask, scale, USE_L2NORM: tl.constexpr):
-    """A chunk's rows of q or k [BC, KP] as float32 and the factor that makes them unit
-    (times `scale`) when USE_L2NORM; applied by the caller where it is cheapest."""
-    xc = tl.load(x + rows_g[:, None] * s_xn + h * s_xh + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
-                 other=0.0).to(tl.float32)
+    """A chunk's rows of q or k [BC, KP] as loaded (16-bit stays 16-bit: fewer live
+    registers) and the factor that makes them unit (times `scale`) when USE_L2NORM; the
+    caller applies it where it is cheapest."""
+    xr = tl.load(x + rows_g[:, None] * s_xn + h * s_xh + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
+                 other=0.0)
     if USE_L2NORM:
+        xc = xr.to(tl.float32)
         inv = scale / tl.sqrt(tl.sum(xc * xc, axis=1) + 1e-6)
     else:
-        inv = tl.sum(xc * 0.0, axis=1) + scale
-    return xc, inv
+        inv = tl.sum(xr.to(tl.float32) * 0.0, axis=1) + scale
+    return xr, inv
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -86,16 +72,16 @@ def chain_factors_kernel(
         rows_g = start + rows
         # logP before the chunk: the earlier rows' log decays
         before = tl.arange(0, TP)
-        gp, _ = _chunk_gates(g, beta, start + before, before < c0, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED,
+        gp, _ = row_gates(g, beta, start + before, before < c0, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED,
                              False)
-        gc, bc = _chunk_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED, True)
+        gc, bc = row_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED, True)
         lc = tl.cumsum(gc, 0)  # from the chunk's start, inclusive
         tl.store(log_p + rows_g * s_ln + hv, tl.sum(gp, axis=0) + lc, mask=rmask)
 
-        kc, inv_k = _unit_rows(k, rows_g, rmask, h, s_kn, s_kh, offs_k, kmask, 1.0, USE_L2NORM)
-        qc, inv_q = _unit_rows(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, scale, USE_L2NORM)
-        kc = kc * inv_k[:, None]
-        qc = qc * inv_q[:, None]
+        kr, inv_k = _unit_rows(k, rows_g, rmask, h, s_kn, s_kh, offs_k, kmask, 1.0, USE_L2NORM)
+        qr, inv_q = _unit_rows(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, scale, USE_L2NORM)
+        kc = kr.to(tl.float32) * inv_k[:, None]
+        qc = qr.to(tl.float32) * inv_q[:, None]
         lower = lane[:, None] >= lane[None, :]
         decay = tl.where(lower, tl.exp(tl.minimum(lc[:, None] - lc[None, :], 0.0)), 0.0)
         gram = tl.where(lane[:, None] > lane[None, :],
@@ -145,23 +131,17 @@ def chain_scan_kernel(
             rmask = rows < n_nodes
             rows_g = start + rows
             # q's rows only feed the output's state product: taken first, then dead; k's rows
-            # stay in their 16-bit form between their two products (fewer live registers)
-            qc, inv_q = _unit_rows(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, scale, USE_L2NORM)
-            gc, _ = _chunk_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED, False)
+            # stay as loaded between their two products
+            qr, inv_q = _unit_rows(q, rows_g, rmask, h, s_qn, s_qh, offs_k, kmask, scale, USE_L2NORM)
+            gc, _ = row_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED, False)
             lc = tl.cumsum(gc, 0)
             pc = tl.exp(lc)
-            out = (pc * inv_q)[:, None] * tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
-            kr = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs_k[None, :], mask=rmask[:, None] & kmask[None, :],
-                         other=0.0)
-            kc = kr.to(tl.float32)
-            if USE_L2NORM:
-                inv_k = 1.0 / tl.sqrt(tl.sum(kc * kc, axis=1) + 1e-6)
-            else:
-                inv_k = tl.sum(kc * 0.0, axis=1) + 1.0
+            out = (pc * inv_q)[:, None] * tl.dot(qr.to(tl.float32), tl.trans(sb), input_precision=PRECISION)
+            kr, inv_k = _unit_rows(k, rows_g, rmask, h, s_kn, s_kh, offs_k, kmask, 1.0, USE_L2NORM)
             # the unit rows' norms scale the products' rows (cheaper than the operands)
             z = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
                         mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32) \
-                - (pc * inv_k)[:, None] * tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
+                - (pc * inv_k)[:, None] * tl.dot(kr.to(tl.float32), tl.trans(sb), input_precision=PRECISION)
             uu = tl.dot(tl.load(fu + f_at + (c0 // BC) * BC * BC), z, input_precision=PRECISION)
             out += tl.dot(tl.load(fo + f_at + (c0 // BC) * BC * BC), z, input_precision=PRECISION)
             tile = rmask[:, None] & vmask[None, :]

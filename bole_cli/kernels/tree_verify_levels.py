@@ -35,16 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import gate_params, pending_rows, poison_rows, request_span, softplus, unit_scales
+from bole_cli.kernels.jit_math import (gate_params, pending_rows, poison_rows, request_span, row_gates, unit_scales,
+                                      valid_parents)
 from bole_cli.kernels.tree_verify_parts import state_products
-
-
-@triton.jit
-def _valid_parents(parents, rows_g, rows, rmask):
-    """Each node's parent, -1 for a root or a parent that does not precede it (ends the path,
-    as in every kernel here)."""
-    par = tl.load(parents + rows_g, mask=rmask, other=-1).to(tl.int32)
-    return tl.where(rmask & (par >= 0) & (par < rows), par, -1)
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -63,7 +56,7 @@ def levels_gram_kernel(
     n_ok = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     if r0 < n_ok:
         alln = tl.arange(0, TP)
-        par = _valid_parents(parents, start + alln, alln, alln < n_ok)
+        par = valid_parents(parents, start + alln, alln, alln < n_ok)
         cur = tl.where(alln < n_ok, alln, -1)
         for _ in range(0, m):
             cur = tl.where(cur >= 0, tl.gather(par, tl.maximum(cur, 0), 0), -1)
@@ -117,10 +110,8 @@ def tree_levels_kernel(
     rows_g = start + rows
     neg_a, bias = gate_params(A_log, dt_bias, hv, GATED)
     # logP and the path length (depth + 1) of every node by pointer jumping
-    cur = _valid_parents(parents, rows_g, rows, rmask)
-    lp = tl.load(g + rows_g * s_gn + hv * s_gh, mask=rmask, other=0.0).to(tl.float32)
-    if GATED:
-        lp = tl.where(rmask, neg_a * softplus(lp + bias), 0.0)
+    cur = valid_parents(parents, rows_g, rows, rmask)
+    lp, _ = row_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED, False)
     span = tl.where(rmask, 1, 0)
     while tl.max(cur, axis=0) >= 0:
         act = cur >= 0
@@ -147,7 +138,7 @@ def tree_levels_kernel(
                                         BV, LP, USE_L2NORM, PRECISION)
         inv_k, inv_q = unit_scales(nk, nq, scale, USE_L2NORM)
         bt = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
-        if GATED:
+        if GATED:  # (loaded here, after the state products: fewer registers live across them)
             bt = tl.where(rmask, tl.sigmoid(bt), 0.0)
         p = tl.exp(lp)
         tile = rmask[:, None] & vmask[None, :]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import gate_params, is_long_chain, pending_slice, request_span, softplus
+from bole_cli.kernels.jit_math import gate_params, is_long_chain, pending_slice, request_span, row_gates, valid_parents
 
 
 @triton.jit
@@ -52,14 +52,11 @@ def ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP:
     alln = tl.arange(0, TP)
     words = tl.arange(0, NW)
     amask = alln < n_solved
-    par = tl.load(parents + start + alln, mask=amask, other=-1).to(tl.int32)
-    lp = tl.load(g + (start + alln) * s_gn + hv * s_gh, mask=amask, other=0.0).to(tl.float32)
-    if GATED:
-        lp = tl.where(amask, neg_a * softplus(lp + bias), 0.0)
+    lp, _ = row_gates(g, g, start + alln, amask, hv, s_gn, s_gh, 0, 0, neg_a, bias, GATED, False)
     one = tl.full([TP, NW], 1, tl.int64)
     own = amask[:, None] & (words[None, :] == (alln // 64)[:, None])
     bits = tl.where(own, one << (alln % 64).to(tl.int64)[:, None], 0)
-    cur = tl.where(amask & (par < alln), par, -1)  # a parent that does not precede ends the row
+    cur = valid_parents(parents, start + alln, alln, amask)
     while tl.max(cur, axis=0) >= 0:
         act = cur >= 0
         safe = tl.where(act, cur, 0)

@@ -33,8 +33,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, inverse_by_blocks, pending_keys, pending_rows, pending_slice,
-                                      poison_rows, request_span, softplus, unit_scales)
+from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, gate_params, inverse_by_blocks, pending_keys, pending_rows, pending_slice,
+                                      poison_rows, request_span, row_gates, unit_scales)
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -60,13 +60,8 @@ def tree_verify_tile_kernel(
         rmask = rows < n_nodes
         rows_g = start + rows
         par = tl.load(parents + rows_g, mask=rmask, other=-1).to(tl.int32)
-        gv = tl.load(g + rows_g * s_gn + hv * s_gh, mask=rmask, other=0.0).to(tl.float32)
-        bv = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
-        if GATED:  # g and beta hold SGLang's raw a and b: fuse the gates (as its verifier does)
-            neg_a = -tl.exp(tl.load(A_log + hv).to(tl.float32))
-            bias = tl.load(dt_bias + hv).to(tl.float32)
-            gv = tl.where(rmask, neg_a * softplus(gv + bias), 0.0)
-            bv = tl.where(rmask, tl.sigmoid(bv), 0.0)
+        neg_a, bias = gate_params(A_log, dt_bias, hv, GATED)
+        gv, bv = row_gates(g, beta, rows_g, rmask, hv, s_gn, s_gh, s_bn, s_bh, neg_a, bias, GATED, True)
 
         # Ancestor-or-self mask M and logP by pointer jumping: after s steps every row holds
         # its ancestors within 2^s - 1 levels (and their decays' sum) and points at the next
