@@ -34,6 +34,10 @@ DEFAULT_PENDING_ROWS = 16
 #: batch): far above any server's running requests, low enough that a typo fails at once.
 MAX_BATCH_REQUESTS = 4096
 
+#: The verify's dot precisions (Triton's input_precision): the kernels' config= key,
+#: BOLE_VERIFY_PRECISION for the SGLang plug-in and `bole bench kernels --precision`.
+VERIFY_PRECISIONS = ("tf32", "tf32x3", "ieee")
+
 #: Recurrent-state dtypes the verify and commit kernels take (by name: no torch here); the
 #: kernels' checks, `bole bench kernels --state-dtype` and the plug-in's refusal read it.
 KERNEL_STATE_DTYPES = ("float32", "bfloat16")

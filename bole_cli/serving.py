@@ -287,7 +287,7 @@ def memory_summary(spec: Any, settings: dict, state_dtype: str = "float32") -> O
                     draft_tokens=settings["num_draft_tokens"],
                     rows=settings["max_running_requests"] + 1, act_dtype="bfloat16",
                     conv_dtype="bfloat16", ssm_dtype=state_dtype,
-                    chain=settings.get("eagle_topk") == 1)
+                    chain=settings.get("eagle_topk") == 1, draft_steps=settings.get("num_steps"))
     return {"sglang_snapshot_bytes": plan.snapshot_bytes(), "bole_arena_bytes": plan.arena_bytes(),
             "bole_scratch_bytes": plan.scratch_bytes(), "freed_bytes": plan.saved_bytes(),
             "state_dtype": state_dtype}

@@ -106,6 +106,12 @@ for _name, _lev in {"BV16w4": {"BV": 16, "num_warps": 4}, "BV32w4": {"BV": 32, "
                     "BV64w8": {"BV": 64, "num_warps": 8}, "BK64": {"BK": 64}, "s2": {"num_stages": 2},
                     "RB32": {"RB": 32}}.items():  # (I17-m's GATHER configs: commit 111a5b6)
     CONFIGS[f"L-{_name}"] = {"LEVELS": 1, **_lev}
+# seventh session (I17-q): the SGLang plug-in's verify (tf32x3 dots) with the drafter's depth
+# promised (PL, as factors.py now launches it) and without (PL-none, as it launched until
+# now: chain kernels too, never the level kernel); PL-S: SPLIT under the promise
+CONFIGS["PL"] = {"CHAIN": 1, "precision": "tf32x3"}
+CONFIGS["PL-none"] = {"CHAIN": 1, "precision": "tf32x3", "no_depth": 1}
+CONFIGS["PL-S"] = {"CHAIN": 1, "precision": "tf32x3", "LEVELS": 0}
 # V10: the whole blocked kernel by the rule it shipped with until I17-k (the baseline of
 # SPLIT, side by side in the same process; launch() picks its config per cell)
 CONFIGS["V10"] = {"SPLIT": 0, "v10_rule": 1}
@@ -237,7 +243,8 @@ def check_forest(torch, tv, names, seed, dims, sizes, shapes, device, label):
         depth = {} if "chain" in shapes else {"max_depth": 8}
         for name in (w for w in which if "stage" not in CONFIGS[w]):  # a stage alone is not exact
             def run(cfg):
-                return tv.tree_verify_gated(*dev, check_trees=False, max_nodes=max(sizes), config=cfg, **depth)
+                promise = {} if cfg.pop("no_depth", 0) else depth
+                return tv.tree_verify_gated(*dev, check_trees=False, max_nodes=max(sizes), config=cfg, **promise)
             got = launch(tv, name, run)
             err = max(rel(x, y) for x, y in zip(got, ref))
             rows[f"{label}{name}/{str(dtype)[6:]}"] = err
@@ -299,7 +306,8 @@ def main(argv=None):
                              torch.empty(n, hv, device="cuda")) for s in sets]
 
         def verify(mod, cfg):
-            depth = {} if args.baseline and mod is old else {"max_depth": sets[0].max_depth}
+            no_depth = (cfg or {}).pop("no_depth", 0)
+            depth = {} if (args.baseline and mod is old) or no_depth else {"max_depth": sets[0].max_depth}
             return [lambda s=s, o=o: mod.tree_verify_gated(
                 s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots, s.parents, s.cu,
                 check_trees=False, max_nodes=nodes, out=o, config=cfg, **depth) for s, o in zip(sets, outs)]

@@ -74,6 +74,18 @@ def test_plan_for_qwen35_9b_and_its_memory():
     assert plan.to_dict()["saved_bytes"] == plan.snapshot_bytes() - plan.arena_bytes()
 
 
+@pytest.mark.parametrize("steps,want", [(5, 5), (None, None), (0, None), (True, None), ("5", None), (40, 40)])
+def test_plan_reads_the_drafters_depth(steps, want):
+    plan, why = decide(eligible_facts(num_steps=steps, draft_tokens=128))
+    assert why == "" and plan.draft_steps == want
+    # a tree promises its steps (never more than width - 1); a chain (or a tree's dummy
+    # chain run) width - 1; unknown steps: no promise
+    assert plan.depth_promise(128, tree=True) == want
+    assert plan.depth_promise(4, tree=True) == (None if want is None else min(want, 3))
+    assert plan.depth_promise(128, tree=False) == 127
+    assert plan.depth_promise(1, tree=False) == 0
+
+
 @pytest.mark.parametrize("over,reason", [
     (dict(topk=1, chains="0"), "BOLE_CHAINS='0': chains keep SGLang's path"),
     (dict(topk=None, chains="off"), "BOLE_CHAINS='off'"),
@@ -786,6 +798,22 @@ def test_equivalence_with_sglang_kernels_on_cpu(sglang_kernels):
     assert res["tracked"] >= 1
 
 
+def small_plan(H, HV, K, V, D, bs, **over) -> BolePlan:
+    """A float32 plan for the FactorStore tests: one layer, bs requests of D tokens."""
+    return BolePlan(layers=1, key_heads=H, key_dim=K, value_heads=HV, value_dim=V,
+                    conv_dim=2 * H * K + HV * V, conv_window=3, draft_tokens=D, rows=bs + 1,
+                    act_dtype="float32", conv_dtype="float32", ssm_dtype="float32", **over)
+
+
+def verify_inputs(torch, gen, H, HV, K, V, T):
+    """target_verify's random A_log, dt_bias, q, k, v, a, b for T tokens (SGLang's shapes)."""
+    q, k = torch.randn(1, T, H, K, generator=gen), torch.randn(1, T, H, K, generator=gen)
+    v = torch.randn(1, T, HV, V, generator=gen)
+    a, b = torch.randn(T, HV, generator=gen), torch.randn(T, HV, generator=gen)
+    A_log, dt_bias = torch.randn(HV, generator=gen), torch.randn(HV, generator=gen)
+    return A_log, dt_bias, q, k, v, a, b
+
+
 def test_verify_of_chains_without_parent_table():
     """SGLang's dummy runs verify with retrieve_parent_token None: Bole treats chains."""
     torch = pytest.importorskip("torch")
@@ -794,18 +822,13 @@ def test_verify_of_chains_without_parent_table():
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     H, HV, K, V, D, bs = 1, 2, 8, 8, 4, 2
-    plan = BolePlan(layers=1, key_heads=H, key_dim=K, value_heads=HV, value_dim=V,
-                    conv_dim=2 * H * K + HV * V, conv_window=3, draft_tokens=D, rows=bs + 1,
-                    act_dtype="float32", conv_dtype="float32", ssm_dtype="float32")
+    plan = small_plan(H, HV, K, V, D, bs)
     gen = torch.Generator().manual_seed(3)
     temporal = (torch.randn(1, 4, HV, V, K, generator=gen) * 0.3).to(dev)
     store = FactorStore(plan, dev).bind(temporal)
     try:
         T = bs * D
-        q, k = torch.randn(1, T, H, K, generator=gen), torch.randn(1, T, H, K, generator=gen)
-        v = torch.randn(1, T, HV, V, generator=gen)
-        a, b = torch.randn(T, HV, generator=gen), torch.randn(T, HV, generator=gen)
-        A_log, dt_bias = torch.randn(HV, generator=gen), torch.randn(HV, generator=gen)
+        A_log, dt_bias, q, k, v, a, b = verify_inputs(torch, gen, H, HV, K, V, T)
         slots = torch.tensor([2, 0], dtype=torch.int32)
         cu = torch.arange(0, T + 1, D, dtype=torch.int32)
         on = [x.to(dev) for x in (A_log, dt_bias, q, k, v, a, b)]
@@ -818,6 +841,67 @@ def test_verify_of_chains_without_parent_table():
         assert store.parents[:T].tolist() == chain.tolist()
     finally:
         store.unbind()
+
+
+@pytest.mark.parametrize("steps", [None, 3])
+def test_big_shallow_trees_verify_level_by_level_with_the_drafters_depth(steps):
+    """Past one tile, a tree plan promises --speculative-num-steps as the verify's depth, so
+    a small batch takes the level kernel (and no chain kernel); no steps known: the blocked
+    kernel. Both exact."""
+    torch = pytest.importorskip("torch")
+    from unittest import mock
+
+    from bole_cli.kernels.reference import gdn_gates_ref, tree_verify_sequential_ref
+    from bole_cli.sglang.factors import FactorStore
+    from bole_cli.trees import random_tree
+
+    import importlib
+
+    tv = importlib.import_module("bole_cli.kernels.tree_verify")  # the module (the package exports the function)
+    H, HV, K, V, D, bs = 1, 2, 16, 16, 72, 2
+    plan = small_plan(H, HV, K, V, D, bs, draft_steps=steps)
+    gen = torch.Generator().manual_seed(5)
+    r = random.Random(5)
+    local = [list(random_tree(r, D, max_depth=3).parents) for _ in range(bs)]
+    depth = max(_depth(p) for p in local)
+    assert 2 <= depth <= 3  # within the promise: SGLang's trees are at most num_steps deep
+    rpt = torch.tensor([[0] + p[1:] for p in local], dtype=torch.int64)
+    temporal = torch.randn(1, 4, HV, V, K, generator=gen) * 0.3
+    store = FactorStore(plan, "cpu").bind(temporal)
+    launched = {"levels": 0, "chain": 0, "blocked": 0}
+
+    def spy(name, real):
+        class Spy:
+            def __getitem__(self, grid):
+                launched[name] += 1
+                return real[grid]
+        return Spy()
+    try:
+        T = bs * D
+        A_log, dt_bias, q, k, v, a, b = verify_inputs(torch, gen, H, HV, K, V, T)
+        slots = torch.tensor([3, 1], dtype=torch.int32)
+        cu = torch.arange(0, T + 1, D, dtype=torch.int32)
+        with mock.patch.object(tv, "tree_levels_kernel", spy("levels", tv.tree_levels_kernel)), \
+                mock.patch.object(tv, "chain_scan_kernel", spy("chain", tv.chain_scan_kernel)), \
+                mock.patch.object(tv, "_tree_verify_kernel", spy("blocked", tv._tree_verify_kernel)):
+            o = store.verify(0, A_log, dt_bias, q, k, v, a, b, ssm_states=temporal[0], cache_indices=slots,
+                             query_start_loc=cu, retrieve_parent_token=rpt, draft_token_num=D)
+        assert launched == ({"levels": 1, "chain": 0, "blocked": 0} if steps else
+                            {"levels": 0, "chain": 1, "blocked": 1})
+        g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
+        parents = torch.tensor(sum(local, []), dtype=torch.int32)
+        want, _ = tree_verify_sequential_ref(q[0], k[0], v[0], g, beta, temporal[0], slots, parents, cu)
+        assert rel(o[0], want) < 1e-5
+    finally:
+        store.unbind()
+
+
+def _depth(parents) -> int:
+    """Strict ancestors of the deepest node of one tree (local parent indices, -1 = root)."""
+    depth = [0] * len(parents)
+    for i, p in enumerate(parents):
+        depth[i] = depth[p] + 1 if p >= 0 else 0
+    return max(depth)
 
 
 def test_torch_compile_keeps_sglangs_path_and_never_traces_the_lookup(monkeypatch):

@@ -227,7 +227,7 @@ def floor_bytes(s: LayerInputs, spec: ModelSpec) -> int:
 
 
 def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="bfloat16",
-                     state_dtype="float32", with_sglang=True, commit_layers=True,
+                     state_dtype="float32", with_sglang=True, commit_layers=True, precision=None,
                      progress: Optional[Callable[[str], None]] = None) -> KernelBenchResult:
     import torch
     import triton
@@ -240,6 +240,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
 
     act = getattr(torch, act_dtype)
     sdt = getattr(torch, state_dtype)
+    config = {"precision": precision} if precision else None  # None: the kernels' own choice
     sg = None
     notes = []
     if with_sglang:
@@ -267,7 +268,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, spec.gdn_value_heads, spec.gdn_value_dim,
                                                                           device="cuda"),
                                          torch.empty(n, spec.gdn_value_heads, device="cuda")) for s in sets]
-                    verify = [bole_verify(s, kernels, o) for s, o in zip(sets, outs)]
+                    verify = [bole_verify(s, kernels, o, config) for s, o in zip(sets, outs)]
                     commit = [bole_commit(s, kernels, o) for s, o in zip(sets, outs)]
                     case.bole_verify_us = time_graph(torch, verify)
                     case.bole_commit_us = time_graph(torch, commit)

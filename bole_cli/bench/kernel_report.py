@@ -46,15 +46,15 @@ def equal_time_view(cases) -> list[dict]:
 
 
 def kernel_document(result: KernelBenchResult, *, dtype: str, state_dtype: str, command: str,
-                    seconds: float) -> dict:
+                    seconds: float, precision: str = "auto") -> dict:
     """The results as JSON data, with a summary: the headline geometric-mean speedup, the
-    command line, the run time and the dtypes."""
+    command line, the run time, the dtypes and the verify's dot precision."""
     data = result.to_dict()
     core = [c.speedup for c in result.cases if c.tree == "random" and c.batch in (1, 4, 16) and c.nodes in (16, 32, 64)]
     ratios = [c.bole_over_replayssm for c in result.cases if c.bole_over_replayssm]
     folds = [c.bole_us / c.fold_us for c in result.cases if c.fold_us and c.bole_us]
     data["summary"] = {GEOMEAN_KEY: geomean(core), "command": command, "seconds": seconds,
-                       "dtype": dtype, "state_dtype": state_dtype,
+                       "dtype": dtype, "state_dtype": state_dtype, "precision": precision,
                        "bole_over_replayssm_max": max(ratios) if ratios else None,
                        "bole_over_replayssm_geomean": geomean(ratios),
                        "replayssm_protocol": "circular ring (GDN)" if ratios else None,

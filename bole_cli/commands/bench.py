@@ -16,7 +16,7 @@ import typer
 from bole_cli.bench.results import check_tag, result_stem, write_results
 from bole_cli.console import check_writable
 from bole_cli.errors import BoleError, InputError
-from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES, VERIFY_PRECISIONS
 from bole_cli.parsing import parse_int_list
 
 bench_app = typer.Typer(help="GPU benchmarks (need CUDA).", no_args_is_help=True)
@@ -29,6 +29,9 @@ def kernels_cmd(
     trees: str = typer.Option("random,chain", "--trees", help="random (depth <= 8) and/or chain."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype: bfloat16, float16, float32."),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="State pool dtype: float32 or bfloat16."),
+    precision: str = typer.Option("auto", "--precision",
+                                  help="Verify dots: auto (tf32; tf32x3 for float32 activations), tf32, "
+                                       "tf32x3 (the SGLang plug-in's default), ieee."),
     no_sglang: bool = typer.Option(False, "--no-sglang", help="Time Bole alone (no SGLang baseline)."),
     out_dir: Path = typer.Option(Path("experiments/results"), "--out-dir", help="Where the JSON and PNG go."),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: kernels-<gpu>-<model>)."),
@@ -53,6 +56,8 @@ def kernels_cmd(
                                  ("--state-dtype", state_dtype, KERNEL_STATE_DTYPES)):
         if value not in allowed:
             raise InputError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+    if precision not in ("auto",) + VERIFY_PRECISIONS:
+        raise InputError(f"--precision: expected auto or one of {', '.join(VERIFY_PRECISIONS)}, got {precision!r}")
     import torch
 
     if not torch.cuda.is_available():
@@ -63,12 +68,12 @@ def kernels_cmd(
     started = time.time()
     with err.status("benchmarking") as status:
         result = run_kernel_bench(spec, batches, node_list, tree_kinds, act_dtype=dtype, state_dtype=state_dtype,
-                                  with_sglang=not no_sglang,
+                                  with_sglang=not no_sglang, precision=None if precision == "auto" else precision,
                                   progress=lambda msg: status.update(f"benchmarking: {msg}"))
     from bole_cli.interrupts import held
 
     with held() as section:  # a Ctrl-C now waits until the results are written
-        data = kernel_report.kernel_document(result, dtype=dtype, state_dtype=state_dtype,
+        data = kernel_report.kernel_document(result, dtype=dtype, state_dtype=state_dtype, precision=precision,
                                              command=" ".join(["bole"] + sys.argv[1:]),
                                              seconds=time.time() - started)
         json_path = write_results(data, lambda path: kernel_report.plot(result, path), out_dir,

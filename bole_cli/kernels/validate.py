@@ -20,7 +20,7 @@ from typing import Mapping, NamedTuple, Optional
 import torch
 
 from bole_cli.errors import InputError
-from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_PENDING_ROWS, MAX_TREE_NODES
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_PENDING_ROWS, MAX_TREE_NODES, VERIFY_PRECISIONS
 
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 STATE_DTYPES = tuple(getattr(torch, name) for name in KERNEL_STATE_DTYPES)
@@ -289,7 +289,6 @@ def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool
 _DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_deferred": ("BV", "DP"),
               "tree_conv": ()}
 _PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_deferred": (), "tree_conv": ("BN", "BD")}
-PRECISIONS = ("ieee", "tf32", "tf32x3")
 MAX_TILE = 1024
 
 
@@ -316,8 +315,9 @@ def check_config(kernel: str, config: Optional[Mapping]) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"config: {key} must be a positive int, got {value!r}")
         elif key == "precision":
-            if value is not None and value not in PRECISIONS:
-                raise InputError(f"config: precision must be None or one of {', '.join(PRECISIONS)}, got {value!r}")
+            if value is not None and value not in VERIFY_PRECISIONS:
+                raise InputError(f"config: precision must be None or one of {', '.join(VERIFY_PRECISIONS)}, "
+                                 f"got {value!r}")
         elif key in ("GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT", "LEVELS"):
             if value not in (0, 1) or not isinstance(value, (bool, int)):
                 raise InputError(f"config: {key} must be 0 or 1, got {value!r}")

@@ -19,7 +19,8 @@ nodes at query_start_loc[b] + i). The three entry points mirror SGLang 0.5.23's 
 - `verify` replaces TritonGDNKernel.target_verify: same arguments, same output
   ([1, T, HV, V] in q's dtype); it runs Bole's closed form with the gates fused
   (tree_verify_gated, SGLang's softplus/sigmoid/l2norm/scale) and writes k, u, log_p into
-  the layer's slice instead of a snapshot per node. ssm_states is only read. Trees take
+  the layer's slice instead of a snapshot per node, promising the drafter's depth
+  (BolePlan.depth_promise: shallow big trees go level by level). ssm_states is only read. Trees take
   their parents from retrieve_parent_token (filled by SGLang's tree conv); chains (top-k
   1, and the dummy runs of trees) carry none: SGLang's chain metadata has no retrive_*
   tensors (hybrid_linear_attn_backend.py:298, 728, 914), so the parents are 0..D-2.
@@ -278,6 +279,7 @@ class FactorStore:
             self.parents[:n_tokens], query_start_loc,
             use_qk_l2norm=True, check_trees=False, config=self.config,
             max_nodes=width if 1 <= width <= MAX_TREE_NODES else None,  # every request has D nodes
+            max_depth=self.plan.depth_promise(width, tree=retrieve_parent_token is not None),
             out=VerifyResult(o, self.u[layer, :n_tokens], self.log_p[layer, :n_tokens]),
         )
         return o.unsqueeze(0)

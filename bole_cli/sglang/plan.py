@@ -39,14 +39,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
-from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TILE_NODES, MAX_TREE_NODES
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TILE_NODES, MAX_TREE_NODES, VERIFY_PRECISIONS
 from bole_cli.memory import (FLOAT_DTYPES, canonical_dtype, conv_window_bytes, factor_bytes,
                              state_snapshot_bytes)
 
 # The speculative algorithms whose verify runs SGLang's EAGLE tree path (NEXTN is an alias
 # of EAGLE inside SGLang). NGRAM / STANDALONE / DFLASH / DSPARK are left alone.
 TREE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
-PRECISIONS = ("tf32", "tf32x3", "ieee")
 # The plug-in verifies with tf32x3 dots whatever the activation dtype: SGLang's verify is
 # float32 arithmetic, and plain tf32 (tree_verify's default for bf16 inputs) differs from
 # it by 2.5-2.8e-3 (relative, bf16 outputs) on an H200
@@ -96,6 +95,9 @@ class BolePlan:
     ssm_dtype: str
     precision: Optional[str] = DEFAULT_PRECISION  # tree_verify's dots; None: the kernel's choice
     chain: bool = False  # top-k 1: every request's D tokens form one chain
+    # The drafter's tree depth (--speculative-num-steps: each draft step adds one level
+    # below the root), the verify's max_depth promise for trees; None: not known.
+    draft_steps: Optional[int] = None
 
     @property
     def mode(self) -> str:
@@ -117,11 +119,25 @@ class BolePlan:
         return (self.layers * (self.tokens * self.node_bytes_per_layer() + self.rows * per_row)
                 + 4 * (self.tokens + self.rows + self.draft_tokens))
 
+    def depth_promise(self, width: int, tree: bool) -> Optional[int]:
+        """tree_verify's max_depth for a verify of `width` tokens a request: trees are at most
+        `draft_steps` deep (SGLang's draft tree: a level per step), chains width - 1 (the
+        dummy runs of trees are chains too); None where nothing is known or the promise would
+        be out of the kernels' range. It lets shallow big trees take the level kernel and
+        spares the chain kernels' launches (docs/design.md §3)."""
+        depth = width - 1
+        if tree:
+            if self.draft_steps is None:
+                return None
+            depth = min(depth, self.draft_steps)
+        return depth if 0 <= depth < MAX_TREE_NODES else None
+
     def scratch_bytes(self) -> int:
         """The big-tree verify's scratch while one layer verifies (trees past one tile take
         the blocked kernel's SPLIT parts and, with no depth promised, the chain kernels'
         factors too: docs/design.md §3): reserved beside the arena, at the largest verify
-        batch, D nodes a request promised as factors.py launches it."""
+        batch, D nodes a request promised as factors.py launches it. No depth promise: the
+        dummy runs of trees verify D-token chains, so the chain factors count too."""
         if self.draft_tokens <= MAX_TILE_NODES:  # one tile: no scratch (and no torch import to say so)
             return 0
         from bole_cli.kernels.tree_verify import verify_scratch_bytes  # torch and triton: here only
@@ -158,6 +174,12 @@ class BolePlan:
         return d
 
 
+def _draft_steps(value: Any) -> Optional[int]:
+    """--speculative-num-steps as a depth bound, or None when it is not a positive int."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return value if ok else None
+
+
 def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
     """(plan, "") when Bole should own this pool's tree or chain verify; else (None, why not).
 
@@ -166,7 +188,7 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
     chains (BOLE_CHAINS's raw value), draft_tokens, replayssm, replayssm_spec,
     unified_memory, page_major, disagg_mode, role_switch, npu, hip, pp_spec, torch_compile,
     conv_shapes [(dim, W-1), ...], temporal (HV, V, K), key_heads, layers, ssm_dtype,
-    conv_dtype, act_dtype, max_batch, precision.
+    conv_dtype, act_dtype, max_batch, precision, num_steps.
     """
     f = dict(facts)
     topk = f.get("topk")
@@ -208,8 +230,8 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
          f"conv state dtype {f.get('conv_dtype')!r}"),
         (canonical_dtype(f.get("act_dtype")) not in FLOAT_DTYPES,
          f"model dtype {f.get('act_dtype')!r}"),
-        (verify_precision(f.get("precision")) not in PRECISIONS,
-         f"{ENV_PRECISION}={f.get('precision')!r} (use one of {', '.join(PRECISIONS)})"),
+        (verify_precision(f.get("precision")) not in VERIFY_PRECISIONS,
+         f"{ENV_PRECISION}={f.get('precision')!r} (use one of {', '.join(VERIFY_PRECISIONS)})"),
     )
     for bad, why in checks:
         if bad:
@@ -223,7 +245,7 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
             draft_tokens=int(f["draft_tokens"]), rows=max(int(f.get("max_batch") or 1), 1) + 1,
             act_dtype=canonical_dtype(f["act_dtype"]), conv_dtype=canonical_dtype(f["conv_dtype"]),
             ssm_dtype=canonical_dtype(f["ssm_dtype"]), precision=verify_precision(f.get("precision")),
-            chain=chain)
+            chain=chain, draft_steps=_draft_steps(f.get("num_steps")))
     except (KeyError, TypeError, ValueError) as exc:
         return None, f"could not read the pool shapes ({type(exc).__name__}: {exc})"
     if plan.layers < 1 or plan.key_heads < 1 or hv % plan.key_heads:

@@ -407,6 +407,7 @@ def configurator_facts(cfg: Any, g: dict) -> dict:
         draft_worker=bool(getattr(cfg, "is_draft_worker", False)),
         algorithm=str(algo or ""),
         topk=spec.speculative_eagle_topk,
+        num_steps=getattr(spec, "speculative_num_steps", None),
         chains=os.environ.get(ENV_CHAINS),
         draft_tokens=g["max_speculative_num_draft_tokens"](),
         replayssm=bool(ex.mamba.enable_linear_replayssm),
