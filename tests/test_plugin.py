@@ -844,64 +844,44 @@ def test_verify_of_chains_without_parent_table():
 
 
 @pytest.mark.parametrize("steps", [None, 3])
-def test_big_shallow_trees_verify_level_by_level_with_the_drafters_depth(steps):
+def test_big_shallow_trees_verify_level_by_level_with_the_drafters_depth(steps, monkeypatch):
     """Past one tile, a tree plan promises --speculative-num-steps as the verify's depth, so
     a small batch takes the level kernel (and no chain kernel); no steps known: the blocked
     kernel. Both exact."""
     torch = pytest.importorskip("torch")
-    from unittest import mock
+    from test_kernels import LaunchSpy
 
     from bole_cli.kernels.reference import gdn_gates_ref, tree_verify_sequential_ref
     from bole_cli.sglang.factors import FactorStore
     from bole_cli.trees import random_tree
 
-    import importlib
-
-    tv = importlib.import_module("bole_cli.kernels.tree_verify")  # the module (the package exports the function)
     H, HV, K, V, D, bs = 1, 2, 16, 16, 72, 2
     plan = small_plan(H, HV, K, V, D, bs, draft_steps=steps)
     gen = torch.Generator().manual_seed(5)
     r = random.Random(5)
-    local = [list(random_tree(r, D, max_depth=3).parents) for _ in range(bs)]
-    depth = max(_depth(p) for p in local)
-    assert 2 <= depth <= 3  # within the promise: SGLang's trees are at most num_steps deep
+    trees = [random_tree(r, D, max_depth=3) for _ in range(bs)]
+    # within the promise (depth counts nodes, the promise strict ancestors): SGLang's trees
+    # are at most num_steps deep
+    assert 3 <= max(t.depth for t in trees) <= 4
+    local = [list(t.parents) for t in trees]
     rpt = torch.tensor([[0] + p[1:] for p in local], dtype=torch.int64)
     temporal = torch.randn(1, 4, HV, V, K, generator=gen) * 0.3
     store = FactorStore(plan, "cpu").bind(temporal)
-    launched = {"levels": 0, "chain": 0, "blocked": 0}
-
-    def spy(name, real):
-        class Spy:
-            def __getitem__(self, grid):
-                launched[name] += 1
-                return real[grid]
-        return Spy()
     try:
         T = bs * D
         A_log, dt_bias, q, k, v, a, b = verify_inputs(torch, gen, H, HV, K, V, T)
         slots = torch.tensor([3, 1], dtype=torch.int32)
         cu = torch.arange(0, T + 1, D, dtype=torch.int32)
-        with mock.patch.object(tv, "tree_levels_kernel", spy("levels", tv.tree_levels_kernel)), \
-                mock.patch.object(tv, "chain_scan_kernel", spy("chain", tv.chain_scan_kernel)), \
-                mock.patch.object(tv, "_tree_verify_kernel", spy("blocked", tv._tree_verify_kernel)):
-            o = store.verify(0, A_log, dt_bias, q, k, v, a, b, ssm_states=temporal[0], cache_indices=slots,
-                             query_start_loc=cu, retrieve_parent_token=rpt, draft_token_num=D)
-        assert launched == ({"levels": 1, "chain": 0, "blocked": 0} if steps else
-                            {"levels": 0, "chain": 1, "blocked": 1})
+        spy = LaunchSpy(monkeypatch)
+        o = store.verify(0, A_log, dt_bias, q, k, v, a, b, ssm_states=temporal[0], cache_indices=slots,
+                         query_start_loc=cu, retrieve_parent_token=rpt, draft_token_num=D)
+        assert spy.take() == (["levels"] if steps else ["chain", "blocked"])
         g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
         parents = torch.tensor(sum(local, []), dtype=torch.int32)
         want, _ = tree_verify_sequential_ref(q[0], k[0], v[0], g, beta, temporal[0], slots, parents, cu)
         assert rel(o[0], want) < 1e-5
     finally:
         store.unbind()
-
-
-def _depth(parents) -> int:
-    """Strict ancestors of the deepest node of one tree (local parent indices, -1 = root)."""
-    depth = [0] * len(parents)
-    for i, p in enumerate(parents):
-        depth[i] = depth[p] + 1 if p >= 0 else 0
-    return max(depth)
 
 
 def test_torch_compile_keeps_sglangs_path_and_never_traces_the_lookup(monkeypatch):
