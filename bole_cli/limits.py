@@ -37,6 +37,11 @@ MAX_BATCH_REQUESTS = 4096
 #: The verify's dot precisions (Triton's input_precision): the kernels' config= key,
 #: BOLE_VERIFY_PRECISION for the SGLang plug-in and `bole bench kernels --precision`.
 VERIFY_PRECISIONS = ("tf32", "tf32x3", "ieee")
+#: The precision Bole serves with (docs/design.md §9): the verify's dots at the kernels' choice
+#: (None: tf32 for 16-bit activations), the state committed by the float32 replay commit.
+#: The one home of this policy: the SGLang plug-in, `bole calibrate`, the benches and the
+#: tuned tables all follow it.
+SERVED_VERIFY_PRECISION = None
 
 #: Recurrent-state dtypes the verify and commit kernels take (by name: no torch here); the
 #: kernels' checks, `bole bench kernels --state-dtype` and the plug-in's refusal read it.

@@ -84,11 +84,13 @@ def state_snapshot_bytes(value_heads: int, value_dim: int, key_dim: int, elem_by
 
 
 def factor_bytes(key_heads: int, key_dim: int, value_heads: int, value_dim: int, *,
-                 k_bytes: int = FACTOR_ELEM_BYTES) -> int:
-    """Bole's per-node factors in one layer: k [H, K] (one per key head, shared by its GQA
-    group of value heads) in `k_bytes`, u [HV, V] and log_p [HV] in float32."""
-    return (key_heads * key_dim * k_bytes
-            + (value_heads * value_dim + value_heads) * FACTOR_ELEM_BYTES)
+                 k_bytes: int = FACTOR_ELEM_BYTES, v_bytes: int = FACTOR_ELEM_BYTES, scalars: int = 1) -> int:
+    """Bole's per-node rows in one layer: k [H, K] (one per key head, shared by its GQA group
+    of value heads) in `k_bytes`, one [HV, V] row in `v_bytes` and `scalars` float32 per
+    value head. The paper's count (the defaults): u and log_p in float32. The replay commit
+    keeps v in the activation dtype and g, beta (scalars=2)."""
+    return (key_heads * key_dim * k_bytes + value_heads * value_dim * v_bytes
+            + value_heads * scalars * FACTOR_ELEM_BYTES)
 
 
 def conv_window_bytes(conv_dim: int, window: int, elem_bytes: int) -> int:

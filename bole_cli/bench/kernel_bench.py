@@ -4,7 +4,9 @@
     calls it (gates fused, a float32 snapshot per node into intermediate_states_buffer),
     then the copy of each request's accepted snapshot back into the pool
     (fused_mamba_state_scatter_with_mask, as update_mamba_state_after_mtp_verify does).
-(b) Bole: tree_verify_gated (gates fused, like SGLang's) + tree_commit on the same inputs.
+(b) Bole as served (docs/design.md §9): gdn_gates + tree_verify (tf32 dots for 16-bit
+    activations) + tree_commit_replay (the accepted path replayed in float32) on the same
+    inputs; beside it (b') the factorised path served before: tree_verify_gated + tree_commit.
 (c) The memory-traffic floor: bytes that must move / measured device copy bandwidth.
 (d) For chains, SGLang's ReplaySSM as a GDN model runs it (`--enable-linear-replayssm-spec`):
     the circular ring. The verify reconstructs every draft position's output from the
@@ -49,6 +51,9 @@ class KernelCase:
     bole_us: Optional[float] = None
     bole_verify_us: Optional[float] = None
     bole_commit_us: Optional[float] = None
+    # the factorised path served before (tf32 verify, gates fused, Eq. 10's commit), same inputs
+    factors_us: Optional[float] = None
+    factors_commit_us: Optional[float] = None
     floor_us: float = 0.0
     floor_bytes: int = 0
     sglang_transient_bytes: int = 0
@@ -96,6 +101,7 @@ class CommitCase:
     sglang_copy_us: Optional[float]
     floor_us: float
     floor_bytes: int
+    factors_us: Optional[float] = None  # Eq. 10's factorised commit, the same work
 
 
 @dataclass
@@ -198,21 +204,38 @@ def rel_diff(got, want) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
-def bole_verify(s: LayerInputs, kernels, out, config=None) -> Callable[[], None]:
-    """(b) Bole: gates and the closed-form verify (then `bole_commit`)."""
+def bole_verify(s: LayerInputs, kernels, out, gates, config=None) -> Callable[[], None]:
+    """(b) Bole as served (docs/design.md §9): the gates into the replay commit's rows, then
+    the closed-form verify (then `bole_commit`)."""
 
     def run():
+        kernels.gdn_gates(s.A_log, s.a, s.dt_bias, s.b, out=gates)
+        kernels.tree_verify(s.q, s.k, s.v, gates[0], gates[1], s.pool, s.slots, s.parents, s.cu,
+                            check_trees=False, max_nodes=s.nodes, max_depth=s.max_depth, out=out, config=config)
+    return run
+
+
+def bole_commit(s: LayerInputs, kernels, gates) -> Callable[[], None]:
+    """(b) The served commit: the accepted path replayed in float32 (tree_commit_replay)."""
+
+    def run():
+        kernels.tree_commit_replay(s.pool, s.slots, s.k, s.v, gates[0], gates[1], s.parents, s.cu,
+                                   s.accepted, check_trees=False)
+    return run
+
+
+def factors_step(s: LayerInputs, kernels, out, config=None) -> list[Callable[[], None]]:
+    """(b') The factorised path that was served before (gates fused into the verify, Eq. 10's
+    commit from the verify's u): timed beside the served path in every cell."""
+
+    def verify():
         kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias,
                                   s.pool, s.slots, s.parents, s.cu, check_trees=False,
                                   max_nodes=s.nodes, max_depth=s.max_depth, out=out, config=config)
-    return run
 
-
-def bole_commit(s: LayerInputs, kernels, out) -> Callable[[], None]:
-    def run():
-        kernels.tree_commit(s.pool, s.slots, s.k, out.u, out.log_p, s.parents, s.cu,
-                            s.accepted, check_trees=False)
-    return run
+    def commit():
+        kernels.tree_commit(s.pool, s.slots, s.k, out.u, out.log_p, s.parents, s.cu, s.accepted, check_trees=False)
+    return [verify, commit]
 
 
 def floor_bytes(s: LayerInputs, spec: ModelSpec) -> int:
@@ -241,6 +264,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
     act = getattr(torch, act_dtype)
     sdt = getattr(torch, state_dtype)
     config = {"precision": precision} if precision else None  # None: the kernels' own choice
+    factors_config = {"precision": "tf32"} if act != torch.float32 else None  # the old tables' path
     sg = None
     notes = []
     if with_sglang:
@@ -268,11 +292,16 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, spec.gdn_value_heads, spec.gdn_value_dim,
                                                                           device="cuda"),
                                          torch.empty(n, spec.gdn_value_heads, device="cuda")) for s in sets]
-                    verify = [bole_verify(s, kernels, o, config) for s, o in zip(sets, outs)]
-                    commit = [bole_commit(s, kernels, o) for s, o in zip(sets, outs)]
+                    gates = [(torch.empty(n, spec.gdn_value_heads, device="cuda"),
+                              torch.empty(n, spec.gdn_value_heads, device="cuda")) for _ in sets]
+                    verify = [bole_verify(s, kernels, o, gt, config) for s, o, gt in zip(sets, outs, gates)]
+                    commit = [bole_commit(s, kernels, gt) for s, gt in zip(sets, gates)]
                     case.bole_verify_us = time_graph(torch, verify)
                     case.bole_commit_us = time_graph(torch, commit)
                     case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
+                    factors = [f for s, o in zip(sets, outs) for f in factors_step(s, kernels, o, factors_config)]
+                    case.factors_commit_us = time_graph(torch, factors[1::2])
+                    case.factors_us = time_graph(torch, factors, calls=len(sets))
                     if sg is not None:
                         # same inputs: check agreement before timing (the pool is read only here)
                         s0 = sets[0]
@@ -338,6 +367,7 @@ def ring_agreement(torch, sg, kernels, sets, pool0, act, length: int) -> tuple[f
     bole_pool = pool0.clone()
     out = VerifyResult(torch.empty_like(s0.v), torch.empty(s0.v.shape, device=dev),
                        torch.empty(s0.v.shape[:2], device=dev))
+    gates = (torch.empty(s0.v.shape[:2], device=dev), torch.empty(s0.v.shape[:2], device=dev))
     diff_o = diff_state = 0.0
     sel = s0.slots.long()
     for step in range(CHECK_STEPS):
@@ -345,12 +375,13 @@ def ring_agreement(torch, sg, kernels, sets, pool0, act, length: int) -> tuple[f
         o = sg.replayssm_ring_verify(x.A_log, x.dt_bias, x.q[None], x.k[None], x.v[None], x.a, x.b,
                                      checkpoint_state=s0.pool, ring=sg.ring_layer(ring, 0), cache_indices=s0.slots,
                                      replay_indices=replay, query_start_loc=x.cu, draft_token_num=nodes)
-        kernels.tree_verify_gated(x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, bole_pool, s0.slots, x.parents,
-                                  x.cu, max_nodes=nodes, out=out)
+        kernels.gdn_gates(x.A_log, x.a, x.dt_bias, x.b, out=gates)
+        kernels.tree_verify(x.q, x.k, x.v, gates[0], gates[1], bole_pool, s0.slots, x.parents, x.cu,
+                            max_nodes=nodes, out=out)
         diff_o = max(diff_o, rel_diff(o.reshape(out.o.shape), out.o))
         n = (x.accepted + 1).to(torch.int32)  # accepted drafts + the bonus token
         sg.replayssm_ring_commit(s0.pool[None], ring, s0.slots, replay, n, nodes)
-        kernels.tree_commit(bole_pool, s0.slots, x.k, out.u, out.log_p, x.parents, x.cu, n - 1)
+        kernels.tree_commit_replay(bole_pool, s0.slots, x.k, x.v, gates[0], gates[1], x.parents, x.cu, n - 1)
         copy_pool = s0.pool[None].clone()
         sg.replayssm_ring_materialize(copy_pool, {k: None if t is None else t.clone() for k, t in ring.items()},
                                       s0.slots, replay)
@@ -392,7 +423,8 @@ def _bench_replayssm(torch, sg, kernels, sets, case: KernelCase, o_bole, bole_st
 
 
 def _bench_commit_all_layers(torch, kernels, spec: ModelSpec, batch: int, sg, bw) -> CommitCase:
-    """One launch committing every GDN layer of the model at `batch` (random depth-8 trees of 64)."""
+    """One launch committing every GDN layer of the model at `batch` (random depth-8 trees of 64):
+    the served replay commit, and beside it Eq. 10's factorised commit."""
     layers, nodes = spec.n_gdn_layers, 64
     h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
     base = LayerInputs(torch, spec, batch, nodes, "random", 7, torch.bfloat16, torch.float32)
@@ -400,12 +432,19 @@ def _bench_commit_all_layers(torch, kernels, spec: ModelSpec, batch: int, sg, bw
     pool = torch.randn(layers, batch + 1, hv, vd, kd, device="cuda")
     k = torch.randn(layers, n, h, kd, device="cuda").to(torch.bfloat16)
     u = torch.randn(layers, n, hv, vd, device="cuda")
+    v = u.to(torch.bfloat16)
     log_p = -torch.rand(layers, n, hv, device="cuda")
+    beta = torch.rand(layers, n, hv, device="cuda")
 
     def commit():
+        kernels.tree_commit_replay(pool, base.slots, k, v, log_p, beta, base.parents, base.cu, base.accepted,
+                                   check_trees=False)
+
+    def factors():
         kernels.tree_commit(pool, base.slots, k, u, log_p, base.parents, base.cu, base.accepted, check_trees=False)
 
     bole = time_graph(torch, [commit])
+    factors_us = time_graph(torch, [factors])
     sg_us = None
     if sg is not None:
         # the copy reads one snapshot per request, so a short buffer times the same work
@@ -415,7 +454,7 @@ def _bench_commit_all_layers(torch, kernels, spec: ModelSpec, batch: int, sg, bw
         sg_us = time_graph(torch, [lambda: sg.copy_back_accepted(pool, snaps, base.slots, acc)])
         del snaps
     floor_bytes = 2 * layers * batch * hv * vd * kd * 4
-    return CommitCase(layers, batch, bole, sg_us, floor_bytes / bw * 1e6, floor_bytes)
+    return CommitCase(layers, batch, bole, sg_us, floor_bytes / bw * 1e6, floor_bytes, factors_us)
 
 
 def geomean(xs) -> Optional[float]:

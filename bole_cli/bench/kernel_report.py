@@ -53,12 +53,16 @@ def kernel_document(result: KernelBenchResult, *, dtype: str, state_dtype: str, 
     core = [c.speedup for c in result.cases if c.tree == "random" and c.batch in (1, 4, 16) and c.nodes in (16, 32, 64)]
     ratios = [c.bole_over_replayssm for c in result.cases if c.bole_over_replayssm]
     folds = [c.bole_us / c.fold_us for c in result.cases if c.fold_us and c.bole_us]
+    served = [c.bole_us / c.factors_us for c in result.cases if c.factors_us and c.bole_us]
     data["summary"] = {GEOMEAN_KEY: geomean(core), "command": command, "seconds": seconds,
                        "dtype": dtype, "state_dtype": state_dtype, "precision": precision,
                        "bole_over_replayssm_max": max(ratios) if ratios else None,
                        "bole_over_replayssm_geomean": geomean(ratios),
                        "replayssm_protocol": "circular ring (GDN)" if ratios else None,
                        "bole_over_kda_fold_geomean": geomean(folds),
+                       # the served path (replay commit) over the factorised path served before
+                       "served_over_factors_max": max(served) if served else None,
+                       "served_over_factors_geomean": geomean(served),
                        "equal_time": equal_time_view(result.cases),
                        "agree": not result.disagreements}
     return data

@@ -30,8 +30,8 @@ def kernels_cmd(
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype: bfloat16, float16, float32."),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="State pool dtype: float32 or bfloat16."),
     precision: str = typer.Option("auto", "--precision",
-                                  help="Verify dots: auto (tf32; tf32x3 for float32 activations), tf32, "
-                                       "tf32x3 (the SGLang plug-in's default), ieee."),
+                                  help="Verify dots: auto (as served: tf32 for 16-bit activations, "
+                                       "tf32x3 for float32), tf32, tf32x3, ieee."),
     no_sglang: bool = typer.Option(False, "--no-sglang", help="Time Bole alone (no SGLang baseline)."),
     out_dir: Path = typer.Option(Path("experiments/results"), "--out-dir", help="Where the JSON and PNG go."),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: kernels-<gpu>-<model>)."),

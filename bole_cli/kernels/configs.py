@@ -29,6 +29,8 @@ DEFAULTS: dict[str, dict] = {
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
                     "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0, "SPLIT": 0, "LEVELS": 0, "RB": 64},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
+    # the served commit (docs/design.md §9): DP path rows loaded a pass, then stepped through
+    "tree_commit_replay": {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1},
     # one program per (layer x request, value head) loops over the value tiles when it writes
     # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
     "tree_commit_deferred": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},
@@ -107,7 +109,7 @@ def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> 
     cfg = dict(DEFAULTS[kernel])
     if kernel == "tree_verify":
         cfg.update(_verify_rule(shape))
-    elif kernel == "tree_commit" and shape.get("B", 1) * shape.get("HV", 1) * shape.get("L", 1) <= 32:
+    elif kernel in ("tree_commit", "tree_commit_replay") and shape.get("B", 1) * shape.get("HV", 1) * shape.get("L", 1) <= 32:
         cfg["BV"] = 16  # a single request: more, smaller tiles (H200: 8.9 vs 13.5 us at BV 32)
     tuned = tuned_config(kernel, shape)  # the first launch reads this GPU's tuned table
     if tuned:

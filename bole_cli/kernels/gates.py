@@ -3,6 +3,8 @@ beta = sigmoid(b). Tree-parallel by construction (no node depends on another).""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -28,9 +30,11 @@ def _gdn_gates_kernel(A_log, a, dt_bias, b, g, beta, n, s_an, s_bn,
     tl.store(beta + out, tl.sigmoid(bb), mask=mask)
 
 
-def gdn_gates(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """a, b [N, HV] (rows may be strided); A_log, dt_bias [HV]. Returns float32 (g, beta) [N, HV]."""
+def gdn_gates(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor,
+              *, out: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """a, b [N, HV] (rows may be strided); A_log, dt_bias [HV]. Returns float32 (g, beta) [N, HV],
+    written into `out` (two contiguous float32 [N, HV] tensors, e.g. a replay commit's rows)
+    when given."""
     check_tensor("a", a, 2, ACTIVATION_DTYPES)
     dev = a.device
     n, hv = a.shape
@@ -44,8 +48,16 @@ def gdn_gates(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: to
     for name, t in (("a", a), ("b", b)):
         if t.numel() and t.stride(-1) != 1:
             raise InputError(f"{name}: the head dimension must be contiguous")
-    g = torch.empty(n, hv, device=dev, dtype=torch.float32)
-    beta = torch.empty_like(g)
+    if out is None:
+        g = torch.empty(n, hv, device=dev, dtype=torch.float32)
+        beta = torch.empty_like(g)
+    else:
+        g, beta = out
+        for name, t in (("out[0]", g), ("out[1]", beta)):
+            check_tensor(name, t, 2, (torch.float32,), dev)
+            check_shape(name, t, (n, hv))
+            if not t.is_contiguous():
+                raise InputError(f"{name}: must be contiguous")
     if n:
         hp = triton.next_power_of_2(hv)
         bn = max(1, min(64, 4096 // hp))

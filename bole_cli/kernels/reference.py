@@ -221,6 +221,42 @@ def tree_commit_ref(
     return new
 
 
+def tree_commit_replay_ref(
+    state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted,
+    *, use_qk_l2norm: bool = True,
+) -> torch.Tensor:
+    """The recurrence along each request's accepted path, root first, in float64: S <-
+    exp(g_j) S; u_j = beta_j (v_j - S k_j); S <- S + u_j k_j^T. Returns a new state pool in
+    state's dtype (rounded once, input untouched); a leading layer dimension on state, k, v,
+    g and beta is handled by recursion."""
+    if state.dim() == 5:
+        return torch.stack([
+            tree_commit_replay_ref(state[l], state_indices, k[l], v[l], g[l], beta[l], parents, cu_seqlens,
+                                   accepted, use_qk_l2norm=use_qk_l2norm)
+            for l in range(state.shape[0])
+        ])
+    new = state.clone()
+    hv = v.shape[1]
+    k = k.to(torch.float64)
+    k = _gqa(l2norm(k) if use_qk_l2norm else k, hv)
+    for b, start, _end in _requests(cu_seqlens):
+        a = int(accepted[b])
+        if a < 0:
+            continue
+        path = [a]
+        while int(parents[start + path[-1]]) >= 0:
+            path.append(int(parents[start + path[-1]]))
+        slot = int(state_indices[b])
+        s = state[slot].to(torch.float64)  # [HV, V, K]
+        for j in reversed(path):
+            s = torch.exp(g[start + j].to(torch.float64))[:, None, None] * s
+            u = beta[start + j].to(torch.float64)[:, None] * (
+                v[start + j].to(torch.float64) - torch.einsum("hvk,hk->hv", s, k[start + j]))
+            s = s + torch.einsum("hv,hk->hvk", u, k[start + j])
+        new[slot] = s.to(state.dtype)
+    return new
+
+
 def pending_state_ref(state, pending: PendingPath, dtype=torch.float64) -> torch.Tensor:
     """Every slot's true state under a deferred write: exp(logP_end) S + sum_j
     exp(logP_end - logP_j) u_j k_j^T over the slot's pending rows (a new pool in `dtype`)."""

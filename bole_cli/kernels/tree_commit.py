@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.validate import check_commit, check_config
+from bole_cli.kernels.validate import FACTOR_DTYPES, check_commit, check_config
 
 
 @triton.jit
@@ -127,7 +127,8 @@ def tree_commit(
     skips a request whose slot lies outside the pool or whose accepted node lies outside its
     tree; shared commit slots are then undefined (docs/design.md §3).
     """
-    c = check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees)
+    factors = {"u": (u, FACTOR_DTYPES), "log_p": (log_p, FACTOR_DTYPES)}
+    c = check_commit(state, state_indices, k, factors, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees)
     check_config("tree_commit", config)
     n_layers = state.shape[0] if c.lead else 1
     if c.bsz == 0 or c.n == 0 or n_layers == 0 or c.n_slots == 0:

@@ -28,7 +28,7 @@ from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
 from bole_cli.kernels.reference import PendingPath
 from bole_cli.kernels.tree_commit import accepted_path_sum, commit_strides, layer_views
-from bole_cli.kernels.validate import check_commit, check_config, check_flag, check_pending, check_pool_rank
+from bole_cli.kernels.validate import FACTOR_DTYPES, check_commit, check_config, check_flag, check_pending, check_pool_rank
 
 
 @triton.jit
@@ -152,7 +152,8 @@ def tree_commit_deferred(
     write the slot (flush) before anything else reads or replaces its state.
     """
     check_flag("flush", flush)
-    c = check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees,
+    factors = {"u": (u, FACTOR_DTYPES), "log_p": (log_p, FACTOR_DTYPES)}
+    c = check_commit(state, state_indices, k, factors, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees,
                      every_slot_writes=flush)
     rows = check_pending(pending, c.lead, c.n_slots, c.h, c.kdim, c.hv, c.vdim, state.device, check_trees)
     check_config("tree_commit_deferred", config)

@@ -25,6 +25,8 @@ from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_PENDING_ROWS, MAX_TREE_NODE
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 STATE_DTYPES = tuple(getattr(torch, name) for name in KERNEL_STATE_DTYPES)
 INDEX_DTYPES = (torch.int32, torch.int64)
+FACTOR_DTYPES = (torch.float32,)  # the verify's u and log_p
+GATE_DTYPES = (torch.float32,) + ACTIVATION_DTYPES[1:]  # g, beta: float32 or 16-bit activations
 
 
 def check_tensor(name: str, t, ndim: int, dtypes=None, device=None) -> torch.Tensor:
@@ -199,12 +201,14 @@ class CommitArgs(NamedTuple):
     accepted: torch.Tensor
 
 
-def check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees,
-                 *, every_slot_writes: bool = False) -> CommitArgs:
-    """tree_commit's and tree_commit_deferred's shared arguments: state [S, HV, V, K] (or
-    [L, S, HV, V, K] with the same leading dim on k, u, log_p), the factors, the forest and
-    accepted; with check_trees, the forest, the accepted nodes and the slots of the requests
-    that write (accepted >= 0, or all of them: every_slot_writes, a flush)."""
+def check_commit(state, state_indices, k, rows: Mapping[str, tuple], parents, cu_seqlens, accepted, use_qk_l2norm,
+                 check_trees, *, every_slot_writes: bool = False) -> CommitArgs:
+    """The commits' shared arguments: state [S, HV, V, K] (or [L, S, HV, V, K] with the same
+    leading dim on k and every row tensor), k, the per-node rows each commit reads (name ->
+    (tensor, dtypes); 3-D rows are [N, HV, V], 2-D rows [N, HV]: tree_commit's u and log_p,
+    tree_commit_replay's v, g and beta), the forest and accepted; with check_trees, the
+    forest, the accepted nodes and the slots of the requests that write (accepted >= 0, or
+    all of them: every_slot_writes, a flush)."""
     nd = check_pool_rank(state)
     dev = state.device
     check_tensor("state", state, 4 + nd, STATE_DTYPES, dev)
@@ -212,16 +216,17 @@ def check_commit(state, state_indices, k, u, log_p, parents, cu_seqlens, accepte
     lead = tuple(state.shape[:nd])
     hv, vdim, kdim = state.shape[-3:]
     check_tensor("k", k, 3 + nd, ACTIVATION_DTYPES, dev)
-    check_tensor("u", u, 3 + nd, (torch.float32,), dev)
-    check_tensor("log_p", log_p, 2 + nd, (torch.float32,), dev)
     n, h = k.shape[nd], k.shape[nd + 1]
     check_shape("k", k, lead + (n, h, kdim))
-    check_shape("u", u, lead + (n, hv, vdim))
-    check_shape("log_p", log_p, lead + (n, hv))
     check_nonempty("k", k, {nd + 1: "H (key heads)"})
     if hv % h:
         raise InputError(f"k: {h} key heads do not divide the state's {hv} value heads")
-    for name, t in (("state", state), ("k", k), ("u", u), ("log_p", log_p)):
+    check_last_contiguous("state", state)
+    check_last_contiguous("k", k)
+    for name, (t, dtypes) in rows.items():
+        per_value = name in ("u", "v")
+        check_tensor(name, t, (3 if per_value else 2) + nd, dtypes, dev)
+        check_shape(name, t, lead + ((n, hv, vdim) if per_value else (n, hv)))
         check_last_contiguous(name, t)
     bsz, state_indices, parents, cu_seqlens = check_forest_vectors(state_indices, parents, cu_seqlens, n, dev)
     check_flag("use_qk_l2norm", use_qk_l2norm)
@@ -286,9 +291,11 @@ def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool
 
 # Launch-config values: every tile is a power of two (tl.arange); tiles that feed tl.dot
 # are at least 16 wide (the tensor cores' smallest operand).
-_DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_deferred": ("BV", "DP"),
+_DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_replay": (),
+              "tree_commit_deferred": ("BV", "DP"),
               "tree_conv": ()}
-_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_deferred": (), "tree_conv": ("BN", "BD")}
+_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay": ("BV", "DP"),
+                "tree_commit_deferred": (), "tree_conv": ("BN", "BD")}
 MAX_TILE = 1024
 
 

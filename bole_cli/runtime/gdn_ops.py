@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from bole_cli.errors import InputError
 from bole_cli.kernels import reference as ref
 
-OPS = ("gdn_gates", "tree_verify", "tree_commit", "tree_commit_deferred", "tree_flush", "tree_conv",
-       "tree_conv_commit")
+OPS = ("gdn_gates", "tree_verify", "tree_commit", "tree_commit_replay", "tree_commit_deferred", "tree_flush",
+       "tree_conv", "tree_conv_commit")
 BACKENDS = ("auto", "kernels", "reference")
 
 
@@ -120,13 +120,18 @@ class GDNOps:
     def describe(self) -> dict:
         return {op: ("triton" if op in self._k else "reference") for op in OPS}
 
-    def gates(self, A_log, a, dt_bias, b):
-        """(g, beta) [N, HV] = (-exp(A_log) softplus(a + dt_bias), sigmoid(b))."""
+    def gates(self, A_log, a, dt_bias, b, out: Optional[tuple] = None):
+        """(g, beta) [N, HV] = (-exp(A_log) softplus(a + dt_bias), sigmoid(b)), into `out`
+        (two [N, HV] tensors of the factor dtype) when given."""
         fdt = factor_dtype(a.dtype)
         if "gdn_gates" in self._k and fdt == torch.float32:
-            return self._k["gdn_gates"](A_log, a, dt_bias, b)
+            return self._k["gdn_gates"](A_log, a, dt_bias, b, out=out)
         g, beta = ref.gdn_gates_ref(A_log, a, dt_bias, b)
-        return g.to(fdt), beta.to(fdt)
+        if out is None:
+            return g.to(fdt), beta.to(fdt)
+        out[0].copy_(g)
+        out[1].copy_(beta)
+        return out
 
     def verify(self, q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
                *, out: Optional[ref.VerifyResult] = None, max_nodes: Optional[int] = None,
@@ -156,6 +161,15 @@ class GDNOps:
                                    accepted, check_trees=False)
             return
         state.copy_(ref.tree_commit_ref(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted))
+
+    def commit_replay(self, state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted) -> None:
+        """The served commit (docs/design.md §9): each accepted path replayed in float32 from
+        the pre-tree state; a leading layer dim on state/k/v/g/beta commits every layer at once."""
+        if "tree_commit_replay" in self._k:
+            self._k["tree_commit_replay"](state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted,
+                                          check_trees=False)
+            return
+        state.copy_(ref.tree_commit_replay_ref(state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted))
 
     def commit_deferred(self, state, state_indices, k, u, log_p, parents, cu_seqlens, accepted,
                         pending: ref.PendingPath) -> None:

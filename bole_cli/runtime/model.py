@@ -169,8 +169,13 @@ class VerifyOutput:
     path: str  # "bole" or "snapshot"
     x: torch.Tensor  # [L_gdn, N, conv_dim] conv inputs (for the conv-window commit)
     k: Optional[torch.Tensor] = None  # bole: [L_gdn, N, H, dk] raw keys
-    u: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV, dv]
-    log_p: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
+    v: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV, dv] (the replay commit's rows)
+    g: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
+    beta: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
+    # bole: the verify's factors, [L_gdn, ...] with deferred commits (they append them),
+    # else one layer's scratch [N, HV, dv] / [N, HV]
+    u: Optional[torch.Tensor] = None
+    log_p: Optional[torch.Tensor] = None
     snapshots: Optional[torch.Tensor] = None  # snapshot: [L_gdn, B, T+1, HV, V, K]
     rings: Optional[dict] = None  # replayssm: the raw-input rings of every GDN layer
 
@@ -193,7 +198,7 @@ class HybridModel:
 
     gdn_backend: "auto" | "kernels" | "reference" (GDNOps). gdn_decode: the GDN core of a
     plain decode step: "recurrent" (PyTorch one-token recurrence), "tree" (tree_verify +
-    tree_commit on one-node trees: the fused kernels), "sglang" (SGLang's fused decode
+    tree_commit_replay on one-node trees: the fused kernels), "sglang" (SGLang's fused decode
     kernel, needs `snapshot` built with SGLang's kernels), "auto" (tree when the kernels
     are in use, else recurrent). snapshot: the SnapshotGDN engine of path="snapshot".
     grouped_mm: MoE experts through torch._grouped_mm (default: when it works for the
@@ -218,7 +223,8 @@ class HybridModel:
         if gdn_decode not in GDN_DECODE:
             raise InputError(f"gdn_decode {gdn_decode!r}: expected one of {', '.join(GDN_DECODE)}")
         if gdn_decode == "auto":
-            gdn_decode = "tree" if self.ops.uses_kernel("tree_verify") and self.ops.uses_kernel("tree_commit") else "recurrent"
+            gdn_decode = ("tree" if self.ops.uses_kernel("tree_verify") and self.ops.uses_kernel("tree_commit_replay")
+                          else "recurrent")
         if gdn_decode == "sglang" and self.snapshot.engine != "sglang":
             raise InputError("gdn_decode 'sglang' needs snapshot=SnapshotGDN(load_sglang_gdn())")
         self.gdn_decode = gdn_decode
@@ -483,7 +489,7 @@ class HybridModel:
                 else:
                     res = self.ops.verify(q, k, v, g, beta, state, db.slots, db.parents, db.cu_seqlens,
                                           max_nodes=1)
-                    self.ops.commit(state, db.slots, k, res.u, res.log_p, db.parents, db.cu_seqlens, db.accepted)
+                    self.ops.commit_replay(state, db.slots, k, v, g, beta, db.parents, db.cu_seqlens, db.accepted)
                     o = res.o
             return self._gdn_out(w, o, z)
 
@@ -518,8 +524,12 @@ class HybridModel:
             self.flush_pending(cache, tb.slots)  # the other paths read the written state
         if path == "bole":
             out.k = torch.empty(self.n_gdn, n, s.gdn_key_heads, s.gdn_key_dim, dtype=self.dtype, **kw)
-            out.u = torch.empty(self.n_gdn, n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.fdtype, **kw)
-            out.log_p = torch.empty(self.n_gdn, n, s.gdn_value_heads, dtype=self.fdtype, **kw)
+            out.v = torch.empty(self.n_gdn, n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.dtype, **kw)
+            out.g = torch.empty(self.n_gdn, n, s.gdn_value_heads, dtype=self.fdtype, **kw)
+            out.beta = torch.empty_like(out.g)
+            lead = (self.n_gdn,) if pending is not None else ()
+            out.u = torch.empty(lead + (n, s.gdn_value_heads, s.gdn_value_dim), dtype=self.fdtype, **kw)
+            out.log_p = torch.empty(lead + (n, s.gdn_value_heads), dtype=self.fdtype, **kw)
         elif path == "replayssm":
             out.rings = self.replayssm.rings(cache.gdn_state, tb, s.gdn_key_heads, self.dtype)
         else:
@@ -533,11 +543,14 @@ class HybridModel:
             xs.copy_(x)
             y = self.ops.conv(xs, cache.conv_state[l], w.conv_w, w.conv_b, tb.slots, tb.parents, tb.cu_seqlens)
             q, k, v = self._qkv(y)
-            g, beta = self.ops.gates(w.A_log, a, w.dt_bias, b)
+            g, beta = self.ops.gates(w.A_log, a, w.dt_bias, b,
+                                     out=(out.g[l], out.beta[l]) if path == "bole" else None)
             state = cache.gdn_state[l]
             if path == "bole":
                 out.k[l].copy_(k)
-                res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), out.u[l], out.log_p[l])
+                out.v[l].copy_(v)
+                factors = (out.u[l], out.log_p[l]) if pending is not None else (out.u, out.log_p)
+                res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), *factors)
                 o = self.ops.verify(q, k, v, g, beta, state, tb.slots, tb.parents, tb.cu_seqlens, out=res,
                                     max_nodes=tb.max_nodes, max_depth=tb.max_depth - 1,
                                     pending=None if pending is None else PendingPath(*(t[l] for t in pending))).o
@@ -584,8 +597,8 @@ class HybridModel:
                 self.ops.commit_deferred(cache.gdn_state, tb.slots, out.k, out.u, out.log_p, tb.parents,
                                          tb.cu_seqlens, accepted, cache.gdn_pending)
             elif out.path == "bole":
-                self.ops.commit(cache.gdn_state, tb.slots, out.k, out.u, out.log_p, tb.parents,
-                                tb.cu_seqlens, accepted)
+                self.ops.commit_replay(cache.gdn_state, tb.slots, out.k, out.v, out.g, out.beta, tb.parents,
+                                       tb.cu_seqlens, accepted)
             elif out.path == "replayssm":
                 self.replayssm.commit(cache.gdn_state, out.rings, tb, accepted)
             else:

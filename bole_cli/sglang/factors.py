@@ -4,8 +4,10 @@ A `FactorStore` is the arena that replaces SGLang's per-node snapshot buffers fo
 MambaPool (sizes: bole_cli/sglang/plan.py). Every GDN layer owns a slice of it:
 
     k      [L, T, H, K]        activation dtype  raw k of each draft token (verify input)
-    u      [L, T, HV, V]       float32           the verify's u
-    log_p  [L, T, HV]          float32           the verify's log-decay path sums
+    v      [L, T, HV, V]       activation dtype  v of each draft token (verify input)
+    g, beta [L, T, HV]         float32           the gates (written by gdn_gates, read by both)
+    u, log_p [T, HV, V], [T, HV]  float32        one layer's verify factors (scratch: the
+                                                 replay commit rebuilds the state from k, v, g, beta)
     x      [L, T, conv_dim]    conv dtype        the conv inputs (mixed_qkv before the conv)
     conv_prev [L, R, conv_dim, W-1]  conv dtype  each request's committed window before verify
     parents [T] int32 (shared: the tree is the same in every layer)
@@ -17,15 +19,16 @@ nodes at query_start_loc[b] + i). The three entry points mirror SGLang 0.5.23's 
   conv, which overwrites the committed conv window during verify
   (causal_conv1d_triton.py:715-785): it keeps the conv inputs and the old window.
 - `verify` replaces TritonGDNKernel.target_verify: same arguments, same output
-  ([1, T, HV, V] in q's dtype); it runs Bole's closed form with the gates fused
-  (tree_verify_gated, SGLang's softplus/sigmoid/l2norm/scale) and writes k, u, log_p into
-  the layer's slice instead of a snapshot per node, promising the drafter's depth
+  ([1, T, HV, V] in q's dtype); it computes SGLang's gates into the layer's g, beta
+  (gdn_gates: SGLang's softplus/sigmoid), keeps k and v, and runs Bole's closed form
+  (tree_verify, SGLang's l2norm/scale) instead of a snapshot per node, promising the drafter's depth
   (BolePlan.depth_promise: shallow big trees go level by level). ssm_states is only read. Trees take
   their parents from retrieve_parent_token (filled by SGLang's tree conv); chains (top-k
   1, and the dummy runs of trees) carry none: SGLang's chain metadata has no retrive_*
   tensors (hybrid_linear_attn_backend.py:298, 728, 914), so the parents are 0..D-2.
 - `commit` replaces HybridLinearAttnBackend.update_mamba_state_after_mtp_verify's scatter:
-  ONE tree_commit launch over all layers (Eq. 10) plus one conv-window launch, for the
+  ONE tree_commit_replay launch over all layers (the accepted path replayed in float32:
+  the state exact to float32, docs/design.md §9) plus one conv-window launch, for the
   accepted nodes (SGLang's last_correct_step_indices: the local index of the deepest
   accepted node, -1 = leave the slot alone), then the same for the prefix-cache track
   slots (mamba_steps_to_track), whose state is the pre-verify state advanced to an
@@ -47,7 +50,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import BoleError
-from bole_cli.kernels import VerifyResult, tree_commit, tree_verify_gated
+from bole_cli.kernels import VerifyResult, gdn_gates, tree_commit_replay, tree_verify
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.memory import canonical_dtype
 from bole_cli.sglang.plan import BolePlan
@@ -188,8 +191,11 @@ class FactorStore:
         act, conv = torch_dtype(p.act_dtype), torch_dtype(p.conv_dtype)
         t, rows, L = p.tokens, p.rows, p.layers
         self.k = torch.zeros(L, t, p.key_heads, p.key_dim, dtype=act, device=dev)
-        self.u = torch.zeros(L, t, p.value_heads, p.value_dim, dtype=torch.float32, device=dev)
-        self.log_p = torch.zeros(L, t, p.value_heads, dtype=torch.float32, device=dev)
+        self.v = torch.zeros(L, t, p.value_heads, p.value_dim, dtype=act, device=dev)
+        self.g = torch.zeros(L, t, p.value_heads, dtype=torch.float32, device=dev)
+        self.beta = torch.zeros(L, t, p.value_heads, dtype=torch.float32, device=dev)
+        self.u = torch.zeros(t, p.value_heads, p.value_dim, dtype=torch.float32, device=dev)
+        self.log_p = torch.zeros(t, p.value_heads, dtype=torch.float32, device=dev)
         self.x = torch.zeros(L, t, p.conv_dim, dtype=conv, device=dev)
         self.conv_prev = torch.zeros(L, rows, p.conv_dim, p.conv_window, dtype=conv, device=dev)
         self.parents = torch.full((t,), -1, dtype=torch.int32, device=dev)
@@ -203,8 +209,8 @@ class FactorStore:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in
-                   (self.k, self.u, self.log_p, self.x, self.conv_prev, self.parents, self.slots,
-                    self.chain))
+                   (self.k, self.v, self.g, self.beta, self.u, self.log_p, self.x, self.conv_prev,
+                    self.parents, self.slots, self.chain))
 
     def bind(self, temporal: torch.Tensor) -> "FactorStore":
         """Register temporal[l] (the ssm_states SGLang hands target_verify) for every layer."""
@@ -271,16 +277,19 @@ class FactorStore:
         slots = self.slots[:bsz]
         slots.copy_(cache_indices[:bsz])
         slots.clamp_(min=0)  # PAD_SLOT_ID rows (no nodes) must not read before the pool
-        kk = self.k[layer, :n_tokens]
+        kk, vv = self.k[layer, :n_tokens], self.v[layer, :n_tokens]
         kk.copy_(k[0])
+        vv.copy_(v[0])
+        gates = (self.g[layer, :n_tokens], self.beta[layer, :n_tokens])
+        gdn_gates(A_log, a, dt_bias, b, out=gates)
         o = torch.empty((n_tokens, v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
-        tree_verify_gated(
-            q[0], kk, v[0], a, b, A_log, dt_bias, ssm_states, slots,
+        tree_verify(
+            q[0], kk, vv, gates[0], gates[1], ssm_states, slots,
             self.parents[:n_tokens], query_start_loc,
             use_qk_l2norm=True, check_trees=False, config=self.config,
             max_nodes=width if 1 <= width <= MAX_TREE_NODES else None,  # every request has D nodes
             max_depth=self.plan.depth_promise(width, tree=retrieve_parent_token is not None),
-            out=VerifyResult(o, self.u[layer, :n_tokens], self.log_p[layer, :n_tokens]),
+            out=VerifyResult(o, self.u[:n_tokens], self.log_p[:n_tokens]),
         )
         return o.unsqueeze(0)
 
@@ -305,6 +314,6 @@ class FactorStore:
         self._commit(temporal, conv, dst_slots, accepted, cu)
 
     def _commit(self, temporal, conv, slots, accepted, cu) -> None:
-        tree_commit(temporal, slots, self.k, self.u, self.log_p, self.parents, cu, accepted,
-                    use_qk_l2norm=True, check_trees=False)
+        tree_commit_replay(temporal, slots, self.k, self.v, self.g, self.beta, self.parents, cu, accepted,
+                           use_qk_l2norm=True, check_trees=False)
         conv_window_commit(conv, self.x, self.conv_prev, slots, self.parents, cu, accepted)

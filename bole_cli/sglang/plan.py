@@ -39,19 +39,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
-from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TILE_NODES, MAX_TREE_NODES, VERIFY_PRECISIONS
+from bole_cli.limits import (KERNEL_STATE_DTYPES, MAX_TILE_NODES, MAX_TREE_NODES, SERVED_VERIFY_PRECISION,
+                             VERIFY_PRECISIONS)
 from bole_cli.memory import (FLOAT_DTYPES, canonical_dtype, conv_window_bytes, factor_bytes,
                              state_snapshot_bytes)
 
 # The speculative algorithms whose verify runs SGLang's EAGLE tree path (NEXTN is an alias
 # of EAGLE inside SGLang). NGRAM / STANDALONE / DFLASH / DSPARK are left alone.
 TREE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
-# The plug-in verifies with tf32x3 dots whatever the activation dtype: SGLang's verify is
-# float32 arithmetic, and plain tf32 (tree_verify's default for bf16 inputs) differs from
-# it by 2.5-2.8e-3 (relative, bf16 outputs) on an H200
-# (experiments/results/kernels-h200-qwen3.5-9b-run2-v2.json), more than a drop-in should.
-# BOLE_VERIFY_PRECISION=tf32 trades that agreement for speed.
-DEFAULT_PRECISION = "tf32x3"
+# The plug-in serves SGLang's own speculative-decoding contract (docs/design.md §9): the
+# verify's dots at the kernels' choice (tf32 for 16-bit activations: outputs at the bf16
+# rounding floor) and the replay commit (the committed state exact to float32).
+# BOLE_VERIFY_PRECISION=tf32x3 (or ieee) opts into float32-exact verify outputs, at a cost.
+DEFAULT_PRECISION = SERVED_VERIFY_PRECISION
 ENV_DISABLE = "BOLE_DISABLE"
 ENV_PRECISION = "BOLE_VERIFY_PRECISION"
 # BOLE_CHAINS=0 leaves top-k 1 (chain) verifies to SGLang; unset or 1: Bole takes them.
@@ -72,8 +72,8 @@ def is_chain(topk: Any) -> bool:
     return topk is None or (isinstance(topk, int) and not isinstance(topk, bool) and topk <= 1)
 
 
-def verify_precision(value: Optional[str]) -> str:
-    """BOLE_VERIFY_PRECISION's value, or the plug-in's default (tf32x3)."""
+def verify_precision(value: Optional[str]) -> Optional[str]:
+    """BOLE_VERIFY_PRECISION's value, or the plug-in's default (None: the kernels' choice)."""
     return (value or "").strip().lower() or DEFAULT_PRECISION
 
 
@@ -93,7 +93,7 @@ class BolePlan:
     act_dtype: str
     conv_dtype: str
     ssm_dtype: str
-    precision: Optional[str] = DEFAULT_PRECISION  # tree_verify's dots; None: the kernel's choice
+    precision: Optional[str] = DEFAULT_PRECISION  # tree_verify's dots; None: the kernels' choice
     chain: bool = False  # top-k 1: every request's D tokens form one chain
     # The drafter's tree depth (--speculative-num-steps: each draft step adds one level
     # below the root), the verify's max_depth promise for trees; None: not known.
@@ -111,12 +111,14 @@ class BolePlan:
         """Arena bytes per draft-token position and GDN layer."""
         act, conv = FLOAT_DTYPES[self.act_dtype], FLOAT_DTYPES[self.conv_dtype]
         return (factor_bytes(self.key_heads, self.key_dim, self.value_heads, self.value_dim,
-                             k_bytes=act) + self.conv_dim * conv)
+                             k_bytes=act, v_bytes=act, scalars=2) + self.conv_dim * conv)
 
     def arena_bytes(self) -> int:
         conv = FLOAT_DTYPES[self.conv_dtype]
         per_row = conv_window_bytes(self.conv_dim, self.conv_window, conv)
+        # + one layer's verify factors (u, log_p), which the replay commit does not keep
         return (self.layers * (self.tokens * self.node_bytes_per_layer() + self.rows * per_row)
+                + self.tokens * factor_bytes(0, 0, self.value_heads, self.value_dim)
                 + 4 * (self.tokens + self.rows + self.draft_tokens))
 
     def depth_promise(self, width: int, tree: bool) -> Optional[int]:
@@ -230,7 +232,7 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
          f"conv state dtype {f.get('conv_dtype')!r}"),
         (canonical_dtype(f.get("act_dtype")) not in FLOAT_DTYPES,
          f"model dtype {f.get('act_dtype')!r}"),
-        (verify_precision(f.get("precision")) not in VERIFY_PRECISIONS,
+        (verify_precision(f.get("precision")) not in (None,) + VERIFY_PRECISIONS,
          f"{ENV_PRECISION}={f.get('precision')!r} (use one of {', '.join(VERIFY_PRECISIONS)})"),
     )
     for bad, why in checks:

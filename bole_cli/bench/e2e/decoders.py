@@ -275,13 +275,19 @@ class SnapshotTreeDecoder(TreeDecoder):
         return [out.snapshots]  # [L, B, T+1, HV, V, K] float32
 
 
+def bole_rows(out) -> list:
+    """What a Bole verify keeps for its commit: the replay commit's rows (k, v, g, beta) and
+    the verify's factors (every layer's with deferred commits, else one layer's scratch)."""
+    return [out.k, out.v, out.g, out.beta, out.u, out.log_p]
+
+
 class BoleTreeDecoder(TreeDecoder):
     name = path = "bole"
     label = short_label = "Bole"
 
     @staticmethod
     def verify_state(out) -> list:
-        return [out.k, out.u, out.log_p]  # the factors
+        return bole_rows(out)
 
 
 class DeferredCommits:
@@ -350,7 +356,7 @@ class BoleChainDecoder(ChainDecoder):
 
     @staticmethod
     def verify_state(out) -> list:
-        return [out.k, out.u, out.log_p]
+        return bole_rows(out)
 
 
 class BoleDeferredChainDecoder(DeferredCommits, BoleChainDecoder):

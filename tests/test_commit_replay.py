@@ -1,0 +1,162 @@
+"""The replay commit (kernels/tree_commit_replay.py) against its float64 reference, and against
+the sequential recurrence it must reproduce (docs/design.md §2 "Replay commit", §9).
+
+CPU: Triton's interpreter, float32 arithmetic. The precision contract itself (tf32 verify,
+float32-exact committed state) needs the GPU: tests/test_precision_contract.py.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from bole_cli.errors import InputError
+from bole_cli.kernels import tree_commit_replay
+from bole_cli.kernels.reference import tree_commit_replay_ref, tree_verify_sequential_ref
+from test_kernels import make_case, rel_err
+
+SETTINGS = settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+def random_accepted(sizes, seed):
+    r = random.Random(seed)
+    return torch.tensor([r.randint(-1, s - 1) if s else -1 for s in sizes], dtype=torch.int32)
+
+
+def replay(case, accepted, **call):
+    pool = case["state"].clone()
+    tree_commit_replay(pool, case["state_indices"], case["k"], case["v"], case["g"], case["beta"],
+                       case["parents"], case["cu_seqlens"], accepted, **call)
+    return pool
+
+
+def replay_ref(case, accepted):
+    return tree_commit_replay_ref(case["state"], case["state_indices"], case["k"], case["v"], case["g"],
+                                  case["beta"], case["parents"], case["cu_seqlens"], accepted)
+
+
+def check(case, forest, accepted, tol=1e-6, **call):
+    got, want = replay(case, accepted, **call), replay_ref(case, accepted)
+    assert rel_err(got, want) <= tol
+    for b, a in enumerate(accepted.tolist()):  # a request that accepts nothing keeps its slot bit for bit
+        if a < 0:
+            slot = int(case["state_indices"][b])
+            assert torch.equal(got[slot], case["state"][slot])
+    used = set(case["state_indices"].tolist())
+    for slot in range(case["state"].shape[0]):  # no write outside the committing slots
+        if slot not in used:
+            assert torch.equal(got[slot], case["state"][slot])
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**31 - 1), sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+       group=st.sampled_from([1, 2, 4]), decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -1e-4)]),
+       shape=st.sampled_from(["any", "chain", "wide", "roots"]), dp=st.sampled_from([2, 4, 16]),
+       bv=st.sampled_from([4, 16, 32]))
+@example(seed=1, sizes=[256], group=2, decay=(-30.0, -1e-4), shape="chain", dp=16, bv=16)
+@example(seed=2, sizes=[256, 3], group=4, decay=(-1e-4, -1e-6), shape="any", dp=4, bv=32)
+@example(seed=3, sizes=[200], group=1, decay=(-2.0, -0.01), shape="wide", dp=16, bv=16)
+def test_replay_matches_reference(seed, sizes, group, decay, shape, dp, bv):
+    """Random forests (deep chains, wide trees, several roots), GQA 1/2/4, decays near zero
+    and near -30, path passes of 2-16 rows, value tiles narrower and wider than V."""
+    case, forest = make_case(seed, sizes, h=2, group=group, kdim=16, vdim=24, decay=decay, shape=shape)
+    check(case, forest, random_accepted(forest.sizes, seed), config={"DP": dp, "BV": bv})
+
+
+def test_replay_equals_the_sequential_recurrence():
+    """The committed state is the sequential recurrence's state at the accepted node: the
+    float64 reference of the verify (a state per node) agrees with the replay."""
+    case, forest = make_case(7, [9, 30, 5], h=2, group=2, kdim=16, vdim=16, decay=(-3.0, -0.01))
+    accepted = torch.tensor([8, 17, 0], dtype=torch.int32)
+    _, states = tree_verify_sequential_ref(*(case[x] for x in ("q", "k", "v", "g", "beta", "state",
+                                                               "state_indices", "parents", "cu_seqlens")))
+    got = replay(case, accepted)
+    offsets = case["cu_seqlens"].tolist()
+    for b, a in enumerate(accepted.tolist()):
+        slot = int(case["state_indices"][b])
+        assert rel_err(got[slot], states[offsets[b] + a]) <= 1e-6
+
+
+def test_replay_all_layers_in_one_launch():
+    cases = [make_case(11 + l, [6, 19], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01))[0] for l in range(3)]
+    stack = {x: torch.stack([c[x] for c in cases]) for x in ("k", "v", "g", "beta", "state")}
+    common = cases[0]
+    accepted = torch.tensor([5, 11], dtype=torch.int32)
+    pool = stack["state"].clone()
+    tree_commit_replay(pool, common["state_indices"], stack["k"], stack["v"], stack["g"], stack["beta"],
+                       common["parents"], common["cu_seqlens"], accepted)
+    want = tree_commit_replay_ref(stack["state"], common["state_indices"], stack["k"], stack["v"], stack["g"],
+                                  stack["beta"], common["parents"], common["cu_seqlens"], accepted)
+    assert rel_err(pool, want) <= 1e-6
+
+
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                               (torch.float16, torch.float32)])
+def test_replay_low_precision(dtype, state_dtype):
+    """16-bit activations (and gates) and a bf16 pool: float32 arithmetic on the rounded
+    inputs, the state rounded once (the reference does the same)."""
+    case, forest = make_case(5, [12, 40], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01),
+                             dtype=dtype, state_dtype=state_dtype)
+    case["g"], case["beta"] = case["g"].to(dtype), case["beta"].to(dtype)
+    tol = 1e-6 if state_dtype == torch.float32 else 8e-3
+    check(case, forest, torch.tensor([11, 39], dtype=torch.int32), tol=tol)
+
+
+def test_replay_without_l2norm():
+    case, forest = make_case(6, [10], h=1, group=2, kdim=16, vdim=16, decay=(-1.0, -0.01))
+    case["k"] = case["k"] * 0.2
+    accepted = torch.tensor([9], dtype=torch.int32)
+    got = replay(case, accepted, use_qk_l2norm=False)
+    want = tree_commit_replay_ref(*(case[x] for x in ("state", "state_indices", "k", "v", "g", "beta",
+                                                      "parents", "cu_seqlens")), accepted, use_qk_l2norm=False)
+    assert rel_err(got, want) <= 1e-6
+
+
+def test_replay_skips_faults_without_checks():
+    """Without check_trees (CUDA graphs): a slot outside the pool, an accepted node outside
+    its tree and accepted -1 leave every slot untouched; the other requests commit exactly."""
+    case, forest = make_case(9, [6, 8, 5, 7], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01))
+    case["state_indices"][0] = 10**6
+    case["state_indices"][1] = -5
+    accepted = torch.tensor([3, 2, 9, 6], dtype=torch.int32)  # request 2 accepts node 9 of 5
+    got = replay(case, accepted, check_trees=False)
+    want = replay_ref(case, torch.tensor([-1, -1, -1, 6], dtype=torch.int32))
+    others = [s for s in range(got.shape[0]) if s != int(case["state_indices"][3])]
+    assert torch.equal(got[others], case["state"][others])
+    assert rel_err(got, want) <= 1e-6
+
+
+def test_replay_errors_name_the_argument():
+    case, forest = make_case(2, [4, 4], h=2, group=2, kdim=16, vdim=16, decay=(-1.0, -0.01))
+    acc = torch.tensor([1, 2], dtype=torch.int32)
+    base = [case[x] for x in ("state", "state_indices", "k", "v", "g", "beta", "parents", "cu_seqlens")]
+    with pytest.raises(InputError, match=r"^v: "):
+        tree_commit_replay(*base[:3], case["v"][:, :1], *base[4:], acc)
+    with pytest.raises(InputError, match=r"^g: "):
+        tree_commit_replay(*base[:4], case["g"].to(torch.int32), *base[5:], acc)
+    with pytest.raises(InputError, match=r"^beta: "):
+        tree_commit_replay(*base[:5], case["beta"][:-1], *base[6:], acc)
+    same = case["state_indices"].clone()
+    same[1] = same[0]
+    with pytest.raises(InputError, match=r"^state_indices: requests 0 and 1 both commit"):
+        tree_commit_replay(base[0], same, *base[2:], acc)
+    with pytest.raises(InputError, match=r"^config: "):
+        tree_commit_replay(*base, acc, config={"BV": 3})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sizes,shape", [([64] * 16, "any"), ([256, 256], "chain"), ([256, 100, 3], "wide")])
+def test_gpu_replay_real_shapes(sizes, shape):
+    """The 9B GDN shape (H 16, HV 32, K = V = 128), bf16 inputs, on the GPU: float32
+    elementwise arithmetic stays within 1e-6 of float64 (no tf32 on this path)."""
+    case, forest = make_case(3, sizes, h=16, group=2, kdim=128, vdim=128, decay=(-3.0, -1e-4),
+                             dtype=torch.bfloat16, device="cuda", shape=shape)
+    accepted = random_accepted(forest.sizes, 3).cuda()
+    got = replay(case, accepted, check_trees=False)
+    want = replay_ref({x: t.double() if t.is_floating_point() and x != "state" else t for x, t in case.items()},
+                      accepted)
+    assert rel_err(got, want) <= 1e-6
