@@ -126,8 +126,8 @@ def tree_verify_sequential_ref(
     q, k = _gqa(q, hv), _gqa(k, hv)
     v, g, beta = v.to(dtype), g.to(dtype), beta.to(dtype)
     n = q.shape[0]
-    o = torch.empty(n, hv, v.shape[-1], dtype=dtype)
-    snaps = torch.empty(n, hv, v.shape[-1], q.shape[-1], dtype=dtype)
+    o = torch.empty(n, hv, v.shape[-1], dtype=dtype, device=q.device)
+    snaps = torch.empty(n, hv, v.shape[-1], q.shape[-1], dtype=dtype, device=q.device)
     for b, start, end in _requests(cu_seqlens):
         s_pre = state[int(state_indices[b])].to(dtype)  # [HV, V, K]
         for t in range(start, end):

@@ -1,21 +1,27 @@
 """Replay commit (docs/design.md §2, "Replay commit"): the state after the accepted node,
-rebuilt in float32 from the pre-tree state and the accepted path's inputs.
+rebuilt in float32 from the pre-tree state and the accepted path's inputs (k, v, g, beta),
+not from the verify's u. The committed state is then exact to float32 whatever precision
+the verify's dots ran at: the verify's outputs may use tf32 (they land at the bf16 rounding
+floor) while the state takes no tf32 rounding. It is the contract SGLang serves speculative
+decoding with (its ReplaySSM fold replays the accepted prefix; docs/design.md §9).
 
-    for j on the path, root first:  S <- exp(g_j) S;  u_j = beta_j (v_j - S k_j);  S <- S + u_j k_j^T
+The path is a chain, so DP of its nodes at a time (root first) solve the chain's own system
+against the state S before them, the state carried in registers:
 
-This is the recurrence itself, in float32 elementwise arithmetic (no tensor-core dot), so
-the committed state is exact to float32 whatever precision the verify's dots ran at: the
-verify's outputs may use tf32 (they land at the bf16 rounding floor) while the state never
-takes a tf32 rounding. It is the contract SGLang serves speculative decoding with (its
-ReplaySSM fold replays the accepted prefix the same way; docs/design.md §9).
+    W = K^ S^T,  R = D_beta (V - D_P W),  U = (I + G)^-1 R,  S <- P_last S + sum_j (P_last/P_j) u_j k^_j^T
+
+exactly, in float32: raw 16-bit keys are exact in tf32, so K S^T and the update U^T K take
+tf32x3 (its dropped low x low term is zero) and the Gram K K^T one tf32 pass; the inverse
+merges blocks in float32 (jit_math.inverse_by_blocks). The step-by-step recurrence in
+registers (one node a step) measured 1.3-10x slower than Eq. 10's commit on the H200
+(experiments/NOTES.md "Replay commit").
 
 One program per (layer x request, value head, value tile); with a leading layer dimension
-every GDN layer commits in ONE launch. The program walks the accepted node's ancestors
-once (into a register vector, deepest first), then loads DP path rows at a time root
-first (k, v, g, beta fetched together, not one dependent load a node) and steps through
-them with the state tile in registers. accepted = -1 leaves the request's slot untouched;
-so does, without check_trees, a slot outside the pool, an accepted node outside the tree
-or a path longer than the kernel's walk (docs/design.md §3).
+every GDN layer commits in ONE launch. The program walks the accepted node's ancestors once
+(into a register vector, deepest first; the walk reads only `parents`), then loads each
+pass's k, v, g, beta rows together. accepted = -1 leaves the request's slot untouched; so
+does, without check_trees, a slot outside the pool, an accepted node outside the tree or a
+path longer than the kernel's walk (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.kernels.configs import launch_config
+from bole_cli.kernels.jit_math import inverse_by_blocks
 from bole_cli.kernels.validate import ACTIVATION_DTYPES, GATE_DTYPES, check_commit, check_config
 from bole_cli.limits import MAX_TREE_NODES
 
@@ -37,7 +44,7 @@ def _tree_commit_replay_kernel(
     n_req, n_slots,
     s_sl, s_sn, s_sh, s_sv, s_kl, s_kn, s_kh, s_vl, s_vn, s_vh, s_gl, s_gn, s_bl, s_bn,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
-    DP: tl.constexpr, PMAX: tl.constexpr, USE_L2NORM: tl.constexpr,
+    DP: tl.constexpr, PMAX: tl.constexpr, USE_L2NORM: tl.constexpr, KK_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     layer = (pid // n_req).to(tl.int64)
@@ -76,26 +83,36 @@ def _tree_commit_replay_kernel(
         g_base = g + layer * s_gl + hv
         b_base = beta + layer * s_bl + hv
         steps = tl.arange(0, DP)
+        lower = steps[:, None] > steps[None, :]
         for p0 in range(0, length, DP):
-            pos = p0 + steps  # root-first positions of this pass
+            # DP path nodes, root first, against the state before them: the chain's own
+            # system (I + G) U = D_beta (V - D_P K S^T), solved exactly (module docstring)
+            pos = p0 + steps
             on = pos < length
             node = tl.sum(tl.where(dist[None, :] == (length - 1 - pos)[:, None], path[None, :], 0), axis=1)
             rows = start + node
-            kj = tl.load(k_base + rows[:, None] * s_kn + offs_k[None, :],
+            kr = tl.load(k_base + rows[:, None] * s_kn + offs_k[None, :],
                          mask=on[:, None] & kmask[None, :], other=0.0).to(tl.float32)
             vj = tl.load(v_base + rows[:, None] * s_vn + offs_v[None, :],
                          mask=on[:, None] & vmask[None, :], other=0.0).to(tl.float32)
             gj = tl.load(g_base + rows * s_gn, mask=on, other=0.0).to(tl.float32)
             bj = tl.load(b_base + rows * s_bn, mask=on, other=0.0).to(tl.float32)
             if USE_L2NORM:
-                kj = kj / tl.sqrt(tl.sum(kj * kj, axis=1) + 1e-6)[:, None]
-            for t in range(0, tl.minimum(DP, length - p0)):
-                sel = steps == t
-                kt = tl.sum(tl.where(sel[:, None], kj, 0.0), axis=0)
-                vt = tl.sum(tl.where(sel[:, None], vj, 0.0), axis=0)
-                s = s * tl.exp(tl.sum(tl.where(sel, gj, 0.0)))
-                ut = tl.sum(tl.where(sel, bj, 0.0)) * (vt - tl.sum(s * kt[None, :], axis=1))
-                s = s + ut[:, None] * kt[None, :]
+                rn = 1.0 / tl.sqrt(tl.sum(kr * kr, axis=1) + 1e-6)
+            else:
+                rn = tl.full([DP], 1.0, tl.float32)
+            lc = tl.cumsum(gj, axis=0)  # log decay from the pass's start state, node included
+            # k_i . S rows: raw 16-bit keys are exact in tf32, so tf32x3's dropped term is zero
+            w = tl.dot(kr, tl.trans(s), input_precision="tf32x3") * rn[:, None]
+            r = bj[:, None] * (vj - tl.exp(lc)[:, None] * w)
+            gram = tl.dot(kr, tl.trans(kr), input_precision=KK_PRECISION) * rn[:, None] * rn[None, :]
+            gmat = tl.where(lower & on[:, None], bj[:, None] * tl.exp(tl.minimum(lc[:, None] - lc[None, :], 0.0)) * gram,
+                            0.0)
+            inv = inverse_by_blocks(gmat, steps, tl.minimum(DP, length - p0), "ieee")
+            u = tl.dot(inv, r, input_precision="ieee")
+            lc_end = tl.sum(tl.where(steps == tl.minimum(DP, length - p0) - 1, lc, 0.0), axis=0)
+            wt = tl.where(on, tl.exp(lc_end - lc) * rn, 0.0)
+            s = s * tl.exp(lc_end) + tl.dot(tl.trans(u * wt[:, None]), kr, input_precision="tf32x3")
         # no value column is stored for a request outside the pool or its tree
         store_mask = offs_v < tl.where(in_pool, V, 0)
         tl.store(s_ptr, s.to(state.dtype.element_ty), mask=store_mask[:, None] & kmask[None, :])
@@ -150,6 +167,7 @@ def tree_commit_replay(
         lstr[2], vv.stride(0), vv.stride(1), lstr[3], gg.stride(0), lstr[4], bb.stride(0),
         GROUP=c.hv // c.h, K=c.kdim, V=c.vdim, KP=triton.next_power_of_2(c.kdim), BV=bv, DP=cfg["DP"],
         PMAX=max(2, triton.next_power_of_2(min(c.n, MAX_TREE_NODES))), USE_L2NORM=use_qk_l2norm,
+        KK_PRECISION="tf32" if k.element_size() == 2 else "tf32x3",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return state

@@ -291,10 +291,10 @@ def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool
 
 # Launch-config values: every tile is a power of two (tl.arange); tiles that feed tl.dot
 # are at least 16 wide (the tensor cores' smallest operand).
-_DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_replay": (),
+_DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_replay": ("BV", "DP"),
               "tree_commit_deferred": ("BV", "DP"),
               "tree_conv": ()}
-_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay": ("BV", "DP"),
+_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay": (),
                 "tree_commit_deferred": (), "tree_conv": ("BN", "BD")}
 MAX_TILE = 1024
 
