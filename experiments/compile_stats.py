@@ -8,6 +8,7 @@ pending-row forms matched their measured ranking on the H200 (experiments/NOTES.
     python experiments/compile_stats.py blocked 128,64,32,32,2,1 --rows 16 [--out FILE.json]
     python experiments/compile_stats.py chain-scan 256,64,32,16,4,1     # also chain-factors,
     python experiments/compile_stats.py levels 256,32,64,0,8,1          # levels-gram, commit
+    python experiments/compile_stats.py replay 64,32,0,16,4,1 [--wdot ieee]  # TP: the path walk, VT: DP
 
 A spec is TP,BV,BK,VT,warps,stages (the other kernels: BC in VT's place); the shapes are a catalogue
 model's GDN layer (--model, default 9b), bf16 activations, float32 state, gated, L2 norms.
@@ -39,6 +40,7 @@ POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf
 KERNELS = {"chain-factors": ("bole_cli.kernels.tree_verify_chain", "chain_factors_kernel"),
            "chain-scan": ("bole_cli.kernels.tree_verify_chain", "chain_scan_kernel"),
            "commit": ("bole_cli.kernels.tree_commit", "_tree_commit_kernel"),
+           "replay": ("bole_cli.kernels.tree_commit_replay", "_tree_commit_replay_kernel"),
            "levels-gram": ("bole_cli.kernels.tree_verify_levels", "levels_gram_kernel"),
            "levels": ("bole_cli.kernels.tree_verify_levels", "tree_levels_kernel")}
 
@@ -81,11 +83,13 @@ def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model
                       GATED=True, GRAM16=True)
     knobs = knobs or {}
     constexprs.update(dict(DP=16, DW=8, RB=64))  # (the commit's, the level kernels')
+    # the replay commit: TP is its path walk's width, VT its pass (DP), WDOT a knob
+    constexprs.update(dict(PMAX=tp, EXACT_KEYS=True, WDOT=knobs.get("WDOT", "split"), RELOAD=bool(knobs.get("RELOAD", 1))))
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
                       else dict(VT=vt, PENDING_AFTER=bool(rows and knobs.get("PENDING_AFTER", 0))))
     params = [p.name for p in kernel.params]
     const = {p.name for p in kernel.params if p.is_constexpr}
-    strides.update({f"s_{x}l": 0 for x in "skul"}, s_sl=0)  # (the commit's layer strides)
+    strides.update({f"s_{x}l": 0 for x in "skulvgba"}, s_sl=0)  # (the commits' layer strides)
     signature = {p: "constexpr" if p in const else ("i32" if p in strides else POINTERS[p]) for p in params}
     values = dict(constexprs, **strides)
     src = ASTSource(fn=kernel, signature=signature,
@@ -114,6 +118,8 @@ def main(argv=None) -> None:
     ap.add_argument("--variant", help="a kernel_variants.py name of this kernel's site")
     ap.add_argument("--model", default="9b", help="catalogue model whose GDN layer shape to compile for")
     ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--wdot", default="split", help="the replay commit's WDOT knob")
+    ap.add_argument("--reload", type=int, default=1, help="the replay commit's RELOAD knob")
     args = ap.parse_args(argv)
     site = SITES["verify" if args.kernel == "tile" else "blocked"] if args.kernel in ("tile", "blocked") else None
     if args.variant and (args.variant not in VARIANTS or VARIANTS[args.variant].site != site):
@@ -135,7 +141,7 @@ def main(argv=None) -> None:
     for spec in specs:
         for rows in rows_list:
             stats = compile_stats(kernel, spec, rows, args.kernel != "tile", args.model,
-                                  VARIANTS[args.variant].config if args.variant else None)
+                                  VARIANTS[args.variant].config if args.variant else {"WDOT": args.wdot, "RELOAD": args.reload})
             table.append(dict(kernel=args.kernel, variant=args.variant, model=args.model, spec=list(spec), rows=rows,
                               **stats))
             print(f"{args.kernel} {args.variant or 'shipped'} {','.join(map(str, spec))} rows {rows}: "

@@ -172,3 +172,35 @@ def test_replay_deep_chains_with_correlated_keys(size):
     k[:] = 0.8 * k[0] / k[0].norm() * 5.6 + 0.2 * k
     case["beta"][:] = 1.0
     check(case, forest, torch.tensor([size - 1], dtype=torch.int32), tol=1e-5)
+
+
+@pytest.mark.parametrize("layers", [None, 2])
+def test_gated_replay_matches_the_gates_reference(layers):
+    """tree_commit_replay_gated (SGLang's raw a, b and A_log, dt_bias, per layer with a layer
+    dimension) against the reference on gdn_gates_ref's g and beta."""
+    from bole_cli.kernels import tree_commit_replay_gated
+    from bole_cli.kernels.reference import gdn_gates_ref
+
+    case, forest = make_case(12, [7, 20], h=2, group=2, kdim=16, vdim=16, decay=(-1.0, -0.01),
+                             dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    n, hv = case["g"].shape
+    count = layers or 1
+    a, b = (torch.randn(count, n, hv, generator=gen).to(torch.bfloat16) for _ in range(2))
+    A_log, dt_bias = torch.rand(count, hv, generator=gen) - 0.5, torch.randn(count, hv, generator=gen)
+    gates = [gdn_gates_ref(A_log[l], a[l], dt_bias[l], b[l]) for l in range(count)]
+    g, beta = torch.stack([x[0] for x in gates]), torch.stack([x[1] for x in gates])
+    state = torch.stack([case["state"]] * count)
+    k, v = torch.stack([case["k"]] * count), torch.stack([case["v"]] * count)
+    accepted = torch.tensor([6, 13], dtype=torch.int32)
+    if layers is None:
+        state, k, v, a, b, A_log, dt_bias, g, beta = (t[0] for t in (state, k, v, a, b, A_log, dt_bias, g, beta))
+    pool = state.clone()
+    tree_commit_replay_gated(pool, case["state_indices"], k, v, a, b, A_log, dt_bias, case["parents"],
+                             case["cu_seqlens"], accepted)
+    want = tree_commit_replay_ref(state, case["state_indices"], k, v, g, beta, case["parents"], case["cu_seqlens"],
+                                  accepted)
+    assert rel_err(pool, want) <= 1e-6
+    with pytest.raises(InputError, match=r"^dt_bias: "):
+        tree_commit_replay_gated(pool, case["state_indices"], k, v, a, b, A_log, dt_bias[..., :1],
+                                 case["parents"], case["cu_seqlens"], accepted)

@@ -4,8 +4,8 @@
     calls it (gates fused, a float32 snapshot per node into intermediate_states_buffer),
     then the copy of each request's accepted snapshot back into the pool
     (fused_mamba_state_scatter_with_mask, as update_mamba_state_after_mtp_verify does).
-(b) Bole as served (docs/design.md §9): gdn_gates + tree_verify (tf32 dots for 16-bit
-    activations) + tree_commit_replay (the accepted path replayed in float32) on the same
+(b) Bole as served (docs/design.md §9): tree_verify_gated (tf32 dots for 16-bit activations)
+    + tree_commit_replay_gated (the accepted path replayed exactly in float32) on the same
     inputs; beside it (b') the factorised path served before: tree_verify_gated + tree_commit.
 (c) The memory-traffic floor: bytes that must move / measured device copy bandwidth.
 (d) For chains, SGLang's ReplaySSM as a GDN model runs it (`--enable-linear-replayssm-spec`):
@@ -204,23 +204,24 @@ def rel_diff(got, want) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
-def bole_verify(s: LayerInputs, kernels, out, gates, config=None) -> Callable[[], None]:
-    """(b) Bole as served (docs/design.md §9): the gates into the replay commit's rows, then
-    the closed-form verify (then `bole_commit`)."""
+def bole_verify(s: LayerInputs, kernels, out, config=None) -> Callable[[], None]:
+    """(b) Bole as served (docs/design.md §9): the closed-form verify, gates fused (then
+    `bole_commit`)."""
 
     def run():
-        kernels.gdn_gates(s.A_log, s.a, s.dt_bias, s.b, out=gates)
-        kernels.tree_verify(s.q, s.k, s.v, gates[0], gates[1], s.pool, s.slots, s.parents, s.cu,
-                            check_trees=False, max_nodes=s.nodes, max_depth=s.max_depth, out=out, config=config)
+        kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots, s.parents, s.cu,
+                                  check_trees=False, max_nodes=s.nodes, max_depth=s.max_depth, out=out,
+                                  config=config)
     return run
 
 
-def bole_commit(s: LayerInputs, kernels, gates) -> Callable[[], None]:
-    """(b) The served commit: the accepted path replayed in float32 (tree_commit_replay)."""
+def bole_commit(s: LayerInputs, kernels) -> Callable[[], None]:
+    """(b) The served commit: the accepted path replayed in float32 from the verify's inputs
+    (tree_commit_replay, gates fused)."""
 
     def run():
-        kernels.tree_commit_replay(s.pool, s.slots, s.k, s.v, gates[0], gates[1], s.parents, s.cu,
-                                   s.accepted, check_trees=False)
+        kernels.tree_commit_replay_gated(s.pool, s.slots, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.parents, s.cu,
+                                         s.accepted, check_trees=False, max_nodes=s.nodes)
     return run
 
 
@@ -292,10 +293,8 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, spec.gdn_value_heads, spec.gdn_value_dim,
                                                                           device="cuda"),
                                          torch.empty(n, spec.gdn_value_heads, device="cuda")) for s in sets]
-                    gates = [(torch.empty(n, spec.gdn_value_heads, device="cuda"),
-                              torch.empty(n, spec.gdn_value_heads, device="cuda")) for _ in sets]
-                    verify = [bole_verify(s, kernels, o, gt, config) for s, o, gt in zip(sets, outs, gates)]
-                    commit = [bole_commit(s, kernels, gt) for s, gt in zip(sets, gates)]
+                    verify = [bole_verify(s, kernels, o, config) for s, o in zip(sets, outs)]
+                    commit = [bole_commit(s, kernels) for s in sets]
                     case.bole_verify_us = time_graph(torch, verify)
                     case.bole_commit_us = time_graph(torch, commit)
                     case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
@@ -367,7 +366,6 @@ def ring_agreement(torch, sg, kernels, sets, pool0, act, length: int) -> tuple[f
     bole_pool = pool0.clone()
     out = VerifyResult(torch.empty_like(s0.v), torch.empty(s0.v.shape, device=dev),
                        torch.empty(s0.v.shape[:2], device=dev))
-    gates = (torch.empty(s0.v.shape[:2], device=dev), torch.empty(s0.v.shape[:2], device=dev))
     diff_o = diff_state = 0.0
     sel = s0.slots.long()
     for step in range(CHECK_STEPS):
@@ -375,13 +373,13 @@ def ring_agreement(torch, sg, kernels, sets, pool0, act, length: int) -> tuple[f
         o = sg.replayssm_ring_verify(x.A_log, x.dt_bias, x.q[None], x.k[None], x.v[None], x.a, x.b,
                                      checkpoint_state=s0.pool, ring=sg.ring_layer(ring, 0), cache_indices=s0.slots,
                                      replay_indices=replay, query_start_loc=x.cu, draft_token_num=nodes)
-        kernels.gdn_gates(x.A_log, x.a, x.dt_bias, x.b, out=gates)
-        kernels.tree_verify(x.q, x.k, x.v, gates[0], gates[1], bole_pool, s0.slots, x.parents, x.cu,
-                            max_nodes=nodes, out=out)
+        kernels.tree_verify_gated(x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, bole_pool, s0.slots, x.parents,
+                                  x.cu, max_nodes=nodes, out=out)
         diff_o = max(diff_o, rel_diff(o.reshape(out.o.shape), out.o))
         n = (x.accepted + 1).to(torch.int32)  # accepted drafts + the bonus token
         sg.replayssm_ring_commit(s0.pool[None], ring, s0.slots, replay, n, nodes)
-        kernels.tree_commit_replay(bole_pool, s0.slots, x.k, x.v, gates[0], gates[1], x.parents, x.cu, n - 1)
+        kernels.tree_commit_replay_gated(bole_pool, s0.slots, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.parents, x.cu,
+                                         n - 1)
         copy_pool = s0.pool[None].clone()
         sg.replayssm_ring_materialize(copy_pool, {k: None if t is None else t.clone() for k, t in ring.items()},
                                       s0.slots, replay)

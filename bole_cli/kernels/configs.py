@@ -30,7 +30,9 @@ DEFAULTS: dict[str, dict] = {
                     "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0, "SPLIT": 0, "LEVELS": 0, "RB": 64},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # the served commit (docs/design.md §9): DP path rows loaded a pass, then stepped through
-    "tree_commit_replay": {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1},
+    # WDOT: how its state products stay exact (validate.REPLAY_DOTS); RELOAD: the state read
+    # from the pool as each pass's operand and written after it (1) or carried in registers (0)
+    "tree_commit_replay": {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1, "WDOT": "split", "RELOAD": 1},
     # one program per (layer x request, value head) loops over the value tiles when it writes
     # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
     "tree_commit_deferred": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},

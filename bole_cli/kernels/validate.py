@@ -25,6 +25,7 @@ from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_PENDING_ROWS, MAX_TREE_NODE
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 STATE_DTYPES = tuple(getattr(torch, name) for name in KERNEL_STATE_DTYPES)
 INDEX_DTYPES = (torch.int32, torch.int64)
+REPLAY_DOTS = ("split", "tf32x3", "ieee")  # the replay commit's float32-exact products (tree_commit_replay)
 FACTOR_DTYPES = (torch.float32,)  # the verify's u and log_p
 GATE_DTYPES = (torch.float32,) + ACTIVATION_DTYPES[1:]  # g, beta: float32 or 16-bit activations
 
@@ -303,6 +304,13 @@ def _power_of_two(v) -> bool:
     return not isinstance(v, bool) and isinstance(v, int) and v >= 1 and not v & (v - 1)
 
 
+def check_max_nodes(max_nodes) -> int:
+    """A max_nodes promise: an int in 1..MAX_TREE_NODES."""
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or not 1 <= max_nodes <= MAX_TREE_NODES:
+        raise InputError(f"max_nodes: expected an int in 1..{MAX_TREE_NODES}, got {max_nodes!r}")
+    return max_nodes
+
+
 def check_config(kernel: str, config: Optional[Mapping]) -> None:
     """An explicit `config=`: a mapping whose values the kernel can compile (unknown keys
     are refused by launch_config, which knows the kernel's keys)."""
@@ -325,6 +333,9 @@ def check_config(kernel: str, config: Optional[Mapping]) -> None:
             if value is not None and value not in VERIFY_PRECISIONS:
                 raise InputError(f"config: precision must be None or one of {', '.join(VERIFY_PRECISIONS)}, "
                                  f"got {value!r}")
-        elif key in ("GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT", "LEVELS"):
+        elif key == "WDOT":
+            if value not in REPLAY_DOTS:
+                raise InputError(f"config: WDOT must be one of {', '.join(REPLAY_DOTS)}, got {value!r}")
+        elif key in ("GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT", "LEVELS", "RELOAD"):
             if value not in (0, 1) or not isinstance(value, (bool, int)):
                 raise InputError(f"config: {key} must be 0 or 1, got {value!r}")
