@@ -265,7 +265,8 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
     act = getattr(torch, act_dtype)
     sdt = getattr(torch, state_dtype)
     config = {"precision": precision} if precision else None  # None: the kernels' own choice
-    factors_config = {"precision": "tf32"} if act != torch.float32 else None  # the old tables' path
+    # the factorised path beside it: at the asked precision, else at the tables' tf32
+    factors_config = config or ({"precision": "tf32"} if act != torch.float32 else None)
     sg = None
     notes = []
     if with_sglang:

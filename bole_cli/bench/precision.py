@@ -109,6 +109,8 @@ def drift(torch, spec, impl, decay, state_dtype, sg, device="cuda", steps=DRIFT[
         ref_pool[s.slots.long()] = ref_states
         _, states = tree_verify_sequential_ref(s.q, s.k, s.v, s.g, s.beta, ref_pool, s.slots, s.parents, s.cu)
         ref_states = committed_reference(torch, s, states)
+        if state_dtype != torch.float32:  # the reference of a 16-bit pool rounds once per commit
+            ref_states = ref_states.to(state_dtype).double()
     return rms(pool[base.slots.long()], ref_states)
 
 
