@@ -14,8 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 CELLS = ["random:1x16", "random:4x64", "random:16x64", "random:64x64", "chain:1x64", "chain:16x64", "chain:64x8",
          "chain:1x256"]
 CONFIGS = [{"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 8}, {"BV": 16, "num_warps": 2},

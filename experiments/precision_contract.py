@@ -22,10 +22,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from bole_cli.bench.precision import (CASES, DECAYS, DRIFT, IMPLS, SMOKE_CASES, committed_reference,  # noqa: E402
-                                      drift, make_inputs, reference, rms, run_impl)
+from bole_cli.bench.precision import (CASES, DECAYS, DRIFT, IMPLS, SMOKE_CASES, committed_reference, drift,
+                                      make_inputs, reference, rms, run_impl)
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -961,7 +961,10 @@ def test_arena_overflow_is_a_clear_error():
 @pytest.mark.parametrize("bs,D", [(16, 16), (4, 64), (1, 128)])
 def test_gpu_drop_in_equivalence_qwen35_9b(act, bs, D):
     """Qwen3.5-9B GDN shapes (H 16, HV 32, K = V 128, conv 8192), 2 layers, SGLang's kernels
-    from the wheel; outputs within 2e-3 relative (Frobenius), committed states too."""
+    from the wheel, at the served default (docs/design.md §9): the committed states within
+    1e-5 of SGLang's (float32-exact), the outputs within 2e-3 (float32 activations) or 3e-3
+    (bf16: each side is rounded to bf16, 1.65e-3 alone, and the verify's tf32 dots land at
+    1.03-1.5x that floor; experiments/README.md row P-1)."""
     from bole_cli.sglang.kernels import load_sglang_kernels
 
     kern = load_sglang_kernels()  # installed sglang, $BOLE_SGLANG_WHEEL or .whl/
@@ -971,20 +974,20 @@ def test_gpu_drop_in_equivalence_qwen35_9b(act, bs, D):
           f"state rel {res['state_slots']:.2e}, arena {res['arena_bytes'] / 2**20:.1f} MiB vs "
           f"snapshots {res['snapshot_bytes'] / 2**20:.1f} MiB")
     assert res["ssm_untouched_by_verify"]
-    assert max(res["o"]) <= 2e-3, res
-    assert res["state_slots"] <= 2e-3, res
+    assert max(res["o"]) <= (3e-3 if act == "bfloat16" else 2e-3), res
+    assert res["state_slots"] <= 1e-5, res
     assert res["conv_equal"] and res["untouched_equal"] and res["ple_called"], res
 
 
 @pytest.mark.gpu
-def test_gpu_plain_tf32_precision_tradeoff():
-    """BOLE_VERIFY_PRECISION=tf32 (faster): bf16 outputs differ from SGLang's by about
-    2.5-2.8e-3 on an H200 (experiments/results); reported, and bounded loosely."""
+def test_gpu_tf32x3_opt_in():
+    """BOLE_VERIFY_PRECISION=tf32x3 (the opt-in): bf16 outputs agree with SGLang's to about
+    its own rounding, the committed state float32-exact as at the default."""
     from bole_cli.sglang.kernels import load_sglang_kernels
 
     res = run_equivalence(load_sglang_kernels(), device="cuda", bs=16, D=16, H=16, HV=32, K=128,
-                          V=128, layers=2, act="bfloat16", seed=5, precision="tf32")
-    print(f"\n[bfloat16 tf32] o rel {max(res['o']):.2e}, state rel {res['state_slots']:.2e}")
-    assert max(res["o"]) <= 6e-3 and res["state_slots"] <= 2e-3, res
+                          V=128, layers=2, act="bfloat16", seed=5, precision="tf32x3")
+    print(f"\n[bfloat16 tf32x3] o rel {max(res['o']):.2e}, state rel {res['state_slots']:.2e}")
+    assert max(res["o"]) <= 2e-3 and res["state_slots"] <= 1e-5, res
     assert res["conv_equal"] and res["untouched_equal"], res
 
