@@ -300,6 +300,12 @@ def test_resolver_feeds_launch_config():
     assert configs.launch_config("tree_verify", _shape(64, 64)) == builtin
     # an explicit override still wins over the table
     assert configs.launch_config("tree_verify", _shape(4, 64), {"BC": 16})["BC"] == 16
+    # the tables hold the served precision's configs: a tf32x3 launch keeps the built-in rules
+    assert configs.launch_config("tree_verify", _shape(4, 64), {"precision": "tf32"})["BC"] == 64
+    tt.set_resolver(None)
+    plain = configs.launch_config("tree_verify", _shape(4, 64), {"precision": "tf32x3"})
+    tt.set_resolver(resolver)
+    assert configs.launch_config("tree_verify", _shape(4, 64), {"precision": "tf32x3"}) == plain
     assert resolver("tree_verify", _shape(4, 64)) is resolver("tree_verify", _shape(4, 64))  # memoised
     assert resolver("tree_commit", {"K": 128, "V": 128, "HV": 32, "B": 4, "L": 1}) is None
 

@@ -15,6 +15,8 @@ from bole_cli.kernels.tuned_tables import notice, tuned_config
 from bole_cli.kernels.validate import check_config
 from bole_cli.kernels.verify_path import is_tile_launch
 
+TABLES_PRECISION = "tf32"  # the verify's dots when `bole tune-kernels` tunes it (bf16 inputs)
+
 DEFAULTS: dict[str, dict] = {
     # BV: value tile; BK: key-dim slice of the dots; VSPLIT: programs sharing a value head
     # (one-tile kernel, trees <= 64 nodes); BC: node chunk (blocked kernel, larger trees);
@@ -113,7 +115,10 @@ def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> 
         cfg.update(_verify_rule(shape))
     elif kernel in ("tree_commit", "tree_commit_replay") and shape.get("B", 1) * shape.get("HV", 1) * shape.get("L", 1) <= 32:
         cfg["BV"] = 16  # a single request: more, smaller tiles (H200: 8.9 vs 13.5 us at BV 32)
-    tuned = tuned_config(kernel, shape)  # the first launch reads this GPU's tuned table
+    # the tables are tuned at the served precision (the tuner's bf16 verify: tf32, docs/design.md
+    # §9); a launch at another precision keeps the built-in rules
+    asked = (override or {}).get("precision")
+    tuned = tuned_config(kernel, shape) if asked in (None, TABLES_PRECISION) else None
     if tuned:
         try:
             check_config(kernel, tuned)
