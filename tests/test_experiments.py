@@ -94,3 +94,19 @@ def test_compile_stats_reads_the_sm90_compile(tmp_path):
     assert rows[1]["shared"] > rows[0]["shared"]  # the pending rows' dot operands
     bad = subprocess.run([sys.executable, script, "tile", "16,32"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "six numbers" in bad.stderr
+
+
+def test_the_precision_contract_smoke_run_writes_its_record(tmp_path):
+    """experiments/precision_contract.py at tiny shapes under the interpreter: every row
+    written, the served state float32-exact (the GPU run is experiments/README.md P-1)."""
+    import json
+
+    out = tmp_path / "contract.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, str(EXPERIMENTS / "precision_contract.py"), "--device", "cpu", "--smoke",
+                          "--no-sglang", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads(out.read_text())
+    served = [r for r in doc["rows"] if r["impl"] == "served" and r["state_dtype"] == "float32"]
+    assert len(served) == 4 and all(r["state_rms_single"] <= 1e-6 for r in served)
+    assert {r["impl"] for r in doc["rows"]} == {"served", "tf32", "tf32x3"}

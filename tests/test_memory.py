@@ -143,4 +143,6 @@ def test_byte_primitives_agree_with_the_spec_figures_and_the_arena_plan():
                     rows=9, act_dtype="bfloat16", conv_dtype="bfloat16", ssm_dtype="float32")
     window = spec.conv_dim * (spec.conv_kernel - 1) * FLOAT_DTYPES["bfloat16"]
     assert plan.snapshot_node_bytes_per_layer() == snapshot_bytes_per_node_layer(spec) + window
-    assert plan.node_bytes_per_layer() == (h * k * 2 + (hv * v + hv) * 4 + spec.conv_dim * 2)
+    # the replay commit's rows: k and v in bf16, g and beta in float32, and the conv inputs
+    assert plan.node_bytes_per_layer() == (h * k * 2 + hv * v * 2 + 2 * hv * 4 + spec.conv_dim * 2)
+    assert factor_bytes(h, k, hv, v, k_bytes=2, v_bytes=2, scalars=2) == h * k * 2 + hv * v * 2 + 2 * hv * 4
