@@ -46,3 +46,6 @@ SERVED_VERIFY_PRECISION = None
 #: Recurrent-state dtypes the verify and commit kernels take (by name: no torch here); the
 #: kernels' checks, `bole bench kernels --state-dtype` and the plug-in's refusal read it.
 KERNEL_STATE_DTYPES = ("float32", "bfloat16")
+
+#: Path nodes a pass of the replay commit (tree_commit_replay's DP; the cost model's count).
+REPLAY_PASS_NODES = 16

@@ -18,10 +18,12 @@ Components (bf16 weights and activations, fp32 recurrent state and logits):
   bytes per token and layer), the new K/V written, q/o traffic; FLOPs 4 * T * heads *
   head_dim * (kv_len + tokens per request) (QK^T and PV, tree mask block included).
 - GDN core: decode reads and writes the fp32 state (HV * dk * dv per request and layer);
-  a Bole tree verify reads it once (closed form) and the commit (Eq. 10) reads and writes
-  it once more, plus the factors (k, u, log_p) written and read; FLOPs per request and
-  value head: 4 n dk dv (D_P Q S, K S), 4 n^2 dk (QK^T, KK^T Gram terms),
-  2 n^2 dv (d + 1) (Neumann series of depth d = min(n - 1, 8), and C U), commit 2 n dk dv.
+  a Bole tree verify reads it once (closed form) and the commit reads and writes it once
+  more, plus the per-node rows (k, u, log_p; the replay commit's k, v, g, beta) written and
+  read; FLOPs per request and value head: 4 n dk dv (D_P Q S, K S), 4 n^2 dk (QK^T, KK^T
+  Gram terms), 2 n^2 dv (d + 1) (Neumann series of depth d = min(n - 1, 8), and C U), and
+  the replay commit (docs/design.md §2, §9) 8 DP dk dv a pass of DP = 16 path nodes (its
+  two split tf32 products with the state, W and the update).
   The depthwise conv and gates are counted as activation traffic.
 - norms and residuals: about 8 passes over T * hidden bf16 activations per layer.
 - activation traffic (matmul inputs/outputs, q/k/v/o, norms, logits) stays in L2 while one
@@ -44,6 +46,7 @@ from typing import Any, Optional
 
 from bole_cli.catalog.hardware import GpuSpec
 from bole_cli.catalog.models import ModelSpec
+from bole_cli.limits import REPLAY_PASS_NODES
 
 BF16 = 2
 FP32 = 4
@@ -198,8 +201,9 @@ class RooflineForward:
         if verify:
             d = min(max(n - 1.0, 0.0), MAX_TREE_DEPTH)
             factors = T * (m.gdn_key_heads * dk + hv * dv + hv) * FP32 * 2
+            # the replay commit: one pass (calibrate's trees and chains are at most 9 deep)
             flops = batch * hv * (4 * n * dk * dv + 4 * n * n * dk + 2 * n * n * dv * (d + 1)
-                                  + 2 * n * dk * dv)
+                                  + 8 * REPLAY_PASS_NODES * dk * dv)
             core, kernels = Cost(3 * state + factors, flops, act=qkv_io), 2  # verify + commit
         else:
             core, kernels = Cost(2 * state, 8.0 * batch * hv * dk * dv, act=qkv_io), 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from bole_cli.errors import InputError
+from bole_cli.limits import REPLAY_PASS_NODES
 from bole_cli.kernels.tuned_tables import notice, tuned_config
 from bole_cli.kernels.validate import check_config
 from bole_cli.kernels.verify_path import is_tile_launch
@@ -34,7 +35,8 @@ DEFAULTS: dict[str, dict] = {
     # the served commit (docs/design.md §9): DP path rows loaded a pass, then stepped through
     # WDOT: how its state products stay exact (validate.REPLAY_DOTS); RELOAD: the state read
     # from the pool as each pass's operand and written after it (1) or carried in registers (0)
-    "tree_commit_replay": {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1, "WDOT": "split", "RELOAD": 1},
+    "tree_commit_replay": {"BV": 32, "DP": REPLAY_PASS_NODES, "num_warps": 4, "num_stages": 1, "WDOT": "split",
+                           "RELOAD": 1},
     # one program per (layer x request, value head) loops over the value tiles when it writes
     # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
     "tree_commit_deferred": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},
