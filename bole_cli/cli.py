@@ -39,8 +39,9 @@ from typing import Any, Optional  # noqa: E402
 import typer  # noqa: E402
 from typer.core import TyperGroup  # noqa: E402
 
-from bole_cli import __version__  # noqa: E402
+from bole_cli import __version__, streams  # noqa: E402
 from bole_cli.errors import BoleError  # noqa: E402
+from bole_cli.streams import OutputClosed, OutputFailed  # noqa: E402
 
 # Each module defines `register(app)`; one line per sub-command module.
 COMMAND_MODULES = (
@@ -130,8 +131,8 @@ class BoleGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort):
-            raise
+        except (typer.Exit, typer.Abort, OutputClosed, OutputFailed):
+            raise  # the streams' failures end the run in main(), whoever wrote
         except _ClickException as exc:
             _report_usage(exc)
         except BoleError as exc:
@@ -190,25 +191,49 @@ def _exit_interrupted() -> None:
     sys.exit(130)
 
 
+def _exit_code(exc: SystemExit) -> int:
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
+def _run_app() -> int:
+    """The app's exit code, stdout flushed inside it, so a failed write at any point (a
+    closed pipe, a full disk) takes the same road: bole_cli/streams.py."""
+    try:
+        app(prog_name="bole")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    else:  # pragma: no cover - typer's standalone mode always exits
+        code = 0
+    streams.flush_stdout()
+    return code
+
+
 def main() -> None:
-    """The `bole` entry point: Ctrl-C anywhere ends with one line and exit code 130."""
+    """The `bole` entry point: Ctrl-C anywhere ends with one line and exit code 130; a
+    closed stdout pipe ends quietly with 141, any other failed write with one line."""
     from bole_cli.interrupts import ignore_further, install, interrupt_count
 
     install()
+    streams.install()
     try:
-        app(prog_name="bole")
+        code = _run_app()
     except KeyboardInterrupt:
         _exit_interrupted()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if interrupt_count() and code in (0, 1):  # an interrupt a library swallowed
-            if code == 0:
-                _exit_interrupted()
-            ignore_further()
-            raise SystemExit(130) from None
-        if code == 130:
-            ignore_further()
-        raise
+    except OutputClosed:
+        streams.silence_stdout()
+        raise SystemExit(streams.EXIT_PIPE_CLOSED) from None
+    except OutputFailed as exc:
+        streams.silence_stdout()
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    if interrupt_count() and code in (0, 1):  # an interrupt a library swallowed
+        if code == 0:
+            _exit_interrupted()
+        ignore_further()
+        raise SystemExit(130)
+    if code == 130:
+        ignore_further()
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
