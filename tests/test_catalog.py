@@ -355,6 +355,7 @@ def _fake_cuda(monkeypatch, name, total_memory, sms=132, cc=(9, 0)):
     torch = pytest.importorskip("torch")
     props = types.SimpleNamespace(name=name, total_memory=total_memory,
                                   multi_processor_count=sms, major=cc[0], minor=cc[1])
+    monkeypatch.setattr(hw, "cuda_driver_missing", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)

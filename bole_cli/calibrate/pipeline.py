@@ -35,8 +35,9 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
                    plot: bool = False) -> None:
     """Refuse an --out that cannot take this profile (or its plot) before a sweep is spent
     on it: a folder, the plot's name, an unwritable place, another model's profile."""
-    from bole_cli.console import check_writable
+    from bole_cli.console import check_name_lengths, check_writable
 
+    check_name_lengths(path, what)
     if path.is_dir():
         raise InputError(f"{what}: {path} is a directory; give a .yaml file path")
     if path.suffix.lower() == ".png":
