@@ -246,7 +246,8 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             with released():  # ... but during the sweep it stops the sweep
                 with (progress(steps) if plan.measured and progress else nullcontext()) as on_step:
                     sweep = run_sweep(forward, plan.batches, plan.kvs, plan.points,
-                                      plan.timing, on_step=on_step, extras=extras)
+                                      plan.timing, on_step=on_step, extras=extras,
+                                      eps=plan.eps, acceptance=plan.acceptance)
         except KeyboardInterrupt:
             if sweep is None:  # nothing measured yet
                 raise

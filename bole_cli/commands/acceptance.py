@@ -113,9 +113,11 @@ def acceptance(
         console.print(f"next: bole calibrate --gpu GPU --model M --acceptance "
                       f"{escape(str(result.path))}")
     if result.interrupted:
-        err.print(f"[yellow]interrupted:[/] partial acceptance file written to "
+        from bole_cli.interrupts import exit_code, reason
+
+        err.print(f"[yellow]{reason()}:[/] partial acceptance file written to "
                   f"{escape(str(result.path))}")
-        raise typer.Exit(130)
+        raise typer.Exit(exit_code())
 
 
 def register(app: typer.Typer) -> None:

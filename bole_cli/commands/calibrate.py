@@ -144,10 +144,12 @@ def calibrate(
         if result.plot_path:
             console.print(f"plot:    {escape(str(result.plot_path))}")
     if result.interrupted:
+        from bole_cli.interrupts import exit_code, reason
+
         partial = (result.profile.get("provenance") or {}).get("partial")
-        err.print(f"[yellow]interrupted:[/] {'partial ' if partial else ''}profile written to "
+        err.print(f"[yellow]{reason()}:[/] {'partial ' if partial else ''}profile written to "
                   f"{escape(str(result.path))}", soft_wrap=True)
-        raise typer.Exit(130)
+        raise typer.Exit(exit_code())
 
 
 def register(app: typer.Typer) -> None:
