@@ -80,13 +80,17 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     counted), or the tree or chain that --steps / --topk / --draft-tokens ask for."""
     from bole_cli.profiles import lookup_budget
 
-    if batch < 1:
-        raise InputError(f"--batch: must be >= 1, got {batch}")
-    if kv_len < 1:
-        raise InputError(f"--kv-len: must be >= 1, got {kv_len}")
-    for name, value in (("--steps", steps), ("--topk", topk), ("--draft-tokens", draft_tokens)):
-        if value is not None and value < 1:
-            raise InputError(f"{name}: must be >= 1, got {value}")
+    from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_DRAFTS
+    from bole_cli.parsing import check_int
+
+    check_int(batch, "--batch", maximum=MAX_BATCH_REQUESTS)
+    check_int(kv_len, "--kv-len")
+    # one limit for trees and chains: a request verifies at most MAX_DRAFT_TOKENS tokens,
+    # so it drafts at most MAX_TREE_DRAFTS levels (a chain) or candidates (one node); a
+    # larger --draft-tokens is clamped below, as the tree's own size clamps it
+    check_int(steps, "--steps", maximum=MAX_TREE_DRAFTS)
+    check_int(topk, "--topk", maximum=MAX_TREE_DRAFTS)
+    check_int(draft_tokens, "--draft-tokens")
     if chain_verify is not None and chain_verify not in CHAIN_VERIFIERS:
         raise InputError(f"--chain-verify: expected one of {', '.join(CHAIN_VERIFIERS)}, "
                          f"got {chain_verify!r}")

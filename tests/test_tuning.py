@@ -761,7 +761,7 @@ def test_without_a_gpu_timing_is_a_clear_error():
     (["--sampler", "random"], "--sampler: expected tpe or grid"),
     (["--kernels", "tree_verify,gdn"], "--kernels: unknown gdn"),
     (["--nodes", "16,300"], "--nodes: at most 256"),
-    (["--batch", "0"], "--batch: 0 is not a positive integer"),
+    (["--batch", "0"], "--batch: expected an integer >= 1, got 0"),
     (["--trials", "0"], "--trials: must be >= 1"),
     (["--model", "nosuch"], "unknown model 'nosuch'"),
 ])

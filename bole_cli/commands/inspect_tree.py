@@ -90,6 +90,7 @@ def _render(trees, report, selection, memory) -> None:
     from rich.table import Table
 
     from bole_cli.console import out
+    from bole_cli.inspection.report import DRAW_MAX_NODES
     from bole_cli.inspection.view import mask_renderable, tree_renderable
 
     src = report["source"]
@@ -102,9 +103,17 @@ def _render(trees, report, selection, memory) -> None:
     reqs = f"{s['requests']} request{'s' if s['requests'] != 1 else ''}"
     out.print(f"[bold]{what}[/]: {reqs}, {s['nodes']} nodes")
 
+    drawn = 0
     for r, t in zip(report["requests"], trees):
+        if drawn and drawn + t.n_nodes > DRAW_MAX_NODES:
+            rest = len(trees) - r["index"]
+            out.print(f"[dim]{rest} more request{'s' if rest != 1 else ''} not drawn (over "
+                      f"{DRAW_MAX_NODES} nodes): the summary below counts them; --json "
+                      "lists every node[/]")
+            break
         title = f"[bold]request {r['index']}[/] [dim](committed prefix)[/]"
         out.print(tree_renderable(t, r["kept"], title))
+        drawn += t.n_nodes
 
     table = Table(title="Summary", title_justify="left", show_edge=False)
     table.add_column("request", justify="right")
