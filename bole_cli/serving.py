@@ -26,7 +26,6 @@ from bole_cli.limits import MAX_TREE_NODES as MAX_DRAFT_TOKENS  # a request's dr
 DEFAULT_PORT = 30000
 DEFAULT_BATCH = 8
 DEFAULT_KV_LEN = 4096
-SERVE_EXTRA = "bole-cli[serve]"
 LAUNCH_MODULE = "sglang.launch_server"
 
 
@@ -265,17 +264,18 @@ def sglang_status() -> dict:
 
 def check_can_launch(status: dict) -> None:
     """BoleError naming the install step when `status` says SGLang cannot run the plug-in."""
+    from bole_cli.errors import install_hint
     from bole_cli.sglang.source import SGLANG_VERSION
 
     if not status["installed"]:
-        raise BoleError(f"SGLang is not installed: pip install '{SERVE_EXTRA}' (SGLang {SGLANG_VERSION})")
+        raise BoleError(f"SGLang is not installed: {install_hint('serve')}")
     if status["version"] != SGLANG_VERSION:
         raise BoleError(f"SGLang {status['version'] or '(unknown version)'} is installed; Bole's plug-in "
-                        f"needs SGLang {SGLANG_VERSION}: pip install '{SERVE_EXTRA}'")
+                        f"needs SGLang {SGLANG_VERSION}: {install_hint('serve')}")
     if not status["plugin_registered"]:
         raise BoleError("the Bole plug-in is not registered with SGLang (entry point 'bole' in "
-                        "'sglang.srt.plugins'); reinstall bole-cli (pip install -e . or "
-                        f"pip install '{SERVE_EXTRA}')")
+                        "'sglang.srt.plugins'); reinstall bole-cli from its checkout "
+                        "(pip install -e .)")
 
 
 def memory_summary(spec: Any, settings: dict, state_dtype: str = "float32") -> Optional[dict]:
