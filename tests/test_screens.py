@@ -171,3 +171,63 @@ def test_readme_words():
     assert tests and all(".whl/" in p and ".ci/run" in p for p in tests)
     cpu = [p for p in paragraphs if "Run on CPU" in p]
     assert cpu and all(".whl/" in p for p in cpu)
+
+
+# ---- issue 33: the edges a user hits at 80 columns -------------------------------------
+
+def test_every_command_summary_is_one_paragraph_line():
+    """`bole --help` shows a command's first paragraph as it is written: a line break in
+    it shows as a break mid-sentence."""
+    root = typer.main.get_command(cli.app)
+    for name, cmd in root.commands.items():
+        first = (cmd.help or "").strip().split("\n\n")[0]
+        assert "\n" not in first, (name, first)
+
+
+def test_flags_take_no_second_help_column():
+    """A `--plot/--no-plot` pair gets a column of its own in Rich help, leaving the help
+    text about 32 columns: every flag is one name."""
+    root = typer.main.get_command(cli.app)
+
+    def walk(cmd, path):
+        for sub_name, sub in (getattr(cmd, "commands", None) or {}).items():
+            yield from walk(sub, path + [sub_name])
+        for p in getattr(cmd, "params", []):
+            yield path, p
+
+    for path, p in walk(root, []):
+        assert not getattr(p, "secondary_opts", None), (path, p.opts, p.secondary_opts)
+    assert len(show("calibrate", "--help").splitlines()) <= 56
+
+
+def test_tune_kernels_bucket_names_stay_whole():
+    text = show("tune-kernels", "--dry-run")
+    assert "H16-HV32-K128-V128" in text
+
+
+def test_serve_command_is_printed_outside_the_panel_to_paste(tmp_path):
+    import subprocess
+
+    text = show("serve", "--gpu", "h200", "--model", "9b", "--dry-run")
+    after = text[text.rindex("╰"):].splitlines()[1:]  # below the panel's last border line
+    assert after and after[0] == "BOLE_CHAINS=1 SGLANG_PLUGINS=bole \\"
+    assert not any("│" in ln for ln in after)
+    assert all(ln.endswith(" \\") for ln in after[:-1]) and not after[-1].endswith("\\")
+    script = tmp_path / "cmd.sh"
+    script.write_text("\n".join(after) + "\n")
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert "launch_server" not in text[:text.rindex("╰")]
+
+
+def test_inspect_tree_header_keeps_its_pairs_on_one_line():
+    text = show("inspect-tree", "--synthetic", "--depth", "8", "--topk", "4", "--seed", "0")
+    head = text.splitlines()[:2]
+    assert head[0].startswith("synthetic EAGLE-style beam (seed 0): 1 request,")
+    assert head[1] == "depth 8 below the verified token [0], top-k 4"
+
+
+def test_bench_e2e_table_keys_are_left_aligned():
+    from bole_cli.bench.e2e import report
+
+    src = Path(report.__file__).read_text()
+    assert src.count("caption=") == src.count('caption_justify="left"')

@@ -86,6 +86,7 @@ def inspect_tree(
 # ---- Rich view --------------------------------------------------------------------------------
 
 def _render(trees, report, selection, memory) -> None:
+    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
 
@@ -94,14 +95,15 @@ def _render(trees, report, selection, memory) -> None:
     from bole_cli.inspection.view import mask_renderable, tree_renderable
 
     src = report["source"]
-    if src["kind"] == "synthetic":
-        what = (f"synthetic EAGLE-style beam: depth {src['depth']} below the verified token "
-                f"\\[0], top-k {src['topk']}, seed {src['seed']}")
-    else:
-        what = f"{'SGLang arrays' if src['kind'] == 'sglang' else 'tree file'} {src['path']}"
     s = report["summary"]
     reqs = f"{s['requests']} request{'s' if s['requests'] != 1 else ''}"
-    out.print(f"[bold]{what}[/]: {reqs}, {s['nodes']} nodes")
+    if src["kind"] == "synthetic":  # two short lines: no wrap lands inside "seed 0"
+        out.print(f"[bold]synthetic EAGLE-style beam (seed {src['seed']})[/]: {reqs}, "
+                  f"{s['nodes']} nodes")
+        out.print(f"depth {src['depth']} below the verified token \\[0], top-k {src['topk']}")
+    else:
+        what = f"{'SGLang arrays' if src['kind'] == 'sglang' else 'tree file'} {src['path']}"
+        out.print(f"[bold]{escape(what)}[/]: {reqs}, {s['nodes']} nodes")
 
     drawn = 0
     for r, t in zip(report["requests"], trees):
