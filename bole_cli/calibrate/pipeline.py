@@ -140,6 +140,24 @@ class CalibrationResult:
     warnings: list[str]
     profile: dict
     interrupted: bool
+    #: which profile `bole serve` takes for this GPU and model, when it is not this one
+    served: Optional[str] = None
+
+
+def served_instead(plan: "CalibrationPlan") -> Optional[str]:
+    """One line when `bole serve` would take another profile than the one just written:
+    a measured profile of the same GPU and model (shipped, or in the cache) wins over an
+    estimate (bole_cli/profiles/lookup.py), so an ESTIMATED table is not what is served."""
+    from bole_cli.profiles import find_profile, load_profile
+
+    found = find_profile(plan.gpu_spec, plan.model_spec)
+    if found is None or found.resolve() == plan.path.resolve():
+        return None
+    kind = load_profile(found)["provenance"]["kind"]
+    return (f"a {kind} profile for {plan.model_spec.name} on {plan.gpu_spec.name} is in "
+            f"{found}; `bole serve` uses that one, not this "
+            f"{'estimate' if not plan.measured else 'profile'} (serve --profile "
+            f"{plan.path} to use this)")
 
 
 def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int],
@@ -277,4 +295,5 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
         except KeyboardInterrupt:  # the profile is written; only the picture is lost
             interrupted = True
     return CalibrationResult(path=plan.path, plot_path=plot_path, label=plan.label,
-                             warnings=warnings, profile=profile, interrupted=interrupted)
+                             warnings=warnings, profile=profile, interrupted=interrupted,
+                             served=served_instead(plan))

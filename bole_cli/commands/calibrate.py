@@ -130,7 +130,8 @@ def calibrate(
     if json_out:
         emit_json({"path": str(result.path),
                    "plot": str(result.plot_path) if result.plot_path else None,
-                   "label": result.label, "warnings": result.warnings, "profile": result.profile})
+                   "label": result.label, "warnings": result.warnings, "profile": result.profile,
+                   "served": result.served})
     else:
         title = f"{plan.model_spec.name} on {plan.gpu_spec.name}, bf16"
         console.print(_table(result.profile, escape(title)))
@@ -141,6 +142,8 @@ def calibrate(
         for w in result.warnings:
             err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
         console.print(f"profile: {escape(str(result.path))}")
+        if result.served:
+            console.print(f"[yellow]note:[/] {escape(result.served)}", soft_wrap=False)
         if result.plot_path:
             console.print(f"plot:    {escape(str(result.plot_path))}")
     if result.interrupted:
