@@ -95,7 +95,10 @@ def test_inspect_tree_words_and_titles():
                 "--model", "9b", "--batch", "8")
     assert "depth 8 below the verified token" in text
     assert "depth 9" not in text
-    assert "levels" in text  # the table's column: nodes on the longest root path
+    # "depth" as --depth means it: draft levels below the verified token, which is d=0
+    assert "depth: draft levels below the verified token [0] (as --depth)" in " ".join(
+        text.split())
+    assert "d=8" in text and "d=9" not in text and "levels" not in text.split("Summary")[1][:200]
     assert "1 request," in text and "1 request(s)" not in text
     assert "8 requests in flight, each verifying up to 16 nodes" in text
     assert "batch 8 x 16 nodes" not in text

@@ -120,7 +120,7 @@ def _render(trees, report, selection, memory) -> None:
     table = Table(title="Summary", title_justify="left", show_edge=False)
     table.add_column("request", justify="right")
     table.add_column("nodes", justify="right")
-    table.add_column("levels", justify="right")
+    table.add_column("depth", justify="right")
     table.add_column("width per level", overflow="fold", min_width=12)
     table.add_column("exp. acc.", justify="right")
     if selection:
@@ -128,19 +128,20 @@ def _render(trees, report, selection, memory) -> None:
         table.add_column("kept exp. acc.", justify="right")
     rows = list(report["requests"])
     for r in rows:
-        cells = [str(r["index"]), str(r["nodes"]), str(r["depth"]),
+        cells = [str(r["index"]), str(r["nodes"]), str(r["depth"] - 1),
                  " ".join(map(str, r["widths"])), f"{r['expected_accepted']:.3f}"]
         if selection:
             cells += [str(r["kept_nodes"]), f"{r['expected_accepted_budget']:.3f}"]
         table.add_row(*cells)
     if len(rows) > 1:
-        cells = ["all", str(s["nodes"]), str(s["depth"]), " ".join(map(str, s["widths"])),
+        cells = ["all", str(s["nodes"]), str(s["depth"] - 1), " ".join(map(str, s["widths"])),
                  f"{s['expected_accepted']:.3f}"]
         if selection:
             cells += [str(s["kept_nodes"]), f"{s['expected_accepted_budget']:.3f}"]
         table.add_row(*cells, style="bold")
     out.print(table)
-    out.print("[dim]levels: nodes on the longest root path. exp. acc. (expected accepted "
+    out.print("[dim]depth: draft levels below the verified token \\[0] (as --depth); width "
+              "per level: nodes at each depth from 0. exp. acc. (expected accepted "
               "tokens) = sum of rho over the nodes: the tokens a verify is expected to emit "
               "when rho is the acceptance probability.[/]")
     if selection:

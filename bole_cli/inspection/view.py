@@ -9,7 +9,8 @@ from typing import Optional
 
 
 def node_label(t, i: int, kept: Optional[bool], probs=None, rho=None, depths=None):
-    """One node's line: id, token, probability, path score rho, depth; dim when pruned.
+    """One node's line: id, token, probability, path score rho, draft depth (the root, the
+    verified token, is 0: ProposalTree.draft_depth); dim when pruned.
     `probs`, `rho`, `depths`: the tree's, computed once by a caller that labels every node
     (each is a pass over the tree)."""
     from rich.text import Text
@@ -25,7 +26,7 @@ def node_label(t, i: int, kept: Optional[bool], probs=None, rho=None, depths=Non
         label.append(" ")
         label.append(f"id {tok}" if isinstance(tok, int) else repr(tok),
                      style="dim" if pruned else "bold")
-    label.append(f"  p={probs[i]:.3g}  ρ={rho[i]:.3g}  d={depths[i]}",
+    label.append(f"  p={probs[i]:.3g}  ρ={rho[i]:.3g}  d={depths[i] - 1}",
                  style="dim" if pruned else "")
     if pruned:
         label.append("  pruned", style="dim italic")
