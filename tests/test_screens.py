@@ -234,3 +234,23 @@ def test_bench_e2e_table_keys_are_left_aligned():
 
     src = Path(report.__file__).read_text()
     assert src.count("caption=") == src.count('caption_justify="left"')
+
+
+def test_calibrate_plot_marks_the_decision_and_what_it_buys(monkeypatch, tmp_path):
+    """Each bucket's decision sits on its curve, labelled with its speedup; a bucket whose
+    decision is a chain gets no tree's N* star (the shipped H200 9B profile has chains)."""
+    from bole_cli.calibrate.plot import plot_profile
+    from bole_cli.profiles import load_profile
+
+    seen = _captured_figure(monkeypatch)
+    profile = load_profile(REPO / "profiles" / "h200" / "Qwen3.5-9B.yaml")
+    plot_profile(profile, tmp_path / "p.png")
+    fig = seen["fig"]
+    texts = _texts(fig)
+    decided = [(c["decision"]["chosen"], c) for c in profile["configs"]
+               if c.get("decision") and c["decision"]["chosen"]["mode"] != "none"]
+    assert any(ch["mode"] == "chain" for ch, _ in decided)
+    for chosen, _ in decided:
+        assert f"{chosen['label']} {chosen['speedup']:.2f}x" in texts
+    stars = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_marker() == "*"]
+    assert stars == []
