@@ -83,8 +83,10 @@ def test_tune_kernels_dry_run_shape_column_is_whole():
 
     console = Console(width=80, record=True, color_system=None)
     console.print(space_table([{"kernel": "tree_verify", "shape": "H16-HV32-K128-V128",
-                                "models": ["Qwen/Qwen3.5-9B"], "space": {"BV": [16, 32]},
-                                "size": 2, "default": "BV32 w4 s1"}]))
+                                "models": ["Qwen/Qwen3.5-9B"],
+                                "space": {"VSPLIT": [1, 2, 4], "BV": [16, 32, 64, 128],
+                                          "num_warps": [2, 4, 8]},
+                                "size": 288, "default": "VSPLIT4 BV32 BK64 w4 s1"}]))
     text = console.export_text()
     assert "…" not in text
     assert all(len(ln) <= 80 for ln in text.splitlines())
