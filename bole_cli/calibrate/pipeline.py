@@ -21,6 +21,7 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID,
                                         DEFAULT_KV_LENS, MAX_EPS)
 from bole_cli.errors import BoleError, InputError
+from bole_cli.parsing import check_int
 
 #: progress(total steps) -> a context whose value is called with each step's description.
 Progress = Callable[[int], ContextManager[Callable[[str], None]]]
@@ -181,8 +182,7 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
         raise InputError("--measure and --estimate exclude each other")
     if repeats < 1 or warmup < 0:
         raise InputError("--repeats must be >= 1 and --warmup >= 0")
-    if layers_sample is not None and layers_sample < 1:
-        raise InputError(f"--layers-sample: must be >= 1, got {layers_sample}")
+    check_int(layers_sample, "--layers-sample")
     gpu_spec = resolve_gpu(gpu)
     model_spec = resolve_model(model)
     acc = load_acceptance(acceptance)

@@ -66,13 +66,11 @@ def kernels_cmd(
     out_dir = check_outputs(out_dir, tag)
     spec = resolve_model(model)
     batches = parse_int_list(batch, "--batch")
-    node_list = parse_int_list(nodes, "--nodes")
+    node_list = parse_int_list(nodes, "--nodes", maximum=MAX_TREE_NODES)
     tree_kinds = [t.strip() for t in trees.split(",") if t.strip()]
     bad = [t for t in tree_kinds if t not in ("random", "chain")]
     if bad or not tree_kinds:
         raise InputError(f"--trees: expected random and/or chain, got {trees!r}")
-    if max(node_list) > MAX_TREE_NODES:
-        raise InputError(f"--nodes: at most {MAX_TREE_NODES} nodes per request")
     for name, value, allowed in (("--dtype", dtype, ("bfloat16", "float16", "float32")),
                                  ("--state-dtype", state_dtype, KERNEL_STATE_DTYPES)):
         if value not in allowed:
