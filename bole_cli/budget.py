@@ -14,7 +14,7 @@ Options:
   are skipped and the budget goes to the next best nodes of other requests; once a
   request is capped it stays capped, so connectivity still holds).
 
-Cost: one pass over the candidates plus one sort.
+Cost: one pass over the candidates plus one sort of their scores.
 """
 
 from __future__ import annotations
@@ -114,12 +114,21 @@ def select_budget(trees: Sequence[ProposalTree], budget: int, *, min_per_request
         raise InputError(f"budget {budget} cannot cover the minimum of {m} nodes per request "
                          f"for {len(trees)} requests (needs {used})")
 
-    candidates = [(-lr, b, i) for b, t in enumerate(trees)
-                  for i, lr in enumerate(t.log_rho) if i not in kept[b]]
-    candidates.sort()
-    for _, b, i in candidates:
+    owner: list[int] = []
+    node: list[int] = []
+    score: list[float] = []
+    for b, t in enumerate(trees):
+        for i, lr in enumerate(t.log_rho):
+            if i not in kept[b]:
+                owner.append(b)
+                node.append(i)
+                score.append(-lr)
+    # listed by (request, node): a stable sort on the score alone breaks ties by request,
+    # then node, and sorts floats, not tuples (a million candidates in well under a second)
+    for c in sorted(range(len(score)), key=score.__getitem__):
         if used == budget:
             break
+        b, i = owner[c], node[c]
         if cap is not None and len(keep[b]) >= cap:
             continue
         keep[b].append(i)

@@ -16,20 +16,24 @@ import os  # loaded with the interpreter: free
 import signal
 
 
-def _interrupted_while_loading(signum: int, frame: object) -> None:
-    """Ctrl-C while the command line loads (typer, rich, the command modules): nothing
-    has run yet, so leave at once with one line and exit 130, not a traceback."""
+def _leave_now(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM while the command line loads (typer, rich, the command modules),
+    or once the command has finished: nothing is left to keep, so leave at once with one
+    line and 128 + the signal (130, 143), not a traceback."""
     try:
-        os.write(2, b"error: interrupted\n")
+        os.write(2, b"error: terminated\n" if signum == signal.SIGTERM
+                 else b"error: interrupted\n")
     finally:
-        os._exit(130)
+        os._exit(128 + signum)
 
 
 try:  # first thing, so the window before it is as short as can be
-    _previous_sigint = signal.signal(signal.SIGINT, _interrupted_while_loading)
+    _previous_sigint = signal.signal(signal.SIGINT, _leave_now)
+    _previous_sigterm = signal.signal(signal.SIGTERM, _leave_now)
     _MAIN_THREAD = True
 except ValueError:  # imported from another thread: signals are the main thread's
-    _previous_sigint, _MAIN_THREAD = None, False
+    _previous_sigint = _previous_sigterm = None
+    _MAIN_THREAD = False
 
 import importlib  # noqa: E402 - after the handler above, on purpose
 import sys  # noqa: E402
@@ -39,8 +43,9 @@ from typing import Any, Optional  # noqa: E402
 import typer  # noqa: E402
 from typer.core import TyperGroup  # noqa: E402
 
-from bole_cli import __version__  # noqa: E402
+from bole_cli import __version__, streams  # noqa: E402
 from bole_cli.errors import BoleError  # noqa: E402
+from bole_cli.streams import OutputClosed, OutputFailed  # noqa: E402
 
 # Each module defines `register(app)`; one line per sub-command module.
 COMMAND_MODULES = (
@@ -110,6 +115,12 @@ def _report_usage(exc: Exception) -> None:
     _report(f"{message}{hint}", getattr(exc, "exit_code", 2))
 
 
+def _report_interrupted() -> None:
+    from bole_cli import interrupts
+
+    _report(interrupts.reason(), interrupts.exit_code())
+
+
 class BoleGroup(TyperGroup):
     """Turns Bole's errors into one red line and the right exit code."""
 
@@ -122,7 +133,7 @@ class BoleGroup(TyperGroup):
         try:
             return super().parse_args(ctx, args)
         except KeyboardInterrupt:
-            _report("interrupted", 130)
+            _report_interrupted()
         except _ClickException as exc:
             _report_usage(exc)
             raise  # pragma: no cover - _report_usage always raises
@@ -130,14 +141,14 @@ class BoleGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort):
-            raise
+        except (typer.Exit, typer.Abort, OutputClosed, OutputFailed):
+            raise  # the streams' failures end the run in main(), whoever wrote
         except _ClickException as exc:
             _report_usage(exc)
         except BoleError as exc:
             _report(str(exc), exc.exit_code)
         except KeyboardInterrupt:
-            _report("interrupted", 130)
+            _report_interrupted()
         except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
             _report(f"{type(exc).__name__}: {exc}", 1)
 
@@ -173,42 +184,70 @@ def _root(
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
-if _MAIN_THREAD:  # loaded: give Ctrl-C back (a library importer keeps its own handler)
+if _MAIN_THREAD:  # loaded: give the signals back (a library importer keeps its own handlers)
     signal.signal(signal.SIGINT, signal.default_int_handler if _previous_sigint is None
                   else _previous_sigint)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if _previous_sigterm is None
+                  else _previous_sigterm)
 
 
 def _exit_interrupted() -> None:
-    from bole_cli.interrupts import ignore_further
+    from bole_cli import interrupts
 
-    ignore_further()
+    interrupts.ignore_further()
     try:
         sys.stdout.flush()
     except Exception:  # noqa: BLE001 - a closed pipe must not hide the exit code
         pass
-    print("error: interrupted", file=sys.stderr, flush=True)
-    sys.exit(130)
+    print(f"error: {interrupts.reason()}", file=sys.stderr, flush=True)
+    sys.exit(interrupts.exit_code())
+
+
+def _exit_code(exc: SystemExit) -> int:
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
+def _run_app() -> int:
+    """The app's exit code, stdout flushed inside it, so a failed write at any point (a
+    closed pipe, a full disk) takes the same road: bole_cli/streams.py."""
+    try:
+        app(prog_name="bole")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    else:  # pragma: no cover - typer's standalone mode always exits
+        code = 0
+    streams.flush_stdout()
+    return code
 
 
 def main() -> None:
-    """The `bole` entry point: Ctrl-C anywhere ends with one line and exit code 130."""
-    from bole_cli.interrupts import ignore_further, install, interrupt_count
+    """The `bole` entry point: Ctrl-C (SIGTERM) anywhere ends with one line and exit code
+    130 (143); a closed stdout pipe ends quietly with 141, any other failed write with one
+    line."""
+    from bole_cli import interrupts
 
-    install()
     try:
-        app(prog_name="bole")
+        interrupts.install()
+        streams.install()
+        code = _run_app()
     except KeyboardInterrupt:
         _exit_interrupted()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if interrupt_count() and code in (0, 1):  # an interrupt a library swallowed
-            if code == 0:
-                _exit_interrupted()
-            ignore_further()
-            raise SystemExit(130) from None
-        if code == 130:
-            ignore_further()
-        raise
+    except OutputClosed:
+        streams.silence_stdout()
+        raise SystemExit(streams.EXIT_PIPE_CLOSED) from None
+    except OutputFailed as exc:
+        streams.silence_stdout()
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    if interrupts.interrupt_count() and code in (0, 1):  # an interrupt a library swallowed
+        if code == 0:
+            _exit_interrupted()
+        interrupts.ignore_further()
+        raise SystemExit(interrupts.exit_code())
+    if _MAIN_THREAD:  # done and flushed: a signal from here on (shutdown) leaves at once
+        signal.signal(signal.SIGINT, _leave_now)
+        signal.signal(signal.SIGTERM, _leave_now)
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -53,14 +53,34 @@ def _nearest_existing(path: Path) -> Path:
     return probe
 
 
+def _name_max(folder: Path) -> int:
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def check_name_lengths(path: Path, what: str) -> None:
+    """Every part of `path` fits the file system's name limit (NAME_MAX, 255 bytes on
+    most), so a long --out or --tag fails here, not after the work."""
+    limit = _name_max(_nearest_existing(path.parent))
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > limit:
+            raise InputError(f"{what}: the name {part[:24]}... is {size} bytes long; a "
+                             f"file name holds at most {limit}")
+
+
 def check_writable(path: str | os.PathLike, what: str) -> Path:
-    """Refuse, before any long work, an output file that cannot be written: its folder
-    (or the nearest existing one above it) is not a folder or takes no new file (/proc,
-    read-only, no permission), or the path is a folder or not a regular file. The message
-    names `what` (the flag, e.g. "--out") and the user's path."""
+    """Refuse, before any long work, an output file that cannot be written: a name too
+    long for the file system, its folder (or the nearest existing one above it) is not a
+    folder or takes no new file (/proc, read-only, no permission), or the path is a folder
+    or not a regular file. The message names `what` (the flag, e.g. "--out") and the
+    user's path."""
     path = Path(path)
     if str(path) in ("", "."):
         raise InputError(f"{what}: an empty path was given; name a file")
+    check_name_lengths(path, what)
     if path.is_dir():
         raise InputError(f"{what}: {path} is a directory; give a file path")
     if os.path.lexists(path) and path.exists() and not path.is_file():

@@ -29,3 +29,24 @@ def brief(value: object, width: int = 40) -> str:
         return f"a {type(value).__name__} of {len(value)} items"
     text = repr(value)
     return text if len(text) <= width else text[:width] + "..."
+
+
+#: What each optional feature needs when the package's own metadata cannot say (a source
+#: tree run without installing); pyproject.toml's extras are the one home of the pins.
+_EXTRA_FALLBACK = {"serve": ('sglang==0.5.23',),
+                   "acceptance": ("transformers>=5.24,<6", "safetensors>=0.4")}
+
+
+def install_hint(extra: str) -> str:
+    """`pip install "sglang==0.5.23"`: what to install for an optional feature, read from
+    the installed package's extras (bole-cli is on no index, so `bole-cli[serve]` would
+    not resolve)."""
+    from importlib import metadata
+
+    try:
+        reqs = metadata.requires("bole-cli") or []
+    except metadata.PackageNotFoundError:
+        reqs = []
+    marker = f'extra == "{extra}"'
+    pins = [r.split(";")[0].strip() for r in reqs if marker in r] or list(_EXTRA_FALLBACK[extra])
+    return "pip install " + " ".join(f'"{p}"' for p in pins)

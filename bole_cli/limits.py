@@ -9,6 +9,11 @@ it without loading the kernels. Why each limit is what it is: docs/design.md §3
 #: below it; a larger tree is almost always a malformed file.
 MAX_TREE_NODES = 256
 
+#: Draft nodes one tree holds beside its root: the most levels a chain drafts, and the most
+#: candidates one node's children can use; deeper or wider acceptance statistics cannot
+#: matter to any tree the kernels take, so files that give more are refused.
+MAX_TREE_DRAFTS = MAX_TREE_NODES - 1
+
 #: Largest tree the one-tile verify kernel takes: its [T, T] float32 factors live in
 #: registers. Larger trees take the blocked kernel.
 MAX_TILE_NODES = 64

@@ -1,4 +1,5 @@
-"""Parsing of the comma-separated option values the commands and the benches share."""
+"""Parsing and checking of the option values the commands and the benches share, with one
+wording for a value out of range: `--batch: expected an integer >= 1, got 0`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,23 @@ def _shown(text: str, width: int = 24) -> str:
     return repr(text) if len(text) <= width else repr(text[:width]) + f"... ({len(text)} chars)"
 
 
+def expected_int(option: str, minimum: int, maximum: Optional[int] = None) -> str:
+    """The one wording of an integer option's range: '--batch: expected an integer >= 1'."""
+    if maximum is None:
+        return f"{option}: expected an integer >= {minimum:,}"
+    return f"{option}: expected an integer from {minimum:,} to {maximum:,}"
+
+
+def check_int(value: Optional[int], option: str, *, minimum: int = 1,
+              maximum: Optional[int] = None) -> Optional[int]:
+    """`value` (None passes: the option was not given) within [minimum, maximum], else
+    InputError naming the option, in the one wording."""
+    if value is not None and (value < minimum or (maximum is not None and value > maximum)):
+        shown = f"{value:,}" if abs(value) < 10**24 else "a larger number"
+        raise InputError(f"{expected_int(option, minimum, maximum)}, got {shown}")
+    return value
+
+
 def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> list[int]:
     """'1,2,4' -> [1, 2, 4]: positive, distinct, sorted, at most `maximum` (default
     INT_OPTION_MAX); InputError names the option and the value."""
@@ -28,14 +46,12 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
         if not x:
             continue
         if len(x) > 24:  # int() of thousands of digits is slow or refused outright
-            raise InputError(f"{option}: {_shown(x)} is too large (at most {cap:,})")
+            raise InputError(f"{expected_int(option, 1, cap)}, got {_shown(x)}")
         try:
             v = int(x)
         except ValueError:
-            raise InputError(f"{option}: {_shown(x)} is not a positive integer") from None
-        if v < 1:
-            raise InputError(f"{option}: {v} is not a positive integer")
-        if v > cap:
-            raise InputError(f"{option}: {v} is too large (at most {cap:,})")
+            raise InputError(f"{expected_int(option, 1, maximum)}, got {_shown(x)}") from None
+        check_int(v, option, minimum=1, maximum=maximum if v >= 1 else None)
+        check_int(v, option, minimum=1, maximum=cap)
         values.append(v)
     return sorted(set(values))

@@ -26,7 +26,6 @@ from bole_cli.limits import MAX_TREE_NODES as MAX_DRAFT_TOKENS  # a request's dr
 DEFAULT_PORT = 30000
 DEFAULT_BATCH = 8
 DEFAULT_KV_LEN = 4096
-SERVE_EXTRA = "bole-cli[serve]"
 LAUNCH_MODULE = "sglang.launch_server"
 
 
@@ -80,13 +79,17 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     counted), or the tree or chain that --steps / --topk / --draft-tokens ask for."""
     from bole_cli.profiles import lookup_budget
 
-    if batch < 1:
-        raise InputError(f"--batch: must be >= 1, got {batch}")
-    if kv_len < 1:
-        raise InputError(f"--kv-len: must be >= 1, got {kv_len}")
-    for name, value in (("--steps", steps), ("--topk", topk), ("--draft-tokens", draft_tokens)):
-        if value is not None and value < 1:
-            raise InputError(f"{name}: must be >= 1, got {value}")
+    from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_DRAFTS
+    from bole_cli.parsing import check_int
+
+    check_int(batch, "--batch", maximum=MAX_BATCH_REQUESTS)
+    check_int(kv_len, "--kv-len")
+    # one limit for trees and chains: a request verifies at most MAX_DRAFT_TOKENS tokens,
+    # so it drafts at most MAX_TREE_DRAFTS levels (a chain) or candidates (one node); a
+    # larger --draft-tokens is clamped below, as the tree's own size clamps it
+    check_int(steps, "--steps", maximum=MAX_TREE_DRAFTS)
+    check_int(topk, "--topk", maximum=MAX_TREE_DRAFTS)
+    check_int(draft_tokens, "--draft-tokens")
     if chain_verify is not None and chain_verify not in CHAIN_VERIFIERS:
         raise InputError(f"--chain-verify: expected one of {', '.join(CHAIN_VERIFIERS)}, "
                          f"got {chain_verify!r}")
@@ -261,17 +264,18 @@ def sglang_status() -> dict:
 
 def check_can_launch(status: dict) -> None:
     """BoleError naming the install step when `status` says SGLang cannot run the plug-in."""
+    from bole_cli.errors import install_hint
     from bole_cli.sglang.source import SGLANG_VERSION
 
     if not status["installed"]:
-        raise BoleError(f"SGLang is not installed: pip install '{SERVE_EXTRA}' (SGLang {SGLANG_VERSION})")
+        raise BoleError(f"SGLang is not installed: {install_hint('serve')}")
     if status["version"] != SGLANG_VERSION:
         raise BoleError(f"SGLang {status['version'] or '(unknown version)'} is installed; Bole's plug-in "
-                        f"needs SGLang {SGLANG_VERSION}: pip install '{SERVE_EXTRA}'")
+                        f"needs SGLang {SGLANG_VERSION}: {install_hint('serve')}")
     if not status["plugin_registered"]:
         raise BoleError("the Bole plug-in is not registered with SGLang (entry point 'bole' in "
-                        "'sglang.srt.plugins'); reinstall bole-cli (pip install -e . or "
-                        f"pip install '{SERVE_EXTRA}')")
+                        "'sglang.srt.plugins'); reinstall bole-cli from its checkout "
+                        "(pip install -e .)")
 
 
 def memory_summary(spec: Any, settings: dict, state_dtype: str = "float32") -> Optional[dict]:

@@ -265,6 +265,8 @@ def test_interrupted_kernel_bench_writes_what_it_measured(cells, kernel_result, 
     partial = copy.deepcopy(kernel_result)
     partial.cases, partial.commits, partial.interrupted = partial.cases[:cells], [], True
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    from bole_cli.catalog import hardware
+    monkeypatch.setattr(hardware, "cuda_driver_missing", lambda: False)
     calls = []
     monkeypatch.setattr(kernel_bench, "run_kernel_bench", lambda *a, **k: calls.append(k) or partial)
     r = CliRunner().invoke(cli.app, ["bench", "kernels", "--no-sglang", "--out-dir", str(tmp_path), "--tag", "cut",

@@ -91,3 +91,27 @@ def test_summary_rows_of_a_profile(tmp_path):
         assert r["speedup"] == pytest.approx(ch["tokens"] / (ch["t_draft"] + ch["t_verify"]
                                                              + ch["t_sample"]) / plain)
         assert r["decision"] == ch["label"] and (ch["mode"] == "none" or ch["t_draft"] > 0)
+
+
+def test_an_estimate_says_which_profile_serve_takes(tmp_path, monkeypatch):
+    """Without an H200, an ESTIMATED H200 table is not what `bole serve` uses when a
+    measured profile ships: the run says so, and names both files."""
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from bole_cli import cli
+    from bole_cli.catalog import hardware as hw
+
+    monkeypatch.setenv("BOLE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(hw, "detect_gpu", lambda index=None: None)
+    argv = ["calibrate", "--gpu", "h200", "--model", "9b", "--batch", "8", "--kv", "4096",
+            "--no-plot"]
+    r = CliRunner().invoke(cli.app, argv + ["--json"])
+    assert r.exit_code == 0, r.output
+    served = _json.loads(r.stdout)["served"]
+    assert "profiles/h200/Qwen3.5-9B.yaml; `bole serve` uses that one" in served
+    assert str(tmp_path) in served  # how to serve the estimate instead
+    r = CliRunner().invoke(cli.app, ["calibrate", "--gpu", "a100", "--model", "9b", "--batch",
+                                     "8", "--kv", "4096", "--no-plot", "--json"])
+    assert r.exit_code == 0 and _json.loads(r.stdout)["served"] is None  # nothing measured

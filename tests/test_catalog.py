@@ -355,6 +355,7 @@ def _fake_cuda(monkeypatch, name, total_memory, sms=132, cc=(9, 0)):
     torch = pytest.importorskip("torch")
     props = types.SimpleNamespace(name=name, total_memory=total_memory,
                                   multi_processor_count=sms, major=cc[0], minor=cc[1])
+    monkeypatch.setattr(hw, "cuda_driver_missing", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
@@ -431,8 +432,11 @@ def test_models_table_shows_every_model_and_fits_80_columns():
     assert max(len(line) for line in r.stdout.splitlines()) <= 80
     for name, *_, mib in FACTS_MODELS:
         short = name.split("/")[1]
-        # model ... state MiB  snapshot MiB, on the model's own row
-        assert re.search(rf"^{re.escape(short)} .* {mib} +{mib}$", r.stdout, re.M), short
+        # model ... state MiB (a snapshot is the whole state: one column), on its own row
+        assert re.search(rf"^{re.escape(short)} .* {mib}$", r.stdout, re.M), short
+    caption = " ".join(r.stdout.split())
+    assert "'tied' when the input and output embeddings share weights" in caption
+    assert "also what a snapshotting tree verifier writes per draft node" in caption
 
 
 def test_models_detail_and_config_path():

@@ -137,7 +137,7 @@ def test_plot(tmp_path):
     ([DATA / "small.yaml", "--batch", 3], "--batch only applies with --model"),
     ([DATA / "small.yaml", "--max-per-request", 3], "--max-per-request only applies with --budget"),
     (["--synthetic", "--topk", 8], "--synthetic: depth 8 with topk 8 gives 457 nodes"),
-    (["--synthetic", "--budget", 0], "budget must be an integer >= 1, got 0"),
+    (["--synthetic", "--budget", 0], "--budget: expected an integer >= 1, got 0"),
     (["--synthetic", "--model", "9b", "--state-dtype", "int8"], "state dtype 'int8'"),
     (["--synthetic", "--plot", "tree.txt"], "--plot tree.txt: unsupported file type"),
 ])

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -71,17 +72,49 @@ DRIVER = textwrap.dedent('''
                 return real_forward(plan)
 
             pipeline.make_forward = swallowing
+        elif phase == "import":  # a library whose import eats KeyboardInterrupt, then work
+            import importlib, os
+            import bole_cli.calibrate.pipeline as pipeline
+            real_forward = pipeline.make_forward
+            folder = os.path.dirname(out)
+            with open(os.path.join(folder, "slow_library.py"), "w") as fh:
+                fh.write("import time\\ntry:\\n    time.sleep(1.0)\\n"
+                         "except KeyboardInterrupt:\\n    pass\\nDONE = True\\n")
+            sys.path.insert(0, folder)
+
+            def importing(plan):
+                marker("IMPORT")
+                importlib.import_module("slow_library")
+                time.sleep(8.0)  # the work an interrupt should have stopped
+                return real_forward(plan)
+
+            pipeline.make_forward = importing
+        elif phase == "summaries":  # each configuration slow to summarise
+            real_summarise = sweep.summarise
+            calls = {"n": 0}
+
+            def slow_summarise(*a, **k):
+                calls["n"] += 1
+                if calls["n"] == 3:
+                    marker("SUMMARY")
+                time.sleep(0.15)
+                return real_summarise(*a, **k)
+
+            sweep.summarise = slow_summarise
     import signal, threading, bole_cli  # Python's own start-up is out of Bole's reach
     marker("GO")
     from bole_cli.cli import main
+    batches = "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16" if phase == "summaries" else "1,2"
     sys.argv = ["bole", "calibrate", "--gpu", "a100", "--model", "9b", "--kv", "1024,4096",
-                "--batch", "1,2", "--out", out, "--no-plot"]
+                "--batch", batches, "--out", out, "--no-plot"]
     main()
 ''')
 
 
-def _run(tmp_path: Path, phase: str, wait_for: str, delays: tuple[float, ...]):
-    """Start the driver, wait for `wait_for` on stderr, send SIGINT after each delay."""
+def _run(tmp_path: Path, phase: str, wait_for: str, delays: tuple[float, ...],
+         sig: int = signal.SIGINT, timings: Optional[list] = None):
+    """Start the driver, wait for `wait_for` on stderr, send `sig` after each delay (and
+    append to `timings` the seconds from the last signal to the exit)."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     out = tmp_path / "p.yaml"
@@ -100,19 +133,25 @@ def _run(tmp_path: Path, phase: str, wait_for: str, delays: tuple[float, ...]):
     for d in delays:
         time.sleep(d)
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
+    sent = time.monotonic()
     stdout, stderr = proc.communicate(timeout=60)
+    if timings is not None:
+        timings.append(time.monotonic() - sent)
     return proc.returncode, "".join(seen) + stderr, out
 
 
+MARKERS = ("GO", "SWEEP", "BUILD", "WRITE", "SWALLOW", "IMPORT", "SUMMARY")
+
+
 def _check(rc: int, stderr: str, out: Path, old: str | None) -> dict | None:
-    assert rc in (0, 130), (rc, stderr)
+    assert rc in (0, 130, 143), (rc, stderr)
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
-    if rc == 130:
+    if rc in (130, 143):
         lines = [ln for ln in stderr.splitlines()
-                 if ln and ln not in ("GO", "SWEEP", "BUILD", "WRITE", "SWALLOW")
-                 and not ln.startswith("warning:")]
-        assert len(lines) == 1 and "interrupted" in lines[0], stderr
+                 if ln and ln not in MARKERS and not ln.startswith("warning:")]
+        word = "interrupted" if rc == 130 else "terminated"
+        assert len(lines) == 1 and word in lines[0], stderr
     if not out.exists():
         assert old is None
         return None
@@ -170,6 +209,36 @@ def test_an_interrupt_a_library_swallowed_still_ends_with_130(tmp_path):
     rc, stderr, out = _run(tmp_path, "swallow", "SWALLOW", (0.1,))
     assert rc == 130, stderr
     _check(rc, stderr, out, None)
+
+
+def test_sigterm_is_handled_as_ctrl_c_is(tmp_path):
+    """SIGTERM during the sweep: the partial profile is kept, one line, exit 143."""
+    rc, stderr, out = _run(tmp_path, "sweep", "SWEEP", (0.02,), sig=signal.SIGTERM)
+    assert rc == 143, stderr
+    profile = _check(rc, stderr, out, None)
+    assert profile is not None and profile["provenance"].get("partial") is True
+    assert "terminated: partial profile written" in stderr
+
+
+def test_ctrl_c_inside_an_import_stops_the_work_once_the_import_is_done(tmp_path):
+    """A library whose import swallows KeyboardInterrupt (torch's can): the signal is
+    delivered when the import ends, so the work after it never runs (it would take 8 s)."""
+    took: list = []
+    rc, stderr, out = _run(tmp_path, "import", "IMPORT", (0.2,), timings=took)
+    assert rc == 130, stderr
+    _check(rc, stderr, out, None)
+    assert took[0] < 4, took
+
+
+def test_ctrl_c_late_in_a_long_sweep_leaves_at_once(tmp_path):
+    """Configurations are summarised as the sweep goes: a Ctrl-C leaves at most one to
+    summarise (32 here, 0.15 s each, took 4.8 s more when all waited for the end)."""
+    took: list = []
+    rc, stderr, out = _run(tmp_path, "summaries", "SUMMARY", (0.05,), timings=took)
+    assert rc == 130, stderr
+    profile = _check(rc, stderr, out, None)
+    assert profile is not None and profile["provenance"].get("partial") is True
+    assert took[0] < 2.5, took
 
 
 def test_held_defers_and_released_raises():

@@ -121,6 +121,11 @@ DTYPES = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
           (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)]
 
 
+# Triton's interpreter evaluates SGLang's ring kernel on masked-out lanes too, where exp of
+# a large log decay overflows and 0 * inf gives NaN: expected there (the lanes are never
+# stored), and the comparisons below (NaN < tol is False) hold the outputs finite
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning",
+                            "ignore:invalid value encountered in multiply:RuntimeWarning")
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**16), tokens=st.sampled_from([2, 3, 4, 5, 8, 9, 16, 17, 32, 64]),
        batch=st.integers(1, 3), steps=st.integers(2, 4), dtypes=st.sampled_from(DTYPES),

@@ -83,11 +83,14 @@ def test_tune_kernels_dry_run_shape_column_is_whole():
 
     console = Console(width=80, record=True, color_system=None)
     console.print(space_table([{"kernel": "tree_verify", "shape": "H16-HV32-K128-V128",
-                                "models": ["Qwen/Qwen3.5-9B"], "space": {"BV": [16, 32]},
-                                "size": 2, "default": "BV32 w4 s1"}]))
+                                "models": ["Qwen/Qwen3.5-9B"],
+                                "space": {"VSPLIT": [1, 2, 4], "BV": [16, 32, 64, 128],
+                                          "num_warps": [2, 4, 8]},
+                                "size": 288, "default": "VSPLIT4 BV32 BK64 w4 s1"}]))
     text = console.export_text()
     assert "…" not in text
-    assert "V128" in text and all(len(ln) <= 80 for ln in text.splitlines())
+    assert all(len(ln) <= 80 for ln in text.splitlines())
+    assert "H16-HV32-K128-V128" in text  # a bucket's name is never split across lines
 
 
 def test_inspect_tree_words_and_titles():
@@ -95,7 +98,10 @@ def test_inspect_tree_words_and_titles():
                 "--model", "9b", "--batch", "8")
     assert "depth 8 below the verified token" in text
     assert "depth 9" not in text
-    assert "levels" in text  # the table's column: nodes on the longest root path
+    # "depth" as --depth means it: draft levels below the verified token, which is d=0
+    assert "depth: draft levels below the verified token [0] (as --depth)" in " ".join(
+        text.split())
+    assert "d=8" in text and "d=9" not in text and "levels" not in text.split("Summary")[1][:200]
     assert "1 request," in text and "1 request(s)" not in text
     assert "8 requests in flight, each verifying up to 16 nodes" in text
     assert "batch 8 x 16 nodes" not in text
@@ -171,3 +177,78 @@ def test_readme_words():
     assert tests and all(".whl/" in p and ".ci/run" in p for p in tests)
     cpu = [p for p in paragraphs if "Run on CPU" in p]
     assert cpu and all(".whl/" in p for p in cpu)
+
+
+# ---- issue 33: the edges a user hits at 80 columns -------------------------------------
+
+def test_every_command_summary_is_one_paragraph_line():
+    """`bole --help` shows a command's first paragraph as it is written: a line break in
+    it shows as a break mid-sentence."""
+    root = typer.main.get_command(cli.app)
+    for name, cmd in root.commands.items():
+        first = (cmd.help or "").strip().split("\n\n")[0]
+        assert "\n" not in first, (name, first)
+
+
+def test_flags_take_no_second_help_column():
+    """A `--plot/--no-plot` pair gets a column of its own in Rich help, leaving the help
+    text about 32 columns: every flag is one name."""
+    root = typer.main.get_command(cli.app)
+
+    def walk(cmd, path):
+        for sub_name, sub in (getattr(cmd, "commands", None) or {}).items():
+            yield from walk(sub, path + [sub_name])
+        for p in getattr(cmd, "params", []):
+            yield path, p
+
+    for path, p in walk(root, []):
+        assert not getattr(p, "secondary_opts", None), (path, p.opts, p.secondary_opts)
+    assert len(show("calibrate", "--help").splitlines()) <= 56
+
+
+def test_serve_command_is_printed_outside_the_panel_to_paste(tmp_path):
+    import subprocess
+
+    text = show("serve", "--gpu", "h200", "--model", "9b", "--dry-run")
+    after = text[text.rindex("╰"):].splitlines()[1:]  # below the panel's last border line
+    assert after and after[0] == "BOLE_CHAINS=1 SGLANG_PLUGINS=bole \\"
+    assert not any("│" in ln for ln in after)
+    assert all(ln.endswith(" \\") for ln in after[:-1]) and not after[-1].endswith("\\")
+    script = tmp_path / "cmd.sh"
+    script.write_text("\n".join(after) + "\n")
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert "launch_server" not in text[:text.rindex("╰")]
+
+
+def test_inspect_tree_header_keeps_its_pairs_on_one_line():
+    text = show("inspect-tree", "--synthetic", "--depth", "8", "--topk", "4", "--seed", "0")
+    head = text.splitlines()[:2]
+    assert head[0].startswith("synthetic EAGLE-style beam (seed 0): 1 request,")
+    assert head[1] == "depth 8 below the verified token [0], top-k 4"
+
+
+def test_bench_e2e_table_keys_are_left_aligned():
+    from bole_cli.bench.e2e import report
+
+    src = Path(report.__file__).read_text()
+    assert src.count("caption=") == src.count('caption_justify="left"')
+
+
+def test_calibrate_plot_marks_the_decision_and_what_it_buys(monkeypatch, tmp_path):
+    """Each bucket's decision sits on its curve, labelled with its speedup; a bucket whose
+    decision is a chain gets no tree's N* star (the shipped H200 9B profile has chains)."""
+    from bole_cli.calibrate.plot import plot_profile
+    from bole_cli.profiles import load_profile
+
+    seen = _captured_figure(monkeypatch)
+    profile = load_profile(REPO / "profiles" / "h200" / "Qwen3.5-9B.yaml")
+    plot_profile(profile, tmp_path / "p.png")
+    fig = seen["fig"]
+    texts = _texts(fig)
+    decided = [(c["decision"]["chosen"], c) for c in profile["configs"]
+               if c.get("decision") and c["decision"]["chosen"]["mode"] != "none"]
+    assert any(ch["mode"] == "chain" for ch, _ in decided)
+    for chosen, _ in decided:
+        assert f"{chosen['label']} {chosen['speedup']:.2f}x" in texts
+    stars = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_marker() == "*"]
+    assert stars == []

@@ -1,4 +1,5 @@
-"""Where a `bole bench` run's results go: STEM.json and STEM.png under --out-dir.
+"""Where a `bole bench` run's results go: STEM.json and STEM.png under --out-dir, by
+default the user's cache (bole_cli/paths.py `results_dir`), never the working directory.
 
 Light (no torch, no matplotlib at import): commands/bench.py imports it on the `--help`
 path. The default stem says what ran, where and on which model: kernels-h200-qwen3.5-9b.
@@ -9,15 +10,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
-from bole_cli.errors import InputError
+from bole_cli.errors import BoleError, InputError, brief
+
+#: The longest suffix a result file gets; a --tag leaves room for it in a file name.
+_SUFFIX = ".json"
 
 
 def check_tag(tag: Optional[str]) -> Optional[str]:
-    """--tag as given when it is a plain name (never a path out of --out-dir); commands
-    call this before any work, so a bad tag costs no benchmark."""
+    """--tag as given when it is a plain name (never a path out of --out-dir) that fits a
+    file name with its suffix; commands call this before any work, so a bad tag costs no
+    benchmark."""
     if tag is not None and (not tag or "/" in tag or "\\" in tag or tag in (".", "..")):
-        raise InputError(f"--tag: {tag!r} must be a plain file name stem (no path)")
+        raise InputError(f"--tag: {brief(tag)} must be a plain file name stem (no path)")
     return tag
+
+
+def check_outputs(out_dir: Optional[Path], tag: Optional[str]) -> Path:
+    """The folder the results go to (--out-dir, else the cache's results/), checked with
+    the tag's file names before any work: InputError names --tag or --out-dir."""
+    from bole_cli.console import check_name_lengths, check_writable
+    from bole_cli.paths import results_dir
+
+    check_tag(tag)
+    folder = results_dir() if out_dir is None else Path(out_dir)
+    if tag is not None:
+        check_name_lengths(Path(tag + _SUFFIX), "--tag")
+    check_writable(folder / f"{tag or 'results'}{_SUFFIX}", "--out-dir")
+    return folder
 
 
 def result_stem(tag: Optional[str], kind: str, device: str, model: str) -> str:
@@ -29,9 +48,20 @@ def result_stem(tag: Optional[str], kind: str, device: str, model: str) -> str:
 
 
 def write_results(data: dict, plot: Callable[[Path], None], out_dir: Path, stem: str) -> Path:
-    """STEM.json (atomic) and STEM.png (plot(path)) under out_dir; returns the JSON path."""
-    from bole_cli.console import atomic_write_text, dumps_json
+    """STEM.json (atomic) and STEM.png (plot(path)) under out_dir; returns the JSON path.
 
-    json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
-    plot(out_dir / f"{stem}.png")
+    Both are written with Ctrl-C and SIGTERM held (bole_cli/interrupts.py), so a signal
+    never leaves one without the other; the JSON (the measurements) goes first, and a plot
+    that fails after it (a full disk) is a BoleError that says the JSON was kept."""
+    from bole_cli.console import atomic_write_text, dumps_json
+    from bole_cli.interrupts import held
+
+    with held():
+        json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
+        png_path = out_dir / f"{stem}.png"
+        try:
+            plot(png_path)
+        except (OSError, BoleError) as exc:
+            raise BoleError(f"wrote {json_path}, but not its plot {png_path.name}: "
+                            f"{exc}") from None
     return json_path

@@ -82,7 +82,8 @@ from typing import Any, Optional, Sequence
 
 from bole_cli.calibrate.ranks import (DEFAULT_RANK_FACTOR, DEFAULT_TOP_K, DEPTH_DECAY,  # noqa: F401
                                      PAPER_BUDGET, PAPER_DEPTH, rank_matrix)
-from bole_cli.errors import InputError
+from bole_cli.errors import InputError, brief
+from bole_cli.limits import MAX_TREE_DRAFTS, MAX_TREE_NODES
 
 # preset -> the paper's mean accepted tokens (depth 8, top-k 4, budget 128), and the depth-1
 # top-1 acceptance fitted to it with fit_preset_a1 (tests/test_calibrate.py checks the fit).
@@ -273,9 +274,59 @@ def _numbers(value: Any, where: str, *, lo: float = 0.0, hi: float = math.inf) -
     ):
         raise InputError(f"{where}: expected a non-empty list of numbers")
     for i, x in enumerate(value):
-        if not (lo <= x <= hi):
-            raise InputError(f"{where}[{i}]: {x} is outside [{lo}, {hi}]")
+        if not (lo <= x <= hi and _finite(x)):
+            raise InputError(f"{where}[{i}]: {brief(x)} is not a finite number in [{lo}, {hi}]")
     return [float(x) for x in value]
+
+
+def _finite(x: "int | float") -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int past float's range
+        return False
+
+
+def _at_most_drafts(count: int, where: str, what: str) -> None:
+    if count > MAX_TREE_DRAFTS:
+        raise InputError(f"{where}: {count} {what}; a tree of at most {MAX_TREE_NODES} nodes "
+                         f"uses at most {MAX_TREE_DRAFTS}")
+
+
+def check_rank_rows(rows: Any, where: str) -> list[list[float]]:
+    """per_depth_rank, from a file or a profile: a list of per-rank probability rows (each
+    summing to at most 1), at most MAX_TREE_DRAFTS depths and ranks."""
+    if not isinstance(rows, list) or not rows:
+        raise InputError(f"{where}: expected a list of per-rank lists")
+    _at_most_drafts(len(rows), where, "depths")
+    q = []
+    for d, row in enumerate(rows):
+        row = _numbers(row, f"{where}[{d}]", hi=1.0)
+        _at_most_drafts(len(row), f"{where}[{d}]", "ranks")
+        if math.fsum(row) > 1 + 1e-9:
+            raise InputError(f"{where}[{d}]: probabilities sum above 1")
+        q.append(row)
+    return q
+
+
+def check_curve(curve: Any, where: str) -> tuple[list[float], list[float]]:
+    """A measured curve {n, e_acc}, from a file or a profile: n strictly increasing tree
+    tokens, e_acc non-decreasing committed tokens (bonus included), finite, at least 1 and
+    never more than the n tokens verified (n - 1 drafts and the bonus token)."""
+    if not isinstance(curve, dict):
+        raise InputError(f"{where}: expected a mapping with n and e_acc")
+    ns = _numbers(curve.get("n"), f"{where}.n", lo=1.0)
+    es = _numbers(curve.get("e_acc"), f"{where}.e_acc", lo=1.0)
+    if len(ns) != len(es):
+        raise InputError(f"{where}: n and e_acc differ in length")
+    if any(b <= a for a, b in zip(ns, ns[1:])):
+        raise InputError(f"{where}.n: expected strictly increasing values")
+    if any(b < a for a, b in zip(es, es[1:])):
+        raise InputError(f"{where}.e_acc: expected non-decreasing values")
+    for i, (n, e) in enumerate(zip(ns, es)):
+        if e > n:
+            raise InputError(f"{where}.e_acc[{i}]: {e:g} committed tokens from a tree of "
+                             f"{n:g}; at most {n:g} (its drafts and the bonus token)")
+    return ns, es
 
 
 def from_data(data: Any, source: str) -> AcceptanceModel:
@@ -287,6 +338,7 @@ def from_data(data: Any, source: str) -> AcceptanceModel:
     rank_factor = data.get("rank_factor", DEFAULT_RANK_FACTOR)
     if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
         raise InputError(f"{source}: top_k: expected a positive integer")
+    _at_most_drafts(top_k, f"{source}: top_k", "ranks")
     if not isinstance(rank_factor, (int, float)) or not 0 <= rank_factor <= 1:
         raise InputError(f"{source}: rank_factor: expected a number in [0, 1]")
     present = [k for k in ("per_depth", "per_depth_rank", "curve", "accepted_length_histogram")
@@ -306,34 +358,17 @@ def from_data(data: Any, source: str) -> AcceptanceModel:
         return AcceptanceModel(name, fit.source, q=fit.q, measured=fit.measured)
     if key == "per_depth":
         per_depth = _numbers(data[key], f"{source}: per_depth", hi=1.0)
+        _at_most_drafts(len(per_depth), f"{source}: per_depth", "depths")
         return AcceptanceModel(name, f"file {source} (per-depth top-1, top-k {top_k})",
                                q=rank_matrix(per_depth, top_k, float(rank_factor)))
     if key == "per_depth_rank":
-        rows = data[key]
-        if not isinstance(rows, list) or not rows:
-            raise InputError(f"{source}: per_depth_rank: expected a list of per-rank lists")
-        q = []
-        for d, row in enumerate(rows):
-            row = _numbers(row, f"{source}: per_depth_rank[{d}]", hi=1.0)
-            if sum(row) > 1 + 1e-9:
-                raise InputError(f"{source}: per_depth_rank[{d}]: probabilities sum above 1")
-            q.append(row)
+        q = check_rank_rows(data[key], f"{source}: per_depth_rank")
         if "measurement" in data:
             summary = _check_measurement(data["measurement"], q, source)
             return AcceptanceModel(name, f"file {source} (measured: {summary['what']})", q=q,
                                    measured=summary)
         return AcceptanceModel(name, f"file {source} (per-depth, per-rank)", q=q)
-    curve = data[key]
-    if not isinstance(curve, dict):
-        raise InputError(f"{source}: curve: expected a mapping with n and e_acc")
-    ns = _numbers(curve.get("n"), f"{source}: curve.n", lo=1.0)
-    es = _numbers(curve.get("e_acc"), f"{source}: curve.e_acc", lo=1.0)
-    if len(ns) != len(es):
-        raise InputError(f"{source}: curve: n and e_acc differ in length")
-    if any(b <= a for a, b in zip(ns, ns[1:])):
-        raise InputError(f"{source}: curve.n: expected strictly increasing values")
-    if any(b < a for a, b in zip(es, es[1:])):
-        raise InputError(f"{source}: curve.e_acc: expected non-decreasing values")
+    ns, es = check_curve(data[key], f"{source}: curve")
     if ns[0] > 1:
         ns, es = [1.0] + ns, [1.0] + es
     return AcceptanceModel(name, f"file {source} (measured curve)", curve_n=ns, curve_e=es)

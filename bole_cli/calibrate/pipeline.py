@@ -21,6 +21,7 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID,
                                         DEFAULT_KV_LENS, MAX_EPS)
 from bole_cli.errors import BoleError, InputError
+from bole_cli.parsing import check_int
 
 #: progress(total steps) -> a context whose value is called with each step's description.
 Progress = Callable[[int], ContextManager[Callable[[str], None]]]
@@ -35,8 +36,9 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
                    plot: bool = False) -> None:
     """Refuse an --out that cannot take this profile (or its plot) before a sweep is spent
     on it: a folder, the plot's name, an unwritable place, another model's profile."""
-    from bole_cli.console import check_writable
+    from bole_cli.console import check_name_lengths, check_writable
 
+    check_name_lengths(path, what)
     if path.is_dir():
         raise InputError(f"{what}: {path} is a directory; give a .yaml file path")
     if path.suffix.lower() == ".png":
@@ -139,6 +141,24 @@ class CalibrationResult:
     warnings: list[str]
     profile: dict
     interrupted: bool
+    #: which profile `bole serve` takes for this GPU and model, when it is not this one
+    served: Optional[str] = None
+
+
+def served_instead(plan: "CalibrationPlan") -> Optional[str]:
+    """One line when `bole serve` would take another profile than the one just written:
+    a measured profile of the same GPU and model (shipped, or in the cache) wins over an
+    estimate (bole_cli/profiles/lookup.py), so an ESTIMATED table is not what is served."""
+    from bole_cli.profiles import find_profile, load_profile
+
+    found = find_profile(plan.gpu_spec, plan.model_spec)
+    if found is None or found.resolve() == plan.path.resolve():
+        return None
+    kind = load_profile(found)["provenance"]["kind"]
+    return (f"a {kind} profile for {plan.model_spec.name} on {plan.gpu_spec.name} is in "
+            f"{found}; `bole serve` uses that one, not this "
+            f"{'estimate' if not plan.measured else 'profile'} (serve --profile "
+            f"{plan.path} to use this)")
 
 
 def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int],
@@ -162,8 +182,7 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
         raise InputError("--measure and --estimate exclude each other")
     if repeats < 1 or warmup < 0:
         raise InputError("--repeats must be >= 1 and --warmup >= 0")
-    if layers_sample is not None and layers_sample < 1:
-        raise InputError(f"--layers-sample: must be >= 1, got {layers_sample}")
+    check_int(layers_sample, "--layers-sample")
     gpu_spec = resolve_gpu(gpu)
     model_spec = resolve_model(model)
     acc = load_acceptance(acceptance)
@@ -245,7 +264,8 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             with released():  # ... but during the sweep it stops the sweep
                 with (progress(steps) if plan.measured and progress else nullcontext()) as on_step:
                     sweep = run_sweep(forward, plan.batches, plan.kvs, plan.points,
-                                      plan.timing, on_step=on_step, extras=extras)
+                                      plan.timing, on_step=on_step, extras=extras,
+                                      eps=plan.eps, acceptance=plan.acceptance)
         except KeyboardInterrupt:
             if sweep is None:  # nothing measured yet
                 raise
@@ -275,4 +295,5 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
         except KeyboardInterrupt:  # the profile is written; only the picture is lost
             interrupted = True
     return CalibrationResult(path=plan.path, plot_path=plot_path, label=plan.label,
-                             warnings=warnings, profile=profile, interrupted=interrupted)
+                             warnings=warnings, profile=profile, interrupted=interrupted,
+                             served=served_instead(plan))

@@ -1,4 +1,5 @@
-"""The calibration plot: T_ver / T_dec against N per batch size, knee and N* marked."""
+"""The calibration plot: T_ver / T_dec against N per batch size, the knee (B_ver) and the
+decision marked: what to run at each batch and what it buys (docs/design.md §8)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,20 @@ def _ratio_scale(ratios: list, eps: float):
     return forward, inverse, sorted(set(round(t, 4) for t in ticks))
 
 
+def decision_mark(cfg: dict) -> "tuple[int, str] | None":
+    """(N, text) of a bucket's decision on its curve: a tree at its budget, a chain at
+    its size, labelled with what it buys ('chain d=6 2.64x'); None without a decision or
+    for no speculation (nothing on the verify curve to mark)."""
+    chosen = (cfg.get("decision") or {}).get("chosen")
+    if not chosen or chosen.get("mode") == "none" or chosen.get("budget") not in cfg["n"]:
+        return None
+    return chosen["budget"], f"{chosen.get('label', chosen['mode'])} {chosen['speedup']:.2f}x"
+
+
 def plot_profile(profile: dict, path: "str | os.PathLike[str]") -> Path:
     """One panel per KV bucket, one line per batch size; a circle marks B_ver (the knee
-    of Eq. 12), a star N*, the dashed line the (1 + eps) threshold. Saved atomically."""
+    of Eq. 12), a filled diamond the decision with its speedup over plain decoding, the
+    dashed line the (1 + eps) threshold. Saved atomically."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
@@ -60,9 +72,12 @@ def plot_profile(profile: dict, path: "str | os.PathLike[str]") -> Path:
             ax.plot(cfg["n"], ratio, "-", color=color, lw=1.4, label=f"batch {cfg['batch']}")
             i = cfg["n"].index(cfg["b_ver"])
             ax.plot([cfg["b_ver"]], [ratio[i]], "o", color=color, ms=7, mfc="none", mew=1.6)
-            if cfg.get("n_star") is not None:
-                j = cfg["n"].index(cfg["n_star"])
-                ax.plot([cfg["n_star"]], [ratio[j]], "*", color=color, ms=10)
+            mark = decision_mark(cfg)
+            if mark is not None:  # what to run here, and what it buys
+                j = cfg["n"].index(mark[0])
+                ax.plot([mark[0]], [ratio[j]], "D", color=color, ms=7)
+                ax.annotate(mark[1], (mark[0], ratio[j]), textcoords="offset points",
+                            xytext=(5, 4), fontsize=6.5, color=color, parse_math=False)
         ax.axhline(1 + eps, ls="--", color="0.4", lw=1)
         ax.set_xscale("log", base=2)
         ax.set_yscale("function", functions=(forward, inverse))
@@ -77,7 +92,8 @@ def plot_profile(profile: dict, path: "str | os.PathLike[str]") -> Path:
     axes[0].set_ylabel("T_ver(N) / T_dec")
     handles, _ = axes[0].get_legend_handles_labels()
     handles += [Line2D([], [], marker="o", ls="", mfc="none", color="0.3", label="B_ver (Eq. 12)"),
-                Line2D([], [], marker="*", ls="", color="0.3", ms=10, label="N* (throughput)"),
+                Line2D([], [], marker="D", ls="", color="0.3", ms=7,
+                       label="decision, speedup\nover plain decoding"),
                 Line2D([], [], ls="--", color="0.4", label=f"1 + eps = {1 + eps:g}")]
     fig.legend(handles=handles, fontsize=7, loc="outside right upper")  # off the data
     prov = profile.get("provenance", {})

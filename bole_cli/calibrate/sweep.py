@@ -109,6 +109,9 @@ class ConfigCurve:
     noisy: list[int] = field(default_factory=list)  # grid points (0 = the decode step)
     draft_level: list[float] = field(default_factory=list)  # rows per request 1..K
     sample: Optional[tuple[float, float]] = None  # (fixed, per token) seconds
+    #: summarise()'s result, made as the sweep goes (run_sweep with eps), so a Ctrl-C
+    #: leaves at most one configuration to summarise before the profile is written
+    summary: Optional[tuple[dict, bool]] = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -173,7 +176,8 @@ def _time_extras(forward: Any, curve: ConfigCurve, extras: Extras, timing: "Timi
 def run_sweep(forward: Forward, batches: Sequence[int], kv_lens: Sequence[int],
               grid: Sequence[int], timing: Timing = Timing(),
               on_step: Optional[Callable[[str], None]] = None,
-              extras: Extras = Extras()) -> SweepResult:
+              extras: Extras = Extras(), eps: Optional[float] = None,
+              acceptance: Optional[AcceptanceModel] = None) -> SweepResult:
     """Time T_dec and T_ver(N) for every configuration (kv_len outer, batch inner).
 
     Ctrl-C (KeyboardInterrupt) stops the sweep and keeps what was measured: complete
@@ -181,6 +185,8 @@ def run_sweep(forward: Forward, batches: Sequence[int], kv_lens: Sequence[int],
     were measured. A point that raises (out of memory, say) ends its configuration there:
     the points before it are kept, the rest of its steps are skipped, and the error is
     listed in `failures`. `on_step(description)` is called after every timed point.
+    With `eps`, each configuration is summarised (`summarise`, with `acceptance`) as soon
+    as it is measured, so the profile of a cut sweep is written at once.
     """
     result = SweepResult(curves=[])
     step = on_step or (lambda _desc: None)
@@ -233,7 +239,9 @@ def run_sweep(forward: Forward, batches: Sequence[int], kv_lens: Sequence[int],
                     result.curves.append(current)
                 for _ in range(per_config - done[0]):
                     step(f"batch {b}, kv {kv}: skipped")
-                current = None
+                kept, current = current, None
+                if eps is not None and kept.n:
+                    kept.summary = summarise(kept, eps, acceptance)
     except KeyboardInterrupt:
         result.interrupted = True
         if current is not None and current.n:
@@ -312,7 +320,7 @@ def build_profile(*, gpu_key: str, model_name: str, kind: str, sweep: SweepResul
     warnings: list[str] = []
     configs = []
     for curve in sweep.curves:
-        entry, fallback = summarise(curve, eps, acceptance)
+        entry, fallback = curve.summary or summarise(curve, eps, acceptance)
         configs.append(entry)
         if fallback:
             warnings.append(

@@ -140,11 +140,31 @@ def _mismatch(name: str, memory_bytes: int, spec: GpuSpec) -> str:
     return ""
 
 
+#: The CUDA driver's library under each system's name.
+_CUDA_DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+
+
+def cuda_driver_missing() -> bool:
+    """True when no CUDA driver library loads, so no GPU can be present: known in
+    milliseconds, before torch's import (seconds) is paid for a refusal."""
+    import ctypes
+
+    for name in _CUDA_DRIVER_LIBRARIES:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return False
+    return True
+
+
 def detect_gpu(index: Optional[int] = None) -> Optional[DetectedGpu]:
     """The present CUDA device (the current one unless `index`), or None without CUDA.
 
-    Imports torch, so call it only when the answer is needed.
+    Imports torch when a CUDA driver is present, so call it only when the answer is needed.
     """
+    if cuda_driver_missing():
+        return None
     try:
         import torch
     except ImportError:

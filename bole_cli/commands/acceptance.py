@@ -82,18 +82,19 @@ def acceptance(
                                          help="cuda or cpu (default: cuda when present)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Acceptance file to write "
                                        "(.yaml or .json; default ./acceptance-<model>.yaml)."),
-    plot: bool = typer.Option(True, "--plot/--no-plot", help="Save a PNG next to the file."),
+    no_plot: bool = typer.Option(False, "--no-plot", help="Save no PNG next to the file."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Measure the model's own MTP acceptance per draft depth and rank on your prompts;
-    write a file that calibrate and bench e2e read."""
+    """Measure the model's own MTP acceptance per draft depth and rank on your prompts.
+
+    Writes the acceptance file that calibrate and bench e2e read (--acceptance FILE)."""
     from rich.markup import escape
 
     from bole_cli.console import emit_json, err, out as console
     from bole_cli.mtp.run import AcceptanceOptions, run_acceptance
 
     opts = AcceptanceOptions(model=model, prompts=prompts, depth=depth, topk=topk,
-                             max_new=max_new, device=device, out=out, plot=plot)
+                             max_new=max_new, device=device, out=out, plot=not no_plot)
     result = run_acceptance(opts, progress=None if json_out else _progress)
     if json_out:
         emit_json({"path": str(result.path),
@@ -113,9 +114,11 @@ def acceptance(
         console.print(f"next: bole calibrate --gpu GPU --model M --acceptance "
                       f"{escape(str(result.path))}")
     if result.interrupted:
-        err.print(f"[yellow]interrupted:[/] partial acceptance file written to "
+        from bole_cli.interrupts import exit_code, reason
+
+        err.print(f"[yellow]{reason()}:[/] partial acceptance file written to "
                   f"{escape(str(result.path))}")
-        raise typer.Exit(130)
+        raise typer.Exit(exit_code())
 
 
 def register(app: typer.Typer) -> None:

@@ -13,13 +13,35 @@ from typing import Optional
 
 import typer
 
-from bole_cli.bench.results import check_tag, result_stem, write_results
-from bole_cli.console import check_writable
+from bole_cli.bench.results import check_outputs, result_stem, write_results
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES, VERIFY_PRECISIONS
 from bole_cli.parsing import parse_int_list
 
-bench_app = typer.Typer(help="GPU benchmarks (need CUDA).", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks: kernels (CUDA) and end to end (CUDA, or a CPU smoke "
+                             "run with --device cpu --tiny).", no_args_is_help=True)
+OUT_DIR_HELP = ("Where the JSON and PNG go [the cache: ~/.cache/bole/results]; the "
+                "repository's records: experiments/results.")
+
+
+def _say_written(json_path: Path, json_out: bool) -> None:
+    """Where the results went: on stderr under --json (stdout holds the data)."""
+    from bole_cli.console import err, out
+
+    (err if json_out else out).print(f"wrote {json_path} and {json_path.with_suffix('.png')}",
+                                     markup=False, soft_wrap=True)
+
+
+def _need_cuda(why: str) -> None:
+    """Refuse without CUDA: without a driver at once, before torch's import."""
+    from bole_cli.catalog.hardware import cuda_driver_missing
+
+    if cuda_driver_missing():
+        raise BoleError(why)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BoleError(why)
 
 
 def kernels_cmd(
@@ -33,7 +55,7 @@ def kernels_cmd(
                                   help="Verify dots: auto (as served: tf32 for 16-bit activations, "
                                        "tf32x3 for float32), tf32, tf32x3, ieee."),
     no_sglang: bool = typer.Option(False, "--no-sglang", help="Time Bole alone (no SGLang baseline)."),
-    out_dir: Path = typer.Option(Path("experiments/results"), "--out-dir", help="Where the JSON and PNG go."),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help=OUT_DIR_HELP),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: kernels-<gpu>-<model>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -41,27 +63,21 @@ def kernels_cmd(
     from bole_cli.catalog.models import resolve_model
     from bole_cli.console import emit_json, err, out
 
-    check_tag(tag)
-    check_writable(out_dir / "results.json", "--out-dir")
+    out_dir = check_outputs(out_dir, tag)
     spec = resolve_model(model)
     batches = parse_int_list(batch, "--batch")
-    node_list = parse_int_list(nodes, "--nodes")
+    node_list = parse_int_list(nodes, "--nodes", maximum=MAX_TREE_NODES)
     tree_kinds = [t.strip() for t in trees.split(",") if t.strip()]
     bad = [t for t in tree_kinds if t not in ("random", "chain")]
     if bad or not tree_kinds:
         raise InputError(f"--trees: expected random and/or chain, got {trees!r}")
-    if max(node_list) > MAX_TREE_NODES:
-        raise InputError(f"--nodes: at most {MAX_TREE_NODES} nodes per request")
     for name, value, allowed in (("--dtype", dtype, ("bfloat16", "float16", "float32")),
                                  ("--state-dtype", state_dtype, KERNEL_STATE_DTYPES)):
         if value not in allowed:
             raise InputError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
     if precision not in ("auto",) + VERIFY_PRECISIONS:
         raise InputError(f"--precision: expected auto or one of {', '.join(VERIFY_PRECISIONS)}, got {precision!r}")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise BoleError("bole bench kernels needs a CUDA GPU (timings on CPU would mean nothing)")
+    _need_cuda("bole bench kernels needs a CUDA GPU (timings on CPU would mean nothing)")
     from bole_cli.bench import kernel_report
     from bole_cli.bench.kernel_bench import run_kernel_bench
 
@@ -86,7 +102,7 @@ def kernels_cmd(
             out.print(t)
         for line in kernel_report.notes(result, data):
             out.print(line, markup=False)
-        out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
+    _say_written(json_path, json_out)
     if result.interrupted:
         if result.disagreements:
             err.print(f"{len(result.disagreements)} measured cell(s) where SGLang's and Bole's results "
@@ -149,15 +165,14 @@ def e2e_cmd(
     tiny: bool = typer.Option(False, "--tiny", help="A tiny 8-layer hybrid model instead of --model (smoke runs)."),
     no_graphs: bool = typer.Option(False, "--no-graphs", help="Run eagerly (no CUDA graphs)."),
     seed: int = typer.Option(0, "--seed", help="Weights, prompts and the acceptance draws."),
-    out_dir: Path = typer.Option(Path("experiments/results"), "--out-dir", help="Where the JSON and PNG go."),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help=OUT_DIR_HELP),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: e2e-<gpu>-<model>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Autoregressive vs snapshot-tree vs Bole decoding end to end (acceptance simulated, costs measured)."""
     from bole_cli.console import emit_json, err, out
 
-    check_tag(tag)
-    check_writable(out_dir / "results.json", "--out-dir")
+    out_dir = check_outputs(out_dir, tag)
     from bole_cli.bench.e2e.options import check_options
 
     use = check_options(dict(batch=batch, context=context, depth=depth, topk=topk, steps=steps,
@@ -165,6 +180,9 @@ def e2e_cmd(
                         tiny=tiny, acceptance=acceptance, tree_budgets=tree_budgets,
                         tree_shapes=tree_shapes, device=device, dtype=dtype, max_batch=max_batch,
                         max_probes=max_probes, probe_nodes=probe_nodes)
+    if device == "cuda":
+        _need_cuda("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
+                   "for a smoke run use --device cpu --tiny")
     from bole_cli.bench.e2e.plan import parse_budget
 
     budget_policy = parse_budget(budget)
@@ -174,11 +192,6 @@ def e2e_cmd(
         from bole_cli.catalog.models import resolve_model
 
         spec = resolve_model(model)
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BoleError("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
-                        "for a smoke run use --device cpu --tiny")
     from bole_cli.bench.e2e.harness import E2EConfig, run_e2e
     from bole_cli.bench.e2e.report import notes, plot, tables
 
@@ -202,7 +215,7 @@ def e2e_cmd(
             out.print(t)
         for line in notes(data):
             out.print(line, markup=False)
-        out.print(f"wrote {json_path} and {json_path.with_suffix('.png')}", markup=False)
+    _say_written(json_path, json_out)
     exact = data.get("greedy_exact")
     if exact is not None and not exact["identical"]:
         why = (exact["mismatches"] or exact["failed"] or ["no two decoders ran to compare"])[0]

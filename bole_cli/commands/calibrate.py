@@ -104,7 +104,7 @@ def calibrate(
         None, "--layers-sample", metavar="K",
         help="Measured path: time K blocks of four layers and scale to the full depth."),
     note: str = typer.Option("", "--note", help="Free text stored as provenance.note."),
-    plot: bool = typer.Option(True, "--plot/--no-plot", help="Save a PNG next to the profile."),
+    no_plot: bool = typer.Option(False, "--no-plot", help="Save no PNG next to the profile."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Decide how to speculate per batch size and KV length; write a profile and a plot."""
@@ -118,7 +118,7 @@ def calibrate(
         kvs=parse_int_list(kv, "--kv", maximum=MAX_KV_LEN),
         points=parse_int_list(grid, "--grid", maximum=MAX_GRID_POINT), eps=eps, out=out,
         measure=measure_, estimate=estimate, acceptance=acceptance, repeats=repeats,
-        warmup=warmup, layers_sample=layers_sample, note=note, plot=plot)
+        warmup=warmup, layers_sample=layers_sample, note=note, plot=not no_plot)
     if plan.measured and plan.detected.mismatch:
         err.print(f"[yellow]note:[/] {escape(plan.detected.mismatch)}")
 
@@ -126,11 +126,12 @@ def calibrate(
         if not json_out:
             console.print(f"[bold {'green' if plan.measured else 'yellow'}]{escape(label)}[/]")
 
-    result = run_calibration(plan, announce=announce, progress=_progress, plot=plot)
+    result = run_calibration(plan, announce=announce, progress=_progress, plot=not no_plot)
     if json_out:
         emit_json({"path": str(result.path),
                    "plot": str(result.plot_path) if result.plot_path else None,
-                   "label": result.label, "warnings": result.warnings, "profile": result.profile})
+                   "label": result.label, "warnings": result.warnings, "profile": result.profile,
+                   "served": result.served})
     else:
         title = f"{plan.model_spec.name} on {plan.gpu_spec.name}, bf16"
         console.print(_table(result.profile, escape(title)))
@@ -141,13 +142,17 @@ def calibrate(
         for w in result.warnings:
             err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
         console.print(f"profile: {escape(str(result.path))}")
+        if result.served:
+            console.print(f"[yellow]note:[/] {escape(result.served)}", soft_wrap=False)
         if result.plot_path:
             console.print(f"plot:    {escape(str(result.plot_path))}")
     if result.interrupted:
+        from bole_cli.interrupts import exit_code, reason
+
         partial = (result.profile.get("provenance") or {}).get("partial")
-        err.print(f"[yellow]interrupted:[/] {'partial ' if partial else ''}profile written to "
+        err.print(f"[yellow]{reason()}:[/] {'partial ' if partial else ''}profile written to "
                   f"{escape(str(result.path))}", soft_wrap=True)
-        raise typer.Exit(130)
+        raise typer.Exit(exit_code())
 
 
 def register(app: typer.Typer) -> None:

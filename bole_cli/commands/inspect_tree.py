@@ -86,30 +86,41 @@ def inspect_tree(
 # ---- Rich view --------------------------------------------------------------------------------
 
 def _render(trees, report, selection, memory) -> None:
+    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
 
     from bole_cli.console import out
+    from bole_cli.inspection.report import DRAW_MAX_NODES
     from bole_cli.inspection.view import mask_renderable, tree_renderable
 
     src = report["source"]
-    if src["kind"] == "synthetic":
-        what = (f"synthetic EAGLE-style beam: depth {src['depth']} below the verified token "
-                f"\\[0], top-k {src['topk']}, seed {src['seed']}")
-    else:
-        what = f"{'SGLang arrays' if src['kind'] == 'sglang' else 'tree file'} {src['path']}"
     s = report["summary"]
     reqs = f"{s['requests']} request{'s' if s['requests'] != 1 else ''}"
-    out.print(f"[bold]{what}[/]: {reqs}, {s['nodes']} nodes")
+    if src["kind"] == "synthetic":  # two short lines: no wrap lands inside "seed 0"
+        out.print(f"[bold]synthetic EAGLE-style beam (seed {src['seed']})[/]: {reqs}, "
+                  f"{s['nodes']} nodes")
+        out.print(f"depth {src['depth']} below the verified token \\[0], top-k {src['topk']}")
+    else:
+        what = f"{'SGLang arrays' if src['kind'] == 'sglang' else 'tree file'} {src['path']}"
+        out.print(f"[bold]{escape(what)}[/]: {reqs}, {s['nodes']} nodes")
 
+    drawn = 0
     for r, t in zip(report["requests"], trees):
+        if drawn and drawn + t.n_nodes > DRAW_MAX_NODES:
+            rest = len(trees) - r["index"]
+            out.print(f"[dim]{rest} more request{'s' if rest != 1 else ''} not drawn (over "
+                      f"{DRAW_MAX_NODES} nodes): the summary below counts them; --json "
+                      "lists every node[/]")
+            break
         title = f"[bold]request {r['index']}[/] [dim](committed prefix)[/]"
         out.print(tree_renderable(t, r["kept"], title))
+        drawn += t.n_nodes
 
     table = Table(title="Summary", title_justify="left", show_edge=False)
     table.add_column("request", justify="right")
     table.add_column("nodes", justify="right")
-    table.add_column("levels", justify="right")
+    table.add_column("depth", justify="right")
     table.add_column("width per level", overflow="fold", min_width=12)
     table.add_column("exp. acc.", justify="right")
     if selection:
@@ -117,19 +128,20 @@ def _render(trees, report, selection, memory) -> None:
         table.add_column("kept exp. acc.", justify="right")
     rows = list(report["requests"])
     for r in rows:
-        cells = [str(r["index"]), str(r["nodes"]), str(r["depth"]),
+        cells = [str(r["index"]), str(r["nodes"]), str(r["depth"] - 1),
                  " ".join(map(str, r["widths"])), f"{r['expected_accepted']:.3f}"]
         if selection:
             cells += [str(r["kept_nodes"]), f"{r['expected_accepted_budget']:.3f}"]
         table.add_row(*cells)
     if len(rows) > 1:
-        cells = ["all", str(s["nodes"]), str(s["depth"]), " ".join(map(str, s["widths"])),
+        cells = ["all", str(s["nodes"]), str(s["depth"] - 1), " ".join(map(str, s["widths"])),
                  f"{s['expected_accepted']:.3f}"]
         if selection:
             cells += [str(s["kept_nodes"]), f"{s['expected_accepted_budget']:.3f}"]
         table.add_row(*cells, style="bold")
     out.print(table)
-    out.print("[dim]levels: nodes on the longest root path. exp. acc. (expected accepted "
+    out.print("[dim]depth: draft levels below the verified token \\[0] (as --depth); width "
+              "per level: nodes at each depth from 0. exp. acc. (expected accepted "
               "tokens) = sum of rho over the nodes: the tokens a verify is expected to emit "
               "when rho is the acceptance probability.[/]")
     if selection:

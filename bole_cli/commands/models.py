@@ -41,10 +41,11 @@ def _table(specs: tuple[ModelSpec, ...]):
     t = Table(title="Hybrid GDN models", title_justify="left", caption_justify="left",
               box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0), pad_edge=False,
               caption="GDN: key heads H, value heads "
-                      "HV, key/value dims dk/dv. MoE: experts x expert size, top-k. "
-                      "state: one request's fp32 GDN state over all GDN layers; snap: what "
-                      "a snapshotting tree verifier writes per draft node. Details and "
-                      "Bole's per-node factors: `bole models NAME`.")
+                      "HV, key/value dims dk/dv. FFN: its width, 'tied' when the input and "
+                      "output embeddings share weights; MoE: experts x expert size, top-k. "
+                      "state: one request's fp32 GDN state over all GDN layers, which is "
+                      "also what a snapshotting tree verifier writes per draft node. "
+                      "Details and Bole's per-node factors: `bole models NAME`.")
     t.add_column("model", no_wrap=True)
     t.add_column("layers\n(attn)", justify="right", no_wrap=True)
     t.add_column("hidden", justify="right", no_wrap=True)
@@ -52,11 +53,12 @@ def _table(specs: tuple[ModelSpec, ...]):
     t.add_column("attn\nq/kv", justify="right", no_wrap=True)
     t.add_column("FFN\nor MoE", justify="right", no_wrap=True)
     t.add_column("state\nMiB", justify="right", no_wrap=True)
-    t.add_column("snap\nMiB", justify="right", no_wrap=True)
     for s in specs:
+        # one column: a snapshot is the whole state (s.snapshot_bytes_per_node() equals
+        # s.gdn_state_bytes() for every model; tests/test_catalog.py holds them equal)
         t.add_row(escape(s.short_name), f"{s.layers} ({s.n_attention_layers})",
                   str(s.hidden), _gdn_shape(s), f"{s.attn_heads}/{s.attn_kv_heads}", _ffn(s),
-                  _mib_number(s.gdn_state_bytes()), _mib_number(s.snapshot_bytes_per_node()))
+                  _mib_number(s.gdn_state_bytes()))
     return t
 
 

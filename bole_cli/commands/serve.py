@@ -73,10 +73,27 @@ def _panel(result: dict) -> Any:
     parts: list[Any] = [t]
     for n in s["notes"] + result["notes"]:
         parts.append(Text("note: " + n, style="yellow"))
-    parts.append(Text(""))
-    parts.append(Text(result["command_line"], style="cyan"))
     title = "bole serve (dry run)" if result["dry_run"] else "bole serve"
     return Panel(Group(*parts), title=title, title_align="left", expand=False)
+
+
+def shell_lines(env: dict, argv: list[str]) -> list[str]:
+    """The launch command as lines that paste into a shell: the environment, the program,
+    then one flag (with its value) a line, each but the last ending in a backslash.
+    Printed outside the panel, so a copy picks up no border."""
+    import shlex
+
+    head = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+    groups: list[list[str]] = []
+    for arg in argv:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    lines = [" ".join(head)] if head else []
+    lines += [("  " if head else "") + shlex.join(groups[0])]  # python -m sglang.launch_server
+    lines += ["  " + shlex.join(g) for g in groups[1:]]
+    return [line + " \\" for line in lines[:-1]] + lines[-1:]
 
 
 def _launch(argv: list[str], env: dict) -> None:  # replaced in tests
@@ -127,6 +144,8 @@ def serve(
         emit_json(plan.report)
     else:
         out.print(_panel(plan.report))
+        for line in shell_lines(plan.report["env"], plan.report["command"]):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
     if dry_run:
         return
     if not json_out:

@@ -17,7 +17,7 @@ import typer
 
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_TREE_NODES
-from bole_cli.parsing import parse_int_list
+from bole_cli.parsing import check_int, parse_int_list
 
 DEFAULT_KERNELS = "tree_verify,tree_commit,tree_conv"
 
@@ -84,17 +84,13 @@ def tune_kernels(
     if bad:
         raise InputError(f"--kernels: unknown {', '.join(bad)}; tunable: {', '.join(KERNELS)}")
     batches = parse_int_list(batch, "--batch")
-    node_list = parse_int_list(nodes, "--nodes")
-    if max(node_list) > MAX_TREE_NODES:
-        raise InputError(f"--nodes: at most {MAX_TREE_NODES} nodes per request")
-    if trials < 1:
-        raise InputError(f"--trials: must be >= 1, got {trials}")
+    node_list = parse_int_list(nodes, "--nodes", maximum=MAX_TREE_NODES)
+    check_int(trials, "--trials")
     if sampler not in ("tpe", "grid"):
         raise InputError(f"--sampler: expected tpe or grid, got {sampler!r}")
     if max_minutes is not None and not max_minutes > 0:
         raise InputError(f"--max-minutes: must be > 0, got {max_minutes:g}")
-    if sample < 1:
-        raise InputError(f"--sample: must be >= 1, got {sample}")
+    check_int(sample, "--sample")
     if not dry_run:
         from bole_cli.console import check_writable
 

@@ -96,15 +96,15 @@ def plot_trees(trees: Sequence, selection: Any, path: Path) -> Path:
                             textcoords="offset points", xytext=(0, -11), ha="center",
                             fontsize=6, color="black" if kept[i] else "0.6",
                             parse_math=False)
-        title = (f"request {b}: {t.n_nodes} nodes, {t.depth} levels\n"
+        title = (f"request {b}: {t.n_nodes} nodes, depth {t.draft_depth}\n"
                  f"expected accepted {t.expected_accepted():.2f}")
         if selection:
             title += (f" -> {selection.expected_accepted[b]:.2f} "
                       f"keeping {len(selection.kept_ids[b])}")
         ax.set_title(title, fontsize=9, loc="left", parse_math=False)
         ax.set_yticks([-d for d in range(0, t.depth + 1)])
-        ax.set_yticklabels(["prefix"] + [str(d) for d in range(1, t.depth + 1)], fontsize=7)
-        ax.set_ylabel("depth", fontsize=8)
+        ax.set_yticklabels(["prefix"] + [str(d) for d in range(0, t.depth)], fontsize=7)
+        ax.set_ylabel("depth (0: the verified token)", fontsize=8)
         ax.set_xticks([])
         for side in ("top", "right", "bottom"):
             ax.spines[side].set_visible(False)

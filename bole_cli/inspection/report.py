@@ -13,10 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from bole_cli.limits import MAX_BATCH_REQUESTS
 from bole_cli.errors import InputError
+from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_DRAFTS, MAX_TREE_NODES
+from bole_cli.parsing import check_int
 
 MASK_MAX_NODES = 32  # the ancestor mask is reported for trees up to this size
+#: Node lines the screen draws: past them the rest of the batch is summed up in the table
+#: (and --json holds every node); drawing a million nodes would take minutes to scroll by.
+DRAW_MAX_NODES = 2048
 SYNTHETIC_DEFAULTS = {"depth": 8, "topk": 4, "seed": 0, "requests": 1}
 MAX_REQUESTS = MAX_BATCH_REQUESTS
 
@@ -64,6 +68,13 @@ def check_options(*, tree_file: Optional[Path], sglang: Optional[Path], syntheti
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise InputError(f"--plot {plot}: unsupported file type {plot.suffix or '(none)'!r}; "
                          "use .png, .svg or .pdf")
+    check_int(synthetic_options.get("--depth"), "--depth", maximum=MAX_TREE_DRAFTS)
+    check_int(synthetic_options.get("--topk"), "--topk", maximum=MAX_TREE_DRAFTS)
+    check_int(budget, "--budget")
+    check_int(budget_options.get("--min-per-request"), "--min-per-request", minimum=0)
+    check_int(budget_options.get("--max-per-request"), "--max-per-request")
+    check_int(model_options.get("--batch"), "--batch", maximum=MAX_BATCH_REQUESTS)
+    check_int(model_options.get("--nodes"), "--nodes", maximum=MAX_TREE_NODES)
     if plot is not None:
         from bole_cli.console import check_writable
 
@@ -82,8 +93,7 @@ def load_source(tree_file: Optional[Path], sglang: Optional[Path], *, depth: Opt
         return T.load_sglang(sglang), {"kind": "sglang", "path": str(sglang)}
     given = {"depth": depth, "topk": topk, "seed": seed, "requests": requests}
     opts = {k: SYNTHETIC_DEFAULTS[k] if v is None else v for k, v in given.items()}
-    if not 1 <= opts["requests"] <= MAX_REQUESTS:
-        raise InputError(f"--requests must be 1 to {MAX_REQUESTS}, got {opts['requests']}")
+    check_int(opts["requests"], "--requests", maximum=MAX_REQUESTS)
     try:
         trees = [T.beam_tree(opts["depth"], opts["topk"], opts["seed"] + r)
                  for r in range(opts["requests"])]
@@ -165,17 +175,17 @@ def inspect_trees(*, tree_file: Optional[Path] = None, sglang: Optional[Path] = 
     if budget is not None:
         from bole_cli.budget import select_budget
 
-        selection = select_budget(trees, budget,
-                                  min_per_request=1 if min_per_request is None else min_per_request,
-                                  max_per_request=max_per_request)
+        try:
+            selection = select_budget(
+                trees, budget, min_per_request=1 if min_per_request is None else min_per_request,
+                max_per_request=max_per_request)
+        except InputError as exc:
+            raise InputError(f"--budget: {exc}") from None
     memory = None
     if model is not None:
         from bole_cli.catalog.models import resolve_model
         from bole_cli.memory import transient_memory
 
-        for flag, value in (("--batch", batch), ("--nodes", nodes)):
-            if value is not None and value < 1:
-                raise InputError(f"{flag} must be >= 1, got {value}")
         spec = resolve_model(model)
         if nodes is None:
             sizes = selection.forest.sizes if selection else [t.n_nodes for t in trees]

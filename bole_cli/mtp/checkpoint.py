@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bole_cli.errors import InputError
+from bole_cli.errors import BoleError, InputError, install_hint
 
-ACCEPTANCE_EXTRA = "bole-cli[acceptance]"
 #: config.json model types whose modeling code (transformers 5) and MTP layout we read.
 MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 MTP_PREFIX = "mtp."
@@ -40,12 +39,13 @@ class Checkpoint:
 
 
 def require_transformers() -> None:
-    """InputError (exit 2) naming the extra when transformers or safetensors is missing;
-    looks the modules up without importing them."""
+    """BoleError (exit 1, as for every missing optional dependency: the input is fine, the
+    installation lacks a part) naming what to install when transformers or safetensors is
+    missing; looks the modules up without importing them."""
     missing = [m for m in ("transformers", "safetensors") if importlib.util.find_spec(m) is None]
     if missing:
-        raise InputError(f"bole acceptance needs {' and '.join(missing)}: "
-                         f"pip install '{ACCEPTANCE_EXTRA}'")
+        raise BoleError(f"bole acceptance needs {' and '.join(missing)}: "
+                        f"{install_hint('acceptance')}")
 
 
 def _directory(spec: "str | Path") -> Path:

@@ -55,10 +55,11 @@ class AcceptanceResult:
 
 
 def _check_options(opts: AcceptanceOptions) -> None:
+    from bole_cli.parsing import check_int
+
     for name, value, top in (("--depth", opts.depth, MAX_DEPTH), ("--topk", opts.topk, MAX_TOPK),
                              ("--max-new", opts.max_new, MAX_NEW_TOKENS)):
-        if not 1 <= value <= top:
-            raise InputError(f"{name}: must be between 1 and {top}, got {value}")
+        check_int(value, name, maximum=top)
     if opts.max_new < opts.depth:
         raise InputError(f"--max-new ({opts.max_new}) must be at least --depth ({opts.depth}): "
                          "each measured position needs depth tokens of continuation")

@@ -68,8 +68,9 @@ def dump_profile(data: dict) -> str:
     """YAML text: known sections in schema order, then any others as they came."""
     ordered = {k: data[k] for k in _KEY_ORDER if k in data}
     ordered.update((k, v) for k, v in data.items() if k not in ordered)
-    return yaml.safe_dump(_round(ordered), sort_keys=False, default_flow_style=None, width=100,
-                          allow_unicode=True)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: the same text, 2x faster
+    return yaml.dump(_round(ordered), Dumper=dumper, sort_keys=False, default_flow_style=None,
+                     width=100, allow_unicode=True)
 
 
 def parse_profile(text: str, source: str) -> dict:

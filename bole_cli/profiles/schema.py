@@ -187,6 +187,7 @@ def validate_profile(data: Any, source: str = "profile") -> dict:
     if "acceptance" in data and data["acceptance"] is not None:
         acc = c.mapping(data["acceptance"], "acceptance")
         c.string(c.get(acc, "name", "acceptance.name"), "acceptance.name")
+        _check_acceptance(acc, source)
     if "kernels" in data:
         c.mapping(data["kernels"], "kernels")
 
@@ -226,9 +227,12 @@ def validate_profile(data: Any, source: str = "profile") -> dict:
         if cfg.get("e_acc") is not None:
             e_acc = cfg["e_acc"]
             if not isinstance(e_acc, list) or len(e_acc) != len(n) or not all(
-                x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in e_acc
+                x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)
+                              and _finite(x) and 0 < x <= tokens)
+                for x, tokens in zip(e_acc, n)
             ):
-                raise c.fail(f"{w}.e_acc", "expected a list of numbers, one per n")
+                raise c.fail(f"{w}.e_acc", "expected finite committed tokens, one per n, "
+                                           "each > 0 and at most its n")
         if cfg.get("noisy") is not None:
             c.integers(cfg["noisy"], f"{w}.noisy")
         if "draft_level" in cfg:
@@ -243,6 +247,17 @@ def validate_profile(data: Any, source: str = "profile") -> dict:
         if cfg.get("decision") is not None:
             _check_decision(c, cfg["decision"], f"{w}.decision", set(n), batch)
     return data
+
+
+def _check_acceptance(acc: dict, source: str) -> None:
+    """The profile's acceptance model, checked as strictly as the file it came from (the
+    same checks: bole_cli/calibrate/acceptance.py)."""
+    from bole_cli.calibrate.acceptance import check_curve, check_rank_rows
+
+    if "per_depth_rank" in acc:
+        check_rank_rows(acc["per_depth_rank"], f"{source}: acceptance.per_depth_rank")
+    if "curve" in acc:
+        check_curve(acc["curve"], f"{source}: acceptance.curve")
 
 
 def _chain_points(batch: int) -> list[int]:

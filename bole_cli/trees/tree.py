@@ -139,6 +139,13 @@ class ProposalTree:
         return max(self._depths)
 
     @property
+    def draft_depth(self) -> int:
+        """Draft levels below the root, the verified token (level 0): what --depth means
+        in `bole inspect-tree`, `bole bench e2e` and SGLang's --speculative-num-steps (a
+        beam tree of depth 8 has nodes on 9 levels)."""
+        return self.depth - 1
+
+    @property
     def widths(self) -> tuple[int, ...]:
         """Nodes per level: widths[d - 1] is the number of nodes of depth d."""
         w = [0] * self.depth

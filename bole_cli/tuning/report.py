@@ -21,13 +21,15 @@ def space_table(rows: list[dict]):
     short = {"num_warps": "warps", "num_stages": "stages"}
     t = Table(title="search space per kernel and model shape", title_justify="left", box=box.SIMPLE_HEAD)
     t.add_column("kernel", no_wrap=True)
-    t.add_column("shape / models", overflow="fold")  # the shape key wraps, never "..."
+    # a bucket's name is one word (copied into tables and commands): never split, the
+    # models one a line below it; the built-in config wraps between its settings instead
+    t.add_column("shape / models", no_wrap=True)
     t.add_column("values", no_wrap=True)
     t.add_column("configs", justify="right")
     t.add_column("built-in (first bucket)")
     for r in rows:
         values = "\n".join(f"{short.get(k, k)}: {'/'.join(map(str, v))}" for k, v in r["space"].items())
-        models = ", ".join(m.split("/")[-1] for m in r["models"])
+        models = "\n".join(m.split("/")[-1] for m in r["models"])
         t.add_row(r["kernel"], escape(f"{r['shape']}\n{models}"), values, str(r["size"]), r["default"])
     return t
 

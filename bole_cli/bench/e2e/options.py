@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from bole_cli.errors import InputError, brief
 from bole_cli.limits import MAX_TREE_NODES
-from bole_cli.parsing import parse_int_list
+from bole_cli.parsing import check_int, parse_int_list
 from bole_cli.trees.generators import beam_tree_size
 
 # `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores).
@@ -71,7 +71,6 @@ def check_options(given: dict[str, Any], *, tiny: bool, acceptance: str, tree_bu
                              ("--max-probes", max_probes, 1)):
         if value < low:
             raise InputError(f"{name}: expected an integer >= {low}, got {value}")
-    if probe_nodes is not None and probe_nodes < 1:
-        raise InputError(f"--probe-nodes: expected a positive integer, got {probe_nodes}")
+    check_int(probe_nodes, "--probe-nodes")
     use["dtype"] = (("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype)
     return use

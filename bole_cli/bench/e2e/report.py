@@ -58,8 +58,8 @@ def _one_table(data: dict, title: str, cols: tuple, caption: Optional[str], labe
     from rich import box
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", caption=caption, box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD,
-              pad_edge=not narrow)
+    t = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
+              box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD, pad_edge=not narrow)
     for c in ("decoder", "B" if narrow else "batch") + cols:
         t.add_column(c, justify="left" if c == "decoder" else "right", no_wrap=True)
     for r in data["results"]:
@@ -92,7 +92,7 @@ def comparison_table(data: dict):
     if not any("chain" in row["best"] or "bole-chain" in row["best"] for row in rows):
         return None
     t = Table(title="tree vs chain, end to end", title_justify="left", caption=_COMPARE_CAPTION,
-              box=box.SIMPLE_HEAD, pad_edge=False)
+              caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for c in _COMPARE:
         t.add_column(c, justify="left" if c == "wins" else "right", no_wrap=True)
     for row in rows:
