@@ -80,6 +80,19 @@ def _requests(cu_seqlens: torch.Tensor):
     return [(b, cu[b], cu[b + 1]) for b in range(len(cu) - 1)]
 
 
+def _accepted_paths(parents, cu_seqlens, accepted):
+    """(request, its first node's offset, the path from its accepted node up to the root) for
+    each request that accepts a node (accepted >= 0)."""
+    for b, start, _end in _requests(cu_seqlens):
+        a = int(accepted[b])
+        if a < 0:
+            continue
+        path = [a]
+        while int(parents[start + path[-1]]) >= 0:
+            path.append(int(parents[start + path[-1]]))
+        yield b, start, path
+
+
 def ancestor_mask(parents_local: list[int]) -> torch.Tensor:
     """M[i, j] = True when j is i or a proposal ancestor of i (A+(i))."""
     t = len(parents_local)
@@ -204,13 +217,8 @@ def tree_commit_ref(
     hv = u.shape[1]
     k = k.to(torch.float64)
     k = _gqa(l2norm(k) if use_qk_l2norm else k, hv)
-    for b, start, _end in _requests(cu_seqlens):
-        a = int(accepted[b])
-        if a < 0:
-            continue
-        path = [a]
-        while int(parents[start + path[-1]]) >= 0:
-            path.append(int(parents[start + path[-1]]))
+    for b, start, path in _accepted_paths(parents, cu_seqlens, accepted):
+        a = path[0]
         lp = log_p[start + a].to(torch.float64)  # [HV]
         slot = int(state_indices[b])
         s = torch.exp(lp)[:, None, None] * state[slot].to(torch.float64)
@@ -239,13 +247,7 @@ def tree_commit_replay_ref(
     hv = v.shape[1]
     k = k.to(torch.float64)
     k = _gqa(l2norm(k) if use_qk_l2norm else k, hv)
-    for b, start, _end in _requests(cu_seqlens):
-        a = int(accepted[b])
-        if a < 0:
-            continue
-        path = [a]
-        while int(parents[start + path[-1]]) >= 0:
-            path.append(int(parents[start + path[-1]]))
+    for b, start, path in _accepted_paths(parents, cu_seqlens, accepted):
         slot = int(state_indices[b])
         s = state[slot].to(torch.float64)  # [HV, V, K]
         for j in reversed(path):
