@@ -259,10 +259,14 @@ def test_simulated_acceptance_is_shared_and_memory_is_reported():
     t = bench.layout.n_nodes  # every node kept: the snapshot buffer is [L, B, T+1, HV, V, K]
     assert runs["snapshot"].verify_state_bytes == bench.model.n_gdn * 2 * (t + 1) * snap_node
     assert runs["bole"].verify_state_bytes < runs["snapshot"].verify_state_bytes / 4
-    # the deferred decoder's pending rows persist beside the state and are counted with it
+    # the deferred decoder's pending rows persist beside the state and are counted with it, and
+    # it keeps every layer's verify factors (u, log_p) to append them, where the replay commit
+    # keeps one layer's as scratch
     rows = decoders.DEFAULT_PENDING_ROWS * (s.gdn_key_heads * s.gdn_key_dim + s.gdn_value_heads * s.gdn_value_dim
                                             + s.gdn_value_heads) * 4 + s.gdn_value_heads * 4  # + the counts
-    assert runs["bole-deferred"].verify_state_bytes == runs["bole"].verify_state_bytes + bench.model.n_gdn * 2 * rows
+    factors = (bench.model.n_gdn - 1) * 2 * t * (s.gdn_value_heads * s.gdn_value_dim + s.gdn_value_heads) * 4
+    assert runs["bole-deferred"].verify_state_bytes == (runs["bole"].verify_state_bytes + bench.model.n_gdn * 2 * rows
+                                                        + factors)
 
 
 def test_drafter_shapes_and_weights():
