@@ -17,7 +17,7 @@ nodes at query_start_loc[b] + i). The three entry points mirror SGLang 0.5.23's 
 
 - `capture_conv` runs (from the GDNAttnBackend.forward_extend hook) BEFORE SGLang's tree
   conv, which overwrites the committed conv window during verify
-  (causal_conv1d_triton.py:715-785): it keeps the conv inputs and the old window.
+  (causal_conv1d_triton's tree conv): it keeps the conv inputs and the old window.
 - `verify` replaces TritonGDNKernel.target_verify: same arguments, same output
   ([1, T, HV, V] in q's dtype); it computes SGLang's gates into the layer's g, beta
   (gdn_gates: SGLang's softplus/sigmoid), keeps k and v, and runs Bole's closed form
@@ -25,7 +25,7 @@ nodes at query_start_loc[b] + i). The three entry points mirror SGLang 0.5.23's 
   (BolePlan.depth_promise: shallow big trees go level by level). ssm_states is only read. Trees take
   their parents from retrieve_parent_token (filled by SGLang's tree conv); chains (top-k
   1, and the dummy runs of trees) carry none: SGLang's chain metadata has no retrive_*
-  tensors (hybrid_linear_attn_backend.py:298, 728, 914), so the parents are 0..D-2.
+  tensors (HybridLinearAttnBackend's metadata builders), so the parents are 0..D-2.
 - `commit` replaces HybridLinearAttnBackend.update_mamba_state_after_mtp_verify's scatter:
   ONE tree_commit_replay launch over all layers (the accepted path replayed in float32:
   the state exact to float32, docs/design.md §9) plus one conv-window launch, for the
