@@ -32,7 +32,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from bole_cli.errors import BoleError
-from bole_cli.sglang import hooks, plugin, sizing, targets
+from bole_cli.sglang import hooks, plugin, process, sizing, targets
 from bole_cli.sglang.source import SGLANG_VERSION
 from bole_cli.sglang.plan import BolePlan, decide, verify_precision
 
@@ -172,8 +172,8 @@ FakeHookType = types.SimpleNamespace(AROUND="around", REPLACE="replace")
 
 @pytest.fixture
 def fresh_plugin_state(monkeypatch):
-    monkeypatch.setattr(plugin, "_state", {"active": False, "reason": "not activated"})
-    return plugin._state
+    monkeypatch.setattr(process, "state", {"active": False, "reason": "not activated"})
+    return process.state
 
 
 @pytest.mark.parametrize("version", ["0.5.22", "0.6.0", None])
@@ -241,12 +241,12 @@ LAUNCHER = [("sglang.srt.plugins", "load_plugins"), ("__main__", "<module>")]
 
 
 def test_hooks_only_where_a_scheduler_runs(fresh_plugin_state, caplog):
-    assert plugin.process_role(SCHEDULER) == "scheduler"
-    assert plugin.process_role(LAUNCHER) == "other"
+    assert process.process_role(SCHEDULER) == "scheduler"
+    assert process.process_role(LAUNCHER) == "other"
     detokenizer = [("sglang.srt.plugins", "load_plugins"),
                    ("sglang.srt.managers.detokenizer_manager", "run_detokenizer_process")]
-    assert plugin.process_role(detokenizer) == "other"
-    assert plugin.process_role([("tests", "test_x")]) == "direct"
+    assert process.process_role(detokenizer) == "other"
+    assert process.process_role([("tests", "test_x")]) == "direct"
     reg = FakeRegistry()
     with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
         assert plugin._activate(SGLANG_VERSION, reg, FakeHookType, environ={}, frames=LAUNCHER, argv=[]) is False
@@ -270,7 +270,7 @@ def test_ray_launcher_is_detected_and_its_actors_can_load_the_plugin(fresh_plugi
     # which calls the entry point: the stack then marks a scheduler process.
     roles = []
     fake_plugins = types.ModuleType("sglang.srt.plugins")
-    fake_plugins.load_plugins = lambda: roles.append(plugin.process_role())
+    fake_plugins.load_plugins = lambda: roles.append(process.process_role())
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins", fake_plugins)
     plugin.ray_worker_setup()
     assert roles == ["scheduler"]

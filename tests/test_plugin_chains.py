@@ -27,7 +27,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from bole_cli.sglang import hooks, plugin, sizing, targets
+from bole_cli.sglang import hooks, plugin, process, sizing
 
 from test_plugin import (_fake_configurator, _fake_configurator_module,  # noqa: F401
                          _bole_pool_case, _must_not_run, commit_checks, equivalence_rig,
@@ -36,7 +36,7 @@ from test_plugin import (_fake_configurator, _fake_configurator_module,  # noqa:
 
 @pytest.fixture
 def fresh_log(monkeypatch):
-    monkeypatch.setattr(plugin, "_logged", set())
+    monkeypatch.setattr(process, "logged", set())
 
 
 def _chain_module(**spec):

@@ -23,7 +23,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from bole_cli.memory import format_bytes
-from bole_cli.sglang import hooks, plugin, sizing, targets
+from bole_cli.sglang import hooks, plugin, process, sizing
 from bole_cli.sglang.source import SGLANG_VERSION
 
 from sglang_stubs import install_modules, sglang_defs
@@ -39,8 +39,8 @@ def source(sglang_source):
 
 @pytest.fixture
 def fresh_state(monkeypatch):
-    monkeypatch.setattr(plugin, "_state", {"active": False, "reason": "not activated"})
-    monkeypatch.setattr(plugin, "_logged", set())
+    monkeypatch.setattr(process, "state", {"active": False, "reason": "not activated"})
+    monkeypatch.setattr(process, "logged", set())
 
 
 # ----------------------------------------------------------------- SGLang's code, stubbed
@@ -192,7 +192,7 @@ def hooked_sglang(source, monkeypatch, g, originals=None):
     assert plugin._activate(SGLANG_VERSION, registry, hook_type, environ={}, frames=scheduler)
     registry.apply_hooks()
     assert {h.target for h in plugin.HOOKS} <= registry._patched
-    assert plugin.hooks_missing() == []
+    assert process.hooks_missing() == []
     return cls
 
 
@@ -468,6 +468,6 @@ def test_a_scheduler_whose_capture_sizing_fails_refuses_the_plugin(monkeypatch, 
         "get_eager_max_batch_size": lambda reqs: reqs, "get_cuda_graph_max_batch_size": broken}})
     ns = _fake_configurator_module()
     assert sizing.configurator_plan(_fake_configurator(), ns)[0] is not None  # tests: warned, reqs used
-    monkeypatch.setattr(plugin, "process_role", lambda frames=None: "scheduler")
+    monkeypatch.setattr(process, "process_role", lambda frames=None: "scheduler")
     plan, why = sizing.configurator_plan(_fake_configurator(), ns)
     assert plan is None and "RuntimeError" in why

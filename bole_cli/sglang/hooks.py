@@ -35,7 +35,7 @@ import logging
 from typing import Any, Callable
 
 from bole_cli.memory import format_bytes
-from bole_cli.sglang import plugin as activation
+from bole_cli.sglang import process
 from bole_cli.sglang import sizing
 
 
@@ -50,18 +50,18 @@ def _around_handle_max_mamba_cache(original: Callable, self: Any, total_rest_mem
     sglang_globals = _module_globals(original)
     plan, why = sizing.configurator_plan(self, sglang_globals)
     if plan is None:
-        activation.log_once(logging.INFO, "Bole plug-in: SGLang's own speculative state for this model (%s)", why)
+        process.log_once(logging.INFO, "Bole plug-in: SGLang's own speculative state for this model (%s)", why)
         return original(self, total_rest_memory)
     stock = original(self, total_rest_memory)  # SGLang's own sizing; its errors reach the caller
     try:
         free, slots = sizing.budget_without_snapshots(original, self, total_rest_memory, sglang_globals)
     except Exception as exc:  # noqa: BLE001 - SGLang changed: keep its budget (it covers the arena)
-        activation.log_once(logging.WARNING, "Bole plug-in: could not size the budget without snapshots (%s: "
+        process.log_once(logging.WARNING, "Bole plug-in: could not size the budget without snapshots (%s: "
                   "%s); SGLang's snapshot reservation stays in it", type(exc).__name__, exc)
         return stock
     scratch = plan.scratch_bytes()  # trees past one tile: the verify's scratch, one layer at a time
     arena = (plan.arena_bytes() + scratch) / (1 << 30)
-    activation.logger.info("Bole plug-in: memory budget without per-node snapshots (%s verify): SGLang's "
+    process.logger.info("Bole plug-in: memory budget without per-node snapshots (%s verify): SGLang's "
                 "sizing reserves %s for them (%d mamba slots, as SGLang chose); Bole's factor "
                 "arena takes %s (and %s of verify scratch); the KV cache gets %s more than with "
                 "SGLang alone", plan.mode, format_bytes((free - stock) * (1 << 30)), slots,
@@ -75,7 +75,7 @@ def _around_build_hybrid_req_pool(original: Callable, self: Any, *args: Any, **k
     plan, why = sizing.configurator_plan(self, sglang_globals)
     pool_cls_owner = sglang_globals.get("HybridReqToTokenPool")
     if plan is None or pool_cls_owner is None:
-        activation.log_once(logging.INFO, "Bole plug-in: SGLang's own speculative state for this model (%s)",
+        process.log_once(logging.INFO, "Bole plug-in: SGLang's own speculative state for this model (%s)",
                   why or "HybridReqToTokenPool not found")
         return original(self, *args, **kwargs)
     from bole_cli.sglang.pool import bole_pool_class

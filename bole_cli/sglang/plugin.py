@@ -23,47 +23,22 @@ This module imports only the standard library (and Bole's light modules) at impo
 
 from __future__ import annotations
 
-import importlib
-import logging
 import os
 import re
 import sys
 from typing import Any, Optional
 
 from bole_cli.sglang.plan import ENV_CHAINS, ENV_DISABLE, chains_enabled
+from bole_cli.sglang import process
 from bole_cli.sglang.source import SGLANG_VERSION
 from bole_cli.sglang.targets import HOOKS, check_plugin_targets
 
-logger = logging.getLogger("bole_cli.sglang.plugin")
 
 PLUGIN_NAME = "bole"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT = "bole_cli.sglang.plugin:activate"
 
-# Frames (module, function) that mark a process running an SGLang scheduler.
-SCHEDULER_FRAMES: tuple[tuple[str, str], ...] = (
-    ("sglang.srt.managers.scheduler", "run_scheduler_process"),
-    (__name__, "ray_worker_setup"),
-)
-LOADER_FRAME = ("sglang.srt.plugins", "load_plugins")
 _POST_RELEASE = re.compile(re.escape(SGLANG_VERSION) + r"\.post\d+")
-
-_state: dict[str, Any] = {"active": False, "reason": "not activated"}
-_logged: set[str] = set()
-
-
-def log_once(level: int, message: str, *args: Any) -> None:
-    """Log a message once per process (the hooks run per layer and per batch)."""
-    key = message % args if args else message
-    if key not in _logged:
-        _logged.add(key)
-        logger.log(level, message, *args)
-
-
-def truthy(value: Optional[str]) -> bool:
-    """An environment flag's value: set unless empty, 0, false or no."""
-    return (value or "").strip().lower() not in ("", "0", "false", "no")
-
 
 def sglang_version() -> Optional[str]:
     """The running SGLang's version (its own module first, then package metadata)."""
@@ -100,24 +75,6 @@ def ray_worker_setup() -> None:
     load_plugins()
 
 
-def _stack() -> list[tuple[str, str]]:
-    frame, out = sys._getframe(1), []
-    while frame is not None:
-        out.append((str(frame.f_globals.get("__name__", "")), frame.f_code.co_name))
-        frame = frame.f_back
-    return out
-
-
-def process_role(frames: Optional[list[tuple[str, str]]] = None) -> str:
-    """"scheduler" where an SGLang scheduler runs (`SCHEDULER_FRAMES` on the stack);
-    "other" where SGLang's loader runs without one (launcher, DP controller, detokenizer):
-    no hooks there; "direct" when called outside SGLang's loader (tests, embedding)."""
-    frames = _stack() if frames is None else frames
-    if any(f in SCHEDULER_FRAMES for f in frames):
-        return "scheduler"
-    return "other" if LOADER_FRAME in frames else "direct"
-
-
 def uses_ray_launcher(frames: list[tuple[str, str]], argv: list[str]) -> bool:
     """SGLang's Ray launcher: ``--use-ray`` on the command line, or RayEngine on the stack."""
     return (any(a == "--use-ray" or a.startswith("--use-ray=") for a in argv)
@@ -148,23 +105,24 @@ def _activate(version: Optional[str], registry: Any = None, hook_type: Any = Non
               environ: Optional[dict] = None, *, frames: Optional[list[tuple[str, str]]] = None,
               argv: Optional[list[str]] = None, source: Any = None) -> bool:
     env = os.environ if environ is None else environ
-    if _state["active"]:
+    if process.state["active"]:
         return True
-    if truthy(env.get(ENV_DISABLE)):
-        _state["reason"] = f"{ENV_DISABLE} is set"
-        logger.warning("Bole plug-in: %s; staying inactive (SGLang runs unchanged)", _state["reason"])
+    if process.truthy(env.get(ENV_DISABLE)):
+        process.state["reason"] = f"{ENV_DISABLE} is set"
+        process.logger.warning("Bole plug-in: %s; staying inactive (SGLang runs unchanged)",
+                               process.state["reason"])
         return False
     if version != SGLANG_VERSION and not (version and _POST_RELEASE.fullmatch(version)):
         return _refuse_version(version, version_problem(version))
-    frames = _stack() if frames is None else frames
-    if process_role(frames) == "other":
-        _state["reason"] = "no SGLang scheduler in this process"
+    frames = process.call_stack() if frames is None else frames
+    if process.process_role(frames) == "other":
+        process.state["reason"] = "no SGLang scheduler in this process"
         if uses_ray_launcher(frames, sys.argv if argv is None else argv):
-            logger.warning("Bole plug-in: SGLang's Ray launcher: its scheduler actors do not load "
+            process.logger.warning("Bole plug-in: SGLang's Ray launcher: its scheduler actors do not load "
                            "plug-ins, so Bole is inactive there unless Ray runs %s.ray_worker_setup "
                            "as its worker_process_setup_hook (README)", __name__)
         else:
-            logger.info("Bole plug-in: no SGLang scheduler in this process; hooks are applied "
+            process.logger.info("Bole plug-in: no SGLang scheduler in this process; hooks are applied "
                         "in the scheduler processes only")
         return False
     why = version_problem(version, source)
@@ -174,34 +132,24 @@ def _activate(version: Optional[str], registry: Any = None, hook_type: Any = Non
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # type: ignore
 
         registry, hook_type = HookRegistry, HookType
-    module = importlib.import_module("bole_cli.sglang.hooks")
+    from bole_cli.sglang import hooks
+
     for hook in HOOKS:
-        registry.register(hook.target, getattr(module, hook.function), hook_type.AROUND)
-    _state.update(active=True, reason="")
+        registry.register(hook.target, getattr(hooks, hook.function), hook_type.AROUND)
+    process.state.update(active=True, reason="")
     chains = {True: "trees and chains", False: f"trees only ({ENV_CHAINS}=0: chains keep SGLang's path)",
               None: f"trees only ({ENV_CHAINS}={env.get(ENV_CHAINS)!r} is not 1 or 0)"}
-    logger.info("Bole plug-in: active on SGLang %s (%d hooks); the verify of Gated DeltaNet layers "
+    process.logger.info("Bole plug-in: active on SGLang %s (%d hooks); the verify of Gated DeltaNet layers "
                 "uses Bole's closed form and factorised commit for %s", version, len(HOOKS),
                 chains[chains_enabled(env.get(ENV_CHAINS))])
     return True
 
 
 def _refuse_version(version: Optional[str], why: str) -> bool:
-    _state["reason"] = why
-    logger.warning("Bole plug-in: found %s but Bole is pinned to SGLang %s; staying "
+    process.state["reason"] = why
+    process.logger.warning("Bole plug-in: found %s but Bole is pinned to SGLang %s; staying "
                    "inactive (SGLang runs unchanged; pip install 'bole-cli[serve]')",
                    why if version else "SGLang (version unknown)", SGLANG_VERSION)
     return False
 
 
-def hooks_missing() -> list[str]:
-    """Bole's hook targets that SGLang's HookRegistry did not patch (all or nothing: a pool
-    without snapshots needs every hook). Empty when the registry is not loaded (tests)."""
-    registry_mod = sys.modules.get("sglang.srt.plugins.hook_registry")
-    registry = getattr(registry_mod, "HookRegistry", None)
-    patched = getattr(registry, "_patched", None)
-    if registry is None or not _state["active"]:
-        return [] if registry is None else ["the plug-in is not active"]
-    if not isinstance(patched, (set, frozenset)):
-        return ["HookRegistry._patched (cannot tell which hooks applied)"]
-    return [h.target for h in HOOKS if h.target not in patched]

@@ -15,7 +15,7 @@ import logging
 import os
 from typing import Any, Callable, Optional
 
-from bole_cli.sglang import plugin as activation
+from bole_cli.sglang import process
 from bole_cli.sglang.plan import ENV_CHAINS, ENV_DISABLE, ENV_PRECISION, BolePlan, decide
 
 
@@ -25,7 +25,7 @@ def _pp_spec_enabled() -> bool:
 
         return bool(pp_spec_stable_rows_enabled())
     except Exception:  # noqa: BLE001 - fall back to the variable it reads
-        return activation.truthy(os.environ.get("SGLANG_ENABLE_PP_SPEC"))
+        return process.truthy(os.environ.get("SGLANG_ENABLE_PP_SPEC"))
 
 
 def largest_verify_batch(reqs: int) -> int:
@@ -43,9 +43,9 @@ def largest_verify_batch(reqs: int) -> int:
         try:
             sizes.append(int(getattr(common, name)(reqs)))
         except Exception as exc:  # noqa: BLE001 - SGLang's context not set up (tests)
-            if activation.process_role() == "scheduler":
+            if process.process_role() == "scheduler":
                 raise
-            activation.log_once(logging.WARNING, "Bole plug-in: %s(%d) failed (%s); sizing the factor arena "
+            process.log_once(logging.WARNING, "Bole plug-in: %s(%d) failed (%s); sizing the factor arena "
                       "for %d requests", name, reqs, type(exc).__name__, reqs)
     return max(sizes)
 
@@ -54,7 +54,7 @@ def _max_batch(reqs: int) -> int:
     try:
         return largest_verify_batch(reqs)
     except ImportError:  # SGLang's utils not importable (tests): the requests themselves
-        if activation.process_role() == "scheduler":
+        if process.process_role() == "scheduler":
             raise
         return reqs
 
@@ -68,7 +68,7 @@ def configurator_facts(cfg: Any, sglang_globals: dict) -> dict:
     reqs = max(1, int(sched.max_running_requests or 1) // max(int(getattr(cfg, "attn_dp_size", 1) or 1), 1))
     algo = getattr(getattr(cfg, "spec_algorithm", None), "name", None) or spec.speculative_algorithm
     return dict(
-        disabled=activation.truthy(os.environ.get(ENV_DISABLE)),
+        disabled=process.truthy(os.environ.get(ENV_DISABLE)),
         gdn=getattr(cfg, "hybrid_gdn_config", None) is not None,
         kda=getattr(cfg, "hybrid_kda_config", None) is not None,
         draft_worker=bool(getattr(cfg, "is_draft_worker", False)),
@@ -100,7 +100,7 @@ def configurator_facts(cfg: Any, sglang_globals: dict) -> dict:
 
 
 def configurator_plan(cfg: Any, sglang_globals: dict) -> tuple[Optional[BolePlan], str]:
-    missing = activation.hooks_missing()
+    missing = process.hooks_missing()
     if missing:
         return None, "hooks not applied: " + ", ".join(missing)
     try:
