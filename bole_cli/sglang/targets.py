@@ -15,6 +15,8 @@ use:
   `function` names the hook in `bole_cli.sglang.hooks` (`HOOKS` is these rows).
 - "wrap": set or replaced for the duration of a call (a class attribute, a module global).
 - "call": called or read by the plug-in.
+- "global": a global of an SGLang module that a hook reads through the globals of the
+  function it wraps (``sizing.configurator_facts``); defined or imported there.
 - "alternative": a narrower/wider hook point for the same job, kept checked so the
   plug-in can switch if the primary one changes.
 Details: docs/sglang-0.5.23.md.
@@ -146,6 +148,18 @@ SGLANG_TARGETS: tuple[HookTarget, ...] = (
                "scoped override: pins max_mamba_cache_size for the budget's second pass"),
     HookTarget("sglang.srt.runtime_context.max_speculative_num_draft_tokens", "call", (),
                "D of the pool"),
+    # ------------------------------------------------------------------ the configurator's globals
+    *(HookTarget(f"{_KVC}.{name}", "global", None, why) for name, why in (
+        ("get_spec", "speculative settings: algorithm, top-k, steps"),
+        ("get_memory", "unified memory, page-major layout"),
+        ("get_disagg", "PD disaggregation mode and role switch"),
+        ("get_exec", "ReplaySSM flags, torch.compile"),
+        ("get_schedule", "max running requests, max_mamba_cache_size (and its override)"),
+        ("max_speculative_num_draft_tokens", "D of the pool"),
+        ("_is_npu", "not an NVIDIA device: Bole stays out"),
+        ("_is_hip", "not an NVIDIA device: Bole stays out"),
+        ("HybridReqToTokenPool", "the class whose mamba_pool_cls is set while the pool is built"),
+    )),
     # ------------------------------------------------------------------ alternatives
     HookTarget(
         f"{_MP}.HybridReqToTokenPool._init_mamba_pool", "alternative",
@@ -263,6 +277,9 @@ def _find(body: list[ast.stmt], qual: list[str]) -> Optional[ast.AST]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == head for t in targets):
                 return node
+        if not rest and isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any((alias.asname or alias.name.split(".")[0]) == head for alias in node.names):
+                return node
     return None
 
 
@@ -302,7 +319,7 @@ def check_hook_targets(
             problems.append(f"{t.target}: not defined in {rel}")
             continue
         if t.params is None:
-            if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom)):
                 problems.append(f"{t.target}: expected an attribute, found a def/class at {rel}:{node.lineno}")
             continue
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
