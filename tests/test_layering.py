@@ -6,6 +6,10 @@ the benches, the runtime, the SGLang plug-in or the commands; no library module 
 command. Every import statement counts, including those inside functions (a lazy import
 is still a dependency). `from pkg import name` is an edge to `pkg.name` when that is a
 module, else to `pkg`.
+
+One file, one job: Triton kernels (`@triton.jit` and its companions) only in
+bole_cli/kernels/; no module of the SGLang plug-in over 400 lines; every SGLang name the
+plug-in hooks or reads is a row of the one table, `bole_cli/sglang/targets.py`.
 """
 
 from __future__ import annotations
@@ -200,3 +204,136 @@ def test_a_library_module_importing_a_command_is_found(tmp_path, importer):
     graph = import_graph(_write(tmp_path, files))
     assert layering_violations(graph) == [
         f"{importer} -> bole_cli.commands.serve: a library module imports a command"]
+
+
+# ----------------------------------------------------------------- one file, one job
+
+SGLANG_PACKAGE = "bole_cli.sglang"
+SGLANG_MODULE_MAX_LINES = 400
+TRITON_DECORATORS = ("jit", "autotune", "heuristics")
+# The loaders of SGLang's own kernels read SGLang's source as files, not as names to hook.
+SGLANG_LOADERS = ("bole_cli.sglang.source", "bole_cli.sglang.isolation", "bole_cli.sglang.kernels",
+                  "bole_cli.sglang.triton_interpreter")
+TABLE_MODULE = "bole_cli.sglang.targets"
+# The version gate reads the version before any name can be checked against that version.
+UNCHECKED_SGLANG_NAMES = ("sglang.version.__version__",)
+
+
+def _parsed(root: Path):
+    for name, path in sorted(module_files(root).items()):
+        yield name, path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def triton_kernels_outside_kernels(root: Path = PACKAGE) -> list[str]:
+    """module:function for each Triton kernel (jit, autotune, heuristics) outside kernels/."""
+    found = []
+    for name, _, tree in _parsed(root):
+        if _within(name, KERNELS):
+            continue
+        from_triton = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                       and n.module == "triton" for a in n.names}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for dec in node.decorator_list:
+                dotted = ast.unparse(dec.func if isinstance(dec, ast.Call) else dec)
+                if (dotted.startswith("triton.") and dotted.split(".")[-1] in TRITON_DECORATORS
+                        or dotted in from_triton):
+                    found.append(f"{name}:{node.name}")
+                    break
+    return found
+
+
+def long_sglang_modules(root: Path = PACKAGE) -> dict[str, int]:
+    mods = module_files(root)
+    return {name: n for name, path in sorted(mods.items()) if _within(name, SGLANG_PACKAGE)
+            and (n := len(path.read_text(encoding="utf-8").splitlines())) > SGLANG_MODULE_MAX_LINES}
+
+
+def sglang_names_outside_the_table(table, root: Path = PACKAGE) -> list[str]:
+    """What the plug-in hooks or reads of SGLang that is not a row of the one table (`table`:
+    rows with .target, .use, .function): HookTarget rows built elsewhere, `from sglang...
+    import` names, keys read from SGLang's module globals (``sglang_globals[...]``), and AROUND
+    hooks (``_around_*`` in the hooks module) that no "around" row names, or rows naming none."""
+    listed = {row.target for row in table}
+    around = {row.function for row in table if row.use == "around"}
+
+    def known(dotted: str) -> bool:
+        return (dotted in UNCHECKED_SGLANG_NAMES or dotted in listed
+                or any(t.startswith(dotted + ".") for t in listed))
+
+    found, defined = [], set()
+    for name, _, tree in _parsed(root):
+        if not _within(name, SGLANG_PACKAGE) or _within(name, SGLANG_LOADERS):
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "HookTarget" and name != TABLE_MODULE):
+                found.append(f"{name}: a HookTarget row outside {TABLE_MODULE}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sglang":
+                found += [f"{name}: {node.module}.{a.name} is not in the table" for a in node.names
+                          if not known(f"{node.module}.{a.name}")]
+            elif isinstance(node, ast.Subscript) or (isinstance(node, ast.Call)
+                                                     and isinstance(node.func, ast.Attribute)
+                                                     and node.func.attr == "get"):
+                owner = node.value if isinstance(node, ast.Subscript) else node.func.value
+                key = node.slice if isinstance(node, ast.Subscript) else (node.args or [None])[0]
+                if (isinstance(owner, ast.Name) and owner.id == "sglang_globals"
+                        and isinstance(key, ast.Constant) and isinstance(key.value, str)
+                        and not any(t.endswith("." + key.value) for t in listed)):
+                    found.append(f"{name}: SGLang's global {key.value} is not in the table")
+            elif (isinstance(node, ast.FunctionDef) and name == f"{SGLANG_PACKAGE}.hooks"
+                  and node.name.startswith("_around_")):
+                defined.add(node.name)
+                if node.name not in around:
+                    found.append(f"{name}: {node.name} hooks nothing listed in the table")
+    found += [f"{TABLE_MODULE}: {fn} is not a hook in {SGLANG_PACKAGE}.hooks"
+              for fn in sorted(around - defined)]
+    return found
+
+
+def test_triton_kernels_live_in_kernels():
+    assert triton_kernels_outside_kernels() == []
+
+
+def test_sglang_modules_are_short():
+    assert long_sglang_modules() == {}
+
+
+def test_every_sglang_name_the_plugin_uses_is_in_the_one_table():
+    from bole_cli.sglang.targets import SGLANG_TARGETS
+
+    assert sglang_names_outside_the_table(SGLANG_TARGETS) == []
+
+
+def test_one_job_rules_find_violations(tmp_path):
+    from types import SimpleNamespace as Row
+
+    pkg = _write(tmp_path, {
+        "__init__.py": "",
+        "kernels/__init__.py": "",
+        "kernels/ok.py": "import triton\n@triton.jit\ndef _k(x):\n    pass\n",
+        "sglang/__init__.py": "",
+        "sglang/factors.py": ("import triton\nfrom triton import jit\n@triton.jit\ndef _a(x):\n    pass\n"
+                              "@jit\ndef _b(x):\n    pass\n@triton.autotune(configs=[], key=[])\n"
+                              "@triton.jit\ndef _c(x):\n    pass\n"),
+        "sglang/plugin.py": "x = 1\n" * (SGLANG_MODULE_MAX_LINES + 1),
+        "sglang/targets.py": "HookTarget('sglang.a.f', 'around', (), '', '_around_f')\n",
+        "sglang/hooks.py": ("def _around_f(original):\n    from sglang.a import f, g\n"
+                            "def _around_h(original, sglang_globals):\n"
+                            "    return sglang_globals['get_spec'], sglang_globals.get('f')\n"
+                            "HookTarget('sglang.b.g', 'call', (), '')\n"),
+        "sglang/kernels.py": "from sglang.anything import x\n",  # a loader: not checked
+    })
+    assert triton_kernels_outside_kernels(pkg) == ["bole_cli.sglang.factors:_a", "bole_cli.sglang.factors:_b",
+                                                   "bole_cli.sglang.factors:_c"]
+    assert long_sglang_modules(pkg) == {"bole_cli.sglang.plugin": SGLANG_MODULE_MAX_LINES + 1}
+    table = [Row(target="sglang.a.f", use="around", function="_around_f"),
+             Row(target="sglang.c.k", use="around", function="_around_k")]
+    assert sorted(sglang_names_outside_the_table(table, pkg)) == sorted([
+        "bole_cli.sglang.hooks: sglang.a.g is not in the table",
+        "bole_cli.sglang.hooks: _around_h hooks nothing listed in the table",
+        "bole_cli.sglang.hooks: SGLang's global get_spec is not in the table",
+        "bole_cli.sglang.hooks: a HookTarget row outside bole_cli.sglang.targets",
+        "bole_cli.sglang.targets: _around_k is not a hook in bole_cli.sglang.hooks",
+    ])

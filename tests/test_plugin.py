@@ -32,7 +32,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from bole_cli.errors import BoleError
-from bole_cli.sglang import plugin
+from bole_cli.sglang import hooks, plugin, process, sizing, targets
 from bole_cli.sglang.source import SGLANG_VERSION
 from bole_cli.sglang.plan import BolePlan, decide, verify_precision
 
@@ -172,8 +172,8 @@ FakeHookType = types.SimpleNamespace(AROUND="around", REPLACE="replace")
 
 @pytest.fixture
 def fresh_plugin_state(monkeypatch):
-    monkeypatch.setattr(plugin, "_state", {"active": False, "reason": "not activated"})
-    return plugin._state
+    monkeypatch.setattr(process, "state", {"active": False, "reason": "not activated"})
+    return process.state
 
 
 @pytest.mark.parametrize("version", ["0.5.22", "0.6.0", None])
@@ -194,7 +194,7 @@ def test_activates_on_the_pinned_version(fresh_plugin_state, caplog):
         assert plugin._activate(SGLANG_VERSION, reg, FakeHookType, environ={}) is True
         assert plugin._activate(SGLANG_VERSION, reg, FakeHookType, environ={}) is True  # idempotent
     assert [(t, k) for t, _, k in reg.calls] == [(h.target, "around") for h in plugin.HOOKS]
-    assert all(fn is getattr(plugin, h.function) for (_, fn, _), h in zip(reg.calls, plugin.HOOKS))
+    assert all(fn is getattr(hooks, h.function) for (_, fn, _), h in zip(reg.calls, plugin.HOOKS))
     assert sum("active on SGLang" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -241,12 +241,12 @@ LAUNCHER = [("sglang.srt.plugins", "load_plugins"), ("__main__", "<module>")]
 
 
 def test_hooks_only_where_a_scheduler_runs(fresh_plugin_state, caplog):
-    assert plugin.process_role(SCHEDULER) == "scheduler"
-    assert plugin.process_role(LAUNCHER) == "other"
+    assert process.process_role(SCHEDULER) == "scheduler"
+    assert process.process_role(LAUNCHER) == "other"
     detokenizer = [("sglang.srt.plugins", "load_plugins"),
                    ("sglang.srt.managers.detokenizer_manager", "run_detokenizer_process")]
-    assert plugin.process_role(detokenizer) == "other"
-    assert plugin.process_role([("tests", "test_x")]) == "direct"
+    assert process.process_role(detokenizer) == "other"
+    assert process.process_role([("tests", "test_x")]) == "direct"
     reg = FakeRegistry()
     with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
         assert plugin._activate(SGLANG_VERSION, reg, FakeHookType, environ={}, frames=LAUNCHER, argv=[]) is False
@@ -270,7 +270,7 @@ def test_ray_launcher_is_detected_and_its_actors_can_load_the_plugin(fresh_plugi
     # which calls the entry point: the stack then marks a scheduler process.
     roles = []
     fake_plugins = types.ModuleType("sglang.srt.plugins")
-    fake_plugins.load_plugins = lambda: roles.append(plugin.process_role())
+    fake_plugins.load_plugins = lambda: roles.append(process.process_role())
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins", fake_plugins)
     plugin.ray_worker_setup()
     assert roles == ["scheduler"]
@@ -291,7 +291,7 @@ def test_plugin_module_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys, bole_cli.sglang.plugin as p; "
+    code = ("import sys, bole_cli.sglang.plugin, bole_cli.sglang.sizing, bole_cli.sglang.hooks; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch','triton','sglang')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -317,12 +317,12 @@ def test_target_verify_passes_other_pools_to_sglang():
     kw = dict(ssm_states=ssm, cache_indices="ci", query_start_loc="qsl", intermediate_states_buffer="isb",
               intermediate_state_indices="isi", cache_steps=5, retrieve_parent_token="rpt",
               stable_rows=False)
-    out = plugin._around_target_verify(original, "kernel", 1, 2, 3, 4, 5, 6, 7, **kw)
+    out = hooks._around_target_verify(original, "kernel", 1, 2, 3, 4, 5, 6, 7, **kw)
     assert out == "sglang" and seen == {"self": "kernel", "args": (1, 2, 3, 4, 5, 6, 7), "kwargs": kw}
     # the dispatcher's call style: all keywords, some absent
     kw2 = dict(A_log=1, dt_bias=2, q=3, k=4, v=5, a=6, b=7, ssm_states=ssm, cache_indices="ci",
                query_start_loc="qsl")
-    assert plugin._around_target_verify(original, "dispatcher", **kw2) == "sglang"
+    assert hooks._around_target_verify(original, "dispatcher", **kw2) == "sglang"
     assert seen == {"self": "dispatcher", "args": (), "kwargs": kw2}
 
 
@@ -330,11 +330,11 @@ def test_forward_extend_and_commit_pass_through_without_a_bole_pool():
     calls = []
     fb = NS(forward_mode=NS(is_target_verify=lambda: True), spec_info=NS(draft_token_num=4))
     backend = NS(req_to_token_pool=NS(mamba_pool=NS()), mis_metadata=None)
-    out = plugin._around_forward_extend(lambda *a, **k: calls.append(("fe", a, k)) or "o",
+    out = hooks._around_forward_extend(lambda *a, **k: calls.append(("fe", a, k)) or "o",
                                         backend, NS(layer_id=3), fb, "mixed", "a", "b", extra=1)
     assert out == "o" and calls[-1] == ("fe", (backend, NS(layer_id=3), fb, "mixed", "a", "b"), {"extra": 1})
     hybrid = NS(linear_attn_backend=backend)
-    plugin._around_commit(lambda *a: calls.append(("commit", a)), hybrid, "last", "track", "steps", "m", "rpi")
+    hooks._around_commit(lambda *a: calls.append(("commit", a)), hybrid, "last", "track", "steps", "m", "rpi")
     assert calls[-1] == ("commit", (hybrid, "last", "track", "steps", "m", "rpi"))
 
 
@@ -406,21 +406,21 @@ def test_budget_hook_drops_the_snapshot_reservation_only_during_the_call(caplog)
     ns = _fake_configurator_module()
     original, gate = ns["_handle_max_mamba_cache"], ns["_pd_prefill_skips_mamba_spec_state"]
     cfg = _fake_configurator()
-    plan, _ = plugin.configurator_plan(cfg, ns)
+    plan, _ = sizing.configurator_plan(cfg, ns)
     assert plan is not None and plan.rows == 17 and plan.layers == 24
     with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
-        rest = plugin._around_handle_max_mamba_cache(original, cfg, 100.0)
+        rest = hooks._around_handle_max_mamba_cache(original, cfg, 100.0)
     assert rest == pytest.approx(100.0 - plan.arena_bytes() / (1 << 30))
     assert ns["_pd_prefill_skips_mamba_spec_state"] is gate  # restored
     assert any("without per-node snapshots" in r.getMessage() for r in caplog.records)
     # not eligible (a chain): SGLang's reservation stays
     chain = _fake_configurator(spec_algorithm=NS(name="NGRAM"))
-    assert plugin._around_handle_max_mamba_cache(original, chain, 100.0) == 90.0
+    assert hooks._around_handle_max_mamba_cache(original, chain, 100.0) == 90.0
     # another plug-in's wrapper in between: the real module's globals are still found
     import functools
 
     wrapped = functools.wraps(original)(lambda *a, **k: original(*a, **k))
-    assert plugin._around_handle_max_mamba_cache(wrapped, cfg, 100.0) == pytest.approx(rest)
+    assert hooks._around_handle_max_mamba_cache(wrapped, cfg, 100.0) == pytest.approx(rest)
     assert ns["_pd_prefill_skips_mamba_spec_state"] is gate
 
 
@@ -428,12 +428,12 @@ def test_pool_hook_swaps_the_pool_class_only_during_the_build():
     pytest.importorskip("torch")
     ns = _fake_configurator_module()
     original, owner = ns["_build_hybrid_req_pool"], ns["HybridReqToTokenPool"]
-    built = plugin._around_build_hybrid_req_pool(original, _fake_configurator(), max_num_reqs=16,
+    built = hooks._around_build_hybrid_req_pool(original, _fake_configurator(), max_num_reqs=16,
                                                  extra_max_context_len=0)
     assert issubclass(built, ns["MambaPool"]) and built is not ns["MambaPool"]
     assert built.bole_plan.draft_tokens == 16
     assert owner.mamba_pool_cls is ns["MambaPool"]
-    plain = plugin._around_build_hybrid_req_pool(
+    plain = hooks._around_build_hybrid_req_pool(
         original, _fake_configurator(hybrid_gdn_config=None), max_num_reqs=16, extra_max_context_len=0)
     assert plain is ns["MambaPool"]
 
@@ -442,19 +442,19 @@ def test_no_bole_pool_unless_every_hook_applied(monkeypatch, fresh_plugin_state)
     ns = _fake_configurator_module()
     registry = NS(_patched=set())
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", NS(HookRegistry=registry))
-    plan, why = plugin.configurator_plan(_fake_configurator(), ns)
+    plan, why = sizing.configurator_plan(_fake_configurator(), ns)
     assert plan is None and why == "hooks not applied: the plug-in is not active"
     fresh_plugin_state["active"] = True
     registry._patched = {h.target for h in plugin.HOOKS[1:]}
-    plan, why = plugin.configurator_plan(_fake_configurator(), ns)
+    plan, why = sizing.configurator_plan(_fake_configurator(), ns)
     assert plan is None and why == "hooks not applied: " + plugin.HOOKS[0].target
     registry._patched.add(plugin.HOOKS[0].target)
-    assert plugin.configurator_plan(_fake_configurator(), ns)[0] is not None
+    assert sizing.configurator_plan(_fake_configurator(), ns)[0] is not None
 
 
 def test_configurator_read_errors_keep_sglang_path():
     ns = _fake_configurator_module()
-    plan, why = plugin.configurator_plan(NS(), ns)
+    plan, why = sizing.configurator_plan(NS(), ns)
     assert plan is None and why.startswith("could not read SGLang's configuration")
 
 
@@ -463,10 +463,8 @@ def test_configurator_read_errors_keep_sglang_path():
 
 def test_every_hook_target_exists_with_its_signature_in_sglang(sglang_source):
     assert sglang_source.version == SGLANG_VERSION
-    assert plugin.check_plugin_targets(sglang_source) == []
-    from bole_cli.sglang.hooks import HOOK_TARGETS
-
-    listed = {t.target: t for t in (*HOOK_TARGETS, *plugin.PLUGIN_TARGETS)}
+    assert targets.check_plugin_targets(sglang_source) == []
+    listed = {t.target: t for t in targets.SGLANG_TARGETS}
     sigs = {
         "_around_forward_extend": ("layer", "forward_batch", "mixed_qkv", "a", "b"),
         "_around_commit": ("last_correct_step_indices", "mamba_track_indices",
@@ -480,14 +478,14 @@ def test_every_hook_target_exists_with_its_signature_in_sglang(sglang_source):
         assert params is not None
         want = [p for p in params if p not in ("self", "*", "**kwargs")]
         if hook.function in sigs:  # the hook takes the target's parameters, in order
-            mine = list(inspect.signature(getattr(plugin, hook.function)).parameters)[2:]
+            mine = list(inspect.signature(getattr(hooks, hook.function)).parameters)[2:]
             assert mine[: len(sigs[hook.function])] == want[: len(sigs[hook.function])]
         if hook.function == "_around_target_verify":  # positional names it maps, then keywords
-            assert tuple(want[:7]) == plugin._VERIFY_POSITIONAL
+            assert tuple(want[:7]) == hooks._VERIFY_POSITIONAL
             assert {"ssm_states", "cache_indices", "query_start_loc"} <= set(want)
-    targets = [h.target for h in plugin.HOOKS if h.function == "_around_target_verify"]
-    assert any(t.endswith("GDNKernelDispatcher.target_verify") for t in targets)
-    assert any(t.endswith("TritonGDNKernel.target_verify") for t in targets)
+    verify_targets = [h.target for h in plugin.HOOKS if h.function == "_around_target_verify"]
+    assert any(t.endswith("GDNKernelDispatcher.target_verify") for t in verify_targets)
+    assert any(t.endswith("TritonGDNKernel.target_verify") for t in verify_targets)
 
 
 def test_target_check_catches_drift(tmp_path):
@@ -497,7 +495,7 @@ def test_target_check_catches_drift(tmp_path):
     (pkg / "_version.py").write_text("__version__ = version = '0.5.99'\n")
     (pkg / "srt" / "layers" / "attention" / "linear" / "kernels" / "gdn_triton.py").write_text(
         "class TritonGDNKernel:\n    def target_verify(self, q, k, v):\n        pass\n")
-    problems = plugin.check_plugin_targets(root)
+    problems = targets.check_plugin_targets(root)
     assert any("TritonGDNKernel.target_verify: parameters (self, q, k, v)" in p for p in problems)
     assert any("gdn_backend.py" in p for p in problems)
     assert all("\n" not in p for p in problems)
@@ -722,7 +720,7 @@ def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32"
             retrieve_next_token=nt, retrieve_next_sibling=ns, retrieve_parent_token=rpt,
         ).transpose(1, 2).reshape(T, -1)
         q, k, v = split(y)
-        return plugin._around_target_verify(
+        return hooks._around_target_verify(
             _must_not_run, "TritonGDNKernel()", A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b,
             ssm_states=pool.mamba_pool.mamba_cache.temporal[lid], cache_indices=meta.mamba_cache_indices,
             query_start_loc=meta.query_start_loc, intermediate_states_buffer=placeholder[lid],
@@ -753,7 +751,7 @@ def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32"
                 return gdn_verify_branch(self, layer, forward_batch, mixed_qkv, a_, b_, weight=weight,
                                          A_log=A_log, dt_bias=dt_bias)
 
-            o_b = plugin._around_forward_extend(original, backend, NS(layer_id=gdn_ids[lid]), fb, mixed, a, b)
+            o_b = hooks._around_forward_extend(original, backend, NS(layer_id=gdn_ids[lid]), fb, mixed, a, b)
             assert o_b.shape == o_s.shape and o_b.dtype == o_s.dtype
             out["o"].append(rel(o_b[0, real], o_s[0, real]))
             out["o_maxabs"].append(((o_b[0, real].double() - o_s[0, real].double()).abs().max()
@@ -778,7 +776,7 @@ def run_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="float32"
         ple = []
         hybrid = NS(linear_attn_backend=backend,
                     _update_ple_state_after_mtp_verify=lambda *a_: ple.append(a_))
-        plugin._around_commit(_must_not_run, hybrid, acc_t, track_slots, steps_t, None, None)
+        hooks._around_commit(_must_not_run, hybrid, acc_t, track_slots, steps_t, None, None)
         out["ple_called"] = len(ple) == 1 and ple[0][2] is track_slots and ple[0][4] is None
         out["state"] = rel(temporal_b, temporal_s)
         commit_checks(r, out, steps)
@@ -895,7 +893,7 @@ def test_torch_compile_keeps_sglangs_path_and_never_traces_the_lookup(monkeypatc
     ns = _fake_configurator_module()
     ex = ns["get_exec"]()
     ns["get_exec"] = lambda: NS(mamba=ex.mamba, graph=NS(enable_torch_compile=True))
-    plan, why = plugin.configurator_plan(_fake_configurator(), ns)
+    plan, why = sizing.configurator_plan(_fake_configurator(), ns)
     assert plan is None and "--enable-torch-compile" in why
     # a Bole pool present and dynamo tracing a verify: a clear error, not a data_ptr() trace
     plan = BolePlan(layers=1, key_heads=1, key_dim=8, value_heads=1, value_dim=8, conv_dim=24,

@@ -27,7 +27,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from bole_cli.sglang import plugin
+from bole_cli.sglang import hooks, plugin, process, sizing
 
 from test_plugin import (_fake_configurator, _fake_configurator_module,  # noqa: F401
                          _bole_pool_case, _must_not_run, commit_checks, equivalence_rig,
@@ -36,7 +36,7 @@ from test_plugin import (_fake_configurator, _fake_configurator_module,  # noqa:
 
 @pytest.fixture
 def fresh_log(monkeypatch):
-    monkeypatch.setattr(plugin, "_logged", set())
+    monkeypatch.setattr(process, "logged", set())
 
 
 def _chain_module(**spec):
@@ -60,13 +60,13 @@ def test_budget_and_pool_hooks_take_a_chain(topk, monkeypatch, fresh_log, caplog
     monkeypatch.delenv("BOLE_CHAINS", raising=False)
     ns = _chain_module(speculative_eagle_topk=topk)
     cfg = _fake_configurator()
-    plan, why = plugin.configurator_plan(cfg, ns)
+    plan, why = sizing.configurator_plan(cfg, ns)
     assert why == "" and plan.chain and plan.rows == 17 and plan.draft_tokens == 16
     with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
-        rest = plugin._around_handle_max_mamba_cache(ns["_handle_max_mamba_cache"], cfg, 100.0)
+        rest = hooks._around_handle_max_mamba_cache(ns["_handle_max_mamba_cache"], cfg, 100.0)
     assert rest == pytest.approx(100.0 - plan.arena_bytes() / (1 << 30))
     assert any("without per-node snapshots (chain verify)" in r.getMessage() for r in caplog.records)
-    built = plugin._around_build_hybrid_req_pool(ns["_build_hybrid_req_pool"], cfg, max_num_reqs=16,
+    built = hooks._around_build_hybrid_req_pool(ns["_build_hybrid_req_pool"], cfg, max_num_reqs=16,
                                                  extra_max_context_len=0)
     assert built is not ns["MambaPool"] and built.bole_plan.chain
     assert ns["HybridReqToTokenPool"].mamba_pool_cls is ns["MambaPool"]
@@ -88,14 +88,14 @@ def test_chains_left_to_sglang_keep_its_budget_and_pool_with_one_line(env, flags
     _mamba(ns, **flags)
     cfg = _fake_configurator()
     with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
-        assert plugin._around_handle_max_mamba_cache(ns["_handle_max_mamba_cache"], cfg, 100.0) == 90.0
-        assert plugin._around_build_hybrid_req_pool(ns["_build_hybrid_req_pool"], cfg, max_num_reqs=16,
+        assert hooks._around_handle_max_mamba_cache(ns["_handle_max_mamba_cache"], cfg, 100.0) == 90.0
+        assert hooks._around_build_hybrid_req_pool(ns["_build_hybrid_req_pool"], cfg, max_num_reqs=16,
                                                     extra_max_context_len=0) is ns["MambaPool"]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and reason in lines[0] and "\n" not in lines[0], lines
     # the same switch leaves trees alone
     ns["get_spec"] = lambda: NS(speculative_eagle_topk=4, speculative_algorithm="EAGLE")
-    plan, why = plugin.configurator_plan(cfg, ns)
+    plan, why = sizing.configurator_plan(cfg, ns)
     assert (plan is None) == bool(flags) and (plan is None or not plan.chain)
 
 
@@ -199,7 +199,7 @@ def run_chain_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="fl
         lid = pool.mamba2_layer_index(layer.layer_id)
         meta = self.forward_metadata
         q, k, v = split(conv(mixed_qkv, pool.mamba_pool.mamba_cache.conv[0][lid], weight, None, meta))
-        return plugin._around_target_verify(
+        return hooks._around_target_verify(
             _must_not_run, "GDNKernelDispatcher()", A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b,
             ssm_states=pool.mamba_pool.mamba_cache.temporal[lid], cache_indices=meta.mamba_cache_indices,
             query_start_loc=meta.query_start_loc, intermediate_states_buffer=placeholder[lid],
@@ -229,7 +229,7 @@ def run_chain_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="fl
                 return gdn_verify_branch(self, layer, forward_batch, mixed_qkv, a_, b_, weight=weight,
                                          A_log=A_log, dt_bias=dt_bias)
 
-            o_b = plugin._around_forward_extend(original, backend, NS(layer_id=gdn_ids[lid]), fb, mixed, a, b)
+            o_b = hooks._around_forward_extend(original, backend, NS(layer_id=gdn_ids[lid]), fb, mixed, a, b)
             assert o_b.shape == o_s.shape and o_b.dtype == o_s.dtype
             if use_ring:
                 o_c = kern.replayssm_ring_verify(
@@ -261,7 +261,7 @@ def run_chain_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="fl
         ple = []
         hybrid = NS(linear_attn_backend=backend,
                     _update_ple_state_after_mtp_verify=lambda *a_: ple.append(a_))
-        plugin._around_commit(_must_not_run, hybrid, acc_t, track_slots, steps_t, None, None)
+        hooks._around_commit(_must_not_run, hybrid, acc_t, track_slots, steps_t, None, None)
         out["ple_called"] = len(ple) == 1 and ple[0][2] is track_slots
         commit_checks(r, out, steps)
         main = slots[:n_real].tolist()

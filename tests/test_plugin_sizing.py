@@ -23,7 +23,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from bole_cli.memory import format_bytes
-from bole_cli.sglang import plugin
+from bole_cli.sglang import hooks, plugin, process, sizing
 from bole_cli.sglang.source import SGLANG_VERSION
 
 from sglang_stubs import install_modules, sglang_defs
@@ -39,8 +39,8 @@ def source(sglang_source):
 
 @pytest.fixture
 def fresh_state(monkeypatch):
-    monkeypatch.setattr(plugin, "_state", {"active": False, "reason": "not activated"})
-    monkeypatch.setattr(plugin, "_logged", set())
+    monkeypatch.setattr(process, "state", {"active": False, "reason": "not activated"})
+    monkeypatch.setattr(process, "logged", set())
 
 
 # ----------------------------------------------------------------- SGLang's code, stubbed
@@ -192,7 +192,7 @@ def hooked_sglang(source, monkeypatch, g, originals=None):
     assert plugin._activate(SGLANG_VERSION, registry, hook_type, environ={}, frames=scheduler)
     registry.apply_hooks()
     assert {h.target for h in plugin.HOOKS} <= registry._patched
-    assert plugin.hooks_missing() == []
+    assert process.hooks_missing() == []
     return cls
 
 
@@ -256,7 +256,7 @@ def test_budget_grid_on_sglangs_own_sizing(source, monkeypatch, fresh_state, top
             slots_stock = g["get_schedule"]().max_mamba_cache_size
             reserved = sglang_reservation(g, cfg, draft_tokens=d)
             cfg = configure(g, reqs=reqs, draft_tokens=d, ratio=ratio, branch=branch, dp=dp, topk=topk)
-            plan, why = plugin.configurator_plan(cfg, g)
+            plan, why = sizing.configurator_plan(cfg, g)
             assert plan is not None, why
             assert plan.chain == (topk == 1)
             arena = (plan.arena_bytes() + plan.scratch_bytes()) / GIB  # the verify's scratch past one tile
@@ -320,7 +320,7 @@ def test_issue_figures_and_the_gain_under_sglang_defaults(source, monkeypatch, f
     g["_pd_prefill_skips_mamba_spec_state"] = gate
     cls = hooked_sglang(source, monkeypatch, g)
     cfg = configure(g, reqs=reqs, draft_tokens=d, ratio=5, branch="ratio")
-    plan, _ = plugin.configurator_plan(cfg, g)
+    plan, _ = sizing.configurator_plan(cfg, g)
     with caplog.at_level(logging.INFO, logger="bole_cli.sglang.plugin"):
         kv = cls._handle_max_mamba_cache(cfg, 100.0)
     assert g["get_schedule"]().max_mamba_cache_size == stock_slots
@@ -418,7 +418,7 @@ def test_arena_rows_cover_every_capture_bucket(source, monkeypatch, fresh_state)
                                                           "sglang.srt.layers.cp.padding": padding,
                                                           **extra})
                             for reqs in (1, 3, 5, 8, 13, 16, 33):
-                                bound = plugin.largest_verify_batch(reqs)
+                                bound = sizing.largest_verify_batch(reqs)
                                 plan, _ = decide(eligible_facts(max_batch=bound))
                                 chain, _ = decide(eligible_facts(max_batch=bound, topk=1))
                                 assert chain.chain and chain.rows == plan.rows  # chains alike
@@ -452,7 +452,7 @@ def test_capture_bucket_larger_than_eager_reaches_the_pool_arena(source, monkeyp
     assert max(buckets) == 4 and common["get_eager_max_batch_size"](3) == 3
     ns = _fake_configurator_module()
     ns["get_schedule"]().max_running_requests = 3
-    built = plugin._around_build_hybrid_req_pool(ns["_build_hybrid_req_pool"], _fake_configurator(),
+    built = hooks._around_build_hybrid_req_pool(ns["_build_hybrid_req_pool"], _fake_configurator(),
                                                  max_num_reqs=3, extra_max_context_len=0)
     assert built.bole_plan.rows == 5
 
@@ -467,7 +467,7 @@ def test_a_scheduler_whose_capture_sizing_fails_refuses_the_plugin(monkeypatch, 
     install_modules(monkeypatch, {"sglang.srt.utils.common": {
         "get_eager_max_batch_size": lambda reqs: reqs, "get_cuda_graph_max_batch_size": broken}})
     ns = _fake_configurator_module()
-    assert plugin.configurator_plan(_fake_configurator(), ns)[0] is not None  # tests: warned, reqs used
-    monkeypatch.setattr(plugin, "process_role", lambda frames=None: "scheduler")
-    plan, why = plugin.configurator_plan(_fake_configurator(), ns)
+    assert sizing.configurator_plan(_fake_configurator(), ns)[0] is not None  # tests: warned, reqs used
+    monkeypatch.setattr(process, "process_role", lambda frames=None: "scheduler")
+    plan, why = sizing.configurator_plan(_fake_configurator(), ns)
     assert plan is None and "RuntimeError" in why

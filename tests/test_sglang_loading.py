@@ -25,7 +25,7 @@ from bole_cli.errors import BoleError, InputError
 from bole_cli.sglang import isolation as sglang_isolation
 from bole_cli.sglang import kernels as sglang_kernels
 from bole_cli.sglang import source as sglang_src
-from bole_cli.sglang.hooks import HOOK_TARGETS, check_hook_targets
+from bole_cli.sglang.targets import SGLANG_TARGETS, check_hook_targets
 from bole_cli.sglang.source import SGLANG_VERSION, find_sglang_source
 from bole_cli.trees import retrieve_parent_token
 
@@ -145,8 +145,9 @@ def test_directory_source_version_and_hook_drift(tmp_path):
     src = find_sglang_source(root / "sglang", version=None)  # the package dir itself works too
     assert (src.kind, src.version, src.path) == ("directory", "0.5.99", root.resolve())
     problems = check_hook_targets(src)
-    assert len(problems) == len(HOOK_TARGETS)
-    tv = [p for p in problems if p.startswith(HOOK_TARGETS[0].target + ":")]
+    assert len(problems) == len(SGLANG_TARGETS)
+    verify = next(t.target for t in SGLANG_TARGETS if t.target.endswith("TritonGDNKernel.target_verify"))
+    tv = [p for p in problems if p.startswith(verify + ":")]
     assert len(tv) == 1 and "cache_steps" in tv[0] and "gdn_triton.py:3" in tv[0]
     assert all("\n" not in p for p in problems)
 

@@ -1,5 +1,6 @@
 """Bole's Triton kernels (docs/design.md §3): closed-form tree verify, factorised and replay commits,
-tree-parallel conv and gates. Each has a float64 reference in `reference.py`.
+tree-parallel conv and gates, and the SGLang plug-in's copy kernels (`conv_window_commit`,
+`seed_slots`). Each has a float64 (or, for copies, exact) reference in `reference.py`.
 
     from bole_cli.kernels import tree_verify, tree_commit
 

@@ -11,6 +11,8 @@ follow the kernels' tensor contract exactly and favour clarity over speed:
   "Deferred commit"): the accepted paths kept as factors beside the written state.
 - `tree_conv_ref` / `tree_conv_commit_ref`: the depthwise causal conv along ancestor chains.
 - `gdn_gates_ref`: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
+- `conv_window_commit_ref` / `seed_slots_ref`: the SGLang plug-in's conv-window commit over
+  all layers and its track-slot seeding (copies: exact in any dtype).
 
 Layouts (SGLang's): q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; state [S, HV, V, K]
 (the transposed state, K contiguous); parents [N] local to each request, -1 = child of the
@@ -381,6 +383,40 @@ def tree_conv_commit_ref(conv_state, x, state_indices, parents, cu_seqlens, acce
         old = conv_state[slot]
         window = [old[:, keep - need + c] for c in range(need)] + cols
         new[slot] = torch.stack(window, dim=1)
+    return new
+
+
+def conv_window_commit_ref(conv, x, prev, dst, parents, cu_seqlens, accepted):
+    """`conv_window_commit`: every layer's new window in the slots dst[b], from the root path
+    of accepted[b] (a walk that stops at a parent that is not an earlier node), then the
+    newest columns of the request's pre-verify window prev[:, b]. conv [L, S, D, W-1],
+    x [L, T, D], prev [L, B', D, W-1]; accepted[b] or dst[b] < 0: slot left alone."""
+    new = conv.clone()
+    keep = conv.shape[-1]
+    for b, start, end in _requests(cu_seqlens):
+        node, slot = int(accepted[b]), int(dst[b])
+        if node < 0 or slot < 0:
+            continue
+        par = [int(p) for p in parents[start:end].tolist()]
+        path = []
+        while node >= 0 and len(path) < keep:
+            path.append(node)
+            node = par[node] if par[node] < node else -1
+        cols = [x[:, start + j].to(torch.float64) for j in reversed(path)]  # [L, D] each
+        need = keep - len(cols)
+        window = [prev[:, b, :, keep - need + c].to(torch.float64) for c in range(need)] + cols
+        if window:
+            new[:, slot] = torch.stack(window, dim=-1).to(conv.dtype)
+    return new
+
+
+def seed_slots_ref(state, src, dst, steps):
+    """`seed_slots`: state[:, dst[b]] = state[:, src[b]] (the values before any copy) where
+    steps[b], dst[b] and src[b] are all >= 0."""
+    new = state.clone()
+    for b in range(steps.shape[0]):
+        if min(int(steps[b]), int(dst[b]), int(src[b])) >= 0:
+            new[:, int(dst[b])] = state[:, int(src[b])]
     return new
 
 

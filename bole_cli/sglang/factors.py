@@ -17,7 +17,7 @@ nodes at query_start_loc[b] + i). The three entry points mirror SGLang 0.5.23's 
 
 - `capture_conv` runs (from the GDNAttnBackend.forward_extend hook) BEFORE SGLang's tree
   conv, which overwrites the committed conv window during verify
-  (causal_conv1d_triton.py:715-785): it keeps the conv inputs and the old window.
+  (causal_conv1d_triton's tree conv): it keeps the conv inputs and the old window.
 - `verify` replaces TritonGDNKernel.target_verify: same arguments, same output
   ([1, T, HV, V] in q's dtype); it computes SGLang's gates into the layer's g, beta
   (gdn_gates: SGLang's softplus/sigmoid), keeps k and v, and runs Bole's closed form
@@ -25,7 +25,7 @@ nodes at query_start_loc[b] + i). The three entry points mirror SGLang 0.5.23's 
   (BolePlan.depth_promise: shallow big trees go level by level). ssm_states is only read. Trees take
   their parents from retrieve_parent_token (filled by SGLang's tree conv); chains (top-k
   1, and the dummy runs of trees) carry none: SGLang's chain metadata has no retrive_*
-  tensors (hybrid_linear_attn_backend.py:298, 728, 914), so the parents are 0..D-2.
+  tensors (HybridLinearAttnBackend's metadata builders), so the parents are 0..D-2.
 - `commit` replaces HybridLinearAttnBackend.update_mamba_state_after_mtp_verify's scatter:
   ONE tree_commit_replay launch over all layers (the accepted path replayed in float32:
   the state exact to float32, docs/design.md §9) plus one conv-window launch, for the
@@ -46,11 +46,11 @@ import weakref
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 
 from bole_cli.errors import BoleError
 from bole_cli.kernels import VerifyResult, gdn_gates, tree_commit_replay, tree_verify
+from bole_cli.kernels.conv_window_commit import conv_window_commit
+from bole_cli.kernels.seed_slots import seed_slots
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.memory import canonical_dtype
 from bole_cli.sglang.plan import BolePlan
@@ -62,99 +62,6 @@ def torch_dtype(name) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     return _TORCH_DTYPES[canonical_dtype(name)]
-
-
-# --------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _conv_window_commit_kernel(
-    conv, x, prev, dst, parents, cu, accepted,
-    n_req, dim,
-    s_cl, s_cs, s_cd, s_cw, s_xl, s_xn, s_pl, s_pb, s_pd, s_pw,
-    W1: tl.constexpr, WP: tl.constexpr, BD: tl.constexpr,
-):
-    """conv[l, dst[b]] = the last W-1 conv inputs on the root path of accepted[b]; where
-    the path is shorter, the newest columns of the pre-verify window prev[l, b]."""
-    pid = tl.program_id(0)
-    layer = (pid // n_req).to(tl.int64)
-    b = pid % n_req
-    a = tl.load(accepted + b).to(tl.int32)
-    slot = tl.load(dst + b).to(tl.int64)
-    if (a >= 0) & (slot >= 0):
-        offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
-        dmask = offs_d < dim
-        start = tl.load(cu + b).to(tl.int64)
-        cols = tl.arange(0, WP)
-        x_base = x + layer * s_xl + offs_d
-        p_base = prev + layer * s_pl + b * s_pb + offs_d * s_pd
-        new = tl.zeros([BD, WP], dtype=tl.float32)
-        cur = tl.zeros([BD], dtype=tl.int32) + a  # the path node, broadcast over channels
-        chain = tl.zeros([BD], dtype=tl.int32)  # tree nodes taken so far
-        for e in tl.static_range(W1):  # e steps back from the accepted node -> column W1-1-e
-            on = cur >= 0
-            node = tl.maximum(cur, 0)
-            xv = tl.load(x_base + (start + node) * s_xn, mask=dmask & on, other=0.0).to(tl.float32)
-            col = (W1 - 1) - e + chain  # the window column once the path has left the tree
-            pv = tl.load(p_base + col * s_pw, mask=dmask & (~on), other=0.0).to(tl.float32)
-            val = tl.where(on, xv, pv)
-            new = tl.where(cols[None, :] == (W1 - 1 - e), val[:, None], new)
-            nxt = tl.load(parents + start + node, mask=on, other=-1).to(tl.int32)
-            chain += on.to(tl.int32)
-            cur = tl.where(on & (nxt < cur), nxt, -1)
-        ptrs = conv + layer * s_cl + slot * s_cs + offs_d[:, None] * s_cd + cols[None, :] * s_cw
-        tl.store(ptrs, new.to(conv.dtype.element_ty), mask=dmask[:, None] & (cols < W1)[None, :])
-
-
-@triton.jit
-def _seed_slots_kernel(state, src, dst, steps, n_req, numel, s_l, s_s, BLOCK: tl.constexpr):
-    """state[l, dst[b]] = state[l, src[b]] where steps[b] >= 0 (whole slot entries)."""
-    pid = tl.program_id(0)
-    layer = (pid // n_req).to(tl.int64)
-    b = pid % n_req
-    st = tl.load(steps + b)
-    d = tl.load(dst + b).to(tl.int64)
-    s = tl.load(src + b).to(tl.int64)
-    if (st >= 0) & (d >= 0) & (s >= 0):
-        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        m = offs < numel
-        v = tl.load(state + layer * s_l + s * s_s + offs, mask=m)
-        tl.store(state + layer * s_l + d * s_s + offs, v, mask=m)
-
-
-def conv_window_commit(conv: torch.Tensor, x: torch.Tensor, prev: torch.Tensor, dst: torch.Tensor,
-                       parents: torch.Tensor, cu: torch.Tensor, accepted: torch.Tensor) -> None:
-    """All layers in one launch. conv [L, S, dim, W-1] (any strides), x [L, T, dim]
-    (channel-contiguous), prev [L, B', dim, W-1] (B' >= B), dst/accepted [B], cu [B+1]."""
-    n_layers, _, dim, w1 = conv.shape
-    n_req = accepted.shape[0]
-    if n_req == 0 or n_layers == 0 or dim == 0:
-        return
-    if x.stride(-1) != 1:
-        raise BoleError("conv_window_commit: x must be channel-contiguous")
-    bd = 128
-    grid = (n_layers * n_req, triton.cdiv(dim, bd))
-    _conv_window_commit_kernel[grid](
-        conv, x, prev, dst, parents, cu, accepted, n_req, dim,
-        *conv.stride(), x.stride(0), x.stride(1), *prev.stride(),
-        W1=w1, WP=triton.next_power_of_2(max(w1, 1)), BD=bd, num_warps=4,
-    )
-
-
-def seed_slots(state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, steps: torch.Tensor) -> None:
-    """state [L, S, ...] with each slot entry contiguous: copy src slots to dst slots where
-    steps >= 0 (the track slots, before their commit reads them as the pre-verify state)."""
-    n_layers, slots = state.shape[:2]
-    n_req = steps.shape[0]
-    if n_req == 0 or n_layers == 0 or state.numel() == 0:
-        return
-    numel = state[0, 0].numel()
-    if not state[0, 0].is_contiguous() or state.stride(1) < numel:
-        raise BoleError("seed_slots: each state slot must be one contiguous block")
-    block = 4096
-    grid = (n_layers * n_req, triton.cdiv(numel, block))
-    _seed_slots_kernel[grid](state, src, dst, steps, n_req, numel, state.stride(0), state.stride(1),
-                             BLOCK=block, num_warps=4)
 
 
 # --------------------------------------------------------------------------- the store

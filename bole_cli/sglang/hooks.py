@@ -1,229 +1,149 @@
-"""The SGLang 0.5.23 functions the Bole plug-in hooks, as data, and a source check.
+"""The Bole plug-in's AROUND hooks on SGLang 0.5.23 (registered by `plugin.activate`; their
+targets are the "around" rows of `targets.SGLANG_TARGETS`, docs/design.md §6).
 
-Each `HookTarget` names a dotted path exactly as ``HookRegistry.register`` takes it
-(``sglang.srt.plugins.hook_registry``, docs/design.md §6) and the parameter list read from
-SGLang 0.5.23's source (``*`` marks the start of keyword-only parameters, ``*args`` /
-``**kwargs`` the catch-alls, ``/`` the end of positional-only ones). `check_hook_targets`
-parses the given SGLang source with `ast` (no import of sglang) and returns one line per
-mismatch, so an SGLang upgrade that moves or re-signs a target is caught before serving.
+What each hook does (tensor plumbing in `factors`, pool in `pool`, sizes in `plan`):
 
-use:
-- "around": the plug-in wraps it with an AROUND hook (HookType.AROUND: the hook receives
-  SGLang's original and ``self``, and calls the original for every pool that is not Bole's).
-- "wrap": the plug-in wraps it (an AROUND hook) or sets it for the duration of a call.
-- "alternative": a narrower/wider hook point for the same job, kept checked so the
-  plug-in can switch if the primary one changes.
-Details and line references: docs/sglang-0.5.23.md.
+1. ``KVCacheConfigurator._handle_max_mamba_cache``: SGLang's memory budget reserves
+   ``mamba_cache_per_req * (capped reqs + 1) * D`` for per-node snapshots, in one of three
+   branches (explicit ``--max-mamba-cache-size``, ``--disable-radix-cache``, or the
+   ratio-based default). Bole runs SGLang's sizing as is (so the mamba slot count is
+   SGLang's), then once more with that slot count pinned and the "reserve snapshots?" test
+   answered no: the difference is exactly SGLang's reservation, which goes to the KV cache
+   less Bole's factor arena (`budget_without_snapshots`). Logged.
+2. ``KVCacheConfigurator._build_hybrid_req_pool``: while SGLang builds the hybrid request
+   pool, ``HybridReqToTokenPool.mamba_pool_cls`` is a MambaPool subclass that allocates the
+   factor arena instead of ``intermediate_ssm`` / ``intermediate_conv_window`` (logged).
+3. ``GDNAttnBackend.forward_extend`` (TARGET_VERIFY on a Bole pool): before SGLang's tree
+   or chain conv overwrites the committed conv window, keep the conv inputs and the old window.
+4. ``TritonGDNKernel.target_verify`` (and the dispatcher in front of it, so that no other
+   verify backend, e.g. FlashInfer in a dummy run without a tree, can write into the
+   placeholder snapshot buffer): on a Bole pool (found by ``ssm_states.data_ptr()``),
+   Bole's closed form with SGLang's gates / l2norm / scale; k, u, log_p go to the arena.
+   Parents come from SGLang's retrieve_parent_token (trees); a chain has none (its verify
+   metadata carries no retrive_* tensors), so its parents are 0..D-2.
+   Other pools: SGLang's code, arguments untouched.
+5. ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify``: on a Bole pool, one
+   tree_commit over all GDN layers + one conv-window commit for the accepted nodes, and
+   the same for the prefix-cache track slots; SGLang's PLE side-state update still runs.
+
+Every hook calls SGLang's original, arguments untouched, for a pool that is not Bole's.
 """
 
 from __future__ import annotations
 
-import ast
-import os
-from dataclasses import dataclass
-from typing import Optional, Union
+import logging
+from typing import Any, Callable
 
-from bole_cli.sglang.source import SGLangSource, find_sglang_source
-
-
-@dataclass(frozen=True)
-class HookTarget:
-    target: str
-    use: str
-    params: Optional[tuple[str, ...]]  # None: a class attribute that must exist
-    line: int  # where the def / assignment is in 0.5.23 (informative, not checked)
-    why: str
+from bole_cli.memory import format_bytes
+from bole_cli.sglang import process
+from bole_cli.sglang import sizing
 
 
-_TV = "sglang.srt.layers.attention.linear"
+def _module_globals(fn: Callable) -> dict:
+    """The globals of the module defining `fn`, through other plug-ins' wrappers."""
+    import inspect
 
-HOOK_TARGETS: tuple[HookTarget, ...] = (
-    HookTarget(
-        f"{_TV}.kernels.gdn_triton.TritonGDNKernel.target_verify",
-        "around",
-        ("self", "A_log", "dt_bias", "q", "k", "v", "a", "b", "*", "ssm_states",
-         "cache_indices", "query_start_loc", "intermediate_states_buffer",
-         "intermediate_state_indices", "cache_steps", "retrieve_parent_token", "**kwargs"),
-        217,
-        "tree verify (the dispatcher always routes retrieve_parent_token != None here); "
-        "Bole computes o with the closed form and keeps k/u/log_p instead of snapshots. "
-        "Gets no layer id: key per-layer factors by ssm_states.data_ptr() (temporal[layer]).",
-    ),
-    HookTarget(
-        "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend."
-        "update_mamba_state_after_mtp_verify",
-        "around",
-        ("self", "last_correct_step_indices", "mamba_track_indices", "mamba_steps_to_track",
-         "model", "req_pool_indices"),
-        1514,
-        "post-verify commit: Eq. 10 from the factors instead of scattering intermediate_ssm; "
-        "conv windows still scattered from intermediate_conv_window.",
-    ),
-    HookTarget(
-        "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.mamba_pool_cls",
-        "wrap",
-        None,
-        1358,
-        "class attribute (= MambaPool) used by _init_mamba_pool; set it to a MambaPool "
-        "subclass that skips intermediate_ssm. A class REPLACE of memory_pool.MambaPool does "
-        "NOT reach it (_propagate_patch only rewrites module globals).",
-    ),
-    HookTarget(
-        "sglang.srt.mem_cache.memory_pool.MambaPool.__init__",
-        "wrap",
-        ("self", "*", "size", "spec_state_size", "cache_params", "mamba_layer_ids", "device",
-         "enable_memory_saver", "speculative_num_draft_tokens", "speculative_eagle_topk",
-         "enable_linear_replayssm", "linear_replayssm_cache_len", "envelope_layout",
-         "enable_linear_replayssm_spec"),
-        638,
-        "allocates intermediate_ssm [layers, spec_state_size+1, D, HV, V, K] (ssm dtype) "
-        "and intermediate_conv_window [layers, spec_state_size+1, D, conv_dim, W-1].",
-    ),
-    HookTarget(
-        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache",
-        "wrap",
-        ("self", "total_rest_memory"),
-        3229,
-        "memory budget: reserves mamba_cache_per_req * (reqs+1) * D for the snapshots; "
-        "without the snapshot buffer that memory goes to the KV cache.",
-    ),
-    HookTarget(
-        f"{_TV}.gdn_backend.GDNAttnBackend.forward_extend",
-        "alternative",
-        ("self", "layer", "forward_batch", "mixed_qkv", "a", "b", "**kwargs"),
-        948,
-        "target-verify branch: tree conv + verify call; asserts intermediate_ssm is not None "
-        "(gdn_backend.py:1143), so a pool without snapshots needs a placeholder or this hook.",
-    ),
-    HookTarget(
-        f"{_TV}.gdn_backend.GDNKernelDispatcher.target_verify",
-        "alternative",
-        ("self", "A_log", "dt_bias", "q", "k", "v", "a", "b", "*", "ssm_states",
-         "cache_indices", "query_start_loc", "**kwargs"),
-        466,
-        "routes tree verify to TritonGDNKernel even when the verify backend is FlashInfer; "
-        "chains (retrieve_parent_token None) go to the configured verify kernel, so Bole's "
-        "hook sits here too.",
-    ),
-    HookTarget(
-        "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool",
-        "alternative",
-        ("self", "mamba_size", "mamba_spec_state_size", "cache_params", "mamba_layer_ids",
-         "device", "enable_mamba_extra_buffer", "speculative_num_draft_tokens",
-         "speculative_eagle_topk", "enable_linear_replayssm", "linear_replayssm_cache_len",
-         "mamba_envelope_layout", "enable_linear_replayssm_spec", "short_conv_layer_ids",
-         "short_conv_state_shape", "ngram_context_len", "ngram_eos_token_id"),
-        1426,
-        "builds self.mamba_pool = self.mamba_pool_cls(...).",
-    ),
-    HookTarget(
-        "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_mamba_states_after_mtp_verify",
-        "alternative",
-        ("mamba_caches", "state_indices_tensor", "last_correct_step_indices",
-         "mamba_track_indices", "mamba_steps_to_track", "src_indices_raw"),
-        781,
-        "the SSM + conv copy-back called by update_mamba_state_after_mtp_verify (default path).",
-    ),
-    HookTarget(
-        "sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify",
-        "alternative",
-        ("target_worker", "batch", "accept_lens", "accept_index", "draft_token_num",
-         "prepared_step_indices"),
-        1005,
-        "caller of the commit; has accept_index / accept_lens (EAGLE, NEXTN, ngram workers).",
-    ),
-)
+    return inspect.unwrap(fn).__globals__
 
 
-def _module_file(source: SGLangSource, dotted: str) -> tuple[Optional[str], list[str]]:
-    """Longest importable module prefix of `dotted` -> (file relpath, remaining qualname)."""
-    parts = dotted.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        base = "/".join(parts[:i])
-        for rel in (base + ".py", base + "/__init__.py"):
-            if source.exists(rel):
-                return rel, parts[i:]
-    return None, parts
+def _around_handle_max_mamba_cache(original: Callable, self: Any, total_rest_memory: float):
+    sglang_globals = _module_globals(original)
+    plan, why = sizing.configurator_plan(self, sglang_globals)
+    if plan is None:
+        process.log_once(logging.INFO, "Bole plug-in: SGLang's own speculative state for this model (%s)", why)
+        return original(self, total_rest_memory)
+    stock = original(self, total_rest_memory)  # SGLang's own sizing; its errors reach the caller
+    try:
+        free, slots = sizing.budget_without_snapshots(original, self, total_rest_memory, sglang_globals)
+    except Exception as exc:  # noqa: BLE001 - SGLang changed: keep its budget (it covers the arena)
+        process.log_once(logging.WARNING, "Bole plug-in: could not size the budget without snapshots (%s: "
+                  "%s); SGLang's snapshot reservation stays in it", type(exc).__name__, exc)
+        return stock
+    scratch = plan.scratch_bytes()  # trees past one tile: the verify's scratch, one layer at a time
+    arena = (plan.arena_bytes() + scratch) / (1 << 30)
+    process.logger.info("Bole plug-in: memory budget without per-node snapshots (%s verify): SGLang's "
+                "sizing reserves %s for them (%d mamba slots, as SGLang chose); Bole's factor "
+                "arena takes %s (and %s of verify scratch); the KV cache gets %s more than with "
+                "SGLang alone", plan.mode, format_bytes((free - stock) * (1 << 30)), slots,
+                format_bytes(plan.arena_bytes()), format_bytes(scratch),
+                format_bytes((free - arena - stock) * (1 << 30)))
+    return free - arena
 
 
-def _signature_tokens(fn: Union[ast.FunctionDef, ast.AsyncFunctionDef]) -> tuple[str, ...]:
-    a = fn.args
-    out = [x.arg for x in a.posonlyargs]
-    if a.posonlyargs:
-        out.append("/")
-    out += [x.arg for x in a.args]
-    if a.vararg is not None:
-        out.append("*" + a.vararg.arg)
-    elif a.kwonlyargs:
-        out.append("*")
-    out += [x.arg for x in a.kwonlyargs]
-    if a.kwarg is not None:
-        out.append("**" + a.kwarg.arg)
-    return tuple(out)
+def _around_build_hybrid_req_pool(original: Callable, self: Any, *args: Any, **kwargs: Any):
+    sglang_globals = _module_globals(original)
+    plan, why = sizing.configurator_plan(self, sglang_globals)
+    pool_cls_owner = sglang_globals.get("HybridReqToTokenPool")
+    if plan is None or pool_cls_owner is None:
+        process.log_once(logging.INFO, "Bole plug-in: SGLang's own speculative state for this model (%s)",
+                  why or "HybridReqToTokenPool not found")
+        return original(self, *args, **kwargs)
+    from bole_cli.sglang.pool import bole_pool_class
+
+    base = pool_cls_owner.mamba_pool_cls
+    pool_cls_owner.mamba_pool_cls = bole_pool_class(base, plan)
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        pool_cls_owner.mamba_pool_cls = base
 
 
-def _find(body: list[ast.stmt], qual: list[str]) -> Optional[ast.AST]:
-    head, rest = qual[0], qual[1:]
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == head:
-            if not rest:
-                return node
-            if isinstance(node, ast.ClassDef):
-                return _find(node.body, rest)
-            return None
-        if not rest and isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == head for t in targets):
-                return node
-    return None
+def _bole_store(pool: Any):
+    return getattr(getattr(pool, "mamba_pool", None), "bole_store", None)
 
 
-def locate(
-    source: SGLangSource, target: str, _trees: Optional[dict[str, ast.Module]] = None
-) -> tuple[Optional[str], Optional[ast.AST]]:
-    """(file relpath, ast node) of a dotted target in the source; None where not found."""
-    rel, qual = _module_file(source, target)
-    if rel is None or not qual:
-        return rel, None
-    trees = {} if _trees is None else _trees
-    if rel not in trees:
-        trees[rel] = ast.parse(source.read_text(rel), filename=rel)
-    return rel, _find(trees[rel].body, qual)
+def _around_forward_extend(original: Callable, self: Any, layer: Any, forward_batch: Any,
+                           mixed_qkv: Any, a: Any, b: Any, **kwargs: Any):
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is not None and mode.is_target_verify():
+        pool = self.req_to_token_pool
+        store = _bole_store(pool)
+        if store is not None and getattr(self, "mis_metadata", None) is None and hasattr(mixed_qkv, "shape"):
+            index = pool.mamba2_layer_index(layer.layer_id)
+            store.capture_conv(index, mixed_qkv, pool.mamba_pool.mamba_cache.conv[0][index],
+                               self.forward_metadata.mamba_cache_indices,
+                               forward_batch.spec_info.draft_token_num)
+    return original(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)
 
 
-def check_hook_targets(
-    source: Union[SGLangSource, str, os.PathLike, None] = None,
-    targets: tuple[HookTarget, ...] = HOOK_TARGETS,
-) -> list[str]:
-    """Compare `targets` with an SGLang source tree; return one line per mismatch.
+_VERIFY_POSITIONAL = ("A_log", "dt_bias", "q", "k", "v", "a", "b")
 
-    source: an SGLangSource, a path (wheel / unpacked wheel / site dir), or None for
-    `find_sglang_source`'s search (any version is accepted: the point is to catch drift).
-    An empty list means every target exists with the expected parameter names.
-    """
-    if not isinstance(source, SGLangSource):
-        source = find_sglang_source(source, version=None)
-    problems: list[str] = []
-    trees: dict[str, ast.Module] = {}
-    for t in targets:
-        rel, node = locate(source, t.target, trees)
-        if rel is None:
-            problems.append(f"{t.target}: no module for it in {source.describe()}")
-            continue
-        if node is None:
-            problems.append(f"{t.target}: not defined in {rel}")
-            continue
-        if t.params is None:
-            if not isinstance(node, (ast.Assign, ast.AnnAssign)):
-                problems.append(f"{t.target}: expected an attribute, found a def/class at {rel}:{node.lineno}")
-            continue
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            problems.append(f"{t.target}: expected a function at {rel}:{node.lineno}")
-            continue
-        found = _signature_tokens(node)
-        if found != t.params:
-            problems.append(
-                f"{t.target}: parameters ({', '.join(found)}) at {rel}:{node.lineno}, "
-                f"expected ({', '.join(t.params)})"
-            )
-    return problems
+
+def _around_target_verify(original: Callable, self: Any, *args: Any, **kwargs: Any):
+    """Both GDNKernelDispatcher.target_verify and TritonGDNKernel.target_verify: on a Bole
+    pool, Bole's verify (whatever verify backend SGLang would pick: the pool's snapshot
+    buffer is only a placeholder); otherwise the original, with the arguments untouched."""
+    from bole_cli.sglang import factors
+
+    found = factors.lookup(kwargs.get("ssm_states"))
+    if found is None:
+        return original(self, *args, **kwargs)
+    p = dict(zip(_VERIFY_POSITIONAL, args))
+    p.update((name, kwargs[name]) for name in _VERIFY_POSITIONAL if name in kwargs)
+    store, layer = found
+    return store.verify(layer, p["A_log"], p["dt_bias"], p["q"], p["k"], p["v"], p["a"], p["b"],
+                        ssm_states=kwargs["ssm_states"], cache_indices=kwargs["cache_indices"],
+                        query_start_loc=kwargs["query_start_loc"],
+                        retrieve_parent_token=kwargs.get("retrieve_parent_token"),
+                        draft_token_num=kwargs.get("cache_steps"))
+
+
+def _around_commit(original: Callable, self: Any, last_correct_step_indices: Any,
+                   mamba_track_indices: Any, mamba_steps_to_track: Any, model: Any,
+                   req_pool_indices: Any = None):
+    backend = self.linear_attn_backend
+    mamba_pool = backend.req_to_token_pool.mamba_pool
+    store = getattr(mamba_pool, "bole_store", None)
+    if store is None:
+        return original(self, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track,
+                        model, req_pool_indices)
+    n = last_correct_step_indices.shape[0]
+    if mamba_track_indices is not None:
+        mamba_track_indices = backend._translate_mamba_indices(mamba_track_indices)
+    meta = backend.forward_metadata
+    dst = meta.mamba_cache_indices[:n]
+    cache = mamba_pool.mamba_cache
+    store.commit(cache.temporal, cache.conv[0], dst, last_correct_step_indices, meta.query_start_loc,
+                 mamba_track_indices, mamba_steps_to_track)
+    self._update_ple_state_after_mtp_verify(dst, last_correct_step_indices, mamba_track_indices,
+                                            mamba_steps_to_track, None)

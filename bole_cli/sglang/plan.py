@@ -1,7 +1,7 @@
 """When the Bole plug-in takes over an SGLang pool, and how big its factor arena is.
 
 Torch-free and SGLang-free: the plug-in's hooks gather plain facts from SGLang's
-configurator (`plugin._configurator_facts`), and `decide` turns them into a `BolePlan`
+configurator (`sizing.configurator_facts`), and `decide` turns them into a `BolePlan`
 or the one reason Bole stays out of the way. `bole serve --dry-run` uses the same byte
 arithmetic without importing anything heavy.
 
@@ -14,8 +14,8 @@ and pool stay untouched). docs/design.md §6.
 The arena (bole_cli/sglang/factors.py) replaces SGLang's per-node snapshots
 (MambaPool.intermediate_ssm [L, rows, D, HV, V, K] in the state dtype) and per-node
 conv windows (intermediate_conv_window [L, rows, D, conv_dim, W-1], dense for trees; for
-CUDA chains SGLang stores one deduplicated [conv_dim, D + W - 2] window per row,
-memory_pool.py:910-960):
+CUDA chains SGLang stores one deduplicated [conv_dim, D + W - 2] window per row, in
+MambaPool.__init__):
 
     per GDN layer and draft-token position (rows x D positions):
         k      [H, K]        activation dtype   (raw; l2-normalised in the kernels)
@@ -30,7 +30,7 @@ memory_pool.py:910-960):
 rows = the largest batch a verify can carry + 1, like SGLang's `spec_state_size + 1`: the
 max running requests per DP shard, or more where SGLang pads them: its eager batch
 (get_eager_max_batch_size) or its largest CUDA-graph capture bucket (the pool size rounded
-up to get_cuda_graph_batch_size_alignment; `plugin.largest_verify_batch`). A bucket larger
+up to get_cuda_graph_batch_size_alignment; `sizing.largest_verify_batch`). A bucket larger
 than the arena would make the factor store raise during capture.
 """
 
@@ -68,7 +68,7 @@ def chains_enabled(value: Optional[str]) -> Optional[bool]:
 
 def is_chain(topk: Any) -> bool:
     """SGLang's linear draft: --speculative-eagle-topk unset (None) or at most 1
-    (hybrid_linear_attn_backend.py:85 reads ``topk or 0``; chains are ``topk <= 1``)."""
+    (HybridLinearAttnBackend reads ``topk or 0``; chains are ``topk <= 1``)."""
     return topk is None or (isinstance(topk, int) and not isinstance(topk, bool) and topk <= 1)
 
 
@@ -82,11 +82,11 @@ class BolePlan:
     """The shapes of one rank's Bole arena (per tensor-parallel shard)."""
 
     layers: int  # GDN layers held by this pool
-    key_heads: int  # H (per TP shard)
+    key_heads: int  # H (per tensor-parallel shard)
     key_dim: int  # K
-    value_heads: int  # HV (per TP shard)
+    value_heads: int  # HV (per tensor-parallel shard)
     value_dim: int  # V
-    conv_dim: int  # 2*H*K + HV*V (per TP shard)
+    conv_dim: int  # 2*H*K + HV*V (per tensor-parallel shard)
     conv_window: int  # W - 1
     draft_tokens: int  # D (SGLang's max_speculative_num_draft_tokens)
     rows: int  # largest verify batch + 1

@@ -4,11 +4,11 @@
 everything a non-speculative pool has (conv and temporal states, same layout, same
 memory-saver region, same logging), then, instead of
 ``intermediate_ssm [L, rows, D, HV, V, K]`` and ``intermediate_conv_window [L, rows, D,
-conv_dim, W-1]`` (memory_pool.py:864-977), allocates Bole's factor arena and exposes a
+conv_dim, W-1]`` (MambaPool.__init__), allocates Bole's factor arena and exposes a
 ``SpeculativeState`` whose
 
 - ``intermediate_ssm`` is a zero-stride placeholder of the right shape (4 bytes): the
-  GDN verify branch asserts it is not None (gdn_backend.py:1143) and hands it to
+  GDN verify branch asserts it is not None (GDNAttnBackend.forward_extend) and hands it to
   target_verify, whose Bole hook never touches it;
 - per-layer ``intermediate_conv_window`` is ``[None]``: SGLang's tree or chain conv then
   skips its window snapshots (SAVE_INTERMEDIATE=False); the tree conv still fills
