@@ -102,7 +102,7 @@ def test_not_found_is_one_clear_line(no_sglang):
         find_sglang_source()
     msg = str(info.value)
     assert "\n" not in msg
-    assert msg.startswith(f"SGLang {SGLANG_VERSION} not found: pip install 'bole-cli[serve]'")
+    assert msg.startswith(f'SGLang {SGLANG_VERSION} not found: pip install "sglang=={SGLANG_VERSION}"')
     assert sglang_src.ENV_WHEEL in msg
     assert not isinstance(info.value, InputError)
     with pytest.raises(BoleError, match="not found"):

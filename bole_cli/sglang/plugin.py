@@ -148,8 +148,8 @@ def _activate(version: Optional[str], registry: Any = None, hook_type: Any = Non
 def _refuse_version(version: Optional[str], why: str) -> bool:
     process.state["reason"] = why
     process.logger.warning("Bole plug-in: found %s but Bole is pinned to SGLang %s; staying "
-                   "inactive (SGLang runs unchanged; pip install 'bole-cli[serve]')",
-                   why if version else "SGLang (version unknown)", SGLANG_VERSION)
+                   "inactive (SGLang runs unchanged; pip install \"sglang==%s\")",
+                   why if version else "SGLang (version unknown)", SGLANG_VERSION, SGLANG_VERSION)
     return False
 
 

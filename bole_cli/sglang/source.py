@@ -34,7 +34,7 @@ SGLANG_VERSION = "0.5.23"
 ENV_WHEEL = "BOLE_SGLANG_WHEEL"
 
 NOT_FOUND = (
-    f"SGLang {SGLANG_VERSION} not found: pip install 'bole-cli[serve]' or set "
+    f"SGLang {SGLANG_VERSION} not found: pip install \"sglang=={SGLANG_VERSION}\" or set "
     f"{ENV_WHEEL}=/path/to/sglang-{SGLANG_VERSION}-*.whl (or an unpacked wheel directory)"
 )
 
@@ -153,7 +153,7 @@ def _check_version(src: SGLangSource, version: Optional[str], *, explicit: bool)
     cls = InputError if explicit else BoleError
     raise cls(
         f"{src.describe()} is not SGLang {version}; Bole's SGLang integration is pinned "
-        f"to {version} (pip install 'bole-cli[serve]')"
+        f"to {version} (pip install \"sglang=={version}\")"
     )
 
 
