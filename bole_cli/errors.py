@@ -7,6 +7,8 @@ Both subclass ValueError/RuntimeError so library callers can catch them normally
 
 from __future__ import annotations
 
+from bole_cli.versions import SGLANG_VERSION
+
 
 class BoleError(RuntimeError):
     """A runtime failure: the request was valid but could not be carried out."""
@@ -33,12 +35,12 @@ def brief(value: object, width: int = 40) -> str:
 
 #: What each optional feature needs when the package's own metadata cannot say (a source
 #: tree run without installing); pyproject.toml's extras are the one home of the pins.
-_EXTRA_FALLBACK = {"serve": ('sglang==0.5.23',),
+_EXTRA_FALLBACK = {"serve": (f"sglang=={SGLANG_VERSION}",),
                    "acceptance": ("transformers>=5.24,<6", "safetensors>=0.4")}
 
 
 def install_hint(extra: str) -> str:
-    """`pip install "sglang==0.5.23"`: what to install for an optional feature, read from
+    """`pip install "sglang==<SGLANG_VERSION>"`: what to install for an optional feature, read from
     the installed package's extras (bole-cli is on no index, so `bole-cli[serve]` would
     not resolve)."""
     from importlib import metadata

@@ -29,3 +29,24 @@ def test_ci_runs_the_readme_test_line():
         cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     assert extracted == quick_start_lines()[1]
     assert 'bash -euo pipefail -c "$test_line"' in script
+
+
+def test_one_sglang_pin():
+    """pyproject's `serve` extra and .ci/run's wheel download pin bole_cli/versions.py's
+    SGLang; a literal "0.5.23"-style pin elsewhere in bole_cli would drift."""
+    from bole_cli.versions import SGLANG_VERSION
+
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.findall(r'"sglang==([^"]+)"', pyproject) == [SGLANG_VERSION]
+    script = (ROOT / ".ci" / "run").read_text()
+    assert set(re.findall(r"sglang==([0-9][\w.]*)", script)) == {SGLANG_VERSION}
+    literal = re.compile(r"[\"']" + re.escape(SGLANG_VERSION) + r"[\"']")
+    homes = [p.relative_to(ROOT).as_posix() for p in (ROOT / "bole_cli").rglob("*.py") if literal.search(p.read_text())]
+    assert homes == ["bole_cli/versions.py"]
+
+
+def test_ci_fails_without_the_sglang_wheel():
+    """The equivalence tests must run in CI: a failed wheel download stops .ci/run."""
+    script = (ROOT / ".ci" / "run").read_text()
+    download = script[script.index("pip download"):script.index("test_line=")]
+    assert "exit 1" in download and "will skip" not in download

@@ -29,8 +29,8 @@ from typing import Optional
 
 from bole_cli.errors import BoleError, InputError
 from bole_cli.sglang.isolation import live_sglang
+from bole_cli.versions import SGLANG_VERSION
 
-SGLANG_VERSION = "0.5.23"
 ENV_WHEEL = "BOLE_SGLANG_WHEEL"
 
 NOT_FOUND = (

@@ -39,6 +39,7 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import BoleError, InputError
 from bole_cli.runtime.model import HybridCache, HybridModel
+from bole_cli.versions import SGLANG_VERSION
 from bole_cli.runtime.snapshot import SnapshotGDN, load_sglang_gdn
 
 SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
@@ -147,7 +148,7 @@ def resolve_snapshot_engine(choice: str, device: torch.device) -> tuple[Snapshot
             raise BoleError(f"--snapshot-engine sglang: SGLang's kernels did not load: {exc}") from exc
         return SnapshotGDN(), f"{torch_desc}; SGLang 0.5.23's kernels did not load ({exc})"
     src = getattr(getattr(kernels, "source", None), "describe", lambda: "")()
-    ver = getattr(kernels, "version", None) or "0.5.23"
+    ver = getattr(kernels, "version", None) or SGLANG_VERSION
     return engine, (f"SGLang {ver}'s fused_sigmoid_gating_delta_rule_update (its serial tree verify, writing "
                     "a float32 snapshot per node), then the accepted snapshots copied back (one gather over "
                     "all layers)" + (f"; kernels from {src}" if src else ""))
