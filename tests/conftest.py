@@ -2,7 +2,8 @@
 
 - Without CUDA, Triton kernels run under Triton's CPU interpreter: TRITON_INTERPRET=1 is
   set here, at conftest import, before any test module can import triton.
-- Tests marked `@pytest.mark.gpu` are skipped when no CUDA device is present.
+- Tests marked `@pytest.mark.gpu` or `gpu_slow` are skipped when no CUDA device is present
+  (`-m gpu` fits one device call of 5 minutes; `-m "gpu or gpu_slow"` runs them all).
 - `sglang_source` / `sglang_kernels`: SGLang 0.5.23's source and kernels, or a skip.
 - Hypothesis profiles: "default" (no deadline: the interpreter and first-call compiles
   are slow), "ci" (fewer examples, derandomised) and "thorough". Pick one with
@@ -73,10 +74,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"bole: CUDA {'available' if CUDA_AVAILABLE else 'absent'}, TRITON_INTERPRET={interp}"
 
 
+GPU_MARKERS = ("gpu", "gpu_slow")  # gpu_slow: the long GPU tests, out of `-m gpu`
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if CUDA_AVAILABLE:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
+        if any(item.get_closest_marker(name) is not None for name in GPU_MARKERS):
             item.add_marker(skip)

@@ -330,7 +330,7 @@ def test_cli_without_cuda_says_so():
     assert r.exit_code == 1 and "needs a CUDA GPU" in r.stderr and "--device cpu --tiny" in r.stderr
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu_slow
 def test_three_decoders_greedy_on_cuda_with_graphs():
     """The same exactness check through the Triton kernels and CUDA graphs (float32)."""
     bench = harness.E2EBench(tiny_spec(), device="cuda", dtype=torch.float32, context=6, depth=DEPTH, topk=TOPK,

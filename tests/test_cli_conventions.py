@@ -339,6 +339,17 @@ def test_gpu_marker_runs_only_with_cuda():
     assert _cuda()
 
 
+@pytest.mark.gpu_slow
+def test_gpu_slow_marker_runs_only_with_cuda():
+    assert _cuda()
+
+
+def test_gpu_markers_are_registered():
+    """Both GPU markers are declared (an undeclared one would be a typo that never skips)."""
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '"gpu:' in text and '"gpu_slow:' in text
+
+
 def test_hypothesis_profile_has_no_deadline():
     hypothesis = pytest.importorskip("hypothesis")
     assert hypothesis.settings.default.deadline is None

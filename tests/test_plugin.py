@@ -954,7 +954,7 @@ def test_arena_overflow_is_a_clear_error():
 # ----------------------------------------------------------------- GPU
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu_slow
 @pytest.mark.parametrize("act", ["float32", "bfloat16"])
 @pytest.mark.parametrize("bs,D", [(16, 16), (4, 64), (1, 128)])
 def test_gpu_drop_in_equivalence_qwen35_9b(act, bs, D):
@@ -977,7 +977,7 @@ def test_gpu_drop_in_equivalence_qwen35_9b(act, bs, D):
     assert res["conv_equal"] and res["untouched_equal"] and res["ple_called"], res
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu_slow
 def test_gpu_tf32x3_opt_in():
     """BOLE_VERIFY_PRECISION=tf32x3 (the opt-in): bf16 outputs agree with SGLang's to about
     its own rounding, the committed state float32-exact as at the default."""

@@ -319,7 +319,7 @@ def test_a_wrong_parent_in_bole_chain_fails_the_equivalence(sglang_kernels):
         assert min(bad["o_ring"]) > 1e-2 and bad["state_ring"] > 1e-2, bad
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu_slow
 @pytest.mark.parametrize("act", ["float32", "bfloat16"])
 @pytest.mark.parametrize("bs,D", [(16, 4), (8, 16), (4, 64), (1, 128)])
 def test_gpu_chain_equivalence_qwen35_9b(act, bs, D):
