@@ -523,3 +523,12 @@ def test_the_real_runtime_timer_drives_the_sweep_on_cpu():
                                device_name=timer.device_name,
                                extra_provenance={"sampled_layers": timer.info()["sampled_layers"]})
     validate_profile(profile, "tiny.yaml")
+
+
+def test_presets_are_fitted_to_the_papers_accepted_lengths():
+    """Each preset's depth-1 top-1 acceptance is the fit (fit_preset_a1) that makes the beam
+    tree of depth 8, top-k 4 at budget 128 commit the paper's mean accepted length."""
+    from bole_cli.calibrate import acceptance as acc
+
+    for name, target in acc.PRESET_TARGETS.items():
+        assert abs(acc.fit_preset_a1(target) - acc.preset_top1(name)) < 5e-5, name

@@ -196,11 +196,6 @@ def _index() -> dict[str, ModelSpec]:
 _INDEX = _index()
 
 
-def known_model_names() -> list[str]:
-    """Canonical names of the catalogue, in catalogue order."""
-    return [spec.name for spec in CATALOGUE]
-
-
 def resolve_model(name_or_path: "str | os.PathLike[str]") -> ModelSpec:
     """A catalogue model by name or alias (case-insensitive: ``9b``, ``qwen3.5-9b``,
     ``Qwen/Qwen3.5-9B``), else a user's model from a Hugging Face ``config.json`` (or a

@@ -112,11 +112,6 @@ class GDNOps:
     def uses_kernel(self, op: str) -> bool:
         return op in self._k
 
-    @property
-    def capturable(self) -> bool:
-        """True when every tree op is a kernel (the references read the trees on the host)."""
-        return all(op in self._k for op in OPS)
-
     def describe(self) -> dict:
         return {op: ("triton" if op in self._k else "reference") for op in OPS}
 
