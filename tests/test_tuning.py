@@ -846,3 +846,17 @@ def test_gpu_small_tuning_run(tmp_path):
     for r in results:
         assert not r.failed, r.failed
         assert 0 < r.us <= r.default_us and r.counts["timed"] >= 1
+
+
+def test_kernel_sources_follow_the_kernels_imports():
+    """A study's source fingerprint covers every kernels module the launch imports: the
+    verify's parts, chain and level kernels and its launch configs (a hand list missed
+    them), and the commit's configs."""
+    from bole_cli.tuning.study import kernel_sources
+
+    verify = kernel_sources("tree_verify")
+    for name in ("tree_verify.py", "tree_verify_tile.py", "tree_verify_parts.py", "tree_verify_chain.py",
+                 "tree_verify_levels.py", "jit_math.py", "configs.py"):
+        assert name in verify
+    assert {"tree_commit.py", "configs.py"} <= set(kernel_sources("tree_commit"))
+    assert "tree_conv.py" in kernel_sources("tree_conv") and "tree_verify.py" not in kernel_sources("tree_conv")

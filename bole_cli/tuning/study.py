@@ -23,6 +23,7 @@ a file (no extra dependency); both resume an interrupted run.
 from __future__ import annotations
 
 import contextlib
+import ast
 import functools
 import hashlib
 import math
@@ -173,22 +174,39 @@ def open_storage(optuna, path: "str | os.PathLike[str]", *, prefer: str = "auto"
     return optuna.storages.JournalStorage(_Backend(str(jpath))), jpath, "journal"
 
 
-# The sources whose code a kernel's launch compiles: a change to any of them starts new
-# studies, so trial timings of an older kernel are never reused.
-KERNEL_SOURCES = {
-    "tree_verify": ("tree_verify.py", "tree_verify_tile.py", "jit_math.py"),
-    "tree_commit": ("tree_commit.py",),
-    "tree_conv": ("tree_conv.py",),
-}
+# The kernel each tuned launch enters (bole_cli/kernels/<module>.py): the sources of it and of
+# every kernels module it imports, transitively, fingerprint its studies, so a change to any
+# of them starts new studies and trial timings of an older kernel are never reused.
+KERNEL_MODULES = {"tree_verify": "tree_verify", "tree_commit": "tree_commit", "tree_conv": "tree_conv"}
+_KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_sources(kernel: str) -> tuple[str, ...]:
+    """The file names of bole_cli/kernels/ that `kernel`'s module imports, itself included
+    (read with ast: no torch/triton import)."""
+    seen: set[str] = set()
+    todo = [KERNEL_MODULES[kernel]]
+    while todo:
+        name = todo.pop()
+        if name in seen or not (_KERNELS_DIR / f"{name}.py").is_file():
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((_KERNELS_DIR / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.startswith("bole_cli.kernels."):
+                    todo.append(node.module.split(".")[2])
+                elif node.module == "bole_cli.kernels":
+                    todo.extend(alias.name for alias in node.names)
+    return tuple(sorted(f"{name}.py" for name in seen))
 
 
 @functools.lru_cache(maxsize=None)
 def kernel_fingerprint(kernel: str) -> str:
-    """8 hex digits of the kernel's source text (read as files: no torch/triton import)."""
-    folder = Path(__file__).resolve().parent.parent / "kernels"
+    """8 hex digits of the kernel's source text (`kernel_sources`)."""
     digest = hashlib.sha1()
-    for name in KERNEL_SOURCES[kernel]:
-        digest.update((folder / name).read_bytes())
+    for name in kernel_sources(kernel):
+        digest.update((_KERNELS_DIR / name).read_bytes())
     return digest.hexdigest()[:8]
 
 
