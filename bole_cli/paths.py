@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bole_cli import env
+
 
 def cache_dir() -> Path:
     """$BOLE_CACHE_DIR, else $XDG_CACHE_HOME/bole, else ~/.cache/bole."""
-    env = os.environ.get("BOLE_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
+    env_dir = os.environ.get(env.CACHE_DIR)
+    if env_dir:
+        return Path(env_dir).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "bole"
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from bole_cli import env as flags
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_TREE_NODES as MAX_DRAFT_TOKENS  # a request's draft tree
 
@@ -384,7 +385,7 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     env = plugin_env()
     ours = {"SGLANG_PLUGINS": env["SGLANG_PLUGINS"]}
     if settings.get("chain_verify") == "bole":  # a user's BOLE_CHAINS=0 must not undo it
-        ours["BOLE_CHAINS"] = env["BOLE_CHAINS"] = "1"
+        ours[flags.CHAINS] = env[flags.CHAINS] = "1"
     ours = dict(sorted(ours.items()))  # the order --json prints them in
     state_dtype = state_dtype_from_args(extra)
     try:

@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from bole_cli import env
 from bole_cli.errors import InputError
 from bole_cli.kernels.buckets import Bucket, nearest_bucket, parse_bucket_key
 from bole_cli.kernels.verify_path import is_blocked_config, is_tile_launch
 
 SECTION = "kernels"
-ENV_VAR = "BOLE_KERNEL_TABLES"
-_OFF = ("off", "0", "none", "false", "no")
+ENV_VAR = env.KERNEL_TABLES
 
 # The config keys a tuned table may set per kernel (the tuner's search space,
 # bole_cli.tuning.space.SPACES, searches exactly these); everything else keeps the built-in value.
@@ -285,14 +285,20 @@ def notice(message: str) -> None:
     print(f"bole: note: {message}", file=sys.stderr, flush=True)
 
 
+def tables_off(value: Optional[str]) -> bool:
+    """BOLE_KERNEL_TABLES turns the tables off by the one flag rule (bole_cli/env.py) or
+    "none"; any other value names table files."""
+    return env.flag(value, True) is False or (value or "").strip().lower() == "none"
+
+
 def table_paths(device_name: str, model: Any = None) -> list[Path]:
     """Where install_tuned_tables looks, in priority order (see the module doc)."""
     from bole_cli.profiles.io import default_search_dirs
 
     paths: list[Path] = []
-    env = os.environ.get(ENV_VAR, "").strip()
-    if env and env.lower() not in _OFF:
-        paths.append(Path(env))
+    value = os.environ.get(ENV_VAR, "").strip()
+    if value and not tables_off(value):
+        paths.append(Path(value))
     gpu = gpu_key_for(device_name)
     if model is not None:
         from bole_cli.profiles.lookup import find_profile
@@ -317,7 +323,7 @@ def install_tuned_tables(device_name: Optional[str] = None, *, model: Any = None
     built-in configs stay in force and a one-line notice goes to stderr (once).
     $BOLE_KERNEL_TABLES=off uninstalls the resolver (for A/B timing).
     """
-    if os.environ.get(ENV_VAR, "").strip().lower() in _OFF:
+    if tables_off(os.environ.get(ENV_VAR)):
         set_resolver(None)
         return None
     if device_name is None:

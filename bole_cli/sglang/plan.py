@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
+from bole_cli import env
 from bole_cli.limits import (KERNEL_STATE_DTYPES, MAX_TILE_NODES, MAX_TREE_NODES, SERVED_VERIFY_PRECISION,
                              VERIFY_PRECISIONS)
 from bole_cli.memory import (FLOAT_DTYPES, canonical_dtype, conv_window_bytes, factor_bytes,
@@ -52,18 +53,16 @@ TREE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 # rounding floor) and the replay commit (the committed state exact to float32).
 # BOLE_VERIFY_PRECISION=tf32x3 (or ieee) opts into float32-exact verify outputs, at a cost.
 DEFAULT_PRECISION = SERVED_VERIFY_PRECISION
-ENV_DISABLE = "BOLE_DISABLE"
-ENV_PRECISION = "BOLE_VERIFY_PRECISION"
+ENV_DISABLE = env.DISABLE
+ENV_PRECISION = env.VERIFY_PRECISION
 # BOLE_CHAINS=0 leaves top-k 1 (chain) verifies to SGLang; unset or 1: Bole takes them.
-ENV_CHAINS = "BOLE_CHAINS"
-_ON, _OFF = ("", "1", "true", "yes", "on"), ("0", "false", "no", "off")
+ENV_CHAINS = env.CHAINS
 
 
 def chains_enabled(value: Optional[str]) -> Optional[bool]:
     """BOLE_CHAINS's value: True (unset, 1, true, yes, on), False (0, false, no, off),
     None for anything else (the plug-in then refuses chains, naming the value)."""
-    key = (value or "").strip().lower()
-    return True if key in _ON else False if key in _OFF else None
+    return env.flag(value, True)
 
 
 def is_chain(topk: Any) -> bool:
@@ -260,3 +259,9 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
                       f"{MAX_TREE_NODES}")
     return plan, ""
 
+
+
+def plugin_disabled(value: Optional[str]) -> bool:
+    """BOLE_DISABLE's value by the one flag rule (bole_cli/env.py): off unless set on; a value
+    it cannot read keeps the plug-in out (the safe side)."""
+    return env.flag(value, False) is not False

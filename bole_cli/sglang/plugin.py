@@ -28,7 +28,7 @@ import re
 import sys
 from typing import Any, Optional
 
-from bole_cli.sglang.plan import ENV_CHAINS, ENV_DISABLE, chains_enabled
+from bole_cli.sglang.plan import ENV_CHAINS, ENV_DISABLE, chains_enabled, plugin_disabled
 from bole_cli.sglang import process
 from bole_cli.sglang.source import SGLANG_VERSION
 from bole_cli.sglang.targets import HOOKS, check_plugin_targets
@@ -107,7 +107,7 @@ def _activate(version: Optional[str], registry: Any = None, hook_type: Any = Non
     env = os.environ if environ is None else environ
     if process.state["active"]:
         return True
-    if process.truthy(env.get(ENV_DISABLE)):
+    if plugin_disabled(env.get(ENV_DISABLE)):
         process.state["reason"] = f"{ENV_DISABLE} is set"
         process.logger.warning("Bole plug-in: %s; staying inactive (SGLang runs unchanged)",
                                process.state["reason"])

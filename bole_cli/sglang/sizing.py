@@ -16,7 +16,7 @@ import os
 from typing import Any, Callable, Optional
 
 from bole_cli.sglang import process
-from bole_cli.sglang.plan import ENV_CHAINS, ENV_DISABLE, ENV_PRECISION, BolePlan, decide
+from bole_cli.sglang.plan import ENV_CHAINS, ENV_DISABLE, ENV_PRECISION, BolePlan, decide, plugin_disabled
 
 
 def _pp_spec_enabled() -> bool:
@@ -68,7 +68,7 @@ def configurator_facts(cfg: Any, sglang_globals: dict) -> dict:
     reqs = max(1, int(sched.max_running_requests or 1) // max(int(getattr(cfg, "attn_dp_size", 1) or 1), 1))
     algo = getattr(getattr(cfg, "spec_algorithm", None), "name", None) or spec.speculative_algorithm
     return dict(
-        disabled=process.truthy(os.environ.get(ENV_DISABLE)),
+        disabled=plugin_disabled(os.environ.get(ENV_DISABLE)),
         gdn=getattr(cfg, "hybrid_gdn_config", None) is not None,
         kda=getattr(cfg, "hybrid_kda_config", None) is not None,
         draft_worker=bool(getattr(cfg, "is_draft_worker", False)),

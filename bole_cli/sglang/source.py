@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from bole_cli import env
 from bole_cli.errors import BoleError, InputError
 from bole_cli.sglang.isolation import live_sglang
 from bole_cli.versions import SGLANG_VERSION
 
-ENV_WHEEL = "BOLE_SGLANG_WHEEL"
+ENV_WHEEL = env.SGLANG_WHEEL
 
 NOT_FOUND = (
     f"SGLang {SGLANG_VERSION} not found: pip install \"sglang=={SGLANG_VERSION}\" or set "
