@@ -23,6 +23,7 @@ import stat
 from pathlib import Path
 from typing import Any, Union
 
+from bole_cli.memory import MiB
 from bole_cli.errors import InputError
 
 #: Largest file Bole reads: trees, profiles and configs are kilobytes; 32 MiB is generous.
@@ -38,7 +39,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):g} MiB"
+    return f"{n / MiB:g} MiB"
 
 
 def read_bytes(path: PathLike, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:

@@ -43,6 +43,10 @@ __all__ = [
     "format_bytes",
 ]
 
+#: Byte units, in one home.
+MiB = 1 << 20
+GiB = 1 << 30
+
 #: The floating dtypes of SGLang's recurrent state (--mamba-ssm-dtype), conv windows and
 #: activations, with their element size.
 FLOAT_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -21,6 +21,8 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Optional
 
+from bole_cli.memory import GiB
+
 ROTATE = 4  # input sets timed together
 
 
@@ -207,7 +209,7 @@ def measure_copy_bandwidth(torch) -> float:
     """Device-to-device copy bandwidth (bytes read + written per second)."""
     import triton.testing
 
-    n = 1 << 30
+    n = GiB
     src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")  # random, never zeros
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=200, return_mode="median")

@@ -128,7 +128,7 @@ def notes(result: KernelBenchResult, data: dict) -> list[str]:
     for c in result.commits:
         sg = f", SGLang copy-back {c.sglang_copy_us:.0f} us" if c.sglang_copy_us else ""
         out.append(f"commit of all {c.layers} GDN layers at batch {c.batch}: Bole {c.bole_us:.0f} us in one launch, "
-                   f"floor {c.floor_us:.0f} us ({c.floor_bytes / 2**30:.2f} GiB){sg}")
+                   f"floor {c.floor_us:.0f} us ({format_bytes(c.floor_bytes)}){sg}")
     summary = data["summary"]
     if summary.get("bole_over_replayssm_max"):
         worst = summary["bole_over_replayssm_max"]

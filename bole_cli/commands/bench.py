@@ -15,6 +15,7 @@ import typer
 
 from bole_cli.bench.results import check_outputs, result_stem, write_results
 from bole_cli.errors import BoleError, InputError
+from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES, VERIFY_PRECISIONS
 from bole_cli.parsing import parse_int_list
 
@@ -71,7 +72,7 @@ def kernels_cmd(
     bad = [t for t in tree_kinds if t not in ("random", "chain")]
     if bad or not tree_kinds:
         raise InputError(f"--trees: expected random and/or chain, got {trees!r}")
-    for name, value, allowed in (("--dtype", dtype, ("bfloat16", "float16", "float32")),
+    for name, value, allowed in (("--dtype", dtype, tuple(FLOAT_DTYPES)),
                                  ("--state-dtype", state_dtype, KERNEL_STATE_DTYPES)):
         if value not in allowed:
             raise InputError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")

@@ -20,9 +20,10 @@ from typing import Mapping, NamedTuple, Optional
 import torch
 
 from bole_cli.errors import InputError
+from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_PENDING_ROWS, MAX_TREE_NODES, VERIFY_PRECISIONS
 
-ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ACTIVATION_DTYPES = tuple(getattr(torch, name) for name in FLOAT_DTYPES)  # memory.FLOAT_DTYPES
 STATE_DTYPES = tuple(getattr(torch, name) for name in KERNEL_STATE_DTYPES)
 INDEX_DTYPES = (torch.int32, torch.int64)
 REPLAY_DOTS = ("split", "tf32x3", "ieee")  # the replay commit's float32-exact products (tree_commit_replay)

@@ -31,13 +31,12 @@ import torch
 
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import BoleError, InputError
-from bole_cli.memory import format_bytes
+from bole_cli.memory import GiB, format_bytes
 from bole_cli.runtime.gdn_ops import factor_dtype
 from bole_cli.runtime.graphs import try_capture
 from bole_cli.runtime.model import HybridModel, param_bytes
 from bole_cli.timing import seconds_per_call
 
-GiB = 1024 ** 3
 WORKSPACE_BYTES = 1 * GiB  # CUDA context slack, cuBLAS workspaces, allocator fragmentation
 SAMPLE_BLOCK = 4  # layers per sampled block: 3 GDN + 1 full attention
 

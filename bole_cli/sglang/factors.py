@@ -52,10 +52,10 @@ from bole_cli.kernels import VerifyResult, gdn_gates, tree_commit_replay, tree_v
 from bole_cli.kernels.conv_window_commit import conv_window_commit
 from bole_cli.kernels.seed_slots import seed_slots
 from bole_cli.limits import MAX_TREE_NODES
-from bole_cli.memory import canonical_dtype
+from bole_cli.memory import FLOAT_DTYPES, canonical_dtype
 from bole_cli.sglang.plan import BolePlan
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TORCH_DTYPES = {name: getattr(torch, name) for name in FLOAT_DTYPES}
 
 
 def torch_dtype(name) -> torch.dtype:

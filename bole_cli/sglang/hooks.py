@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from bole_cli.memory import format_bytes
+from bole_cli.memory import GiB, format_bytes
 from bole_cli.sglang import process
 from bole_cli.sglang import sizing
 
@@ -60,13 +60,13 @@ def _around_handle_max_mamba_cache(original: Callable, self: Any, total_rest_mem
                   "%s); SGLang's snapshot reservation stays in it", type(exc).__name__, exc)
         return stock
     scratch = plan.scratch_bytes()  # trees past one tile: the verify's scratch, one layer at a time
-    arena = (plan.arena_bytes() + scratch) / (1 << 30)
+    arena = (plan.arena_bytes() + scratch) / GiB
     process.logger.info("Bole plug-in: memory budget without per-node snapshots (%s verify): SGLang's "
                 "sizing reserves %s for them (%d mamba slots, as SGLang chose); Bole's factor "
                 "arena takes %s (and %s of verify scratch); the KV cache gets %s more than with "
-                "SGLang alone", plan.mode, format_bytes((free - stock) * (1 << 30)), slots,
+                "SGLang alone", plan.mode, format_bytes((free - stock) * GiB), slots,
                 format_bytes(plan.arena_bytes()), format_bytes(scratch),
-                format_bytes((free - arena - stock) * (1 << 30)))
+                format_bytes((free - arena - stock) * GiB))
     return free - arena
 
 

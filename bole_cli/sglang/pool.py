@@ -28,7 +28,7 @@ import logging
 import sys
 from typing import Any, Optional
 
-from bole_cli.memory import format_bytes
+from bole_cli.memory import GiB, format_bytes
 from bole_cli.sglang.plan import BolePlan, is_chain
 
 logger = logging.getLogger("bole_cli.sglang.plugin")
@@ -142,7 +142,7 @@ def bole_pool_class(mamba_pool_cls: type, plan: BolePlan) -> type:
                                          intermediate_conv_window=[], **extra)
             self._intermediate_conv_window_phys = []
             self.bole_store = store.bind(temporal)
-            self.mem_usage = (self.mamba_cache.mem_usage_bytes() + store.nbytes) / (1 << 30)
+            self.mem_usage = (self.mamba_cache.mem_usage_bytes() + store.nbytes) / GiB
             sglang_rows = spec_state_size + 1  # what SGLang's MambaPool would have allocated
             logger.info(
                 "Bole: no per-node snapshot buffers (%s verify): intermediate_ssm + "

@@ -39,11 +39,11 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import BoleError, InputError
 from bole_cli.runtime.model import HybridCache, HybridModel
+from bole_cli.memory import GiB
 from bole_cli.versions import SGLANG_VERSION
 from bole_cli.runtime.snapshot import SnapshotGDN, load_sglang_gdn
 
 SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
-GiB = 2 ** 30
 TREE_DECODERS = ("snapshot", "bole")  # same trees, same draws: their accepted nodes must agree
 CHAIN_DEPTHS = tuple(range(1, 9))  # the chain decoders' default sweep
 

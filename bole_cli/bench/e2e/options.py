@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from bole_cli.errors import InputError, brief
+from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.parsing import check_int, parse_int_list
 from bole_cli.trees.generators import beam_tree_size
@@ -19,7 +20,7 @@ E2E_DEFAULTS = dict(batch="1,4,16", context=4096, depth=8, topk=4, steps=32, war
                     decoders="ar,snapshot,bole,chain,bole-chain")
 SMOKE_DEFAULTS = dict(batch="1,2", context=16, depth=3, topk=2, steps=2, warmup=1, chain_depths="2",
                       decoders="ar,snapshot,bole")
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+DTYPES = ("auto",) + tuple(FLOAT_DTYPES)
 
 
 def parse_tree_shapes(text: Optional[str]) -> tuple[tuple[int, int], ...]:
