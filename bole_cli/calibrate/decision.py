@@ -17,7 +17,7 @@ calibrated curve (measured points only; a chain's N is measured too, see sweep.p
 T_draft from the per-level drafter cost of the bucket (measured or roofline), T_sample from
 the bucket's sampling line. A chain's verify runs Bole's chain kernels through the plug-in
 or SGLang's ReplaySSM; the forward is the same, and the two GDN kernels differ by less
-than half a percent of a step (experiments/README.md, issue 15's runs), so one time serves
+than half a percent of a step (experiments/README.md rows I15-d, I15-e), so one time serves
 both and `verify` names the default.
 
 Ties go to the simpler mode (none, then chain, then tree), then to less drafting.

@@ -38,7 +38,7 @@ DEFAULTS: dict[str, dict] = {
     "tree_commit_replay": {"BV": 32, "DP": REPLAY_PASS_NODES, "num_warps": 4, "num_stages": 1, "WDOT": "split",
                            "RELOAD": 1},
     # one program per (layer x request, value head) loops over the value tiles when it writes
-    # the state: no small-batch rule (untuned; issue 17, experiments/NOTES.md "Deferred commit")
+    # the state: no small-batch rule (untuned; experiments/NOTES.md "Deferred commit measured")
     "tree_commit_deferred": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},
     # tree_conv: BN16 BD64 w4 s2 won 22 of the 24 tree_conv buckets on the H200 by 1.1-1.3x
     # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1
@@ -69,7 +69,7 @@ def _verify_tile_rule(shape: dict) -> dict:
 
 
 def _verify_blocked_rule(shape: dict) -> dict:
-    """tree_verify's blocked kernel. Trees of 65-256 nodes (H200 A/B of issue 17, I17-k;
+    """tree_verify's blocked kernel. Trees of 65-256 nodes (H200 A/B, experiments/README.md I17-k;
     experiments/results/i17-big/, NOTES.md "Big trees, fifth session"): SPLIT, the ancestor
     walk, state products and Gram terms in one wide launch first, then the tree stage on
     chunks of 32 with whole value heads, on 8 warps below 512 request-heads (batch 16 at 9B)
@@ -93,7 +93,7 @@ def _verify_blocked_rule(shape: dict) -> dict:
 
 def chain_launch_config(lanes: int) -> dict:
     """tree_verify's chain kernels (chains past one tile), by request-heads `lanes`: from the
-    H200 A/B of issue 17 (experiments/results/i17-big/ab-chain13.json; NOTES.md "Big trees,
+    H200 A/B, I17-l (experiments/results/i17-big/ab-chain13.json; NOTES.md "Big trees,
     sixth session"): chunks of 32 and value tiles of 32 up to 32 request-heads (a single 9B
     request), chunks of 16 and value tiles of 64 beyond, on 4 warps. Not tuned per GPU: the
     rule is the measured best or within 1% of it at every cell."""

@@ -1,4 +1,4 @@
-"""Deferred commit (docs/design.md §2, "Deferred commit"; issue 17 item 4): the accepted
+"""Deferred commit (docs/design.md §2, "Deferred commit"): the accepted
 path is kept as factors beside the written state instead of being written into it.
 
 tree_commit reads and writes the whole state every step (3 passes over it per step with the

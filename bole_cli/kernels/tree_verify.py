@@ -7,7 +7,7 @@ tile, chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernels
 skips exactly those; shallow trees of a known depth take the level kernel
 (tree_verify_levels.py) instead, by the rule (configs.py).
 
-Blocked kernel (v10, issue 17): one program per (request, value head, value tile). First
+Blocked kernel (v10; experiments/README.md rows I17-a to I17-k): one program per (request, value head, value tile). First
 the whole tree at once: each node's ancestor-or-self set as NW 64-bit words and logP, by
 pointer jumping over the TP rows held in registers (ceil(log2(depth + 1)) steps of
 tl.gather, as in the one-tile kernel; the level-a-step walk it replaced made 256-node chains

@@ -1,4 +1,4 @@
-"""Closed-form tree verify for long chains (more than CHAIN_KERNEL_DEPTH nodes; issue 17, v13):
+"""Closed-form tree verify for long chains (more than CHAIN_KERNEL_DEPTH nodes; v13, experiments/README.md I17-l):
 chunks of BC nodes in order with the state carried in registers, as a chunked recurrence
 does (docs/design.md §2 on one path). Each chunk costs one chunk's work, where the blocked
 kernel pairs it with every earlier chunk. Every other request (shorter chains, branching

@@ -1,4 +1,4 @@
-"""Closed-form verify of shallow big trees level by level (issue 17, v14).
+"""Closed-form verify of shallow big trees level by level (v14; experiments/README.md I17-m).
 
 A tree of depth d (the most strict ancestors of a node) has at most d + 1 nonzero entries
 a row in G and C (docs/design.md §2): a node's ancestors. The blocked kernel computes them

@@ -1,4 +1,4 @@
-"""The blocked verify's tree-independent parts, one wide launch before it (SPLIT, issue 17).
+"""The blocked verify's tree-independent parts, one wide launch before it (SPLIT; experiments/README.md I17-k).
 
 The blocked kernel (tree_verify.py) runs one long dependent chain per (request, value head,
 value tile) at 2-4 programs an SM; its ancestor walk, its products with the state and its

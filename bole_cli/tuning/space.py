@@ -1,6 +1,6 @@
 """The search space of each kernel's launch configuration.
 
-The issue speaks of a value tile b_v, a key chunk b_k, warps, stages and a solver variant;
+The knobs are a value tile b_v, a key chunk b_k, warps, stages and a solver variant;
 our kernels name them as their config keys (the ones `launch_config` returns and
 `config=` overrides), so the tuner uses those names:
 
