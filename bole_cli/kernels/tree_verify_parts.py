@@ -4,7 +4,7 @@ The blocked kernel (tree_verify.py) runs one long dependent chain per (request, 
 value tile) at 2-4 programs an SM; its ancestor walk, its products with the state and its
 Gram terms need no chunk order at all, so with SPLIT they run first in one launch whose
 programs take one of three roles (the heavy ones first, the light ones filling the tail),
-and the tree stage loads what they wrote (docs/design.md §2, "Big trees"; measured:
+and the tree stage loads what they wrote (docs/design.md §3, SPLIT; measured:
 experiments/NOTES.md "Big trees, fifth session"):
 
     state products  per (request, value head, value tile): x_i = k^_i^T S and
