@@ -258,7 +258,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
 
     from bole_cli import __version__
     from bole_cli import kernels
-    from bole_cli.kernels.reference import VerifyResult
+    from bole_cli.kernels.types import VerifyResult
     from bole_cli.kernels.tree_verify import verify_scratch_bytes
     from bole_cli.memory import factor_bytes_per_node_layer, snapshot_bytes_per_node_layer
 
@@ -357,7 +357,7 @@ def ring_agreement(torch, sg, kernels, sets, pool0, act, length: int) -> tuple[f
     pool0) and slots, step i with set i's inputs and accepted lengths, Bole's verify +
     commit on a copy of pool0: the worst relative o and committed-state differences (the
     ring's committed state read by SGLang's own materialisation, on a copy). Any device."""
-    from bole_cli.kernels.reference import VerifyResult
+    from bole_cli.kernels.types import VerifyResult
 
     s0, nodes = sets[0], sets[0].nodes
     dev = s0.pool.device

@@ -12,7 +12,7 @@ from bole_cli.kernels._env import ensure_triton_backend
 ensure_triton_backend()
 
 from bole_cli.kernels.gates import gdn_gates  # noqa: E402
-from bole_cli.kernels.reference import PendingPath, VerifyResult, new_pending  # noqa: E402
+from bole_cli.kernels.types import PendingPath, VerifyResult, new_pending  # noqa: E402
 from bole_cli.kernels.tree_commit import tree_commit  # noqa: E402
 from bole_cli.kernels.tree_commit_replay import tree_commit_replay, tree_commit_replay_gated  # noqa: E402
 from bole_cli.kernels.tree_commit_deferred import tree_commit_deferred, tree_flush  # noqa: E402

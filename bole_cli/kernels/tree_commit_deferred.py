@@ -26,7 +26,7 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.reference import PendingPath
+from bole_cli.kernels.types import PendingPath
 from bole_cli.kernels.tree_commit import accepted_path_sum, commit_strides, layer_views
 from bole_cli.kernels.validate import FACTOR_DTYPES, check_commit, check_config, check_flag, check_pending, check_pool_rank
 

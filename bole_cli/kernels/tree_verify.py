@@ -43,7 +43,7 @@ from bole_cli.kernels._env import interpreting
 from bole_cli.kernels.configs import chain_launch_config, launch_config, levels_launch_config
 from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, gate_params, inverse_by_blocks, is_long_chain,
                                       pending_rows, poison_rows, request_span, unit_scales)
-from bole_cli.kernels.reference import PendingPath, VerifyResult
+from bole_cli.kernels.types import PendingPath, VerifyResult
 from bole_cli.kernels.tree_verify_chain import chain_factors_kernel, chain_scan_kernel, chain_scratch_shape
 from bole_cli.kernels.tree_verify_levels import levels_gram_kernel, levels_scratch, levels_width, tree_levels_kernel
 from bole_cli.kernels.tree_verify_parts import ancestor_words, parts_grid, parts_kernel, state_products

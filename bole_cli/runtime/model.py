@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import InputError
-from bole_cli.kernels.reference import PendingPath, VerifyResult, new_pending
+from bole_cli.kernels.types import PendingPath, VerifyResult, new_pending
 from bole_cli.runtime import gdn_ops
 from bole_cli.runtime.attention import (split_attention_works, split_tree_attention, varlen_attention_works,
                                         varlen_cache_attention)

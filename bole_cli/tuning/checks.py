@@ -174,7 +174,7 @@ def run_check(kernel: str, case: dict, config: Mapping[str, int], *, kernels_mod
 
     if kernels_mod is None:
         from bole_cli import kernels as kernels_mod
-    from bole_cli.kernels.reference import VerifyResult
+    from bole_cli.kernels.types import VerifyResult
 
     tol = tolerance(case["act_dtype"]) if tol is None else tol
     cfg = dict(config)

@@ -65,7 +65,7 @@ class GpuEvaluator:
         return builtin_default(bucket)
 
     def prepare(self, bucket: Bucket) -> None:
-        from bole_cli.kernels.reference import VerifyResult
+        from bole_cli.kernels.types import VerifyResult
 
         torch = self.torch
         self.release()
