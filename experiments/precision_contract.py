@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     sg = None
     impls = [i for i in IMPLS if i != "sglang-recurrent" or not args.no_sglang]
     if "sglang-recurrent" in impls:
-        from bole_cli.sglang.kernels import load_sglang_kernels
+        from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 
         sg = load_sglang_kernels()
     rows = []

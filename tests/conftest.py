@@ -64,7 +64,7 @@ def sglang_source():
 @pytest.fixture(scope="module")
 def sglang_kernels(sglang_source):
     """SGLang's Triton kernels loaded from that source without its heavy __init__."""
-    from bole_cli.sglang.kernels import load_sglang_kernels
+    from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 
     return load_sglang_kernels()
 

@@ -8,7 +8,7 @@
   TRITON_INTERPRET=1 (tests/conftest.py sets it) at tiny shapes.
 - GPU (marked): the same equivalence at Qwen3.5-9B GDN shapes, batch up to 16, through
   the plug-in's hook functions, with SGLang's kernels loaded from the wheel by
-  bole_cli.sglang.kernels.load_sglang_kernels() (sglang need not be installed).
+  bole_cli.sglang.baseline_kernels.load_sglang_kernels() (sglang need not be installed).
 
 Chains (top-k 1) have their own file, tests/test_plugin_chains.py. The equivalence
 scenario replays SGLang's GDN target-verify branch (gdn_backend.py 987-1163) twice per layer: once with SGLang's pool (snapshots + conv windows, its verify
@@ -963,7 +963,7 @@ def test_gpu_drop_in_equivalence_qwen35_9b(act, bs, D):
     1e-5 of SGLang's (float32-exact), the outputs within 2e-3 (float32 activations) or 3e-3
     (bf16: each side is rounded to bf16, 1.65e-3 alone, and the verify's tf32 dots land at
     1.03-1.5x that floor; experiments/README.md row P-1)."""
-    from bole_cli.sglang.kernels import load_sglang_kernels
+    from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 
     kern = load_sglang_kernels()  # installed sglang, $BOLE_SGLANG_WHEEL or .whl/
     res = run_equivalence(kern, device="cuda", bs=bs, D=D, H=16, HV=32, K=128, V=128, layers=2,
@@ -981,7 +981,7 @@ def test_gpu_drop_in_equivalence_qwen35_9b(act, bs, D):
 def test_gpu_tf32x3_opt_in():
     """BOLE_VERIFY_PRECISION=tf32x3 (the opt-in): bf16 outputs agree with SGLang's to about
     its own rounding, the committed state float32-exact as at the default."""
-    from bole_cli.sglang.kernels import load_sglang_kernels
+    from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 
     res = run_equivalence(load_sglang_kernels(), device="cuda", bs=16, D=16, H=16, HV=32, K=128,
                           V=128, layers=2, act="bfloat16", seed=5, precision="tf32x3")

@@ -10,7 +10,7 @@ plug-in's hooks, then commits a random accepted prefix per request:
 
 - SGLang's snapshot chain verify (intermediate_ssm + conv windows, dense or the
   deduplicated layout SGLang allocates for CUDA chains) and its accepted-snapshot scatter;
-- SGLang's ReplaySSM chain verify + commit as bole_cli/sglang/kernels.py wraps them: the
+- SGLang's ReplaySSM chain verify + commit as bole_cli/sglang/baseline_kernels.py wraps them: the
   circular ring (``replayssm_ring_*``, the protocol 0.5.23 runs for GDN models; used when
   kernels.py has it) and the fold (``replayssm_verify`` / ``replayssm_fold``, KDA's
   protocol, a second baseline);
@@ -176,7 +176,7 @@ def run_chain_equivalence(kern, *, device, bs, D, H, HV, K, V, layers=2, act="fl
     # request rows (SGLang: req_pool_indices), the ring dtype the conv dtype, as MambaPool.
     use_ring = callable(getattr(kern, "replayssm_ring_verify", None))
     if use_ring:
-        from bole_cli.sglang.kernels import ring_len_for
+        from bole_cli.sglang.baseline_kernels import ring_len_for
 
         temporal_c = temporal_s.clone()
         replay = torch.arange(n_rows, dtype=torch.int32, device=device)
@@ -325,7 +325,7 @@ def test_a_wrong_parent_in_bole_chain_fails_the_equivalence(sglang_kernels):
 def test_gpu_chain_equivalence_qwen35_9b(act, bs, D):
     """Qwen3.5-9B GDN shapes, SGLang's kernels from the wheel, the deduplicated conv-window
     layout SGLang allocates for CUDA chains; within the GPU tree test's 2e-3."""
-    from bole_cli.sglang.kernels import load_sglang_kernels
+    from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 
     res = run_chain_equivalence(load_sglang_kernels(), device="cuda", bs=bs, D=D, H=16, HV=32, K=128,
                                 V=128, layers=2, act=act, seed=bs * 1000 + D, pad=1 if bs < 16 else 0,

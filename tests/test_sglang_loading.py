@@ -23,7 +23,7 @@ import pytest
 
 from bole_cli.errors import BoleError, InputError
 from bole_cli.sglang import isolation as sglang_isolation
-from bole_cli.sglang import kernels as sglang_kernels
+from bole_cli.sglang import baseline_kernels as sglang_kernels
 from bole_cli.sglang import source as sglang_src
 from bole_cli.sglang.targets import SGLANG_TARGETS, check_hook_targets
 from bole_cli.sglang.source import SGLANG_VERSION, find_sglang_source
@@ -217,7 +217,7 @@ def test_loader_imports_kernels_without_sglang_init(sglang_source, cache_dir):
     out = _run_interpreted(
         """
         import json, sys
-        from bole_cli.sglang.kernels import load_sglang_kernels, KERNEL_MODULES
+        from bole_cli.sglang.baseline_kernels import load_sglang_kernels, KERNEL_MODULES
         k = load_sglang_kernels()
         again = load_sglang_kernels()
         print(json.dumps({
@@ -246,7 +246,7 @@ def test_loader_imports_kernels_without_sglang_init(sglang_source, cache_dir):
 _TREE_SCRIPT = """
 import json
 import torch
-from bole_cli.sglang.kernels import load_sglang_kernels
+from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 from bole_cli.trees import retrieve_parent_token
 from bole_cli.kernels import reference as ref
 
@@ -360,7 +360,7 @@ def test_sglang_tree_kernels_run_on_cpu_and_match_reference(sglang_source, cache
 _REPLAYSSM_SCRIPT = """
 import json
 import torch
-from bole_cli.sglang.kernels import load_sglang_kernels
+from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 from bole_cli.kernels import reference as ref
 
 torch.manual_seed(1)

@@ -270,7 +270,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
     sg = None
     notes = []
     if with_sglang:
-        from bole_cli.sglang.kernels import load_sglang_kernels
+        from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 
         sg = load_sglang_kernels()
         notes.append(f"SGLang kernels from {sg.source.describe()}")
@@ -393,7 +393,7 @@ def _bench_replayssm(torch, sg, kernels, sets, case: KernelCase, o_bole, bole_st
     """ReplaySSM on the chain inputs: the ring's agreement (`ring_agreement`), the fold's
     over one step against Bole's (o_bole, bole_state, both from pool0); then each timed
     like Bole's (the ring's verify, commit and both in steady state; the fold whole)."""
-    from bole_cli.sglang.kernels import ring_len_for
+    from bole_cli.sglang.baseline_kernels import ring_len_for
 
     s0, batch, nodes = sets[0], sets[0].batch, sets[0].nodes
     length = case.replayssm_cache_len = ring_len_for(nodes)

@@ -13,7 +13,7 @@ commit for a bf16 pool; for float32 when the next window could overflow the ring
 So between materialisations the committed GDN state is checkpoint + ring, not
 `cache.gdn_state` alone: the ring persists across steps with the pool it belongs to, and
 `flush` folds it in for anyone who must read the state. The kernels and how SGLang calls
-them live in `bole_cli.sglang.kernels` (`replayssm_ring_*`); this is the runtime's
+them live in `bole_cli.sglang.baseline_kernels` (`replayssm_ring_*`); this is the runtime's
 path="replayssm" engine around them. Chains only: every request verifies a root-first
 chain (node t's parent is t - 1), which is all the ring's causal mask can express.
 """
@@ -30,7 +30,7 @@ from bole_cli.errors import BoleError
 
 class ReplaySSMGDN:
     """Rings, verify and commit for every GDN layer of a HybridModel. `kernels`: the
-    `SGLangKernels` of bole_cli.sglang.kernels.load_sglang_kernels(). One ring per state
+    `SGLangKernels` of bole_cli.sglang.baseline_kernels.load_sglang_kernels(). One ring per state
     pool (held while that pool lives; a pool is told by identity, not address); its rows are the pool's slots (SGLang keys the ring
     by request row and the checkpoint by mamba slot; in the runtime both are the slot)."""
 
@@ -49,7 +49,7 @@ class ReplaySSMGDN:
         in the activation dtype `dtype` (SGLang: the conv dtype). The same ring at every
         step of the same pool; a new pool gets an empty one, and a window longer than the
         ring holds first folds the old ring into the pool (so no history is lost)."""
-        from bole_cli.sglang.kernels import ring_len_for
+        from bole_cli.sglang.baseline_kernels import ring_len_for
 
         if state.dtype not in (torch.float32, torch.bfloat16):
             raise BoleError(f"ReplaySSM needs a float32 or bfloat16 GDN state pool, not {state.dtype}")

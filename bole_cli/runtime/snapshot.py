@@ -10,7 +10,7 @@ its committed state S_pre, row t+1 node t's snapshot), so the copy-back is one g
 - "torch": a PyTorch step loop (parents gathered from the buffer, so trees of any shape,
   several roots included). Faithful in what it stores, not a fused kernel.
 - "sglang": SGLang 0.5.23's own `fused_sigmoid_gating_delta_rule_update` (the serial
-  verifier SGLang runs for target_verify), loaded by bole_cli.sglang.kernels. It writes
+  verifier SGLang runs for target_verify), loaded by bole_cli.sglang.baseline_kernels. It writes
   node t to row t+1 because the kernel takes the per-request pitch from the buffer's
   stride(0). Single-root trees only (node 0 the root), as in SGLang.
 """
@@ -27,9 +27,9 @@ from bole_cli.kernels.reference import l2norm
 
 def load_sglang_gdn(source: Any = None) -> Any:
     """SGLang's kernels (an object with fused_sigmoid_gating_delta_rule_update) via
-    bole_cli.sglang.kernels.load_sglang_kernels; `source` is passed through (a wheel or site dir)."""
+    bole_cli.sglang.baseline_kernels.load_sglang_kernels; `source` is passed through (a wheel or site dir)."""
     try:
-        from bole_cli.sglang.kernels import load_sglang_kernels
+        from bole_cli.sglang.baseline_kernels import load_sglang_kernels
     except ImportError as exc:  # pragma: no cover - the loader ships with the package
         raise BoleError(f"SGLang kernel loader unavailable: {exc}") from exc
     return load_sglang_kernels(source)

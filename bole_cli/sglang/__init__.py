@@ -22,7 +22,7 @@ modules rely on are written down in docs/sglang-0.5.23.md.
 
 from __future__ import annotations
 
-from bole_cli.sglang.kernels import SGLangKernels, load_sglang_kernels
+from bole_cli.sglang.baseline_kernels import SGLangKernels, load_sglang_kernels
 from bole_cli.sglang.source import SGLANG_VERSION, SGLangSource, find_sglang_source
 
 __all__ = [

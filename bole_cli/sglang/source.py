@@ -40,7 +40,7 @@ NOT_FOUND = (
 )
 
 # Folders of the package a standalone kernel load reads (extracted from a wheel file); a
-# kernel module outside them (bole_cli/sglang/kernels.py) adds its folder here.
+# kernel module outside them (bole_cli/sglang/baseline_kernels.py) adds its folder here.
 _EXTRACT_PREFIXES = (
     "sglang/kernels/ops/attention/linear/",
     "sglang/kernels/ops/attention/fla/",

@@ -2,7 +2,7 @@
 "Running on CPU").
 
 Each is process-wide (or per module) and idempotent, and does what the compiled GPU code
-does; `bole_cli.sglang.kernels.load_sglang_kernels` applies them under ``TRITON_INTERPRET=1``.
+does; `bole_cli.sglang.baseline_kernels.load_sglang_kernels` applies them under ``TRITON_INTERPRET=1``.
 triton and numpy are imported only when one applies.
 """
 

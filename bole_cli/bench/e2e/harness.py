@@ -209,7 +209,7 @@ class E2EBench:
     def use_replayssm(self) -> str:
         """Load SGLang's ReplaySSM kernels for the "chain" decoder; returns where from."""
         from bole_cli.runtime.replayssm import ReplaySSMGDN
-        from bole_cli.sglang.kernels import load_sglang_kernels
+        from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 
         kernels = load_sglang_kernels()
         self.model.replayssm = ReplaySSMGDN(kernels)
