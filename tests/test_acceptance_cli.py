@@ -88,7 +88,7 @@ def test_the_text_view_fits_80_columns(ckpt, tmp_path):
 
 def test_workflow_calibrate_serve_and_bench_read_the_file(measured, tmp_path, monkeypatch):
     import bole_cli.catalog.hardware as hw
-    from bole_cli.bench.e2e.acceptance import load_e2e_acceptance
+    from bole_cli.bench.e2e.simulated_acceptance import load_e2e_acceptance
 
     _, out, _ = measured
     monkeypatch.setattr(hw, "detect_gpu", lambda index=None: None)

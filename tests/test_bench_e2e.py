@@ -14,9 +14,9 @@ import torch
 from typer.testing import CliRunner
 
 from bole_cli import cli
-from bole_cli.bench.e2e import acceptance as e2e_acc
+from bole_cli.bench.e2e import simulated_acceptance as e2e_acc
 from bole_cli.bench.e2e import decoders, harness
-from bole_cli.bench.e2e import plan as e2e_plan
+from bole_cli.bench.e2e import tree_budget as e2e_plan
 from bole_cli.bench.drafter import MTPDrafter, build_layout
 from bole_cli.calibrate import acceptance as acc_mod
 from bole_cli.catalog.models import resolve_model

@@ -184,7 +184,7 @@ def e2e_cmd(
     if device == "cuda":
         _need_cuda("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
                    "for a smoke run use --device cpu --tiny")
-    from bole_cli.bench.e2e.plan import parse_budget
+    from bole_cli.bench.e2e.tree_budget import parse_budget
 
     budget_policy = parse_budget(budget)
     if tiny:

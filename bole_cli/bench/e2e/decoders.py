@@ -37,8 +37,8 @@ from typing import Callable, Optional
 import torch
 
 from bole_cli.bench.drafter import DraftState
-from bole_cli.bench.e2e.acceptance import step_rng, walk_greedy, walk_simulated
-from bole_cli.bench.e2e.plan import TreePlan, plan_trees
+from bole_cli.bench.e2e.simulated_acceptance import step_rng, walk_greedy, walk_simulated
+from bole_cli.bench.e2e.tree_budget import TreePlan, plan_trees
 from bole_cli.errors import InputError
 from bole_cli.limits import DEFAULT_PENDING_ROWS
 from bole_cli.runtime.graphs import GraphCache

@@ -29,11 +29,11 @@ from typing import Any, Callable, Optional
 import torch
 
 from bole_cli.bench.drafter import MTPDrafter, build_layout
-from bole_cli.bench.e2e.acceptance import Acceptance, load_e2e_acceptance, paper_shape_expected
+from bole_cli.bench.e2e.simulated_acceptance import Acceptance, load_e2e_acceptance, paper_shape_expected
 from bole_cli.bench.e2e.prediction import profile_pricer
 from bole_cli.bench.e2e.decoders import DECODERS, LABELS, PHASES, Decoder, decoder_class
 from bole_cli.bench.e2e.options import E2E_DEFAULTS
-from bole_cli.bench.e2e.plan import TreePlan, plan_trees, resolve_budget
+from bole_cli.bench.e2e.tree_budget import TreePlan, plan_trees, resolve_budget
 from bole_cli.bench.e2e.verdicts import compare_decoders, drafter_cost, exactness  # noqa: F401
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec
