@@ -1,5 +1,5 @@
 """Calibration: Eq. 12 selection, N*, acceptance models, the roofline cost model, the sweep
-driver (with a fake Forward) and the `bole calibrate` command, all on CPU."""
+driver (with a fake StepTimer) and the `bole calibrate` command, all on CPU."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from bole_cli.calibrate.acceptance import (PRESET_TARGETS, AcceptanceModel, from
 from bole_cli.calibrate.costmodel import RooflineForward
 from bole_cli.calibrate.selection import select_b_ver
 from bole_cli.calibrate.defaults import DEFAULT_GRID
-from bole_cli.calibrate.sweep import (EXACT, Forward, Timing, build_profile, measure, run_sweep,
+from bole_cli.calibrate.sweep import (EXACT, StepTimer, Timing, build_profile, measure, run_sweep,
                                       sweep_steps)
 from bole_cli.catalog.hardware import resolve_gpu
 from bole_cli.catalog.models import resolve_model
@@ -224,7 +224,7 @@ def test_roofline_moe_reads_only_touched_experts():
     assert 10 < many / one < 256 / 8 + 1
 
 
-# ---- the sweep driver with a fake Forward ------------------------------------------------------
+# ---- the sweep driver with a fake StepTimer ------------------------------------------------------
 class _Fake:
     def __init__(self, dec, ver, interrupt_after=None):
         self.dec, self.ver = dec, ver
@@ -256,8 +256,8 @@ class _Fake:
 
 
 def test_fake_forward_satisfies_the_protocol():
-    assert isinstance(_Fake(None, None), Forward)
-    assert isinstance(RooflineForward(resolve_model("4b"), resolve_gpu("a100")), Forward)
+    assert isinstance(_Fake(None, None), StepTimer)
+    assert isinstance(RooflineForward(resolve_model("4b"), resolve_gpu("a100")), StepTimer)
 
 
 def test_measure_warms_up_and_takes_the_median():
@@ -503,7 +503,7 @@ def test_estimate_flag_on_the_present_gpu(monkeypatch, tmp_path):
 
 def test_the_real_runtime_timer_drives_the_sweep_on_cpu():
     """Interface check against bole_cli.runtime (tiny model, CPU, eager): the timer is a
-    Forward and its curves make a valid profile."""
+    StepTimer and its curves make a valid profile."""
     torch = pytest.importorskip("torch")
     timer_mod = pytest.importorskip("bole_cli.runtime.timer")
     from bole_cli.runtime.model import tiny_spec
@@ -513,7 +513,7 @@ def test_the_real_runtime_timer_drives_the_sweep_on_cpu():
 
     timer = MeasuredForward(timer_mod.HybridForwardTimer(tiny_spec(), "cpu", torch.float32,
                                                          serving_step=True))
-    assert isinstance(timer, Forward)
+    assert isinstance(timer, StepTimer)
     res = run_sweep(timer, [1, 2], [16], [2, 4], Timing(warmup=1, repeats=2, max_rounds=1),
                     extras=Extras(per_request_cap=4, chain_depth=1, draft_rows=2))
     assert not res.failures and [c.n for c in res.curves] == [[2, 4], [2, 4]]

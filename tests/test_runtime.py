@@ -405,10 +405,10 @@ def test_bad_inputs_are_named(dense):
 
 def test_timer_runs_and_samples_on_cpu():
     spec = tiny_spec(layers=12)
-    from bole_cli.calibrate.sweep import Forward
+    from bole_cli.calibrate.sweep import StepTimer
 
     full = HybridForwardTimer(spec, "cpu", torch.float32, inner=1)
-    assert isinstance(full, Forward)
+    assert isinstance(full, StepTimer)
     assert full.time_decode(2, 16) > 0
     assert full.time_verify(2, 16, 9) > 0
     assert not full.info()["sampled"] and full.info()["cuda_graphs"] is False

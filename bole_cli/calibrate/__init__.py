@@ -1,12 +1,12 @@
 """Calibration: the verify budget of docs/design.md §4 for one (gpu, model).
 
-- sweep: the `Forward` protocol a runtime implements, the timing driver (warm-up,
+- sweep: the `StepTimer` protocol a runtime implements, the timing driver (warm-up,
   median of repeats, noise guard, Ctrl-C keeps what was measured), profile building;
 - costmodel: `RooflineForward`, the same protocol answered by a roofline model
   (estimated profiles), and the per-GPU efficiency factors;
 - decision: how to speculate, drafting counted (no speculation, a chain, a tree);
 - selection: Eq. 12 (`select_b_ver`), the paper's rule beside the decision;
-- measured: the GPU Forward's drafter and sampling timings;
+- measured: the GPU StepTimer's drafter and sampling timings;
 - acceptance: expected committed tokens per tree budget (paper presets, files);
 - plot: the T_ver / T_dec figure;
 - summary: the rows of the summary table `bole calibrate` prints;
@@ -30,7 +30,7 @@ _EXPORTS = {
     "efficiency_for": "costmodel",
     "Budget": "selection", "select_b_ver": "selection",
     "BucketCosts": "decision", "Choice": "decision", "decide": "decision", "price": "decision",
-    "EXACT": "sweep", "Forward": "sweep", "SweepResult": "sweep", "Timing": "sweep",
+    "EXACT": "sweep", "StepTimer": "sweep", "SweepResult": "sweep", "Timing": "sweep",
     "build_profile": "sweep", "measure": "sweep", "run_sweep": "sweep",
     "write_profile": "sweep",
     "plot_profile": "plot", "plot_path_for": "plot",

@@ -151,7 +151,7 @@ class Cost:
 
 
 class RooflineForward:
-    """The cost model behind the `Forward` protocol (bole_cli.calibrate.sweep.Forward)."""
+    """The cost model behind the `StepTimer` protocol (bole_cli.calibrate.sweep.StepTimer)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, eff: Optional[Efficiency] = None):
         self.model = model
@@ -249,7 +249,7 @@ class RooflineForward:
         read = Cost(bytes=tokens * self.model.vocab * BF16)
         return self.eff.host_step_s + self._time(read)
 
-    # ---- the Forward protocol ----------------------------------------------------------------
+    # ---- the StepTimer protocol ----------------------------------------------------------------
     def time_decode(self, batch: int, kv_len: int) -> float:
         return sum(self.components(batch, kv_len, batch, verify=False).values())
 

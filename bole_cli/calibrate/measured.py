@@ -1,4 +1,4 @@
-"""The measured Forward of `bole calibrate`: the runtime's verify and decode timer, plus
+"""The measured StepTimer of `bole calibrate`: the runtime's verify and decode timer, plus
 the drafter's levels and sampling, which the decision adds to a step (docs/design.md §8).
 
 The drafter is `bole bench e2e`'s (bole_cli/bench/drafter.py: fc, one gated-attention
@@ -18,7 +18,7 @@ from bole_cli.timing import capture, seconds_per_call
 
 
 class MeasuredForward:
-    """calibrate.sweep.Forward on the GPU: `timer` (runtime.timer.HybridForwardTimer)
+    """calibrate.sweep.StepTimer on the GPU: `timer` (runtime.timer.HybridForwardTimer)
     times decode and verify; this adds time_draft_level and time_sample."""
 
     def __init__(self, timer: Any, *, inner: int = 3):

@@ -3,7 +3,7 @@ sweep, build and write the profile, plot it (docs/design.md §5, §8).
 
 Two steps so the caller can speak between them: `plan_calibration` checks everything that
 can fail cheaply (options, the --out file, the device) and decides measured or estimated;
-`run_calibration` builds the `Forward`, announces the path taken, sweeps and writes. The budget decision
+`run_calibration` builds the `StepTimer`, announces the path taken, sweeps and writes. The budget decision
 is bole_cli.calibrate.selection's, the profile's contents bole_cli.calibrate.sweep's, the
 summary table's rows bole_cli.calibrate.summary's: each can change alone. Nothing heavy is
 imported at module level; the measured path imports bole_cli.runtime when it is taken.
@@ -58,7 +58,7 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
 
 
 def runtime_forward(model: Any, detected: Any, layers_sample: Optional[int]) -> Any:
-    """The runtime's Forward on the present device; BoleError when it is unavailable."""
+    """The runtime's StepTimer on the present device; BoleError when it is unavailable."""
     try:
         import torch
 
@@ -167,7 +167,7 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
                      acceptance: str = DEFAULT_PRESET, repeats: int = 10, warmup: int = 3,
                      layers_sample: Optional[int] = None, note: str = "",
                      plot: bool = False) -> CalibrationPlan:
-    """Check the request and choose the Forward: the runtime on the named GPU when it is
+    """Check the request and choose the StepTimer: the runtime on the named GPU when it is
     present (or demanded with `measure`), else the roofline model."""
     from bole_cli.calibrate.acceptance import load_acceptance
     from bole_cli.calibrate.sweep import EXACT, Timing
@@ -220,7 +220,7 @@ def make_forward(plan: CalibrationPlan) -> Any:
 
 
 def _provenance_extra(plan: CalibrationPlan, forward: Any) -> dict[str, Any]:
-    """Timing settings (measured) and what the Forward says of itself (`info()`)."""
+    """Timing settings (measured) and what the StepTimer says of itself (`info()`)."""
     extra: dict[str, Any] = {}
     if plan.measured:
         extra["timing"] = plan.timing.to_dict()
@@ -247,7 +247,7 @@ def sweep_extras(acceptance: Any) -> Any:
 
 def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str], None]] = None,
                     progress: Optional[Progress] = None, plot: bool = True) -> CalibrationResult:
-    """Build the Forward, `announce` the label, sweep (reporting each step to `progress`
+    """Build the StepTimer, `announce` the label, sweep (reporting each step to `progress`
     when measuring), build and write the profile (keeping the file's kernels section),
     and plot it beside the profile."""
     from bole_cli.calibrate.sweep import build_profile, run_sweep, sweep_steps, write_profile

@@ -1,8 +1,8 @@
 """The calibration sweep: time every (batch, kv_len) configuration and grid point through a
-`Forward`, then turn the curves into profile entries (B_ver, N*).
+`StepTimer`, then turn the curves into profile entries (B_ver, N*).
 
 The same driver runs the GPU runtime (measured profiles) and the roofline cost model
-(estimated profiles); only the Forward and the timing policy differ.
+(estimated profiles); only the StepTimer and the timing policy differ.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bole_cli.limits import MAX_TREE_NODES
 
 
 @runtime_checkable
-class Forward(Protocol):
+class StepTimer(Protocol):
     """What the sweep needs from a model runtime (bole_cli.runtime implements it on CUDA).
 
     Each call times ONE step of the target model on the device and returns seconds
@@ -155,7 +155,7 @@ def sweep_steps(batches: Sequence[int], kv_lens: Sequence[int], grid: Sequence[i
 
 def _time_extras(forward: Any, curve: ConfigCurve, extras: Extras, timing: "Timing",
                  step: Callable[[str], None]) -> None:
-    """The drafter's levels and the sample line of one configuration (when the Forward
+    """The drafter's levels and the sample line of one configuration (when the StepTimer
     offers them); a failure leaves them out, and the decision then prices no speculation."""
     b, kv = curve.batch, curve.kv_len
     if callable(getattr(forward, "time_draft_level", None)):
@@ -173,7 +173,7 @@ def _time_extras(forward: Any, curve: ConfigCurve, extras: Extras, timing: "Timi
         curve.sample = (max(0.0, lo - per_token * b), per_token)
 
 
-def run_sweep(forward: Forward, batches: Sequence[int], kv_lens: Sequence[int],
+def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int],
               grid: Sequence[int], timing: Timing = Timing(),
               on_step: Optional[Callable[[str], None]] = None,
               extras: Extras = Extras(), eps: Optional[float] = None,

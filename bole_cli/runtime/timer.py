@@ -1,4 +1,4 @@
-"""Timing of the complete hybrid forward for the calibration sweep (calibrate.sweep.Forward).
+"""Timing of the complete hybrid forward for the calibration sweep (calibrate.sweep.StepTimer).
 
     timer = HybridForwardTimer(spec, "cuda", torch.bfloat16)            # whole model
     timer = HybridForwardTimer(spec, "cuda", torch.bfloat16, layers_sample=2)
@@ -94,7 +94,7 @@ def sampled_spec(spec: ModelSpec, blocks: int) -> ModelSpec:
 
 
 class HybridForwardTimer:
-    """calibrate.sweep.Forward over HybridModel on one device.
+    """calibrate.sweep.StepTimer over HybridModel on one device.
 
     path: GDN verify engine, "bole" (closed form + factorised commit) or "snapshot"
     (baseline). inner: replays averaged per call. use_graphs: default True on CUDA.
