@@ -740,3 +740,21 @@ def test_tree_verify_gated_equals_gates_then_verify():
                             case["state_indices"], case["parents"], case["cu_seqlens"])
     for got, want in zip(res, ref):
         assert rel_err(got, want) <= 1e-5
+
+
+def test_scratch_bytes_follow_the_launch_route():
+    """verify_scratch_bytes and the launch ask one function (tree_verify.verify_route): a
+    depth promise below the chain threshold takes the level kernel's scratch alone, an
+    unknown depth the chain kernels' beside SPLIT's, and the route says the same."""
+    from bole_cli.kernels.configs import launch_config
+    from bole_cli.kernels.tree_verify import verify_route, verify_scratch_bytes
+
+    shape = {"K": 128, "V": 128, "HV": 32, "B": 1, "N": 128, "T": 0}
+    cfg = launch_config("tree_verify", shape)
+    shallow = verify_route(cfg, long_chain=False, other=False, depth_bound=5, rows=0)
+    unknown = verify_route(cfg, long_chain=True, other=True, depth_bound=None, rows=0)
+    assert shallow.levels and not (shallow.chain or shallow.blocked)
+    assert unknown.chain and unknown.blocked and not unknown.levels
+    assert 0 < verify_scratch_bytes(128, 1, 16, 32, 128, 128, 128, 5) < verify_scratch_bytes(128, 1, 16, 32, 128, 128,
+                                                                                              128, None)
+    assert not verify_route(cfg, long_chain=False, other=True, depth_bound=None, rows=4).split  # pending rows

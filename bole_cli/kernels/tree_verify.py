@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -465,17 +465,17 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         tp = _blocked_tp(max_nodes)  # the whole tree's rows sit in registers (the ancestor walk)
         bc = min(cfg["BC"], 64)
         grid = (bsz, hv, triton.cdiv(vdim, bv))
-        split = bool(cfg["SPLIT"]) and not rows  # with pending rows: the state products stay inside
-        blocked = dict(BC=bc, NW=tp // 64, TP=tp, DS=CHAIN_KERNEL_DEPTH, SPLIT=split, **common)
         # Chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernel, everything else
-        # this one after it; the host check or a max_depth promise can rule the chains out.
+        # the blocked one after it; the host check or a max_depth promise can rule the chains out.
         if check_trees:
             long_chain, other = kinds
             depth_bound = deepest
         else:
             long_chain = other = max_depth is None or max_depth >= CHAIN_KERNEL_DEPTH
             depth_bound = max_depth
-        if cfg["CHAIN"] and long_chain:
+        route = verify_route(cfg, long_chain=long_chain, other=other, depth_bound=depth_bound, rows=rows)
+        blocked = dict(BC=bc, NW=tp // 64, TP=tp, DS=CHAIN_KERNEL_DEPTH, SPLIT=route.split, **common)
+        if route.chain:
             # its own rule; an explicit config= applies to it too
             chain_cfg = _overridden(chain_launch_config(bsz * hv), config)
             chain_bv = min(chain_cfg.pop("BV"), vp)
@@ -483,18 +483,39 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
                          GROUP=hv // h, K=kdim, V=vdim, USE_L2NORM=use_qk_l2norm, PRECISION=precision,
                          GATED=gated, **lp, **dict(chain_cfg, BC=min(chain_cfg["BC"], 64)))
             _chain_scan(args, (bsz, hv, triton.cdiv(vdim, chain_bv)), chain)
-            if other:
-                _blocked(args, grid, blocked, True)
-        elif cfg["LEVELS"] and depth_bound is not None and depth_bound < CHAIN_KERNEL_DEPTH:
+        if route.levels:
             # shallow trees level by level (tree_verify_levels.py), by its own rule; an
             # explicit config= applies to it too
             level_cfg = _overridden(dict(levels_launch_config(tp), RB=cfg["RB"]), config)
             _levels(args, (bsz, hv, triton.cdiv(vdim, min(level_cfg["BV"], vp))), level_cfg,
                     levels_width(depth_bound), dict(GROUP=hv // h, K=kdim, V=vdim, KP=kp, TP=tp,
                                                     USE_L2NORM=use_qk_l2norm, PRECISION=precision, GATED=gated, **lp))
-        else:
-            _blocked(args, grid, blocked, False)
+        if route.blocked:
+            _blocked(args, grid, blocked, route.chain)
     return VerifyResult(o, u, log_p)
+
+
+class VerifyRoute(NamedTuple):
+    """Which kernels a launch past one tile runs, in this order (docs/design.md §3)."""
+
+    chain: bool  # the chain kernels, for requests that are long chains
+    levels: bool  # the level kernel, for every request (a depth below CHAIN_KERNEL_DEPTH)
+    blocked: bool  # the blocked kernel, for every request the chain kernels left
+    split: bool  # the blocked kernel's parts in a wide launch first (SPLIT)
+
+
+def verify_route(cfg: dict, *, long_chain: bool, other: bool, depth_bound: Optional[int], rows: int) -> VerifyRoute:
+    """The one choice of kernels past one tile, from the launch config and what is known of
+    the trees: whether long chains (`long_chain`) and other requests (`other`) may be
+    present, the most strict ancestors of any node (`depth_bound`, None: unknown) and the
+    pending rows. The launch and `verify_scratch_bytes` (the plug-in's memory budget) both
+    ask this, so they cannot disagree."""
+    split = bool(cfg["SPLIT"]) and not rows  # with pending rows: the state products stay inside
+    if cfg["CHAIN"] and long_chain:
+        return VerifyRoute(True, False, other, split)
+    if cfg["LEVELS"] and depth_bound is not None and depth_bound < CHAIN_KERNEL_DEPTH:
+        return VerifyRoute(False, True, False, False)
+    return VerifyRoute(False, False, True, split)
 
 
 def _overridden(rule: dict, config: Optional[dict]) -> dict:
@@ -543,15 +564,16 @@ def verify_scratch_bytes(n: int, bsz: int, h: int, hv: int, kdim: int, vdim: int
         return 0
     cfg = launch_config("tree_verify", dict(shape, T=0))
     tp = _blocked_tp(max_nodes)
-    if cfg["LEVELS"] and max_depth is not None and max_depth < CHAIN_KERNEL_DEPTH:
+    long_chain = max_depth is None or max_depth >= CHAIN_KERNEL_DEPTH  # as a launch without check_trees
+    route = verify_route(cfg, long_chain=long_chain, other=long_chain, depth_bound=max_depth, rows=0)
+    if route.levels:
         return sum(math.prod(shape) * dtype.itemsize for shape, dtype in levels_scratch(n, h, levels_width(max_depth)))
     total = 0
-    if cfg["SPLIT"]:
+    if route.blocked and route.split:
         total += sum(math.prod(shape) * dtype.itemsize for shape, dtype in _split_workspaces(n, bsz, h, hv, vdim, tp))
-    if cfg["CHAIN"] and (max_depth is None or max_depth >= CHAIN_KERNEL_DEPTH):
+    if route.chain:
         total += math.prod(chain_scratch_shape(bsz, hv, tp, min(chain_launch_config(bsz * hv)["BC"], 64))) * 4
     return total
-
 
 def _blocked(args, grid, blocked: dict, remainder: bool) -> None:
     """The blocked kernel, after its SPLIT parts (tree_verify_parts.py) when it has them
