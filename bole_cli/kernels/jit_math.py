@@ -100,6 +100,17 @@ def poison_rows(o, u, log_p, first, n_rows, v0, hv, s_on, s_oh, s_un, s_uh, s_ln
 
 
 @triton.jit
+def commit_target(cu, state_idx, b, a, n_slots):
+    """(first row, pool slot, accepted node, in_pool) of request b committing node a >= 0:
+    a slot outside the pool or a node outside the request's tree clamps both to 0 for the
+    loads and in_pool False masks the store (no host check: docs/design.md §3)."""
+    start = tl.load(cu + b).to(tl.int64)
+    slot = tl.load(state_idx + b).to(tl.int64)
+    in_pool = (slot >= 0) & (slot < n_slots) & (a < tl.load(cu + b + 1) - start)
+    return start, tl.where(in_pool, slot, 0), tl.where(in_pool, a, 0), in_pool
+
+
+@triton.jit
 def is_long_chain(parents, start, n_solved, TP: tl.constexpr, DS: tl.constexpr):
     """Whether a request's tree of n_solved nodes is a chain (parents[i] = i - 1 throughout)
     of more than DS nodes (its last node has DS strict ancestors or more). The chain kernel

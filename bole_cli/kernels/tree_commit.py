@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.kernels.configs import launch_config
+from bole_cli.kernels.jit_math import commit_target
 from bole_cli.kernels.validate import FACTOR_DTYPES, check_commit, check_config
 
 
@@ -79,11 +80,7 @@ def _tree_commit_kernel(
     # H200, experiments/NOTES.md "commit guard".)
     if a >= 0:
         h = hv // GROUP
-        start = tl.load(cu + b).to(tl.int64)
-        slot = tl.load(state_idx + b).to(tl.int64)
-        in_pool = (slot >= 0) & (slot < n_slots) & (a < tl.load(cu + b + 1) - start)
-        slot = tl.where(in_pool, slot, 0)
-        a = tl.where(in_pool, a, 0)
+        start, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots)
         offs_k = tl.arange(0, KP)
         kmask = offs_k < K
         offs_v = iv * BV + tl.arange(0, BV)

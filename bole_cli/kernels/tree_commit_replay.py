@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.jit_math import gate_params, inverse_by_blocks, row_gates
+from bole_cli.kernels.jit_math import commit_target, gate_params, inverse_by_blocks, row_gates
 from bole_cli.errors import InputError
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, GATE_DTYPES, check_commit, check_config, check_last_contiguous,
                                        check_max_nodes, check_shape, check_tensor)
@@ -81,11 +81,7 @@ def _tree_commit_replay_kernel(
     if a >= 0:
         h = hv // GROUP
         neg_a, bias = gate_params(A_log + layer * s_al, dt_bias + layer * s_al, hv, GATED)
-        start = tl.load(cu + b).to(tl.int64)
-        slot = tl.load(state_idx + b).to(tl.int64)
-        in_pool = (slot >= 0) & (slot < n_slots) & (a < tl.load(cu + b + 1) - start)
-        slot = tl.where(in_pool, slot, 0)
-        a = tl.where(in_pool, a, 0)
+        start, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots)
         # The accepted path, deepest first: path[i] is the accepted node's i-th ancestor.
         # The walk reads only `parents` (tiny, cache-resident).
         dist = tl.arange(0, PMAX)
