@@ -63,8 +63,8 @@ _STATE_FIRST = (
 _PARENTS_IN_REGISTERS = (
     ("    DP: tl.constexpr, USE_L2NORM: tl.constexpr,\n):",
      "    DP: tl.constexpr, TN: tl.constexpr, USE_L2NORM: tl.constexpr,\n):"),
-    ("        start = tl.load(cu + b).to(tl.int64)\n",
-     "        start = tl.load(cu + b).to(tl.int64)\n"
+    ("        start, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots)\n",
+     "        start, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots)\n"
      "        nodes = tl.arange(0, TN)\n"
      "        par = tl.load(parents + start + nodes, mask=nodes < (tl.load(cu + b + 1) - start),"
      " other=-1).to(tl.int32)\n"),
