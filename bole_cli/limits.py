@@ -24,17 +24,6 @@ MAX_TILE_NODES = 64
 #: such chain, so the chain kernel is not launched. Drafters' trees are far shallower.
 CHAIN_KERNEL_DEPTH = 16
 
-#: Rows a deferred commit may keep pending per state slot (docs/design.md §2, "Deferred
-#: commit"): the verify kernels add them to every state slice they read, so a few paths'
-#: worth; past it a commit writes the state instead.
-MAX_PENDING_ROWS = 64
-
-#: Pending rows a slot that `bole bench e2e`'s deferred decoders keep: two to five accepted
-#: paths of the drafters' depths (<= 8) between state writes, for 19% more GDN state
-#: memory at Qwen3.5-9B's shape (on the H200 16 beat 8 in every cell, though deferral
-#: itself lost: experiments/NOTES.md "Deferred commit measured").
-DEFAULT_PENDING_ROWS = 16
-
 #: Requests in one batch that any command accepts (a batch of trees, a calibration or serve
 #: batch): far above any server's running requests, low enough that a typo fails at once.
 MAX_BATCH_REQUESTS = 4096

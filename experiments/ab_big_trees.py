@@ -70,7 +70,7 @@ CONFIGS = {
     "SE2-parts": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2, "SPLIT": 1, "stage": "parts"},
     "SE2-tree": {"BC": 32, "BV": 64, "BK": 32, "num_warps": 2, "SPLIT": 1, "stage": "tree"},
 }
-# SG's stages alone, and the parts' launch settings ("parts": tree_verify.PARTS overrides)
+# SG's stages alone, and the parts' launch settings ("parts": configs.PARTS_LAUNCH overrides)
 for _stage in ("parts", "tree", "walk", "P", "G"):
     CONFIGS[f"SG-{_stage}"] = dict(CONFIGS["SG"], stage=_stage)
 _P_SWEEP = {"P1": {"BR": 32}, "P2": {"num_stages": 2}, "P3": {"num_stages": 3},
@@ -163,38 +163,45 @@ class NoOp:
         return lambda *a, **kw: None
 
 
-SPLIT_KERNELS = ("_tree_verify_kernel", "parts_kernel")
+SPLIT_KERNELS = ("tree_verify_blocked_kernel", "parts_kernel")
+# the module whose global each launch reads (each kernel file launches its own kernel)
+KERNEL_HOMES = {"tree_verify_blocked_kernel": "bole_cli.kernels.tree_verify_blocked",
+                "parts_kernel": "bole_cli.kernels.tree_verify_parts"}
 # a stage: (the SPLIT kernels it keeps, the parts' roles: 1 state products, 2 Gram, 4 walk)
-STAGES = {"parts": (("parts_kernel",), 7), "tree": (("_tree_verify_kernel",), 7), "walk": (("parts_kernel",), 4),
+STAGES = {"parts": (("parts_kernel",), 7), "tree": (("tree_verify_blocked_kernel",), 7), "walk": (("parts_kernel",), 4),
           "P": (("parts_kernel",), 1), "G": (("parts_kernel",), 2)}
 
 
 def launch(tv, name, fn, cell=None):
     """Run fn with config CONFIGS[name] (maxnreg applied by swapping the module's kernel; a
     "stage" by making the SPLIT kernels it does not keep no-ops; "parts" by overriding
-    tree_verify.PARTS)."""
+    configs.PARTS_LAUNCH)."""
     cfg = dict(CONFIGS[name])
     cap = cfg.pop("maxnreg", None)
     stage = cfg.pop("stage", None)
     parts = cfg.pop("parts", {})
     if cfg.pop("v10_rule", 0):
         cfg.update(v10_rule(*(cell or (16, 128))))
-    shipped = {k: getattr(tv, k) for k in SPLIT_KERNELS}
-    shipped_parts = dict(tv.PARTS)
+    from bole_cli.kernels.configs import PARTS_LAUNCH
+
+    homes = {k: importlib.import_module(m) for k, m in KERNEL_HOMES.items()}
+    shipped = {k: getattr(homes[k], k) for k in SPLIT_KERNELS}
+    shipped_parts = dict(PARTS_LAUNCH)
     if cap:  # (the cap applies to the blocked kernel only)
-        tv._tree_verify_kernel = Capped(shipped["_tree_verify_kernel"], {"maxnreg": cap})
+        homes["tree_verify_blocked_kernel"].tree_verify_blocked_kernel = Capped(
+            shipped["tree_verify_blocked_kernel"], {"maxnreg": cap})
     keep, roles = STAGES[stage] if stage else (SPLIT_KERNELS, 7)
     for k in SPLIT_KERNELS:
         if k not in keep:
-            setattr(tv, k, NoOp())
-    tv.PARTS.update(parts, ROLES=roles)
+            setattr(homes[k], k, NoOp())
+    PARTS_LAUNCH.update(parts, ROLES=roles)
     try:
         return fn(cfg)
     finally:
         for k, v in shipped.items():
-            setattr(tv, k, v)
-        tv.PARTS.clear()
-        tv.PARTS.update(shipped_parts)
+            setattr(homes[k], k, v)
+        PARTS_LAUNCH.clear()
+        PARTS_LAUNCH.update(shipped_parts)
 
 
 def check_configs(torch, tv, names, seed=0, dims=(16, 32, 128, 128), sizes=(256, 256, 130, 1, 200, 65),

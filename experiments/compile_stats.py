@@ -1,11 +1,11 @@
 """sm_90 compile statistics of the verify kernels without a GPU: registers, stack frame and
 spill bytes, shared memory and barriers, from Triton's own compile for an sm_90 target and the
 ptxas Triton ships. A proxy, not a timing: in I17-i the ranking of spill bytes of three
-pending-row forms matched their measured ranking on the H200 (experiments/NOTES.md,
-"Deferred commit measured").
+kernel forms matched their measured ranking on the H200 (experiments/NOTES.md, "Deferred
+commit measured"); a code move that keeps every row here unchanged owes no re-timing.
 
-    python experiments/compile_stats.py tile 16,128,32,128,2,2 --rows 0,16 [--variant p-after]
-    python experiments/compile_stats.py blocked 128,64,32,32,2,1 --rows 16 [--out FILE.json]
+    python experiments/compile_stats.py tile 16,128,32,128,2,2 [--variant v9]
+    python experiments/compile_stats.py blocked 128,64,32,32,2,1 [--out FILE.json]
     python experiments/compile_stats.py chain-scan 256,64,32,16,4,1     # also chain-factors,
     python experiments/compile_stats.py levels 256,32,64,0,8,1          # levels-gram, commit
     python experiments/compile_stats.py replay 64,32,0,16,4,1 [--wdot ieee]  # TP: the path walk, VT: DP
@@ -31,16 +31,16 @@ from kernel_variants import SITES, VARIANTS, load_variant
 
 POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
             "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
-            "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "pend_k": "*fp32", "pend_u": "*fp32",
-            "pend_lp": "*fp32", "pend_n": "*i32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32",
+            "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "scale": "fp32", "n_slots": "i32", "n_hv": "i32",
             "ys": "*fp32", "kk_ws": "*fp32", "qk_ws": "*fp32", "bits_ws": "*i64", "fu": "*fp32", "fo": "*fp32",
             "accepted": "*i32", "n_req": "i32", "ancestors": "*i32", "kk": "*fp32", "qk": "*fp32",
-            "n_h": "i32"}
+            "n_h": "i32", "xs": "*fp32", "gram_kk": "*fp32", "gram_qk": "*fp32"}
 # the other kernels (name: module, attribute): their specs say TP,BV,BK,BC,warps,stages the same way
 KERNELS = {"chain-factors": ("bole_cli.kernels.tree_verify_chain", "chain_factors_kernel"),
            "chain-scan": ("bole_cli.kernels.tree_verify_chain", "chain_scan_kernel"),
            "commit": ("bole_cli.kernels.tree_commit", "_tree_commit_kernel"),
            "replay": ("bole_cli.kernels.tree_commit_replay", "_tree_commit_replay_kernel"),
+           "parts": ("bole_cli.kernels.tree_verify_parts", "parts_kernel"),
            "levels-gram": ("bole_cli.kernels.tree_verify_levels", "levels_gram_kernel"),
            "levels": ("bole_cli.kernels.tree_verify_levels", "tree_levels_kernel")}
 
@@ -55,7 +55,7 @@ def layer_shape(model: str) -> tuple[dict, dict]:
     shape = dict(GROUP=hv // h, K=kd, V=vd, KP=1 << (kd - 1).bit_length())
     strides = dict(s_qn=h * kd, s_qh=kd, s_kn=h * kd, s_kh=kd, s_vn=hv * vd, s_vh=vd, s_gn=hv, s_gh=1, s_bn=hv,
                    s_bh=1, s_sn=hv * vd * kd, s_sh=vd * kd, s_sv=kd, s_on=hv * vd, s_oh=vd, s_un=hv * vd, s_uh=vd,
-                   s_ln=hv, s_yn=hv * vd, s_yh=vd)
+                   s_ln=hv, s_yn=hv * vd, s_yh=vd, s_xn=hv * vd, s_xh=vd)
     return shape, strides
 
 
@@ -69,24 +69,22 @@ def ptxas_path() -> str:
     return found[-1]
 
 
-def compile_stats(kernel, spec: tuple[int, ...], rows: int, blocked: bool, model: str = "9b",
+def compile_stats(kernel, spec: tuple[int, ...], blocked: bool, model: str = "9b",
                   knobs: dict | None = None) -> dict:
-    """knobs: a launch-knob variant's constexprs (e.g. PENDING_AFTER)."""
+    """knobs: a launch-knob variant's constexprs (e.g. SPLIT)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     tp, bv, bk, vt, warps, stages = spec
     shape, strides = layer_shape(model)
-    constexprs = dict(shape, TP=tp, BV=bv, BK=bk, LP=rows,
-                      LPP=max(16, triton.next_power_of_2(max(rows, 1))), USE_L2NORM=True, PRECISION="tf32",
-                      GATED=True, GRAM16=True)
+    constexprs = dict(shape, TP=tp, BV=bv, BK=bk, USE_L2NORM=True, PRECISION="tf32", GATED=True, GRAM16=True)
     knobs = knobs or {}
-    constexprs.update(dict(DP=16, DW=8, RB=64))  # (the commit's, the level kernels')
+    constexprs.update(dict(DP=16, DW=8, RB=64, BR=64, BG=64, ROLES=7))  # (the commit's, the level kernels', the parts')
     # the replay commit: TP is its path walk's width, VT its pass (DP), WDOT a knob
     constexprs.update(dict(PMAX=tp, EXACT_KEYS=True, WDOT=knobs.get("WDOT", "split"), RELOAD=bool(knobs.get("RELOAD", 1))))
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
-                      else dict(VT=vt, PENDING_AFTER=bool(rows and knobs.get("PENDING_AFTER", 0))))
+                      else dict(VT=vt))
     params = [p.name for p in kernel.params]
     const = {p.name for p in kernel.params if p.is_constexpr}
     strides.update({f"s_{x}l": 0 for x in "skulvgba"}, s_sl=0)  # (the commits' layer strides)
@@ -114,7 +112,6 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("kernel", choices=("tile", "blocked", *KERNELS))
     ap.add_argument("specs", nargs="+", help="TP,BV,BK,VT,warps,stages (blocked: BC for VT)")
-    ap.add_argument("--rows", default="0", help="pending rows (0: none), comma-separated")
     ap.add_argument("--variant", help="a kernel_variants.py name of this kernel's site")
     ap.add_argument("--model", default="9b", help="catalogue model whose GDN layer shape to compile for")
     ap.add_argument("--out", help="write the rows as JSON here")
@@ -127,9 +124,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"--variant: {args.variant!r} is not a {args.kernel} variant ({', '.join(names)})")
     try:
         specs = [tuple(int(x) for x in s.split(",")) for s in args.specs]
-        rows_list = [int(r) for r in args.rows.split(",")]
     except ValueError:
-        raise SystemExit("specs and --rows are comma-separated integers") from None
+        raise SystemExit("specs are comma-separated integers") from None
     if any(len(s) != 6 for s in specs):
         raise SystemExit("a spec has six numbers: TP,BV,BK,VT,warps,stages")
     os.environ["TRITON_INTERPRET"] = "0"  # a real compile for the sm_90 target, with or without a GPU
@@ -139,14 +135,12 @@ def main(argv=None) -> None:
         kernel = load_variant(args.variant) if args.variant else getattr(importlib.import_module(site.source), site.attr)
     table = []
     for spec in specs:
-        for rows in rows_list:
-            stats = compile_stats(kernel, spec, rows, args.kernel != "tile", args.model,
-                                  VARIANTS[args.variant].config if args.variant else {"WDOT": args.wdot, "RELOAD": args.reload})
-            table.append(dict(kernel=args.kernel, variant=args.variant, model=args.model, spec=list(spec), rows=rows,
-                              **stats))
-            print(f"{args.kernel} {args.variant or 'shipped'} {','.join(map(str, spec))} rows {rows}: "
-                  f"{stats['registers']} regs, stack {stats['stack']}, spill st/ld {stats['spill_stores']}/"
-                  f"{stats['spill_loads']} B, smem {stats['shared']}, bar.sync {stats['bar_sync']}", flush=True)
+        stats = compile_stats(kernel, spec, args.kernel != "tile", args.model,
+                              VARIANTS[args.variant].config if args.variant else {"WDOT": args.wdot, "RELOAD": args.reload})
+        table.append(dict(kernel=args.kernel, variant=args.variant, model=args.model, spec=list(spec), **stats))
+        print(f"{args.kernel} {args.variant or 'shipped'} {','.join(map(str, spec))}: "
+              f"{stats['registers']} regs, stack {stats['stack']}, spill st/ld {stats['spill_stores']}/"
+              f"{stats['spill_loads']} B, smem {stats['shared']}, bar.sync {stats['bar_sync']}", flush=True)
     if args.out:
         import triton
 

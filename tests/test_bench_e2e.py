@@ -205,21 +205,6 @@ def test_three_decoders_emit_the_same_greedy_stream(bench, use_oracle):
         assert mean >= 1.0
 
 
-def test_deferred_decoders_emit_the_same_greedy_stream(bench):
-    """bole-deferred (pending rows, the state written when they overflow) and its chain
-    commit exactly what bole and bole-chain do: the same tokens, the same accepted counts."""
-    batch, steps = 2, 5
-    for plain, deferred in (("bole", "bole-deferred"), ("bole-chain", "bole-chain-deferred")):
-        bench.chain_depth = DEPTH
-        want = streams(bench, plain, batch, steps, oracle(3))
-        with torch.inference_mode():
-            dec = bench.decoder(deferred, batch, steps, override=oracle(3))
-            for _ in range(steps):
-                dec.step()
-        assert (dec.streams, dec.accepted) == want
-        assert max(max(a) for a in dec.accepted) >= 2 and dec.cache.gdn_pending is not None
-
-
 def test_a_wrong_commit_breaks_the_stream(bench):
     """The check can fail: committing one node too many diverges from autoregressive decoding."""
     with torch.inference_mode():
@@ -259,14 +244,6 @@ def test_simulated_acceptance_is_shared_and_memory_is_reported():
     t = bench.layout.n_nodes  # every node kept: the snapshot buffer is [L, B, T+1, HV, V, K]
     assert runs["snapshot"].verify_state_bytes == bench.model.n_gdn * 2 * (t + 1) * snap_node
     assert runs["bole"].verify_state_bytes < runs["snapshot"].verify_state_bytes / 4
-    # the deferred decoder's pending rows persist beside the state and are counted with it, and
-    # it keeps every layer's verify factors (u, log_p) to append them, where the replay commit
-    # keeps one layer's as scratch
-    rows = decoders.DEFAULT_PENDING_ROWS * (s.gdn_key_heads * s.gdn_key_dim + s.gdn_value_heads * s.gdn_value_dim
-                                            + s.gdn_value_heads) * 4 + s.gdn_value_heads * 4  # + the counts
-    factors = (bench.model.n_gdn - 1) * 2 * t * (s.gdn_value_heads * s.gdn_value_dim + s.gdn_value_heads) * 4
-    assert runs["bole-deferred"].verify_state_bytes == (runs["bole"].verify_state_bytes + bench.model.n_gdn * 2 * rows
-                                                        + factors)
 
 
 def test_drafter_shapes_and_weights():

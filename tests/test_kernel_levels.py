@@ -21,6 +21,7 @@ from test_kernels import (LARGE_TREE_TOL, LaunchSpy, args, make_case, poisoned_o
                           with_empty_request)
 
 tv = importlib.import_module("bole_cli.kernels.tree_verify")  # the module (the package exports the function)
+levels = importlib.import_module("bole_cli.kernels.tree_verify_levels")  # it launches the level kernels
 LEVELS = {"LEVELS": 1}
 
 
@@ -46,13 +47,13 @@ def on_the_level_kernel():
     """Fails unless tree_verify launches the level kernel inside the block (the blocked
     kernel is exact too, so the outputs alone cannot tell)."""
     launched = []
-    real = tv.tree_levels_kernel
+    real = levels.tree_levels_kernel
 
     class Spy:
         def __getitem__(self, grid):
             launched.append(grid)
             return real[grid]
-    with mock.patch.object(tv, "tree_levels_kernel", Spy()):
+    with mock.patch.object(levels, "tree_levels_kernel", Spy()):
         yield
     assert launched, "the level kernel did not run"
 
@@ -214,7 +215,7 @@ def test_solve_reads_nothing_outside_u_whatever_the_ancestors_say(monkeypatch):
     does not precede it in that request). Here the scratch is corrupted between the two
     launches (-1, the row itself, far past the tree): only ancestors before the row are read,
     so `u`, placed in a NaN-filled buffer one row in, never takes a row from outside it."""
-    real = tv.tree_levels_kernel
+    real = levels.tree_levels_kernel
     at = list(real.arg_names).index("ancestors")
 
     class Corrupting:
@@ -226,7 +227,7 @@ def test_solve_reads_nothing_outside_u_whatever_the_ancestors_say(monkeypatch):
                 anc[2::7] = 10**6
                 return real[grid](*a, **kw)
             return launch
-    monkeypatch.setattr(tv, "tree_levels_kernel", Corrupting())
+    monkeypatch.setattr(levels, "tree_levels_kernel", Corrupting())
     case = shallow_case(5, [(130, 6)], group=2)
     o, _, log_p = poisoned_out(case)
     guarded = torch.full((131,) + o.shape[1:], float("nan"))

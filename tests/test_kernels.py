@@ -206,8 +206,9 @@ def test_split_reads_only_what_its_parts_wrote(monkeypatch):
     stage reads no entry the parts left."""
     import importlib
 
-    tv = importlib.import_module("bole_cli.kernels.tree_verify")
-    monkeypatch.setitem(tv.PARTS, "BG", 16)
+    from bole_cli.kernels.configs import PARTS_LAUNCH
+
+    monkeypatch.setitem(PARTS_LAUNCH, "BG", 16)
     real_empty = torch.empty
 
     def nan_empty(*a, **kw):
@@ -432,11 +433,13 @@ class LaunchSpy:
     def __init__(self, monkeypatch):
         import importlib
 
-        tv = importlib.import_module("bole_cli.kernels.tree_verify")  # the module (the package exports the function)
         self.launched = []
-        for attr, name in (("tree_verify_tile_kernel", "tile"), ("_tree_verify_kernel", "blocked"),
-                           ("chain_scan_kernel", "chain"), ("tree_levels_kernel", "levels")):
-            monkeypatch.setattr(tv, attr, self._spy(name, getattr(tv, attr)))
+        for module, attr, name in (("tree_verify_tile", "tree_verify_tile_kernel", "tile"),
+                                   ("tree_verify_blocked", "tree_verify_blocked_kernel", "blocked"),
+                                   ("tree_verify_chain", "chain_scan_kernel", "chain"),
+                                   ("tree_verify_levels", "tree_levels_kernel", "levels")):
+            launcher = importlib.import_module(f"bole_cli.kernels.{module}")  # each file launches its kernel
+            monkeypatch.setattr(launcher, attr, self._spy(name, getattr(launcher, attr)))
 
     def _spy(self, name, kernel):
         spy = self
@@ -507,13 +510,13 @@ def test_blocked_kernel_leaves_long_chains_to_the_chain_kernel(monkeypatch, spli
     the blocked kernel after them skips exactly the long chains, and computes the rest."""
     import importlib
 
-    tv = importlib.import_module("bole_cli.kernels.tree_verify")
+    chain = importlib.import_module("bole_cli.kernels.tree_verify_chain")  # it launches them
 
     class NoOp:
         def __getitem__(self, grid):
             return lambda *a, **kw: None
-    monkeypatch.setattr(tv, "chain_factors_kernel", NoOp())
-    monkeypatch.setattr(tv, "chain_scan_kernel", NoOp())
+    monkeypatch.setattr(chain, "chain_factors_kernel", NoOp())
+    monkeypatch.setattr(chain, "chain_scan_kernel", NoOp())
     case = forest_case([BUSH_70, CHAIN_100, CHAIN_16])
     res = tree_verify(*args(case), out=poisoned_out(case), check_trees=False, config={"SPLIT": split})
     ref = tree_verify_ref(*args(case))
@@ -751,10 +754,9 @@ def test_scratch_bytes_follow_the_launch_route():
 
     shape = {"K": 128, "V": 128, "HV": 32, "B": 1, "N": 128, "T": 0}
     cfg = launch_config("tree_verify", shape)
-    shallow = verify_route(cfg, long_chain=False, other=False, depth_bound=5, rows=0)
-    unknown = verify_route(cfg, long_chain=True, other=True, depth_bound=None, rows=0)
+    shallow = verify_route(cfg, long_chain=False, other=False, depth_bound=5)
+    unknown = verify_route(cfg, long_chain=True, other=True, depth_bound=None)
     assert shallow.levels and not (shallow.chain or shallow.blocked)
     assert unknown.chain and unknown.blocked and not unknown.levels
     assert 0 < verify_scratch_bytes(128, 1, 16, 32, 128, 128, 128, 5) < verify_scratch_bytes(128, 1, 16, 32, 128, 128,
                                                                                               128, None)
-    assert not verify_route(cfg, long_chain=False, other=True, depth_bound=None, rows=4).split  # pending rows

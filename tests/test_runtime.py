@@ -162,24 +162,27 @@ def test_commit_equals_decoding_the_accepted_path(path, dense):
     torch.testing.assert_close(dense.decode(cache, [7, 8, 9], slots), dense.decode(seq, [7, 8, 9], slots), **TOL)
 
 
-def test_empty_request_and_bucketed_runner(dense):
-    """A request with no tree nodes; the graph runner's bucketed (masked) KV reads, run
-    eagerly on CPU, give the same results as the plain calls."""
-    from bole_cli.runtime.graphs import GraphedRunner
-
+def test_empty_request_and_bucketed_kv_reads(dense):
+    """A request with no tree nodes, and the bucketed (masked) KV reads the e2e decoders'
+    CUDA graphs replay (kv_bucket rounds the read length up): the same results as the plain
+    calls."""
     cache = warm_cache(dense)
     plain = cache.clone()
-    runner = GraphedRunner(dense, cache, kv_bucket=8)
-    assert not runner.enabled
     forest = ([-1, 0, 1, -1, 0], [0, 3, 3, 5])  # request 1 owns no node
     toks = [4, 5, 6, 7, 8]
-    got = runner.verify(forest, toks, [0, 1, 2], path="snapshot")
-    assert got.batch.kv_limit % 8 == 0
+    tb = dense.prepare_verify(cache, forest, toks, [0, 1, 2], kv_bucket=8)
+    assert tb.kv_limit % 8 == 0
+    got = dense.forward_verify(cache, tb, path="snapshot")
     want = dense.verify(plain, forest, toks, [0, 1, 2])
     torch.testing.assert_close(got.logits, want.logits, **TOL)
-    runner.commit(got, [1, -1, 0])
+    dense.commit(cache, got, [1, -1, 0])
     dense.commit(plain, want, [1, -1, 0])
-    torch.testing.assert_close(runner.decode([1, 2, 3]), dense.decode(plain, [1, 2, 3]), **TOL)
+    db = dense.prepare_decode(cache, [1, 2, 3], [0, 1, 2], kv_bucket=8)
+    assert db.kv_limit % 8 == 0
+    got_decode = dense.forward_decode(cache, db)
+    for s in range(3):
+        cache.kv_lens[s] += 1
+    torch.testing.assert_close(got_decode, dense.decode(plain, [1, 2, 3]), **TOL)
     for slot in range(3):
         assert_slot_equal(cache, plain, slot)
 
@@ -293,13 +296,10 @@ def test_moe_dispatch_equals_per_token_loop(dtype):
 
 # ---- issue 8's check: three decoders, one greedy stream ----------------------------------
 
-def _greedy_run(model, path, steps, seed=0, defer_rows=0):
-    """Greedy speculative decoding of one request; path None = autoregressive; defer_rows:
-    that many pending rows (deferred commits)."""
+def _greedy_run(model, path, steps, seed=0):
+    """Greedy speculative decoding of one request; path None = autoregressive."""
     rng = random.Random(seed)
     cache = model.new_cache(1, 96)
-    if defer_rows:
-        model.defer_commits(cache, defer_rows)
     decode_path(model, cache, 0, [3, 1, 4, 1, 5])
     pending, stream = 9, []
     while len(stream) < steps:
@@ -337,55 +337,6 @@ def test_three_decoders_emit_the_same_greedy_stream(dense):
     ar = _greedy_run(dense, None, 14)
     assert _greedy_run(dense, "bole", 14) == ar
     assert _greedy_run(dense, "snapshot", 14) == ar
-
-
-@pytest.mark.parametrize("rows", [1, 3, 8])
-def test_deferred_commits_emit_the_same_greedy_stream(rows, dense):
-    """Pending rows that overflow at once, every other step, or rarely: the same stream
-    (the oracle's decodes on a clone write its pending rows first)."""
-    assert _greedy_run(dense, "bole", 14, defer_rows=rows) == _greedy_run(dense, None, 14)
-
-
-def test_graph_warmup_restores_pending_rows(dense):
-    """A decode's capture warm-up writes the slots' true states (the decode flushes their
-    pending rows first); the restore puts back both the written states and the rows."""
-    from bole_cli.runtime.graphs import GraphedRunner
-
-    cache = dense.defer_commits(warm_cache(dense), 4)
-    forest = pack_forest([chain_tree(3), chain_tree(2), chain_tree(3)])
-    out = dense.verify(cache, forest, [1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2])
-    dense.commit(cache, out, [2, 1, 0])
-    before = cache.clone()
-    restore = GraphedRunner(dense, cache, enabled=False)._save_slots(torch.tensor([0, 1, 2]))
-    dense.forward_decode(cache, dense.prepare_decode(cache, [1, 2, 3]))  # what a warm-up run does
-    assert int(cache.gdn_pending.count.abs().sum()) == 0
-    restore()
-    for got, want in zip((cache.gdn_state, *cache.gdn_pending), (before.gdn_state, *before.gdn_pending)):
-        assert torch.equal(got, want)
-    assert int(cache.gdn_pending.count.abs().sum()) > 0
-
-
-def test_deferred_commits_through_the_kernels():
-    """Kernels (interpreted): three tree steps with deferred commits give the logits and,
-    once flushed, the states of plain commits; a decode in between writes the rows first."""
-    spec = tiny_spec(layers=4)
-    model = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="kernels", gdn_decode="tree")
-    plain = warm_cache(model, prefix=(3, 2), max_len=32)
-    deferred = model.defer_commits(plain.clone(), 4)
-    forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])
-    tol = dict(atol=2e-4, rtol=2e-4)
-    for step, accepted in enumerate(([2, 2], [3, 0], [-1, 2])):
-        toks = [5 + step, 6, 7, 8, 9, 10 + step, 11]
-        outs = [model.verify(c, forest, toks, [0, 1]) for c in (plain, deferred)]
-        torch.testing.assert_close(outs[1].logits, outs[0].logits, **tol)
-        for c, out in zip((plain, deferred), outs):
-            model.commit(c, out, accepted)
-        if step == 1:
-            torch.testing.assert_close(model.decode(deferred, [1, 2]), model.decode(plain, [1, 2]), **tol)
-            assert int(deferred.gdn_pending.count.abs().sum()) == 0
-    assert int(deferred.gdn_pending.count.abs().sum()) > 0
-    model.flush_pending(deferred, torch.tensor([0, 1]))
-    torch.testing.assert_close(deferred.gdn_state, plain.gdn_state, **tol)
 
 
 # ---- errors and the timer ----------------------------------------------------------------

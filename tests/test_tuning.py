@@ -134,7 +134,7 @@ def test_builtin_default_ignores_an_installed_resolver():
 
     b = Bucket("tree_verify", GDN_9B, 1, 64)
     want = {k: v for k, v in configs.launch_config("tree_verify", b.launch_shape()).items()
-            if k not in ("precision", "BC", "GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT", "LEVELS", "RB")}  # one tile; not tuned
+            if k not in ("precision", "BC", "GRAM16", "CHAIN", "SPLIT", "LEVELS", "RB")}  # one tile; not tuned
     weird = lambda kernel, shape: {"BC": 64, "BV": 16}  # noqa: E731
     tt.set_resolver(weird)
     assert builtin_default(b) == want

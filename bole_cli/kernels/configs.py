@@ -24,22 +24,18 @@ DEFAULTS: dict[str, dict] = {
     # warps and stages as Triton's; precision of the dots (None: by activation dtype);
     # GRAM16: 16-bit inputs' Gram products on 16-bit operands (exact; one-tile kernel).
     # CHAIN: past one tile, long chains take the chain kernel (0: the blocked kernel for all).
-    # PENDING_AFTER: with a deferred commit's rows, the one-tile kernel adds their products
-    # after the state's (1) instead of rebuilding each state slice (0). SPLIT: the blocked
+    # SPLIT: the blocked
     # kernel's state products and Gram terms in launches of their own before it (1). LEVELS:
     # past one tile, trees of known depth below CHAIN_KERNEL_DEPTH take the level kernel (1;
     # RB, its products launch's rows, and BV / BK / warps / stages by levels_launch_config).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
-                    "precision": None, "GRAM16": 1, "CHAIN": 1, "PENDING_AFTER": 0, "SPLIT": 0, "LEVELS": 0, "RB": 64},
+                    "precision": None, "GRAM16": 1, "CHAIN": 1, "SPLIT": 0, "LEVELS": 0, "RB": 64},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
     # the served commit (docs/design.md §9): DP path rows loaded a pass, then stepped through
     # WDOT: how its state products stay exact (validate.REPLAY_DOTS); RELOAD: the state read
     # from the pool as each pass's operand and written after it (1) or carried in registers (0)
     "tree_commit_replay": {"BV": 32, "DP": REPLAY_PASS_NODES, "num_warps": 4, "num_stages": 1, "WDOT": "split",
                            "RELOAD": 1},
-    # one program per (layer x request, value head) loops over the value tiles when it writes
-    # the state: no small-batch rule (untuned; experiments/NOTES.md "Deferred commit measured")
-    "tree_commit_deferred": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},
     # tree_conv: BN16 BD64 w4 s2 won 22 of the 24 tree_conv buckets on the H200 by 1.1-1.3x
     # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1
     "tree_conv": {"BN": 16, "BD": 64, "num_warps": 4, "num_stages": 2},
@@ -56,16 +52,11 @@ def _verify_tile_rule(shape: dict) -> dict:
     """One-tile kernel, from the H200 grid (experiments/results/sweep-v4-h200.json): split a value
     head over 4 programs at batch 1 and 2 at batch 4 (the tree work repeated per program
     costs nothing while SMs are idle), one program per head beyond; 64-wide key slices,
-    4 warps (8 lose everywhere: the [T, T] factors are replicated per warp). A deferred
-    commit's rows are added after the state products for trees of at most 32 nodes from 512
-    request-heads (batch 16 at 9B), where that form measured 8-26 us faster than rebuilding
-    each state slice; it lost at 64 nodes and at batch 1-4 (H200, I17-j, NOTES.md
-    "Deferred commit measured")."""
+    4 warps (8 lose everywhere: the [T, T] factors are replicated per warp)."""
     lanes = shape.get("B", 1) * shape.get("HV", 1)
-    after = int(lanes >= 512 and shape.get("T", 0) <= 32)
     if lanes <= 32:
-        return {"BV": 32, "BK": 64, "VSPLIT": 4, "num_warps": 4, "PENDING_AFTER": after}
-    return {"BV": 64, "BK": 64, "VSPLIT": 2 if lanes <= 128 else 1, "num_warps": 4, "PENDING_AFTER": after}
+        return {"BV": 32, "BK": 64, "VSPLIT": 4, "num_warps": 4}
+    return {"BV": 64, "BK": 64, "VSPLIT": 2 if lanes <= 128 else 1, "num_warps": 4}
 
 
 def _verify_blocked_rule(shape: dict) -> dict:
@@ -95,19 +86,26 @@ def chain_launch_config(lanes: int) -> dict:
     """tree_verify's chain kernels (chains past one tile), by request-heads `lanes`: from the
     H200 A/B, I17-l (experiments/results/i17-big/ab-chain13.json; NOTES.md "Big trees,
     sixth session"): chunks of 32 and value tiles of 32 up to 32 request-heads (a single 9B
-    request), chunks of 16 and value tiles of 64 beyond, on 4 warps. Not tuned per GPU: the
-    rule is the measured best or within 1% of it at every cell."""
+    request), chunks of 16 and value tiles of 64 beyond, on 4 warps (its factors launch on
+    4 too: factor_warps). Not tuned per GPU: the rule is the measured best or within 1% of
+    it at every cell."""
     if lanes <= 32:
-        return {"BC": 32, "BV": 32, "num_warps": 4, "num_stages": 1}
-    return {"BC": 16, "BV": 64, "num_warps": 4, "num_stages": 1}
+        return {"BC": 32, "BV": 32, "num_warps": 4, "num_stages": 1, "factor_warps": 4}
+    return {"BC": 16, "BV": 64, "num_warps": 4, "num_stages": 1, "factor_warps": 4}
 
 
 def levels_launch_config(tp: int) -> dict:
     """tree_verify's level kernel (shallow trees past one tile), by its rows TP: value tiles
     of 32, key slices of 64, 4 warps up to 128 rows and 8 beyond (H200, I17-m: the best or
     within 4% of it at batch 1-2). Its products launch takes RB rows a program
-    (tree_verify's RB)."""
-    return {"BV": 32, "BK": 64, "num_warps": 4 if tp <= 128 else 8, "num_stages": 1}
+    (tree_verify's RB) on gram_warps warps."""
+    return {"BV": 32, "BK": 64, "num_warps": 4 if tp <= 128 else 8, "num_stages": 1, "gram_warps": 8}
+
+
+# SPLIT's parts (tree_verify_parts.py), not tuned per GPU: the state products' rows, value
+# columns and key slice a program, the Gram tile, the launch's warps and stages, the roles
+# it runs (all three; fewer only to time them apart) (H200, I17-k: NOTES.md "Big trees")
+PARTS_LAUNCH = {"BR": 64, "BV": 64, "BK": 32, "BG": 64, "num_warps": 4, "num_stages": 3, "ROLES": 7}
 
 
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:

@@ -7,8 +7,6 @@ follow the kernels' tensor contract exactly and favour clarity over speed:
   snapshot per node (what SGLang's serial verifier computes).
 - `tree_verify_ref`: Theorem 1's closed form, O = D_P Q S + C (I+G)^-1 D_beta (V - D_P K S).
 - `tree_commit_ref`: Eq. 10, the exact state after the accepted node.
-- `pending_state_ref` / `tree_commit_deferred_ref`: the deferred commit (docs/design.md §2,
-  "Deferred commit"): the accepted paths kept as factors beside the written state.
 - `tree_conv_ref` / `tree_conv_commit_ref`: the depthwise causal conv along ancestor chains.
 - `gdn_gates_ref`: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
 - `conv_window_commit_ref` / `seed_slots_ref`: the SGLang plug-in's conv-window commit over
@@ -26,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from bole_cli.kernels.types import PendingPath, VerifyResult
+from bole_cli.kernels.types import VerifyResult
 
 L2NORM_EPS = 1e-6
 
@@ -119,12 +117,8 @@ def tree_verify_sequential_ref(
 def tree_verify_ref(
     q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
     *, scale: Optional[float] = None, use_qk_l2norm: bool = True, dtype=torch.float64,
-    pending: Optional[PendingPath] = None,
 ) -> VerifyResult:
-    """Theorem 1's closed form; u solves (I + G) U = R by triangular substitution. With
-    `pending`, each slot's true state (`pending_state_ref`) stands in for the written one."""
-    if pending is not None:
-        state = pending_state_ref(state, pending, dtype)
+    """Theorem 1's closed form; u solves (I + G) U = R by triangular substitution."""
     hv = v.shape[1]
     q, k = _prepare_qk(q, k, scale, use_qk_l2norm, dtype)
     q, k = _gqa(q, hv), _gqa(k, hv)
@@ -218,79 +212,6 @@ def tree_commit_replay_ref(
             s = s + torch.einsum("hv,hk->hvk", u, k[start + j])
         new[slot] = s.to(state.dtype)
     return new
-
-
-def pending_state_ref(state, pending: PendingPath, dtype=torch.float64) -> torch.Tensor:
-    """Every slot's true state under a deferred write: exp(logP_end) S + sum_j
-    exp(logP_end - logP_j) u_j k_j^T over the slot's pending rows (a new pool in `dtype`)."""
-    if state.dim() == 5:
-        return torch.stack([pending_state_ref(state[l], PendingPath(*(t[l] for t in pending)), dtype)
-                            for l in range(state.shape[0])])
-    out = state.to(dtype).clone()
-    hv = state.shape[1]
-    for slot in range(state.shape[0]):
-        n = int(pending.count[slot, 0])
-        if n == 0:
-            continue
-        lp = pending.log_p[slot, :n].to(dtype)  # [n, HV]
-        end = lp[n - 1]
-        w = torch.exp(end[None, :] - lp)  # [n, HV]
-        kj = _gqa(pending.k[slot, :n].to(dtype), hv)  # [n, HV, K]
-        uj = pending.u[slot, :n].to(dtype)  # [n, HV, V]
-        out[slot] = torch.exp(end)[:, None, None] * out[slot] + torch.einsum("jh,jhv,jhk->hvk", w, uj, kj)
-    return out
-
-
-def tree_commit_deferred_ref(
-    state, state_indices, k, u, log_p, parents, cu_seqlens, accepted, pending: PendingPath,
-    *, use_qk_l2norm: bool = True, flush: bool = False,
-) -> tuple[torch.Tensor, PendingPath]:
-    """The deferred commit: each request's accepted path (root first) is appended to its
-    slot's pending rows while they hold it; otherwise (or with `flush`) the slot's true
-    state after the path is written (Eq. 10 over pending rows + path) and its rows cleared.
-    accepted = -1: nothing, unless `flush` (then the pending rows alone are written).
-    Returns new (state, pending); the inputs are untouched."""
-    if state.dim() == 5:
-        outs = [tree_commit_deferred_ref(state[l], state_indices, k[l], u[l], log_p[l], parents, cu_seqlens,
-                                         accepted, PendingPath(*(t[l] for t in pending)),
-                                         use_qk_l2norm=use_qk_l2norm, flush=flush)
-                for l in range(state.shape[0])]
-        return (torch.stack([o[0] for o in outs]),
-                PendingPath(*(torch.stack([o[1][i] for o in outs]) for i in range(4))))
-    new = state.clone()
-    pend = PendingPath(*(t.clone() for t in pending))
-    rows = pending.k.shape[1]
-    kn = l2norm(k.to(torch.float64)) if use_qk_l2norm else k.to(torch.float64)
-    for b, start, stop in _requests(cu_seqlens):
-        a = int(accepted[b])
-        slot = int(state_indices[b])
-        n = int(pend.count[slot, 0])
-        path = []
-        if a >= 0:
-            path = [a]
-            while int(parents[start + path[-1]]) >= 0:
-                path.append(int(parents[start + path[-1]]))
-            path.reverse()  # root first
-        if not path and not (flush and n):
-            continue
-        end = pend.log_p[slot, n - 1].to(torch.float64) if n else torch.zeros(pend.log_p.shape[-1],
-                                                                                dtype=torch.float64)
-        if not flush and n + len(path) <= rows:
-            for i, j in enumerate(path):
-                pend.k[slot, n + i] = kn[start + j].to(pend.k.dtype)
-                pend.u[slot, n + i] = u[start + j].to(pend.u.dtype)
-                pend.log_p[slot, n + i] = (end + log_p[start + j].to(torch.float64)).to(pend.log_p.dtype)
-            pend.count[slot] = n + len(path)
-            continue
-        true = pending_state_ref(state[slot:slot + 1], PendingPath(*(t[slot:slot + 1] for t in pend)))[0]
-        if path:
-            one = tree_commit_ref(true[None], torch.zeros(1, dtype=torch.int64), k[start:stop], u[start:stop],
-                                  log_p[start:stop], parents[start:stop], torch.tensor([0, stop - start]),
-                                  torch.tensor([a]), use_qk_l2norm=use_qk_l2norm)
-            true = one[0]
-        new[slot] = true.to(state.dtype)
-        pend.count[slot] = 0
-    return new, pend
 
 
 def _chain(parents_local: list[int], i: int, width: int) -> list[int]:

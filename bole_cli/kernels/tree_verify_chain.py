@@ -8,11 +8,12 @@ launched after these two (tree_verify.py). Measured: experiments/NOTES.md "Big t
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import (gate_params, inverse_by_blocks, is_long_chain, pending_rows, pending_slice,
-                                      request_span, row_gates)
+from bole_cli.kernels.jit_math import gate_params, inverse_by_blocks, is_long_chain, request_span, row_gates
+from bole_cli.kernels.types import VerifyArgs
 
 
 # A chain's chunk factors need no state, so they are built first for every (request, value
@@ -96,13 +97,12 @@ def chain_factors_kernel(
 @triton.jit(do_not_specialize=["n_slots"])
 def chain_scan_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, fu, fo,
-    pend_k, pend_u, pend_lp, pend_n,
     scale, n_slots, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     BC: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, DS: tl.constexpr,
-    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, LP: tl.constexpr, LPP: tl.constexpr,
+    USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
 ):
     """One program per (request, value head, value tile): the chunks in order, the state
     tile [BV, K] carried in registers, each chunk's factors loaded (module comment)."""
@@ -121,10 +121,6 @@ def chain_scan_kernel(
         vmask = offs_v < V
         sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :],
                      mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)  # [BV, KP]
-        if LP > 0:  # a deferred commit: the slot's true state (jit_math.pending_slice)
-            uw, pdecay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, n_nodes > 0, hv, n_hv, offs_v,
-                                                   vmask, V, LP, LPP)
-            sb = pending_slice(sb, uw, pdecay, pend_k, prow, pused, h, n_hv // GROUP, offs_k, K, PRECISION)
         f_at = (b.to(tl.int64) * n_hv + hv) * (TP // BC) * BC * BC + lane[:, None] * BC + lane[None, :]
         for c0 in range(0, n_nodes, BC):
             rows = c0 + lane
@@ -155,3 +151,24 @@ def chain_scan_kernel(
 def chain_scratch_shape(bsz: int, hv: int, tp: int, bc: int) -> tuple:
     """v13's factor scratch: (Fu, Fo) x [B, HV, TP / BC, BC, BC] float32."""
     return (2, bsz, hv, tp // bc, bc, bc)
+
+
+def launch_chain(args: VerifyArgs, bsz: int, cfg: dict, consts: dict) -> None:
+    """The chain verify of `bsz` requests: the chunk factors for every (request, value head,
+    chunk), then the scan; `cfg` is chain_launch_config's (BV, BC and warps already fitted to
+    the shape), `consts` the shape constexprs (GROUP, K, V, KP, TP, DS, USE_L2NORM,
+    PRECISION, GATED). The factors' scratch is allocated here."""
+    q, hv = args.q, args.n_hv
+    bc, tp = cfg["BC"], consts["TP"]
+    fu, fo = torch.empty(chain_scratch_shape(bsz, hv, tp, bc), device=q.device, dtype=torch.float32)
+    common = {key: consts[key] for key in ("GROUP", "K", "KP", "TP", "DS", "USE_L2NORM", "PRECISION", "GATED")}
+    chain_factors_kernel[(bsz, hv, tp // bc)](
+        q, args.k, args.g, args.beta, args.A_log, args.dt_bias, args.state_idx, args.parents, args.cu, args.log_p,
+        fu, fo, args.scale, args.n_slots, hv, args.s_qn, args.s_qh, args.s_kn, args.s_kh, args.s_gn, args.s_gh,
+        args.s_bn, args.s_bh, args.s_ln, BC=bc, num_warps=cfg["factor_warps"], **common)
+    chain_scan_kernel[(bsz, hv, triton.cdiv(consts["V"], cfg["BV"]))](
+        q, args.k, args.v, args.g, args.beta, args.A_log, args.dt_bias, args.state, args.state_idx, args.parents,
+        args.cu, args.o, args.u, fu, fo, args.scale, args.n_slots, hv,
+        args.s_qn, args.s_qh, args.s_kn, args.s_kh, args.s_vn, args.s_vh, args.s_gn, args.s_gh, args.s_bn, args.s_bh,
+        args.s_sn, args.s_sh, args.s_sv, args.s_on, args.s_oh, args.s_un, args.s_uh,
+        V=consts["V"], BC=bc, BV=cfg["BV"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)

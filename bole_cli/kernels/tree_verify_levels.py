@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import (gate_params, pending_rows, poison_rows, request_span, row_gates, unit_scales,
-                                      valid_parents)
+from bole_cli.kernels.jit_math import gate_params, poison_rows, request_span, row_gates, unit_scales, valid_parents
 from bole_cli.kernels.tree_verify_parts import state_products
+from bole_cli.kernels.types import VerifyArgs
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -90,13 +90,12 @@ def levels_gram_kernel(
 @triton.jit(do_not_specialize=["n_slots"])
 def tree_levels_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    pend_k, pend_u, pend_lp, pend_n, ancestors, kk, qk,
     scale, n_slots, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
+    ancestors, kk, qk,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     TP: tl.constexpr, DW: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
-    LP: tl.constexpr, LPP: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -128,14 +127,8 @@ def tree_levels_kernel(
     if n_solved > 0:
         if (iv == 0):
             tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)
-        if LP > 0:  # a deferred commit: the slot's true state (jit_math.pending_slice)
-            uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, n_solved > 0, hv, n_hv, offs_v, vmask, V,
-                                                  LP, LPP)
-        else:  # (never read)
-            uw, decay, prow, pused = 0.0, 0.0, 0, 0
         xs, ys, nk, nq = state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn, s_qh, s_kn,
-                                        s_kh, s_sn, s_sh, s_sv, uw, decay, pend_k, prow, pused, n_h, K, KP, BK, TP,
-                                        BV, LP, USE_L2NORM, PRECISION)
+                                        s_kh, s_sn, s_sh, s_sv, K, KP, BK, TP, BV, USE_L2NORM, PRECISION)
         inv_k, inv_q = unit_scales(nk, nq, scale, USE_L2NORM)
         bt = tl.load(beta + rows_g * s_bn + hv * s_bh, mask=rmask, other=0.0).to(tl.float32)
         if GATED:  # (loaded here, after the state products: fewer registers live across them)
@@ -184,3 +177,22 @@ def levels_width(max_depth: int) -> int:
 def levels_scratch(n: int, h: int, dw: int) -> tuple:
     """((shape, dtype) of the ancestors [N, DW] int32, of k.k and q.k [2, N, H, DW] float32)."""
     return ((n, dw), torch.int32), ((2, n, h, dw), torch.float32)
+
+
+def launch_levels(args: VerifyArgs, bsz: int, cfg: dict, dw: int, consts: dict) -> None:
+    """The level-by-level verify of `bsz` requests: the ancestors and their products per key
+    head, then the levels; `cfg` is levels_launch_config's (with RB), `dw` levels_width's,
+    `consts` the shape constexprs (GROUP, K, V, KP, TP, USE_L2NORM, PRECISION, GATED). The
+    scratch is allocated here."""
+    q, k = args.q, args.k
+    n, h = q.shape[0], q.shape[1]
+    ancestors, (kk, qk) = (torch.empty(shape, device=q.device, dtype=dtype) for shape, dtype in levels_scratch(n, h, dw))
+    tp, rb = consts["TP"], min(cfg["RB"], consts["TP"])
+    levels_gram_kernel[(bsz, h, dw * (tp // rb))](
+        q, k, args.state_idx, args.parents, args.cu, ancestors, kk, qk, args.scale, args.n_slots, h,
+        args.s_qn, args.s_qh, args.s_kn, args.s_kh, K=consts["K"], KP=consts["KP"], TP=tp, RB=rb, DW=dw,
+        USE_L2NORM=consts["USE_L2NORM"], num_warps=cfg["gram_warps"])
+    bv = min(cfg["BV"], triton.next_power_of_2(consts["V"]))
+    tree_levels_kernel[(bsz, args.n_hv, triton.cdiv(consts["V"], bv))](
+        *args, ancestors, kk, qk, DW=dw, BV=bv, BK=min(cfg["BK"], consts["KP"]), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **consts)

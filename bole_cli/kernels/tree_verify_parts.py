@@ -26,10 +26,13 @@ leaves roles out, for timing them apart (experiments/ab_big_trees.py).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import gate_params, is_long_chain, pending_slice, request_span, row_gates, valid_parents
+from bole_cli.kernels.configs import PARTS_LAUNCH
+from bole_cli.kernels.jit_math import gate_params, is_long_chain, request_span, row_gates, valid_parents
+from bole_cli.kernels.types import VerifyArgs
 
 
 @triton.jit
@@ -68,13 +71,11 @@ def ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP:
 
 @triton.jit
 def state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn, s_qh, s_kn, s_kh, s_sn, s_sh, s_sv,
-                   uw, decay, pend_k, prow, pused, n_h, K: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr,
-                   R: tl.constexpr, BV: tl.constexpr, LP: tl.constexpr, USE_L2NORM: tl.constexpr,
-                   PRECISION: tl.constexpr):
+                   K: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, R: tl.constexpr, BV: tl.constexpr,
+                   USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr):
     """Rows k_i^T S and q_i^T S [R, BV] (value columns offs_v) over key-dim slices (whole
     [R, K] float32 operands do not fit the registers), with the rows' squared norms from the
-    same slices (zero unless USE_L2NORM). LP > 0: each state slice is first made the slot's
-    true state (jit_math.pending_slice; uw .. pused from jit_math.pending_rows)."""
+    same slices (zero unless USE_L2NORM)."""
     x = tl.zeros([R, BV], dtype=tl.float32)
     y = tl.zeros([R, BV], dtype=tl.float32)
     nk = tl.zeros([R], dtype=tl.float32)
@@ -89,8 +90,6 @@ def state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn,
             nq += tl.sum(qc * qc, axis=1)
         sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
                      mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-        if LP > 0:
-            sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_h, offs, K, PRECISION)
         x += tl.dot(kc, tl.trans(sb), input_precision=PRECISION)
         y += tl.dot(qc, tl.trans(sb), input_precision=PRECISION)
     return x, y, nk, nq
@@ -126,8 +125,7 @@ def _state_products_role(q, k, state, state_idx, parents, cu, xs, ys, scale, n_s
         rmask = rows < n_solved
         rows_g = start + rows
         x, y, nk, nq = state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn, s_qh, s_kn, s_kh,
-                                      s_sn, s_sh, s_sv, 0.0, 0.0, state, 0, 0, 1, K, KP, BK, BR, BV, 0, USE_L2NORM,
-                                      PRECISION)  # no pending rows here
+                                      s_sn, s_sh, s_sv, K, KP, BK, BR, BV, USE_L2NORM, PRECISION)
         if USE_L2NORM:
             x = x * (1.0 / tl.sqrt(nk + 1e-6))[:, None]
             y = y * (scale / tl.sqrt(nq + 1e-6))[:, None]
@@ -230,3 +228,33 @@ def parts_grid(n_req: int, n_h: int, n_hv: int, vdim: int, bv: int, bg: int, tp:
     """Programs of parts_kernel: each role in ROLES, in parts_kernel's order."""
     return (n_req * n_hv * triton.cdiv(vdim, bv) * (roles & 1) + n_req * n_h * (tp // bg) ** 2 * (roles >> 1 & 1)
             + n_req * n_hv * (roles >> 2 & 1))
+
+
+def split_workspaces(n: int, bsz: int, h: int, hv: int, vdim: int, tp: int) -> tuple:
+    """SPLIT's scratch, ((shape, dtype) of y [N, HV, V], the Gram terms [2, B, H, TP, TP],
+    the ancestor words [N, NW]): allocated per launch, reused by the next layer's."""
+    return (((n, hv, vdim), torch.float32), ((2, bsz, h, tp, tp), torch.float32), ((n, tp // 64), torch.int64))
+
+
+def launch_parts(args: VerifyArgs, bsz: int, consts: dict) -> tuple:
+    """The parts of `bsz` requests in one launch (PARTS_LAUNCH's settings), writing x = K S^T
+    into args.u, logP into args.log_p and the rest into workspaces allocated here; `consts`
+    are the blocked kernel's (GROUP, K, V, KP, BC, TP, NW, DS, REMAINDER, USE_L2NORM,
+    PRECISION, GRAM16, GATED). Returns the workspaces (y, the Gram terms, the ancestor words)."""
+    q, u, log_p, state = args.q, args.u, args.log_p, args.state
+    tp, h, hv = consts["TP"], q.shape[1], args.n_hv
+    ys, gram, bits = (torch.empty(shape, device=q.device, dtype=dtype)
+                      for shape, dtype in split_workspaces(q.shape[0], bsz, h, hv, consts["V"], tp))
+    # the Gram tiles at least a chunk wide: the tree stage's diagonal blocks lie in written tiles
+    bv, roles = PARTS_LAUNCH["BV"], PARTS_LAUNCH["ROLES"]
+    bg = min(max(PARTS_LAUNCH["BG"], consts["BC"]), tp)
+    parts_kernel[(parts_grid(bsz, h, hv, consts["V"], bv, bg, tp, roles),)](
+        q, args.k, args.g, args.A_log, args.dt_bias, state, args.state_idx, args.parents, args.cu, u, ys, log_p,
+        bits, gram[0], gram[1], args.scale, args.n_slots, bsz, h, hv,
+        args.s_qn, args.s_qh, args.s_kn, args.s_kh, args.s_gn, args.s_gh, args.s_sn, args.s_sh, args.s_sv,
+        args.s_un, args.s_uh, ys.stride(0), ys.stride(1), args.s_ln,
+        BR=PARTS_LAUNCH["BR"], BV=bv, BK=min(PARTS_LAUNCH["BK"], consts["KP"]), BG=bg, ROLES=roles,
+        num_warps=PARTS_LAUNCH["num_warps"], num_stages=PARTS_LAUNCH["num_stages"],
+        **{key: consts[key] for key in ("GROUP", "K", "V", "KP", "TP", "NW", "DS", "REMAINDER", "USE_L2NORM",
+                                         "PRECISION", "GRAM16", "GATED")})
+    return ys, gram, bits

@@ -19,10 +19,6 @@ then per value tile (BV columns of the state), with X = K S^T and Y = Q S^T:
     R = D_beta (V - D_P X),   U = A R,   O = D_P Y + Ce R.
 
 The state is read once per program; nothing per node is materialised beyond u and log_p.
-With a deferred commit (LP > 0) the products are those of the slot's true state,
-exp(logP_end) S + the pending rows' u k^T (docs/design.md §2): either each state slice is
-rebuilt as it is read (jit_math.pending_slice) or, PENDING_AFTER, the rows' products are
-added after the state's (faster where the tree is small; configs._verify_tile_rule).
 Trees larger than the tile go to the blocked kernel (tree_verify.py); a request larger than
 the promised tile (max_nodes broken under check_trees=False), or whose slot lies outside the
 pool [0, n_slots), gets NaN outputs throughout and its slot is never read.
@@ -33,20 +29,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, gate_params, inverse_by_blocks, pending_keys, pending_rows, pending_slice,
-                                      poison_rows, request_span, row_gates, unit_scales)
+from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, gate_params, inverse_by_blocks, poison_rows, request_span,
+                                      row_gates, unit_scales)
+from bole_cli.kernels.types import VerifyArgs
 
 
 @triton.jit(do_not_specialize=["n_slots"])
 def tree_verify_tile_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    pend_k, pend_u, pend_lp, pend_n,
     scale, n_slots, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
-    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, VT: tl.constexpr, LP: tl.constexpr, LPP: tl.constexpr,
-    PENDING_AFTER: tl.constexpr,
+    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, VT: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -128,9 +123,6 @@ def tree_verify_tile_kernel(
         for vt in range(0, VT, BV):
             offs_v = part * VT + vt + tl.arange(0, BV)
             vmask = offs_v < V
-            if LP > 0 and not PENDING_AFTER:  # a deferred commit: each state slice made the true one
-                uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, in_pool, hv, n_hv, offs_v,
-                                                      vmask, V, LP, LPP)
             xs = tl.zeros([TP, BV], dtype=tl.float32)  # rows k_i^T S
             ys = tl.zeros([TP, BV], dtype=tl.float32)  # rows q_i^T S
             for kb in range(0, KP, BK):
@@ -140,28 +132,8 @@ def tree_verify_tile_kernel(
                 qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
                 sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
                              mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-                if LP > 0 and not PENDING_AFTER:
-                    sb = pending_slice(sb, uw, decay, pend_k, prow, pused, h, n_hv // GROUP, offs, K, PRECISION)
                 xs += tl.dot(kc * inv_k[:, None], tl.trans(sb), input_precision=PRECISION)
                 ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)
-            if LP > 0 and PENDING_AFTER:
-                # The rows after the state products, in a key loop of their own: x_i (true S) =
-                # exp(logP_end) x_i (S) + sum_j (k_i . k_j) w_j u_j, so no rows are live while
-                # the state is read (fewer spills at T <= 32; experiments/NOTES.md "p-after").
-                uw, decay, prow, pused = pending_rows(pend_u, pend_lp, pend_n, slot, in_pool, hv, n_hv, offs_v,
-                                                      vmask, V, LP, LPP)
-                xk = tl.zeros([TP, LPP], dtype=tl.float32)  # k_i . k_j over the rows j
-                yk = tl.zeros([TP, LPP], dtype=tl.float32)
-                for kb in range(0, KP, BK):
-                    offs = kb + tl.arange(0, BK)
-                    m2 = rmask[:, None] & (offs < K)[None, :]
-                    kc = tl.load(k + rows_g[:, None] * s_kn + h * s_kh + offs[None, :], mask=m2, other=0.0)
-                    qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)
-                    kp = pending_keys(pend_k, prow, pused, h, n_hv // GROUP, offs, K)
-                    xk += tl.dot(kc.to(tl.float32) * inv_k[:, None], tl.trans(kp), input_precision=PRECISION)
-                    yk += tl.dot(qc.to(tl.float32) * inv_q[:, None], tl.trans(kp), input_precision=PRECISION)
-                xs = tl.dot(xk, uw, acc=decay * xs, input_precision=PRECISION)
-                ys = tl.dot(yk, uw, acc=decay * ys, input_precision=PRECISION)
             vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
                          mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
             r = bv[:, None] * (vc - p[:, None] * xs)
@@ -186,3 +158,11 @@ def value_split(vdim: int, bv: int, vsplit: int) -> tuple[int, int]:
     parts = max(1, min(int(vsplit), tiles))
     per_part = triton.cdiv(tiles, parts)
     return per_part * bv, triton.cdiv(tiles, per_part)
+
+
+def launch_tile(args: VerifyArgs, bsz: int, max_nodes: int, vsplit: int, consts: dict) -> None:
+    """The one-tile kernel over `bsz` requests, V split in `vsplit` parts (value_split); the
+    tile is the largest tree rounded up to a power of two (at least 16: tl.dot's minimum)."""
+    per_part, parts = value_split(args.v.shape[2], consts["BV"], vsplit)
+    tp = max(16, triton.next_power_of_2(max_nodes))
+    tree_verify_tile_kernel[(bsz, args.n_hv, parts)](*args, TP=tp, VT=per_part, **consts)

@@ -21,7 +21,7 @@ import torch
 
 from bole_cli.errors import InputError
 from bole_cli.memory import FLOAT_DTYPES
-from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_PENDING_ROWS, MAX_TREE_NODES, VERIFY_PRECISIONS
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES, VERIFY_PRECISIONS
 
 ACTIVATION_DTYPES = tuple(getattr(torch, name) for name in FLOAT_DTYPES)  # memory.FLOAT_DTYPES
 STATE_DTYPES = tuple(getattr(torch, name) for name in KERNEL_STATE_DTYPES)
@@ -242,40 +242,6 @@ def check_commit(state, state_indices, k, rows: Mapping[str, tuple], parents, cu
                       accepted)
 
 
-def check_pending(pending, lead: tuple, n_slots: int, h: int, kdim: int, hv: int, vdim: int, device,
-                  check_trees: bool = False) -> int:
-    """A deferred commit's pending rows (reference.PendingPath: k, u, log_p, count) for a
-    pool of n_slots slots, with `lead` leading dims (a layer): float32 factors and int32
-    counts, contiguous (the kernels index them by their shapes). With check_trees (a host
-    read) every count must lie in 0..rows and be the same for all heads of a slot (the
-    kernels clamp a bad one instead). Returns the rows per slot."""
-    if not isinstance(pending, tuple) or len(pending) != 4:
-        raise InputError(f"pending: expected PendingPath(k, u, log_p, count), got {type(pending).__name__}")
-    pk, pu, plp, pn = pending
-    nd = len(lead)
-    check_tensor("pending.k", pk, 4 + nd, (torch.float32,), device)
-    rows = pk.shape[nd + 1]
-    if not 1 <= rows <= MAX_PENDING_ROWS:
-        raise InputError(f"pending.k: {rows} rows a slot, expected 1..{MAX_PENDING_ROWS}")
-    for name, t, shape, dtype in (("pending.k", pk, (n_slots, rows, h, kdim), torch.float32),
-                                  ("pending.u", pu, (n_slots, rows, hv, vdim), torch.float32),
-                                  ("pending.log_p", plp, (n_slots, rows, hv), torch.float32),
-                                  ("pending.count", pn, (n_slots, hv), torch.int32)):
-        check_tensor(name, t, len(shape) + nd, (dtype,), device)
-        check_shape(name, t, lead + shape)
-        if not t.is_contiguous():
-            raise InputError(f"{name}: must be contiguous (the kernels index it by its shape)")
-    if check_trees and pn.numel():
-        counts = pn.detach().cpu().reshape(-1, n_slots, hv)
-        bad = (counts < 0) | (counts > rows) | (counts != counts[..., :1])
-        if bool(bad.any()):
-            layer, slot, head = (int(i) for i in torch.nonzero(bad)[0])
-            where = f"layer {layer}, " if lead else ""
-            raise InputError(f"pending.count: {where}slot {slot} head {head} holds {int(counts[layer, slot, head])} "
-                             f"rows (expected 0..{rows}, the same for every head)")
-    return rows
-
-
 def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool) -> torch.Tensor:
     """accepted [B]: -1 (none) or a local node index of the request. Returns it contiguous."""
     bsz = cu_seqlens.shape[0] - 1
@@ -294,10 +260,8 @@ def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool
 # Launch-config values: every tile is a power of two (tl.arange); tiles that feed tl.dot
 # are at least 16 wide (the tensor cores' smallest operand).
 _DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_replay": ("BV", "DP"),
-              "tree_commit_deferred": ("BV", "DP"),
               "tree_conv": ()}
-_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay": (),
-                "tree_commit_deferred": (), "tree_conv": ("BN", "BD")}
+_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay": (), "tree_conv": ("BN", "BD")}
 MAX_TILE = 1024
 
 
@@ -337,6 +301,6 @@ def check_config(kernel: str, config: Optional[Mapping]) -> None:
         elif key == "WDOT":
             if value not in REPLAY_DOTS:
                 raise InputError(f"config: WDOT must be one of {', '.join(REPLAY_DOTS)}, got {value!r}")
-        elif key in ("GRAM16", "CHAIN", "PENDING_AFTER", "SPLIT", "LEVELS", "RELOAD"):
+        elif key in ("GRAM16", "CHAIN", "SPLIT", "LEVELS", "RELOAD"):
             if value not in (0, 1) or not isinstance(value, (bool, int)):
                 raise InputError(f"config: {key} must be 0 or 1, got {value!r}")

@@ -23,8 +23,7 @@ import torch.nn.functional as F
 from bole_cli.errors import InputError
 from bole_cli.kernels import reference as ref
 
-OPS = ("gdn_gates", "tree_verify", "tree_commit", "tree_commit_replay", "tree_commit_deferred", "tree_flush",
-       "tree_conv", "tree_conv_commit")
+OPS = ("gdn_gates", "tree_verify", "tree_commit", "tree_commit_replay", "tree_conv", "tree_conv_commit")
 BACKENDS = ("auto", "kernels", "reference")
 
 
@@ -130,17 +129,14 @@ class GDNOps:
 
     def verify(self, q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
                *, out: Optional[ref.VerifyResult] = None, max_nodes: Optional[int] = None,
-               max_depth: Optional[int] = None, pending: Optional[ref.PendingPath] = None) -> ref.VerifyResult:
+               max_depth: Optional[int] = None) -> ref.VerifyResult:
         """Theorem 1 over the packed forest; `out` (o, u, log_p) receives the results.
         max_nodes, max_depth: the largest tree and the most strict ancestors of a node, if
-        known (they pick the kernel: one tile, or the fast big-tree kernel alone). pending:
-        this layer's deferred-commit rows (the trees see each slot's true state)."""
+        known (they pick the kernel: one tile, or the fast big-tree kernel alone)."""
         if "tree_verify" in self._k:
             return self._k["tree_verify"](q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
-                                          check_trees=False, max_nodes=max_nodes, max_depth=max_depth, out=out,
-                                          pending=pending)
-        o, u, log_p = ref.tree_verify_ref(q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
-                                          pending=pending)
+                                          check_trees=False, max_nodes=max_nodes, max_depth=max_depth, out=out)
+        o, u, log_p = ref.tree_verify_ref(q, k, v, g, beta, state, state_indices, parents, cu_seqlens)
         fdt = factor_dtype(v.dtype)
         if out is None:
             return ref.VerifyResult(o.to(v.dtype), u.to(fdt), log_p.to(fdt))
@@ -165,31 +161,6 @@ class GDNOps:
                                           check_trees=False)
             return
         state.copy_(ref.tree_commit_replay_ref(state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted))
-
-    def commit_deferred(self, state, state_indices, k, u, log_p, parents, cu_seqlens, accepted,
-                        pending: ref.PendingPath) -> None:
-        """The deferred commit (append the accepted paths to `pending`, writing a slot's
-        state only when its rows overflow), every layer at once; in place."""
-        if "tree_commit_deferred" in self._k:
-            self._k["tree_commit_deferred"](state, state_indices, k, u, log_p, parents, cu_seqlens, accepted,
-                                            pending, check_trees=False)
-            return
-        new, pend = ref.tree_commit_deferred_ref(state, state_indices, k, u, log_p, parents, cu_seqlens,
-                                                 accepted, pending)
-        state.copy_(new)
-        for dst, src in zip(pending, pend):
-            dst.copy_(src)
-
-    def flush(self, state, pending: ref.PendingPath, state_indices) -> None:
-        """Write the true state of `state_indices` and clear their pending rows (in place)."""
-        if "tree_flush" in self._k:
-            self._k["tree_flush"](state, pending, state_indices, check_trees=False)
-            return
-        new = ref.pending_state_ref(state, pending, state.dtype)
-        idx = state_indices.to(torch.int64)
-        lead = state.dim() - 4
-        state.index_copy_(lead, idx, new.index_select(lead, idx))
-        pending.count.index_fill_(lead, idx, 0)
 
     def conv(self, x, conv_state, weight, bias, state_indices, parents, cu_seqlens) -> torch.Tensor:
         """SiLU(depthwise causal conv) along each node's ancestor chain; y [N, D] in x's dtype."""

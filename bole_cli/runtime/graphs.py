@@ -7,17 +7,16 @@ inputs; later steps of the bucket copy their metadata into them and replay. On C
 when capture fails (an op that synchronises with the host, such as the float64
 reference GDN ops), steps run eagerly and `GraphCache.reason` says why.
 
-`GraphCache` is the one cache of captured steps: GraphedRunner (below) and the decoders
-of `bole bench e2e` (bole_cli/bench/e2e/decoders.py) both replay through it.
+`GraphCache` is the one cache of captured steps: the decoders of `bole bench e2e`
+(bole_cli/bench/e2e/decoders.py) replay through it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 
-from bole_cli.runtime.model import HybridCache, HybridModel, VerifyOutput
 from bole_cli.timing import capture
 
 
@@ -78,61 +77,3 @@ class GraphCache:
     def clear(self) -> None:
         """Drop the captured graphs (their static buffers go with them)."""
         self._steps.clear()
-
-
-class GraphedRunner:
-    """decode / verify / commit like HybridModel's, replaying a CUDA graph per bucket.
-
-    kv_bucket rounds the attention's KV read length up (masked), so one graph serves
-    `kv_bucket` consecutive decode steps. Outputs are the graph's static tensors: use
-    (or clone) them before the next step of the same bucket; commit a verify before the
-    next verify. Warm-up runs before capture would advance the GDN states of a decode;
-    the touched slots are restored afterwards.
-    """
-
-    def __init__(self, model: HybridModel, cache: HybridCache, *, kv_bucket: int = 256,
-                 enabled: Optional[bool] = None, warmup: int = 2):
-        self.model, self.cache = model, cache
-        self.kv_bucket = kv_bucket
-        self.graphs = GraphCache(model.device.type == "cuda" if enabled is None else enabled, warmup=warmup,
-                                 reason="CUDA graphs need a CUDA device")
-
-    @property
-    def enabled(self) -> bool:
-        return self.graphs.enabled
-
-    @property
-    def eager_reason(self) -> str:
-        return self.graphs.reason
-
-    def _save_slots(self, slots: Sequence[int]) -> Callable[[], None]:
-        """The slots' per-step state (GDN states, pending rows of deferred commits, conv
-        windows), put back after a capture's warm-up runs advanced it."""
-        c = self.cache
-        tensors = [c.gdn_state, c.conv_state, *(c.gdn_pending or ())]
-        saved = [t[:, slots].clone() for t in tensors]
-
-        def restore() -> None:
-            for t, old in zip(tensors, saved):
-                t[:, slots] = old
-        return restore
-
-    @torch.inference_mode()
-    def decode(self, tokens, slots: Optional[Sequence[int]] = None) -> torch.Tensor:
-        slots = list(range(len(tokens))) if slots is None else [int(x) for x in slots]
-        db = self.model.prepare_decode(self.cache, tokens, slots, kv_bucket=self.kv_bucket)
-        logits = self.graphs.run(("decode",) + db.signature(), db,
-                                 lambda p: self.model.forward_decode(self.cache, p),
-                                 save=lambda: self._save_slots(db.slots))
-        for s in slots:
-            self.cache.kv_lens[s] += 1
-        return logits
-
-    @torch.inference_mode()
-    def verify(self, forest, tokens, slots: Optional[Sequence[int]] = None, *, path: str = "bole") -> VerifyOutput:
-        tb = self.model.prepare_verify(self.cache, forest, tokens, slots, kv_bucket=self.kv_bucket)
-        return self.graphs.run(("verify", path) + tb.signature(), tb,
-                               lambda p: self.model.forward_verify(self.cache, p, path=path))
-
-    def commit(self, out: VerifyOutput, accepted) -> None:
-        self.model.commit(self.cache, out, accepted)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import InputError
-from bole_cli.kernels.types import PendingPath, VerifyResult, new_pending
+from bole_cli.kernels.types import VerifyResult
 from bole_cli.runtime import gdn_ops
 from bole_cli.runtime.attention import (split_attention_works, split_tree_attention, varlen_attention_works,
                                         varlen_cache_attention)
@@ -136,9 +136,6 @@ class HybridCache:
     k_cache: torch.Tensor  # [L_attn, S, H_kv, max_len, head_dim]
     v_cache: torch.Tensor
     kv_lens: list[int]  # committed tokens per slot (host)
-    # a deferred commit's rows beside gdn_state ([L_gdn, S, rows, ...]; HybridModel.defer_commits):
-    # the path "bole" then appends accepted paths here and writes a slot's state when they overflow
-    gdn_pending: Optional[PendingPath] = None
 
     @property
     def n_slots(self) -> int:
@@ -150,14 +147,11 @@ class HybridCache:
 
     @property
     def nbytes(self) -> int:
-        pending = tuple(self.gdn_pending or ())
-        return sum(t.numel() * t.element_size()
-                   for t in (self.gdn_state, self.conv_state, self.k_cache, self.v_cache, *pending))
+        return sum(t.numel() * t.element_size() for t in (self.gdn_state, self.conv_state, self.k_cache, self.v_cache))
 
     def clone(self) -> "HybridCache":
-        pending = None if self.gdn_pending is None else PendingPath(*(t.clone() for t in self.gdn_pending))
         return HybridCache(self.gdn_state.clone(), self.conv_state.clone(), self.k_cache.clone(),
-                           self.v_cache.clone(), list(self.kv_lens), pending)
+                           self.v_cache.clone(), list(self.kv_lens))
 
 
 @dataclass
@@ -172,8 +166,7 @@ class VerifyOutput:
     v: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV, dv] (the replay commit's rows)
     g: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
     beta: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
-    # bole: the verify's factors, [L_gdn, ...] with deferred commits (they append them),
-    # else one layer's scratch [N, HV, dv] / [N, HV]
+    # bole: the verify's factors, one layer's scratch [N, HV, dv] / [N, HV]
     u: Optional[torch.Tensor] = None
     log_p: Optional[torch.Tensor] = None
     snapshots: Optional[torch.Tensor] = None  # snapshot: [L_gdn, B, T+1, HV, V, K]
@@ -327,19 +320,6 @@ class HybridModel:
                 t.normal_(0.0, std, generator=gen)
         return cache
 
-    def defer_commits(self, cache: HybridCache, rows: int) -> HybridCache:
-        """Give `cache` deferred commits (docs/design.md §2, "Deferred commit"): `rows`
-        pending rows a slot and GDN layer; the "bole" path's commits then append there and
-        write a slot's state only when its rows overflow. Decode and the other verify paths
-        write a batch's slots first (flush_pending)."""
-        cache.gdn_pending = new_pending(cache.gdn_state, rows, self.spec.gdn_key_heads, self.fdtype)
-        return cache
-
-    def flush_pending(self, cache: HybridCache, slots: torch.Tensor) -> None:
-        """Write the true GDN state of `slots` [B] (device) and clear their pending rows."""
-        if cache.gdn_pending is not None and self.n_gdn:
-            self.ops.flush(cache.gdn_state, cache.gdn_pending, slots)
-
     # ---- preparation (host) -------------------------------------------------------------
     def prepare_decode(self, cache: HybridCache, tokens, slots: Optional[Sequence[int]] = None,
                        *, kv_bucket: int = 1) -> DecodeBatch:
@@ -472,7 +452,6 @@ class HybridModel:
         the new KV at each request's committed length (lengths are the caller's)."""
         s = self.spec
         bsz = db.batch
-        self.flush_pending(cache, db.slots)  # decode reads and writes the state itself
 
         def gdn(layer: Layer, h):
             w, l = layer.mixer, layer.index
@@ -519,17 +498,13 @@ class HybridModel:
         n, bsz, t_max, grp = tb.n_nodes, tb.batch, tb.max_nodes, self.gqa_group
         kw = dict(device=self.device)
         out = VerifyOutput(None, tb, path, torch.empty(self.n_gdn, n, s.conv_dim, dtype=self.dtype, **kw))
-        pending = cache.gdn_pending if path == "bole" else None
-        if path != "bole":
-            self.flush_pending(cache, tb.slots)  # the other paths read the written state
         if path == "bole":
             out.k = torch.empty(self.n_gdn, n, s.gdn_key_heads, s.gdn_key_dim, dtype=self.dtype, **kw)
             out.v = torch.empty(self.n_gdn, n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.dtype, **kw)
             out.g = torch.empty(self.n_gdn, n, s.gdn_value_heads, dtype=self.fdtype, **kw)
             out.beta = torch.empty_like(out.g)
-            lead = (self.n_gdn,) if pending is not None else ()
-            out.u = torch.empty(lead + (n, s.gdn_value_heads, s.gdn_value_dim), dtype=self.fdtype, **kw)
-            out.log_p = torch.empty(lead + (n, s.gdn_value_heads), dtype=self.fdtype, **kw)
+            out.u = torch.empty(n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.fdtype, **kw)
+            out.log_p = torch.empty(n, s.gdn_value_heads, dtype=self.fdtype, **kw)
         elif path == "replayssm":
             out.rings = self.replayssm.rings(cache.gdn_state, tb, s.gdn_key_heads, self.dtype)
         else:
@@ -549,11 +524,9 @@ class HybridModel:
             if path == "bole":
                 out.k[l].copy_(k)
                 out.v[l].copy_(v)
-                factors = (out.u[l], out.log_p[l]) if pending is not None else (out.u, out.log_p)
-                res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), *factors)
+                res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), out.u, out.log_p)
                 o = self.ops.verify(q, k, v, g, beta, state, tb.slots, tb.parents, tb.cu_seqlens, out=res,
-                                    max_nodes=tb.max_nodes, max_depth=tb.max_depth - 1,
-                                    pending=None if pending is None else PendingPath(*(t[l] for t in pending))).o
+                                    max_nodes=tb.max_nodes, max_depth=tb.max_depth - 1).o
             elif path == "replayssm":
                 o = self.replayssm.verify_layer(out.rings, l, q, k, v, a, b, w.A_log, w.dt_bias, state, tb)
             else:
@@ -593,10 +566,7 @@ class HybridModel:
         if tb.n_nodes == 0:
             return
         if self.n_gdn:
-            if out.path == "bole" and cache.gdn_pending is not None:
-                self.ops.commit_deferred(cache.gdn_state, tb.slots, out.k, out.u, out.log_p, tb.parents,
-                                         tb.cu_seqlens, accepted, cache.gdn_pending)
-            elif out.path == "bole":
+            if out.path == "bole":
                 self.ops.commit_replay(cache.gdn_state, tb.slots, out.k, out.v, out.g, out.beta, tb.parents,
                                        tb.cu_seqlens, accepted)
             elif out.path == "replayssm":

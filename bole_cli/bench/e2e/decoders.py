@@ -5,17 +5,14 @@
    with a full GDN state snapshot per node, the accepted snapshot copied back (SGLang
    0.5.23's serial verifier where its kernels load, else the PyTorch step loop);
 3. Bole ("bole"): the same trees, verified with the closed form (tree_verify) and
-   committed from the factors (tree_commit); docs/design.md §2, §3;
+   committed by replaying the accepted path (tree_commit_replay); docs/design.md §2, §3, §9;
 4. ReplaySSM chain ("chain"): a depth-d top-1 MTP chain verified by SGLang 0.5.23's
    ReplaySSM in the protocol a GDN model runs, the circular ring (verify from checkpoint +
    ring history, commit = cursor advance + materialisation when due;
    bole_cli/runtime/replayssm.py, docs/sglang-0.5.23.md), and Bole's chain ("bole-chain"):
-   the same chain through tree_verify + tree_commit. A chain is the rank-1
+   the same chain through tree_verify + tree_commit_replay. A chain is the rank-1
    path of the same per-depth, per-rank acceptance matrix, drawn from the same per-step
    draws, so tree and chain are simulated consistently; the harness sweeps d.
-5. Bole with deferred commits ("bole-deferred", "bole-chain-deferred"): as 3 and 4, but the
-   commit appends the accepted path to pending rows beside the state and writes the state
-   only when they overflow (tree_commit_deferred; docs/design.md §2, "Deferred commit").
 
 A tree decoder's step: the drafter (bole_cli/bench/drafter.py) grows the beam tree, the
 plan's budget keeps its nodes (plan.py), the target verifies them (one hybrid forward),
@@ -40,7 +37,6 @@ from bole_cli.bench.drafter import DraftState
 from bole_cli.bench.e2e.simulated_acceptance import step_rng, walk_greedy, walk_simulated
 from bole_cli.bench.e2e.tree_budget import TreePlan, plan_trees
 from bole_cli.errors import InputError
-from bole_cli.limits import DEFAULT_PENDING_ROWS
 from bole_cli.runtime.graphs import GraphCache
 from bole_cli.runtime.model import HybridCache
 
@@ -277,7 +273,7 @@ class SnapshotTreeDecoder(TreeDecoder):
 
 def bole_rows(out) -> list:
     """What a Bole verify keeps for its commit: the replay commit's rows (k, v, g, beta) and
-    the verify's factors (every layer's with deferred commits, else one layer's scratch)."""
+    the verify's factors (one layer's scratch)."""
     return [out.k, out.v, out.g, out.beta, out.u, out.log_p]
 
 
@@ -288,32 +284,6 @@ class BoleTreeDecoder(TreeDecoder):
     @staticmethod
     def verify_state(out) -> list:
         return bole_rows(out)
-
-
-class DeferredCommits:
-    """Mix-in of a Bole decoder: its cache keeps DEFAULT_PENDING_ROWS pending rows a slot
-    (HybridModel.defer_commits), which the verify reads and the commit appends to."""
-
-    def __init__(self, bench, batch, max_steps, *args, **kwargs):
-        super().__init__(bench, batch, max_steps, *args, **kwargs)
-        self.model.defer_commits(self.cache, DEFAULT_PENDING_ROWS)
-
-    @classmethod
-    def probe(cls, bench, cache, batch, nodes_per_request):
-        bench.model.defer_commits(cache, DEFAULT_PENDING_ROWS)
-        super().probe(bench, cache, batch, nodes_per_request)
-
-    def step(self, *, eager=False, mem=None):
-        marks, prep = super().step(eager=eager, mem=mem)
-        if mem is not None:  # the rows persist beside the state, as the ReplaySSM ring does
-            mem["verify_state_bytes"] = mem.get("verify_state_bytes", 0) + sum(
-                t.numel() * t.element_size() for t in self.cache.gdn_pending)
-        return marks, prep
-
-
-class BoleDeferredTreeDecoder(DeferredCommits, BoleTreeDecoder):
-    name, path = "bole-deferred", "bole"
-    label, short_label = "Bole deferred", "Bole def"
 
 
 class ChainDecoder(TreeDecoder):
@@ -359,14 +329,8 @@ class BoleChainDecoder(ChainDecoder):
         return bole_rows(out)
 
 
-class BoleDeferredChainDecoder(DeferredCommits, BoleChainDecoder):
-    name, path = "bole-chain-deferred", "bole"
-    label, short_label = "Bole chain deferred", "Bole chd"
-
-
 DECODER_CLASSES: dict[str, type[Decoder]] = {c.name: c for c in (
-    ARDecoder, SnapshotTreeDecoder, BoleTreeDecoder, ReplaySSMChainDecoder, BoleChainDecoder,
-    BoleDeferredTreeDecoder, BoleDeferredChainDecoder)}
+    ARDecoder, SnapshotTreeDecoder, BoleTreeDecoder, ReplaySSMChainDecoder, BoleChainDecoder)}
 DECODERS = tuple(DECODER_CLASSES)
 BOLE_DECODERS = tuple(name for name, c in DECODER_CLASSES.items() if getattr(c, "path", "") == "bole")
 LABELS = {name: c.label for name, c in DECODER_CLASSES.items()}
