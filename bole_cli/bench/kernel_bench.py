@@ -287,8 +287,9 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                 for nodes in nodes_list:
                     if progress:
                         progress(f"{tree} tree, batch {batch}, {nodes} nodes")
-                    sets = [LayerInputs(torch, spec, batch, nodes, tree, 1000 * i + batch * 7 + nodes, act, sdt)
-                            for i in range(ROTATE)]
+                    # SGLang's snapshot buffers only when it runs (64 x 256 nodes: 32 GiB a set at 9B)
+                    sets = [LayerInputs(torch, spec, batch, nodes, tree, 1000 * i + batch * 7 + nodes, act, sdt,
+                                        sglang_buffers=sg is not None) for i in range(ROTATE)]
                     case = KernelCase(batch, nodes, tree)
                     n = batch * nodes
                     outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, spec.gdn_value_heads, spec.gdn_value_dim,
