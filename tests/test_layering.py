@@ -209,7 +209,7 @@ def test_a_library_module_importing_a_command_is_found(tmp_path, importer):
 # ----------------------------------------------------------------- one file, one job
 
 SGLANG_PACKAGE = "bole_cli.sglang"
-SGLANG_MODULE_MAX_LINES = 400
+MODULE_MAX_LINES = 400  # the plug-in's and the kernels' modules (one file, one job)
 TRITON_DECORATORS = ("jit", "autotune", "heuristics")
 # The loaders of SGLang's own kernels read SGLang's source as files, not as names to hook.
 SGLANG_LOADERS = ("bole_cli.sglang.source", "bole_cli.sglang.isolation", "bole_cli.sglang.baseline_kernels",
@@ -244,10 +244,24 @@ def triton_kernels_outside_kernels(root: Path = PACKAGE) -> list[str]:
     return found
 
 
-def long_sglang_modules(root: Path = PACKAGE) -> dict[str, int]:
+def long_modules(root: Path = PACKAGE) -> dict[str, int]:
+    """Modules of the plug-in and of the kernels over MODULE_MAX_LINES lines."""
     mods = module_files(root)
-    return {name: n for name, path in sorted(mods.items()) if _within(name, SGLANG_PACKAGE)
-            and (n := len(path.read_text(encoding="utf-8").splitlines())) > SGLANG_MODULE_MAX_LINES}
+    return {name: n for name, path in sorted(mods.items()) if (_within(name, SGLANG_PACKAGE) or _within(name, KERNELS))
+            and (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_MAX_LINES}
+
+
+def kernels_launched_elsewhere(root: Path = PACKAGE) -> list[str]:
+    """Launches (``kernel[grid](...)``) of a kernel imported from another module: each kernel
+    file holds its kernel and its launcher, so a launch names a kernel of its own module."""
+    found = []
+    for name, _, tree in _parsed(root):
+        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in imported):
+                found.append(f"{name}: launches {node.func.value.id}")
+    return found
 
 
 def sglang_names_outside_the_table(table, root: Path = PACKAGE) -> list[str]:
@@ -296,8 +310,12 @@ def test_triton_kernels_live_in_kernels():
     assert triton_kernels_outside_kernels() == []
 
 
-def test_sglang_modules_are_short():
-    assert long_sglang_modules() == {}
+def test_plugin_and_kernel_modules_are_short():
+    assert long_modules() == {}
+
+
+def test_each_kernel_is_launched_by_its_own_file():
+    assert kernels_launched_elsewhere() == []
 
 
 def test_every_sglang_name_the_plugin_uses_is_in_the_one_table():
@@ -312,12 +330,14 @@ def test_one_job_rules_find_violations(tmp_path):
     pkg = _write(tmp_path, {
         "__init__.py": "",
         "kernels/__init__.py": "",
-        "kernels/ok.py": "import triton\n@triton.jit\ndef _k(x):\n    pass\n",
+        "kernels/ok.py": "import triton\n@triton.jit\ndef _k(x):\n    pass\ndef launch():\n    _k[(1,)](0)\n",
+        "kernels/other.py": "from bole_cli.kernels.ok import _k\ndef launch():\n    _k[(1,)](0)\n",
+        "kernels/long.py": "x = 1\n" * (MODULE_MAX_LINES + 1),
         "sglang/__init__.py": "",
         "sglang/factors.py": ("import triton\nfrom triton import jit\n@triton.jit\ndef _a(x):\n    pass\n"
                               "@jit\ndef _b(x):\n    pass\n@triton.autotune(configs=[], key=[])\n"
                               "@triton.jit\ndef _c(x):\n    pass\n"),
-        "sglang/plugin.py": "x = 1\n" * (SGLANG_MODULE_MAX_LINES + 1),
+        "sglang/plugin.py": "x = 1\n" * (MODULE_MAX_LINES + 1),
         "sglang/targets.py": "HookTarget('sglang.a.f', 'around', (), '', '_around_f')\n",
         "sglang/hooks.py": ("def _around_f(original):\n    from sglang.a import f, g\n"
                             "def _around_h(original, sglang_globals):\n"
@@ -327,7 +347,9 @@ def test_one_job_rules_find_violations(tmp_path):
     })
     assert triton_kernels_outside_kernels(pkg) == ["bole_cli.sglang.factors:_a", "bole_cli.sglang.factors:_b",
                                                    "bole_cli.sglang.factors:_c"]
-    assert long_sglang_modules(pkg) == {"bole_cli.sglang.plugin": SGLANG_MODULE_MAX_LINES + 1}
+    assert long_modules(pkg) == {"bole_cli.kernels.long": MODULE_MAX_LINES + 1,
+                                 "bole_cli.sglang.plugin": MODULE_MAX_LINES + 1}
+    assert kernels_launched_elsewhere(pkg) == ["bole_cli.kernels.other: launches _k"]
     table = [Row(target="sglang.a.f", use="around", function="_around_f"),
              Row(target="sglang.c.k", use="around", function="_around_k")]
     assert sorted(sglang_names_outside_the_table(table, pkg)) == sorted([
