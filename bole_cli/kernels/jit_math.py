@@ -100,6 +100,15 @@ def poison_rows(o, u, log_p, first, n_rows, v0, hv, s_on, s_oh, s_un, s_uh, s_ln
 
 
 @triton.jit
+def commit_program(accepted, n_req):
+    """(layer, request b, value head, value tile, accepted node) of a commit program: one per
+    (layer x request, value head, value tile), as both commits launch them."""
+    pid = tl.program_id(0)
+    b = pid % n_req
+    return (pid // n_req).to(tl.int64), b, tl.program_id(1), tl.program_id(2), tl.load(accepted + b).to(tl.int32)
+
+
+@triton.jit
 def commit_target(cu, state_idx, b, a, n_slots):
     """(first row, pool slot, accepted node, in_pool) of request b committing node a >= 0:
     a slot outside the pool or a node outside the request's tree clamps both to 0 for the

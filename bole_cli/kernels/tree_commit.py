@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.jit_math import commit_target
+from bole_cli.kernels.jit_math import commit_program, commit_target
 from bole_cli.kernels.validate import FACTOR_DTYPES, check_commit, check_config
 
 
@@ -68,12 +68,7 @@ def _tree_commit_kernel(
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     DP: tl.constexpr, USE_L2NORM: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    layer = (pid // n_req).to(tl.int64)
-    b = pid % n_req
-    hv = tl.program_id(1)
-    iv = tl.program_id(2)
-    a = tl.load(accepted + b).to(tl.int32)
+    layer, b, hv, iv, a = commit_program(accepted, n_req)
     # No host check keeps the pool safe under CUDA graphs: a slot outside the pool, or an
     # accepted node outside the tree, is clamped for the loads and its store masked off. (A
     # branch on the loaded slot instead costs 16%: 527 vs 448 us for 24 layers at batch 16,

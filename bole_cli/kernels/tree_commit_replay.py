@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.jit_math import commit_target, gate_params, inverse_by_blocks, row_gates
+from bole_cli.kernels.jit_math import commit_program, commit_target, gate_params, inverse_by_blocks, row_gates
 from bole_cli.errors import InputError
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, GATE_DTYPES, check_commit, check_config, check_last_contiguous,
                                        check_max_nodes, check_shape, check_tensor)
@@ -72,12 +72,7 @@ def _tree_commit_replay_kernel(
     DP: tl.constexpr, PMAX: tl.constexpr, USE_L2NORM: tl.constexpr, GATED: tl.constexpr,
     EXACT_KEYS: tl.constexpr, WDOT: tl.constexpr, RELOAD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    layer = (pid // n_req).to(tl.int64)
-    b = pid % n_req
-    hv = tl.program_id(1)
-    iv = tl.program_id(2)
-    a = tl.load(accepted + b).to(tl.int32)
+    layer, b, hv, iv, a = commit_program(accepted, n_req)
     if a >= 0:
         h = hv // GROUP
         neg_a, bias = gate_params(A_log + layer * s_al, dt_bias + layer * s_al, hv, GATED)
