@@ -6,7 +6,7 @@ norm(hidden)]) as Qwen3.5's MTP layer is, and the target's own embedding and LM 
 (shared, as the MTP head shares them). It runs `depth` times per decoding step:
 
 - level 1 runs on each request's root (the last committed token) and takes the top-k
-  tokens of its softmax: the root's k children;
+  tokens of its logits (those of its softmax): the root's k children;
 - level l > 1 runs on the k "beam" nodes of level l-1 (the best k by path score) and
   takes the top-k tokens of each: k*k children.
 
@@ -249,8 +249,9 @@ class MTPDrafter:
         x = x + F.linear(o * torch.sigmoid(gate), w["o_proj"])
         x = x + F.linear(swiglu(F.linear(F.rms_norm(x, (h,), w["post_norm"], RMS_EPS), w["gate_up"])), w["down"])
         logits = F.linear(F.rms_norm(x, (h,), w["final_norm"], RMS_EPS), self.lm_head)
-        probs = torch.softmax(logits.float(), dim=-1)
-        top = torch.topk(probs, self.layout.topk, dim=-1).indices  # [n, k]
+        # the top-k of the logits themselves: the softmax is monotonic and only the indices
+        # are drafted, so a full-vocabulary float32 softmax would only add bytes
+        top = torch.topk(logits, self.layout.topk, dim=-1).indices  # [n, k]
         if self.hot_ids is not None:
             top = self.hot_ids[top]
         return x.view(bsz, rows, h), top.view(bsz, rows, self.layout.topk)
