@@ -1,8 +1,9 @@
 """`bole inspect-tree`: look at a draft tree, what a budget keeps, and the memory it costs.
 
 bole_cli.inspection builds the report (`report`), draws it (`plot`) and holds the tree's Rich
-renderables (`view`); this module renders them (docs/design.md §4). Only typer is imported
-at module level so `bole --help` stays instant.
+renderables (`view`); this module renders them (docs/design.md §4). Only typer and the
+report's defaults (a light module) are imported at module level so `bole --help` stays
+instant.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+
+from bole_cli.inspection.report import MIN_PER_REQUEST, STATE_DTYPE, SYNTHETIC_DEFAULTS
 
 def register(app: typer.Typer) -> None:
     app.command("inspect-tree")(inspect_tree)
@@ -28,20 +31,22 @@ def inspect_tree(
         False, "--synthetic", help="A synthetic EAGLE-style beam tree instead of a file."),
     depth: Optional[int] = typer.Option(
         None, "--depth", show_default=False,
-        help="--synthetic: draft levels below the verified token. \\[default: 8]"),
+        help=f"--synthetic: draft levels below the verified token. \\[default: {SYNTHETIC_DEFAULTS['depth']}]"),
     topk: Optional[int] = typer.Option(
-        None, "--topk", show_default=False, help="--synthetic: drafts per expansion. \\[default: 4]"),
+        None, "--topk", show_default=False,
+        help=f"--synthetic: drafts per expansion. \\[default: {SYNTHETIC_DEFAULTS['topk']}]"),
     seed: Optional[int] = typer.Option(
-        None, "--seed", show_default=False, help="--synthetic: random seed. \\[default: 0]"),
+        None, "--seed", show_default=False,
+        help=f"--synthetic: random seed. \\[default: {SYNTHETIC_DEFAULTS['seed']}]"),
     requests: Optional[int] = typer.Option(
         None, "--requests", show_default=False,
-        help="--synthetic: number of requests, seeds SEED, SEED+1, ... \\[default: 1]"),
+        help=f"--synthetic: number of requests, seeds SEED, SEED+1, ... \\[default: {SYNTHETIC_DEFAULTS['requests']}]"),
     budget: Optional[int] = typer.Option(
         None, "--budget", "-N", show_default=False,
         help="Keep the N highest-scoring nodes of the whole batch; the rest show as pruned."),
     min_per_request: Optional[int] = typer.Option(
         None, "--min-per-request", show_default=False,
-        help="With --budget: nodes of its best path every request keeps. \\[default: 1]"),
+        help=f"With --budget: nodes of its best path every request keeps. \\[default: {MIN_PER_REQUEST}]"),
     max_per_request: Optional[int] = typer.Option(
         None, "--max-per-request", show_default=False,
         help="With --budget: the most nodes one request may keep."),
@@ -57,7 +62,7 @@ def inspect_tree(
              "verifies, after the budget]"),
     state_dtype: Optional[str] = typer.Option(
         None, "--state-dtype", show_default=False,
-        help="With --model: recurrent state dtype, float32 or bfloat16. \\[default: float32]"),
+        help=f"With --model: recurrent state dtype, float32 or bfloat16. \\[default: {STATE_DTYPE}]"),
     plot: Optional[str] = typer.Option(
         None, "--plot", metavar="FILE.png", show_default=False,
         help="Draw the tree(s) to FILE (.png, .svg or .pdf); pruned nodes are grey."),

@@ -22,6 +22,8 @@ MASK_MAX_NODES = 32  # the ancestor mask is reported for trees up to this size
 #: (and --json holds every node); drawing a million nodes would take minutes to scroll by.
 DRAW_MAX_NODES = 2048
 SYNTHETIC_DEFAULTS = {"depth": 8, "topk": 4, "seed": 0, "requests": 1}
+MIN_PER_REQUEST = 1  # --min-per-request when not given: each request keeps its root
+STATE_DTYPE = "float32"  # --state-dtype when not given
 MAX_REQUESTS = MAX_BATCH_REQUESTS
 
 
@@ -177,7 +179,7 @@ def inspect_trees(*, tree_file: Optional[Path] = None, sglang: Optional[Path] = 
 
         try:
             selection = select_budget(
-                trees, budget, min_per_request=1 if min_per_request is None else min_per_request,
+                trees, budget, min_per_request=MIN_PER_REQUEST if min_per_request is None else min_per_request,
                 max_per_request=max_per_request)
         except InputError as exc:
             raise InputError(f"--budget: {exc}") from None
@@ -191,7 +193,7 @@ def inspect_trees(*, tree_file: Optional[Path] = None, sglang: Optional[Path] = 
             sizes = selection.forest.sizes if selection else [t.n_nodes for t in trees]
             nodes = max(max(sizes), 1)
         memory = transient_memory(spec, len(trees) if batch is None else batch, nodes,
-                                  state_dtype or "float32")
+                                  state_dtype or STATE_DTYPE)
     report = build_report(trees, source, selection, memory)
     if plot is not None:
         from bole_cli.inspection.plot import plot_trees
