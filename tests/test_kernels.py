@@ -204,8 +204,6 @@ def test_split_reads_only_what_its_parts_wrote(monkeypatch):
     smaller than the tree stage's chunk (16 against 64, which would leave the diagonal
     blocks' upper tiles unwritten; the launcher widens it): exact all the same, so the tree
     stage reads no entry the parts left."""
-    import importlib
-
     from bole_cli.kernels.configs import PARTS_LAUNCH
 
     monkeypatch.setitem(PARTS_LAUNCH, "BG", 16)
