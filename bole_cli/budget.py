@@ -27,7 +27,7 @@ from bole_cli.errors import InputError
 from bole_cli.trees.forest import Forest, check_batch, pack_segments
 from bole_cli.trees.tree import ProposalTree
 
-__all__ = ["BudgetSelection", "select_budget", "expected_accepted_curve"]
+__all__ = ["BudgetSelection", "best_first", "select_budget", "expected_accepted_curve"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,12 @@ def _check_count(name: str, value: Any, low: int) -> int:
     return value
 
 
+def best_first(log_rho: Sequence[float]) -> list[int]:
+    """Indices from the highest path score down, ties to the lower index: the order in which
+    a budget takes nodes (parents before children, as log-probs are <= 0)."""
+    return sorted(range(len(log_rho)), key=log_rho.__getitem__, reverse=True)
+
+
 def select_budget(trees: Sequence[ProposalTree], budget: int, *, min_per_request: int = 1,
                   max_per_request: Optional[int] = None) -> BudgetSelection:
     """Keep the `budget` highest-rho nodes across all requests (ties: request, then node).
@@ -122,10 +128,10 @@ def select_budget(trees: Sequence[ProposalTree], budget: int, *, min_per_request
             if i not in kept[b]:
                 owner.append(b)
                 node.append(i)
-                score.append(-lr)
+                score.append(lr)
     # listed by (request, node): a stable sort on the score alone breaks ties by request,
     # then node, and sorts floats, not tuples (a million candidates in well under a second)
-    for c in sorted(range(len(score)), key=score.__getitem__):
+    for c in best_first(score):
         if used == budget:
             break
         b, i = owner[c], node[c]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -71,10 +71,43 @@ def _why(decision: dict) -> str:
     return line
 
 
+@dataclass(frozen=True)
+class ServeSettings:
+    """How `bole serve` runs SGLang: the mode, why, the bucket it was read at and the
+    speculative flags (None without speculation). `to_dict` is its JSON form."""
+
+    mode: str  # "none", "chain" or "tree"
+    why: str
+    batch: int
+    kv_len: int
+    max_running_requests: int
+    profile_batch: int  # the profile's bucket the decision was read at
+    profile_kv_len: int
+    b_ver: int
+    n_star: Optional[int]
+    predicted: Optional[dict]  # the decided choice's prices; None when set by hand
+    runner_up: Optional[dict]
+    algorithm: Optional[str]  # "NEXTN" (the MTP head) or "EAGLE" (a draft model)
+    draft_model: Optional[str]
+    num_steps: Optional[int]
+    eagle_topk: Optional[int]
+    num_draft_tokens: Optional[int]
+    chain_verify: Optional[str]  # one of CHAIN_VERIFIERS, chains only
+    plugin: bool  # whether the Bole plug-in verifies
+    notes: tuple[str, ...]
+    tree_source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields in order, notes as a list: what --json prints."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["notes"] = list(self.notes)
+        return d
+
+
 def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Optional[str] = None,
                     steps: Optional[int] = None, topk: Optional[int] = None,
                     draft_tokens: Optional[int] = None,
-                    chain_verify: Optional[str] = None) -> dict:
+                    chain_verify: Optional[str] = None) -> ServeSettings:
     """How to serve `batch` concurrent requests at context `kv_len`: the profile's decision
     for that bucket (docs/design.md §8: no speculation, a chain or a Bole tree, drafting
     counted), or the tree or chain that --steps / --topk / --draft-tokens ask for."""
@@ -115,33 +148,33 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
         chosen_for_mode = (decision or {}).get("best", {}).get(mode)
     else:
         mode, why, chosen_for_mode = chosen["mode"], _why(decision), chosen
-    settings: dict[str, Any] = {
-        "mode": mode, "why": why, "batch": batch, "kv_len": kv_len,
-        "max_running_requests": batch, "profile_batch": entry["batch"],
-        "profile_kv_len": entry["kv_len"], "b_ver": int(entry["b_ver"]),
-        "n_star": entry.get("n_star"), "predicted": None if manual else _predicted(chosen),
-        "runner_up": _predicted((decision or {}).get("runner_up")) if not manual else None,
-        "algorithm": None, "draft_model": draft_model, "num_steps": None, "eagle_topk": None,
-        "num_draft_tokens": None, "chain_verify": None, "plugin": False, "notes": notes,
-        "tree_source": "the profile's decision" if not manual else "--steps / --topk / --draft-tokens",
-    }
+
+    base = ServeSettings(
+        mode=mode, why=why, batch=batch, kv_len=kv_len, max_running_requests=batch,
+        profile_batch=entry["batch"], profile_kv_len=entry["kv_len"], b_ver=int(entry["b_ver"]),
+        n_star=entry.get("n_star"), predicted=None if manual else _predicted(chosen),
+        runner_up=_predicted((decision or {}).get("runner_up")) if not manual else None,
+        algorithm=None, draft_model=draft_model, num_steps=None, eagle_topk=None,
+        num_draft_tokens=None, chain_verify=None, plugin=False, notes=(),
+        tree_source="the profile's decision" if not manual else "--steps / --topk / --draft-tokens",
+    )
     if chain_verify is not None and mode != "chain":
         notes.append(f"--chain-verify {chain_verify} ignored: the mode here is "
                      f"{'no speculation' if mode == 'none' else 'a tree'}")
     if mode == "none":
         notes.append("no speculation: at this batch and context drafting costs more than the "
                      "accepted tokens save")
-        return settings
-    settings["algorithm"] = "EAGLE" if draft_model else "NEXTN"
+        return replace(base, notes=tuple(notes))
+    algorithm = "EAGLE" if draft_model else "NEXTN"
     if mode == "chain":
         d = steps or (chosen_for_mode or {}).get("depth") or depth
         verify = chain_verify or (chosen_for_mode or {}).get("verify") or CHAIN_VERIFIERS[0]
         if draft_tokens is not None and draft_tokens != d + 1:
             notes.append(f"--draft-tokens {draft_tokens} -> {d + 1}: a chain of depth {d} "
                          "verifies its drafts and the root")
-        settings.update(num_steps=d, eagle_topk=1, num_draft_tokens=d + 1,
-                        chain_verify=verify, plugin=verify == "bole")
-        return settings
+        return replace(base, algorithm=algorithm, num_steps=d, eagle_topk=1,
+                       num_draft_tokens=d + 1, chain_verify=verify, plugin=verify == "bole",
+                       notes=tuple(notes))
     topk_v = topk or (chosen_for_mode or {}).get("topk") or k
     if topk_v < 2:
         topk_v = k if k >= 2 else 2
@@ -165,34 +198,34 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     if steps is None and steps_v > d - 1:
         notes.append(f"draft depth {steps_v} -> {d - 1}: a tree of {d} tokens is at most that deep")
         steps_v = d - 1
-    settings.update(num_steps=steps_v, eagle_topk=topk_v, num_draft_tokens=d, plugin=True)
-    return settings
+    return replace(base, algorithm=algorithm, num_steps=steps_v, eagle_topk=topk_v,
+                   num_draft_tokens=d, plugin=True, notes=tuple(notes))
 
 
 def _flag_in(flag: str, args: list[str]) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def build_command(model: str, settings: dict, *, port: int, host: Optional[str] = None,
+def build_command(model: str, settings: ServeSettings, *, port: int, host: Optional[str] = None,
                   extra: Optional[list[str]] = None, python: Optional[str] = None) -> tuple[list[str], list[str]]:
     """(argv of launch_server, our flags the extra arguments override)."""
     extra = list(extra or [])
     ours: list[tuple[str, Any]] = [("--model-path", model)]
-    if settings["mode"] != "none":
-        ours.append(("--speculative-algorithm", settings["algorithm"]))
-        if settings.get("draft_model"):
-            ours.append(("--speculative-draft-model-path", settings["draft_model"]))
+    if settings.mode != "none":
+        ours.append(("--speculative-algorithm", settings.algorithm))
+        if settings.draft_model:
+            ours.append(("--speculative-draft-model-path", settings.draft_model))
         ours += [
-            ("--speculative-num-steps", settings["num_steps"]),
-            ("--speculative-eagle-topk", settings["eagle_topk"]),
-            ("--speculative-num-draft-tokens", settings["num_draft_tokens"]),
+            ("--speculative-num-steps", settings.num_steps),
+            ("--speculative-eagle-topk", settings.eagle_topk),
+            ("--speculative-num-draft-tokens", settings.num_draft_tokens),
         ]
-    if settings.get("chain_verify") == "replayssm":
+    if settings.chain_verify == "replayssm":
         ours.append(("--enable-linear-replayssm-spec", None))
-        if settings["num_draft_tokens"] > REPLAYSSM_DEFAULT_WINDOW:  # 0.5.23 does not check it
-            window = 1 << (settings["num_draft_tokens"] - 1).bit_length()
+        if settings.num_draft_tokens > REPLAYSSM_DEFAULT_WINDOW:  # 0.5.23 does not check it
+            window = 1 << (settings.num_draft_tokens - 1).bit_length()
             ours.append(("--linear-replayssm-cache-len", window))
-    ours.append(("--max-running-requests", settings["max_running_requests"]))
+    ours.append(("--max-running-requests", settings.max_running_requests))
     if host:
         ours.append(("--host", host))
     ours.append(("--port", port))
@@ -279,20 +312,21 @@ def check_can_launch(status: dict) -> None:
                         "(pip install -e .)")
 
 
-def memory_summary(spec: Any, settings: dict, state_dtype: str = "float32") -> Optional[dict]:
+def memory_summary(spec: Any, settings: ServeSettings,
+                   state_dtype: str = "float32") -> Optional[dict]:
     """Per-node snapshot buffers SGLang would preallocate vs Bole's arena (TP 1, bf16), when
     the plug-in verifies (a tree, or a chain through Bole)."""
     from bole_cli.sglang.plan import BolePlan
 
-    if spec is None or not settings.get("plugin"):
+    if spec is None or not settings.plugin:
         return None
     plan = BolePlan(layers=spec.n_gdn_layers, key_heads=spec.gdn_key_heads, key_dim=spec.gdn_key_dim,
                     value_heads=spec.gdn_value_heads, value_dim=spec.gdn_value_dim,
                     conv_dim=spec.conv_dim, conv_window=spec.conv_kernel - 1,
-                    draft_tokens=settings["num_draft_tokens"],
-                    rows=settings["max_running_requests"] + 1, act_dtype="bfloat16",
+                    draft_tokens=settings.num_draft_tokens,
+                    rows=settings.max_running_requests + 1, act_dtype="bfloat16",
                     conv_dtype="bfloat16", ssm_dtype=state_dtype,
-                    chain=settings.get("eagle_topk") == 1, draft_steps=settings.get("num_steps"))
+                    chain=settings.eagle_topk == 1, draft_steps=settings.num_steps)
     return {"sglang_snapshot_bytes": plan.snapshot_bytes(), "bole_arena_bytes": plan.arena_bytes(),
             "bole_scratch_bytes": plan.scratch_bytes(), "freed_bytes": plan.saved_bytes(),
             "state_dtype": state_dtype}
@@ -346,9 +380,11 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
 
 @dataclass(frozen=True)
 class ServePlan:
-    """What `bole serve` shows (`report`, its JSON) and what it execs (`argv` under `env`)."""
+    """What `bole serve` shows (`report`, its JSON, and `settings`, typed) and what it execs
+    (`argv` under `env`)."""
 
     report: dict
+    settings: ServeSettings
     argv: list
     env: dict
 
@@ -384,7 +420,7 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         notes.append("overridden by the arguments after `--`: " + ", ".join(overridden))
     env = plugin_env()
     ours = {"SGLANG_PLUGINS": env["SGLANG_PLUGINS"]}
-    if settings.get("chain_verify") == "bole":  # a user's BOLE_CHAINS=0 must not undo it
+    if settings.chain_verify == "bole":  # a user's BOLE_CHAINS=0 must not undo it
         ours[flags.CHAINS] = env[flags.CHAINS] = "1"
     ours = dict(sorted(ours.items()))  # the order --json prints them in
     state_dtype = state_dtype_from_args(extra)
@@ -400,7 +436,7 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         "gpu_source": gpu_note or "profile",
         "profile": str(path),
         "profile_kind": (prof.get("provenance") or {}).get("kind"),
-        "settings": settings,
+        "settings": settings.to_dict(),
         "memory": memory,
         "command": argv,
         "env": ours,
@@ -409,4 +445,4 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         "sglang": status,
         "notes": notes,
     }
-    return ServePlan(report=report, argv=argv, env=env)
+    return ServePlan(report=report, settings=settings, argv=argv, env=env)

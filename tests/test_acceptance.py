@@ -30,7 +30,8 @@ from bole_cli.mtp import checkpoint as ckpt_mod  # noqa: E402
 from bole_cli.mtp.head import build_head, causal_mask  # noqa: E402
 from bole_cli.mtp.measure import MISS, greedy_continuation, teacher_forced_ranks  # noqa: E402
 from bole_cli.mtp.run import AcceptanceOptions, run_acceptance  # noqa: E402
-from bole_cli.mtp.stats import RankTally, wilson  # noqa: E402
+from bole_cli.mtp.stats import RankTally  # noqa: E402
+from bole_cli.stats import wilson  # noqa: E402
 
 VOCAB = 100
 PROMPTS = ["Hello world", "the quick brown fox", "jumps over it", "a lazy dog 123",

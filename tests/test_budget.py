@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bole_cli.budget import expected_accepted_curve, select_budget
+from bole_cli.budget import best_first, expected_accepted_curve, select_budget
 from bole_cli.errors import InputError
 from bole_cli.trees import ProposalTree, beam_tree, chain_tree
 
@@ -194,6 +194,14 @@ def test_ties_across_requests_go_to_the_first():
     assert select_budget([t, t, t], 5).kept_ids == ((0, 1, 2), (0,), (0,))
     assert select_budget([t, t, t], 6).kept_ids == ((0, 1, 2), (0, 1), (0,))
     assert select_budget([t, t, t], 6, min_per_request=0).kept_ids == ((0, 1, 2), (0, 1, 2), ())
+
+
+def test_best_first_is_the_order_a_budget_keeps():
+    assert best_first([0.0, -1.0, -0.5, -1.0, -0.5, -math.inf]) == [0, 2, 4, 1, 3, 5]
+    t = beam_tree(4, 3, seed=5)
+    order = best_first(t.log_rho)
+    for n in (1, 5, 17, len(t)):
+        assert sorted(select_budget([t], n).kept_ids[0]) == sorted(order[:n])
 
 
 def test_budget_larger_than_batch_keeps_everything():

@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 from bole_cli import cli
 from bole_cli.budget import select_budget
 from bole_cli.calibrate import acceptance as acc
+from bole_cli.calibrate import family_fit, histogram_file
 from bole_cli.calibrate import observed as obs_mod
-from bole_cli.calibrate.observed import (beam_size, chi2_sf, family_rows, goodness,
-                                         kept_depth_mass, merge_cells, rank_rows, stop_probs,
-                                         wilson)
+from bole_cli.calibrate.observed import (family_rows, goodness, kept_depth_mass, rank_rows,
+                                         stop_probs)
 from bole_cli.errors import InputError
-from bole_cli.mtp.stats import wilson as mtp_wilson
+from bole_cli.stats import wilson, z_for_level
 from bole_cli.trees.generators import beam_tree, beam_tree_size
 
 try:
@@ -55,10 +55,11 @@ def tree_probs(a, d, k, n, decay=acc.DEPTH_DECAY, rf=acc.DEFAULT_RANK_FACTOR):
 
 # ---- one family for acceptance.py and this module (calibrate/ranks.py) ---------------------
 def test_the_family_is_shared_not_copied():
-    assert obs_mod.DEPTH_DECAY == acc.DEPTH_DECAY
-    assert obs_mod.DEFAULT_RANK_FACTOR == acc.DEFAULT_RANK_FACTOR
-    assert obs_mod.PAPER_DEPTH == acc.PAPER_DEPTH
-    assert obs_mod.rank_rows is acc.rank_matrix and obs_mod.beam_size is beam_tree_size
+    assert family_fit.DEPTH_DECAY == acc.DEPTH_DECAY
+    assert family_fit.DEFAULT_RANK_FACTOR == acc.DEFAULT_RANK_FACTOR
+    assert histogram_file.PAPER_DEPTH == acc.PAPER_DEPTH
+    assert obs_mod.rank_rows is acc.rank_matrix
+    assert histogram_file.beam_tree_size is beam_tree_size
 
 
 @given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8), st.integers(1, 6),
@@ -99,49 +100,9 @@ def test_kept_depth_mass_is_the_pruned_beam_tree(d, k, a, decay, rf, data):
 
 def test_trees_beyond_the_node_limit_are_modelled():
     """SGLang's own example (5 steps, top-k 8, 64 tokens) has 265 candidates."""
-    assert beam_size(5, 8) > 256
+    assert beam_tree_size(5, 8) > 256
     probs = tree_probs(0.8, 5, 8, 64)
     assert len(probs) == 6 and math.fsum(probs) == pytest.approx(1.0)
-
-
-# ---- statistics ---------------------------------------------------------------------------------
-@given(st.floats(1e-6, 400.0), st.integers(1, 40))
-def test_chi2_sf_against_closed_forms(x, df):
-    if df == 1:
-        want = math.erfc(math.sqrt(x / 2))
-    elif df % 2 == 0:  # Q(m, z) = e^-z sum_{i<m} z^i / i!
-        z = x / 2
-        want = math.exp(-z) * math.fsum(z**i / math.factorial(i) for i in range(df // 2))
-    else:  # Q(m + 1/2, z) = erfc(sqrt z) + e^-z sum_{i<m} z^(i+1/2) / Gamma(i + 3/2)
-        z = x / 2
-        want = math.erfc(math.sqrt(z)) + math.exp(-z) * math.fsum(
-            z**(i + 0.5) / math.gamma(i + 1.5) for i in range(df // 2))
-    got = chi2_sf(x, df)
-    assert got == pytest.approx(want, rel=1e-9, abs=1e-300)
-
-
-def test_chi2_sf_known_quantiles():
-    assert chi2_sf(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-9)
-    assert chi2_sf(11.070497693516351, 5) == pytest.approx(0.05, rel=1e-9)
-    assert chi2_sf(0.0, 3) == 1.0 and chi2_sf(math.inf, 3) == 0.0
-
-
-@given(st.integers(0, 500), st.integers(0, 500))
-def test_wilson_matches_the_measured_files(hits, extra):
-    assert wilson(hits, hits + extra, 0.95) == pytest.approx(mtp_wilson(hits, hits + extra))
-
-
-@given(st.lists(st.integers(0, 300), min_size=1, max_size=12), st.data())
-def test_merged_cells_keep_totals_and_expect_five(counts, data):
-    weights = data.draw(st.lists(st.floats(0.0, 1.0), min_size=len(counts),
-                                 max_size=len(counts)))
-    total = sum(counts) or 1
-    w = sum(weights) or 1.0
-    expected = [total * x / w for x in weights]
-    o, e = merge_cells(counts, expected)
-    assert sum(o) == sum(counts) and sum(e) == pytest.approx(sum(expected))
-    if sum(expected) >= 5:
-        assert min(e) >= 5 - 1e-9
 
 
 def test_the_verdict_needs_a_significant_and_visible_misfit():
@@ -197,7 +158,7 @@ def test_chain_intervals_cover_at_their_level():
         counts = sample(probs, 400, seed)
         survival = [sum(counts[d:]) for d in range(5)]
         for d in range(4):
-            lo, hi = wilson(survival[d + 1], survival[d], 0.9)
+            lo, hi = wilson(survival[d + 1], survival[d], z_for_level(0.9))
             covered += lo <= a_d[d] <= hi
             total += 1
     assert 0.87 <= covered / total <= 0.93
@@ -249,10 +210,10 @@ def test_the_fit_reaches_the_likelihood_of_the_truth():
     least as high as the true parameters (a single golden section did not)."""
     d, k, n, a = 8, 4, 32, 0.932
     counts = sample(tree_probs(a, d, k, n), 20_000, 5)
-    o = obs_mod.parse_observation(doc(counts, d, k, n), "t.yaml")
+    o = histogram_file.parse_observation(doc(counts, d, k, n), "t.yaml")
     probs_of = obs_mod._tree_probs(o)
-    truth = obs_mod.log_likelihood(counts, probs_of({"a": a, "decay": 0.97, "rank_factor": 0.5}))
-    _, best = obs_mod.fit_family(o, probs_of, obs_mod.free_parameters(d, k))
+    truth = family_fit.log_likelihood(counts, probs_of({"a": a, "decay": 0.97, "rank_factor": 0.5}))
+    _, best = family_fit.fit_family(o, probs_of, family_fit.free_parameters(d, k))
     assert best >= truth - 1e-9
 
 

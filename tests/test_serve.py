@@ -118,25 +118,25 @@ def _decided(mode: str, depth: int = 0, topk: int = 0, budget: int = 8) -> dict:
 
 def test_serve_applies_each_decided_mode():
     none = serving.derive_settings(_decided("none", budget=4), 4, 4096)
-    assert none["mode"] == "none" and none["num_steps"] is None
-    assert any("no speculation" in n for n in none["notes"])
+    assert none.mode == "none" and none.num_steps is None
+    assert any("no speculation" in n for n in none.notes)
     argv, _ = serving.build_command("m", none, port=1)
     assert "--speculative-algorithm" not in argv and "--max-running-requests" in argv
     chain = serving.derive_settings(_decided("chain", 5, 1, 24), 4, 4096)
-    assert (chain["num_steps"], chain["eagle_topk"], chain["num_draft_tokens"]) == (5, 1, 6)
-    assert chain["plugin"] and chain["chain_verify"] == "bole"
-    assert "chain d=5" in chain["why"] and "38% slower" in chain["why"]  # 500 vs 800 tok/s
+    assert (chain.num_steps, chain.eagle_topk, chain.num_draft_tokens) == (5, 1, 6)
+    assert chain.plugin and chain.chain_verify == "bole"
+    assert "chain d=5" in chain.why and "38% slower" in chain.why  # 500 vs 800 tok/s
     rssm = serving.derive_settings(_decided("chain", 5, 1, 24), 4, 4096, chain_verify="replayssm")
     argv, _ = serving.build_command("m", rssm, port=1)
-    assert "--enable-linear-replayssm-spec" in argv and not rssm["plugin"]
+    assert "--enable-linear-replayssm-spec" in argv and not rssm.plugin
     assert flag(argv, "--speculative-eagle-topk") == "1" and "--linear-replayssm-cache-len" not in argv
     deep = serving.derive_settings(_decided("chain", 5, 1, 24), 4, 4096, chain_verify="replayssm",
                                    steps=20, topk=1)
     argv, _ = serving.build_command("m", deep, port=1)  # 21 tokens: the window must hold them
     assert flag(argv, "--linear-replayssm-cache-len") == "32"
     tree = serving.derive_settings(_decided("tree", 6, 2, 32), 4, 4096)
-    assert (tree["num_steps"], tree["eagle_topk"], tree["num_draft_tokens"]) == (6, 2, 8)
-    assert "tree 6x2 N=32" in tree["why"] and "no speculation would be" in tree["why"]
+    assert (tree.num_steps, tree.eagle_topk, tree.num_draft_tokens) == (6, 2, 8)
+    assert "tree 6x2 N=32" in tree.why and "no speculation would be" in tree.why
     with pytest.raises(InputError, match="--chain-verify"):
         serving.derive_settings(_decided("chain", 5, 1, 24), 4, 4096, chain_verify="fold")
 
@@ -147,7 +147,7 @@ def test_a_profile_without_a_decision_asks_for_calibration():
     with pytest.raises(BoleError, match="re-run `bole calibrate`"):
         serving.derive_settings(prof, 4, 4096)
     s = serving.derive_settings(prof, 4, 4096, steps=3, topk=2, draft_tokens=8)  # by hand
-    assert (s["mode"], s["num_steps"], s["eagle_topk"], s["num_draft_tokens"]) == ("tree", 3, 2, 8)
+    assert (s.mode, s.num_steps, s.eagle_topk, s.num_draft_tokens) == ("tree", 3, 2, 8)
 
 
 def test_dry_run_panel_shows_settings_and_command(no_sglang):
@@ -187,20 +187,20 @@ def test_tree_shape_from_the_acceptance_model():
 def test_overrides_and_clamps():
     tree = _decided("tree", 8, 4, 512)  # 128 tokens per request at batch 4: one deep tree
     s = serving.derive_settings(tree, 4, 4096)
-    assert s["num_draft_tokens"] == 117 == serving.max_tree_tokens(8, 4)
-    assert any("EAGLE tree of depth 8" in n for n in s["notes"])
+    assert s.num_draft_tokens == 117 == serving.max_tree_tokens(8, 4)
+    assert any("EAGLE tree of depth 8" in n for n in s.notes)
     s = serving.derive_settings(tree, 16, 4096, steps=3, topk=2, draft_tokens=64)
-    assert (s["num_steps"], s["eagle_topk"], s["num_draft_tokens"]) == (3, 2, 1 + 2 + 2 * 4)
+    assert (s.num_steps, s.eagle_topk, s.num_draft_tokens) == (3, 2, 1 + 2 + 2 * 4)
     s = serving.derive_settings(tree, 8, 4096, draft_tokens=3)
-    assert (s["num_draft_tokens"], s["num_steps"]) == (3, 2)  # depth <= tokens - 1
+    assert (s.num_draft_tokens, s.num_steps) == (3, 2)  # depth <= tokens - 1
     s = serving.derive_settings(tree, 8, 4096, topk=1)  # --topk 1 is a chain now
-    assert (s["mode"], s["eagle_topk"], s["num_draft_tokens"]) == ("chain", 1, 9)
+    assert (s.mode, s.eagle_topk, s.num_draft_tokens) == ("chain", 1, 9)
     with pytest.raises(InputError, match="--batch"):
         serving.derive_settings(tree, 0, 4096)
     s = serving.derive_settings(tree, 1, 4096, steps=40, topk=8, draft_tokens=100000)
-    assert s["num_draft_tokens"] == 256 and any("256" in n for n in s["notes"])
+    assert s.num_draft_tokens == 256 and any("256" in n for n in s.notes)
     small = _decided("tree", 8, 4, 4)
-    assert serving.derive_settings(small, 16, 4096)["num_draft_tokens"] == 2
+    assert serving.derive_settings(small, 16, 4096).num_draft_tokens == 2
 
 
 def test_profile_file_for_an_uncatalogued_model(no_sglang, tmp_path):

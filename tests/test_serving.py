@@ -1,7 +1,9 @@
-"""bole_cli.serving, the library behind `bole serve`: the command line from a settings
-dict, the SGLang arguments it reads, the memory summary and the whole plan."""
+"""bole_cli.serving, the library behind `bole serve`: the command line from its settings,
+the SGLang arguments it reads, the memory summary and the whole plan."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -9,11 +11,14 @@ from bole_cli import serving
 from bole_cli.catalog.models import resolve_model
 from bole_cli.errors import BoleError, InputError
 
-SETTINGS = {"mode": "tree", "algorithm": "NEXTN", "draft_model": None, "num_steps": 3,
-            "eagle_topk": 4, "num_draft_tokens": 16, "max_running_requests": 8, "plugin": True}
+SETTINGS = serving.ServeSettings(
+    mode="tree", why="test", batch=8, kv_len=4096, max_running_requests=8, profile_batch=8,
+    profile_kv_len=4096, b_ver=16, n_star=None, predicted=None, runner_up=None,
+    algorithm="NEXTN", draft_model=None, num_steps=3, eagle_topk=4, num_draft_tokens=16,
+    chain_verify=None, plugin=True, notes=(), tree_source="test")
 
 
-def test_build_command_of_a_settings_dict():
+def test_build_command_of_the_settings():
     argv, overridden = serving.build_command("Qwen/Qwen3.5-9B", SETTINGS, port=30000,
                                              python="/py")
     assert argv == ["/py", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3.5-9B",
@@ -24,13 +29,22 @@ def test_build_command_of_a_settings_dict():
 
 
 def test_build_command_with_a_draft_model_host_and_overrides():
-    settings = dict(SETTINGS, algorithm="EAGLE", draft_model="/ckpt/eagle")
+    settings = replace(SETTINGS, algorithm="EAGLE", draft_model="/ckpt/eagle")
     argv, overridden = serving.build_command("m", settings, port=1, host="0.0.0.0",
                                              extra=["--port=2", "--tp", "2"], python="/py")
     assert argv[argv.index("--speculative-draft-model-path") + 1] == "/ckpt/eagle"
     assert argv[argv.index("--host") + 1] == "0.0.0.0"
     assert "--port" not in argv and argv[-3:] == ["--port=2", "--tp", "2"]
     assert overridden == ["--port"]
+
+
+def test_settings_json_keeps_its_keys_and_order():
+    d = replace(SETTINGS, notes=("a", "b")).to_dict()
+    assert list(d) == ["mode", "why", "batch", "kv_len", "max_running_requests", "profile_batch",
+                       "profile_kv_len", "b_ver", "n_star", "predicted", "runner_up", "algorithm",
+                       "draft_model", "num_steps", "eagle_topk", "num_draft_tokens",
+                       "chain_verify", "plugin", "notes", "tree_source"]
+    assert d["notes"] == ["a", "b"] and d["num_steps"] == 3
 
 
 def test_state_dtype_from_the_extra_arguments():
@@ -49,7 +63,7 @@ def test_memory_summary_counts_the_arena_against_snapshots():
     mem = serving.memory_summary(spec, SETTINGS)
     assert mem["freed_bytes"] == mem["sglang_snapshot_bytes"] - mem["bole_arena_bytes"] > 0
     assert mem["bole_scratch_bytes"] == 0  # trees of at most 64 nodes: one tile, no scratch
-    big = serving.memory_summary(spec, dict(SETTINGS, num_draft_tokens=128))
+    big = serving.memory_summary(spec, replace(SETTINGS, num_draft_tokens=128))
     assert big["bole_scratch_bytes"] > 0  # past one tile: the blocked kernel's SPLIT scratch
     assert big["freed_bytes"] == (big["sglang_snapshot_bytes"] - big["bole_arena_bytes"]
                                   - big["bole_scratch_bytes"])
@@ -57,7 +71,7 @@ def test_memory_summary_counts_the_arena_against_snapshots():
     assert bf16["sglang_snapshot_bytes"] < mem["sglang_snapshot_bytes"]
     assert bf16["bole_arena_bytes"] == mem["bole_arena_bytes"]  # factors do not follow the state
     assert serving.memory_summary(None, SETTINGS) is None
-    assert serving.memory_summary(spec, dict(SETTINGS, plugin=False)) is None  # SGLang's own
+    assert serving.memory_summary(spec, replace(SETTINGS, plugin=False)) is None  # SGLang's own
     with pytest.raises(KeyError):
         serving.memory_summary(spec, SETTINGS, "fp8")
 
@@ -80,6 +94,7 @@ def test_plan_serve_dry_run(monkeypatch):
     assert plan.argv == plan.report["command"] and plan.env["SGLANG_PLUGINS"].endswith("bole")
     assert plan.report["memory"]["state_dtype"] == "bfloat16"
     assert plan.report["settings"]["max_running_requests"] == 4
+    assert plan.report["settings"] == plan.settings.to_dict()
     with pytest.raises(BoleError, match="not installed"):
         serving.plan_serve("9b", gpu="h200")  # not a dry run: SGLang is checked first
     with pytest.raises(InputError, match="--port"):

@@ -33,6 +33,7 @@ from bole_cli.trees import (
     to_sglang,
 )
 from bole_cli.trees.forest import check_batch, pack_segments
+from bole_cli.trees.generators import grow_beam
 
 DATA = Path(__file__).parent / "data" / "trees"
 
@@ -424,6 +425,20 @@ def test_beam_tree_level_probs():
         beam_tree(2, 2, level_probs=[0.6, 0.6])
     with pytest.raises(InputError, match="level_probs has 3 levels"):
         beam_tree(2, 2, level_probs=[[0.5, 0.5]] * 3)
+
+
+def test_grow_beam_is_beam_tree_without_the_node_limit():
+    """beam_tree is grow_beam under MAX_TREE_NODES; past it (SGLang's 5 steps, top-k 8:
+    265 candidates) only grow_beam answers, as the observed-histogram fit needs."""
+    q = [[0.5, 0.2, 0.1], [0.6, 0.3, 0.05], [0.4, 0.4, 0.1]]
+    logs = [[math.log(p) for p in row] for row in q]
+    parents, log_probs, log_rho = grow_beam(3, 3, logs.__getitem__)
+    t = beam_tree(3, 3, level_probs=q)
+    assert tuple(parents) == t.parents and tuple(log_probs) == t.log_probs
+    assert tuple(log_rho) == t.log_rho
+    row = [math.log(p) for p in (0.5, 0.2, 0.1, 0.05, 0.04, 0.03, 0.02, 0.01)]
+    parents, _, _ = grow_beam(5, 8, lambda lvl: row)
+    assert len(parents) == beam_tree_size(5, 8) == 265
 
 
 @pytest.mark.parametrize("kwargs, message", [

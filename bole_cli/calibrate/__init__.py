@@ -8,6 +8,9 @@
 - selection: Eq. 12 (`select_b_ver`), the paper's rule beside the decision;
 - measured: the GPU StepTimer's drafter and sampling timings;
 - acceptance: expected committed tokens per tree budget (paper presets, files);
+- observed: the acceptance model fitted to a serving engine's accepted-length histogram
+  (its file: histogram_file; the family's maximum-likelihood fit: family_fit; the shared
+  rank rule: ranks);
 - plot: the T_ver / T_dec figure;
 - summary: the rows of the summary table `bole calibrate` prints;
 - pipeline: `bole calibrate` in order (check, choose measured or estimated, sweep, write,

@@ -6,20 +6,9 @@ That histogram, and the speculative settings it was observed under, is what a us
 this module fits the per-depth, per-rank acceptance model q[d][r] of
 bole_cli/calibrate/acceptance.py to it and says how well the model explains it.
 
-File (YAML or JSON, read by `--acceptance FILE`):
-
-    name: chat traffic, SGLang 0.5.23        # optional
-    accepted_length_histogram:
-      convention: accepted_drafts            # default; or accept_length (SGLang's, L + 1)
-      counts: [812, 1204, 1630, ...]         # accepted_drafts: c_L for L = 0..D (D + 1 values)
-    speculative: {num_steps: 5, topk: 4, num_draft_tokens: 16}   # D, k, n as SGLang's flags
-    extrapolate_to: 8                        # optional: depth of the model (default max(D, 8))
-    interval_level: 0.95                     # optional: level of the per-depth intervals
-
-c_L is the number of verify steps that accepted exactly L draft tokens (the bonus token not
-counted), L = 0..D. With `convention: accept_length` the list is a bincount of SGLang's
-per-step accept length L + 1: counts[j] = steps of accept length j, j = 0..D + 1
-(D + 2 values; counts[0] must be 0). At least MIN_STEPS steps are needed.
+The file's format and checks are calibrate/histogram_file.py's; the fit of the family,
+calibrate/family_fit.py's; the statistics, bole_cli/stats.py's. This module holds the model
+of the histogram and the report.
 
 Chain (topk 1; num_draft_tokens, if given, must be num_steps + 1 as SGLang sets it): with
 S(d) = steps accepting >= d drafts, the top-1 acceptance at depth d is exactly
@@ -29,8 +18,9 @@ a_d = a * decay^(d-1) fitted by maximum likelihood, which extrapolates depths be
 (and depths the data never reached). The matrix has one rank: a chain says nothing about
 lower ranks.
 
-Tree (topk > 1): the tree is SGLang's, the beam tree of (D, k) (trees/generators.beam_tree)
-pruned to the n - 1 best draft nodes (budget.select_budget), both grown on the model's own
+Tree (topk > 1): the tree is SGLang's, the beam tree of (D, k) (trees/generators.grow_beam,
+as beam_tree grows it but with no node limit) pruned to the n - 1 best draft nodes
+(budget.best_first, select_budget's order), grown on the model's own
 P(v) = prod q[i][r_i]. Under the model the step stops at depth L with probability
 m_L - m_{L+1}, m_L the summed P of the kept nodes at depth L (m_0 = 1): the mass of a node
 less that of its kept children. The preset family (acceptance.rank_matrix: top-1 a at depth
@@ -56,44 +46,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any, Callable, Optional, Sequence
 
-from bole_cli.calibrate.ranks import DEFAULT_RANK_FACTOR, DEPTH_DECAY, PAPER_DEPTH
+from bole_cli.budget import best_first
+from bole_cli.calibrate.family_fit import PARAMS, a_interval, fit_family, free_parameters
+from bole_cli.calibrate.histogram_file import Observation, parse_observation
 from bole_cli.calibrate.ranks import rank_matrix as rank_rows
-from bole_cli.errors import InputError, brief
-from bole_cli.trees.generators import beam_tree_size as beam_size
+from bole_cli.stats import chi2_sf, g_statistic, merge_cells, wilson, z_for_level
+from bole_cli.trees.generators import grow_beam
 
-MIN_STEPS = 50
-CONVENTIONS = ("accepted_drafts", "accept_length")
-MAX_NUM_STEPS = 32
-MAX_TOPK = 16
-MAX_COUNT = 10**15
-MIN_EXPECTED = 5.0  # cells are merged until each expects this many steps
 POOR_P = 1e-3
 POOR_DIFF = 0.01
-# the family's search box
-A_RANGE = (1e-3, 0.999)
-DECAY_RANGE = (0.5, 1.1)
-RANK_FACTOR_RANGE = (0.01, 1.0)
 A_D_MAX = 0.9999  # a * decay^(d-1) is clamped here (decay may exceed 1)
-
-
-@dataclass(frozen=True)
-class Observation:
-    """A checked histogram: counts[L] = steps that accepted L drafts, L = 0..num_steps."""
-
-    counts: tuple[int, ...]
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
-    convention: str
-    extrapolate_to: int
-    level: float
-
-    @property
-    def steps(self) -> int:
-        return sum(self.counts)
 
 
 @dataclass(frozen=True)
@@ -103,80 +67,6 @@ class ObservedFit:
     q: list
     source: str
     measured: dict
-
-
-# ---- parsing ----------------------------------------------------------------------------------
-def _int(value: Any, where: str, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise InputError(f"{where}: expected an integer in {lo}..{hi}, got {brief(value)}")
-    return value
-
-
-def parse_observation(data: Any, source: str) -> Observation:
-    """Check a histogram file's fields; bad input is one InputError naming the field."""
-    if not isinstance(data, dict):
-        raise InputError(f"{source}: expected a mapping with accepted_length_histogram")
-    hist = data.get("accepted_length_histogram")
-    if not isinstance(hist, dict):
-        raise InputError(f"{source}: accepted_length_histogram: expected a mapping with counts")
-    spec = data.get("speculative")
-    if not isinstance(spec, dict):
-        raise InputError(f"{source}: speculative: expected a mapping with num_steps, topk and "
-                         "num_draft_tokens (the settings the histogram was observed under)")
-    w = f"{source}: speculative"
-    d = _int(spec.get("num_steps"), f"{w}.num_steps", 1, MAX_NUM_STEPS)
-    k = _int(spec.get("topk"), f"{w}.topk", 1, MAX_TOPK)
-    cap = beam_size(d, k)
-    if k == 1:
-        n = spec.get("num_draft_tokens", d + 1)
-        if n != d + 1 or isinstance(n, bool):
-            raise InputError(f"{w}.num_draft_tokens: a chain (topk 1) verifies num_steps + 1 = "
-                             f"{d + 1} tokens (SGLang sets it so), got {brief(n)}")
-    else:
-        n = _int(spec.get("num_draft_tokens"), f"{w}.num_draft_tokens", 2, 10**9)
-        if n > cap:
-            raise InputError(f"{w}.num_draft_tokens: {n} is more than the tree of num_steps {d} "
-                             f"and topk {k} holds ({cap}, root included)")
-    conv = hist.get("convention", CONVENTIONS[0])
-    if conv not in CONVENTIONS:
-        raise InputError(f"{source}: accepted_length_histogram.convention: expected one of "
-                         f"{', '.join(CONVENTIONS)}, got {brief(conv)}")
-    where = f"{source}: accepted_length_histogram.counts"
-    raw = hist.get("counts")
-    if not isinstance(raw, list):
-        raise InputError(f"{where}: expected a list of non-negative integers")
-    for i, c in enumerate(raw):
-        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= MAX_COUNT:
-            raise InputError(f"{where}[{i}]: expected a non-negative integer (at most "
-                             f"{MAX_COUNT:.0e}), got {brief(c)}")
-    if conv == "accept_length":
-        if len(raw) != d + 2:
-            raise InputError(f"{where}: {len(raw)} values; accept lengths 0..num_steps + 1 need "
-                             f"{d + 2} (convention accept_length)")
-        if raw[0]:
-            raise InputError(f"{where}[0]: {raw[0]} steps of accept length 0; every step "
-                             "accepts at least 1 (convention accept_length)")
-        counts = tuple(raw[1:])
-    else:
-        if len(raw) != d + 1:
-            raise InputError(f"{where}: {len(raw)} values; accepted drafts 0..num_steps need "
-                             f"{d + 1} (convention accepted_drafts)")
-        counts = tuple(raw)
-    off = 1 if conv == "accept_length" else 0
-    for L in range(n, d + 1):  # a step cannot accept more drafts than the tree has
-        if counts[L]:
-            raise InputError(f"{where}[{L + off}]: {counts[L]} steps accepted {L} drafts, but "
-                             f"num_draft_tokens {n} holds only {n - 1}")
-    if sum(counts) < MIN_STEPS:
-        raise InputError(f"{where}: {sum(counts)} verify steps; at least {MIN_STEPS} are needed "
-                         "to fit")
-    depth = data.get("extrapolate_to", max(d, PAPER_DEPTH))
-    depth = _int(depth, f"{source}: extrapolate_to", d, 64)
-    level = data.get("interval_level", 0.95)
-    if not isinstance(level, (int, float)) or isinstance(level, bool) or not 0 < level < 1:
-        raise InputError(f"{source}: interval_level: expected a number in (0, 1), got "
-                         f"{brief(level)}")
-    return Observation(counts, d, k, n, conv, depth, float(level))
 
 
 # ---- the model ----------------------------------------------------------------------------------
@@ -190,26 +80,19 @@ def kept_depth_mass(q: Sequence[Sequence[float]], num_steps: int, topk: int,
                     num_draft_tokens: int) -> list[float]:
     """m_L, L = 0..num_steps: summed P(v) of the kept nodes at depth L (m_0 = 1, the root).
 
-    The tree is beam_tree(num_steps, topk, level_probs=q) pruned by select_budget to
-    num_draft_tokens nodes, computed here the same way (same log sums, same tie order) but
-    without the 256-node cap, since SGLang's trees may be larger (tests check the match).
+    The tree is SGLang's: the beam tree of (num_steps, topk) on q, with no node limit
+    (SGLang's trees may exceed MAX_TREE_NODES), pruned to num_draft_tokens nodes in the
+    order a budget keeps them.
     """
-    score, depth = [0.0], [0]
-    frontier = [0]
-    for lvl in range(num_steps):
-        logs = [math.log(p) if p > 0 else -math.inf for p in q[lvl][:topk]]
-        new = []
-        for node in frontier:
-            for lp in logs:
-                score.append(score[node] + lp)
-                depth.append(lvl + 1)
-                new.append(len(score) - 1)
-        frontier = sorted(new, key=lambda i: (-score[i], i))[:topk]
-    order = sorted(range(1, len(score)), key=lambda i: (-score[i], i))[:num_draft_tokens - 1]
+    logs = [[math.log(p) if p > 0 else -math.inf for p in row[:topk]] for row in q[:num_steps]]
+    parents, _, log_rho = grow_beam(num_steps, topk, logs.__getitem__)
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
     mass = [0.0] * (num_steps + 1)
     mass[0] = 1.0
-    for i in order:
-        mass[depth[i]] += math.exp(score[i])
+    for i in best_first(log_rho)[1:num_draft_tokens]:  # the root (rho 1) comes first
+        mass[depth[i]] += math.exp(log_rho[i])
     return mass
 
 
@@ -229,98 +112,12 @@ def chain_mass(per_depth: Sequence[float], num_steps: int) -> list[float]:
     return mass
 
 
-def log_likelihood(counts: Sequence[int], probs: Sequence[float]) -> float:
-    total = 0.0
-    for c, p in zip(counts, probs):
-        if c:
-            total += c * math.log(max(p, 1e-300))
-    return total
-
-
-# ---- statistics ---------------------------------------------------------------------------------
-def chi2_sf(x: float, df: int) -> float:
-    """Upper tail of the chi-square distribution: the regularized gamma Q(df/2, x/2)
-    (series below s + 1, Lentz's continued fraction above)."""
-    if df <= 0:
-        raise ValueError("df must be positive")
-    if x <= 0:
-        return 1.0
-    if math.isinf(x):
-        return 0.0
-    s, z = df / 2.0, x / 2.0
-    log_pre = s * math.log(z) - z - math.lgamma(s)
-    if z < s + 1:
-        term = total = 1.0 / s
-        a = s
-        for _ in range(10000):
-            a += 1
-            term *= z / a
-            total += term
-            if abs(term) < abs(total) * 1e-16:
-                break
-        return max(0.0, min(1.0, 1.0 - math.exp(log_pre) * total))
-    tiny = 1e-300
-    b = z + 1 - s
-    c, dd = 1 / tiny, 1 / b
-    h = dd
-    for i in range(1, 10000):
-        an = -i * (i - s)
-        b += 2
-        dd = an * dd + b
-        dd = tiny if abs(dd) < tiny else dd
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        dd = 1 / dd
-        delta = dd * c
-        h *= delta
-        if abs(delta - 1) < 1e-16:
-            break
-    return max(0.0, min(1.0, math.exp(log_pre) * h))
-
-
-def wilson(hits: int, trials: int, level: float) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion; (0, 1) without trials."""
-    if trials <= 0:
-        return 0.0, 1.0
-    z = NormalDist().inv_cdf(0.5 + level / 2)
-    p = hits / trials
-    den = 1 + z * z / trials
-    mid = (p + z * z / (2 * trials)) / den
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
-
-
-def merge_cells(observed: Sequence[float], expected: Sequence[float],
-                minimum: float = MIN_EXPECTED) -> tuple[list[float], list[float]]:
-    """Adjacent cells pooled (in order of L) until each expects >= minimum; a short tail
-    joins the last pooled cell."""
-    obs, exp = [], []
-    o_acc = e_acc = 0.0
-    for o, e in zip(observed, expected):
-        o_acc, e_acc = o_acc + o, e_acc + e
-        if e_acc >= minimum:
-            obs.append(o_acc)
-            exp.append(e_acc)
-            o_acc = e_acc = 0.0
-    if o_acc or e_acc:
-        if obs:
-            obs[-1] += o_acc
-            exp[-1] += e_acc
-        else:
-            obs.append(o_acc)
-            exp.append(e_acc)
-    return obs, exp
-
-
+# ---- goodness of fit ----------------------------------------------------------------------------
 def goodness(counts: Sequence[int], probs: Sequence[float], n_params: int) -> dict:
     """G against the saturated model, df, p-value, the largest frequency gap and a verdict."""
     steps = sum(counts)
     obs, exp = merge_cells(counts, [steps * p for p in probs])
-    g = 0.0
-    for o, e in zip(obs, exp):
-        if o > 0:
-            g = math.inf if e <= 0 else g + 2 * o * math.log(o / e)
-    g = max(g, 0.0)
+    g = g_statistic(obs, exp)
     df = len(obs) - 1 - n_params
     p_value = chi2_sf(g, df) if df > 0 else None
     gaps = [abs(c / steps - p) for c, p in zip(counts, probs)]
@@ -351,103 +148,6 @@ def goodness(counts: Sequence[int], probs: Sequence[float], n_params: int) -> di
 
 def _round(x: float) -> float:
     return x if math.isinf(x) else round(x, 4)
-
-
-# ---- maximum likelihood over the family -------------------------------------------------------
-PARAMS = ("a", "decay", "rank_factor")
-RANGES = {"a": A_RANGE, "decay": DECAY_RANGE, "rank_factor": RANK_FACTOR_RANGE}
-GRIDS = {"a": [0.02 * i for i in range(1, 50)],
-         "decay": [0.6, 0.75, 0.85, 0.9, 0.94, 0.97, 1.0, 1.03, 1.07],
-         "rank_factor": [0.05, 0.15, 0.3, 0.5, 0.7, 0.85, 1.0]}
-DEFAULTS = {"a": 0.8, "decay": DEPTH_DECAY, "rank_factor": DEFAULT_RANK_FACTOR}
-STARTS = 6  # best grid points refined
-COMPASS_ROUNDS = 80  # moves or halvings per start
-
-
-def free_parameters(num_steps: int, topk: int) -> list[str]:
-    """What the histogram can pin down: D free frequencies, so at most D - 1 parameters
-    (one degree of freedom left to test the fit; a depth-1 histogram fits a alone): a
-    first, then the rank factor (trees only), then the decay."""
-    order = ["a"] + (["rank_factor"] if topk > 1 else []) + ["decay"]
-    return order[:max(1, num_steps - 1)]
-
-
-def fit_family(obs: Observation, probs_of: Callable[[dict], list[float]],
-               free: Sequence[str]) -> tuple[dict, float]:
-    """Maximum likelihood over the free parameters (the others at DEFAULTS).
-
-    The likelihood of a pruned tree is piecewise smooth with jumps (the kept nodes change
-    as the parameters move), so a golden section (which assumes one smooth peak) stops in
-    the wrong piece: the best STARTS points of a grid are refined by a compass search
-    (a step up or down per parameter while it gains, halved when none does, to 1e-6).
-    """
-    def ll(theta: dict) -> float:
-        return log_likelihood(obs.counts, probs_of(theta))
-
-    grids = [GRIDS[p] if p in free else [DEFAULTS[p]] for p in PARAMS]
-    scored = []
-    for a in grids[0]:
-        for decay in grids[1]:
-            for rf in grids[2]:
-                theta = {"a": a, "decay": decay, "rank_factor": rf}
-                scored.append((ll(theta), theta))
-    scored.sort(key=lambda t: -t[0])
-    best, best_ll = dict(DEFAULTS), -math.inf
-    for start_ll, start in scored[:STARTS]:
-        theta, v = _compass(ll, start, start_ll, free)
-        if v > best_ll:
-            best, best_ll = theta, v
-    return best, best_ll
-
-
-def a_interval(obs: Observation, probs_of: Callable[[dict], list[float]], free: Sequence[str],
-               best: dict, best_ll: float) -> tuple[float, float]:
-    """Profile-likelihood interval for a at obs.level: the a whose best log-likelihood
-    (the other free parameters refitted) is within z^2 / 2 of the maximum, found by
-    bisection on each side (the first crossing from the maximum)."""
-    z = NormalDist().inv_cdf(0.5 + obs.level / 2)
-    target = best_ll - z * z / 2
-    others = [p for p in free if p != "a"]
-
-    def profile(a: float) -> float:
-        theta = {**best, "a": a}
-        value = log_likelihood(obs.counts, probs_of(theta))
-        if others:
-            value = _compass(lambda t: log_likelihood(obs.counts, probs_of(t)), theta, value,
-                             others, rounds=30)[1]
-        return value
-
-    ends = []
-    for bound in A_RANGE:
-        inside, outside = best["a"], bound
-        if profile(bound) >= target:
-            ends.append(bound)
-            continue
-        for _ in range(14):
-            mid = 0.5 * (inside + outside)
-            inside, outside = (mid, outside) if profile(mid) >= target else (inside, mid)
-        ends.append(0.5 * (inside + outside))
-    return ends[0], ends[1]
-
-
-def _compass(ll: Callable[[dict], float], theta: dict, value: float,
-             free: Sequence[str], rounds: int = 0) -> tuple[dict, float]:
-    step = {p: GRIDS[p][1] - GRIDS[p][0] if p == "a" else 0.05 for p in free}
-    for _ in range(rounds or COMPASS_ROUNDS):
-        if max(step.values()) <= 1e-6:
-            break
-        moved = False
-        for p in free:
-            lo, hi = RANGES[p]
-            for x in (theta[p] + step[p], theta[p] - step[p]):
-                x = min(max(x, lo), hi)
-                v = ll({**theta, p: x})
-                if v > value:
-                    theta, value, moved = {**theta, p: x}, v, True
-                    break
-        if not moved:
-            step = {p: s / 2 for p, s in step.items()}
-    return theta, value
 
 
 # ---- the two fits -------------------------------------------------------------------------------
@@ -493,9 +193,10 @@ def fit_observation(obs: Observation) -> tuple[list[list[float]], dict]:
     # chain: exact a_d where the data reached depth d - 1, the family elsewhere
     survival = [sum(obs.counts[d:]) for d in range(obs.num_steps + 1)]
     per_depth, lower, upper, unseen = [], [], [], []
+    z = z_for_level(obs.level)
     for d in range(1, obs.num_steps + 1):
         trials, hits = survival[d - 1], survival[d]
-        lo, hi = wilson(hits, trials, obs.level)
+        lo, hi = wilson(hits, trials, z)
         if trials:
             per_depth.append(round(hits / trials, 6))
         else:

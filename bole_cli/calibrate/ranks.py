@@ -1,8 +1,8 @@
 """The per-depth, per-rank family every acceptance model here builds on (one home for its
 constants and its rank rule): the rank-r draft at depth d is the target's token, given
 that ranks < r were wrong, with probability a_d * rank_factor^(r-1); the presets' top-1
-acceptance is a_d = a * DEPTH_DECAY^(d-1). Both bole_cli.calibrate.acceptance and
-bole_cli.calibrate.observed read it (docs/design.md §8).
+acceptance is a_d = a * DEPTH_DECAY^(d-1). bole_cli.calibrate.acceptance and the observed
+histograms' fit (observed, family_fit, histogram_file) read it (docs/design.md §8).
 """
 
 from __future__ import annotations

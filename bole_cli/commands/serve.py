@@ -17,14 +17,14 @@ from typing import Any, Optional
 
 import typer
 
-from bole_cli.serving import DEFAULT_BATCH, DEFAULT_KV_LEN, DEFAULT_PORT
+from bole_cli.serving import DEFAULT_BATCH, DEFAULT_KV_LEN, DEFAULT_PORT, ServeSettings
 
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
 
 
-def _panel(result: dict) -> Any:
+def _panel(result: dict, s: ServeSettings) -> Any:
     from rich import box
     from rich.console import Group
     from rich.markup import escape
@@ -34,30 +34,29 @@ def _panel(result: dict) -> Any:
 
     from bole_cli.memory import format_bytes
 
-    s = result["settings"]
     t = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")  # a long profile path wraps, never ends in "..."
-    alg = s["algorithm"] + (" (the model's MTP head)" if s["algorithm"] == "NEXTN"
-                            else f" (draft model {s['draft_model']})")
+    alg = s.algorithm + (" (the model's MTP head)" if s.algorithm == "NEXTN"
+                         else f" (draft model {s.draft_model})")
     mode = {"none": "no speculation",
-            "chain": "chain, verified by " + ("the Bole plug-in" if s["chain_verify"] == "bole"
+            "chain": "chain, verified by " + ("the Bole plug-in" if s.chain_verify == "bole"
                                               else "SGLang's ReplaySSM"),
-            "tree": "tree, verified by the Bole plug-in"}[s["mode"]]
+            "tree": "tree, verified by the Bole plug-in"}[s.mode]
     rows = [
         ("model", result["model"]),
         ("GPU", f"{result['gpu'] or '-'}" + (f" ({result['gpu_source']})" if result["gpu_source"] else "")),
         ("profile", f"{result['profile']} ({result['profile_kind']})"),
-        ("mode", f"{mode} (batch {s['profile_batch']}, kv {s['profile_kv_len']})"),
-        ("why", s["why"]),
-        ("B_ver", f"{s['b_ver']} tree tokens (Eq. 12, the paper's rule)"),
+        ("mode", f"{mode} (batch {s.profile_batch}, kv {s.profile_kv_len})"),
+        ("why", s.why),
+        ("B_ver", f"{s.b_ver} tree tokens (Eq. 12, the paper's rule)"),
     ]
-    if s["mode"] != "none":
+    if s.mode != "none":
         rows += [
             ("algorithm", alg),
-            ("draft", f"depth {s['num_steps']}, top-k {s['eagle_topk']} ({s['tree_source']})"),
-            ("draft tokens", f"{s['num_draft_tokens']} per request x {s['max_running_requests']} "
-                             f"request{'s' if s['max_running_requests'] != 1 else ''}"),
+            ("draft", f"depth {s.num_steps}, top-k {s.eagle_topk} ({s.tree_source})"),
+            ("draft tokens", f"{s.num_draft_tokens} per request x {s.max_running_requests} "
+                             f"request{'s' if s.max_running_requests != 1 else ''}"),
         ]
     mem = result.get("memory")
     if mem:
@@ -71,7 +70,7 @@ def _panel(result: dict) -> Any:
     for k, v in rows:
         t.add_row(k, escape(str(v)))
     parts: list[Any] = [t]
-    for n in s["notes"] + result["notes"]:
+    for n in [*s.notes, *result["notes"]]:
         parts.append(Text("note: " + n, style="yellow"))
     title = "bole serve (dry run)" if result["dry_run"] else "bole serve"
     return Panel(Group(*parts), title=title, title_align="left", expand=False)
@@ -143,7 +142,7 @@ def serve(
     if json_out:
         emit_json(plan.report)
     else:
-        out.print(_panel(plan.report))
+        out.print(_panel(plan.report, plan.settings))
         for line in shell_lines(plan.report["env"], plan.report["command"]):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
     if dry_run:

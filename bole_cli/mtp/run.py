@@ -180,7 +180,7 @@ def _finish(opts, ckpt, prompts, device, dtype, out, tally, started, interrupted
     import torch
 
     from bole_cli.calibrate.acceptance import from_data, measured_document
-    from bole_cli.mtp.stats import Z95
+    from bole_cli.stats import Z95
 
     if tally.anchors == 0:  # an all-zero matrix would read as "never accepted"
         raise BoleError("no position was measured (every continuation was shorter than --depth "

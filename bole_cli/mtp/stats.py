@@ -12,22 +12,10 @@ the interval as a lower bound on the uncertainty).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-Z95 = 1.959963984540054
-
-
-def wilson(hits: int, trials: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion; (0, 1) without trials."""
-    if trials <= 0:
-        return 0.0, 1.0
-    p = hits / trials
-    den = 1 + z * z / trials
-    mid = (p + z * z / (2 * trials)) / den
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
+from bole_cli.stats import wilson
 
 
 @dataclass

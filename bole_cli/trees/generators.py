@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from bole_cli.errors import InputError
 from bole_cli.limits import MAX_TREE_NODES
@@ -70,6 +70,29 @@ def _draft_probs(rng: random.Random, topk: int) -> list[float]:
     return sorted((max(x / total, 1e-12) for x in g[:topk]), reverse=True)
 
 
+def grow_beam(depth: int, topk: int, draft_log_probs: Callable[[int], Sequence[float]]
+              ) -> tuple[list[int], list[float], list[float]]:
+    """Every candidate of the beam tree (see beam_tree), with no node limit: parents,
+    draft log-probs and path scores log rho, node 0 the root.
+
+    draft_log_probs(level) gives the topk child log-probs of one expanded node at that
+    level (0-based), called once per expanded node in order. The acceptance fit grows
+    SGLang's trees here, which may exceed MAX_TREE_NODES.
+    """
+    parents, log_probs, score = [-1], [0.0], [0.0]
+    frontier = [0]
+    for lvl in range(depth):
+        new = []
+        for node in frontier:
+            for lp in draft_log_probs(lvl):
+                parents.append(node)
+                log_probs.append(lp)
+                score.append(score[node] + lp)
+                new.append(len(parents) - 1)
+        frontier = sorted(new, key=lambda i: (-score[i], i))[:topk]
+    return parents, log_probs, score
+
+
 def beam_tree(depth: int, topk: int, seed: RngLike = 0,
               level_probs: Any = None) -> ProposalTree:
     """An EAGLE-style draft tree, as SGLang's EAGLE worker grows it before pruning.
@@ -93,20 +116,13 @@ def beam_tree(depth: int, topk: int, seed: RngLike = 0,
     if size > MAX_TREE_NODES:
         raise InputError(f"depth {depth} with topk {topk} gives {size} nodes; at most "
                          f"{MAX_TREE_NODES} (MAX_TREE_NODES)")
-    levels = None if level_probs is None else _check_level_probs(level_probs, depth, topk)
-    rng = _rng(seed)
-    parents, log_probs, score = [-1], [0.0], [0.0]
-    frontier = [0]
-    for lvl in range(depth):
-        new = []
-        for node in frontier:
-            probs = levels[lvl] if levels is not None else _draft_probs(rng, topk)
-            for p in probs:
-                parents.append(node)
-                log_probs.append(math.log(p))
-                score.append(score[node] + math.log(p))
-                new.append(len(parents) - 1)
-        frontier = sorted(new, key=lambda i: (-score[i], i))[:topk]
+    if level_probs is not None:
+        logs = [[math.log(p) for p in row] for row in _check_level_probs(level_probs, depth, topk)]
+        draft = logs.__getitem__
+    else:
+        rng = _rng(seed)
+        draft = lambda lvl: [math.log(p) for p in _draft_probs(rng, topk)]  # noqa: E731
+    parents, log_probs, _ = grow_beam(depth, topk, draft)
     return ProposalTree(parents, log_probs)
 
 
