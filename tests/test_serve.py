@@ -214,6 +214,21 @@ def test_profile_file_for_an_uncatalogued_model(no_sglang, tmp_path):
     assert flag(res["command"], "--model-path") == "my-org/Qwen3.5-27B-ft"
 
 
+def test_panel_of_a_no_speculation_decision(no_sglang, tmp_path):
+    """A profile that decides no speculation: the panel (not only --json) shows the mode and
+    no algorithm or draft rows (there is no drafter to name)."""
+    prof = load_profile(find_profile("h200", MODELS["9b"]))
+    for entry in prof["configs"]:  # as calibrate writes it: decode verifies the batch
+        entry["decision"] = _decided("none", budget=entry["batch"])["configs"][0]["decision"]
+        entry["decision"]["chosen"]["verify"] = "decode"
+    path = tmp_path / "none.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    r = runner.invoke(cli.app, ["serve", "--model", "9b", "--profile", str(path), "--dry-run"],
+                      terminal_width=200)
+    assert r.exit_code == 0, r.stderr
+    assert "no speculation" in r.stdout and "algorithm" not in r.stdout and "draft tokens" not in r.stdout
+
+
 # ----------------------------------------------------------------- errors
 
 

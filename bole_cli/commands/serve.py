@@ -37,8 +37,6 @@ def _panel(result: dict, s: ServeSettings) -> Any:
     t = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")  # a long profile path wraps, never ends in "..."
-    alg = s.algorithm + (" (the model's MTP head)" if s.algorithm == "NEXTN"
-                         else f" (draft model {s.draft_model})")
     mode = {"none": "no speculation",
             "chain": "chain, verified by " + ("the Bole plug-in" if s.chain_verify == "bole"
                                               else "SGLang's ReplaySSM"),
@@ -51,7 +49,9 @@ def _panel(result: dict, s: ServeSettings) -> Any:
         ("why", s.why),
         ("B_ver", f"{s.b_ver} tree tokens (Eq. 12, the paper's rule)"),
     ]
-    if s.mode != "none":
+    if s.mode != "none":  # (no algorithm without speculation)
+        alg = s.algorithm + (" (the model's MTP head)" if s.algorithm == "NEXTN"
+                             else f" (draft model {s.draft_model})")
         rows += [
             ("algorithm", alg),
             ("draft", f"depth {s.num_steps}, top-k {s.eagle_topk} ({s.tree_source})"),
