@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from bole_cli.serving import DEFAULT_BATCH, DEFAULT_KV_LEN, DEFAULT_PORT, ServeSettings
+from bole_cli.serving import CHAIN_VERIFIERS, DEFAULT_BATCH, DEFAULT_KV_LEN, DEFAULT_PORT, ServeSettings
 
 
 def register(app: typer.Typer) -> None:
@@ -120,9 +120,10 @@ def serve(
     draft_tokens: Optional[int] = typer.Option(None, "--draft-tokens",
                                                help="Tree tokens per request (default: the "
                                                     "profile's decision)."),
-    chain_verify: Optional[str] = typer.Option(None, "--chain-verify", metavar="bole|replayssm",
-                                               help="Who verifies a chain: the Bole plug-in or "
-                                                    "SGLang's ReplaySSM (default: bole)."),
+    chain_verify: Optional[str] = typer.Option(None, "--chain-verify", metavar="|".join(CHAIN_VERIFIERS),
+                                               help="Who verifies a chain: the Bole plug-in or SGLang's "
+                                                    "ReplaySSM (default: the profile's decision, else "
+                                                    f"{CHAIN_VERIFIERS[0]})."),
     host: Optional[str] = typer.Option(None, "--host", help="Passed to SGLang (its default: 127.0.0.1)."),
     port: int = typer.Option(DEFAULT_PORT, "--port", help="Passed to SGLang."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the settings and command; start nothing."),
