@@ -176,39 +176,23 @@ def e2e_cmd(
     out_dir = check_outputs(out_dir, tag)
     from bole_cli.bench.e2e.options import check_options
 
-    use = check_options(dict(batch=batch, context=context, depth=depth, topk=topk, steps=steps,
-                             warmup=warmup, chain_depths=chain_depths, decoders=decoders),
-                        tiny=tiny, acceptance=acceptance, tree_budgets=tree_budgets,
-                        tree_shapes=tree_shapes, device=device, dtype=dtype, max_batch=max_batch,
-                        max_probes=max_probes, probe_nodes=probe_nodes)
+    cfg = check_options(model=model, tiny=tiny, batch=batch, context=context, depth=depth, topk=topk,
+                        steps=steps, warmup=warmup, decoders=decoders, chain_depths=chain_depths,
+                        budget=budget, acceptance=acceptance, tree_budgets=tree_budgets,
+                        tree_shapes=tree_shapes, draft_vocab=draft_vocab, snapshot_engine=snapshot_engine,
+                        max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes,
+                        search=not no_max_batch, dtype=dtype, device=device, graphs=not no_graphs, seed=seed,
+                        command=" ".join(["bole"] + sys.argv[1:]))
     if device == "cuda":
         _need_cuda("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
                    "for a smoke run use --device cpu --tiny")
-    from bole_cli.bench.e2e.tree_budget import parse_budget
-
-    budget_policy = parse_budget(budget)
-    if tiny:
-        spec = None
-    else:
-        from bole_cli.catalog.models import resolve_model
-
-        spec = resolve_model(model)
-    from bole_cli.bench.e2e.harness import E2EConfig, run_e2e
+    from bole_cli.bench.e2e.harness import run_e2e
     from bole_cli.bench.e2e.report import notes, plot, tables
 
-    if spec is None:
-        from bole_cli.runtime import tiny_spec
-
-        spec = tiny_spec()
-    cfg = E2EConfig(spec=spec, budget=budget_policy, acceptance=acceptance, seed=seed,
-                    snapshot_engine=snapshot_engine, use_graphs=False if no_graphs else None,
-                    max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes,
-                    search=not no_max_batch, command=" ".join(["bole"] + sys.argv[1:]),
-                    draft_vocab=draft_vocab, device=device, **use)
     with err.status("bole bench e2e") as status:
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
     json_path = write_results(data, lambda path: plot(data, path), out_dir,
-                              result_stem(tag, "e2e", data["device"], "tiny" if tiny else spec.name))
+                              result_stem(tag, "e2e", data["device"], "tiny" if tiny else cfg.spec.name))
     if json_out:
         emit_json(data)
     else:

@@ -31,8 +31,8 @@ import torch
 from bole_cli.bench.drafter import MTPDrafter, build_layout
 from bole_cli.bench.e2e.simulated_acceptance import Acceptance, load_e2e_acceptance, paper_shape_expected
 from bole_cli.bench.e2e.prediction import profile_pricer
-from bole_cli.bench.e2e.decoders import DECODERS, LABELS, PHASES, Decoder, decoder_class
-from bole_cli.bench.e2e.options import E2E_DEFAULTS
+from bole_cli.bench.e2e.decoders import LABELS, PHASES, Decoder, decoder_class
+from bole_cli.bench.e2e.options import E2EConfig
 from bole_cli.bench.e2e.tree_budget import TreePlan, plan_trees, resolve_budget
 from bole_cli.bench.e2e.verdicts import compare_decoders, drafter_cost, exactness  # noqa: F401
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
@@ -43,9 +43,7 @@ from bole_cli.memory import GiB
 from bole_cli.versions import SGLANG_VERSION
 from bole_cli.runtime.snapshot import SnapshotGDN, load_sglang_gdn
 
-SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
 TREE_DECODERS = ("snapshot", "bole")  # same trees, same draws: their accepted nodes must agree
-CHAIN_DEPTHS = tuple(range(1, 9))  # the chain decoders' default sweep
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -133,8 +131,7 @@ def search_max_batch(fits: Callable[[int], tuple[bool, str]], max_batch: int, ma
 
 
 def resolve_snapshot_engine(choice: str, device: torch.device) -> tuple[SnapshotGDN, str]:
-    if choice not in SNAPSHOT_ENGINES:
-        raise InputError(f"--snapshot-engine: expected one of {', '.join(SNAPSHOT_ENGINES)}, got {choice!r}")
+    """The snapshot verifier of `choice` (one of options.SNAPSHOT_ENGINES), and what it is."""
     torch_desc = ("PyTorch step loop (a faithful equivalent of SGLang's serial verify: node by node, "
                   "a full float32 state snapshot per node, the accepted one copied back)")
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
@@ -155,7 +152,9 @@ def resolve_snapshot_engine(choice: str, device: torch.device) -> tuple[Snapshot
 
 
 class E2EBench:
-    """The model, the drafter, the acceptance model and the three decoders."""
+    """The model, the drafter, the acceptance model and the three decoders. The settings
+    come checked (options.check_options); what it checks is what only it learns: the
+    acceptance file, the trees that file gives, whether the weights fit the GPU."""
 
     def __init__(self, spec: ModelSpec, *, device="cuda", dtype=torch.bfloat16, context: int = 4096,
                  depth: int = 8, topk: int = 4, acceptance: "Acceptance | str" = DEFAULT_PRESET,
@@ -166,12 +165,8 @@ class E2EBench:
         self.device = torch.device(device)
         self.dtype = dtype
         self.context = int(context)
-        if self.context < 1:
-            raise InputError(f"--context must be at least 1, got {context}")
         self.seed = seed
         self.warmup, self.steps = int(warmup), int(steps)
-        if self.steps < 1 or self.warmup < 0:
-            raise InputError("--steps must be >= 1 and --warmup >= 0")
         self.acceptance = (acceptance if isinstance(acceptance, Acceptance)
                            else load_e2e_acceptance(acceptance))
         self.q = self.acceptance.rows(depth, topk)
@@ -179,8 +174,6 @@ class E2EBench:
         self.budget_policy = budget
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
-        if draft_vocab is not None and not 1 <= draft_vocab <= spec.vocab:
-            raise InputError(f"--draft-vocab: expected 1..{spec.vocab} (the model's vocabulary), got {draft_vocab}")
         self._check_weights_fit()
         self.model = HybridModel(spec, self.device, dtype, seed=seed, gdn_backend=gdn_backend)
         self.drafter = MTPDrafter(self.model, self.layout, seed=seed + 4321, draft_vocab=draft_vocab)
@@ -255,7 +248,7 @@ class E2EBench:
         need = param_bytes(self.spec, self.dtype) + MTPDrafter.param_bytes_for(self.spec, self.dtype)
         free = torch.cuda.mem_get_info(self.device)[0]
         if need + GiB > free:
-            raise BoleError(f"{self.spec.name}: the weights ({need / GiB:.1f} GiB with the draft head) do not "
+            raise BoleError(f"--model {self.spec.name}: the weights ({need / GiB:.1f} GiB with the draft head) do not "
                             f"fit in the {free / GiB:.1f} GiB free on {self.device_name}")
 
     def max_len(self, max_steps: int) -> int:
@@ -392,34 +385,6 @@ class E2EBench:
         return found
 
 
-@dataclass
-class E2EConfig:
-    spec: ModelSpec
-    batches: list[int]
-    context: int = 4096
-    budget: "str | int" = "profile"
-    acceptance: str = DEFAULT_PRESET
-    depth: int = 8
-    topk: int = 4
-    steps: int = 32
-    warmup: int = 3
-    seed: int = 0
-    decoders: tuple[str, ...] = tuple(E2E_DEFAULTS["decoders"].split(","))  # the deferred ones are opt-in
-    device: str = "cuda"
-    dtype: str = "bfloat16"
-    snapshot_engine: str = "auto"
-    use_graphs: Optional[bool] = None
-    max_batch: int = 256
-    max_probes: int = 8
-    probe_nodes: Optional[int] = None
-    search: bool = True
-    command: str = ""
-    chain_depths: tuple[int, ...] = CHAIN_DEPTHS
-    draft_vocab: Optional[int] = None
-    tree_budgets: tuple[int, ...] = ()  # the tree decoders run at each; empty: `budget` alone
-    tree_shapes: tuple[tuple[int, int], ...] = ()  # (depth, top-k) each; empty: (depth, topk)
-
-
 def versions() -> dict[str, Optional[str]]:
     from bole_cli import __version__
 
@@ -436,9 +401,6 @@ def versions() -> dict[str, Optional[str]]:
 def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) -> dict:
     started = time.time()
     dtype = getattr(torch, cfg.dtype)
-    bad = [d for d in cfg.decoders if d not in DECODERS]
-    if bad or not cfg.decoders:
-        raise InputError(f"--decoders: expected some of {', '.join(DECODERS)}, got {','.join(cfg.decoders)!r}")
     progress("building the model")
     bench = E2EBench(cfg.spec, device=cfg.device, dtype=dtype, context=cfg.context, depth=cfg.depth,
                      topk=cfg.topk, acceptance=cfg.acceptance, budget=cfg.budget, seed=cfg.seed,
