@@ -186,7 +186,7 @@ def e2e_cmd(
     if device == "cuda":
         _need_cuda("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
                    "for a smoke run use --device cpu --tiny")
-    from bole_cli.bench.e2e.harness import run_e2e
+    from bole_cli.bench.e2e.sweep import run_e2e
     from bole_cli.bench.e2e.report import notes, plot, tables
 
     with err.status("bole bench e2e") as status:
