@@ -27,6 +27,7 @@ import torch
 from bole_cli.bench.drafter import MTPDrafter, build_layout
 from bole_cli.bench.e2e.simulated_acceptance import Acceptance, load_e2e_acceptance
 from bole_cli.bench.e2e.decoders import LABELS, PHASES, Decoder, decoder_class
+from bole_cli.bench.e2e.options import BUDGET, DEVICE, E2E_DEFAULTS as FULL, SEED, SNAPSHOT_ENGINE
 from bole_cli.bench.e2e.tree_budget import TreePlan, plan_trees, resolve_budget
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec
@@ -148,11 +149,11 @@ class E2EBench:
     come checked (options.check_options); what it checks is what only it learns: the
     acceptance file, the trees that file gives, whether the weights fit the GPU."""
 
-    def __init__(self, spec: ModelSpec, *, device="cuda", dtype=torch.bfloat16, context: int = 4096,
-                 depth: int = 8, topk: int = 4, acceptance: "Acceptance | str" = DEFAULT_PRESET,
-                 budget: "str | int" = "profile", seed: int = 0, snapshot_engine: str = "auto",
-                 use_graphs: Optional[bool] = None, gdn_backend: str = "auto", warmup: int = 3,
-                 steps: int = 32, draft_vocab: Optional[int] = None):
+    def __init__(self, spec: ModelSpec, *, device=DEVICE, dtype=torch.bfloat16, context: int = FULL["context"],
+                 depth: int = FULL["depth"], topk: int = FULL["topk"], acceptance: "Acceptance | str" = DEFAULT_PRESET,
+                 budget: "str | int" = BUDGET, seed: int = SEED, snapshot_engine: str = SNAPSHOT_ENGINE,
+                 use_graphs: Optional[bool] = None, gdn_backend: str = "auto", warmup: int = FULL["warmup"],
+                 steps: int = FULL["steps"], draft_vocab: Optional[int] = None):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype

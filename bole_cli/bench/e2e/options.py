@@ -28,7 +28,7 @@ E2E_DEFAULTS = dict(batch="1,4,16", context=4096, depth=8, topk=4, steps=32, war
 SMOKE_DEFAULTS = dict(batch="1,2", context=16, depth=3, topk=2, steps=2, warmup=1, chain_depths="2",
                       decoders="ar,snapshot,bole")
 # the defaults --tiny leaves alone
-MODEL, BUDGET, SNAPSHOT_ENGINE, DEVICE, DTYPE = "9b", "profile", "auto", "cuda", "auto"
+MODEL, BUDGET, SNAPSHOT_ENGINE, DEVICE, DTYPE, SEED = "9b", "profile", "auto", "cuda", "auto", 0
 MAX_BATCH, MAX_PROBES = 256, 8  # the largest-batch search: its upper end, its probes per decoder
 AUTO_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}  # what --dtype auto means on each device
 DTYPES = ("auto",) + tuple(FLOAT_DTYPES)
@@ -60,7 +60,7 @@ class E2EConfig:
     topk: int = E2E_DEFAULTS["topk"]
     steps: int = E2E_DEFAULTS["steps"]
     warmup: int = E2E_DEFAULTS["warmup"]
-    seed: int = 0
+    seed: int = SEED
     decoders: tuple[str, ...] = tuple(E2E_DEFAULTS["decoders"].split(","))  # the deferred ones are opt-in
     device: str = DEVICE
     dtype: str = AUTO_DTYPE[DEVICE]
