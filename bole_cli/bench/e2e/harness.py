@@ -38,7 +38,6 @@ from bole_cli.versions import SGLANG_VERSION
 from bole_cli.runtime.snapshot import SnapshotGDN, load_sglang_gdn
 
 
-
 def _is_oom(exc: BaseException) -> bool:
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
