@@ -142,10 +142,7 @@ def e2e_cmd(
                                                               f"{e2e.default_note('steps')}."),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed steps first (graph capture) "
                                                                 f"{e2e.default_note('warmup')}."),
-    decoders: Optional[str] = typer.Option(None, "--decoders",
-                                           help="Some of ar, snapshot, bole, chain (SGLang's ReplaySSM chain), "
-                                                "bole-chain, bole-deferred, bole-chain-deferred (Bole with "
-                                                f"deferred state writes) {e2e.default_note('decoders')}."),
+    decoders: Optional[str] = typer.Option(None, "--decoders", help=e2e.decoders_help()),
     chain_depths: Optional[str] = typer.Option(None, "--chain-depths",
                                                help="Depths the chain decoders sweep, best reported "
                                                     f"{e2e.default_note('chain_depths')}."),

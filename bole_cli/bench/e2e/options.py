@@ -37,6 +37,8 @@ SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
 # every decoder --decoders takes, in the registry's order (decoders.DECODERS: the test of the
 # registry holds the two equal; this copy keeps the check torch-free)
 DECODER_NAMES = ("ar", "snapshot", "bole", "chain", "bole-chain", "bole-deferred", "bole-chain-deferred")
+# what --decoders' help says of some of them (after the name, or after the last of a group)
+DECODER_NOTES = {"chain": "SGLang's ReplaySSM chain", "bole-chain-deferred": "Bole with deferred state writes"}
 
 
 def default_note(name: str) -> str:
@@ -45,6 +47,12 @@ def default_note(name: str) -> str:
     if name == "chain_depths" and full is None:
         full = "1..--depth"
     return f"[{full}; --tiny: {SMOKE_DEFAULTS[name]}]"
+
+
+def decoders_help() -> str:
+    """--decoders' help: every name (DECODER_NOTES after some) and the two defaults."""
+    names = ", ".join(f"{n} ({DECODER_NOTES[n]})" if n in DECODER_NOTES else n for n in DECODER_NAMES)
+    return f"Some of {names} {default_note('decoders')}."
 
 
 @dataclass(frozen=True)
