@@ -334,6 +334,20 @@ def test_check_options_returns_the_checked_run_config():
         e2e_options.check_options(tiny=False, **{**opts, "model": "nope", "device": "cuda"})
 
 
+def test_help_notes_the_defaults_it_runs_with():
+    """Every [full; --tiny] note of `bench e2e --help` is written from options' defaults, and shown
+    (the --decoders note once read as Rich markup and vanished)."""
+    import re
+
+    r = runner.invoke(cli.app, ["bench", "e2e", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    text = " ".join(re.sub("[│╭╮╰╯─]", " ", r.stdout).split())
+    full, smoke = e2e_options.E2E_DEFAULTS, e2e_options.SMOKE_DEFAULTS
+    for name in ("batch", "context", "depth", "topk", "steps", "warmup", "decoders"):
+        assert f"[{full[name]}; --tiny: {smoke[name]}]" in text, name
+    assert f"[1..--depth; --tiny: {smoke['chain_depths']}]" in text
+    assert all(name in text for name in e2e_options.DECODER_NAMES)
+
+
 def _cuda() -> bool:
     return torch.cuda.is_available()
 

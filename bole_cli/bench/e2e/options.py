@@ -42,11 +42,12 @@ DECODER_NOTES = {"chain": "SGLang's ReplaySSM chain", "bole-chain-deferred": "Bo
 
 
 def default_note(name: str) -> str:
-    """A help text's note of an option's two defaults: '[4096; --tiny: 16]'."""
+    """A help text's note of an option's two defaults: '[4096; --tiny: 16]' (its bracket
+    escaped: help texts are Rich markup, where '[ar,...]' would read as a style)."""
     full = E2E_DEFAULTS[name]
     if name == "chain_depths" and full is None:
         full = "1..--depth"
-    return f"[{full}; --tiny: {SMOKE_DEFAULTS[name]}]"
+    return f"\\[{full}; --tiny: {SMOKE_DEFAULTS[name]}]"
 
 
 def decoders_help() -> str:
