@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from bole_cli import cli
 from bole_cli.bench import kernel_report
-from bole_cli.bench.e2e import harness, report
+from bole_cli.bench.e2e import harness, options, report, sweep, verdicts
 from bole_cli.bench.kernel_bench import KernelBenchResult, KernelCase, check_agreement
 from bole_cli.runtime import tiny_spec
 from test_bench_e2e import oracle, streams  # the oracle drafter and the stream helper
@@ -112,16 +112,16 @@ def _result(decoder, batch, streams, depth=None, tok_s=1.0):
 
 def test_exactness_verdict():
     same = [_result("ar", 1, [[5, 6, 7]]), _result("chain", 1, [[5, 6]], 2), _result("bole", 1, [[5, 6, 7, 8]])]
-    assert harness.exactness(same) == {"identical": True, "compared_runs": 2, "mismatches": [], "failed": []}
+    assert verdicts.exactness(same) == {"identical": True, "compared_runs": 2, "mismatches": [], "failed": []}
     bad = same + [_result("bole-chain", 1, [[5, 9]], 1)]
-    got = harness.exactness(bad)
+    got = verdicts.exactness(bad)
     assert not got["identical"] and got["mismatches"] == ["batch 1, request 0: bole-chain d=1 differs from ar at token 1"]
     failed = same + [harness.RunResult("chain", 1, error="boom")]
-    assert not harness.exactness(failed)["identical"]
+    assert not verdicts.exactness(failed)["identical"]
 
 
 def test_greedy_mismatch_exits_1_and_keeps_the_results(tmp_path, monkeypatch):
-    monkeypatch.setattr(harness, "exactness", lambda results: {
+    monkeypatch.setattr(verdicts, "exactness", lambda results: {
         "identical": False, "compared_runs": 2, "mismatches": ["batch 1, request 0: bole differs"], "failed": []})
     r = runner.invoke(cli.app, ["bench", "e2e", "--device", "cpu", "--tiny", "--batch", "1", "--acceptance",
                                 "greedy", "--out-dir", str(tmp_path)])
@@ -146,7 +146,7 @@ def test_greedy_run_states_its_result(tmp_path):
     ["bench", "kernels", "--precision", "fast"],
 ])
 def test_bad_tag_fails_before_any_work(argv, monkeypatch):
-    monkeypatch.setattr(harness, "run_e2e", lambda *a, **k: pytest.fail("the benchmark ran"))
+    monkeypatch.setattr(sweep, "run_e2e", lambda *a, **k: pytest.fail("the benchmark ran"))
     t0 = time.monotonic()
     r = runner.invoke(cli.app, argv)
     flag = argv[-2]
@@ -172,10 +172,10 @@ def test_default_smoke_run_takes_seconds_and_claims_no_search(tmp_path):
 def chain_run(sglang_source):
     """A CPU run of all five decoders (ReplaySSM interpreted) on a 4-layer model, its document
     (skipped without SGLang's source: the sglang_source fixture)."""
-    cfg = harness.E2EConfig(spec=tiny_spec(**RING_SPEC), batches=[1, 2], context=8, depth=DEPTH, topk=TOPK,
+    cfg = options.E2EConfig(spec=tiny_spec(**RING_SPEC), batches=[1, 2], context=8, depth=DEPTH, topk=TOPK,
                             steps=1, warmup=0, device="cpu", dtype="float32", chain_depths=(1, 2),
                             decoders=("ar", "snapshot", "bole", "chain", "bole-chain"), budget="profile")
-    return harness.run_e2e(cfg)
+    return sweep.run_e2e(cfg)
 
 
 def test_comparison_rows_and_ceiling(chain_run):
@@ -274,10 +274,10 @@ def test_measured_replayssm_cells_agree_and_fit_80_columns():
 def test_tree_budget_sweep_reports_the_best_budget():
     """--tree-budgets: the tree runs at each budget; the comparison takes its fastest run,
     and the ceiling that run's expected tokens over the chain's at the same depth."""
-    cfg = harness.E2EConfig(spec=tiny_spec(layers=4), batches=[2], context=8, depth=DEPTH, topk=TOPK, steps=1,
+    cfg = options.E2EConfig(spec=tiny_spec(layers=4), batches=[2], context=8, depth=DEPTH, topk=TOPK, steps=1,
                             warmup=0, device="cpu", dtype="float32", chain_depths=(DEPTH,),
                             decoders=("ar", "bole", "bole-chain"), tree_budgets=(4, 12))
-    data = harness.run_e2e(cfg)
+    data = sweep.run_e2e(cfg)
     trees = [r for r in data["results"] if r["decoder"] == "bole"]
     assert [r["budget"] for r in trees] == [4, 12] and data["tree_budgets"] == [4, 12]
     fastest = max(trees, key=lambda r: r["tok_s"])

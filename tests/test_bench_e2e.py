@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from bole_cli import cli
 from bole_cli.bench.e2e import simulated_acceptance as e2e_acc
 from bole_cli.bench.e2e import decoders, harness
+from bole_cli.bench.e2e import options as e2e_options
 from bole_cli.bench.e2e import tree_budget as e2e_plan
 from bole_cli.bench.drafter import MTPDrafter, build_layout
 from bole_cli.calibrate import acceptance as acc_mod
@@ -117,10 +118,10 @@ def test_budget_resolution():
     assert e2e_plan.resolve_budget(300, spec, "cpu", 2, 4096, 117) == (234, "--budget 300; 234 kept (every drafted node)")
     with pytest.raises(InputError, match="smaller than batch"):
         e2e_plan.resolve_budget(8, spec, "cpu", 16, 4096, 117)
-    assert e2e_plan.parse_budget("Profile") == "profile" and e2e_plan.parse_budget("96") == 96
+    assert e2e_options.parse_budget("Profile") == "profile" and e2e_options.parse_budget("96") == 96
     for bad in ("x", "0", "-3"):
         with pytest.raises(InputError, match="--budget"):
-            e2e_plan.parse_budget(bad)
+            e2e_options.parse_budget(bad)
 
 
 @pytest.mark.parametrize("limit,cap,probes", [(5, 256, 8), (1, 256, 8), (0, 256, 8), (300, 256, 8),
@@ -283,6 +284,45 @@ def test_cli_smoke_run_on_cpu(tmp_path):
     assert all(x["tok_s"] > 0 and x["error"] == "" for x in data["results"])
     assert all(v["max_batch"] is None for v in data["max_batch"].values())
     assert (tmp_path / "e2e-cpu-tiny.json").is_file() and (tmp_path / "e2e-cpu-tiny.png").stat().st_size > 0
+
+
+def test_check_options_returns_the_checked_run_config():
+    """The command checks once: check_options fills the defaults (--tiny's under --tiny) and
+    returns the frozen E2EConfig run_e2e takes."""
+    import dataclasses
+
+    opts = dict(model="9b", batch=None, context=None, depth=None, topk=None, steps=None, warmup=None,
+                decoders=None, chain_depths=None, budget="96", acceptance="paper-mbpp", tree_budgets=None,
+                tree_shapes="4x2", draft_vocab=None, snapshot_engine="auto", max_batch=256, max_probes=8,
+                probe_nodes=None, search=False, dtype="auto", device="cpu", graphs=False, seed=0)
+    cfg = e2e_options.check_options(tiny=True, **opts)
+    smoke = e2e_options.SMOKE_DEFAULTS
+    assert cfg.spec == tiny_spec() and cfg.batches == (1, 2) and cfg.context == smoke["context"]
+    assert cfg.decoders == tuple(smoke["decoders"].split(",")) and cfg.chain_depths == (2,)
+    assert cfg.budget == 96 and cfg.tree_shapes == ((4, 2),) and cfg.dtype == "float32"
+    assert cfg.use_graphs is False and cfg.search is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.steps = 3  # type: ignore[misc]
+    for bad, flag in ((dict(decoders="ar,chains"), "--decoders"), (dict(snapshot_engine="x"), "--snapshot-engine"),
+                      (dict(draft_vocab=129), "--draft-vocab"), (dict(budget="lots"), "--budget")):
+        with pytest.raises(InputError, match=flag):
+            e2e_options.check_options(tiny=True, **{**opts, **bad})
+    with pytest.raises(InputError, match="unknown model"):
+        e2e_options.check_options(tiny=False, **{**opts, "model": "nope", "device": "cuda"})
+
+
+def test_help_notes_the_defaults_it_runs_with():
+    """Every [full; --tiny] note of `bench e2e --help` is written from options' defaults, and shown
+    (the --decoders note once read as Rich markup and vanished)."""
+    import re
+
+    r = runner.invoke(cli.app, ["bench", "e2e", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    text = " ".join(re.sub("[│╭╮╰╯─]", " ", r.stdout).split())
+    full, smoke = e2e_options.E2E_DEFAULTS, e2e_options.SMOKE_DEFAULTS
+    for name in ("batch", "context", "depth", "topk", "steps", "warmup", "decoders"):
+        assert f"[{full[name]}; --tiny: {smoke[name]}]" in text, name
+    assert f"[1..--depth; --tiny: {smoke['chain_depths']}]" in text
+    assert all(name in text for name in e2e_options.DECODER_NAMES)
 
 
 def _cuda() -> bool:

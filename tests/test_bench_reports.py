@@ -153,6 +153,13 @@ def test_decoder_registry():
         decoders.decoder_class("chains")
 
 
+def test_options_know_the_registry_names():
+    """--decoders is checked without torch against options' copy of the registry's names."""
+    from bole_cli.bench.e2e import options
+
+    assert options.DECODER_NAMES == decoders.DECODERS
+
+
 # ---- the one CUDA-graph cache ---------------------------------------------------------------------
 
 def test_graph_cache_off_runs_eagerly():

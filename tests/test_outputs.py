@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bole_cli import cli
-from bole_cli.bench.e2e import harness, report
+from bole_cli.bench.e2e import report, sweep
 from bole_cli.errors import BoleError
 
 try:  # click < 8.2 mixes stderr into stdout unless told not to
@@ -34,7 +34,7 @@ LONG = "x" * 300
 def fake_e2e(monkeypatch):
     """bench e2e with its run and report replaced: what is left is where files go."""
     calls = []
-    monkeypatch.setattr(harness, "run_e2e",
+    monkeypatch.setattr(sweep, "run_e2e",
                         lambda cfg, progress=None: calls.append(cfg) or {"device": "cpu"})
     monkeypatch.setattr(report, "tables", lambda data, width: [])
     monkeypatch.setattr(report, "notes", lambda data: [])

@@ -179,6 +179,20 @@ CATALOGUE: tuple[ModelSpec, ...] = (
 )
 
 
+def tiny_spec(*, moe: bool = False, **overrides) -> ModelSpec:
+    """A small hybrid model for CPU tests: 8 layers (6 GDN + 2 attention), hidden 64,
+    H=2, HV=4, dk=dv=16, attention 4/2 heads of 16, vocab 128."""
+    kw = dict(name="tiny/hybrid-moe" if moe else "tiny/hybrid", layers=8, hidden=64,
+              attn_heads=4, attn_kv_heads=2, gdn_value_heads=4, vocab=128, gdn_key_heads=2,
+              gdn_key_dim=16, gdn_value_dim=16, attn_head_dim=16)
+    if moe:
+        kw.update(experts=8, experts_top_k=2, expert_ffn=32, shared_expert_ffn=32)
+    else:
+        kw.update(ffn=128)
+    kw.update(overrides)
+    return ModelSpec(**kw)
+
+
 # ---- name resolution -------------------------------------------------------------------
 
 def _norm(name: str) -> str:

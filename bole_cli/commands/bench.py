@@ -13,7 +13,9 @@ from typing import Optional
 
 import typer
 
+from bole_cli.bench.e2e import options as e2e
 from bole_cli.bench.results import check_outputs, result_stem, write_results
+from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
 from bole_cli.errors import BoleError, InputError
 from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES, VERIFY_PRECISIONS
@@ -120,29 +122,30 @@ bench_app.command("kernels")(kernels_cmd)
 
 
 def e2e_cmd(
-    model: str = typer.Option("9b", "--model", "-m", help="Model whose shapes to build (random weights)."),
-    batch: Optional[str] = typer.Option(None, "--batch", help="Batch sizes, comma-separated [1,4,16; --tiny: 1,2]."),
-    context: Optional[int] = typer.Option(None, "--context",
-                                          help="Committed tokens per request (KV cache) [4096; --tiny: 16]."),
-    budget: str = typer.Option("profile", "--budget",
+    model: str = typer.Option(e2e.MODEL, "--model", "-m", help="Model whose shapes to build (random weights)."),
+    batch: Optional[str] = typer.Option(None, "--batch",
+                                        help=f"Batch sizes, comma-separated {e2e.default_note('batch')}."),
+    context: Optional[int] = typer.Option(None, "--context", help="Committed tokens per request (KV cache) "
+                                                                  f"{e2e.default_note('context')}."),
+    budget: str = typer.Option(e2e.BUDGET, "--budget",
                                help="Tree tokens verified per step over the whole batch: 'profile' (B_ver of "
                                     "this GPU and model's calibration profile) or a number."),
-    acceptance: str = typer.Option("paper-mbpp", "--acceptance",
-                                   help="SIMULATED acceptance: paper-mbpp, paper-gsm8k, paper-sharegpt, "
-                                        "paper-cnndm, a per-depth acceptance file, or 'greedy' (accept iff the "
-                                        "draft equals the target's argmax)."),
-    depth: Optional[int] = typer.Option(None, "--depth", help="Draft tree depth (drafter passes) [8; --tiny: 3]."),
-    topk: Optional[int] = typer.Option(None, "--topk", help="Drafts per expanded node (beam width) [4; --tiny: 2]."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Timed steps per decoder and batch [32; --tiny: 2]."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed steps first (graph capture) [3; --tiny: 1]."),
-    decoders: Optional[str] = typer.Option(None, "--decoders",
-                                           help="Some of ar, snapshot, bole, chain (SGLang's ReplaySSM chain), "
-                                                "bole-chain, bole-deferred, bole-chain-deferred (Bole with "
-                                                "deferred state writes) [ar,snapshot,bole,chain,bole-chain; "
-                                                "--tiny: ar,snapshot,bole]."),
+    acceptance: str = typer.Option(DEFAULT_PRESET, "--acceptance",
+                                   help=f"SIMULATED acceptance: {', '.join(PRESET_TARGETS)}, a per-depth "
+                                        "acceptance file, or 'greedy' (accept iff the draft equals the target's "
+                                        "argmax)."),
+    depth: Optional[int] = typer.Option(None, "--depth",
+                                        help=f"Draft tree depth (drafter passes) {e2e.default_note('depth')}."),
+    topk: Optional[int] = typer.Option(None, "--topk", help="Drafts per expanded node (beam width) "
+                                                            f"{e2e.default_note('topk')}."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Timed steps per decoder and batch "
+                                                              f"{e2e.default_note('steps')}."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed steps first (graph capture) "
+                                                                f"{e2e.default_note('warmup')}."),
+    decoders: Optional[str] = typer.Option(None, "--decoders", help=e2e.decoders_help()),
     chain_depths: Optional[str] = typer.Option(None, "--chain-depths",
                                                help="Depths the chain decoders sweep, best reported "
-                                                    "[1..--depth; --tiny: 2]."),
+                                                    f"{e2e.default_note('chain_depths')}."),
     tree_budgets: Optional[str] = typer.Option(None, "--tree-budgets",
                                                help="Batch budgets the tree decoders sweep, best reported "
                                                     "(instead of --budget)."),
@@ -152,20 +155,22 @@ def e2e_cmd(
     draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab",
                                               help="Score only this many hot tokens per draft level "
                                                    "(SGLang's --speculative-token-map); default: all."),
-    snapshot_engine: str = typer.Option("auto", "--snapshot-engine",
+    snapshot_engine: str = typer.Option(e2e.SNAPSHOT_ENGINE, "--snapshot-engine",
                                         help="Snapshot verify: auto (SGLang's kernels where they load), "
                                              "sglang, torch."),
-    max_batch: int = typer.Option(256, "--max-batch", help="Upper end of the largest-batch search."),
-    max_probes: int = typer.Option(8, "--max-probes", help="Batches tried per decoder in that search."),
+    max_batch: int = typer.Option(e2e.MAX_BATCH, "--max-batch", help="Upper end of the largest-batch search."),
+    max_probes: int = typer.Option(e2e.MAX_PROBES, "--max-probes", help="Batches tried per decoder in that search."),
     probe_nodes: Optional[int] = typer.Option(None, "--probe-nodes",
                                               help="Tree tokens per request in that search (default: the "
                                                    "per-request tree at the smallest --batch)."),
     no_max_batch: bool = typer.Option(False, "--no-max-batch", help="Skip the largest-batch search."),
-    dtype: str = typer.Option("auto", "--dtype", help="Activations: bfloat16 (CUDA default), float16, float32."),
-    device: str = typer.Option("cuda", "--device", help="cuda, or cpu with --tiny (a smoke run)."),
+    dtype: str = typer.Option(e2e.DTYPE, "--dtype",
+                              help=f"Activations: auto ({e2e.AUTO_DTYPE['cuda']} on CUDA, {e2e.AUTO_DTYPE['cpu']} "
+                                   f"on CPU), {', '.join(FLOAT_DTYPES)}."),
+    device: str = typer.Option(e2e.DEVICE, "--device", help="cuda, or cpu with --tiny (a smoke run)."),
     tiny: bool = typer.Option(False, "--tiny", help="A tiny 8-layer hybrid model instead of --model (smoke runs)."),
     no_graphs: bool = typer.Option(False, "--no-graphs", help="Run eagerly (no CUDA graphs)."),
-    seed: int = typer.Option(0, "--seed", help="Weights, prompts and the acceptance draws."),
+    seed: int = typer.Option(e2e.SEED, "--seed", help="Weights, prompts and the acceptance draws."),
     out_dir: Optional[Path] = typer.Option(None, "--out-dir", help=OUT_DIR_HELP),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: e2e-<gpu>-<model>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
@@ -174,41 +179,23 @@ def e2e_cmd(
     from bole_cli.console import emit_json, err, out
 
     out_dir = check_outputs(out_dir, tag)
-    from bole_cli.bench.e2e.options import check_options
-
-    use = check_options(dict(batch=batch, context=context, depth=depth, topk=topk, steps=steps,
-                             warmup=warmup, chain_depths=chain_depths, decoders=decoders),
-                        tiny=tiny, acceptance=acceptance, tree_budgets=tree_budgets,
-                        tree_shapes=tree_shapes, device=device, dtype=dtype, max_batch=max_batch,
-                        max_probes=max_probes, probe_nodes=probe_nodes)
+    cfg = e2e.check_options(model=model, tiny=tiny, batch=batch, context=context, depth=depth, topk=topk,
+                        steps=steps, warmup=warmup, decoders=decoders, chain_depths=chain_depths,
+                        budget=budget, acceptance=acceptance, tree_budgets=tree_budgets,
+                        tree_shapes=tree_shapes, draft_vocab=draft_vocab, snapshot_engine=snapshot_engine,
+                        max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes,
+                        search=not no_max_batch, dtype=dtype, device=device, graphs=not no_graphs, seed=seed,
+                        command=" ".join(["bole"] + sys.argv[1:]))
     if device == "cuda":
         _need_cuda("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
                    "for a smoke run use --device cpu --tiny")
-    from bole_cli.bench.e2e.tree_budget import parse_budget
-
-    budget_policy = parse_budget(budget)
-    if tiny:
-        spec = None
-    else:
-        from bole_cli.catalog.models import resolve_model
-
-        spec = resolve_model(model)
-    from bole_cli.bench.e2e.harness import E2EConfig, run_e2e
+    from bole_cli.bench.e2e.sweep import run_e2e
     from bole_cli.bench.e2e.report import notes, plot, tables
 
-    if spec is None:
-        from bole_cli.runtime import tiny_spec
-
-        spec = tiny_spec()
-    cfg = E2EConfig(spec=spec, budget=budget_policy, acceptance=acceptance, seed=seed,
-                    snapshot_engine=snapshot_engine, use_graphs=False if no_graphs else None,
-                    max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes,
-                    search=not no_max_batch, command=" ".join(["bole"] + sys.argv[1:]),
-                    draft_vocab=draft_vocab, device=device, **use)
     with err.status("bole bench e2e") as status:
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
     json_path = write_results(data, lambda path: plot(data, path), out_dir,
-                              result_stem(tag, "e2e", data["device"], "tiny" if tiny else spec.name))
+                              result_stem(tag, "e2e", data["device"], "tiny" if tiny else cfg.spec.name))
     if json_out:
         emit_json(data)
     else:

@@ -22,8 +22,9 @@ the commit makes the accepted path the committed prefix. A step returns its phas
 
 Adding a decoder (a chain decoder verified by SGLang's ReplaySSM, say): subclass Decoder,
 or TreeDecoder with its own `path` (and `plan_for` for a chain's plan), give it `name`,
-`label` and `short_label`, and list it in DECODER_CLASSES; the harness, the largest-batch
-probe, the report and `--decoders` follow from that registry.
+`label` and `short_label`, list it in DECODER_CLASSES and its name in options.DECODER_NAMES
+(the torch-free check and help of `--decoders`; a test holds the two equal); the harness,
+the largest-batch probe and the report follow from the registry.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""`bole bench e2e`: every decoder (decoders.py) over the same requests on the embedded runtime.
+"""`bole bench e2e`'s runner: E2EBench, what the decoders (decoders.py) of one run share.
 
-Acceptance is SIMULATED (acceptance.py); costs are MEASURED. E2EBench holds what the
-decoders of one run share: the model (random weights at the model's real shapes), the
-drafter, the acceptance model and the budget plans (plan.py). run_e2e runs every
-(batch, decoder) (the chain decoders once per swept depth), then searches the largest
-batch each decoder fits (CUDA only), and returns the JSON document that report.py renders
-(docs/design.md §8: why the drafter's cost is counted). The document also holds the
-tree-vs-chain comparison per batch (`compare_decoders`), the drafter's time per level
-against its weight-read floor (`drafter_cost`) and, under greedy acceptance, whether every
-decoder emitted the same tokens (`exactness`).
+Acceptance is SIMULATED (simulated_acceptance.py); costs are MEASURED. E2EBench holds the
+model (random weights at the model's real shapes), the drafter, the acceptance model and
+the budget plans (tree_budget.py); it times one (decoder, batch) (`run`) and probes the
+largest batch a decoder fits (`max_batch`, CUDA only). sweep.py runs it over a checked
+config (options.py).
 
 Timing: warm-up steps first (they capture the CUDA graphs: drafter, verify, decode),
 then `steps` timed steps with CUDA events between the phases (draft | verify | sample |
@@ -24,17 +20,15 @@ import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
 from bole_cli.bench.drafter import MTPDrafter, build_layout
-from bole_cli.bench.e2e.simulated_acceptance import Acceptance, load_e2e_acceptance, paper_shape_expected
-from bole_cli.bench.e2e.prediction import profile_pricer
-from bole_cli.bench.e2e.decoders import DECODERS, LABELS, PHASES, Decoder, decoder_class
-from bole_cli.bench.e2e.options import E2E_DEFAULTS
+from bole_cli.bench.e2e.simulated_acceptance import Acceptance, load_e2e_acceptance
+from bole_cli.bench.e2e.decoders import LABELS, PHASES, Decoder, decoder_class
+from bole_cli.bench.e2e.options import BUDGET, DEVICE, E2E_DEFAULTS as FULL, SEED, SNAPSHOT_ENGINE
 from bole_cli.bench.e2e.tree_budget import TreePlan, plan_trees, resolve_budget
-from bole_cli.bench.e2e.verdicts import compare_decoders, drafter_cost, exactness  # noqa: F401
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import BoleError, InputError
@@ -42,10 +36,6 @@ from bole_cli.runtime.model import HybridCache, HybridModel
 from bole_cli.memory import GiB
 from bole_cli.versions import SGLANG_VERSION
 from bole_cli.runtime.snapshot import SnapshotGDN, load_sglang_gdn
-
-SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
-TREE_DECODERS = ("snapshot", "bole")  # same trees, same draws: their accepted nodes must agree
-CHAIN_DEPTHS = tuple(range(1, 9))  # the chain decoders' default sweep
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -55,7 +45,7 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "alloc_failed" in text)
 
 
-def _free(device: torch.device) -> None:
+def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -133,8 +123,7 @@ def search_max_batch(fits: Callable[[int], tuple[bool, str]], max_batch: int, ma
 
 
 def resolve_snapshot_engine(choice: str, device: torch.device) -> tuple[SnapshotGDN, str]:
-    if choice not in SNAPSHOT_ENGINES:
-        raise InputError(f"--snapshot-engine: expected one of {', '.join(SNAPSHOT_ENGINES)}, got {choice!r}")
+    """The snapshot verifier of `choice` (one of options.SNAPSHOT_ENGINES), and what it is."""
     torch_desc = ("PyTorch step loop (a faithful equivalent of SGLang's serial verify: node by node, "
                   "a full float32 state snapshot per node, the accepted one copied back)")
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
@@ -155,23 +144,21 @@ def resolve_snapshot_engine(choice: str, device: torch.device) -> tuple[Snapshot
 
 
 class E2EBench:
-    """The model, the drafter, the acceptance model and the three decoders."""
+    """The model, the drafter, the acceptance model and the three decoders. The settings
+    come checked (options.check_options); what it checks is what only it learns: the
+    acceptance file, the trees that file gives, whether the weights fit the GPU."""
 
-    def __init__(self, spec: ModelSpec, *, device="cuda", dtype=torch.bfloat16, context: int = 4096,
-                 depth: int = 8, topk: int = 4, acceptance: "Acceptance | str" = DEFAULT_PRESET,
-                 budget: "str | int" = "profile", seed: int = 0, snapshot_engine: str = "auto",
-                 use_graphs: Optional[bool] = None, gdn_backend: str = "auto", warmup: int = 3,
-                 steps: int = 32, draft_vocab: Optional[int] = None):
+    def __init__(self, spec: ModelSpec, *, device=DEVICE, dtype=torch.bfloat16, context: int = FULL["context"],
+                 depth: int = FULL["depth"], topk: int = FULL["topk"], acceptance: "Acceptance | str" = DEFAULT_PRESET,
+                 budget: "str | int" = BUDGET, seed: int = SEED, snapshot_engine: str = SNAPSHOT_ENGINE,
+                 use_graphs: Optional[bool] = None, gdn_backend: str = "auto", warmup: int = FULL["warmup"],
+                 steps: int = FULL["steps"], draft_vocab: Optional[int] = None):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
         self.context = int(context)
-        if self.context < 1:
-            raise InputError(f"--context must be at least 1, got {context}")
         self.seed = seed
         self.warmup, self.steps = int(warmup), int(steps)
-        if self.steps < 1 or self.warmup < 0:
-            raise InputError("--steps must be >= 1 and --warmup >= 0")
         self.acceptance = (acceptance if isinstance(acceptance, Acceptance)
                            else load_e2e_acceptance(acceptance))
         self.q = self.acceptance.rows(depth, topk)
@@ -179,8 +166,6 @@ class E2EBench:
         self.budget_policy = budget
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
-        if draft_vocab is not None and not 1 <= draft_vocab <= spec.vocab:
-            raise InputError(f"--draft-vocab: expected 1..{spec.vocab} (the model's vocabulary), got {draft_vocab}")
         self._check_weights_fit()
         self.model = HybridModel(spec, self.device, dtype, seed=seed, gdn_backend=gdn_backend)
         self.drafter = MTPDrafter(self.model, self.layout, seed=seed + 4321, draft_vocab=draft_vocab)
@@ -255,7 +240,7 @@ class E2EBench:
         need = param_bytes(self.spec, self.dtype) + MTPDrafter.param_bytes_for(self.spec, self.dtype)
         free = torch.cuda.mem_get_info(self.device)[0]
         if need + GiB > free:
-            raise BoleError(f"{self.spec.name}: the weights ({need / GiB:.1f} GiB with the draft head) do not "
+            raise BoleError(f"--model {self.spec.name}: the weights ({need / GiB:.1f} GiB with the draft head) do not "
                             f"fit in the {free / GiB:.1f} GiB free on {self.device_name}")
 
     def max_len(self, max_steps: int) -> int:
@@ -340,7 +325,7 @@ class E2EBench:
             res.verify_prep_ms = 1e3 * sum(preps) / self.steps
             res.cuda_graphs, res.eager_reason = dec.graphs.enabled, dec.graphs.reason
             dec.graphs.clear()
-            _free(self.device)
+            free_memory(self.device)
             mem: dict = {}
             dec.step(eager=True, mem=mem)  # one more step, eager, for the memory peaks
             if self.device.type == "cuda":
@@ -354,7 +339,7 @@ class E2EBench:
             res.tok_s = None
         finally:
             dec = None
-            _free(self.device)
+            free_memory(self.device)
         return res
 
     # ---- the largest batch ---------------------------------------------------------------
@@ -375,7 +360,7 @@ class E2EBench:
                 ok, why = False, "out of memory"
         finally:
             cache = None
-            _free(self.device)
+            free_memory(self.device)
         return ok, why
 
     def max_batch(self, name: str, *, max_batch: int, max_probes: int, nodes_per_request: int,
@@ -390,187 +375,3 @@ class E2EBench:
         found = search_max_batch(fits, max_batch, max_probes)
         found["nodes_per_request"] = nodes_per_request if decoder_class(name).drafts else 0
         return found
-
-
-@dataclass
-class E2EConfig:
-    spec: ModelSpec
-    batches: list[int]
-    context: int = 4096
-    budget: "str | int" = "profile"
-    acceptance: str = DEFAULT_PRESET
-    depth: int = 8
-    topk: int = 4
-    steps: int = 32
-    warmup: int = 3
-    seed: int = 0
-    decoders: tuple[str, ...] = tuple(E2E_DEFAULTS["decoders"].split(","))  # the deferred ones are opt-in
-    device: str = "cuda"
-    dtype: str = "bfloat16"
-    snapshot_engine: str = "auto"
-    use_graphs: Optional[bool] = None
-    max_batch: int = 256
-    max_probes: int = 8
-    probe_nodes: Optional[int] = None
-    search: bool = True
-    command: str = ""
-    chain_depths: tuple[int, ...] = CHAIN_DEPTHS
-    draft_vocab: Optional[int] = None
-    tree_budgets: tuple[int, ...] = ()  # the tree decoders run at each; empty: `budget` alone
-    tree_shapes: tuple[tuple[int, int], ...] = ()  # (depth, top-k) each; empty: (depth, topk)
-
-
-def versions() -> dict[str, Optional[str]]:
-    from bole_cli import __version__
-
-    try:
-        import triton
-
-        tv = triton.__version__
-    except Exception:  # noqa: BLE001
-        tv = None
-    return {"bole": __version__, "torch": torch.__version__, "triton": tv,
-            "cuda": torch.version.cuda}
-
-
-def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) -> dict:
-    started = time.time()
-    dtype = getattr(torch, cfg.dtype)
-    bad = [d for d in cfg.decoders if d not in DECODERS]
-    if bad or not cfg.decoders:
-        raise InputError(f"--decoders: expected some of {', '.join(DECODERS)}, got {','.join(cfg.decoders)!r}")
-    progress("building the model")
-    bench = E2EBench(cfg.spec, device=cfg.device, dtype=dtype, context=cfg.context, depth=cfg.depth,
-                     topk=cfg.topk, acceptance=cfg.acceptance, budget=cfg.budget, seed=cfg.seed,
-                     snapshot_engine=cfg.snapshot_engine, use_graphs=cfg.use_graphs,
-                     warmup=cfg.warmup, steps=cfg.steps, draft_vocab=cfg.draft_vocab)
-    chains = [d for d in cfg.decoders if decoder_class(d).chain]
-    replayssm_desc, replayssm_error = None, ""
-    if "chain" in cfg.decoders:
-        try:
-            replayssm_desc = bench.use_replayssm()
-        except Exception as exc:  # noqa: BLE001 - no wheel: the other decoders still run, and it is said
-            replayssm_error = f"SGLang's ReplaySSM kernels did not load: {exc}"
-            replayssm_desc = "not run (" + replayssm_error + ")"
-    budgets = tuple(cfg.tree_budgets) or (cfg.budget,)
-    shapes = tuple(cfg.tree_shapes) or ((cfg.depth, cfg.topk),)
-    trees = [(shape, n) for shape in shapes for n in budgets]
-    for b in cfg.batches:  # budget, shape and depth errors before any timing
-        for shape, budget in trees if any(decoder_class(d).drafts for d in cfg.decoders) else ():
-            bench.use_shape(*shape)
-            bench.budget_policy = budget
-            bench.plan(b)
-        for d in cfg.chain_depths if chains else ():
-            bench.chain_plan(b, d)
-    bench.use_shape(*shapes[0])
-    pricer = profile_pricer(cfg, bench)
-    results: list[RunResult] = []
-    for b in cfg.batches:
-        for name in cfg.decoders:
-            kind = decoder_class(name)
-            sweep = ([(None, None, d) for d in cfg.chain_depths] if kind.chain
-                     else [(shape, n, None) for shape, n in trees] if kind.drafts
-                     else [(None, None, None)])
-            for shape, budget, depth in sweep:
-                label = (f"{f' {shape[0]}x{shape[1]}' if shape and len(shapes) > 1 else ''}"
-                         f"{f' N={budget}' if len(budgets) > 1 and budget else ''}")
-                progress(f"{LABELS[name]}{f' d={depth}' if depth else ''}{label}, batch {b}")
-                if depth:
-                    bench.chain_depth = depth
-                if shape is not None:
-                    bench.use_shape(*shape)
-                if budget is not None:
-                    bench.budget_policy = budget
-                if name == "chain" and replayssm_error:
-                    results.append(RunResult(name, b, chain_depth=depth, error=replayssm_error))
-                    continue
-                r = bench.run(name, b)
-                r.chain_depth, r.tree_shape = depth, shape if kind.drafts and not kind.chain else None
-                r.predicted_tok_s = pricer(r)
-                results.append(r)
-    bench.budget_policy = budgets[0]
-    bench.use_shape(*shapes[0])
-    ar = {r.batch: r.tok_s for r in results if r.decoder == "ar" and r.tok_s}
-    for r in results:
-        if r.tok_s and ar.get(r.batch):
-            r.speedup_vs_ar = r.tok_s / ar[r.batch]
-    same = {}
-    for b in cfg.batches:
-        traces = [r.accept_trace for r in results if r.batch == b and r.decoder in TREE_DECODERS
-                  and r.accept_trace is not None]
-        if len(traces) == 2 * len(trees):  # the two decoders at each (shape, budget), in order
-            same[str(b)] = all(traces[i] == traces[i + len(trees)] for i in range(len(trees)))
-    comparison = compare_decoders(results, cfg.batches, bench, cfg.depth)
-    drafter_levels = drafter_cost(results, bench)
-    exact = exactness(results) if bench.acceptance.greedy else None
-
-    nodes = cfg.probe_nodes
-    if nodes is None:
-        nodes = max(bench.plan(min(cfg.batches)).sizes) if any(
-            decoder_class(d).drafts and not decoder_class(d).chain for d in cfg.decoders) else 1
-    nodes = max(1, min(int(nodes), bench.layout.n_nodes))
-    max_batch: dict[str, Any] = {}
-    search_skipped = ""
-    if cfg.search and bench.device.type != "cuda":
-        search_skipped = "skipped: needs CUDA (allocation failures on CPU mean host RAM)"
-    elif not cfg.search:
-        search_skipped = "skipped (--no-max-batch)"
-    else:
-        for name in cfg.decoders:
-            if decoder_class(name).chain:  # at the best depth of the smallest batch
-                best = comparison[0]["best"].get(name) if comparison else None
-                bench.chain_depth = best["chain_depth"] if best else cfg.depth
-            max_batch[name] = bench.max_batch(name, max_batch=cfg.max_batch, max_probes=cfg.max_probes,
-                                              nodes_per_request=nodes, progress=progress)
-    acc = bench.acceptance
-    data = {
-        "benchmark": "bole bench e2e",
-        "statement": acc.statement(),
-        "acceptance": acc.describe(cfg.depth, cfg.topk),
-        "costs": "measured (CUDA events per phase, wall clock for tokens/s)" if bench.device.type == "cuda"
-                 else "measured on CPU (smoke run: the numbers mean nothing for a GPU)",
-        "device": bench.device_name,
-        "versions": {**versions(), "sglang": getattr(bench.snapshot.kernels, "version", None)},
-        "command": cfg.command,
-        "model": cfg.spec.name,
-        "dtype": cfg.dtype,
-        "context": cfg.context,
-        "draft": {"depth": cfg.depth, "topk": cfg.topk, "beam_nodes": bench.layout.n_nodes,
-                  "head": "MTP-style: fc + one gated-attention decoder layer + the shared LM head, "
-                          "run once per level (its cost is real; its tree shape follows the acceptance model)",
-                  "head_bytes": bench.drafter.param_bytes, "draft_vocab": bench.drafter.draft_vocab,
-                  "levels": drafter_levels},
-        "budget_policy": cfg.budget,
-        "tree_budgets": list(cfg.tree_budgets),
-        "tree_shapes": [list(x) for x in shapes],
-        "prediction": pricer.describe(),
-        "expected_accepted_paper_shape": None if acc.greedy else paper_shape_expected(acc),
-        "snapshot_engine": {"engine": bench.snapshot.engine, "description": bench.snapshot_desc},
-        "gdn_ops": bench.model.ops.describe(),
-        "ar_gdn_decode": bench.model.gdn_decode,
-        "kv_read": ("each request's committed keys (flash varlen), one graph bucket for all steps"
-                    if bench.model.varlen_attention else
-                    "the cache's whole bucket (context + the run's growth) under a mask, one graph bucket "
-                    "for all steps; slower than a serving engine's read on a GPU (flash varlen unavailable)"),
-        "steps": cfg.steps, "warmup": cfg.warmup, "seed": cfg.seed,
-        "results": [r.to_dict() for r in results],
-        "same_acceptance_snapshot_vs_bole": same,
-        "replayssm": replayssm_desc,
-        "chain_depths": list(cfg.chain_depths) if chains else [],
-        "comparison": comparison,
-        "greedy_exact": exact,
-        "max_batch": max_batch,
-        "max_batch_skipped": search_skipped,
-        "max_batch_probe": {"nodes_per_request": nodes, "context": cfg.context, "limit": cfg.max_batch,
-                            "max_probes": cfg.max_probes,
-                            "how": "one eager step per probe (drafter, verify, sample, commit) with the KV cache "
-                                   "at the context; fails = a CUDA allocation failure"},
-        "weights_bytes": bench.model.param_bytes,
-        "seconds": time.time() - started,
-    }
-    for r in data["results"]:
-        r.pop("accept_trace", None)
-        r.pop("streams", None)
-    bench = None
-    _free(torch.device(cfg.device))
-    return data

@@ -1,26 +1,100 @@
-"""`bole bench e2e`'s options, checked before any model is built: the defaults (full run and
-a --tiny smoke run), the lists, the tree shapes, the device (docs/design.md §8).
+"""`bole bench e2e`'s options, checked once, before any model is built: the defaults (full
+run and a --tiny smoke run), the lists, the names, the tree shapes, the device
+(docs/design.md §8). `check_options` returns the run's frozen E2EConfig; the library
+trusts it and checks only what it learns later (the acceptance file, a GPU's free memory,
+a calibration profile's budget).
 
 Light (no torch at import): the command calls `check_options` first, so a typo fails in
-milliseconds, and builds its E2EConfig from the result.
+milliseconds; the help texts of the defaults are written from the constants here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
+from bole_cli.calibrate.acceptance import DEFAULT_PRESET
+from bole_cli.catalog.models import ModelSpec, resolve_model, tiny_spec
 from bole_cli.errors import InputError, brief
 from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.parsing import check_int, parse_int_list
 from bole_cli.trees.generators import beam_tree_size
 
-# `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores).
+# `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores);
+# chain_depths None: 1..depth.
 E2E_DEFAULTS = dict(batch="1,4,16", context=4096, depth=8, topk=4, steps=32, warmup=3, chain_depths=None,
                     decoders="ar,snapshot,bole,chain,bole-chain")
 SMOKE_DEFAULTS = dict(batch="1,2", context=16, depth=3, topk=2, steps=2, warmup=1, chain_depths="2",
                       decoders="ar,snapshot,bole")
+# the defaults --tiny leaves alone
+MODEL, BUDGET, SNAPSHOT_ENGINE, DEVICE, DTYPE, SEED = "9b", "profile", "auto", "cuda", "auto", 0
+MAX_BATCH, MAX_PROBES = 256, 8  # the largest-batch search: its upper end, its probes per decoder
+AUTO_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}  # what --dtype auto means on each device
 DTYPES = ("auto",) + tuple(FLOAT_DTYPES)
+DEVICES = tuple(AUTO_DTYPE)
+SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
+# every decoder --decoders takes, in the registry's order (decoders.DECODERS: the test of the
+# registry holds the two equal; this copy keeps the check torch-free)
+DECODER_NAMES = ("ar", "snapshot", "bole", "chain", "bole-chain", "bole-deferred", "bole-chain-deferred")
+# what --decoders' help says of some of them (after the name, or after the last of a group)
+DECODER_NOTES = {"chain": "SGLang's ReplaySSM chain", "bole-chain-deferred": "Bole with deferred state writes"}
+
+
+def default_note(name: str) -> str:
+    """A help text's note of an option's two defaults: '[4096; --tiny: 16]' (its bracket
+    escaped: help texts are Rich markup, where '[ar,...]' would read as a style)."""
+    full = E2E_DEFAULTS[name]
+    if name == "chain_depths" and full is None:
+        full = "1..--depth"
+    return f"\\[{full}; --tiny: {SMOKE_DEFAULTS[name]}]"
+
+
+def decoders_help() -> str:
+    """--decoders' help: every name (DECODER_NOTES after some) and the two defaults."""
+    names = ", ".join(f"{n} ({DECODER_NOTES[n]})" if n in DECODER_NOTES else n for n in DECODER_NAMES)
+    return f"Some of {names} {default_note('decoders')}."
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    """One run's settings, checked (check_options): the harness trusts them."""
+
+    spec: ModelSpec
+    batches: tuple[int, ...]
+    context: int = E2E_DEFAULTS["context"]
+    budget: "str | int" = BUDGET
+    acceptance: str = DEFAULT_PRESET
+    depth: int = E2E_DEFAULTS["depth"]
+    topk: int = E2E_DEFAULTS["topk"]
+    steps: int = E2E_DEFAULTS["steps"]
+    warmup: int = E2E_DEFAULTS["warmup"]
+    seed: int = SEED
+    decoders: tuple[str, ...] = tuple(E2E_DEFAULTS["decoders"].split(","))  # the deferred ones are opt-in
+    device: str = DEVICE
+    dtype: str = AUTO_DTYPE[DEVICE]
+    snapshot_engine: str = SNAPSHOT_ENGINE
+    use_graphs: Optional[bool] = None  # None: on CUDA
+    max_batch: int = MAX_BATCH
+    max_probes: int = MAX_PROBES
+    probe_nodes: Optional[int] = None
+    search: bool = True
+    command: str = ""
+    chain_depths: tuple[int, ...] = tuple(range(1, E2E_DEFAULTS["depth"] + 1))
+    draft_vocab: Optional[int] = None
+    tree_budgets: tuple[int, ...] = ()  # the tree decoders run at each; empty: `budget` alone
+    tree_shapes: tuple[tuple[int, int], ...] = ()  # (depth, top-k) each; empty: (depth, topk)
+
+
+def parse_budget(text: str) -> "str | int":
+    """--budget: 'profile' or one positive integer (parsed and capped as every int option)."""
+    t = str(text).strip().lower()
+    if t == "profile":
+        return "profile"
+    values = parse_int_list(t, "--budget") if t and t.lstrip("-").isdigit() else []
+    if len(values) != 1:
+        raise InputError(f"--budget: expected 'profile' or a positive integer, got {brief(text)}")
+    return values[0]
 
 
 def parse_tree_shapes(text: Optional[str]) -> tuple[tuple[int, int], ...]:
@@ -44,24 +118,29 @@ def parse_tree_shapes(text: Optional[str]) -> tuple[tuple[int, int], ...]:
     return tuple(dict.fromkeys(shapes))
 
 
-def check_options(given: dict[str, Any], *, tiny: bool, acceptance: str, tree_budgets: Optional[str],
-                  tree_shapes: Optional[str], device: str, dtype: str, max_batch: int,
-                  max_probes: int, probe_nodes: Optional[int]) -> dict[str, Any]:
-    """The run's settings: `given` (None = default) filled from the defaults, every list
-    parsed, every number and name checked; InputError names the first bad option."""
-    use = {k: v if v is not None else (SMOKE_DEFAULTS if tiny else E2E_DEFAULTS)[k]
-           for k, v in given.items()}
-    use["batches"] = parse_int_list(use.pop("batch"), "--batch")
-    depth = use["depth"]
-    use["chain_depths"] = tuple(parse_int_list(
-        use["chain_depths"] or ",".join(map(str, range(1, depth + 1))), "--chain-depths"))
-    use["decoders"] = tuple(d.strip() for d in use["decoders"].split(",") if d.strip())
-    if acceptance == "greedy" and len(use["decoders"]) < 2:
+def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Optional[int],
+                  depth: Optional[int], topk: Optional[int], steps: Optional[int], warmup: Optional[int],
+                  decoders: Optional[str], chain_depths: Optional[str], budget: str, acceptance: str,
+                  tree_budgets: Optional[str], tree_shapes: Optional[str], draft_vocab: Optional[int],
+                  snapshot_engine: str, max_batch: int, max_probes: int, probe_nodes: Optional[int],
+                  search: bool, dtype: str, device: str, graphs: bool, seed: int,
+                  command: str = "") -> E2EConfig:
+    """The run's E2EConfig from the command's options (None = the default, --tiny's under
+    --tiny): every list parsed, every number and name checked, the model resolved;
+    InputError names the first bad option."""
+    given = dict(batch=batch, context=context, depth=depth, topk=topk, steps=steps, warmup=warmup,
+                 chain_depths=chain_depths, decoders=decoders)
+    use = {k: v if v is not None else (SMOKE_DEFAULTS if tiny else E2E_DEFAULTS)[k] for k, v in given.items()}
+    batches = tuple(parse_int_list(use["batch"], "--batch"))
+    chains = tuple(parse_int_list(
+        use["chain_depths"] or ",".join(map(str, range(1, use["depth"] + 1))), "--chain-depths"))
+    names = tuple(d.strip() for d in use["decoders"].split(",") if d.strip())
+    if acceptance == "greedy" and len(names) < 2:
         raise InputError("--acceptance greedy compares the decoders' token streams: give at least two "
                          "--decoders")
-    use["tree_budgets"] = tuple(parse_int_list(tree_budgets, "--tree-budgets")) if tree_budgets else ()
-    use["tree_shapes"] = parse_tree_shapes(tree_shapes)
-    if device not in ("cuda", "cpu"):
+    budgets = tuple(parse_int_list(tree_budgets, "--tree-budgets")) if tree_budgets else ()
+    shapes = parse_tree_shapes(tree_shapes)
+    if device not in DEVICES:
         raise InputError(f"--device: expected cuda or cpu, got {device!r}")
     if device == "cpu" and not tiny:
         raise InputError("--device cpu runs only with --tiny (a smoke run: CPU timings mean nothing)")
@@ -73,5 +152,19 @@ def check_options(given: dict[str, Any], *, tiny: bool, acceptance: str, tree_bu
         if value < low:
             raise InputError(f"{name}: expected an integer >= {low}, got {value}")
     check_int(probe_nodes, "--probe-nodes")
-    use["dtype"] = (("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype)
-    return use
+    budget_policy = parse_budget(budget)
+    spec = tiny_spec() if tiny else resolve_model(model)
+    if [d for d in names if d not in DECODER_NAMES] or not names:
+        raise InputError(f"--decoders: expected some of {', '.join(DECODER_NAMES)}, got {','.join(names)!r}")
+    if draft_vocab is not None and not 1 <= draft_vocab <= spec.vocab:
+        raise InputError(f"--draft-vocab: expected 1..{spec.vocab} (the model's vocabulary), got {draft_vocab}")
+    if snapshot_engine not in SNAPSHOT_ENGINES:
+        raise InputError(f"--snapshot-engine: expected one of {', '.join(SNAPSHOT_ENGINES)}, "
+                         f"got {snapshot_engine!r}")
+    return E2EConfig(spec=spec, batches=batches, context=use["context"], budget=budget_policy,
+                     acceptance=acceptance, depth=use["depth"], topk=use["topk"], steps=use["steps"],
+                     warmup=use["warmup"], seed=seed, decoders=names, device=device,
+                     dtype=AUTO_DTYPE[device] if dtype == "auto" else dtype, snapshot_engine=snapshot_engine,
+                     use_graphs=None if graphs else False, max_batch=max_batch, max_probes=max_probes,
+                     probe_nodes=probe_nodes, search=search, command=command, chain_depths=chains,
+                     draft_vocab=draft_vocab, tree_budgets=budgets, tree_shapes=shapes)

@@ -1,16 +1,88 @@
-"""The tables, notes and plot of `bole bench e2e`, from its JSON document (harness.run_e2e).
+"""The JSON document of a `bole bench e2e` run (`document`, from sweep.run_e2e), and its
+tables, notes and plot.
 
-They read only the document, so a results file of an earlier run (experiments/results/)
-renders the same way. Terminals narrower than WIDE_COLUMNS get two tables (throughput;
+The renderers read only the document, so a results file of an earlier run
+(experiments/results/) renders the same way. Terminals narrower than WIDE_COLUMNS get two tables (throughput;
 per-step costs and memory) instead of one.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from bole_cli.bench.e2e.decoders import DECODERS, LABELS, PHASES, SHORT_LABELS
+from bole_cli.bench.e2e.simulated_acceptance import paper_shape_expected
 from bole_cli.memory import format_bytes
+
+
+def versions() -> dict[str, Optional[str]]:
+    import torch
+
+    from bole_cli import __version__
+
+    try:
+        import triton
+
+        tv = triton.__version__
+    except Exception:  # noqa: BLE001
+        tv = None
+    return {"bole": __version__, "torch": torch.__version__, "triton": tv,
+            "cuda": torch.version.cuda}
+
+
+def document(cfg: Any, bench: Any, sweep: Any, verdicts: Any, search: Any, seconds: float) -> dict:
+    """The run's JSON document: its settings, what ran how, every run (without the token
+    traces), the verdicts and the largest-batch search."""
+    acc = bench.acceptance
+    data = {
+        "benchmark": "bole bench e2e",
+        "statement": acc.statement(),
+        "acceptance": acc.describe(cfg.depth, cfg.topk),
+        "costs": "measured (CUDA events per phase, wall clock for tokens/s)" if bench.device.type == "cuda"
+                 else "measured on CPU (smoke run: the numbers mean nothing for a GPU)",
+        "device": bench.device_name,
+        "versions": {**versions(), "sglang": getattr(bench.snapshot.kernels, "version", None)},
+        "command": cfg.command,
+        "model": cfg.spec.name,
+        "dtype": cfg.dtype,
+        "context": cfg.context,
+        "draft": {"depth": cfg.depth, "topk": cfg.topk, "beam_nodes": bench.layout.n_nodes,
+                  "head": "MTP-style: fc + one gated-attention decoder layer + the shared LM head, "
+                          "run once per level (its cost is real; its tree shape follows the acceptance model)",
+                  "head_bytes": bench.drafter.param_bytes, "draft_vocab": bench.drafter.draft_vocab,
+                  "levels": verdicts.drafter_levels},
+        "budget_policy": cfg.budget,
+        "tree_budgets": list(cfg.tree_budgets),
+        "tree_shapes": [list(x) for x in sweep.shapes],
+        "prediction": sweep.pricer.describe(),
+        "expected_accepted_paper_shape": None if acc.greedy else paper_shape_expected(acc),
+        "snapshot_engine": {"engine": bench.snapshot.engine, "description": bench.snapshot_desc},
+        "gdn_ops": bench.model.ops.describe(),
+        "ar_gdn_decode": bench.model.gdn_decode,
+        "kv_read": ("each request's committed keys (flash varlen), one graph bucket for all steps"
+                    if bench.model.varlen_attention else
+                    "the cache's whole bucket (context + the run's growth) under a mask, one graph bucket "
+                    "for all steps; slower than a serving engine's read on a GPU (flash varlen unavailable)"),
+        "steps": cfg.steps, "warmup": cfg.warmup, "seed": cfg.seed,
+        "results": [r.to_dict() for r in sweep.results],
+        "same_acceptance_snapshot_vs_bole": verdicts.same_acceptance,
+        "replayssm": sweep.replayssm,
+        "chain_depths": list(cfg.chain_depths) if sweep.chains else [],
+        "comparison": verdicts.comparison,
+        "greedy_exact": verdicts.exact,
+        "max_batch": search.found,
+        "max_batch_skipped": search.skipped,
+        "max_batch_probe": {"nodes_per_request": search.nodes_per_request, "context": cfg.context,
+                            "limit": cfg.max_batch, "max_probes": cfg.max_probes,
+                            "how": "one eager step per probe (drafter, verify, sample, commit) with the KV cache "
+                                   "at the context; fails = a CUDA allocation failure"},
+        "weights_bytes": bench.model.param_bytes,
+        "seconds": seconds,
+    }
+    for r in data["results"]:
+        r.pop("accept_trace", None)
+        r.pop("streams", None)
+    return data
 
 
 def _bytes_cell(n: Optional[int]) -> str:

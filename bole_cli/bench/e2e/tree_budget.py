@@ -16,19 +16,7 @@ from bole_cli.bench.drafter import DraftLayout
 from bole_cli.budget import BudgetSelection, select_budget
 from bole_cli.calibrate.acceptance import PAPER_BUDGET
 from bole_cli.catalog.models import ModelSpec
-from bole_cli.errors import InputError, brief
-from bole_cli.parsing import parse_int_list
-
-
-def parse_budget(text: str) -> "str | int":
-    """--budget: 'profile' or one positive integer (parsed and capped as every int option)."""
-    t = str(text).strip().lower()
-    if t == "profile":
-        return "profile"
-    values = parse_int_list(t, "--budget") if t and t.lstrip("-").isdigit() else []
-    if len(values) != 1:
-        raise InputError(f"--budget: expected 'profile' or a positive integer, got {brief(text)}")
-    return values[0]
+from bole_cli.errors import InputError
 
 
 def resolve_budget(policy: "str | int", spec: ModelSpec, device_name: str, batch: int, context: int,

@@ -1,16 +1,58 @@
 """What `bole bench e2e`'s runs add up to, from its RunResults: the best run of each decoder
 per batch and who wins (tree against chain, with the acceptance ceiling of the gain), the
-drafter's cost per level against its weight-read floor, and the greedy exactness verdict.
-The harness runs, this module judges (docs/design.md §8).
+drafter's cost per level against its weight-read floor, the greedy exactness verdict, the
+speedups over AR and whether snapshot and Bole accepted alike. The sweep runs (sweep.py),
+this module judges (docs/design.md §8).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
 from bole_cli.bench.e2e.decoders import BOLE_DECODERS
+
+TREE_DECODERS = ("snapshot", "bole")  # same trees, same draws: their accepted nodes must agree
+
+
+@dataclass
+class Verdicts:
+    """What the runs of one sweep add up to (judge)."""
+
+    same_acceptance: dict[str, bool]  # batch -> snapshot and Bole accepted the same nodes
+    comparison: list[dict]
+    drafter_levels: dict
+    exact: Optional[dict]  # greedy acceptance only
+
+
+def judge(results: list[Any], batches, bench: Any, depth: int, n_trees: int) -> Verdicts:
+    """Every verdict of a sweep; sets each run's speedup over AR at its batch first.
+    `n_trees`: the (shape, budget) pairs each tree decoder ran at, per batch."""
+    set_speedups(results)
+    return Verdicts(same_acceptance(results, batches, n_trees), compare_decoders(results, batches, bench, depth),
+                    drafter_cost(results, bench), exactness(results) if bench.acceptance.greedy else None)
+
+
+def set_speedups(results: list[Any]) -> None:
+    """Each run's tokens/s over AR's at the same batch (where both ran)."""
+    ar = {r.batch: r.tok_s for r in results if r.decoder == "ar" and r.tok_s}
+    for r in results:
+        if r.tok_s and ar.get(r.batch):
+            r.speedup_vs_ar = r.tok_s / ar[r.batch]
+
+
+def same_acceptance(results: list[Any], batches, n_trees: int) -> dict[str, bool]:
+    """Per batch where both ran whole: whether snapshot and Bole accepted the same nodes at
+    every (shape, budget), step by step (the same trees and draws: they must)."""
+    same = {}
+    for b in batches:
+        traces = [r.accept_trace for r in results if r.batch == b and r.decoder in TREE_DECODERS
+                  and r.accept_trace is not None]
+        if len(traces) == 2 * n_trees:  # the two decoders at each (shape, budget), in order
+            same[str(b)] = all(traces[i] == traces[i + n_trees] for i in range(n_trees))
+    return same
 
 
 def compare_decoders(results: list[Any], batches, bench: Any, depth: int) -> list[dict]:
