@@ -36,9 +36,9 @@ DEVICES = tuple(AUTO_DTYPE)
 SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
 # every decoder --decoders takes, in the registry's order (decoders.DECODERS: the test of the
 # registry holds the two equal; this copy keeps the check torch-free)
-DECODER_NAMES = ("ar", "snapshot", "bole", "chain", "bole-chain", "bole-deferred", "bole-chain-deferred")
+DECODER_NAMES = ("ar", "snapshot", "bole", "chain", "bole-chain")
 # what --decoders' help says of some of them (after the name, or after the last of a group)
-DECODER_NOTES = {"chain": "SGLang's ReplaySSM chain", "bole-chain-deferred": "Bole with deferred state writes"}
+DECODER_NOTES = {"chain": "SGLang's ReplaySSM chain"}
 
 
 def default_note(name: str) -> str:
@@ -70,7 +70,7 @@ class E2EConfig:
     steps: int = E2E_DEFAULTS["steps"]
     warmup: int = E2E_DEFAULTS["warmup"]
     seed: int = SEED
-    decoders: tuple[str, ...] = tuple(E2E_DEFAULTS["decoders"].split(","))  # the deferred ones are opt-in
+    decoders: tuple[str, ...] = tuple(E2E_DEFAULTS["decoders"].split(","))
     device: str = DEVICE
     dtype: str = AUTO_DTYPE[DEVICE]
     snapshot_engine: str = SNAPSHOT_ENGINE
