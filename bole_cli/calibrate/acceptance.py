@@ -86,7 +86,7 @@ from bole_cli.errors import InputError, brief
 from bole_cli.limits import MAX_TREE_DRAFTS, MAX_TREE_NODES
 
 # preset -> the paper's mean accepted tokens (depth 8, top-k 4, budget 128), and the depth-1
-# top-1 acceptance fitted to it with fit_preset_a1 (tests/test_calibrate.py checks the fit).
+# top-1 acceptance fitted to it (tests/test_calibrate.py refits it and checks the constants).
 PRESET_TARGETS = {
     "paper-mbpp": 6.70,
     "paper-gsm8k": 7.08,
@@ -253,18 +253,6 @@ def preset(name: str) -> AcceptanceModel:
                 f"{PAPER_BUDGET} commits the paper's mean accepted tokens {PRESET_TARGETS[name]}"),
         q=preset_rows(a1),
     )
-
-
-def fit_preset_a1(target: float, lo: float = 0.05, hi: float = 0.9999) -> float:
-    """Top-1 acceptance at depth 1 that makes the beam tree (depth 8, top-k 4) at budget
-    128 commit `target` tokens per step (for regenerating the presets)."""
-    def e(a: float) -> float:
-        return AcceptanceModel("fit", "", q=preset_rows(a)).per_request(PAPER_BUDGET)
-
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if e(mid) < target else (lo, mid)
-    return 0.5 * (lo + hi)
 
 
 # ---- files ----------------------------------------------------------------------------------

@@ -154,6 +154,19 @@ def tree_verify_ref(
     return VerifyResult(o, u_all, log_p_all)
 
 
+def _each_layer(commit_ref, state, state_indices, layered: tuple, parents, cu_seqlens, accepted,
+                use_qk_l2norm: bool) -> torch.Tensor:
+    """A commit reference over a leading layer dimension of state and the `layered` tensors."""
+    return torch.stack([commit_ref(state[l], state_indices, *(t[l] for t in layered), parents, cu_seqlens, accepted,
+                                   use_qk_l2norm=use_qk_l2norm) for l in range(state.shape[0])])
+
+
+def _commit_keys(k, hv: int, use_qk_l2norm: bool) -> torch.Tensor:
+    """The commits' keys in float64, unit when asked, one per value head [N, HV, K]."""
+    k = k.to(torch.float64)
+    return _gqa(l2norm(k) if use_qk_l2norm else k, hv)
+
+
 def tree_commit_ref(
     state, state_indices, k, u, log_p, parents, cu_seqlens, accepted,
     *, use_qk_l2norm: bool = True,
@@ -163,15 +176,10 @@ def tree_commit_ref(
     leading layer dimension on state/k/u/log_p is handled by recursion.
     """
     if state.dim() == 5:
-        return torch.stack([
-            tree_commit_ref(state[l], state_indices, k[l], u[l], log_p[l], parents, cu_seqlens,
-                            accepted, use_qk_l2norm=use_qk_l2norm)
-            for l in range(state.shape[0])
-        ])
+        return _each_layer(tree_commit_ref, state, state_indices, (k, u, log_p), parents, cu_seqlens, accepted,
+                           use_qk_l2norm)
     new = state.clone()
-    hv = u.shape[1]
-    k = k.to(torch.float64)
-    k = _gqa(l2norm(k) if use_qk_l2norm else k, hv)
+    k = _commit_keys(k, u.shape[1], use_qk_l2norm)
     for b, start, path in _accepted_paths(parents, cu_seqlens, accepted):
         a = path[0]
         lp = log_p[start + a].to(torch.float64)  # [HV]
@@ -193,15 +201,10 @@ def tree_commit_replay_ref(
     state's dtype (rounded once, input untouched); a leading layer dimension on state, k, v,
     g and beta is handled by recursion."""
     if state.dim() == 5:
-        return torch.stack([
-            tree_commit_replay_ref(state[l], state_indices, k[l], v[l], g[l], beta[l], parents, cu_seqlens,
-                                   accepted, use_qk_l2norm=use_qk_l2norm)
-            for l in range(state.shape[0])
-        ])
+        return _each_layer(tree_commit_replay_ref, state, state_indices, (k, v, g, beta), parents, cu_seqlens,
+                           accepted, use_qk_l2norm)
     new = state.clone()
-    hv = v.shape[1]
-    k = k.to(torch.float64)
-    k = _gqa(l2norm(k) if use_qk_l2norm else k, hv)
+    k = _commit_keys(k, v.shape[1], use_qk_l2norm)
     for b, start, path in _accepted_paths(parents, cu_seqlens, accepted):
         slot = int(state_indices[b])
         s = state[slot].to(torch.float64)  # [HV, V, K]
