@@ -90,3 +90,18 @@ def test_the_precision_contract_smoke_run_writes_its_record(tmp_path):
     served = [r for r in doc["rows"] if r["impl"] == "served" and r["state_dtype"] == "float32"]
     assert len(served) == 4 and all(r["state_rms_single"] <= 1e-6 for r in served)
     assert {r["impl"] for r in doc["rows"]} == {"served", "tf32", "tf32x3"}
+
+
+def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
+    """experiments/component_bench.py (the roofline's component factors) at a tiny model on
+    CPU: every GEMM shape at each row count, the kernel floor and the host step written."""
+    import json
+
+    out = tmp_path / "components.json"
+    run = subprocess.run([sys.executable, str(EXPERIMENTS / "component_bench.py"), "--device", "cpu", "--smoke",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads(out.read_text())
+    assert {r["gemm"] for r in doc["gemms"]} == {"gdn_in_proj", "lm_head", "mlp_gate_up", "mlp_down"}
+    assert sorted({r["M"] for r in doc["gemms"]}) == [1, 4] and all(r["us"] > 0 for r in doc["gemms"])
+    assert doc["kernel_floor"]["us_per_kernel"] > 0 and doc["host_step"]["us_median"] > 0

@@ -1,0 +1,153 @@
+"""Component microbenchmarks for the roofline estimate's efficiency factors (calibrate's
+costmodel.Efficiency), measured on the GPU and never fitted to a profile's end results:
+
+- weight streaming and GEMM rate against rows: F.linear(x [M, K], W [N, K]) at a catalogue
+  model's projection shapes (the fused GDN in_proj, the MLP's gate_up and down, the LM head)
+  for M = --rows; bytes read / time against the measured copy bandwidth, FLOP/s against
+  the datasheet bf16 peak (bole_cli.catalog.hardware), so each row gives both fractions;
+- the per-kernel floor: --chain tiny elementwise kernels back to back in one CUDA graph,
+  time / kernels;
+- the host step: a tiny kernel and the host read of its result (`.item()`, the sync a
+  sampled token's trip to the host costs), eager.
+
+    python experiments/component_bench.py --model 9b --out experiments/results/components/h200-9b.json
+    python experiments/component_bench.py --device cpu --smoke --out /tmp/c.json   # CPU smoke (no timings to quote)
+
+Timing: CUDA graph replays (median; bole_cli.timing), weights and inputs random, a fresh
+weight per rotated input set so no replay reads a weight from L2. Index of experiments:
+experiments/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+
+def projection_shapes(spec) -> dict[str, tuple[int, int]]:
+    """(N, K) of the GEMMs one decode step streams, by name."""
+    s = spec
+    conv_dim = 2 * s.gdn_key_heads * s.gdn_key_dim + s.gdn_value_heads * s.gdn_value_dim
+    in_proj = conv_dim + s.gdn_value_heads * s.gdn_value_dim + 2 * s.gdn_value_heads
+    shapes = {"gdn_in_proj": (in_proj, s.hidden), "lm_head": (s.vocab, s.hidden)}
+    if s.ffn:
+        shapes.update(mlp_gate_up=(2 * s.ffn, s.hidden), mlp_down=(s.hidden, s.ffn))
+    return shapes
+
+
+def time_us(torch, fns, cuda: bool, calls: int) -> float:
+    """Microseconds per call of fns (one call each): graph replay on CUDA, the wall clock
+    on CPU (smoke only)."""
+    if cuda:
+        from bole_cli.timing import time_graph
+
+        return time_graph(torch, fns, calls=calls)
+    t = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for f in fns:
+            f()
+        t.append((time.perf_counter() - t0) * 1e6 / calls)
+    return statistics.median(t)
+
+
+def gemm_rows(torch, spec, rows, device, dtype, rotate: int, peak_flops: float, copy_bw: float) -> list[dict]:
+    import torch.nn.functional as F
+
+    cuda = device == "cuda"
+    out = []
+    for name, (n, k) in projection_shapes(spec).items():
+        weights = [torch.randn(n, k, device=device, dtype=dtype) for _ in range(rotate)]
+        for m in rows:
+            xs = [torch.randn(m, k, device=device, dtype=dtype) for _ in range(rotate)]
+            ys = [torch.empty(m, n, device=device, dtype=dtype) for _ in range(rotate)]
+            fns = [lambda x=x, w=w, y=y: torch.matmul(x, w.t(), out=y) for x, w, y in zip(xs, weights, ys)]
+            us = time_us(torch, fns, cuda, len(fns))
+            size = torch.finfo(dtype).bits // 8
+            moved = (n * k + m * k + m * n) * size
+            flops = 2.0 * m * n * k
+            out.append({"gemm": name, "N": n, "K": k, "M": m, "us": us,
+                        "bytes": moved, "bw_fraction_of_copy": moved / (us * 1e-6) / copy_bw if copy_bw else None,
+                        "flops_fraction_of_peak": flops / (us * 1e-6) / peak_flops if peak_flops else None})
+            print(f"{name:12s} M {m:5d}: {us:9.1f} us", flush=True)
+        del weights
+    return out
+
+
+def kernel_floor(torch, device, chain: int) -> dict:
+    cuda = device == "cuda"
+    x = torch.randn(256, device=device)
+    fns = [lambda: x.mul_(1.0000001) for _ in range(chain)]
+    return {"kernels": chain, "us_per_kernel": time_us(torch, fns, cuda, chain)}
+
+
+def host_step(torch, device, reps: int) -> dict:
+    x = torch.randn(256, device=device)
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        (x * 2).sum().item()
+        t.append((time.perf_counter() - t0) * 1e6)
+    return {"reps": reps, "us_median": statistics.median(t), "us_p10": sorted(t)[len(t) // 10]}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="9b")
+    ap.add_argument("--gpu", default="h200", help="catalogue GPU whose datasheet peak the fractions use")
+    ap.add_argument("--rows", default="1,2,4,8,16,32,64,128,256,512,1024,4096")
+    ap.add_argument("--rotate", type=int, default=4, help="weight sets timed together (L2 never holds one)")
+    ap.add_argument("--chain", type=int, default=200, help="kernels in the floor's graph")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model and few rows (CPU test)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from bole_cli.catalog.hardware import resolve_gpu
+    from bole_cli.catalog.models import resolve_model, tiny_spec
+
+    spec = tiny_spec() if args.smoke else resolve_model(args.model)
+    rows = [1, 4] if args.smoke else [int(r) for r in args.rows.split(",")]
+    cuda = args.device == "cuda"
+    gpu = resolve_gpu(args.gpu)
+    if cuda:
+        from bole_cli.timing import measure_copy_bandwidth, warm_gpu
+
+        warm_gpu(torch)
+        copy_bw = measure_copy_bandwidth(torch)
+    else:
+        copy_bw = None
+    peak = gpu.bf16_flops if cuda else None
+    dtype = torch.bfloat16 if cuda else torch.float32
+    doc = {
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "command": "python " + " ".join(sys.argv),
+        "model": spec.name, "datasheet_gpu": gpu.name, "copy_bandwidth_bytes_s": copy_bw,
+        "peak_bf16_flops": peak,
+        "gemms": gemm_rows(torch, spec, rows, args.device, dtype, 2 if args.smoke else args.rotate, peak or 0.0,
+                           copy_bw or 0.0),
+        "kernel_floor": kernel_floor(torch, args.device, 8 if args.smoke else args.chain),
+        "host_step": host_step(torch, args.device, 20 if args.smoke else 500),
+    }
+    if cuda:
+        import triton
+
+        doc["versions"]["triton"] = triton.__version__
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, args.out)
+    print(f"kernel floor {doc['kernel_floor']['us_per_kernel']:.2f} us, host step "
+          f"{doc['host_step']['us_median']:.1f} us; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
