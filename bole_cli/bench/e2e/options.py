@@ -145,7 +145,7 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
     if device == "cpu" and not tiny:
         raise InputError("--device cpu runs only with --tiny (a smoke run: CPU timings mean nothing)")
     if dtype not in DTYPES:
-        raise InputError(f"--dtype: expected auto, bfloat16, float16 or float32, got {dtype!r}")
+        raise InputError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     for name, value, low in (("--context", use["context"], 1), ("--steps", use["steps"], 1),
                              ("--warmup", use["warmup"], 0), ("--max-batch", max_batch, 1),
                              ("--max-probes", max_probes, 1)):
