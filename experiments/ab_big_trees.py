@@ -1,5 +1,5 @@
 """Issue 17 items 1-2 on the GPU, in one process: the big-tree verify kernels for 65-256-node
-trees (bole_cli/kernels/tree_verify.py: the blocked kernel v10 and, for long chains, the
+trees (bole_cli/kernels/tree_verify_blocked.py: the blocked kernel v10 and, for long chains, the
 chain kernel) against a baseline, per launch config, plus the shipped commit, on random
 (depth <= 8) trees and chains at the Qwen3.5-9B GDN shape (bf16 activations, float32 state).
 The baseline is the shipped blocked kernel by its rule for every tree (CHAIN 0, LEVELS 0), or a copy
@@ -172,7 +172,7 @@ STAGES = {"parts": (("parts_kernel",), 7), "tree": (("tree_verify_blocked_kernel
           "P": (("parts_kernel",), 1), "G": (("parts_kernel",), 2)}
 
 
-def launch(tv, name, fn, cell=None):
+def launch(name, fn, cell=None):
     """Run fn with config CONFIGS[name] (maxnreg applied by swapping the module's kernel; a
     "stage" by making the SPLIT kernels it does not keep no-ops; "parts" by overriding
     configs.PARTS_LAUNCH)."""
@@ -252,7 +252,7 @@ def check_forest(torch, tv, names, seed, dims, sizes, shapes, device, label):
             def run(cfg):
                 promise = {} if cfg.pop("no_depth", 0) else depth
                 return tv.tree_verify_gated(*dev, check_trees=False, max_nodes=max(sizes), config=cfg, **promise)
-            got = launch(tv, name, run)
+            got = launch(name, run)
             err = max(rel(x, y) for x, y in zip(got, ref))
             rows[f"{label}{name}/{str(dtype)[6:]}"] = err
             print(f"check {label}{name:2s} {str(dtype)[6:]:8s} rel err {err:.2e} {'ok' if err <= tol else 'FAIL'}",
@@ -339,7 +339,7 @@ def main(argv=None):
                 diff = max(rel(a, b) for a, b in zip(outs[0], want))
                 return diff, time_graph(torch, f, rep_ms=args.rep_ms)
             try:
-                row[f"{name}_diff"], row[f"{name}_us"] = launch(tv, name, run, (batch, nodes))
+                row[f"{name}_diff"], row[f"{name}_us"] = launch(name, run, (batch, nodes))
             except Exception as exc:  # a config that does not compile: note it, go on
                 row[f"{name}_err"] = str(exc)[:200]
                 print(f"  {name}: {exc!r}"[:300], flush=True)

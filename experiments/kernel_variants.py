@@ -10,8 +10,8 @@ the shipped kernel.
 Variants that were whole redesigns (verify v2, v4-v6, commit c1-c4) are not expressible as
 small edits of today's kernels; their code is in git history (experiments/README.md). So is
 the deferred commit (pending rows threaded through every verify kernel, I17-i/j): it never
-won a cell `bole calibrate` decides, and it left the shipped kernels at commit 89f4d4b
-(NOTES.md "Deferred commit measured").
+won a cell `bole calibrate` decides; it was last shipped at commit 89f4d4b (removed in
+83e2436; NOTES.md "Deferred commit measured").
 """
 
 from __future__ import annotations

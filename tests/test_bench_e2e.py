@@ -424,3 +424,10 @@ def test_tree_shapes_do_not_leak_into_chains_or_the_kv_read():
         b.use_shape(*order)
         lengths.append(b.max_len(10))
     assert lengths[0] == lengths[1], lengths
+
+
+def test_a_config_built_without_check_options_still_refuses_a_bad_snapshot_engine():
+    from bole_cli.errors import InputError
+
+    with pytest.raises(InputError, match="--snapshot-engine: expected one of"):
+        harness.resolve_snapshot_engine("sglng", torch.device("cpu"))

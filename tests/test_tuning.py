@@ -858,8 +858,8 @@ def test_kernel_sources_follow_the_kernels_imports():
     from bole_cli.tuning.study import kernel_sources
 
     verify = kernel_sources("tree_verify")
-    for name in ("tree_verify.py", "tree_verify_tile.py", "tree_verify_parts.py", "tree_verify_chain.py",
-                 "tree_verify_levels.py", "jit_math.py", "configs.py"):
+    for name in ("tree_verify.py", "tree_verify_tile.py", "tree_verify_blocked.py", "tree_verify_parts.py",
+                 "tree_verify_chain.py", "tree_verify_levels.py", "jit_math.py", "configs.py"):
         assert name in verify
     assert {"tree_commit.py", "configs.py"} <= set(kernel_sources("tree_commit"))
     assert "tree_conv.py" in kernel_sources("tree_conv") and "tree_verify.py" not in kernel_sources("tree_conv")

@@ -427,7 +427,7 @@ def _bench_commit_all_layers(torch, kernels, spec: ModelSpec, batch: int, sg, bw
     the served replay commit, and beside it Eq. 10's factorised commit."""
     layers, nodes = spec.n_gdn_layers, 64
     h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
-    base = LayerInputs(torch, spec, batch, nodes, "random", 7, torch.bfloat16, torch.float32)
+    base = LayerInputs(torch, spec, batch, nodes, "random", 7, torch.bfloat16, torch.float32, sglang_buffers=False)
     n = batch * nodes
     pool = torch.randn(layers, batch + 1, hv, vd, kd, device="cuda")
     k = torch.randn(layers, n, h, kd, device="cuda").to(torch.bfloat16)

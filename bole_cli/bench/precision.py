@@ -41,7 +41,8 @@ def make_inputs(torch, spec, tree, nodes, batch, decay, seed, state_dtype, devic
     from bole_cli.kernels import gdn_gates
     from bole_cli.timing import LayerInputs
 
-    s = LayerInputs(torch, spec, batch, nodes, tree, seed, torch.bfloat16, state_dtype, device=device)
+    s = LayerInputs(torch, spec, batch, nodes, tree, seed, torch.bfloat16, state_dtype, snapshots=False,
+                    device=device)  # (run_impl keeps its own snapshot buffer)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     lo, hi = DECAYS[decay]
     target = lo + (hi - lo) * torch.rand(s.a.shape, generator=gen, device=device)

@@ -14,6 +14,7 @@ import typer
 
 from bole_cli.inspection.report import MIN_PER_REQUEST, STATE_DTYPE, SYNTHETIC_DEFAULTS
 
+
 def register(app: typer.Typer) -> None:
     app.command("inspect-tree")(inspect_tree)
 

@@ -24,9 +24,8 @@ DEFAULTS: dict[str, dict] = {
     # warps and stages as Triton's; precision of the dots (None: by activation dtype);
     # GRAM16: 16-bit inputs' Gram products on 16-bit operands (exact; one-tile kernel).
     # CHAIN: past one tile, long chains take the chain kernel (0: the blocked kernel for all).
-    # SPLIT: the blocked
-    # kernel's state products and Gram terms in launches of their own before it (1). LEVELS:
-    # past one tile, trees of known depth below CHAIN_KERNEL_DEPTH take the level kernel (1;
+    # SPLIT: the blocked kernel's state products and Gram terms in launches of their own
+    # before it (1). LEVELS: past one tile, trees of known depth below CHAIN_KERNEL_DEPTH take the level kernel (1;
     # RB, its products launch's rows, and BV / BK / warps / stages by levels_launch_config).
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
                     "precision": None, "GRAM16": 1, "CHAIN": 1, "SPLIT": 0, "LEVELS": 0, "RB": 64},

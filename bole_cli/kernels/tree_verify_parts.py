@@ -1,6 +1,6 @@
 """The blocked verify's tree-independent parts, one wide launch before it (SPLIT; experiments/README.md I17-k).
 
-The blocked kernel (tree_verify.py) runs one long dependent chain per (request, value head,
+The blocked kernel (tree_verify_blocked.py) runs one long dependent chain per (request, value head,
 value tile) at 2-4 programs an SM; its ancestor walk, its products with the state and its
 Gram terms need no chunk order at all, so with SPLIT they run first in one launch whose
 programs take one of three roles (the heavy ones first, the light ones filling the tail),

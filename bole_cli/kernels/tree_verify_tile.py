@@ -19,7 +19,7 @@ then per value tile (BV columns of the state), with X = K S^T and Y = Q S^T:
     R = D_beta (V - D_P X),   U = A R,   O = D_P Y + Ce R.
 
 The state is read once per program; nothing per node is materialised beyond u and log_p.
-Trees larger than the tile go to the blocked kernel (tree_verify.py); a request larger than
+Trees larger than the tile go to the blocked kernel (tree_verify_blocked.py); a request larger than
 the promised tile (max_nodes broken under check_trees=False), or whose slot lies outside the
 pool [0, n_slots), gets NaN outputs throughout and its slot is never read.
 """

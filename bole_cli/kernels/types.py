@@ -20,7 +20,8 @@ class VerifyArgs(NamedTuple):
     """The leading arguments of the verify kernels (one-tile, blocked, levels), in their
     order: `kernel[grid](*args, ...)` passes them all, and each launcher reads what its other
     kernels take by name. g/beta are a/b and A_log/dt_bias the gate parameters when the
-    gates are fused (else g again: never read); the strides are the tensors' own."""
+    gates are fused (else g again: never read); the strides are the tensors' own. The
+    one-tile kernel takes n_hv with the rest and does not read it."""
 
     q: torch.Tensor
     k: torch.Tensor

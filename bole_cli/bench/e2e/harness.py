@@ -27,7 +27,7 @@ import torch
 from bole_cli.bench.drafter import MTPDrafter, build_layout
 from bole_cli.bench.e2e.simulated_acceptance import Acceptance, load_e2e_acceptance
 from bole_cli.bench.e2e.decoders import LABELS, PHASES, Decoder, decoder_class
-from bole_cli.bench.e2e.options import BUDGET, DEVICE, E2E_DEFAULTS as FULL, SEED, SNAPSHOT_ENGINE
+from bole_cli.bench.e2e.options import BUDGET, DEVICE, E2E_DEFAULTS as FULL, SEED, SNAPSHOT_ENGINE, SNAPSHOT_ENGINES
 from bole_cli.bench.e2e.tree_budget import TreePlan, plan_trees, resolve_budget
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec
@@ -124,6 +124,8 @@ def search_max_batch(fits: Callable[[int], tuple[bool, str]], max_batch: int, ma
 
 def resolve_snapshot_engine(choice: str, device: torch.device) -> tuple[SnapshotGDN, str]:
     """The snapshot verifier of `choice` (one of options.SNAPSHOT_ENGINES), and what it is."""
+    if choice not in SNAPSHOT_ENGINES:  # a config built without check_options
+        raise InputError(f"--snapshot-engine: expected one of {', '.join(SNAPSHOT_ENGINES)}, got {choice!r}")
     torch_desc = ("PyTorch step loop (a faithful equivalent of SGLang's serial verify: node by node, "
                   "a full float32 state snapshot per node, the accepted one copied back)")
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
