@@ -47,12 +47,11 @@ class LayerInputs:
 
     spec: anything with the ModelSpec's gdn_* head counts and dims. sglang_buffers: also
     SGLang's per-node snapshot buffer (B*T*HV*V*K*4 bytes), its rows and
-    retrieve_parent_token, which only the SGLang side of `bole bench kernels` needs;
-    snapshots=False leaves out the buffer itself (a caller with its own keeps the rest).
+    retrieve_parent_token, which only the SGLang side of `bole bench kernels` needs.
     """
 
     def __init__(self, torch, spec, batch: int, nodes: int, tree: str, seed: int, act_dtype, state_dtype,
-                 *, sglang_buffers: bool = True, snapshots: Optional[bool] = None, device: str = "cuda"):
+                 *, sglang_buffers: bool = True, device: str = "cuda"):
         dev = device
         rng = random.Random(seed)
         gen = torch.Generator(device=dev).manual_seed(seed)
@@ -88,9 +87,8 @@ class LayerInputs:
         self.accepted = torch.tensor([rng.randint(0, nodes - 1) for _ in range(batch)],
                                      dtype=torch.int32, device=dev)
         if sglang_buffers:
+            self.snapshots = torch.empty(batch, nodes, hv, vd, kd, dtype=torch.float32, device=dev)
             self.snap_rows = torch.arange(batch, dtype=torch.int32, device=dev)
-            if sglang_buffers if snapshots is None else snapshots:
-                self.snapshots = torch.empty(batch, nodes, hv, vd, kd, dtype=torch.float32, device=dev)
 
     @classmethod
     def for_dims(cls, torch, dims: Mapping[str, int], batch: int, nodes: int, seed: int, act_dtype,

@@ -41,8 +41,7 @@ def make_inputs(torch, spec, tree, nodes, batch, decay, seed, state_dtype, devic
     from bole_cli.kernels import gdn_gates
     from bole_cli.timing import LayerInputs
 
-    s = LayerInputs(torch, spec, batch, nodes, tree, seed, torch.bfloat16, state_dtype, snapshots=False,
-                    device=device)  # (run_impl keeps its own snapshot buffer)
+    s = LayerInputs(torch, spec, batch, nodes, tree, seed, torch.bfloat16, state_dtype, device=device)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     lo, hi = DECAYS[decay]
     target = lo + (hi - lo) * torch.rand(s.a.shape, generator=gen, device=device)
@@ -71,7 +70,7 @@ def run_impl(torch, impl, s, sg):
 
     pool = s.pool.clone()
     if impl == "sglang-recurrent":
-        snaps = torch.empty(s.batch, s.nodes, *s.pool.shape[1:], dtype=torch.float32, device=s.pool.device)
+        snaps = s.snapshots  # SGLang's per-node buffer, [B, T, HV, V, K] float32: scratch of this call
         o = sg.target_verify(s.A_log, s.dt_bias, s.q[None], s.k[None], s.v[None], s.a, s.b,
                              ssm_states=pool, cache_indices=s.slots, query_start_loc=s.cu,
                              intermediate_states_buffer=snaps, intermediate_state_indices=s.snap_rows,
