@@ -89,12 +89,14 @@ def test_batched_decode_equals_one_slot_at_a_time(dense):
         assert_slot_equal(cache, alone, slot)
 
 
-def test_decode_cores_agree(dense):
-    """The one-token GDN recurrence and one-node tree_verify + tree_commit are the same step."""
-    tree_core = HybridModel(dense.spec, "cpu", F64, seed=0, gdn_backend="reference", gdn_decode="tree")
-    a, b = warm_cache(dense), warm_cache(tree_core)
+@pytest.mark.parametrize("core", ["tree", "fused"])
+def test_decode_cores_agree(dense, core):
+    """The one-token GDN recurrence, one-node tree_verify + tree_commit and the fused
+    decode (its float64 reference here) are the same step."""
+    other = HybridModel(dense.spec, "cpu", F64, seed=0, gdn_backend="reference", gdn_decode=core)
+    a, b = warm_cache(dense), warm_cache(other)
     for toks in ([1, 2, 3], [4, 5, 6]):
-        torch.testing.assert_close(tree_core.decode(b, toks), dense.decode(a, toks), **TOL)
+        torch.testing.assert_close(other.decode(b, toks), dense.decode(a, toks), **TOL)
     for slot in range(3):
         assert_slot_equal(a, b, slot)
 
@@ -401,10 +403,13 @@ def test_kernel_path_matches_sequential_decode():
         assert seq.kv_lens[slot] == cache.kv_lens[slot]
         torch.testing.assert_close(cache.gdn_state[:, slot], seq.gdn_state[:, slot], **tol)
         torch.testing.assert_close(cache.conv_state[:, slot], seq.conv_state[:, slot], **tol)
-    # the kernels' one-node trees as the GDN core of a plain decode step (the CUDA default)
-    tree_core = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="kernels", gdn_decode="tree")
-    torch.testing.assert_close(tree_core.decode(cache, [1, 2]), model.decode(seq, [1, 2]), **tol)
-    torch.testing.assert_close(cache.gdn_state, seq.gdn_state, **tol)
+    # the kernels' one-node trees, and the fused decode kernel (the CUDA default), as the GDN
+    # core of a plain decode step
+    for core, toks in (("tree", [1, 2]), ("fused", [3, 4])):
+        other = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="kernels", gdn_decode=core)
+        torch.testing.assert_close(other.decode(cache, toks), model.decode(seq, toks), **tol)
+        torch.testing.assert_close(cache.gdn_state, seq.gdn_state, **tol)
+        torch.testing.assert_close(cache.conv_state, seq.conv_state, **tol)
 
 
 def _sglang():
@@ -442,3 +447,22 @@ def test_sglang_snapshot_engine_matches_torch_engine():
                         snapshot=SnapshotGDN(kernels), gdn_decode="sglang")
     torch.testing.assert_close(fused.decode(cache, [3, 4]), torch_engine.decode(mine, [3, 4]), **tol)
     torch.testing.assert_close(cache.gdn_state, mine.gdn_state, **tol)
+
+
+def test_fused_pieces_compile_whole_and_agree():
+    """runtime.fusion's pieces trace as single graphs (fullgraph: a graph break fails),
+    through AOT autograd's functionalisation as inductor sees them, and the compiled model
+    decodes and verifies as the eager one does (inductor itself runs in the GPU suite)."""
+    from bole_cli.runtime.fusion import Fusion
+
+    spec = tiny_spec(layers=4)
+    eager = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="reference", compile=False)
+    traced = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="reference", compile=False)
+    traced.fuse = Fusion(True, backend="aot_eager")
+    a, b = warm_cache(eager, prefix=(3, 2), max_len=16), warm_cache(traced, prefix=(3, 2), max_len=16)
+    tol = dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(traced.decode(b, [1, 2]), eager.decode(a, [1, 2]), **tol)
+    forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])
+    got = traced.verify(b, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
+    want = eager.verify(a, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
+    torch.testing.assert_close(got.logits, want.logits, **tol)

@@ -43,11 +43,9 @@ import torch.nn.functional as F
 from bole_cli.errors import InputError
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.runtime.batch import Rope
+from bole_cli.runtime.fusion import rms
 from bole_cli.runtime.model import HybridModel
-from bole_cli.runtime.moe import swiglu
 from bole_cli.trees import ProposalTree, beam_tree_size
-
-RMS_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -213,32 +211,20 @@ class MTPDrafter:
                           cos, sin, frontier, parent_row)
 
     # ---- the forward -------------------------------------------------------------------
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        from bole_cli.runtime.model import _rope
-
-        return _rope(x, cos, sin)
-
     def _level(self, st: DraftState, lvl: int, tokens: torch.Tensor, hidden: torch.Tensor, kv_off: int):
         """One pass of the head over B*R rows (R per request). tokens [B, R], hidden
         [B, R, h] -> (output hidden [B, R, h], top-k token ids [B, R, k])."""
-        s, w = self.model.spec, self.w
+        s, w, fuse = self.model.spec, self.w, self.model.fuse  # the target's fused pieces
         bsz, rows = tokens.shape
         n = bsz * rows
         hq, hk, dh, h = s.attn_heads, s.attn_kv_heads, s.attn_head_dim, s.hidden
         grp = hq // hk
         e = F.embedding(tokens.reshape(n), self.model.embed)
-        x = torch.cat([F.rms_norm(e, (h,), w["emb_norm"], RMS_EPS),
-                       F.rms_norm(hidden.reshape(n, h), (h,), w["hid_norm"], RMS_EPS)], dim=-1)
+        x = torch.cat([rms(e, w["emb_norm"]), rms(hidden.reshape(n, h), w["hid_norm"])], dim=-1)
         x = F.linear(x, w["fc"])
-        a = F.rms_norm(x, (h,), w["input_norm"], RMS_EPS)
-        proj = F.linear(a, w["qkv"])
-        qg = proj[:, : 2 * hq * dh].view(n, hq, 2 * dh)
-        q, gate = qg[..., :dh], qg[..., dh:].reshape(n, hq * dh)
-        k = proj[:, 2 * hq * dh: (2 * hq + hk) * dh].view(n, hk, dh)
-        v = proj[:, (2 * hq + hk) * dh:].view(n, hk, dh)
         cos, sin = st.cos[lvl].expand(n, -1), st.sin[lvl].expand(n, -1)
-        q = self._rope(F.rms_norm(q, (dh,), w["q_norm"], RMS_EPS), cos, sin)
-        k = self._rope(F.rms_norm(k, (dh,), w["k_norm"], RMS_EPS), cos, sin)
+        q, gate, k, v = fuse.attn_in(F.linear(rms(x, w["input_norm"]), w["qkv"]), w["q_norm"], w["k_norm"],
+                                     cos, sin, hq, hk, dh)
         pos = st.context + kv_off
         st.kv[0, :, :, pos: pos + rows] = k.view(bsz, rows, hk, dh).transpose(1, 2)
         st.kv[1, :, :, pos: pos + rows] = v.view(bsz, rows, hk, dh).transpose(1, 2)
@@ -246,9 +232,9 @@ class MTPDrafter:
         qf = q.view(bsz, rows, hk, grp, dh).permute(0, 2, 1, 3, 4).reshape(bsz, hk, rows * grp, dh)
         o = F.scaled_dot_product_attention(qf, keys, vals)
         o = o.view(bsz, hk, rows, grp, dh).permute(0, 2, 1, 3, 4).reshape(n, hq * dh)
-        x = x + F.linear(o * torch.sigmoid(gate), w["o_proj"])
-        x = x + F.linear(swiglu(F.linear(F.rms_norm(x, (h,), w["post_norm"], RMS_EPS), w["gate_up"])), w["down"])
-        logits = F.linear(F.rms_norm(x, (h,), w["final_norm"], RMS_EPS), self.lm_head)
+        x, a = fuse.add_rms(x, F.linear(fuse.gated_out(o, gate), w["o_proj"]), w["post_norm"])
+        x, a = fuse.add_rms(x, F.linear(fuse.swiglu(F.linear(a, w["gate_up"])), w["down"]), w["final_norm"])
+        logits = F.linear(a, self.lm_head)
         # the top-k of the logits themselves: the softmax is monotonic and only the indices
         # are drafted, so a full-vocabulary float32 softmax would only add bytes
         top = torch.topk(logits, self.layout.topk, dim=-1).indices  # [n, k]

@@ -12,11 +12,12 @@ from bole_cli.kernels._env import ensure_triton_backend
 ensure_triton_backend()
 
 from bole_cli.kernels.gates import gdn_gates  # noqa: E402
+from bole_cli.kernels.gdn_decode import gdn_decode  # noqa: E402
 from bole_cli.kernels.types import VerifyResult  # noqa: E402
 from bole_cli.kernels.tree_commit import tree_commit  # noqa: E402
 from bole_cli.kernels.tree_commit_replay import tree_commit_replay, tree_commit_replay_gated  # noqa: E402
 from bole_cli.kernels.tree_conv import tree_conv, tree_conv_commit  # noqa: E402
 from bole_cli.kernels.tree_verify import tree_verify, tree_verify_gated  # noqa: E402
 
-__all__ = ["VerifyResult", "gdn_gates", "tree_commit", "tree_commit_replay", "tree_commit_replay_gated",
+__all__ = ["VerifyResult", "gdn_decode", "gdn_gates", "tree_commit", "tree_commit_replay", "tree_commit_replay_gated",
            "tree_conv", "tree_conv_commit", "tree_verify", "tree_verify_gated"]

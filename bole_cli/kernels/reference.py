@@ -9,6 +9,7 @@ follow the kernels' tensor contract exactly and favour clarity over speed:
 - `tree_commit_ref`: Eq. 10, the exact state after the accepted node.
 - `tree_conv_ref` / `tree_conv_commit_ref`: the depthwise causal conv along ancestor chains.
 - `gdn_gates_ref`: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
+- `gdn_decode_ref`: one decode token per request, conv to gated norm (the fused decode kernel).
 - `conv_window_commit_ref` / `seed_slots_ref`: the SGLang plug-in's conv-window commit over
   all layers and its track-slot seeding (copies: exact in any dtype).
 
@@ -309,3 +310,37 @@ def gdn_gates_ref(A_log, a, dt_bias, b, *, softplus_threshold: float = 20.0):
     sp = torch.where(x > softplus_threshold, x, torch.log1p(torch.exp(torch.clamp(x, max=softplus_threshold))))
     g = -torch.exp(A_log.to(torch.float64)) * sp
     return g, torch.sigmoid(b.to(torch.float64))
+
+
+def gdn_decode_ref(x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_indices, *,
+                   key_heads: int, z=None, norm_w=None, eps: float = 1e-6, scale: Optional[float] = None,
+                   use_qk_l2norm: bool = True):
+    """One decode token per request in float64: SiLU(conv) over the window and x, the gates,
+    the recurrence S <- exp(g) S + beta (v - S k) k^T, o = S q and, with z and norm_w, the
+    gated RMSNorm rms(o) * norm_w * silu(z). Returns (out [B, HV V], new state, new conv
+    state); slots not in state_indices are unchanged. Layouts as gdn_decode's."""
+    f64 = torch.float64
+    n_slots, hv, vdim, kdim = state.shape
+    hk = key_heads
+    new_state, new_conv = state.clone(), conv_state.clone()
+    idx = [int(s) for s in state_indices]
+    window = conv_state[idx].to(f64)  # [B, D, W-1]
+    full = torch.cat([window, x.to(f64).unsqueeze(-1)], dim=-1)
+    y = (full * conv_w.to(f64)).sum(-1) + (0.0 if conv_b is None else conv_b.to(f64))
+    y = torch.nn.functional.silu(y)
+    q = y[:, : hk * kdim].view(-1, hk, kdim)
+    k = y[:, hk * kdim: 2 * hk * kdim].view(-1, hk, kdim)
+    v = y[:, 2 * hk * kdim:].view(-1, hv, vdim)
+    q, k = _prepare_qk(q, k, kdim ** -0.5 if scale is None else scale, use_qk_l2norm, f64)
+    q, k = _gqa(q, hv), _gqa(k, hv)
+    g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
+    s = state[idx].to(f64) * torch.exp(g)[..., None, None]  # [B, HV, V, K]
+    u = beta[..., None] * (v - (s @ k[..., None])[..., 0])
+    s = s + u[..., None] * k[..., None, :]
+    o = (s @ q[..., None])[..., 0]  # [B, HV, V]
+    if z is not None:
+        o = o / torch.sqrt((o * o).mean(-1, keepdim=True) + eps) * norm_w.to(f64)
+        o = o * torch.nn.functional.silu(z.to(f64).view(o.shape))
+    new_state[idx] = s.to(state.dtype)
+    new_conv[idx] = full[..., 1:].to(conv_state.dtype)
+    return o.reshape(o.shape[0], -1), new_state, new_conv

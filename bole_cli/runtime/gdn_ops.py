@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from bole_cli.errors import InputError
 from bole_cli.kernels import reference as ref
 
-OPS = ("gdn_gates", "tree_verify", "tree_commit", "tree_commit_replay", "tree_conv", "tree_conv_commit")
+OPS = ("gdn_decode", "gdn_gates", "tree_verify", "tree_commit", "tree_commit_replay", "tree_conv", "tree_conv_commit")
 BACKENDS = ("auto", "kernels", "reference")
 
 
@@ -113,6 +113,20 @@ class GDNOps:
 
     def describe(self) -> dict:
         return {op: ("triton" if op in self._k else "reference") for op in OPS}
+
+    def decode(self, x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_indices, *,
+               key_heads: int, z, norm_w, eps: float) -> torch.Tensor:
+        """One decode token per request, conv to gated norm, in one fused kernel (in place on
+        the state and the conv windows); returns rms(o) * norm_w * silu(z) [B, HV V] in x's
+        dtype, what out_proj reads."""
+        args = (x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_indices)
+        kw = dict(key_heads=key_heads, z=z, norm_w=norm_w, eps=eps)
+        if "gdn_decode" in self._k and factor_dtype(x.dtype) == torch.float32:
+            return self._k["gdn_decode"](*args, **kw)
+        out, new_state, new_conv = ref.gdn_decode_ref(*args, **kw)
+        state.copy_(new_state)
+        conv_state.copy_(new_conv)
+        return out.to(x.dtype)
 
     def gates(self, A_log, a, dt_bias, b, out: Optional[tuple] = None):
         """(g, beta) [N, HV] = (-exp(A_log) softplus(a + dt_bias), sigmoid(b)), into `out`

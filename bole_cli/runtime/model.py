@@ -33,13 +33,13 @@ from bole_cli.runtime import gdn_ops
 from bole_cli.runtime.attention import (split_attention_works, split_tree_attention, varlen_attention_works,
                                         varlen_cache_attention)
 from bole_cli.runtime.batch import DecodeBatch, Rope, TreeBatch, forest_arrays, prepare_decode, prepare_tree
-from bole_cli.runtime.moe import grouped_mm_works, moe_forward, swiglu
+from bole_cli.runtime.fusion import RMS_EPS, Fusion, rms
+from bole_cli.runtime.moe import grouped_mm_works, moe_forward
 from bole_cli.runtime.snapshot import SnapshotGDN
 from bole_cli.limits import MAX_TREE_NODES
 
-RMS_EPS = 1e-6
 ROPE_FRACTION = 0.25
-GDN_DECODE = ("auto", "recurrent", "tree", "sglang")
+GDN_DECODE = ("auto", "fused", "recurrent", "tree", "sglang")
 PATHS = ("bole", "snapshot", "replayssm")  # replayssm: chains, bole_cli/runtime/replayssm.py
 
 
@@ -159,39 +159,30 @@ class VerifyOutput:
     rings: Optional[dict] = None  # replayssm: the raw-input rings of every GDN layer
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = cos.shape[-1]
-    if half == 0:
-        return x
-    c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half: 2 * half]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half:]], dim=-1)
-
-
 class HybridModel:
     """Random-weight Qwen3.5-style hybrid model.
 
     gdn_backend: "auto" | "kernels" | "reference" (GDNOps). gdn_decode: the GDN core of a
-    plain decode step: "recurrent" (PyTorch one-token recurrence), "tree" (tree_verify +
-    tree_commit_replay on one-node trees: the fused kernels), "sglang" (SGLang's fused decode
-    kernel, needs `snapshot` built with SGLang's kernels), "auto" (tree when the kernels
-    are in use, else recurrent). snapshot: the SnapshotGDN engine of path="snapshot".
+    plain decode step: "fused" (kernels.gdn_decode: conv, gates, recurrence and gated norm
+    in one launch a layer, as production engines decode), "recurrent" (PyTorch one-token
+    recurrence), "tree" (tree_verify + tree_commit_replay on one-node trees), "sglang"
+    (SGLang's fused recurrent decode kernel, needs `snapshot` built with SGLang's kernels),
+    "auto" (fused when the kernels are in use, else recurrent). snapshot: the SnapshotGDN engine of path="snapshot".
     grouped_mm: MoE experts through torch._grouped_mm (default: when it works for the
     device and dtype) or a loop over experts. split_attention: tree attention as a
     mask-free cache part plus a small tree part when the batch shares one committed
     length (runtime.attention; default: when the probe passes), else one dense mask.
     varlen_attention: otherwise (lengths that differ, a bucketed KV read) the cache part
     as flash varlen over each request's keys (default: when its probe passes, CUDA only).
+    compile: the elementwise pieces between the matmuls compiled by torch.compile
+    (runtime.fusion; default: on CUDA), else eager.
     """
 
     def __init__(self, spec: ModelSpec, device="cpu", dtype: torch.dtype = torch.bfloat16, *,
                  seed: int = 0, gdn_backend: str = "auto", gdn_decode: str = "auto",
                  snapshot: Optional[SnapshotGDN] = None, grouped_mm: Optional[bool] = None,
-                 split_attention: Optional[bool] = None, varlen_attention: Optional[bool] = None):
+                 split_attention: Optional[bool] = None, varlen_attention: Optional[bool] = None,
+                 compile: Optional[bool] = None):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
@@ -202,8 +193,7 @@ class HybridModel:
         if gdn_decode not in GDN_DECODE:
             raise InputError(f"gdn_decode {gdn_decode!r}: expected one of {', '.join(GDN_DECODE)}")
         if gdn_decode == "auto":
-            gdn_decode = ("tree" if self.ops.uses_kernel("tree_verify") and self.ops.uses_kernel("tree_commit_replay")
-                          else "recurrent")
+            gdn_decode = "fused" if self.ops.uses_kernel("gdn_decode") else "recurrent"
         if gdn_decode == "sglang" and self.snapshot.engine != "sglang":
             raise InputError("gdn_decode 'sglang' needs snapshot=SnapshotGDN(load_sglang_gdn())")
         self.gdn_decode = gdn_decode
@@ -216,6 +206,7 @@ class HybridModel:
         self.varlen_attention = (varlen_attention_works(self.device.type, dtype, spec.attn_head_dim)
                                  if varlen_attention is None else varlen_attention)
         self.rope = Rope(int(spec.attn_head_dim * ROPE_FRACTION) // 2 * 2)
+        self.fuse = Fusion(self.device.type == "cuda" if compile is None else compile)
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._build()
 
@@ -369,19 +360,24 @@ class HybridModel:
 
     # ---- device-only forwards (no host sync when the GDN ops are kernels) ----------------
     def _run(self, tokens: torch.Tensor, gdn, attn, layers: Optional[Sequence[Layer]] = None) -> torch.Tensor:
+        """Embedding, layers, final norm, LM head. Each residual add is fused with the norm
+        after it (the next layer's input norm, or the final norm)."""
+        layers = self.layers if layers is None else list(layers)
         x = F.embedding(tokens, self.embed)
-        for layer in self.layers if layers is None else layers:
-            h = _rms(x, layer.norms.input_norm)
-            x = x + (gdn(layer, h) if layer.kind == "gdn" else attn(layer, h))
-            x = x + self._mlp(layer.mlp, _rms(x, layer.norms.post_norm))
-        return F.linear(_rms(x, self.final_norm), self.lm_head)
+        h = rms(x, layers[0].norms.input_norm if layers else self.final_norm)
+        for i, layer in enumerate(layers):
+            mixed = gdn(layer, h) if layer.kind == "gdn" else attn(layer, h)
+            x, h = self.fuse.add_rms(x, mixed, layer.norms.post_norm)
+            after = layers[i + 1].norms.input_norm if i + 1 < len(layers) else self.final_norm
+            x, h = self.fuse.add_rms(x, self._mlp(layer.mlp, h), after)
+        return F.linear(h, self.lm_head)
 
     def _mlp(self, m: _Weights, x: torch.Tensor) -> torch.Tensor:
         if not self.spec.is_moe:
-            return F.linear(swiglu(F.linear(x, m.gate_up)), m.down)
+            return F.linear(self.fuse.swiglu(F.linear(x, m.gate_up)), m.down)
         out = moe_forward(x, m.router, m.w13, m.w2, self.spec.experts_top_k, grouped=self.grouped_mm)
         if m.shared_gate_up is not None:
-            shared = F.linear(swiglu(F.linear(x, m.shared_gate_up)), m.shared_down)
+            shared = F.linear(self.fuse.swiglu(F.linear(x, m.shared_gate_up)), m.shared_down)
             out = out + torch.sigmoid(F.linear(x, m.shared_gate)) * shared
         return out
 
@@ -403,24 +399,13 @@ class HybridModel:
 
     def _gdn_out(self, w: _Weights, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Gated RMSNorm per head (rms(o) * w * silu(z)), then out_proj."""
-        s = self.spec
-        n, hv, dv = o.shape[0], s.gdn_value_heads, s.gdn_value_dim
-        o = F.rms_norm(o.to(self.fdtype), (dv,), w.norm_w.to(self.fdtype), RMS_EPS)
-        o = o * F.silu(z.reshape(n, hv, dv).to(self.fdtype))
-        return F.linear(o.reshape(n, hv * dv).to(self.dtype), w.out_proj)
+        return F.linear(self.fuse.gated_norm(o, z, w.norm_w, self.fdtype), w.out_proj)
 
     def _attn_in(self, w: _Weights, h: torch.Tensor, cos, sin):
         """q_proj (query | gate per head), k_proj, v_proj fused; q/k RMSNorm, RoPE."""
         s = self.spec
-        n, hq, hk, dh = h.shape[0], s.attn_heads, s.attn_kv_heads, s.attn_head_dim
-        proj = F.linear(h, w.qkv_proj)
-        qg = proj[:, : 2 * hq * dh].view(n, hq, 2 * dh)
-        q, gate = qg[..., :dh], qg[..., dh:].reshape(n, hq * dh)
-        k = proj[:, 2 * hq * dh: (2 * hq + hk) * dh].view(n, hk, dh)
-        v = proj[:, (2 * hq + hk) * dh:].view(n, hk, dh)
-        q = _rope(_rms(q, w.q_norm), cos, sin)
-        k = _rope(_rms(k, w.k_norm), cos, sin)
-        return q, gate, k, v
+        return self.fuse.attn_in(F.linear(h, w.qkv_proj), w.q_norm, w.k_norm, cos, sin,
+                                 s.attn_heads, s.attn_kv_heads, s.attn_head_dim)
 
     @staticmethod
     def _kv(cache: HybridCache, l: int, slots: torch.Tensor, slot_start: Optional[int], limit: int):
@@ -442,6 +427,11 @@ class HybridModel:
         def gdn(layer: Layer, h):
             w, l = layer.mixer, layer.index
             x, z, b, a = self._gdn_in(w, h)
+            if self.gdn_decode == "fused":
+                o = self.ops.decode(x, cache.conv_state[l], w.conv_w, w.conv_b, a, b, w.A_log, w.dt_bias,
+                                    cache.gdn_state[l], db.slots, key_heads=s.gdn_key_heads, z=z,
+                                    norm_w=w.norm_w, eps=RMS_EPS)
+                return F.linear(o, w.out_proj)
             y = gdn_ops.conv_decode(x, cache.conv_state[l], w.conv_w, w.conv_b, db.slots)
             q, k, v = self._qkv(y)
             state = cache.gdn_state[l]
@@ -470,7 +460,7 @@ class HybridModel:
             else:
                 keys, vals = self._kv(cache, l, db.slots, db.slot_start, db.kv_limit)
                 o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=db.attn_bias)
-            return F.linear(o.reshape(bsz, -1) * torch.sigmoid(gate), w.o_proj)
+            return F.linear(self.fuse.gated_out(o, gate), w.o_proj)
 
         return self._run(db.tokens, gdn, attn, layers)
 
@@ -540,7 +530,7 @@ class HybridModel:
                                          tb.padded(v).transpose(1, 2), tb.tree_bias)
             o = o.view(bsz, s.attn_kv_heads, t_max, grp, s.attn_head_dim).transpose(1, 2)
             o = o.reshape(bsz * t_max, -1).index_select(0, tb.pad_index)
-            return F.linear(o * torch.sigmoid(gate), w.o_proj)
+            return F.linear(self.fuse.gated_out(o, gate), w.o_proj)
 
         out.logits = self._run(tb.tokens, gdn, attn, layers)
         return out

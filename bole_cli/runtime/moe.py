@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from bole_cli.runtime.fusion import swiglu
+
 
 @functools.lru_cache(maxsize=None)
 def grouped_mm_works(device_type: str, dtype: torch.dtype) -> bool:
@@ -49,11 +51,6 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Tens
     probs = torch.softmax(F.linear(x, router).to(cdt), dim=-1)
     weights, ids = probs.topk(top_k, dim=-1)
     return weights / weights.sum(-1, keepdim=True), ids
-
-
-def swiglu(h: torch.Tensor) -> torch.Tensor:
-    gate, up = h.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def moe_forward(x: torch.Tensor, router: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

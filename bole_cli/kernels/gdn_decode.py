@@ -1,0 +1,187 @@
+"""One-token GDN decode in one launch per layer: the causal conv and its window slide, the
+gates, the q/k L2 norms, the recurrence (state updated in place) and, optionally, the gated
+RMSNorm of the output (docs/design.md §8, "The decode step").
+
+A plain decode step is the one-node tree, so the tree kernels compute it exactly, but as
+five launches a layer (conv, gates, verify, replay commit, norm) plus the PyTorch glue
+between them; production engines run this as one fused recurrent kernel. One program
+owns one (request, key head): the key head's q/k conv channels and every value head that
+reads them (GQA), so it alone reads and slides those channels' conv windows and no other
+program can see a half-written window.
+
+Rounding follows the unfused path: the conv output rounds to the activation dtype before
+the GDN (as a conv kernel's output would), the recurrence runs in float32, o rounds to
+the activation dtype before the gated norm, and the norm's result rounds once more.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from bole_cli.errors import InputError
+from bole_cli.kernels.jit_math import softplus, unit_scales
+from bole_cli.kernels.validate import (ACTIVATION_DTYPES, STATE_DTYPES, check_index_vector, check_last_contiguous,
+                                       check_nonempty, check_scale, check_shape, check_tensor, contiguous_vector)
+
+
+@triton.jit
+def _conv_channels(x_row, win, w, ch, cmask, s_cd, s_cw, s_wd, b_conv,
+                   W: tl.constexpr, WP: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """SiLU(conv) of channels `ch` over the window and the new input, rounded to the input's
+    dtype; also the slid window [BC, WP] (the last W-1 inputs) to store."""
+    cols = tl.arange(0, WP)
+    wmask = cmask[:, None] & (cols < W - 1)[None, :]
+    old = tl.load(win + ch[:, None] * s_cd + cols[None, :] * s_cw, mask=wmask, other=0.0)
+    xin = tl.load(x_row + ch, mask=cmask, other=0.0)
+    taps = tl.load(w + ch[:, None] * s_wd + cols[None, :], mask=wmask, other=0.0).to(tl.float32)
+    last = tl.load(w + ch * s_wd + (W - 1), mask=cmask, other=0.0).to(tl.float32)
+    y = tl.sum(old.to(tl.float32) * taps, axis=1) + xin.to(tl.float32) * last
+    if HAS_BIAS:
+        y += tl.load(b_conv + ch, mask=cmask, other=0.0).to(tl.float32)
+    y = y * tl.sigmoid(y)
+    y = y.to(xin.dtype).to(tl.float32)
+    nxt = tl.load(win + ch[:, None] * s_cd + (cols[None, :] + 1) * s_cw,
+                  mask=cmask[:, None] & (cols < W - 2)[None, :], other=0.0)
+    slid = tl.where((cols == W - 2)[None, :], xin[:, None].to(old.dtype), nxt)
+    return y, slid
+
+
+@triton.jit(do_not_specialize=["n_slots"])
+def _gdn_decode_kernel(
+    x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_idx, z, norm_w, o,
+    n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_an, s_bn, s_sn, s_sh, s_sv, s_zn, s_on, scale, eps,
+    H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+    HAS_BIAS: tl.constexpr, USE_L2NORM: tl.constexpr, NORM: tl.constexpr,
+):
+    req = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(state_idx + req).to(tl.int64)
+    # A slot outside the pool (no host check): nothing is read or written there, o is NaN.
+    in_pool = (slot >= 0) & (slot < n_slots)
+    poison = tl.where(in_pool, 0.0, float("nan"))
+    safe = tl.where(in_pool, slot, 0)
+    x_row = x + req.to(tl.int64) * s_xn
+    win = conv_state + safe * s_cn
+    offs_k = tl.arange(0, BK)
+    kmask = offs_k < K
+    offs_v = tl.arange(0, BV)
+    vmask = offs_v < V
+    # the masks of the writes: empty outside the pool
+    k_write = offs_k < tl.where(in_pool, K, 0)
+    v_write = offs_v < tl.where(in_pool, V, 0)
+
+    q, q_win = _conv_channels(x_row, win, conv_w, h * K + offs_k, kmask, s_cd, s_cw, s_wd, conv_b,
+                              W, WP, HAS_BIAS)
+    k, k_win = _conv_channels(x_row, win, conv_w, (H + h) * K + offs_k, kmask, s_cd, s_cw, s_wd, conv_b,
+                              W, WP, HAS_BIAS)
+    inv_k, inv_q = unit_scales(tl.sum(k * k, axis=0), tl.sum(q * q, axis=0), scale, USE_L2NORM)
+    k = k * inv_k
+    q = q * inv_q
+    cols = tl.arange(0, WP)
+    wcols = (cols < W - 1)[None, :]
+    for j in range(GROUP):
+        hv = h * GROUP + j
+        v_ch = 2 * H * K + hv * V + offs_v
+        v, v_win = _conv_channels(x_row, win, conv_w, v_ch, vmask, s_cd, s_cw, s_wd, conv_b, W, WP, HAS_BIAS)
+        g = -tl.exp(tl.load(A_log + hv).to(tl.float32)) * softplus(
+            tl.load(a + req * s_an + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32))
+        beta = tl.sigmoid(tl.load(b + req * s_bn + hv).to(tl.float32))
+        ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]
+        smask = vmask[:, None] & kmask[None, :]
+        s = tl.load(ptr, mask=smask, other=0.0).to(tl.float32) * tl.exp(g)
+        u = beta * (v - tl.sum(s * k[None, :], axis=1))
+        s = s + u[:, None] * k[None, :]
+        out = tl.sum(s * q[None, :], axis=1)
+        tl.store(ptr, s.to(state.dtype.element_ty), mask=v_write[:, None] & kmask[None, :])
+        tl.debug_barrier()  # every read of this head's window is done before it slides
+        tl.store(win + v_ch[:, None] * s_cd + cols[None, :] * s_cw, v_win, mask=v_write[:, None] & wcols)
+        out = out.to(o.dtype.element_ty).to(tl.float32)
+        if NORM:
+            zz = tl.load(z + req * s_zn + hv * V + offs_v, mask=vmask, other=0.0).to(tl.float32)
+            nw = tl.load(norm_w + offs_v, mask=vmask, other=0.0).to(tl.float32)
+            var = tl.sum(out * out, axis=0) / V
+            out = out / tl.sqrt(var + eps) * nw * (zz * tl.sigmoid(zz))
+        tl.store(o + req * s_on + hv * V + offs_v, out + poison, mask=vmask)
+    tl.debug_barrier()
+    kw_mask = k_write[:, None] & wcols
+    tl.store(win + (h * K + offs_k)[:, None] * s_cd + cols[None, :] * s_cw, q_win, mask=kw_mask)
+    tl.store(win + ((H + h) * K + offs_k)[:, None] * s_cd + cols[None, :] * s_cw, k_win, mask=kw_mask)
+
+
+def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, conv_b: Optional[torch.Tensor],
+               a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+               state: torch.Tensor, state_indices: torch.Tensor, *, key_heads: int,
+               z: Optional[torch.Tensor] = None, norm_w: Optional[torch.Tensor] = None,
+               eps: float = 1e-6, scale: Optional[float] = None, use_qk_l2norm: bool = True) -> torch.Tensor:
+    """One decode token per request, in place on `state` and `conv_state`.
+
+    x [B, D] the conv inputs q|k|v (D = 2 H K + HV V; rows may be strided); conv_state
+    [S, D, W-1] (any strides); conv_w [D, W]; conv_b [D] or None; a, b [B, HV] raw gates
+    (rows may be strided); A_log, dt_bias [HV]; state [S, HV, V, K] (K contiguous),
+    float32 or bfloat16; state_indices [B] pool slots. With z [B, HV V] and norm_w [V]:
+    returns the gated RMSNorm rms(o) * norm_w * silu(z) [B, HV V], else o [B, HV V], in
+    x's dtype. Slots outside the pool are not touched; their rows of the result are NaN.
+    """
+    check_tensor("x", x, 2, ACTIVATION_DTYPES)
+    dev = x.device
+    bsz, dim = x.shape
+    check_last_contiguous("x", x)
+    check_tensor("state", state, 4, STATE_DTYPES, dev)
+    n_slots, hv, vdim, kdim = state.shape
+    check_nonempty("state", state, {1: "HV (value heads)", 2: "V", 3: "K"})
+    check_last_contiguous("state", state)
+    if not isinstance(key_heads, int) or key_heads < 1 or hv % key_heads:
+        raise InputError(f"key_heads: {key_heads!r} must be a positive divisor of the {hv} value heads")
+    if dim != 2 * key_heads * kdim + hv * vdim:
+        raise InputError(f"x: {dim} channels, expected 2 * {key_heads} * {kdim} + {hv} * {vdim} (q|k|v)")
+    check_tensor("conv_state", conv_state, 3, ACTIVATION_DTYPES, dev)
+    if conv_state.shape[:2] != (n_slots, dim):
+        raise InputError(f"conv_state: expected shape ({n_slots}, {dim}, W-1), got {tuple(conv_state.shape)}")
+    width = conv_state.shape[2] + 1
+    if width < 2:
+        raise InputError("conv_state: the window must hold at least one input (W >= 2)")
+    check_tensor("conv_w", conv_w, 2, ACTIVATION_DTYPES, dev)
+    check_shape("conv_w", conv_w, (dim, width))
+    check_last_contiguous("conv_w", conv_w)
+    if conv_b is not None:
+        check_tensor("conv_b", conv_b, 1, ACTIVATION_DTYPES, dev)
+        check_shape("conv_b", conv_b, (dim,))
+        conv_b = contiguous_vector(conv_b)
+    for name, t in (("a", a), ("b", b)):
+        check_tensor(name, t, 2, ACTIVATION_DTYPES, dev)
+        check_shape(name, t, (bsz, hv))
+        check_last_contiguous(name, t)
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        check_tensor(name, t, 1, ACTIVATION_DTYPES, dev)
+        check_shape(name, t, (hv,))
+    A_log, dt_bias = contiguous_vector(A_log), contiguous_vector(dt_bias)
+    state_indices = check_index_vector("state_indices", state_indices, bsz, dev)
+    if (z is None) != (norm_w is None):
+        raise InputError("z and norm_w: give both (the gated norm) or neither")
+    if z is not None:
+        check_tensor("z", z, 2, ACTIVATION_DTYPES, dev)
+        check_shape("z", z, (bsz, hv * vdim))
+        check_last_contiguous("z", z)
+        check_tensor("norm_w", norm_w, 1, ACTIVATION_DTYPES, dev)
+        check_shape("norm_w", norm_w, (vdim,))
+        norm_w = contiguous_vector(norm_w)
+    scale = check_scale(scale, kdim)
+    out = torch.empty(bsz, hv * vdim, device=dev, dtype=x.dtype)
+    if bsz:
+        _gdn_decode_kernel[(bsz, key_heads)](
+            x, conv_state, conv_w, conv_b if conv_b is not None else x, a, b, A_log, dt_bias, state,
+            state_indices, z if z is not None else x, norm_w if norm_w is not None else x, out,
+            n_slots, x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+            conv_w.stride(0), a.stride(0), b.stride(0), state.stride(0), state.stride(1), state.stride(2),
+            z.stride(0) if z is not None else 0, out.stride(0), scale, float(eps),
+            H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=triton.next_power_of_2(kdim),
+            BV=triton.next_power_of_2(vdim), W=width, WP=triton.next_power_of_2(width),
+            HAS_BIAS=conv_b is not None, USE_L2NORM=bool(use_qk_l2norm), NORM=z is not None,
+            num_warps=8,
+        )
+    return out

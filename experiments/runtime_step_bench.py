@@ -1,0 +1,208 @@
+"""The runtime's decode and verify steps by variant, for the production-grade step
+(docs/design.md §8 "The decode step"; experiments/README.md, rows R-*):
+
+- before:   the GDN decode as one-node trees (conv, gates, verify, replay commit, norm:
+            five launches a layer plus PyTorch glue), every elementwise piece eager;
+- fused:    kernels.gdn_decode (one launch a GDN layer), the rest eager;
+- compiled: fused, and runtime.fusion's pieces compiled by torch.compile (the default).
+
+Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
+graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
+median of --repeats. One eager step per variant runs under torch.profiler for the sum of
+its kernels' time and their count. Correctness: the variants' logits and committed GDN
+states after one step agree (bf16), and the fused kernel matches its float64 reference.
+
+    python experiments/runtime_step_bench.py --out experiments/results/runtime/steps-h200.json
+    python experiments/runtime_step_bench.py --smoke --out /tmp/s.json     # CPU smoke, no timings to quote
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+VARIANTS = {"before": ("tree", False), "fused": ("fused", False), "compiled": ("fused", True)}
+
+
+def set_variant(timer, name: str) -> None:
+    from bole_cli.runtime.fusion import Fusion
+
+    decode, compiled = VARIANTS[name]
+    timer.model.gdn_decode = decode
+    timer.model.fuse = Fusion(compiled)
+    timer._steps.clear()  # graphs of the previous variant
+
+
+def median_ms(fn, repeats: int) -> float:
+    return 1e3 * statistics.median(fn() for _ in range(repeats))
+
+
+def kernel_sum(torch, step) -> dict:
+    """Kernel time and count of one eager step (torch.profiler, CUDA activity)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    total, count = 0.0, 0
+    for ev in prof.events():
+        if "CUDA" in str(getattr(ev, "device_type", "")):  # the kernels themselves (Kineto)
+            total += ev.device_time
+            count += 1
+    by_op = sum(e.self_device_time_total for e in prof.key_averages())  # kernels under their ops
+    return {"kernel_ms": total / 1e3, "kernels": count, "kernel_ms_by_op": by_op / 1e3}
+
+
+def decode_agreement(torch, timer, batch: int, kv: int) -> dict:
+    """Logits and states after one decode step, per variant, against `before`."""
+    cache = timer._cache_for(batch, kv + 1, kv)
+    base = cache.clone()
+    out = {}
+    tokens = torch.randint(timer.spec.vocab, (batch,))
+    for name in VARIANTS:
+        set_variant(timer, name)
+        c = base.clone()
+        with torch.inference_mode():
+            db = timer.model.prepare_decode(c, tokens, list(range(batch)))
+            logits = timer.model.forward_decode(c, db).float()
+        out[name] = (logits, c.gdn_state.float(), c.conv_state.float())
+    ref = out["before"]
+    rel = (lambda a, b: float((a - b).norm() / b.norm()))
+    return {name: {"logits_rel": rel(v[0], ref[0]), "state_rel": rel(v[1], ref[1]),
+                   "conv_rel": rel(v[2], ref[2])} for name, v in out.items() if name != "before"}
+
+
+def kernel_vs_reference(torch, spec, device) -> dict:
+    from bole_cli.kernels.gdn_decode import gdn_decode
+    from bole_cli.kernels.reference import gdn_decode_ref
+
+    g = torch.Generator(device=device).manual_seed(0)
+    bsz, hk, hv, kd, vd = 4, spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
+    dim = 2 * hk * kd + hv * vd
+    bf = torch.bfloat16
+
+    def r(*s, std=1.0, dtype=bf):
+        return (torch.randn(*s, generator=g, device=device) * std).to(dtype)
+
+    case = dict(x=r(bsz, dim), conv_state=r(8, dim, spec.conv_kernel - 1), conv_w=r(dim, spec.conv_kernel, std=0.5),
+                conv_b=None, a=r(bsz, hv), b=r(bsz, hv), A_log=r(hv, std=0.5, dtype=torch.float32),
+                dt_bias=r(hv, std=0.5, dtype=torch.float32), state=r(8, hv, vd, kd, std=0.05, dtype=torch.float32),
+                state_indices=torch.tensor([5, 0, 3, 7], device=device), key_heads=hk,
+                z=r(bsz, hv * vd), norm_w=r(vd).abs() + 0.5)
+    want, want_state, _ = gdn_decode_ref(**case)
+    got = gdn_decode(**{k: (v.clone() if k in ("state", "conv_state") else v) for k, v in case.items()})
+    st = case["state"].clone()
+    gdn_decode(**{**case, "state": st, "conv_state": case["conv_state"].clone()})
+    floor = float((want.to(bf).double() - want).norm() / want.norm())
+    return {"o_rel": float((got.double() - want).norm() / want.norm()), "o_bf16_floor": floor,
+            "state_rel": float((st.double() - want_state).norm() / want_state.norm())}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="4b,9b,27b")
+    ap.add_argument("--batch", default="1,16")
+    ap.add_argument("--kv", type=int, default=1024)
+    ap.add_argument("--verify-model", default="9b")
+    ap.add_argument("--verify-kv", type=int, default=4096)
+    ap.add_argument("--verify-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--smoke", action="store_true", help="tiny model on CPU, no compile (a test)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from bole_cli.catalog.models import resolve_model, tiny_spec
+    from bole_cli.runtime.timer import HybridForwardTimer
+
+    cuda = not args.smoke
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    if not cuda:
+        VARIANTS["compiled"] = ("fused", False)
+    batches = [int(b) for b in args.batch.split(",")]
+    doc = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+           "versions": {"torch": torch.__version__, "python": platform.python_version()},
+           "command": "python " + " ".join(sys.argv), "kv": args.kv, "variants": VARIANTS,
+           "decode": [], "verify": [], "profile": [], "agreement": [], "kernel": None}
+    if cuda:
+        import triton
+
+        doc["versions"]["triton"] = triton.__version__
+    models = ["tiny"] if args.smoke else args.models.split(",")
+
+    def save():
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, args.out)
+
+    for name in models:
+        spec = tiny_spec(layers=4) if args.smoke else resolve_model(name)
+        if doc["kernel"] is None and cuda:
+            doc["kernel"] = kernel_vs_reference(torch, spec, device)
+        t0 = time.perf_counter()
+        timer = HybridForwardTimer(spec, device, dtype, inner=3, **({"gdn_backend": "kernels"} if not cuda else {}))
+        serving = HybridForwardTimer.__new__(HybridForwardTimer)  # the same model, serving-step timing
+        serving.__dict__.update(timer.__dict__)
+        serving.serving_step = True
+        for variant in VARIANTS:
+            for bsz in batches:
+                set_variant(timer, variant)
+                c0 = time.perf_counter()
+                replay = median_ms(lambda: timer.time_decode(bsz, args.kv), args.repeats)
+                first = time.perf_counter() - c0
+                serving._steps = timer._steps
+                serving._cache = timer._cache
+                serve = median_ms(lambda: serving.time_decode(bsz, args.kv), args.repeats)
+                row = {"model": spec.name, "variant": variant, "batch": bsz, "kv": args.kv,
+                       "replay_ms": replay, "serving_ms": serve, "first_call_s": first}
+                doc["decode"].append(row)
+                print(f"{spec.name:14s} {variant:9s} b{bsz:<3d} decode replay {replay:7.3f} ms  "
+                      f"serving {serve:7.3f} ms  (first {first:5.1f} s)", flush=True)
+                save()
+            if cuda and bsz == batches[-1]:
+                set_variant(timer, variant)
+                cache = timer._cache_for(1, args.kv + 1, args.kv)
+                with torch.inference_mode():
+                    db = timer.model.prepare_decode(cache, torch.randint(spec.vocab, (1,)), [0])
+                    prof = kernel_sum(torch, lambda: timer.model.forward_decode(cache, db))
+                doc["profile"].append({"model": spec.name, "variant": variant, "batch": 1, "step": "decode", **prof})
+        if cuda:
+            doc["agreement"].append({"model": spec.name, "batch": 4, **decode_agreement(torch, timer, 4, args.kv)})
+        if args.smoke or name == args.verify_model:
+            vkv, vn = (64, 8) if args.smoke else (args.verify_kv, args.verify_tokens)
+            for variant in ("before", "compiled"):
+                set_variant(timer, variant)
+                replay = median_ms(lambda: timer.time_verify(1, vkv, vn), args.repeats)
+                serving._steps = timer._steps
+                serving._cache = timer._cache
+                serve = median_ms(lambda: serving.time_verify(1, vkv, vn), args.repeats)
+                set_variant(timer, variant)
+                dec = median_ms(lambda: timer.time_decode(1, vkv), args.repeats)
+                serving._steps = timer._steps
+                serving._cache = timer._cache
+                dec_serve = median_ms(lambda: serving.time_decode(1, vkv), args.repeats)
+                doc["verify"].append({"model": spec.name, "variant": variant, "batch": 1, "kv": vkv,
+                                      "tree_tokens": vn, "replay_ms": replay, "serving_ms": serve,
+                                      "decode_replay_ms": dec, "decode_serving_ms": dec_serve})
+                print(f"{spec.name:14s} {variant:9s} verify {vn} @kv{vkv}: replay {replay:7.3f} serving "
+                      f"{serve:7.3f} | decode replay {dec:7.3f} serving {dec_serve:7.3f} ms", flush=True)
+                save()
+        print(f"{spec.name}: {time.perf_counter() - t0:.0f} s", flush=True)
+        del timer, serving
+        if cuda:
+            torch.cuda.empty_cache()
+    save()
+    print(json.dumps({"kernel": doc["kernel"], "agreement": doc["agreement"], "profile": doc["profile"]}, indent=0))
+
+
+if __name__ == "__main__":
+    main()

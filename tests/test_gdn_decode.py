@@ -1,0 +1,149 @@
+"""The fused one-token decode kernel (kernels/gdn_decode.py) against its float64 reference,
+and against the tree kernels' one-node path that it replaces in the runtime.
+
+CPU: Triton's interpreter, float32 arithmetic (the kernel's bf16 roundings are identities
+here, so the reference's exact float64 applies at float32 tolerance).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from bole_cli.errors import InputError
+from bole_cli.kernels.gdn_decode import gdn_decode
+from bole_cli.kernels.reference import gdn_decode_ref
+
+SETTINGS = settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+F32 = torch.float32
+
+
+def make(seed, bsz=3, hk=2, group=2, kdim=16, vdim=8, width=4, slots=6, decay=(-2.0, 0.0), bias=False,
+         norm=True, dtype=F32, conv_layout="sdw"):
+    gen = torch.Generator().manual_seed(seed)
+    hv = hk * group
+    dim = 2 * hk * kdim + hv * vdim
+
+    def r(*shape, std=1.0):
+        return torch.randn(*shape, generator=gen, dtype=F32).mul_(std).to(dtype)
+
+    if conv_layout == "swd":  # SGLang's [S, W-1, D] storage, seen as [S, D, W-1]
+        conv = r(slots, width - 1, dim).transpose(1, 2)
+    else:
+        conv = r(slots, dim, width - 1)
+    lo, hi = decay  # g = -exp(A_log) softplus(a + dt_bias), softplus ~ 0.1-3: |g| spans about |hi|..|lo|
+    a_raw = r(bsz, hv)
+    perm = torch.randperm(slots, generator=gen)[:bsz]
+    case = dict(
+        x=r(bsz, dim), conv_state=conv, conv_w=r(dim, width, std=width ** -0.5),
+        conv_b=r(dim, std=0.1) if bias else None, a=a_raw, b=r(bsz, hv),
+        A_log=torch.empty(hv).uniform_(max(-hi, 1e-6), -lo, generator=gen).log().to(dtype),
+        dt_bias=r(hv, std=0.5), state=r(slots, hv, vdim, kdim, std=0.1), state_indices=perm,
+        key_heads=hk)
+    if norm:
+        case.update(z=r(bsz, hv * vdim), norm_w=r(vdim).abs().add_(0.5))
+    return case
+
+
+def run(case, **kw):
+    c = {k: (v.clone() if isinstance(v, torch.Tensor) and k in ("state", "conv_state") else v)
+         for k, v in case.items()}
+    out = gdn_decode(**c, **kw)
+    return out, c["state"], c["conv_state"]
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-30))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**31 - 1), bsz=st.integers(1, 4), group=st.sampled_from([1, 2, 4]),
+       kdim=st.sampled_from([16, 32]), vdim=st.sampled_from([8, 16]), width=st.sampled_from([2, 4]),
+       decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -1e-4)]),
+       bias=st.booleans(), norm=st.booleans(), layout=st.sampled_from(["sdw", "swd"]))
+@example(seed=3, bsz=2, group=4, kdim=32, vdim=16, width=4, decay=(-30.0, -1e-4), bias=True, norm=True,
+         layout="swd")
+def test_decode_matches_float64_reference(seed, bsz, group, kdim, vdim, width, decay, bias, norm, layout):
+    case = make(seed, bsz=bsz, group=group, kdim=kdim, vdim=vdim, width=width, decay=decay, bias=bias,
+                norm=norm, conv_layout=layout)
+    out, state, conv = run(case)
+    want, want_state, want_conv = gdn_decode_ref(**case)
+    assert rel(out, want) < 2e-5
+    assert rel(state, want_state) < 2e-5
+    torch.testing.assert_close(conv, want_conv, rtol=0, atol=0)  # the slide is a copy
+    untouched = [s for s in range(case["state"].shape[0]) if s not in case["state_indices"].tolist()]
+    assert torch.equal(state[untouched], case["state"][untouched])
+    assert torch.equal(conv[untouched], case["conv_state"][untouched])
+
+
+def test_decode_is_the_one_node_tree():
+    """The same step through the tree kernels the runtime used before (conv, gates, verify,
+    replay commit): one-node trees are plain decoding."""
+    from bole_cli.kernels import gdn_gates, tree_commit_replay, tree_conv, tree_verify
+
+    case = make(5, bsz=3, group=2, norm=False)
+    out, state, conv = run(case)
+    bsz = case["x"].shape[0]
+    parents = torch.full((bsz,), -1, dtype=torch.int32)
+    cu = torch.arange(bsz + 1, dtype=torch.int32)
+    st_ref, conv_ref = case["state"].clone(), case["conv_state"].clone()
+    y = tree_conv(case["x"], conv_ref, case["conv_w"], None, case["state_indices"], parents, cu, activation=True)
+    hk, kdim = 2, 16
+    q = y[:, : hk * kdim].view(bsz, hk, kdim)
+    k = y[:, hk * kdim: 2 * hk * kdim].view(bsz, hk, kdim)
+    v = y[:, 2 * hk * kdim:].reshape(bsz, 4, 8)
+    g, beta = gdn_gates(case["A_log"], case["a"], case["dt_bias"], case["b"])
+    o = tree_verify(q, k, v, g, beta, st_ref, case["state_indices"], parents, cu).o
+    tree_commit_replay(st_ref, case["state_indices"], k, v, g, beta, parents, cu, torch.zeros(bsz, dtype=torch.int64))
+    assert rel(out, o.reshape(bsz, -1)) < 2e-5
+    assert rel(state, st_ref) < 2e-5
+
+
+def test_slot_outside_the_pool_writes_nothing():
+    case = make(7, bsz=2)
+    case["state_indices"] = torch.tensor([1, 99])
+    out, state, conv = run(case)
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[0]).all()
+    keep = [s for s in range(case["state"].shape[0]) if s != 1]
+    assert torch.equal(state[keep], case["state"][keep])
+    assert torch.equal(conv[keep], case["conv_state"][keep])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(key_heads=3), "key_heads"),
+    (dict(x=torch.zeros(3, 7)), "x:"),
+    (dict(z=None), "z and norm_w"),
+    (dict(a=torch.zeros(3, 5)), "a:"),
+    (dict(state_indices=torch.zeros(2, dtype=torch.int64)), "state_indices"),
+    (dict(conv_w=torch.zeros(4, 4)), "conv_w"),
+])
+def test_bad_input_names_the_argument(change, message):
+    case = make(1)
+    case.update(change)
+    with pytest.raises(InputError, match=message):
+        gdn_decode(**case)
+
+
+@pytest.mark.gpu
+def test_decode_bf16_on_gpu_near_the_rounding_floor():
+    """At a 9B layer's shapes with bf16 activations and a float32 state: o within a few bf16
+    roundings of float64 (the kernel rounds the conv output and o as the unfused path does),
+    the state close to float32."""
+    from bole_cli.catalog.models import resolve_model
+
+    s = resolve_model("9b")
+    case = make(11, bsz=4, hk=s.gdn_key_heads, group=s.gdn_value_heads // s.gdn_key_heads, kdim=s.gdn_key_dim,
+                vdim=s.gdn_value_dim, width=s.conv_kernel, slots=8, dtype=torch.bfloat16)
+    case = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    for name in ("A_log", "dt_bias", "state"):
+        case[name] = case[name].float()
+    out, state, conv = run(case)
+    want, want_state, want_conv = gdn_decode_ref(**case)
+    floor = float((want.to(torch.bfloat16).double() - want).norm() / want.norm())
+    o_rel = float((out.double() - want).norm() / want.norm())
+    s_rel = float((state.double() - want_state).norm() / want_state.norm())
+    assert o_rel <= 4 * floor, (o_rel, floor)
+    assert s_rel <= 1e-3, s_rel
+    assert torch.equal(conv, want_conv)
