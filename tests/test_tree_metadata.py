@@ -452,3 +452,20 @@ def test_refill_runs_on_meta_tensors(mode):
     refill_decode(db, tokens[:2], base, ROPE)
     with pytest.raises((NotImplementedError, RuntimeError)):
         base[base > 3]  # what the meta device refuses
+
+
+@pytest.mark.parametrize("depth", [2, 9, 37])
+def test_refill_tree_long_chains(depth):
+    """Pointer jumping past powers of two: a chain of `depth` nodes refills a bucket that a
+    branching tree of the same depth was prepared for, and a one-node-shallower one too."""
+    kw = dict(rope=ROPE, dtype=torch.float32, device="cpu", n_slots=N_SLOTS, max_len=MAX_LEN, gqa_group=1,
+              n_gdn_layers=1, kv_bucket=MAX_LEN)
+    size = depth + 3
+    first = list(range(-1, depth - 1)) + [0, 0, -1]
+    tb = prepare_tree((first, [0, size]), [0] * size, [2], [0, 0, 5, 0, 0, 0], **kw)
+    assert tb.max_depth == depth
+    for parents in ([-1] * 4 + list(range(3, size - 1)), [-1] + list(range(0, depth - 2)) + [-1] * 4):
+        refill_tree(tb, torch.tensor(parents), torch.arange(size), torch.tensor([9]), ROPE)
+        want = prepare_tree((parents, [0, size]), list(range(size)), [2], [0, 0, 9, 0, 0, 0], **kw)
+        expect_refilled(tb, as_dict(want) | {"max_depth": want.max_depth})
+    assert want.max_depth == depth - 1

@@ -5,9 +5,10 @@ its arrays. A serving loop that replays one CUDA graph per bucket (`signature()`
 rebuild them on the host every step: `refill_tree` / `refill_decode` recompute every
 step-dependent array IN PLACE from three small device inputs (parents, tokens, committed
 lengths) with fixed-shape torch ops only (no host read, no data-dependent shape), so the
-refill is captured in the same graph as the forward (docs/design.md §8: the host step is
-what a production engine does not pay). `TreeInputs` is the host side: one O(N) check of
-what the static layout cannot express, one pinned buffer, one H2D copy.
+refill is captured in the same graph as the forward (docs/design.md §3 for the tree
+arrays, §8 for the timed serving step: its host part is what a production engine does not
+pay). `TreeInputs` is the host side: one O(N) check of what the static layout cannot
+express, one pinned buffer, one H2D copy.
 
 What a bucket bakes in, and the caller must keep (TreeInputs.load checks it; refill_*
 cannot, it never reads the device):
@@ -50,25 +51,28 @@ def _set_additive(bias: torch.Tensor, visible: torch.Tensor) -> None:
 
 def tree_structure(parents: torch.Tensor, cu_seqlens: torch.Tensor, pad_index: torch.Tensor,
                    batch: int, max_nodes: int, max_depth: int):
-    """The forest's shape over the padded [B, T] layout, by max_depth - 1 parent-chasing
-    steps. Returns (par_pad [B*T] local parent or -1, pad_row [B, T] bool,
+    """The forest's shape over the padded [B, T] layout, by pointer jumping: ceil(log2 D)
+    doublings of each row's ancestor list (a node's ancestors w..2w-1 are its w-th
+    ancestor's 0..w-1). Returns (par_pad [B*T] local parent or -1, pad_row [B, T] bool,
     depth [B*T] strict ancestors, table [B*T, D] local ancestor at each depth or -1,
     anc [B, T, T] bool: anc[b, i, j] = j on i's root path, i included)."""
     bsz, t, d = batch, max_nodes, max_depth
     dev = pad_index.device
-    par_pad = torch.full((bsz * t,), -1, dtype=torch.int64, device=dev)
+    rows = bsz * t  # and row `rows` is a sentinel, every root's parent and its own
+    par_pad = torch.full((rows,), -1, dtype=torch.int64, device=dev)
     par_pad.index_copy_(0, pad_index, parents.to(torch.int64))
     sizes = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
     local = torch.arange(t, device=dev)
     pad_row = local[None, :] >= sizes[:, None]
-    start = (torch.arange(bsz, device=dev) * t)[:, None].expand(bsz, t).reshape(-1)
-    cur = torch.where(pad_row.view(-1), -1, local.repeat(bsz))
-    chain = [cur]
-    for _ in range(d - 1):  # chain[k]: the k-th ancestor, -1 past the root
-        up = par_pad.gather(0, start + cur.clamp(min=0))
-        cur = torch.where(cur >= 0, up, -1)
-        chain.append(cur)
-    ancestors = torch.stack(chain, 1)  # [B*T, D]
+    ids = torch.arange(rows + 1, device=dev)
+    start = ids - ids % t  # b*T, the row of the request's local 0
+    up = torch.where(torch.cat([par_pad, par_pad.new_full((1,), -1)]) >= 0,
+                     start + torch.cat([par_pad, par_pad.new_zeros(1)]), rows)
+    chain = torch.where(torch.cat([pad_row.view(-1), pad_row.new_ones(1)]), rows, ids)[:, None]
+    while chain.shape[1] < d:  # chain[r, k]: r's k-th ancestor, the sentinel past the root
+        chain = torch.cat([chain, chain.index_select(0, up.index_select(0, chain[:, -1]))], 1)
+    chain = chain[:rows, :d]
+    ancestors = torch.where(chain < rows, chain - start[:rows, None], -1)
     depth = (ancestors[:, 1:] >= 0).sum(1)
     back = depth[:, None] - torch.arange(d, device=dev)[None, :]  # column k holds depth k
     table = torch.where(back >= 0, ancestors.gather(1, back.clamp(min=0)), -1)
@@ -84,7 +88,7 @@ def refill_tree(tb: _TreeBatch, parents: torch.Tensor, tokens: torch.Tensor, bas
     node tokens and the committed lengths, exactly as prepare_tree builds them, with device
     ops of shapes fixed by tb's signature (capturable; see the module docstring for what
     the caller must keep). parents [N] local (-1 = root), tokens [N], base [B] committed
-    lengths, all integer tensors on tb's device. Host fields (host_*) are not touched:
+    lengths: integer tensors (int32 or int64) on tb's device. Host fields (host_*) are not touched:
     TreeInputs.load sets them."""
     bsz, t, n = tb.batch, tb.max_nodes, tb.n_nodes
     par_pad, pad_row, depth, table, anc = tree_structure(parents, tb.cu_seqlens, tb.pad_index,
@@ -158,6 +162,11 @@ class TreeInputs:
         inputs = TreeInputs(tb)
         inputs.load(parents, tokens, base)            # each step, on the host
         refill_tree(tb, inputs.parents, inputs.tokens, inputs.base, rope)  # in the graph
+
+    The copy runs on the current stream, so it lands after the previous replay has read
+    the device buffer; `load` waits for the previous copy only before overwriting the
+    host buffer (long done by then). Tokens are not range-checked (the vocabulary is the
+    model's).
     """
 
     def __init__(self, tb: _TreeBatch):
