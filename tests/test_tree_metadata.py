@@ -22,7 +22,7 @@ from bole_cli.runtime.tree_metadata import TreeInputs, refill_decode, refill_tre
 from bole_cli.trees import chain_tree, pack_forest, random_tree
 
 ROPE = Rope(8)
-MAX_LEN = 64
+MAX_LEN = 60  # not a multiple of 16: the masks' rows carry padding
 N_SLOTS = 6
 MODES = ("dense", "split", "varlen")
 
@@ -265,6 +265,10 @@ def test_refill_tree_equals_prepare_tree(mode, data):
     del want["host_depths"]  # host fields are TreeInputs.load's
     expect_refilled(tb, want)
     assert {name: t.data_ptr() for name, t in tb.tensors().items()} == storage
+    tight = tree_kwargs(mode, case) | {"kv_bucket": 1}  # kv_limit as small as the step allows
+    want = legacy_prepare_tree((p2, case["cu"]), t2, case["slots"], l2, **tight)
+    assert_same(prepare_tree((p2, case["cu"]), t2, case["slots"], l2, device="cpu", n_slots=N_SLOTS,
+                             max_len=MAX_LEN, **tight), want)
     assert tb.signature() == signature
 
 
@@ -301,6 +305,11 @@ def test_refill_decode_equals_prepare_decode(varlen, data):
     toks, lens = steps[1]
     refill_decode(db, torch.tensor(toks), torch.tensor([lens[s] for s in slots]), ROPE)
     assert_same(db, legacy_prepare_decode(toks, slots, lens, **kw))
+    for lens in (lens, [lens[0]] * N_SLOTS):  # a tight read; equal lengths need no mask at all
+        tight = kw | {"kv_bucket": 1}
+        want = legacy_prepare_decode(toks, slots, lens, **tight)
+        assert_same(prepare_decode(toks, slots, lens, device="cpu", n_slots=N_SLOTS, max_len=MAX_LEN, **tight), want)
+    assert want["attn_bias"] is None and want["kv_used"] is None
 
 
 # ---- (3) no host read inside the refill ----------------------------------------------------
