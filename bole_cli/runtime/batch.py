@@ -1,6 +1,7 @@
-"""Device-side metadata of one decode step or one tree verify, prepared on the host.
+"""Device-side metadata of one decode step or one tree verify, checked on the host.
 
-A serving engine builds these arrays on the CPU and copies them once; the forward then
+prepare_* checks a step on the host, allocates its arrays and fills them on the device
+(runtime/tree_metadata.py: the same refill a captured graph replays); the forward then
 runs without a single host synchronisation, so it can be captured in a CUDA graph and
 replayed with new contents of the same shapes (`copy_from`). `signature()` is the graph
 bucket: every Python int the forward bakes in.
@@ -21,6 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from bole_cli.errors import InputError
+from bole_cli.runtime.tree_metadata import refill_decode, refill_tree
 
 
 @dataclass
@@ -115,35 +117,39 @@ def prepare_decode(tokens, slots: Sequence[int], kv_lens: Sequence[int], *, rope
     tok = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
     if tok.numel() != bsz:
         raise InputError(f"decode: {tok.numel()} tokens for {bsz} slots")
-    pos = torch.tensor(lens, dtype=torch.int64, device=device)
-    cos, sin = rope.tables(pos)
+    dev = torch.device(device)
     bias = used = None
     if any(n + 1 != limit for n in lens):
         if _varlen_ok(varlen, slots):
-            used = torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=device)
+            used = torch.empty(bsz, dtype=torch.int32, device=dev)
         else:
-            vis = torch.arange(limit, device=device)[None, :] <= pos[:, None]
-            bias = _additive(vis.view(bsz, 1, 1, limit), dtype)
-    return DecodeBatch(
+            bias = _neg_inf_rows((bsz, 1, 1, limit), dtype, dev)
+    half = rope.dim // 2
+    db = DecodeBatch(
         batch=bsz, kv_limit=limit, slot_start=_contiguous_start(slots),
-        tokens=tok.to(device), slots=torch.tensor(slots, dtype=torch.int64, device=device),
-        positions=pos, cos=cos, sin=sin, attn_bias=bias, kv_used=used,
-        parents=torch.full((bsz,), -1, dtype=torch.int32, device=device),
-        cu_seqlens=torch.arange(bsz + 1, dtype=torch.int32, device=device),
-        accepted=torch.zeros(bsz, dtype=torch.int64, device=device),
+        tokens=torch.empty(bsz, dtype=torch.int64, device=dev),
+        slots=torch.tensor(slots, dtype=torch.int64, device=dev),
+        positions=torch.empty(bsz, dtype=torch.int64, device=dev),
+        cos=torch.empty(bsz, half, device=dev, dtype=torch.float32),
+        sin=torch.empty(bsz, half, device=dev, dtype=torch.float32),
+        attn_bias=bias, kv_used=used,
+        parents=torch.full((bsz,), -1, dtype=torch.int32, device=dev),
+        cu_seqlens=torch.arange(bsz + 1, dtype=torch.int32, device=dev),
+        accepted=torch.zeros(bsz, dtype=torch.int64, device=dev),
         host_slots=slots, host_kv_lens=lens,
     )
+    refill_decode(db, tok.to(dev), torch.tensor(lens, dtype=torch.int64, device=dev), rope)
+    return db
 
 
-def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where visible, -inf elsewhere. Rows are padded to 16 elements (a view is returned)
-    so SDPA's memory-efficient kernel takes the mask as is instead of re-padding a copy
-    in every attention layer."""
-    width = visible.shape[-1]
+def _neg_inf_rows(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """An additive mask's storage, all -inf (tree_metadata writes the 0s). Rows are padded
+    to 16 elements (a view is returned) so SDPA's memory-efficient kernel takes the mask as
+    is instead of re-padding a copy in every attention layer."""
+    width = shape[-1]
     padded = -(-width // 16) * 16
-    bias = torch.full(tuple(visible.shape[:-1]) + (padded,), float("-inf"), dtype=dtype, device=visible.device)
-    view = bias[..., :width]
-    return view.masked_fill_(visible, 0.0)
+    bias = torch.full(tuple(shape[:-1]) + (padded,), float("-inf"), dtype=dtype, device=device)
+    return bias[..., :width]
 
 
 @dataclass
@@ -232,7 +238,6 @@ def prepare_tree(forest, tokens, slots: Sequence[int], kv_lens: Sequence[int], *
     t_max = max(max(sizes), 1)
 
     depth = [0] * n
-    paths: list[list[int]] = [[] for _ in range(n)]
     node_b, local = [0] * n, [0] * n
     single_root = True
     for b in range(bsz):
@@ -245,10 +250,8 @@ def prepare_tree(forest, tokens, slots: Sequence[int], kv_lens: Sequence[int], *
             node_b[g_i], local[g_i] = b, i
             if p < 0:
                 single_root &= i == 0
-                paths[g_i] = [i]
             else:
                 depth[g_i] = depth[cu[b] + p] + 1
-                paths[g_i] = paths[cu[b] + p] + [i]
     d_max = max((d + 1 for d in depth), default=1)
     need = max(lens[b] + sizes[b] for b in range(bsz))
     if need > max_len:
@@ -257,66 +260,36 @@ def prepare_tree(forest, tokens, slots: Sequence[int], kv_lens: Sequence[int], *
 
     dev = torch.device(device)
     i64 = dict(dtype=torch.int64, device=dev)
-    base = torch.tensor(lens, **i64)
-    nb = torch.tensor(node_b, **i64)
-    loc = torch.tensor(local, **i64)
-    dep = torch.tensor(depth, **i64)
-    positions = base[nb] + dep
-    cos, sin = rope.tables(positions)
-
-    # root paths as a [N, D] table (ancestor at each depth, -1 past the node), the ancestor
-    # mask and the parents over the padded [B, T] layout
-    table = torch.tensor([p + [-1] * (d_max - len(p)) for p in paths], dtype=torch.int64).view(n, d_max)
-    row = torch.tensor(node_b, dtype=torch.int64) * t_max + torch.tensor(local, dtype=torch.int64)  # [N]
-    anc = torch.zeros(bsz * t_max * t_max, dtype=torch.bool)
-    hit = table >= 0
-    anc[(row[:, None] * t_max + table.clamp(min=0))[hit]] = True
-    anc = anc.view(bsz, t_max, t_max).to(dev)
-    par_pad = torch.full((bsz * t_max,), -1, dtype=torch.int64)
-    par_pad[row] = torch.tensor(parents, dtype=torch.int64)
-    par_pad = par_pad.view(bsz, t_max)
-    pad_row = torch.arange(t_max, device=dev)[None, :] >= torch.tensor(sizes, device=dev)[:, None]
-
-    def fold(vis):  # [B, T, keys] -> [B, 1, T*G, keys]: the query rows of the GQA fold
-        keys = vis.shape[-1]
-        return vis[:, None, :, None, :].expand(bsz, 1, t_max, gqa_group, keys).reshape(bsz, 1, t_max * gqa_group, keys)
-
     split_base = lens[0] if split and all(x == lens[0] for x in lens) else None
     varlen = split_base is None and _varlen_ok(varlen, slots) and min(lens) > 0
-    attn_bias = tree_bias = kv_used = None
-    if varlen:
-        kv_used = torch.tensor(lens, dtype=torch.int32, device=dev)
-    if split_base is None and not varlen:
-        pos = torch.arange(limit, device=dev)
-        rel = pos[None, :] - base[:, None]  # [B, L] position relative to the tree's start
-        in_tree = (rel >= 0) & (rel < t_max)
-        tree_vis = torch.gather(anc, 2, rel.clamp(0, t_max - 1)[:, None, :].expand(bsz, t_max, limit))
-        vis = (pos[None, None, :] < base[:, None, None]) | (tree_vis & in_tree[:, None, :])
-        vis[..., 0] |= pad_row  # padded rows see one key, so they stay finite (and are dropped)
-        attn_bias = _additive(fold(vis), dtype)
-    else:
-        anc |= torch.diag_embed(pad_row)  # padded rows see their own (zero) key
-        tree_bias = _additive(fold(anc), bias_dtype or dtype)
-
-    rows = torch.arange(bsz, dtype=torch.int64)[:, None] * (t_max + 1) + par_pad + 1  # [B, T]
-    cu_t = torch.tensor(cu, dtype=torch.int32)
-    par_t = torch.tensor(parents, dtype=torch.int32)
-    lay = torch.arange(n_gdn_layers, dtype=torch.int64)
-    layer_cu = torch.cat([torch.zeros(1, dtype=torch.int64),
-                          (cu_t[1:].to(torch.int64)[None, :] + n * lay[:, None]).reshape(-1)])
-    return TreeBatch(
+    rows = t_max * gqa_group
+    slots_t = torch.tensor(slots, **i64)
+    nb = torch.tensor(node_b, **i64)
+    lay = torch.arange(n_gdn_layers, **i64)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=dev)
+    layer_cu = torch.cat([torch.zeros(1, **i64), (cu_t[1:].to(torch.int64)[None, :] + n * lay[:, None]).reshape(-1)])
+    half = rope.dim // 2
+    tb = TreeBatch(
         batch=bsz, n_nodes=n, max_nodes=t_max, max_depth=d_max, kv_limit=limit,
         slot_start=_contiguous_start(slots), gqa_group=gqa_group, n_gdn_layers=n_gdn_layers,
-        n_slots=n_slots,
-        tokens=tok.to(dev), slots=torch.tensor(slots, **i64), parents=par_t.to(dev),
-        cu_seqlens=cu_t.to(dev), depths=dep, positions=positions, cos=cos, sin=sin,
-        node_slot=torch.tensor(slots, **i64)[nb], kv_pos=base[nb] + loc,
-        pad_index=nb * t_max + loc, split_base=split_base, attn_bias=attn_bias, tree_bias=tree_bias,
-        kv_used=kv_used, base=base,
-        path_table=table.to(dev), parent_rows=rows.t().contiguous().to(dev),
-        sglang_parents=par_pad.clamp(min=0).to(dev),
-        layer_slots=(torch.tensor(slots, dtype=torch.int64)[None, :] + n_slots * lay[:, None]).reshape(-1).to(dev),
-        layer_parents=par_t.repeat(n_gdn_layers).to(dev),
-        layer_cu_seqlens=layer_cu.to(torch.int32).to(dev),
+        n_slots=n_slots, tokens=torch.empty(n, **i64), slots=slots_t,
+        parents=torch.empty(n, dtype=torch.int32, device=dev), cu_seqlens=cu_t,
+        depths=torch.empty(n, **i64), positions=torch.empty(n, **i64),
+        cos=torch.empty(n, half, device=dev, dtype=torch.float32),
+        sin=torch.empty(n, half, device=dev, dtype=torch.float32),
+        node_slot=slots_t[nb], kv_pos=torch.empty(n, **i64),
+        pad_index=nb * t_max + torch.tensor(local, **i64), split_base=split_base,
+        attn_bias=None if split_base is not None or varlen else _neg_inf_rows((bsz, 1, rows, limit), dtype, dev),
+        tree_bias=_neg_inf_rows((bsz, 1, rows, t_max), bias_dtype or dtype, dev)
+        if split_base is not None or varlen else None,
+        kv_used=torch.empty(bsz, dtype=torch.int32, device=dev) if varlen else None,
+        base=torch.empty(bsz, **i64), path_table=torch.empty(n, d_max, **i64),
+        parent_rows=torch.empty(t_max, bsz, **i64), sglang_parents=torch.empty(bsz, t_max, **i64),
+        layer_slots=(slots_t[None, :] + n_slots * lay[:, None]).reshape(-1),
+        layer_parents=torch.empty(n_gdn_layers * n, dtype=torch.int32, device=dev),
+        layer_cu_seqlens=layer_cu.to(torch.int32),
         host_slots=slots, host_kv_lens=lens, host_sizes=sizes, host_depths=depth, host_single_root=single_root,
     )
+    refill_tree(tb, torch.tensor(parents, dtype=torch.int32, device=dev), tok.to(dev),
+                torch.tensor(lens, **i64), rope)
+    return tb
