@@ -57,7 +57,15 @@ def kernel_sum(torch, step) -> dict:
             total += ev.device_time
             count += 1
     by_op = sum(e.self_device_time_total for e in prof.key_averages())  # kernels under their ops
-    return {"kernel_ms": total / 1e3, "kernels": count, "kernel_ms_by_op": by_op / 1e3}
+    names: dict[str, list] = {}
+    for ev in prof.events():
+        if "CUDA" in str(getattr(ev, "device_type", "")):
+            entry = names.setdefault(ev.name[:90], [0, 0.0])
+            entry[0] += 1
+            entry[1] += ev.device_time
+    top = sorted(names.items(), key=lambda kv: -kv[1][1])[:20]
+    return {"kernel_ms": total / 1e3, "kernels": count, "kernel_ms_by_op": by_op / 1e3,
+            "top": [{"kernel": k, "count": c, "ms": t / 1e3} for k, (c, t) in top]}
 
 
 def decode_agreement(torch, timer, batch: int, kv: int) -> dict:
@@ -201,7 +209,9 @@ def main(argv=None) -> None:
         if cuda:
             torch.cuda.empty_cache()
     save()
-    print(json.dumps({"kernel": doc["kernel"], "agreement": doc["agreement"], "profile": doc["profile"]}, indent=0))
+    for p in doc["profile"]:
+        print(f"{p['model']:16s} {p['variant']:9s} kernels {p['kernels']:5d}  {p['kernel_ms']:7.3f} ms")
+    print(json.dumps({"kernel": doc["kernel"], "agreement": doc["agreement"]}))
 
 
 if __name__ == "__main__":

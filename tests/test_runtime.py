@@ -466,3 +466,21 @@ def test_fused_pieces_compile_whole_and_agree():
     got = traced.verify(b, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
     want = eager.verify(a, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
     torch.testing.assert_close(got.logits, want.logits, **tol)
+
+
+def test_serving_step_is_a_whole_verify_and_commit():
+    """The timed serving step (inputs copied once, metadata derived on the device, forward
+    and commit as one replayable call) leaves the cache as verify + commit does."""
+    timer = HybridForwardTimer(tiny_spec(layers=4), "cpu", F64, serving_step=True, inner=1, gdn_backend="reference")
+    assert timer.time_decode(2, 8) > 0
+    assert timer.time_verify(2, 8, 6) > 0  # builds the step and runs it once
+    cache, model = timer._cache, timer.model
+    before = cache.clone()
+    timer.time_verify(2, 8, 6)  # one more step
+    trees, forest = timer._steps[("prepared-trees", "verify", "bole", 2, 8, 6)]
+    deepest = [max(range(t.n_nodes), key=lambda i: t.depths[i]) for t in trees]
+    out = model.verify(before, forest, timer._tokens(6, seed=6), [0, 1])
+    model.commit(before, out, deepest)
+    torch.testing.assert_close(cache.gdn_state, before.gdn_state, **TOL)
+    torch.testing.assert_close(cache.conv_state, before.conv_state, **TOL)
+    torch.testing.assert_close(cache.k_cache, before.k_cache, **TOL)

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from bole_cli.errors import InputError
 from bole_cli.runtime import tree_metadata
 from bole_cli.runtime.batch import Rope, forest_arrays, prepare_decode, prepare_tree
-from bole_cli.runtime.tree_metadata import TreeInputs, refill_decode, refill_tree
+from bole_cli.runtime.tree_metadata import DecodeInputs, TreeInputs, refill_decode, refill_tree
 from bole_cli.trees import chain_tree, pack_forest, random_tree
 
 ROPE = Rope(8)
@@ -410,7 +410,7 @@ def test_tree_inputs_load_then_refill_equals_prepare():
     inputs = TreeInputs(tb)
     parents, tokens, base = [-1, -1, 1, 0, -1, -1], [9, 8, 7, 6, 5, 4], [10, 2]
     inputs.load(parents, torch.tensor(tokens), base)
-    assert inputs.parents.data_ptr() == inputs.device.data_ptr() and inputs.device.numel() == 14
+    assert inputs.parents.data_ptr() == inputs._buffer.device.data_ptr() and inputs._buffer.device.numel() == 14
     refill_tree(tb, inputs.parents, inputs.tokens, inputs.base, ROPE)
     want = prepare_tree((parents, [0, 4, 6]), tokens, [1, 3], [0, 10, 0, 2, 0, 0], rope=ROPE, dtype=torch.bfloat16,
                         device="cpu", n_slots=N_SLOTS, max_len=MAX_LEN, gqa_group=2, n_gdn_layers=2,
@@ -436,10 +436,36 @@ def test_tree_inputs_refuse_what_the_bucket_cannot_hold(mode, parents, tokens, b
     tb = _bucket(mode)
     assert (tb.split_base == 6) == (mode == "split") and (tb.kv_used is not None) == (mode == "varlen")
     inputs = TreeInputs(tb)
-    before = inputs.host.clone()
+    before = inputs._buffer.host.clone()
     with pytest.raises(InputError, match=field):
         inputs.load(parents, tokens, base)
-    assert torch.equal(inputs.host, before)  # nothing written
+    assert torch.equal(inputs._buffer.host, before)  # nothing written
+
+
+def test_decode_inputs_load_then_refill_equals_prepare():
+    kw = dict(rope=ROPE, dtype=torch.bfloat16, device="cpu", n_slots=N_SLOTS, max_len=MAX_LEN, kv_bucket=MAX_LEN)
+    db = prepare_decode([1, 2], [3, 1], [0, 5, 0, 9, 0, 0], **kw)
+    inputs = DecodeInputs(db)
+    inputs.load([7, 8], [11, 4])
+    refill_decode(db, inputs.tokens, inputs.base, ROPE)
+    want = prepare_decode([7, 8], [3, 1], [0, 4, 0, 11, 0, 0], **kw)
+    assert_same(db, legacy_prepare_decode([7, 8], [3, 1], [0, 4, 0, 11, 0, 0], rope=ROPE, dtype=torch.bfloat16,
+                                          kv_bucket=MAX_LEN, varlen=False))
+    assert db.host_kv_lens == want.host_kv_lens == [11, 4]
+
+
+@pytest.mark.parametrize("kv_bucket,tokens,base,field", [
+    (MAX_LEN, [1], [0, 0], "tokens: 1 entries"),
+    (MAX_LEN, [1, 2], [0, MAX_LEN], "base: request 1 .*kv_limit"),
+    (MAX_LEN, [1, 2], [-1, 0], "base: request 0 has committed length -1"),
+    (1, [1, 2], [5, 4], "base: request 1 .* bakes in 5"),
+])
+def test_decode_inputs_refuse_what_the_bucket_cannot_hold(kv_bucket, tokens, base, field):
+    db = prepare_decode([1, 2], [0, 1], [5, 5], rope=ROPE, dtype=torch.bfloat16, device="cpu", n_slots=N_SLOTS,
+                        max_len=MAX_LEN, kv_bucket=kv_bucket)
+    inputs = DecodeInputs(db)
+    with pytest.raises(InputError, match=field):
+        inputs.load(tokens, base)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -35,6 +35,7 @@ from bole_cli.memory import GiB, format_bytes
 from bole_cli.runtime.gdn_ops import factor_dtype
 from bole_cli.runtime.graphs import try_capture
 from bole_cli.runtime.model import HybridModel, param_bytes
+from bole_cli.runtime.tree_metadata import DecodeInputs, TreeInputs, refill_decode, refill_tree
 from bole_cli.timing import seconds_per_call
 
 WORKSPACE_BYTES = 1 * GiB  # CUDA context slack, cuBLAS workspaces, allocator fragmentation
@@ -99,9 +100,11 @@ class HybridForwardTimer:
     path: GDN verify engine, "bole" (closed form + factorised commit) or "snapshot"
     (baseline). inner: replays averaged per call. use_graphs: default True on CUDA.
     serving_step: time a step as a serving loop runs it (what `bole calibrate` decides
-    with, docs/design.md §8): between host syncs, the step's metadata prepared on the host,
-    the forward's graph replayed, a verify's commit launched eagerly after it, by the wall
-    clock; otherwise back-to-back replays of forward + device commit under CUDA events.
+    with, docs/design.md §8): between host syncs, the step's inputs (tokens, parents,
+    committed lengths) checked and copied in one transfer, then one graph replay that
+    derives the metadata on the device (runtime.tree_metadata), runs the forward and a
+    verify's commit, by the wall clock; otherwise back-to-back replays of forward + device
+    commit under CUDA events.
     free_bytes: memory budget override (default: torch.cuda.mem_get_info on CUDA; no
     check on CPU). Other keyword arguments go to HybridModel (gdn_backend, gdn_decode,
     snapshot, seed).
@@ -212,11 +215,14 @@ class HybridForwardTimer:
             return step
 
         if self.serving_step and self.layers_sample is None:
-            tokens = self._tokens(batch, seed=kv_len)
+            inputs = self._prepared(key + ("inputs",), lambda: DecodeInputs(db))
+            tokens, base = self._tokens(batch, seed=kv_len).tolist(), [kv_len] * batch
 
-            def prepare():
-                db.copy_from(self.model.prepare_decode(cache, tokens, list(range(batch))))
-            return self._serving(key, make(None), prepare)
+            def forward():
+                refill_decode(db, inputs.tokens, inputs.base, self.model.rope)
+                self.model.forward_decode(cache, db)
+
+            return self._serving(key, forward, lambda: inputs.load(tokens, base))
         return self._scaled(key, make)
 
     def time_verify(self, batch: int, kv_len: int, n_tree_tokens: int) -> float:
@@ -251,26 +257,21 @@ class HybridForwardTimer:
 
         if self.serving_step and self.layers_sample is None:
             trees, forest = self._steps[("prepared-trees",) + key]
-            tokens = self._tokens(n_tree_tokens, seed=n_tree_tokens)
-            deepest = accepted.tolist()
-            outs: list = []
+            inputs = self._prepared(key + ("inputs",), lambda: TreeInputs(tb))
+            parents = [int(p) for p in forest.parents]
+            tokens, base = self._tokens(n_tree_tokens, seed=n_tree_tokens).tolist(), [kv_len] * batch
 
-            def forward():
-                outs[:] = [self.model.forward_verify(cache, tb, path=self.path)]
+            def forward():  # metadata, forward and commit: one graph, as a production step
+                refill_tree(tb, inputs.parents, inputs.tokens, inputs.base, self.model.rope)
+                self.model.commit_device(cache, self.model.forward_verify(cache, tb, path=self.path), accepted)
 
-            def prepare():
-                tb.copy_from(self.model.prepare_verify(cache, forest, tokens, list(range(batch))))
-
-            def finish():
-                self.model.commit(cache, outs[0], deepest)
-                for s in range(batch):
-                    cache.kv_lens[s] = kv_len
-            return self._serving(key + ("serving",), forward, prepare, finish)
+            return self._serving(key + ("serving",), forward, lambda: inputs.load(parents, tokens, base))
         return self._scaled(key, make)
 
     def _serving(self, key: tuple, forward, prepare, finish=None) -> float:
-        """Wall seconds of prepare (host) + forward (graph replay) + finish (eager), each
-        call between syncs: one step of a serving loop (serving_step)."""
+        """Wall seconds of prepare (host: the step's inputs checked, packed and copied) +
+        forward (graph replay: metadata derived on the device, forward, commit) + finish
+        (eager), each call between syncs: one step of a serving loop (serving_step)."""
         import time
 
         with torch.inference_mode():
@@ -314,7 +315,8 @@ class HybridForwardTimer:
         m = self.model
         return {"runtime": "bole_cli.runtime", "model": self.spec.name, "dtype": str(self.dtype).replace("torch.", ""),
                 "device": self.device_name, "path": self.path, "gdn_ops": m.ops.describe(),
-                "step_timing": ("serving step (host metadata, graph replay, eager commit, "
+                "step_timing": ("serving step (inputs checked and copied once from the host; "
+                                "metadata, forward and commit replayed as one CUDA graph; "
                                 "between syncs; wall clock)"
                                 if self.serving_step and self.layers_sample is None else
                                 "back-to-back graph replays of forward + device commit"),

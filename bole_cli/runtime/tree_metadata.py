@@ -153,6 +153,52 @@ def _ints(name: str, values, count: int, what: str) -> list[int]:
         raise InputError(f"{name}: every entry must be an integer") from None
 
 
+class _PinnedInts:
+    """One int64 host buffer (pinned on CUDA) and its device twin: `send` writes the host
+    buffer and starts one non_blocking copy, waiting first for the previous copy (which
+    must have read the buffer before it is overwritten; long done by then)."""
+
+    def __init__(self, size: int, device: torch.device):
+        self.host = torch.empty(size, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self._host_np = self.host.numpy()
+        self.device = torch.empty(size, dtype=torch.int64, device=device)
+        self._copied: Optional[torch.cuda.Event] = None
+
+    def send(self, values: list[int]) -> None:
+        if self._copied is not None:
+            self._copied.synchronize()
+        self._host_np[:] = values
+        self.device.copy_(self.host, non_blocking=True)
+        if self.device.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+
+class DecodeInputs:
+    """TreeInputs for a decode step: tokens | base in one buffer, one copy; `tokens` and
+    `base` are the device views refill_decode takes."""
+
+    def __init__(self, db: _DecodeBatch):
+        self.db = db
+        self._buffer = _PinnedInts(2 * db.batch, db.positions.device)
+        self.tokens, self.base = self._buffer.device[:db.batch], self._buffer.device[db.batch:]
+
+    def load(self, tokens: Sequence[int], base: Sequence[int]) -> None:
+        """Check a step against db's bucket (InputError naming the field), then copy it."""
+        db = self.db
+        tok = _ints("tokens", tokens, db.batch, "requests")
+        lens = _ints("base", base, db.batch, "requests")
+        for b, n0 in enumerate(lens):
+            if n0 < 0 or n0 + 1 > db.kv_limit:
+                raise InputError(f"base: request {b} has committed length {n0}; the bucket reads "
+                                 f"0..{db.kv_limit} keys (kv_limit)")
+            if db.attn_bias is None and db.kv_used is None and n0 != db.kv_limit - 1:
+                raise InputError(f"base: request {b} has committed length {n0}; the unmasked bucket "
+                                 f"bakes in {db.kv_limit - 1} for every request")
+        self._buffer.send(tok + lens)
+        db.host_kv_lens = lens
+
+
 class TreeInputs:
     """The host side of a refilled tree step: `load` checks a step against tb's bucket in
     O(N) Python, packs parents | tokens | base into ONE (pinned, on CUDA) int64 host buffer
@@ -171,13 +217,10 @@ class TreeInputs:
 
     def __init__(self, tb: _TreeBatch):
         self.tb = tb
-        n, bsz = tb.n_nodes, tb.batch
-        dev = tb.base.device
-        self.host = torch.empty(2 * n + bsz, dtype=torch.int64, pin_memory=dev.type == "cuda")
-        self._host_np = self.host.numpy()
-        self.device = torch.empty(2 * n + bsz, dtype=torch.int64, device=dev)
-        self.parents, self.tokens, self.base = self.device[:n], self.device[n:2 * n], self.device[2 * n:]
-        self._copied: Optional[torch.cuda.Event] = None
+        n = tb.n_nodes
+        self._buffer = _PinnedInts(2 * n + tb.batch, tb.base.device)
+        dev = self._buffer.device
+        self.parents, self.tokens, self.base = dev[:n], dev[n:2 * n], dev[2 * n:]
 
     def check(self, parents: Sequence[int], tokens: Sequence[int], base: Sequence[int]):
         """(parents, tokens, base, depths, single_root) as int lists, or InputError naming
@@ -217,12 +260,6 @@ class TreeInputs:
         """Check a step, write the host buffer and start its copy; sets tb's host fields
         (host_kv_lens, host_depths, host_single_root) for the host-side commit."""
         par, tok, lens, depth, single_root = self.check(parents, tokens, base)
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous copy has read the buffer we overwrite
-        self._host_np[:] = par + tok + lens
-        self.device.copy_(self.host, non_blocking=True)
-        if self.device.is_cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self._buffer.send(par + tok + lens)
         tb = self.tb
         tb.host_kv_lens, tb.host_depths, tb.host_single_root = lens, depth, single_root
