@@ -4,7 +4,9 @@
 - before:   the GDN decode as one-node trees (conv, gates, verify, replay commit, norm:
             five launches a layer plus PyTorch glue), every elementwise piece eager;
 - fused:    kernels.gdn_decode (one launch a GDN layer), the rest eager;
-- compiled: fused, and runtime.fusion's pieces compiled by torch.compile (the default).
+- compiled: fused, and runtime.fusion's pieces compiled by torch.compile;
+- production: compiled, and the attention to the cache through kernels.cache_attention
+            (split along the keys): the runtime's default on CUDA.
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
 graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
@@ -26,15 +28,17 @@ import statistics
 import sys
 import time
 
-VARIANTS = {"before": ("tree", False), "fused": ("fused", False), "compiled": ("fused", True)}
+VARIANTS = {"before": ("tree", False, False), "fused": ("fused", False, False), "compiled": ("fused", True, False),
+            "production": ("fused", True, True)}
 
 
 def set_variant(timer, name: str) -> None:
     from bole_cli.runtime.fusion import Fusion
 
-    decode, compiled = VARIANTS[name]
+    decode, compiled, cache_kernel = VARIANTS[name]
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
+    timer.model.cache_kernel = cache_kernel
     timer._steps.clear()  # graphs of the previous variant
 
 
@@ -134,7 +138,8 @@ def main(argv=None) -> None:
     cuda = not args.smoke
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     if not cuda:
-        VARIANTS["compiled"] = ("fused", False)
+        VARIANTS["compiled"] = ("fused", False, False)
+        VARIANTS["production"] = ("fused", False, True)
     batches = [int(b) for b in args.batch.split(",")]
     doc = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
            "versions": {"torch": torch.__version__, "python": platform.python_version()},
@@ -187,7 +192,7 @@ def main(argv=None) -> None:
             doc["agreement"].append({"model": spec.name, "batch": 4, **decode_agreement(torch, timer, 4, args.kv)})
         if args.smoke or name == args.verify_model:
             vkv, vn = (64, 8) if args.smoke else (args.verify_kv, args.verify_tokens)
-            for variant in ("before", "compiled"):
+            for variant in ("before", "production"):
                 set_variant(timer, variant)
                 replay = median_ms(lambda: timer.time_verify(1, vkv, vn), args.repeats)
                 serving._steps = timer._steps

@@ -484,3 +484,20 @@ def test_serving_step_is_a_whole_verify_and_commit():
     torch.testing.assert_close(cache.gdn_state, before.gdn_state, **TOL)
     torch.testing.assert_close(cache.conv_state, before.conv_state, **TOL)
     torch.testing.assert_close(cache.k_cache, before.k_cache, **TOL)
+
+
+@pytest.mark.parametrize("prefix", [(3, 3), (3, 2)])  # equal lengths (split verify) and not (dense)
+def test_cache_attention_kernel_path_agrees(prefix):
+    """Decode and verify with the attention to the committed keys through the split-key
+    kernel (the CUDA default) give what the SDPA paths give."""
+    spec = tiny_spec(layers=4)
+    kw = dict(seed=0, gdn_backend="reference", compile=False)
+    plain = HybridModel(spec, "cpu", torch.float32, cache_kernel=False, **kw)
+    kernel = HybridModel(spec, "cpu", torch.float32, cache_kernel=True, **kw)
+    a, b = warm_cache(plain, prefix=prefix, max_len=16), warm_cache(kernel, prefix=prefix, max_len=16)
+    tol = dict(atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(kernel.decode(b, [1, 2]), plain.decode(a, [1, 2]), **tol)
+    forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])
+    got = kernel.verify(b, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
+    want = plain.verify(a, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
+    torch.testing.assert_close(got.logits, want.logits, **tol)

@@ -1,13 +1,15 @@
-"""One-token GDN decode in one launch per layer: the causal conv and its window slide, the
+"""One-token GDN decode in two launches per layer: the causal conv and its window slide, the
 gates, the q/k L2 norms, the recurrence (state updated in place) and, optionally, the gated
 RMSNorm of the output (docs/design.md §8, "The decode step").
 
 A plain decode step is the one-node tree, so the tree kernels compute it exactly, but as
 five launches a layer (conv, gates, verify, replay commit, norm) plus the PyTorch glue
-between them; production engines run this as one fused recurrent kernel. One program
-owns one (request, key head): the key head's q/k conv channels and every value head that
-reads them (GQA), so it alone reads and slides those channels' conv windows and no other
-program can see a half-written window.
+between them; production engines run this as one fused recurrent kernel. Here it is two:
+the q/k channels first (one program per request and q or k head: conv, norm, the window
+slide), then one program per request and value head (its v channels' conv and slide, the
+gates, the recurrence, the gated norm). Every conv channel is read and slid by exactly one
+program, so none can see a half-written window, and the state work spreads over B x HV
+programs (B x H programs, a third as many at 27B, leave most SMs idle at batch 1).
 
 Rounding follows the unfused path: the conv output rounds to the activation dtype before
 the GDN (as a conv kernel's output would), the recurrence runs in float32, o rounds to
@@ -51,66 +53,81 @@ def _conv_channels(x_row, win, w, ch, cmask, s_cd, s_cw, s_wd, b_conv,
 
 
 @triton.jit(do_not_specialize=["n_slots"])
+def _qk_kernel(x, conv_state, conv_w, conv_b, state_idx, qk, n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, scale,
+               H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+               HAS_BIAS: tl.constexpr, USE_L2NORM: tl.constexpr):
+    """q or k of one key head (program (request, c): q head c for c < H, else k head c - H):
+    conv, SiLU, the L2 norm (and q's scale), into qk [B, 2H, K] float32; then the slide of
+    those channels' window, which only this program reads."""
+    req = tl.program_id(0)
+    c = tl.program_id(1)
+    slot = tl.load(state_idx + req).to(tl.int64)
+    in_pool = (slot >= 0) & (slot < n_slots)
+    win = conv_state + tl.where(in_pool, slot, 0) * s_cn
+    offs_k = tl.arange(0, BK)
+    kmask = offs_k < K
+    y, slid = _conv_channels(x + req.to(tl.int64) * s_xn, win, conv_w, c * K + offs_k, kmask, s_cd, s_cw, s_wd,
+                             conv_b, W, WP, HAS_BIAS)
+    norm = tl.sum(y * y, axis=0)
+    inv_k, inv_q = unit_scales(norm, norm, scale, USE_L2NORM)
+    y = y * tl.where(c < H, inv_q, inv_k)
+    tl.store(qk + (req.to(tl.int64) * 2 * H + c) * K + offs_k, y, mask=kmask)
+    tl.debug_barrier()  # every read of the window is done before it slides
+    cols = tl.arange(0, WP)
+    tl.store(win + (c * K + offs_k)[:, None] * s_cd + cols[None, :] * s_cw, slid,
+             mask=(offs_k < tl.where(in_pool, K, 0))[:, None] & (cols < W - 1)[None, :])
+
+
+@triton.jit(do_not_specialize=["n_slots"])
 def _gdn_decode_kernel(
-    x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_idx, z, norm_w, o,
-    n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_an, s_bn, s_sn, s_sh, s_sv, s_zn, s_on, scale, eps,
+    x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_idx, qk, z, norm_w, o,
+    n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_an, s_bn, s_sn, s_sh, s_sv, s_zn, s_on, eps,
     H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
-    HAS_BIAS: tl.constexpr, USE_L2NORM: tl.constexpr, NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
 ):
+    """One value head of one request (program (request, hv)): its v channels' conv and
+    window slide (only this program reads them), the gates, the recurrence on its state in
+    place, o and the gated norm."""
     req = tl.program_id(0)
-    h = tl.program_id(1)
+    hv = tl.program_id(1)
+    h = hv // GROUP
     slot = tl.load(state_idx + req).to(tl.int64)
     # A slot outside the pool (no host check): nothing is read or written there, o is NaN.
     in_pool = (slot >= 0) & (slot < n_slots)
     poison = tl.where(in_pool, 0.0, float("nan"))
     safe = tl.where(in_pool, slot, 0)
-    x_row = x + req.to(tl.int64) * s_xn
     win = conv_state + safe * s_cn
     offs_k = tl.arange(0, BK)
     kmask = offs_k < K
     offs_v = tl.arange(0, BV)
     vmask = offs_v < V
-    # the masks of the writes: empty outside the pool
-    k_write = offs_k < tl.where(in_pool, K, 0)
-    v_write = offs_v < tl.where(in_pool, V, 0)
-
-    q, q_win = _conv_channels(x_row, win, conv_w, h * K + offs_k, kmask, s_cd, s_cw, s_wd, conv_b,
+    v_write = offs_v < tl.where(in_pool, V, 0)  # the writes' mask: empty outside the pool
+    row = qk + req.to(tl.int64) * 2 * H * K
+    q = tl.load(row + h * K + offs_k, mask=kmask, other=0.0)
+    k = tl.load(row + (H + h) * K + offs_k, mask=kmask, other=0.0)
+    v_ch = 2 * H * K + hv * V + offs_v
+    v, v_win = _conv_channels(x + req.to(tl.int64) * s_xn, win, conv_w, v_ch, vmask, s_cd, s_cw, s_wd, conv_b,
                               W, WP, HAS_BIAS)
-    k, k_win = _conv_channels(x_row, win, conv_w, (H + h) * K + offs_k, kmask, s_cd, s_cw, s_wd, conv_b,
-                              W, WP, HAS_BIAS)
-    inv_k, inv_q = unit_scales(tl.sum(k * k, axis=0), tl.sum(q * q, axis=0), scale, USE_L2NORM)
-    k = k * inv_k
-    q = q * inv_q
+    g = -tl.exp(tl.load(A_log + hv).to(tl.float32)) * softplus(
+        tl.load(a + req * s_an + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32))
+    beta = tl.sigmoid(tl.load(b + req * s_bn + hv).to(tl.float32))
+    ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]
+    s = tl.load(ptr, mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32) * tl.exp(g)
+    u = beta * (v - tl.sum(s * k[None, :], axis=1))
+    s = s + u[:, None] * k[None, :]
+    out = tl.sum(s * q[None, :], axis=1)
+    tl.store(ptr, s.to(state.dtype.element_ty), mask=v_write[:, None] & kmask[None, :])
+    tl.debug_barrier()  # every read of this head's window is done before it slides
     cols = tl.arange(0, WP)
-    wcols = (cols < W - 1)[None, :]
-    for j in range(GROUP):
-        hv = h * GROUP + j
-        v_ch = 2 * H * K + hv * V + offs_v
-        v, v_win = _conv_channels(x_row, win, conv_w, v_ch, vmask, s_cd, s_cw, s_wd, conv_b, W, WP, HAS_BIAS)
-        g = -tl.exp(tl.load(A_log + hv).to(tl.float32)) * softplus(
-            tl.load(a + req * s_an + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32))
-        beta = tl.sigmoid(tl.load(b + req * s_bn + hv).to(tl.float32))
-        ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]
-        smask = vmask[:, None] & kmask[None, :]
-        s = tl.load(ptr, mask=smask, other=0.0).to(tl.float32) * tl.exp(g)
-        u = beta * (v - tl.sum(s * k[None, :], axis=1))
-        s = s + u[:, None] * k[None, :]
-        out = tl.sum(s * q[None, :], axis=1)
-        tl.store(ptr, s.to(state.dtype.element_ty), mask=v_write[:, None] & kmask[None, :])
-        tl.debug_barrier()  # every read of this head's window is done before it slides
-        tl.store(win + v_ch[:, None] * s_cd + cols[None, :] * s_cw, v_win, mask=v_write[:, None] & wcols)
-        out = out.to(o.dtype.element_ty).to(tl.float32)
-        if NORM:
-            zz = tl.load(z + req * s_zn + hv * V + offs_v, mask=vmask, other=0.0).to(tl.float32)
-            nw = tl.load(norm_w + offs_v, mask=vmask, other=0.0).to(tl.float32)
-            var = tl.sum(out * out, axis=0) / V
-            out = out / tl.sqrt(var + eps) * nw * (zz * tl.sigmoid(zz))
-        tl.store(o + req * s_on + hv * V + offs_v, out + poison, mask=vmask)
-    tl.debug_barrier()
-    kw_mask = k_write[:, None] & wcols
-    tl.store(win + (h * K + offs_k)[:, None] * s_cd + cols[None, :] * s_cw, q_win, mask=kw_mask)
-    tl.store(win + ((H + h) * K + offs_k)[:, None] * s_cd + cols[None, :] * s_cw, k_win, mask=kw_mask)
+    tl.store(win + v_ch[:, None] * s_cd + cols[None, :] * s_cw, v_win, mask=v_write[:, None] & (cols < W - 1)[None, :])
+    out = out.to(o.dtype.element_ty).to(tl.float32)
+    if NORM:
+        zz = tl.load(z + req * s_zn + hv * V + offs_v, mask=vmask, other=0.0).to(tl.float32)
+        nw = tl.load(norm_w + offs_v, mask=vmask, other=0.0).to(tl.float32)
+        var = tl.sum(out * out, axis=0) / V
+        out = out / tl.sqrt(var + eps) * nw * (zz * tl.sigmoid(zz))
+    tl.store(o + req * s_on + hv * V + offs_v, out + poison, mask=vmask)
 
 
 def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, conv_b: Optional[torch.Tensor],
@@ -173,15 +190,19 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
     scale = check_scale(scale, kdim)
     out = torch.empty(bsz, hv * vdim, device=dev, dtype=x.dtype)
     if bsz:
-        _gdn_decode_kernel[(bsz, key_heads)](
-            x, conv_state, conv_w, conv_b if conv_b is not None else x, a, b, A_log, dt_bias, state,
-            state_indices, z if z is not None else x, norm_w if norm_w is not None else x, out,
-            n_slots, x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-            conv_w.stride(0), a.stride(0), b.stride(0), state.stride(0), state.stride(1), state.stride(2),
-            z.stride(0) if z is not None else 0, out.stride(0), scale, float(eps),
-            H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=triton.next_power_of_2(kdim),
-            BV=triton.next_power_of_2(vdim), W=width, WP=triton.next_power_of_2(width),
-            HAS_BIAS=conv_b is not None, USE_L2NORM=bool(use_qk_l2norm), NORM=z is not None,
-            num_warps=8,
-        )
+        qk = torch.empty(bsz, 2 * key_heads, kdim, device=dev, dtype=torch.float32)
+        conv = dict(W=width, WP=triton.next_power_of_2(width), HAS_BIAS=conv_b is not None)
+        conv_b = conv_b if conv_b is not None else x
+        common = (x, conv_state, conv_w, conv_b)
+        strides = (x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), conv_w.stride(0))
+        bk = triton.next_power_of_2(kdim)
+        _qk_kernel[(bsz, 2 * key_heads)](
+            *common, state_indices, qk, n_slots, *strides, scale,
+            H=key_heads, K=kdim, BK=bk, USE_L2NORM=bool(use_qk_l2norm), num_warps=4, **conv)
+        _gdn_decode_kernel[(bsz, hv)](
+            *common, a, b, A_log, dt_bias, state, state_indices, qk, z if z is not None else x,
+            norm_w if norm_w is not None else x, out, n_slots, *strides, a.stride(0), b.stride(0),
+            state.stride(0), state.stride(1), state.stride(2), z.stride(0) if z is not None else 0, out.stride(0),
+            float(eps), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk,
+            BV=triton.next_power_of_2(vdim), NORM=z is not None, num_warps=8, **conv)
     return out

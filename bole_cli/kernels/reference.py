@@ -10,6 +10,7 @@ follow the kernels' tensor contract exactly and favour clarity over speed:
 - `tree_conv_ref` / `tree_conv_commit_ref`: the depthwise causal conv along ancestor chains.
 - `gdn_gates_ref`: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
 - `gdn_decode_ref`: one decode token per request, conv to gated norm (the fused decode kernel).
+- `cache_attention_ref`: attention to each request's committed keys, with its log-sum-exp.
 - `conv_window_commit_ref` / `seed_slots_ref`: the SGLang plug-in's conv-window commit over
   all layers and its track-slot seeding (copies: exact in any dtype).
 
@@ -344,3 +345,25 @@ def gdn_decode_ref(x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, s
     new_state[idx] = s.to(state.dtype)
     new_conv[idx] = full[..., 1:].to(conv_state.dtype)
     return o.reshape(o.shape[0], -1), new_state, new_conv
+
+
+def cache_attention_ref(q, k_cache, v_cache, slots, used, *, scale: Optional[float] = None):
+    """(out [B, H_kv, R, D], lse [B, H_kv, R]) in float64: q's rows against slot slots[b]'s
+    first min(used[b], L) keys; out 0 and lse -inf without keys; NaN for a slot outside
+    the pool (cache_attention's contract)."""
+    bsz, hkv, rows, d = q.shape
+    n_slots, _, lmax, _ = k_cache.shape
+    scale = d ** -0.5 if scale is None else scale
+    out = torch.zeros(bsz, hkv, rows, d, dtype=torch.float64)
+    lse = torch.full((bsz, hkv, rows), float("-inf"), dtype=torch.float64)
+    for b in range(bsz):
+        slot, n = int(slots[b]), min(int(used[b]), lmax)
+        if not 0 <= slot < n_slots:
+            out[b], lse[b] = float("nan"), float("nan")
+            continue
+        if n <= 0:
+            continue
+        s = q[b].double() @ k_cache[slot, :, :n].double().transpose(-1, -2) * scale  # [H, R, n]
+        lse[b] = torch.logsumexp(s, -1)
+        out[b] = torch.softmax(s, -1) @ v_cache[slot, :, :n].double()
+    return out, lse

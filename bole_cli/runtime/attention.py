@@ -21,6 +21,10 @@ graph for any lengths, no mask over the cache, so the step reads the keys a serv
 engine's paged attention reads. SDPA with an additive mask over the bucket instead runs
 the memory-efficient kernel, 2-5x slower per layer at batch 1-16 (experiments/NOTES.md,
 I16-d). CUDA only, probed like the split path; the dense mask stays the fallback.
+
+On CUDA with 16-bit activations the cache part is `cache_attention` instead: Bole's
+split-key kernel (kernels/cache_attention.py), which reads any lengths in place without a
+mask and fills the GPU at batch 1 where one flash program per KV head does not.
 """
 
 from __future__ import annotations
@@ -30,6 +34,16 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+
+def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                    used: torch.Tensor, max_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of q [B, H_kv, R, D] against slot slots[b]'s first used[b] keys of one
+    layer's cache [S, H_kv, L_max, D], split along the keys (kernels.cache_attention);
+    max_keys bounds used (the step's bucket) and fixes the number of key chunks."""
+    from bole_cli.kernels.cache_attention import cache_attention as kernel
+
+    return kernel(q, k_cache, v_cache, slots, used, max_keys=max_keys)
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

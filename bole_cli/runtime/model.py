@@ -30,8 +30,8 @@ from bole_cli.catalog.models import ModelSpec, tiny_spec  # noqa: F401 - runtime
 from bole_cli.errors import InputError
 from bole_cli.kernels.types import VerifyResult
 from bole_cli.runtime import gdn_ops
-from bole_cli.runtime.attention import (split_attention_works, split_tree_attention, varlen_attention_works,
-                                        varlen_cache_attention)
+from bole_cli.runtime.attention import (cache_attention, split_attention_works, split_tree_attention,
+                                        varlen_attention_works, varlen_cache_attention)
 from bole_cli.runtime.batch import DecodeBatch, Rope, TreeBatch, forest_arrays, prepare_decode, prepare_tree
 from bole_cli.runtime.fusion import RMS_EPS, Fusion, rms
 from bole_cli.runtime.moe import grouped_mm_works, moe_forward
@@ -175,14 +175,16 @@ class HybridModel:
     varlen_attention: otherwise (lengths that differ, a bucketed KV read) the cache part
     as flash varlen over each request's keys (default: when its probe passes, CUDA only).
     compile: the elementwise pieces between the matmuls compiled by torch.compile
-    (runtime.fusion; default: on CUDA), else eager.
+    (runtime.fusion; default: on CUDA), else eager. cache_kernel: the attention to the
+    committed keys through kernels.cache_attention (split along the keys, any lengths, no
+    mask; default: on CUDA with 16-bit activations), else the SDPA / flash paths above.
     """
 
     def __init__(self, spec: ModelSpec, device="cpu", dtype: torch.dtype = torch.bfloat16, *,
                  seed: int = 0, gdn_backend: str = "auto", gdn_decode: str = "auto",
                  snapshot: Optional[SnapshotGDN] = None, grouped_mm: Optional[bool] = None,
                  split_attention: Optional[bool] = None, varlen_attention: Optional[bool] = None,
-                 compile: Optional[bool] = None):
+                 compile: Optional[bool] = None, cache_kernel: Optional[bool] = None):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
@@ -207,6 +209,8 @@ class HybridModel:
                                  if varlen_attention is None else varlen_attention)
         self.rope = Rope(int(spec.attn_head_dim * ROPE_FRACTION) // 2 * 2)
         self.fuse = Fusion(self.device.type == "cuda" if compile is None else compile)
+        self.cache_kernel = ((self.device.type == "cuda" and dtype in (torch.float16, torch.bfloat16))
+                             if cache_kernel is None else cache_kernel)
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._build()
 
@@ -454,7 +458,9 @@ class HybridModel:
             cache.k_cache[l][db.slots, :, db.positions] = k
             cache.v_cache[l][db.slots, :, db.positions] = v
             qf = q.view(bsz, s.attn_kv_heads, self.gqa_group, s.attn_head_dim)
-            if db.kv_used is not None:
+            if self.cache_kernel:
+                o = cache_attention(qf, cache.k_cache[l], cache.v_cache[l], db.slots, used, db.kv_limit)[0]
+            elif db.kv_used is not None:
                 o = varlen_cache_attention(qf, cache.k_cache[l], cache.v_cache[l], db.slots, db.kv_used,
                                            group=self.gqa_group)[0]
             else:
@@ -462,6 +468,7 @@ class HybridModel:
                 o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=db.attn_bias)
             return F.linear(self.fuse.gated_out(o, gate), w.o_proj)
 
+        used = db.positions + 1 if self.cache_kernel else None  # keys each request reads, the new one too
         return self._run(db.tokens, gdn, attn, layers)
 
     def forward_verify(self, cache: HybridCache, tb: TreeBatch, *, path: str = "bole",
@@ -517,7 +524,11 @@ class HybridModel:
             cache.v_cache[l][tb.node_slot, :, tb.kv_pos] = v
             qf = tb.padded(q).view(bsz, t_max, s.attn_kv_heads, grp, s.attn_head_dim).transpose(1, 2)
             qf = qf.reshape(bsz, s.attn_kv_heads, t_max * grp, s.attn_head_dim)
-            if tb.kv_used is not None:
+            if self.cache_kernel and tb.tree_bias is not None:
+                part = cache_attention(qf, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.base, tb.kv_limit)
+                o = split_tree_attention(qf, None, None, tb.padded(k).transpose(1, 2),
+                                         tb.padded(v).transpose(1, 2), tb.tree_bias, cache_part=part)
+            elif tb.kv_used is not None:
                 part = varlen_cache_attention(qf, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.kv_used)
                 o = split_tree_attention(qf, None, None, tb.padded(k).transpose(1, 2),
                                          tb.padded(v).transpose(1, 2), tb.tree_bias, cache_part=part)

@@ -278,6 +278,7 @@ class HybridForwardTimer:
             # the first call's closures stay (the graph captured their buffers)
             if key not in self._steps:
                 run = forward
+                prepare()  # the warm-up and the capture read real inputs
                 if self.use_graphs:
                     step, why = try_capture(forward, warmup=2, pool=self._pool)
                     if step is not None:
