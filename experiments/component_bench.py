@@ -8,7 +8,10 @@ costmodel.Efficiency), measured on the GPU and never fitted to a profile's end r
 - the per-kernel floor: --chain tiny elementwise kernels back to back in one CUDA graph,
   time / kernels;
 - the host step: a tiny kernel and the host read of its result (`.item()`, the sync a
-  sampled token's trip to the host costs), eager.
+  sampled token's trip to the host costs), eager;
+- the runtime's small kernels at decode rows: the compiled residual add + RMSNorm and
+  SwiGLU (runtime.fusion), back to back in one graph, time per call: what a row-reduction
+  or elementwise kernel of a layer costs where the trivial floor above does not apply.
 
     python experiments/component_bench.py --model 9b --out experiments/results/components/h200-9b.json
     python experiments/component_bench.py --device cpu --smoke --out /tmp/c.json   # CPU smoke (no timings to quote)
@@ -65,8 +68,7 @@ def gemm_rows(torch, spec, rows, device, dtype, rotate: int, peak_flops: float, 
         weights = [torch.randn(n, k, device=device, dtype=dtype) for _ in range(rotate)]
         for m in rows:
             xs = [torch.randn(m, k, device=device, dtype=dtype) for _ in range(rotate)]
-            ys = [torch.empty(m, n, device=device, dtype=dtype) for _ in range(rotate)]
-            fns = [lambda x=x, w=w, y=y: torch.matmul(x, w.t(), out=y) for x, w, y in zip(xs, weights, ys)]
+            fns = [lambda x=x, w=w: F.linear(x, w) for x, w in zip(xs, weights)]  # as the runtime calls it
             us = time_us(torch, fns, cuda, len(fns))
             size = torch.finfo(dtype).bits // 8
             moved = (n * k + m * k + m * n) * size
@@ -84,6 +86,23 @@ def kernel_floor(torch, device, chain: int) -> dict:
     x = torch.randn(256, device=device)
     fns = [lambda: x.mul_(1.0000001) for _ in range(chain)]
     return {"kernels": chain, "us_per_kernel": time_us(torch, fns, cuda, chain)}
+
+
+def small_kernels(torch, spec, device, dtype, rows, chain: int) -> list[dict]:
+    from bole_cli.runtime.fusion import Fusion
+
+    cuda = device == "cuda"
+    fuse = Fusion(cuda)
+    out = []
+    for m in rows:
+        x = torch.randn(m, spec.hidden, device=device, dtype=dtype)
+        y = torch.randn(m, spec.hidden, device=device, dtype=dtype)
+        w = torch.randn(spec.hidden, device=device, dtype=dtype)
+        gu = torch.randn(m, 2 * (spec.ffn or spec.shared_expert_ffn or spec.hidden), device=device, dtype=dtype)
+        for name, fn in (("add_rms", lambda: fuse.add_rms(x, y, w)), ("swiglu", lambda: fuse.swiglu(gu))):
+            fn()  # compile outside the graph
+            out.append({"kernel": name, "rows": m, "us": time_us(torch, [fn] * chain, cuda, chain)})
+    return out
 
 
 def host_step(torch, device, reps: int) -> dict:
@@ -136,6 +155,8 @@ def main(argv=None) -> None:
                            copy_bw or 0.0),
         "kernel_floor": kernel_floor(torch, args.device, 8 if args.smoke else args.chain),
         "host_step": host_step(torch, args.device, 20 if args.smoke else 500),
+        "small_kernels": small_kernels(torch, spec, args.device, dtype, [1] if args.smoke else [1, 16, 64, 256],
+                                       4 if args.smoke else 50),
     }
     if cuda:
         import triton

@@ -85,10 +85,10 @@ def decode_agreement(torch, timer, batch: int, kv: int) -> dict:
             db = timer.model.prepare_decode(c, tokens, list(range(batch)))
             logits = timer.model.forward_decode(c, db).float()
         out[name] = (logits, c.gdn_state.float(), c.conv_state.float())
-    ref = out["before"]
+    ref = out[next(iter(out))]  # the first variant
     rel = (lambda a, b: float((a - b).norm() / b.norm()))
     return {name: {"logits_rel": rel(v[0], ref[0]), "state_rel": rel(v[1], ref[1]),
-                   "conv_rel": rel(v[2], ref[2])} for name, v in out.items() if name != "before"}
+                   "conv_rel": rel(v[2], ref[2])} for name, v in list(out.items())[1:]}
 
 
 def kernel_vs_reference(torch, spec, device) -> dict:
@@ -126,6 +126,7 @@ def main(argv=None) -> None:
     ap.add_argument("--verify-kv", type=int, default=4096)
     ap.add_argument("--verify-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="which of " + ", ".join(VARIANTS))
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU, no compile (a test)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -141,6 +142,8 @@ def main(argv=None) -> None:
         VARIANTS["compiled"] = ("fused", False, False)
         VARIANTS["production"] = ("fused", False, True)
     batches = [int(b) for b in args.batch.split(",")]
+    for name in [v for v in VARIANTS if v not in args.variants.split(",")]:
+        del VARIANTS[name]
     doc = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
            "versions": {"torch": torch.__version__, "python": platform.python_version()},
            "command": "python " + " ".join(sys.argv), "kv": args.kv, "variants": VARIANTS,
@@ -192,7 +195,7 @@ def main(argv=None) -> None:
             doc["agreement"].append({"model": spec.name, "batch": 4, **decode_agreement(torch, timer, 4, args.kv)})
         if args.smoke or name == args.verify_model:
             vkv, vn = (64, 8) if args.smoke else (args.verify_kv, args.verify_tokens)
-            for variant in ("before", "production"):
+            for variant in [v for v in ("before", "production") if v in VARIANTS]:
                 set_variant(timer, variant)
                 replay = median_ms(lambda: timer.time_verify(1, vkv, vn), args.repeats)
                 serving._steps = timer._steps
