@@ -456,10 +456,12 @@ def test_fused_pieces_compile_whole_and_agree():
     from bole_cli.runtime.fusion import Fusion
 
     spec = tiny_spec(layers=4)
-    eager = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="reference", compile=False)
-    traced = HybridModel(spec, "cpu", torch.float32, seed=0, gdn_backend="reference", compile=False)
+    kw = dict(seed=0, gdn_backend="reference", compile=False, cache_kernel=True)  # the CUDA defaults' paths
+    eager = HybridModel(spec, "cpu", torch.float32, **kw)
+    traced = HybridModel(spec, "cpu", torch.float32, **kw)
     traced.fuse = Fusion(True, backend="aot_eager")
-    a, b = warm_cache(eager, prefix=(3, 2), max_len=16), warm_cache(traced, prefix=(3, 2), max_len=16)
+    # equal lengths: the verify's tree part goes through the compiled tree attention
+    a, b = warm_cache(eager, prefix=(3, 3), max_len=16), warm_cache(traced, prefix=(3, 3), max_len=16)
     tol = dict(atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(traced.decode(b, [1, 2]), eager.decode(a, [1, 2]), **tol)
     forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])

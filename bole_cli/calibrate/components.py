@@ -3,7 +3,8 @@ microbenchmarks that measured them, so the numbers in the code can be re-derived
 committed records (experiments/README.md rows R-*):
 
 - `experiments/component_bench.py`'s JSON: GEMMs at a model's projection shapes against
-  rows (weight streaming, GEMM rate), the runtime's small kernels at decode rows, the host
+  rows (weight streaming, weighted by how often one decode step streams each shape; GEMM
+  rate), the runtime's small kernels at decode rows, the host
   step;
 - `experiments/runtime_step_bench.py`'s JSON: a decode step's graph replay against the sum
   of its kernels (the replay's gap per kernel).
@@ -24,8 +25,14 @@ COMPUTE_ROWS = 1024  # GEMM rate: from this many rows
 
 def factors(components: Mapping[str, Any], steps: Mapping[str, Any], peak_flops: float) -> dict[str, float]:
     """bw, flops, kernel_floor_s, gap_s, host_step_s (see costmodel.EFFICIENCY)."""
+    from bole_cli.catalog.models import resolve_model
+
+    spec = resolve_model(components["model"])
+    per_step = {"gdn_in_proj": spec.n_gdn_layers, "mlp_gate_up": spec.layers, "mlp_down": spec.layers,
+                "lm_head": 1}  # how often one decode step streams each shape
     stream = [g for g in components["gemms"] if g["M"] <= STREAMING_ROWS]
-    bw = sum(g["bytes"] for g in stream) / sum(g["us"] * 1e-6 for g in stream) / DATASHEET_BANDWIDTH
+    moved = sum(per_step[g["gemm"]] * g["bytes"] for g in stream)
+    bw = moved / sum(per_step[g["gemm"]] * g["us"] * 1e-6 for g in stream) / DATASHEET_BANDWIDTH
     flops = statistics.mean(2.0 * g["M"] * g["N"] * g["K"] / (g["us"] * 1e-6) / peak_flops
                             for g in components["gemms"] if g["M"] >= COMPUTE_ROWS)
     floor = statistics.median(k["us"] for k in components["small_kernels"]

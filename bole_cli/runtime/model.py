@@ -526,8 +526,8 @@ class HybridModel:
             qf = qf.reshape(bsz, s.attn_kv_heads, t_max * grp, s.attn_head_dim)
             if self.cache_kernel and tb.tree_bias is not None:
                 part = cache_attention(qf, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.base, tb.kv_limit)
-                o = split_tree_attention(qf, None, None, tb.padded(k).transpose(1, 2),
-                                         tb.padded(v).transpose(1, 2), tb.tree_bias, cache_part=part)
+                o = self.fuse.tree_attention(qf, None, None, tb.padded(k).transpose(1, 2),
+                                             tb.padded(v).transpose(1, 2), tb.tree_bias, cache_part=part)
             elif tb.kv_used is not None:
                 part = varlen_cache_attention(qf, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.kv_used)
                 o = split_tree_attention(qf, None, None, tb.padded(k).transpose(1, 2),
