@@ -546,3 +546,17 @@ def test_presets_are_fitted_to_the_papers_accepted_lengths():
 
     for name, target in acc.PRESET_TARGETS.items():
         assert abs(fit_preset_a1(target) - acc.preset_top1(name)) < 5e-5, name
+
+
+def test_h200_factors_derive_from_the_component_records():
+    """calibrate.components reads the committed component and step records into fractions
+    and latencies in their physical ranges (the estimate's factors are not yet taken from it)."""
+    from pathlib import Path
+
+    from bole_cli.calibrate.components import factors
+
+    root = Path(__file__).resolve().parents[1] / "experiments" / "results"
+    got = factors(json.loads((root / "components" / "h200-9b.json").read_text()),
+                  json.loads((root / "runtime" / "steps-h200.json").read_text()), resolve_gpu("h200").bf16_flops)
+    assert 0.5 < got["bw"] <= 1.0 and 0.4 < got["flops"] <= 1.0
+    assert 1e-7 < got["gap_s"] < 5e-6 and 1e-6 < got["kernel_floor_s"] < 1e-5 and 0 < got["host_step_s"] < 1e-3

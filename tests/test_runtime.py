@@ -461,12 +461,16 @@ def test_fused_pieces_compile_whole_and_agree():
     traced = HybridModel(spec, "cpu", torch.float32, **kw)
     traced.fuse = Fusion(True, backend="aot_eager")
     # equal lengths: the verify's tree part goes through the compiled tree attention
-    a, b = warm_cache(eager, prefix=(3, 3), max_len=16), warm_cache(traced, prefix=(3, 3), max_len=16)
-    tol = dict(atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(traced.decode(b, [1, 2]), eager.decode(a, [1, 2]), **tol)
+    assert_step_agrees(traced, eager, (3, 3), dict(atol=1e-5, rtol=1e-5))
+
+
+def assert_step_agrees(model, ref, prefix, tol):
+    """A decode and a two-request verify give the same logits on the two models."""
+    a, b = warm_cache(ref, prefix=prefix, max_len=16), warm_cache(model, prefix=prefix, max_len=16)
+    torch.testing.assert_close(model.decode(b, [1, 2]), ref.decode(a, [1, 2]), **tol)
     forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])
-    got = traced.verify(b, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
-    want = eager.verify(a, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
+    got = model.verify(b, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
+    want = ref.verify(a, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
     torch.testing.assert_close(got.logits, want.logits, **tol)
 
 
@@ -496,10 +500,4 @@ def test_cache_attention_kernel_path_agrees(prefix):
     kw = dict(seed=0, gdn_backend="reference", compile=False)
     plain = HybridModel(spec, "cpu", torch.float32, cache_kernel=False, **kw)
     kernel = HybridModel(spec, "cpu", torch.float32, cache_kernel=True, **kw)
-    a, b = warm_cache(plain, prefix=prefix, max_len=16), warm_cache(kernel, prefix=prefix, max_len=16)
-    tol = dict(atol=2e-4, rtol=2e-4)
-    torch.testing.assert_close(kernel.decode(b, [1, 2]), plain.decode(a, [1, 2]), **tol)
-    forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])
-    got = kernel.verify(b, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
-    want = plain.verify(a, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1])
-    torch.testing.assert_close(got.logits, want.logits, **tol)
+    assert_step_agrees(kernel, plain, prefix, dict(atol=2e-4, rtol=2e-4))
