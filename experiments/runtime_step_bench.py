@@ -72,6 +72,26 @@ def kernel_sum(torch, step) -> dict:
             "top": [{"kernel": k, "count": c, "ms": t / 1e3} for k, (c, t) in top]}
 
 
+def verify_kernels(torch, timer, kv: int, tokens: int) -> dict:
+    """kernel_sum of one serving verify step at batch 1 (the step time_verify's serving graph
+    replays: refill_tree, forward_verify, commit_device), after time_verify prepared it."""
+    from bole_cli.runtime.tree_metadata import refill_tree
+
+    timer.time_verify(1, kv, tokens)  # (re)prepares the step and loads its inputs
+    key = ("prepared", "verify", timer.path, 1, kv, tokens)
+    tb, accepted = timer._steps[key]
+    inputs = timer._steps[key + ("inputs",)]  # loaded by the serving step's last prepare
+    cache = timer._cache_for(1, kv + tokens, kv, tokens)
+    m = timer.model
+
+    def step():
+        refill_tree(tb, inputs.parents, inputs.tokens, inputs.base, m.rope)
+        m.commit_device(cache, m.forward_verify(cache, tb, path=timer.path), accepted)
+
+    with torch.inference_mode():
+        return kernel_sum(torch, step)
+
+
 def decode_agreement(torch, timer, batch: int, kv: int) -> dict:
     """Logits and states after one decode step, per variant, against `before`."""
     cache = timer._cache_for(batch, kv + 1, kv)
@@ -211,6 +231,10 @@ def main(argv=None) -> None:
                                       "decode_replay_ms": dec, "decode_serving_ms": dec_serve})
                 print(f"{spec.name:14s} {variant:9s} verify {vn} @kv{vkv}: replay {replay:7.3f} serving "
                       f"{serve:7.3f} | decode replay {dec:7.3f} serving {dec_serve:7.3f} ms", flush=True)
+                if cuda:  # the serving step's kernels, eagerly: metadata refill, forward, commit
+                    doc["profile"].append({"model": spec.name, "variant": variant, "batch": 1,
+                                           "step": "verify", "kv": vkv, "tree_tokens": vn,
+                                           **verify_kernels(torch, serving, vkv, vn)})
                 save()
         print(f"{spec.name}: {time.perf_counter() - t0:.0f} s", flush=True)
         del timer, serving

@@ -549,14 +549,72 @@ def test_presets_are_fitted_to_the_papers_accepted_lengths():
 
 
 def test_h200_factors_derive_from_the_component_records():
-    """calibrate.components reads the committed component and step records into fractions
-    and latencies in their physical ranges (the estimate's factors are not yet taken from it)."""
+    """The H200's efficiency factors in the code are the committed component and step
+    records' (calibrate.components), to their rounding, and physically plausible."""
+    import dataclasses
     from pathlib import Path
 
     from bole_cli.calibrate.components import factors
+    from bole_cli.calibrate.costmodel import EFFICIENCY
 
     root = Path(__file__).resolve().parents[1] / "experiments" / "results"
-    got = factors(json.loads((root / "components" / "h200-9b.json").read_text()),
-                  json.loads((root / "runtime" / "steps-h200.json").read_text()), resolve_gpu("h200").bf16_flops)
+    steps = [json.loads((root / "runtime" / name).read_text())
+             for name in ("steps-h200.json", "steps-verify-h200.json")]
+    got = factors(json.loads((root / "components" / "h200-9b.json").read_text()), steps,
+                  resolve_gpu("h200").bf16_flops)
+    eff = EFFICIENCY["h200"]
+    code = {**dataclasses.asdict(eff.runtime), **dataclasses.asdict(eff)}
+    for name, value in got.items():
+        assert code[name] == pytest.approx(value, rel=0.02), name
     assert 0.5 < got["bw"] <= 1.0 and 0.4 < got["flops"] <= 1.0
     assert 1e-7 < got["gap_s"] < 5e-6 and 1e-6 < got["kernel_floor_s"] < 1e-5 and 0 < got["host_step_s"] < 1e-3
+    assert got["decode_launches_per_layer"] < got["verify_launches_per_layer"]
+
+
+# ---- the H200 estimate against the shipped measured profiles ------------------------------------
+AGREEMENT_MODELS = ("Qwen3.5-4B", "Qwen3.5-9B", "Qwen3.5-27B")
+T_DEC_TOLERANCE, TOK_S_TOLERANCE = 0.10, 0.15
+# Cells where the estimate misses today, each with its measured reason (experiments/NOTES.md
+# "The estimate against the measured profiles"); strict: a cell that starts agreeing fails
+# here until it is taken off the list.
+_BATCH16 = ("batch 16: the runtime's verify grows faster with tree tokens than the roofline "
+            "(GEMMs at 64-512 rows, tree attention), so the measurement decides a chain and the "
+            "estimate a tree")
+_LONG_KV = ("kv 16384: the drafter's and the verify's attention over the long context cost "
+            "more than their rooflines")
+KNOWN_GAPS = {
+    **{(m, 16, kv): _BATCH16 for m in AGREEMENT_MODELS for kv in (1024, 4096, 16384)},
+    **{(m, b, 16384): _LONG_KV for m in AGREEMENT_MODELS for b in (1, 4)
+       if (m, b) != ("Qwen3.5-27B", 1)},
+    ("Qwen3.5-4B", 4, 4096): "4B batch 4: the verify's growth with tree tokens (as batch 16)",
+}
+
+
+def _shipped_h200_cells():
+    from bole_cli.profiles import profile_path, shipped_profiles_dir
+
+    for model in AGREEMENT_MODELS:
+        for c in load_profile(profile_path(shipped_profiles_dir(), "h200", model))["configs"]:
+            key = (model, c["batch"], c["kv_len"])
+            marks = [pytest.mark.xfail(reason=KNOWN_GAPS[key], strict=True)] if key in KNOWN_GAPS else []
+            yield pytest.param(*key, marks=marks, id=f"{model}-b{key[1]}-kv{key[2]}")
+
+
+@pytest.mark.parametrize("model, batch, kv", list(_shipped_h200_cells()))
+def test_h200_estimate_agrees_with_the_shipped_measured_profile(model, batch, kv):
+    """`bole calibrate --estimate --gpu h200` against the measured profile it stands in for,
+    cell by cell: T_dec within 10%, the decided tokens/s within 15%, the same mode."""
+    from bole_cli.profiles import profile_path, shipped_profiles_dir
+
+    measured = next(c for c in load_profile(profile_path(shipped_profiles_dir(), "h200", model))["configs"]
+                    if (c["batch"], c["kv_len"]) == (batch, kv))
+    est = _estimated_entry("h200", model, batch, kv)
+    assert est["t_dec"] / measured["t_dec"] - 1 == pytest.approx(0, abs=T_DEC_TOLERANCE)
+    got, want = est["decision"]["chosen"], measured["decision"]["chosen"]
+    assert got["tok_s"] / want["tok_s"] - 1 == pytest.approx(0, abs=TOK_S_TOLERANCE)
+    assert got["mode"] == want["mode"]
+
+
+def test_known_gaps_name_shipped_cells():
+    cells = {tuple(p.values) for p in _shipped_h200_cells()}
+    assert set(KNOWN_GAPS) <= cells

@@ -1,13 +1,13 @@
-"""The roofline's H200 efficiency factors (costmodel.H200_MEASURED) from the component
+"""The roofline's H200 efficiency factors (costmodel.EFFICIENCY["h200"]) from the component
 microbenchmarks that measured them, so the numbers in the code can be re-derived from the
 committed records (experiments/README.md rows R-*):
 
 - `experiments/component_bench.py`'s JSON: GEMMs at a model's projection shapes against
   rows (weight streaming, weighted by how often one decode step streams each shape; GEMM
-  rate), the runtime's small kernels at decode rows, the host
-  step;
-- `experiments/runtime_step_bench.py`'s JSON: a decode step's graph replay against the sum
-  of its kernels (the replay's gap per kernel).
+  rate), the runtime's small kernels at decode rows (the per-kernel floor);
+- `experiments/runtime_step_bench.py`'s JSONs: a step's graph replay against the sum and
+  count of its kernels (the gap per launch, the launches per layer of a decode and of a
+  verify step) and the serving step against the bare replay (the host's share of a step).
 
 Nothing here reads a profile or an end-to-end result: the factors are never fitted to what
 they predict.
@@ -16,15 +16,17 @@ they predict.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 DATASHEET_BANDWIDTH = 4.8e12  # H200, bole_cli.catalog.hardware
 STREAMING_ROWS = 64  # weight streaming: GEMMs up to this many rows
 COMPUTE_ROWS = 1024  # GEMM rate: from this many rows
+PRODUCTION = "production"  # runtime_step_bench's name for the runtime as calibrate runs it
 
 
-def factors(components: Mapping[str, Any], steps: Mapping[str, Any], peak_flops: float) -> dict[str, float]:
-    """bw, flops, kernel_floor_s, gap_s, host_step_s (see costmodel.EFFICIENCY)."""
+def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
+            peak_flops: float) -> dict[str, float]:
+    """Efficiency's bw, flops, kernel_floor_s, host_step_s and its RuntimeLaunches fields."""
     from bole_cli.catalog.models import resolve_model
 
     spec = resolve_model(components["model"])
@@ -37,11 +39,24 @@ def factors(components: Mapping[str, Any], steps: Mapping[str, Any], peak_flops:
                             for g in components["gemms"] if g["M"] >= COMPUTE_ROWS)
     floor = statistics.median(k["us"] for k in components["small_kernels"]
                               if k["kernel"] == "add_rms" and k["rows"] == 1) * 1e-6
-    gaps = []
-    for p in steps["profile"]:
-        replay = [d["replay_ms"] for d in steps["decode"]
-                  if (d["model"], d["variant"], d["batch"]) == (p["model"], p["variant"], p["batch"])]
-        if replay and p["variant"] == "production":
-            gaps.append((replay[0] - p["kernel_ms"]) * 1e-3 / p["kernels"])
-    return {"bw": bw, "flops": flops, "kernel_floor_s": floor, "gap_s": statistics.median(gaps),
-            "host_step_s": components["host_step"]["us_median"] * 1e-6}
+    gaps, launches = [], {"decode": [], "verify": []}
+    for doc in steps:
+        for p in (p for p in doc["profile"] if p["variant"] == PRODUCTION):
+            layers = resolve_model(p["model"]).layers
+            launches[p["step"]].append(p["kernels"] / layers)
+            replay = [d["replay_ms"] for d in doc["decode"] if p["step"] == "decode"
+                      and (d["model"], d["variant"], d["batch"]) == (p["model"], p["variant"], p["batch"])]
+            if replay:
+                gaps.append((replay[0] - p["kernel_ms"]) * 1e-3 / p["kernels"])
+    host = {"decode": [], "verify": []}
+    for doc in steps:
+        for step in host:
+            host[step] += [(r["serving_ms"] - r["replay_ms"]) * 1e-3 for r in doc[step]
+                           if r["variant"] == PRODUCTION]
+    return {"bw": bw, "flops": flops, "kernel_floor_s": floor,
+            "host_step_s": components["host_step"]["us_median"] * 1e-6,
+            "gap_s": statistics.median(gaps),
+            "decode_launches_per_layer": statistics.median(launches["decode"]),
+            "verify_launches_per_layer": statistics.median(launches["verify"]),
+            "decode_host_s": statistics.median(host["decode"]),
+            "verify_host_s": statistics.median(host["verify"])}
