@@ -39,18 +39,15 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
                             for g in components["gemms"] if g["M"] >= COMPUTE_ROWS)
     floor = statistics.median(k["us"] for k in components["small_kernels"]
                               if k["kernel"] == "add_rms" and k["rows"] == 1) * 1e-6
-    gaps, launches = [], {"decode": [], "verify": []}
+    gaps, launches, host = [], {"decode": [], "verify": []}, {"decode": [], "verify": []}
     for doc in steps:
         for p in (p for p in doc["profile"] if p["variant"] == PRODUCTION):
-            layers = resolve_model(p["model"]).layers
-            launches[p["step"]].append(p["kernels"] / layers)
+            launches[p["step"]].append(p["kernels"] / resolve_model(p["model"]).layers)
             replay = [d["replay_ms"] for d in doc["decode"] if p["step"] == "decode"
                       and (d["model"], d["variant"], d["batch"]) == (p["model"], p["variant"], p["batch"])]
             if replay:
                 gaps.append((replay[0] - p["kernel_ms"]) * 1e-3 / p["kernels"])
-    host = {"decode": [], "verify": []}
-    for doc in steps:
-        for step in host:
+        for step in host:  # the serving step's host share: serving - replay of the same step
             host[step] += [(r["serving_ms"] - r["replay_ms"]) * 1e-3 for r in doc[step]
                            if r["variant"] == PRODUCTION]
     return {"bw": bw, "flops": flops, "kernel_floor_s": floor,
