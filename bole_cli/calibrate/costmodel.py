@@ -31,7 +31,10 @@ Components (bf16 weights and activations, fp32 recurrent state and logits):
   beyond that; weights, KV cache, recurrent state and factors always come from memory.
 - logits: the LM head's bf16 logits (T * vocab) read and cast to fp32 for sampling.
 - no kernel is shorter than eff.kernel_floor_s (small kernels are latency-bound), and a
-  fixed launch overhead eff.launch_s per layer (and two for embedding, LM head/sampling).
+  fixed launch overhead eff.launch_s per layer (and two for embedding, LM head/sampling);
+  where the runtime's launches were measured (eff.runtime, the H200), instead: the launches
+  a step makes beyond the priced kernels at the floor, a replay gap for every launch, and
+  the host's share of a serving step.
 The MTP/draft head is not part of the target forward: `time_draft_level` prices one level
 of it (the same rooflines), `time_sample` the argmax and the host sync of a step.
 
