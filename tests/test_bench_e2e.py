@@ -268,6 +268,29 @@ def test_drafter_shapes_and_weights():
             assert len(set(toks[0, list(kids)].tolist())) == len(kids)
 
 
+def test_drafter_reads_its_cache_through_the_split_key_kernel_as_sdpa_does():
+    """The head's attention through kernels.cache_attention (the target's decode path, split
+    along the keys) gives SDPA's hidden states and drafts, levels of 1 and several rows."""
+    from bole_cli.runtime import HybridModel
+
+    model = HybridModel(tiny_spec(), "cpu", torch.float32, seed=0)
+    head = MTPDrafter(model, build_layout(DEPTH, TOPK, acc_mod.preset_rows(0.9, DEPTH, TOPK)))
+    runs = {}
+    for kernel in (False, True):
+        model.cache_kernel = kernel
+        st = head.new_state(2, 300)  # past one key split (kernels.cache_attention.MIN_SPLIT_KEYS)
+        st.pending.copy_(torch.tensor([3, 4]))
+        with torch.inference_mode():
+            x1, top1 = head.level(st, 0, st.pending.view(2, 1), st.hidden.view(2, 1, -1), 0)
+            x2, top2 = head.level(st, 1, top1[:, :, 0].repeat(1, 3), x1.repeat(1, 3, 1), 1)
+        runs[kernel] = (x1, top1, x2, top2)
+    for a, b in zip(runs[False], runs[True]):
+        if a.dtype.is_floating_point:
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+        else:
+            assert torch.equal(a, b)
+
+
 # ---- the command ---------------------------------------------------------------------------
 
 def test_cli_smoke_run_on_cpu(tmp_path):

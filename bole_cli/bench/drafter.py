@@ -20,7 +20,10 @@ Simplifications that do not change the cost: the head's hidden input at the root
 fixed random vector (the runtime does not expose the target's last hidden state); its
 attention reads its own KV cache of the committed context (random, `context` long, not
 extended by accepted tokens) plus the draft rows written so far in the step, without a
-tree mask (the head only chooses token ids; exactness is the verifier's business).
+tree mask (the head only chooses token ids; exactness is the verifier's business). Where
+the target reads its KV cache through the split-key kernel (`HybridModel.cache_kernel`: CUDA,
+16-bit), so does the head: one program per request and KV head would leave the GPU idle
+over a long context.
 
 A reduced draft vocabulary (`draft_vocab`, SGLang's `--speculative-token-map`): the head
 scores only `draft_vocab` hot tokens (an LM head of that many rows) and maps its top-k
@@ -42,6 +45,7 @@ import torch.nn.functional as F
 
 from bole_cli.errors import InputError
 from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.runtime.attention import cache_attention
 from bole_cli.runtime.batch import Rope
 from bole_cli.runtime.fusion import rms
 from bole_cli.runtime.model import HybridModel
@@ -228,9 +232,13 @@ class MTPDrafter:
         pos = st.context + kv_off
         st.kv[0, :, :, pos: pos + rows] = k.view(bsz, rows, hk, dh).transpose(1, 2)
         st.kv[1, :, :, pos: pos + rows] = v.view(bsz, rows, hk, dh).transpose(1, 2)
-        keys, vals = st.kv[0, :, :, : pos + rows], st.kv[1, :, :, : pos + rows]
         qf = q.view(bsz, rows, hk, grp, dh).permute(0, 2, 1, 3, 4).reshape(bsz, hk, rows * grp, dh)
-        o = F.scaled_dot_product_attention(qf, keys, vals)
+        if self.model.cache_kernel:  # split along the keys, as the target's decode reads its cache
+            slots = torch.arange(bsz, device=qf.device)
+            used = torch.full((bsz,), pos + rows, dtype=torch.int64, device=qf.device)
+            o = cache_attention(qf, st.kv[0], st.kv[1], slots, used, pos + rows)[0]
+        else:
+            o = F.scaled_dot_product_attention(qf, st.kv[0, :, :, : pos + rows], st.kv[1, :, :, : pos + rows])
         o = o.view(bsz, hk, rows, grp, dh).permute(0, 2, 1, 3, 4).reshape(n, hq * dh)
         x, a = fuse.add_rms(x, F.linear(fuse.gated_out(o, gate), w["o_proj"]), w["post_norm"])
         x, a = fuse.add_rms(x, F.linear(fuse.swiglu(F.linear(a, w["gate_up"])), w["down"]), w["final_norm"])
