@@ -7,7 +7,9 @@ committed records (experiments/README.md rows R-*):
   rate), the runtime's small kernels at decode rows (the per-kernel floor);
 - `experiments/runtime_step_bench.py`'s JSONs: a step's graph replay against the sum and
   count of its kernels (the gap per launch, the launches per layer of a decode and of a
-  verify step) and the serving step against the bare replay (the host's share of a step).
+  verify step) and the serving step against the bare replay (the host's share of a step);
+- `bole bench kernels`' JSON at the served default: one GDN layer's tree verify + commit
+  against the roofline's price of it (the tree kernels' share of their roofline's speed).
 
 Nothing here reads a profile or an end-to-end result: the factors are never fitted to what
 they predict.
@@ -24,9 +26,30 @@ COMPUTE_ROWS = 1024  # GEMM rate: from this many rows
 PRODUCTION = "production"  # runtime_step_bench's name for the runtime as calibrate runs it
 
 
+def gdn_tree_share(tree_kernels: Mapping[str, Any]) -> float:
+    """Median over the record's cells of the roofline's GDN verify + commit (the conv left
+    out, as the bench times the kernels alone) over the measured time."""
+    import dataclasses
+
+    from bole_cli.calibrate.costmodel import EFFICIENCY, Cost, RooflineForward
+    from bole_cli.catalog.hardware import resolve_gpu
+    from bole_cli.catalog.models import resolve_model
+
+    spec = resolve_model(tree_kernels["model"])
+    roof = RooflineForward(spec, resolve_gpu("h200"), dataclasses.replace(EFFICIENCY["h200"], gdn_tree=1.0))
+    shares = []
+    for c in tree_kernels["cases"]:
+        b, n = c["batch"], c["nodes"]
+        conv = roof._time(Cost(b * spec.conv_dim * (spec.conv_kernel - 1) * 2 * 2, 0.0))
+        core = roof.components(b, 4096, b * n, verify=True)["gdn_core"] / spec.n_gdn_layers - conv
+        shares.append(core / (c["bole_us"] * 1e-6))
+    return statistics.median(shares)
+
+
 def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
-            peak_flops: float) -> dict[str, float]:
-    """Efficiency's bw, flops, kernel_floor_s, host_step_s and its RuntimeLaunches fields."""
+            tree_kernels: Mapping[str, Any], peak_flops: float) -> dict[str, float]:
+    """Efficiency's bw, flops, kernel_floor_s, host_step_s, gdn_tree and its RuntimeLaunches
+    fields."""
     from bole_cli.catalog.models import resolve_model
 
     spec = resolve_model(components["model"])
@@ -52,6 +75,7 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
                            if r["variant"] == PRODUCTION]
     return {"bw": bw, "flops": flops, "kernel_floor_s": floor,
             "host_step_s": components["host_step"]["us_median"] * 1e-6,
+            "gdn_tree": gdn_tree_share(tree_kernels),
             "gap_s": statistics.median(gaps),
             "decode_launches_per_layer": statistics.median(launches["decode"]),
             "verify_launches_per_layer": statistics.median(launches["verify"]),

@@ -83,6 +83,7 @@ class Efficiency:
     host_step_s: float = 1e-4  # per step: the sampled tokens' trip to the host (the sync)
     draft_kernels: int = 24  # kernels of one drafter level (each at least kernel_floor_s)
     runtime: Optional[RuntimeLaunches] = None  # measured launches replace launch_s (H200)
+    gdn_tree: float = 1.0  # the GDN tree verify + commit's share of its roofline's speed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +96,8 @@ class Efficiency:
 # (bole_cli.calibrate.components re-derives them from the committed records, and a test
 # holds the numbers here to them): weight streaming at 1-64 rows reaches 75.5% of the
 # datasheet bandwidth, GEMMs from 1024 rows 68.6% of the bf16 rate, a small kernel takes
-# 2.7 us. The other GPUs take the same fractions of their datasheet figures (no device
+# 2.7 us, one GDN layer's tree verify + commit (`bole bench kernels`, experiments row P-3)
+# runs at 29% of the speed its roofline prices. The other GPUs take the same fractions of their datasheet figures (no device
 # measured here; datasheets in bole_cli.catalog.hardware) and launch_s a layer for the
 # gaps, not the runtime's measured launches: their estimates describe an engine that
 # launches about what the rooflines price (the paper's), the H200's the runtime calibrate
@@ -114,14 +116,15 @@ EFFICIENCY: dict[str, Efficiency] = {
         why="The H200's " + _HOPPER_MEASURED + " (same SM). Not fitted."),
     "h200": Efficiency(
         bw=H200_BW, flops=H200_FLOPS, launch_s=6e-6, kernel_floor_s=2.7e-6, l2_bytes=50e6,
-        host_step_s=2.6e-5,
+        host_step_s=2.6e-5, gdn_tree=0.29,
         runtime=RuntimeLaunches(decode_launches_per_layer=13.66, verify_launches_per_layer=25.72,
                                 gap_s=0.61e-6, decode_host_s=0.31e-3, verify_host_s=0.56e-3),
         why="Measured here by component microbenchmarks (experiments/README.md rows R-1 to "
             "R-4, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 rows "
             "75.5% of the datasheet bandwidth, GEMMs from 1024 rows 68.6% of its bf16 rate, a "
-            "small kernel 2.7 us, and the runtime's launches per layer, replay gaps and host "
-            "share of a serving step. Not fitted to the profiles it predicts."),
+            "small kernel 2.7 us, the GDN tree verify + commit at 29% of its roofline's speed "
+            "(latency-bound at these sizes), and the runtime's launches per layer, replay gaps "
+            "and host share of a serving step. Not fitted to the profiles it predicts."),
     "gb10": Efficiency(
         bw=H200_BW, flops=H200_FLOPS, launch_s=8e-6, kernel_floor_s=4e-6, l2_bytes=24e6,
         why="The H200's " + _HOPPER_MEASURED + ", applied to GB10's dense bf16 rate (125 "
@@ -238,7 +241,8 @@ class RooflineForward:
         else:
             core, kernels = Cost(2 * state, 8.0 * batch * hv * dk * dv, act=qkv_io), 1
         conv = Cost(batch * m.conv_dim * (m.conv_kernel - 1) * BF16 * 2, 0.0)
-        t["gdn_core"] = n_gdn * (self._time(core, kernels) + self._time(conv))
+        core_s = self._time(core, kernels) / (self.eff.gdn_tree if verify else 1.0)
+        t["gdn_core"] = n_gdn * (core_s + self._time(conv))
 
         # two fused add + RMSNorm kernels per layer, 4 passes each
         t["norms"] = m.layers * self._time(Cost(act=8.0 * T * m.hidden * BF16), 2)
