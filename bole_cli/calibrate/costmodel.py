@@ -24,7 +24,9 @@ Components (bf16 weights and activations, fp32 recurrent state and logits):
   Gram terms), 2 n^2 dv (d + 1) (Neumann series of depth d = min(n - 1, 8), and C U), and
   the replay commit (docs/design.md §2, §9) 8 DP dk dv a pass of DP = 16 path nodes (its
   two split tf32 products with the state, W and the update).
-  The depthwise conv and gates are counted as activation traffic.
+  The depthwise conv and gates are counted as activation traffic. A verify's GDN core runs
+  at eff.gdn_tree of its roofline's speed (measured on the H200: the tree kernels are
+  latency-bound at serving sizes; 1 elsewhere).
 - norms and residuals: about 8 passes over T * hidden bf16 activations per layer.
 - activation traffic (matmul inputs/outputs, q/k/v/o, norms, logits) stays in L2 while one
   kernel's share fits in half of it (eff.l2_bytes) and costs device-memory bandwidth only
