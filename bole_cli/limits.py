@@ -41,5 +41,7 @@ SERVED_VERIFY_PRECISION = None
 #: kernels' checks, `bole bench kernels --state-dtype` and the plug-in's refusal read it.
 KERNEL_STATE_DTYPES = ("float32", "bfloat16")
 
-#: Path nodes a pass of the replay commit (tree_commit_replay's DP; the cost model's count).
-REPLAY_PASS_NODES = 16
+#: Accepted paths of at most this many nodes are replayed node by node by the replay commit
+#: (every drafter's tree, every tile-sized tree); longer ones (long chains) DP nodes a pass,
+#: which was faster for them on the H200 (docs/design.md §2 "Replay commit").
+REPLAY_STEP_PATH = 64

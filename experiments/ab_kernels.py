@@ -3,6 +3,7 @@
     python experiments/ab_kernels.py verify v8 v9 [--cases 1x16,16x64,16x64:chain] [--config BV=64,BK=32]
     python experiments/ab_kernels.py blocked b-no-pairs b-no-diag --cases 16x128,16x256
     python experiments/ab_kernels.py commit c8 cA --layers 24 --cases 16x64 [--out FILE.json]
+    python experiments/ab_kernels.py replay r-state-first r-gates-first --layers 24 --cases 16x64
     python experiments/ab_kernels.py --list | --check | --launch-floor | --source v9
     ncu -k regex:tree_ --set full -o OUT python experiments/ab_kernels.py verify --once --cases 16x64,1x16
 
@@ -28,6 +29,7 @@ from kernel_variants import SITES, VARIANTS, edited_source, kernel_in_place, loa
 
 VERIFY_CASES = "1x16,1x64,1x64:chain,4x32,4x64,16x16,16x32,16x64,16x64:chain,64x64,64x64:chain"
 COMMIT_CASES = "1x64,4x64,16x64,64x64"
+REPLAY_CASES = "1x16,16x16,16x64,64x64,64x2:chain,16x4:chain,1x64:chain,16x64:chain"
 BLOCKED_CASES = "1x128,16x128,64x128,16x256"
 
 
@@ -82,6 +84,20 @@ def case_runner(torch, kernels, kind, spec, batch, nodes, tree, layers):
     k = torch.randn(*lead, n, spec.gdn_key_heads, spec.gdn_key_dim, device="cuda").to(torch.bfloat16)
     u = torch.randn(*lead, n, hv, vd, device="cuda")
     log_p = -torch.rand(*lead, n, hv, device="cuda")
+    if kind == "replay":  # the served commit as `bole bench kernels` runs it: gates fused, promises kept
+        v, a, b = u.to(torch.bfloat16), log_p.to(torch.bfloat16), torch.randn_like(log_p).to(torch.bfloat16)
+        A_log, dt_bias = (torch.stack([s.A_log] * layers), torch.stack([s.dt_bias] * layers)) if lead else \
+            (s.A_log, s.dt_bias)
+
+        def run_replay(config):
+            pool = pool0.clone()
+
+            def fn():
+                kernels.tree_commit_replay_gated(pool, s.slots, k, v, a, b, A_log, dt_bias, s.parents, s.cu,
+                                                 s.accepted, check_trees=False, max_nodes=nodes,
+                                                 max_depth=s.max_depth, config=config)
+            return fn, pool.clone
+        return run_replay
 
     def run(config):
         pool = pool0.clone()
@@ -113,8 +129,8 @@ def main(argv=None) -> None:
     ap.add_argument("kernel", nargs="?", choices=sorted(SITES))
     ap.add_argument("variants", nargs="*", help="names from --list")
     ap.add_argument("--cases", help=f"BxT[:chain], comma-separated (verify default {VERIFY_CASES}; "
-                                    f"blocked {BLOCKED_CASES}; commit {COMMIT_CASES})")
-    ap.add_argument("--layers", type=int, default=1, help="commit: GDN layers in one launch")
+                                    f"blocked {BLOCKED_CASES}; commit {COMMIT_CASES}; replay {REPLAY_CASES})")
+    ap.add_argument("--layers", type=int, default=1, help="commit, replay: GDN layers in one launch")
     ap.add_argument("--config", default="", help="launch knobs for every kernel, e.g. BV=64,BK=32")
     ap.add_argument("--model", default="9b")
     ap.add_argument("--rep-ms", type=int, default=60)
@@ -142,7 +158,7 @@ def main(argv=None) -> None:
         print("empty launch us by grid size:", launch_floor())
         return
     if args.kernel is None:
-        ap.error("name a kernel (verify, blocked or commit), or --list / --check / --launch-floor")
+        ap.error("name a kernel (verify, blocked, commit or replay), or --list / --check / --launch-floor")
     site = SITES[args.kernel]
     wrong = [v for v in args.variants if v not in VARIANTS or VARIANTS[v].site != site]
     if wrong:
@@ -167,7 +183,8 @@ def main(argv=None) -> None:
         warm_gpu(torch)
     rows = []
     for batch, nodes, tree in parse_cases(args.cases or {"verify": VERIFY_CASES, "blocked": BLOCKED_CASES,
-                                                                 "commit": COMMIT_CASES}[args.kernel]):
+                                                                 "commit": COMMIT_CASES,
+                                                                 "replay": REPLAY_CASES}[args.kernel]):
         run = case_runner(torch, kernels, args.kernel, spec, batch, nodes, tree, args.layers)
         row, ref = {"batch": batch, "nodes": nodes, "tree": tree, "layers": args.layers}, None
         for name, (kern, own) in contenders.items():
@@ -176,8 +193,8 @@ def main(argv=None) -> None:
                 fn()
                 out = result()
                 ref = out if ref is None else ref
-                row[f"{name}_diff"] = max(rel(a, b) for a, b in zip(out, ref)) if args.kernel != "commit" \
-                    else rel(out, ref)
+                row[f"{name}_diff"] = rel(out, ref) if args.kernel in ("commit", "replay") \
+                    else max(rel(a, b) for a, b in zip(out, ref))
                 if not args.once:
                     row[f"{name}_us"] = time_graph(torch, [fn], rep_ms=args.rep_ms)
         torch.cuda.synchronize()

@@ -41,7 +41,9 @@ VERIFY_TILE = KernelSite("bole_cli.kernels.tree_verify_tile", "tree_verify_tile_
 COMMIT = KernelSite("bole_cli.kernels.tree_commit", "_tree_commit_kernel", "bole_cli.kernels.tree_commit")
 VERIFY_BLOCKED = KernelSite("bole_cli.kernels.tree_verify_blocked", "tree_verify_blocked_kernel",
                             "bole_cli.kernels.tree_verify_blocked")
-SITES = {"verify": VERIFY_TILE, "commit": COMMIT, "blocked": VERIFY_BLOCKED}
+REPLAY = KernelSite("bole_cli.kernels.tree_commit_replay", "_tree_commit_replay_kernel",
+                    "bole_cli.kernels.tree_commit_replay")
+SITES = {"verify": VERIFY_TILE, "commit": COMMIT, "blocked": VERIFY_BLOCKED, "replay": REPLAY}
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,36 @@ _PARENTS_IN_REGISTERS = (
      "def accepted_path_sum(acc, k, u, lp_base, parents, start, cur, nodes, par,"),
     ("lp_base, parents, start, a, lp_a,", "lp_base, parents, start, a, nodes, par, lp_a,"),
     ("nxt = tl.load(parents + start + cur).to(tl.int32)", "nxt = tl.sum(tl.where(nodes == cur, par, 0), axis=0)"),
+)
+
+# --- replay commit, node by node (shipped: c10) -----------------------------------------
+
+# The state tile's load issued before the walk over the parents (in flight during it), not
+# after it (NOTES.md "Replay commit, node by node": the walk and the load run one after the other).
+_R_TILE = """        offs_k = tl.arange(0, KP)
+        kmask = offs_k < K
+        offs_v = iv * BV + tl.arange(0, BV)
+        vmask = offs_v < V
+        s_ptr = state + layer * s_sl + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]
+        s = tl.load(s_ptr, mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+"""
+_R_STATE_FIRST = (
+    (_R_TILE, ""),
+    ("        # The accepted path, deepest first, walked in registers over the request's parents\n",
+     _R_TILE + "        # The accepted path, deepest first, walked in registers over the request's parents\n"),
+)
+# The path's gates (g, beta; SGLang's raw a, b gated) computed once as a vector before the
+# steps, each step picking its pair out by a register reduction, so no gate's load or
+# softplus waits inside a step.
+_R_GATES_FIRST = (
+    ("        gt, bt = row_gates(g_base, b_base, row, row >= 0, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)\n",
+     "        g_all, b_all = row_gates(g_base, b_base, start + path, dist < length, hv, s_gn, 1, s_bn, 1, neg_a, bias,\n"
+     "                                 GATED, True)\n"
+     "        gt = tl.sum(tl.where(dist == length - 1, g_all, 0.0), axis=0)\n"
+     "        bt = tl.sum(tl.where(dist == length - 1, b_all, 0.0), axis=0)\n"),
+    ("            gn, bn = row_gates(g_base, b_base, nrow, more, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)\n",
+     "            gn = tl.sum(tl.where(nxt_at, g_all, 0.0), axis=0)\n"
+     "            bn = tl.sum(tl.where(nxt_at, b_all, 0.0), axis=0)\n"),
 )
 
 # --- verify, one-tile kernel (shipped: v7 + block merging) -----------------------------
@@ -136,6 +168,12 @@ _B_NO_DIAG = (("            kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn,
 # and ablate-no-state.json, their edits in git history.)
 
 VARIANTS: dict[str, Variant] = {
+    "r-state-first": Variant(REPLAY, "c10 with the state tile loaded before the walk (prepared, not yet timed)",
+                             _R_STATE_FIRST),
+    "r-gates-first": Variant(REPLAY, "c10 with the path's gates computed once before the steps (prepared, not "
+                             "yet timed)", _R_GATES_FIRST),
+    "r-both": Variant(REPLAY, "r-state-first and r-gates-first together (prepared, not yet timed)",
+                      _R_STATE_FIRST + _R_GATES_FIRST),
     "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",
                   _PARENTS_IN_REGISTERS, {"TN": 256}),
     "c8p": Variant(COMMIT, "c8 with the state tile loaded before the walk (run 22)",

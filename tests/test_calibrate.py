@@ -583,12 +583,12 @@ _BATCH16 = ("batch 16: tree and chain within 2% of each other in both; the measu
             "decides the chain, the estimate the tree (its verify grows a little slower with "
             "tree tokens than the runtime's: GEMMs at 64-512 rows and the tree attention are "
             "priced at their rooflines)")
-_LONG_KV = ("kv 16384: the drafter's and the verify's attention over the long context cost "
-            "more than their rooflines")
+_LONG_KV = ("kv 16384, batch 4: the measured chain beats the measured tree by under 1%; the "
+            "estimate prices the tree's verify at many tokens lower (the tree attention over the "
+            "long context and GEMMs at 64-512 rows at their rooflines) and decides the tree")
 KNOWN_GAPS = {
     **{(m, 16, kv): _BATCH16 for m in AGREEMENT_MODELS for kv in (1024, 4096, 16384)},
-    **{(m, b, 16384): _LONG_KV for m in AGREEMENT_MODELS for b in (1, 4)
-       if (m, b) != ("Qwen3.5-27B", 1)},
+    **{(m, 4, 16384): _LONG_KV for m in AGREEMENT_MODELS},
 }
 
 

@@ -7,6 +7,7 @@ float32-exact committed state) needs the GPU: tests/test_precision_contract.py.
 
 from __future__ import annotations
 
+import importlib
 import random
 
 import pytest
@@ -55,16 +56,57 @@ def check(case, forest, accepted, tol=1e-6, **call):
 @SETTINGS
 @given(seed=st.integers(0, 2**31 - 1), sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4),
        group=st.sampled_from([1, 2, 4]), decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -1e-4)]),
-       shape=st.sampled_from(["any", "chain", "wide", "roots"]), dp=st.sampled_from([16, 32]),
-       bv=st.sampled_from([16, 32]))
-@example(seed=1, sizes=[256], group=2, decay=(-30.0, -1e-4), shape="chain", dp=16, bv=16)
-@example(seed=2, sizes=[256, 3], group=4, decay=(-1e-4, -1e-6), shape="any", dp=32, bv=32)
-@example(seed=3, sizes=[200], group=1, decay=(-2.0, -0.01), shape="wide", dp=16, bv=16)
-def test_replay_matches_reference(seed, sizes, group, decay, shape, dp, bv):
+       shape=st.sampled_from(["any", "chain", "wide", "roots"]), bv=st.sampled_from([4, 8, 16, 32]),
+       warps=st.sampled_from([1, 2, 4]))
+@example(seed=1, sizes=[256], group=2, decay=(-30.0, -1e-4), shape="chain", bv=8, warps=1)
+@example(seed=2, sizes=[256, 3], group=4, decay=(-1e-4, -1e-6), shape="any", bv=32, warps=4)
+@example(seed=3, sizes=[200], group=1, decay=(-2.0, -0.01), shape="wide", bv=16, warps=2)
+def test_replay_matches_reference(seed, sizes, group, decay, shape, bv, warps):
     """Random forests (deep chains, wide trees, several roots), GQA 1/2/4, decays near zero
-    and near -30, path passes of 2-16 rows, value tiles narrower and wider than V."""
+    and near -30, value tiles narrower and wider than V, on 1-4 warps."""
     case, forest = make_case(seed, sizes, h=2, group=group, kdim=16, vdim=24, decay=decay, shape=shape)
-    check(case, forest, random_accepted(forest.sizes, seed), config={"DP": dp, "BV": bv})
+    check(case, forest, random_accepted(forest.sizes, seed), config={"BV": bv, "num_warps": warps})
+
+
+def test_replay_keeps_the_max_nodes_promise():
+    """max_nodes sizes the walk: a request whose accepted node lies past the promise keeps
+    its slot bit for bit (no partial path is committed); the others commit exactly."""
+    case, forest = make_case(8, [12, 30], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="chain")
+    accepted = torch.tensor([11, 20], dtype=torch.int32)
+    got = replay(case, accepted, check_trees=False, max_nodes=16)
+    want = replay_ref(case, torch.tensor([11, -1], dtype=torch.int32))
+    assert torch.equal(got[int(case["state_indices"][1])], case["state"][int(case["state_indices"][1])])
+    assert rel_err(got, want) <= 1e-6
+
+
+@pytest.mark.parametrize("max_depth", [None, 3, 200])
+def test_long_paths_take_the_passes_kernel(monkeypatch, max_depth):
+    """Paths past REPLAY_STEP_PATH nodes go to the passes kernel, in a second launch, unless
+    a promise keeps every path within it; the node-by-node kernel takes the rest. Either way
+    each slot is committed exactly once: a broken max_depth promise (3, with paths of 70 and
+    130 nodes) stays exact, the long paths then replayed node by node."""
+    module = importlib.import_module("bole_cli.kernels.tree_commit_replay")
+    from bole_cli.limits import REPLAY_STEP_PATH
+
+    launches = []
+    real = module.launch_passes
+    monkeypatch.setattr(module, "launch_passes", lambda *a, **kw: launches.append(kw["shortest"]) or real(*a, **kw))
+    case, forest = make_case(13, [130, 5, 70, 9], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="chain")
+    accepted = torch.tensor([129, 4, 69, 3], dtype=torch.int32)
+    check(case, forest, accepted, max_depth=max_depth)
+    assert launches == ([] if max_depth == 3 else [REPLAY_STEP_PATH])
+
+
+def test_short_trees_take_one_launch(monkeypatch):
+    """Trees within REPLAY_STEP_PATH nodes (max_nodes, or the forest itself) never launch
+    the passes kernel."""
+    module = importlib.import_module("bole_cli.kernels.tree_commit_replay")
+
+    monkeypatch.setattr(module, "launch_passes", lambda *a, **kw: pytest.fail("passes kernel launched"))
+    case, forest = make_case(14, [64, 20, 33], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="any")
+    check(case, forest, random_accepted(forest.sizes, 14), max_nodes=64)
+    small, forest = make_case(15, [10, 20], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="chain")
+    check(small, forest, torch.tensor([9, 19], dtype=torch.int32))
 
 
 def test_replay_equals_the_sequential_recurrence():
@@ -144,8 +186,12 @@ def test_replay_errors_name_the_argument():
     same[1] = same[0]
     with pytest.raises(InputError, match=r"^state_indices: requests 0 and 1 both commit"):
         tree_commit_replay(base[0], same, *base[2:], acc)
-    with pytest.raises(InputError, match=r"^config: "):
+    with pytest.raises(InputError, match=r"^config: BV must be a power of two"):
         tree_commit_replay(*base, acc, config={"BV": 3})
+    with pytest.raises(InputError, match=r"^max_depth: expected an int in 0\.\.255"):
+        tree_commit_replay(*base, acc, max_depth=-1)
+    with pytest.raises(InputError, match=r"^config: unknown keys \['DP'\]"):
+        tree_commit_replay(*base, acc, config={"DP": 16})
 
 
 @pytest.mark.gpu
@@ -164,9 +210,9 @@ def test_gpu_replay_real_shapes(sizes, shape):
 
 @pytest.mark.parametrize("size", [9, 40, 130])
 def test_replay_deep_chains_with_correlated_keys(size):
-    """Consecutive keys with cosine ~0.9 and beta 1 (I + G's powers grow like path counts):
-    the passes' inverse must still reach float32 (the product form alone lost every digit on
-    64-node chains; docs/design.md §2 "The solve")."""
+    """Consecutive keys with cosine ~0.9 and beta 1 (I + G's powers grow like path counts,
+    which lost every digit of a 64-node chain's solve in product form; docs/design.md §2
+    "The solve"): the node-by-node replay stays at float32."""
     case, forest = make_case(4, [size], h=1, group=1, kdim=32, vdim=16, decay=(-0.01, -1e-4), shape="chain")
     k = case["k"]
     k[:] = 0.8 * k[0] / k[0].norm() * 5.6 + 0.2 * k

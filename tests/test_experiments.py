@@ -105,3 +105,31 @@ def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
     assert {r["gemm"] for r in doc["gemms"]} == {"gdn_in_proj", "lm_head", "mlp_gate_up", "mlp_down"}
     assert sorted({r["M"] for r in doc["gemms"]}) == [1, 4] and all(r["us"] > 0 for r in doc["gemms"])
     assert doc["kernel_floor"]["us_per_kernel"] > 0 and doc["host_step"]["us_median"] > 0
+
+
+@pytest.mark.parametrize("name", ["r-state-first", "r-gates-first", "r-both"])
+def test_the_replay_commit_variants_stay_exact(name):
+    """The replay variants prepared for the next A/B (kernel_variants.py) are rewrites of the
+    same arithmetic, not ablations: plain and gated, they commit what the reference does."""
+    import torch
+
+    from bole_cli.kernels import tree_commit_replay, tree_commit_replay_gated
+    from bole_cli.kernels.reference import gdn_gates_ref, tree_commit_replay_ref
+    from test_commit_replay import random_accepted
+    from test_kernels import make_case, rel_err
+
+    variants = _kernel_variants()
+    case, forest = make_case(21, [9, 30, 1], h=2, group=2, kdim=16, vdim=24, decay=(-2.0, -0.01), shape="any")
+    accepted = random_accepted(forest.sizes, 21)
+    gen = torch.Generator().manual_seed(2)
+    n, hv = case["g"].shape
+    a, b = torch.randn(n, hv, generator=gen), torch.randn(n, hv, generator=gen)
+    A_log, dt_bias = torch.rand(hv, generator=gen) - 0.5, torch.randn(hv, generator=gen)
+    g, beta = gdn_gates_ref(A_log, a, dt_bias, b)
+    common = (case["state_indices"], case["k"], case["v"])
+    tree = (case["parents"], case["cu_seqlens"], accepted)
+    with variants.kernel_in_place(variants.VARIANTS[name].site, variants.load_variant(name)):
+        plain = tree_commit_replay(case["state"].clone(), *common, case["g"], case["beta"], *tree)
+        gated = tree_commit_replay_gated(case["state"].clone(), *common, a, b, A_log, dt_bias, *tree)
+    assert rel_err(plain, tree_commit_replay_ref(case["state"], *common, case["g"], case["beta"], *tree)) <= 1e-6
+    assert rel_err(gated, tree_commit_replay_ref(case["state"], *common, g, beta, *tree)) <= 1e-6

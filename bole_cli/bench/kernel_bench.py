@@ -221,7 +221,7 @@ def bole_commit(s: LayerInputs, kernels) -> Callable[[], None]:
 
     def run():
         kernels.tree_commit_replay_gated(s.pool, s.slots, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.parents, s.cu,
-                                         s.accepted, check_trees=False, max_nodes=s.nodes)
+                                         s.accepted, check_trees=False, max_nodes=s.nodes, max_depth=s.max_depth)
     return run
 
 
@@ -438,7 +438,7 @@ def _bench_commit_all_layers(torch, kernels, spec: ModelSpec, batch: int, sg, bw
 
     def commit():
         kernels.tree_commit_replay(pool, base.slots, k, v, log_p, beta, base.parents, base.cu, base.accepted,
-                                   check_trees=False)
+                                   check_trees=False, max_nodes=nodes, max_depth=base.max_depth)
 
     def factors():
         kernels.tree_commit(pool, base.slots, k, u, log_p, base.parents, base.cu, base.accepted, check_trees=False)

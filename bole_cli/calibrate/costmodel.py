@@ -22,8 +22,7 @@ Components (bf16 weights and activations, fp32 recurrent state and logits):
   more, plus the per-node rows (k, u, log_p; the replay commit's k, v, g, beta) written and
   read; FLOPs per request and value head: 4 n dk dv (D_P Q S, K S), 4 n^2 dk (QK^T, KK^T
   Gram terms), 2 n^2 dv (d + 1) (Neumann series of depth d = min(n - 1, 8), and C U), and
-  the replay commit (docs/design.md §2, §9) 8 DP dk dv a pass of DP = 16 path nodes (its
-  two split tf32 products with the state, W and the update).
+  the replay commit (docs/design.md §2, §9) 6 dk dv a path node (decay, k . S, update).
   The depthwise conv and gates are counted as activation traffic. A verify's GDN core runs
   at eff.gdn_tree of its roofline's speed (measured on the H200: the tree kernels are
   latency-bound at serving sizes; 1 elsewhere).
@@ -51,7 +50,6 @@ from typing import Any, Optional
 
 from bole_cli.catalog.hardware import GpuSpec
 from bole_cli.catalog.models import ModelSpec
-from bole_cli.limits import REPLAY_PASS_NODES
 
 BF16 = 2
 FP32 = 4
@@ -98,8 +96,8 @@ class Efficiency:
 # (bole_cli.calibrate.components re-derives them from the committed records, and a test
 # holds the numbers here to them): weight streaming at 1-64 rows reaches 75.5% of the
 # datasheet bandwidth, GEMMs from 1024 rows 68.6% of the bf16 rate, a small kernel takes
-# 2.7 us, one GDN layer's tree verify + commit (`bole bench kernels`, experiments row P-3)
-# runs at 29% of the speed its roofline prices. The other GPUs take the same fractions of their datasheet figures (no device
+# 2.7 us, one GDN layer's tree verify + commit (`bole bench kernels`, experiments row P-9)
+# runs at 32.5% of the speed its roofline prices. The other GPUs take the same fractions of their datasheet figures (no device
 # measured here; datasheets in bole_cli.catalog.hardware) and launch_s a layer for the
 # gaps, not the runtime's measured launches: their estimates describe an engine that
 # launches about what the rooflines price (the paper's), the H200's the runtime calibrate
@@ -118,13 +116,13 @@ EFFICIENCY: dict[str, Efficiency] = {
         why="The H200's " + _HOPPER_MEASURED + " (same SM). Not fitted."),
     "h200": Efficiency(
         bw=H200_BW, flops=H200_FLOPS, launch_s=6e-6, kernel_floor_s=2.7e-6, l2_bytes=50e6,
-        host_step_s=2.6e-5, gdn_tree=0.29,
+        host_step_s=2.6e-5, gdn_tree=0.325,
         runtime=RuntimeLaunches(decode_launches_per_layer=13.66, verify_launches_per_layer=25.72,
                                 gap_s=0.61e-6, decode_host_s=0.31e-3, verify_host_s=0.56e-3),
         why="Measured here by component microbenchmarks (experiments/README.md rows R-1 to "
-            "R-4, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 rows "
-            "75.5% of the datasheet bandwidth, GEMMs from 1024 rows 68.6% of its bf16 rate, a "
-            "small kernel 2.7 us, the GDN tree verify + commit at 29% of its roofline's speed "
+            "R-4 and P-9, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 "
+            "rows 75.5% of the datasheet bandwidth, GEMMs from 1024 rows 68.6% of its bf16 rate, a "
+            "small kernel 2.7 us, the GDN tree verify + commit at 32.5% of its roofline's speed "
             "(latency-bound at these sizes), and the runtime's launches per layer, replay gaps "
             "and host share of a serving step. Not fitted to the profiles it predicts."),
     "gb10": Efficiency(
@@ -236,9 +234,9 @@ class RooflineForward:
         if verify:
             d = min(max(n - 1.0, 0.0), MAX_TREE_DEPTH)
             factors = T * (m.gdn_key_heads * dk + hv * dv + hv) * FP32 * 2
-            # the replay commit: one pass (calibrate's trees and chains are at most 9 deep)
+            # the replay commit: decay, k . S and the rank-1 update for each of the d + 1 path nodes
             flops = batch * hv * (4 * n * dk * dv + 4 * n * n * dk + 2 * n * n * dv * (d + 1)
-                                  + 8 * REPLAY_PASS_NODES * dk * dv)
+                                  + 6 * (d + 1) * dk * dv)
             core, kernels = Cost(3 * state + factors, flops, act=qkv_io), 2  # verify + commit
         else:
             core, kernels = Cost(2 * state, 8.0 * batch * hv * dk * dv, act=qkv_io), 1

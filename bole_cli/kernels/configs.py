@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Optional
 
 from bole_cli.errors import InputError
-from bole_cli.limits import REPLAY_PASS_NODES
 from bole_cli.kernels.tuned_tables import notice, tuned_config
 from bole_cli.kernels.validate import check_config
 from bole_cli.kernels.verify_path import is_tile_launch
@@ -30,11 +29,9 @@ DEFAULTS: dict[str, dict] = {
     "tree_verify": {"BV": 32, "BK": 32, "VSPLIT": 1, "BC": 32, "num_warps": 4, "num_stages": 1,
                     "precision": None, "GRAM16": 1, "CHAIN": 1, "SPLIT": 0, "LEVELS": 0, "RB": 64},
     "tree_commit": {"BV": 64, "DP": 16, "num_warps": 4, "num_stages": 1},  # DP: path nodes a pass
-    # the served commit (docs/design.md §9): DP path rows loaded a pass, then stepped through
-    # WDOT: how its state products stay exact (validate.REPLAY_DOTS); RELOAD: the state read
-    # from the pool as each pass's operand and written after it (1) or carried in registers (0)
-    "tree_commit_replay": {"BV": 32, "DP": REPLAY_PASS_NODES, "num_warps": 4, "num_stages": 1, "WDOT": "split",
-                           "RELOAD": 1},
+    # the served commit (docs/design.md §9), node by node: value tiles of BV on one warp won
+    # 11 of 12 cells on the H200 (experiments/results/precision/ab-replay-v4.json)
+    "tree_commit_replay": {"BV": 16, "num_warps": 1, "num_stages": 1},
     # tree_conv: BN16 BD64 w4 s2 won 22 of the 24 tree_conv buckets on the H200 by 1.1-1.3x
     # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1
     "tree_conv": {"BN": 16, "BD": 64, "num_warps": 4, "num_stages": 2},
@@ -107,12 +104,18 @@ def levels_launch_config(tp: int) -> dict:
 PARTS_LAUNCH = {"BR": 64, "BV": 64, "BK": 32, "BG": 64, "num_warps": 4, "num_stages": 3, "ROLES": 7}
 
 
+# the replay commit's long paths (tree_commit_replay_passes.py), not tuned per GPU: value
+# tiles of 32 (16 for a single request), DP path nodes a pass, 4 warps (H200, P-2: the best
+# or within 7% of it in 6 of 8 cells)
+REPLAY_PASSES_LAUNCH = {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1}
+
+
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:
     check_config(kernel, override)  # a value the kernel cannot compile: one line naming `config`
     cfg = dict(DEFAULTS[kernel])
     if kernel == "tree_verify":
         cfg.update(_verify_rule(shape))
-    elif kernel in ("tree_commit", "tree_commit_replay") and shape.get("B", 1) * shape.get("HV", 1) * shape.get("L", 1) <= 32:
+    elif kernel == "tree_commit" and shape.get("B", 1) * shape.get("HV", 1) * shape.get("L", 1) <= 32:
         cfg["BV"] = 16  # a single request: more, smaller tiles (H200: 8.9 vs 13.5 us at BV 32)
     # the tables are tuned at the served precision (the tuner's bf16 verify: tf32, docs/design.md
     # §9); a launch at another precision keeps the built-in rules

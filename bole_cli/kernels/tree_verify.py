@@ -39,6 +39,8 @@ from bole_cli.kernels.validate import (
     check_forest,
     check_forest_vectors,
     check_last_contiguous,
+    check_max_depth,
+    check_max_nodes,
     check_nonempty,
     check_out,
     check_pool_slots,
@@ -150,12 +152,9 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     scale = check_scale(scale, kdim)
     check_flag("use_qk_l2norm", use_qk_l2norm)
     check_flag("check_trees", check_trees)
-    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int)
-                                  or not 1 <= max_nodes <= MAX_TREE_NODES):
-        raise InputError(f"max_nodes: expected an int in 1..{MAX_TREE_NODES}, got {max_nodes!r}")
-    if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int)
-                                  or not 0 <= max_depth < MAX_TREE_NODES):
-        raise InputError(f"max_depth: expected an int in 0..{MAX_TREE_NODES - 1}, got {max_depth!r}")
+    if max_nodes is not None:
+        check_max_nodes(max_nodes)
+    check_max_depth(max_depth)
     if out is not None:
         out = check_out(out, n, hv, vdim, dev)
     check_config("tree_verify", config)

@@ -26,7 +26,6 @@ from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES, VERIFY_PRECISIO
 ACTIVATION_DTYPES = tuple(getattr(torch, name) for name in FLOAT_DTYPES)  # memory.FLOAT_DTYPES
 STATE_DTYPES = tuple(getattr(torch, name) for name in KERNEL_STATE_DTYPES)
 INDEX_DTYPES = (torch.int32, torch.int64)
-REPLAY_DOTS = ("split", "tf32x3", "ieee")  # the replay commit's float32-exact products (tree_commit_replay)
 FACTOR_DTYPES = (torch.float32,)  # the verify's u and log_p
 GATE_DTYPES = (torch.float32,) + ACTIVATION_DTYPES[1:]  # g, beta: float32 or 16-bit activations
 
@@ -259,9 +258,9 @@ def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool
 
 # Launch-config values: every tile is a power of two (tl.arange); tiles that feed tl.dot
 # are at least 16 wide (the tensor cores' smallest operand).
-_DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_replay": ("BV", "DP"),
+_DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_replay": (),
               "tree_conv": ()}
-_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay": (), "tree_conv": ("BN", "BD")}
+_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay": ("BV",), "tree_conv": ("BN", "BD")}
 MAX_TILE = 1024
 
 
@@ -274,6 +273,15 @@ def check_max_nodes(max_nodes) -> int:
     if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or not 1 <= max_nodes <= MAX_TREE_NODES:
         raise InputError(f"max_nodes: expected an int in 1..{MAX_TREE_NODES}, got {max_nodes!r}")
     return max_nodes
+
+
+def check_max_depth(max_depth) -> Optional[int]:
+    """A max_depth promise (the most strict ancestors of any node): None or an int in
+    0..MAX_TREE_NODES - 1."""
+    if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int)
+                                  or not 0 <= max_depth < MAX_TREE_NODES):
+        raise InputError(f"max_depth: expected an int in 0..{MAX_TREE_NODES - 1}, got {max_depth!r}")
+    return max_depth
 
 
 def check_config(kernel: str, config: Optional[Mapping]) -> None:
@@ -298,9 +306,6 @@ def check_config(kernel: str, config: Optional[Mapping]) -> None:
             if value is not None and value not in VERIFY_PRECISIONS:
                 raise InputError(f"config: precision must be None or one of {', '.join(VERIFY_PRECISIONS)}, "
                                  f"got {value!r}")
-        elif key == "WDOT":
-            if value not in REPLAY_DOTS:
-                raise InputError(f"config: WDOT must be one of {', '.join(REPLAY_DOTS)}, got {value!r}")
-        elif key in ("GRAM16", "CHAIN", "SPLIT", "LEVELS", "RELOAD"):
+        elif key in ("GRAM16", "CHAIN", "SPLIT", "LEVELS"):
             if value not in (0, 1) or not isinstance(value, (bool, int)):
                 raise InputError(f"config: {key} must be 0 or 1, got {value!r}")

@@ -167,12 +167,14 @@ class GDNOps:
             return
         state.copy_(ref.tree_commit_ref(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted))
 
-    def commit_replay(self, state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted) -> None:
+    def commit_replay(self, state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted, *,
+                      max_nodes: Optional[int] = None, max_depth: Optional[int] = None) -> None:
         """The served commit (docs/design.md §9): each accepted path replayed in float32 from
-        the pre-tree state; a leading layer dim on state/k/v/g/beta commits every layer at once."""
+        the pre-tree state; a leading layer dim on state/k/v/g/beta commits every layer at once.
+        max_nodes, max_depth: the verify's promises (they choose the kernels, as there)."""
         if "tree_commit_replay" in self._k:
             self._k["tree_commit_replay"](state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted,
-                                          check_trees=False)
+                                          check_trees=False, max_nodes=max_nodes, max_depth=max_depth)
             return
         state.copy_(ref.tree_commit_replay_ref(state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted))
 

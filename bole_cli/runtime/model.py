@@ -448,7 +448,8 @@ class HybridModel:
                 else:
                     res = self.ops.verify(q, k, v, g, beta, state, db.slots, db.parents, db.cu_seqlens,
                                           max_nodes=1)
-                    self.ops.commit_replay(state, db.slots, k, v, g, beta, db.parents, db.cu_seqlens, db.accepted)
+                    self.ops.commit_replay(state, db.slots, k, v, g, beta, db.parents, db.cu_seqlens, db.accepted,
+                                           max_nodes=1)
                     o = res.o
             return self._gdn_out(w, o, z)
 
@@ -555,7 +556,7 @@ class HybridModel:
         if self.n_gdn:
             if out.path == "bole":
                 self.ops.commit_replay(cache.gdn_state, tb.slots, out.k, out.v, out.g, out.beta, tb.parents,
-                                       tb.cu_seqlens, accepted)
+                                       tb.cu_seqlens, accepted, max_nodes=tb.max_nodes, max_depth=tb.max_depth - 1)
             elif out.path == "replayssm":
                 self.replayssm.commit(cache.gdn_state, out.rings, tb, accepted)
             else:
