@@ -79,22 +79,70 @@ def test_replay_keeps_the_max_nodes_promise():
     assert rel_err(got, want) <= 1e-6
 
 
+def slow_case(seed, sizes, **kw):
+    """Chains under a slow decay and small gates: the pre-tree state survives a 130-node
+    path, so a double write, a wrong start slot or layer, or a cut path shows."""
+    case, forest = make_case(seed, sizes, h=2, group=2, kdim=16, vdim=16, decay=(-1e-3, -1e-6), shape="chain",
+                             **kw)
+    case["beta"] = case["beta"] * 0.05
+    return case, forest
+
+
 @pytest.mark.parametrize("max_depth", [None, 3, 200])
 def test_long_paths_take_the_passes_kernel(monkeypatch, max_depth):
     """Paths past REPLAY_STEP_PATH nodes go to the passes kernel, in a second launch, unless
-    a promise keeps every path within it; the node-by-node kernel takes the rest. Either way
-    each slot is committed exactly once: a broken max_depth promise (3, with paths of 70 and
-    130 nodes) stays exact, the long paths then replayed node by node."""
+    a promise keeps every path within it; the node-by-node kernel takes the rest (paths of
+    63 and 64 nodes, 65 and 66 the passes kernel). Either way each slot is committed exactly
+    once: a broken max_depth promise (3) stays exact, the long paths then replayed node by
+    node."""
     module = importlib.import_module("bole_cli.kernels.tree_commit_replay")
     from bole_cli.limits import REPLAY_STEP_PATH
 
     launches = []
     real = module.launch_passes
     monkeypatch.setattr(module, "launch_passes", lambda *a, **kw: launches.append(kw["shortest"]) or real(*a, **kw))
-    case, forest = make_case(13, [130, 5, 70, 9], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="chain")
-    accepted = torch.tensor([129, 4, 69, 3], dtype=torch.int32)
+    case, forest = slow_case(13, [130, 5, 70, 9, 63, 64, 65, 66])
+    accepted = torch.tensor([129, 4, 69, 3, 62, 63, 64, 65], dtype=torch.int32)
     check(case, forest, accepted, max_depth=max_depth)
     assert launches == ([] if max_depth == 3 else [REPLAY_STEP_PATH])
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_long_paths_with_a_layer_dimension(gated):
+    """Both kernels over two layers in one launch each, plain and with the gates fused: a
+    70-node path (the passes kernel) beside a short one."""
+    from bole_cli.kernels import tree_commit_replay_gated
+    from bole_cli.kernels.reference import gdn_gates_ref
+
+    cases = [slow_case(30 + l, [70, 6])[0] for l in range(2)]
+    st = {x: torch.stack([c[x] for c in cases]) for x in ("k", "v", "g", "beta", "state")}
+    common = cases[0]
+    accepted = torch.tensor([69, 5], dtype=torch.int32)
+    tree = (common["parents"], common["cu_seqlens"], accepted)
+    pool = st["state"].clone()
+    if gated:
+        gen = torch.Generator().manual_seed(3)
+        a, b = (torch.randn(2, *common["g"].shape, generator=gen) for _ in range(2))
+        b = b - 3.0  # beta = sigmoid(b) small: the pre-tree state survives the path
+        A_log, dt_bias = torch.rand(2, a.shape[-1], generator=gen) - 6.0, torch.randn(2, a.shape[-1], generator=gen)
+        gates = [gdn_gates_ref(A_log[l], a[l], dt_bias[l], b[l]) for l in range(2)]
+        st["g"], st["beta"] = torch.stack([x[0] for x in gates]), torch.stack([x[1] for x in gates])
+        tree_commit_replay_gated(pool, common["state_indices"], st["k"], st["v"], a, b, A_log, dt_bias, *tree)
+    else:
+        tree_commit_replay(pool, common["state_indices"], st["k"], st["v"], st["g"], st["beta"], *tree)
+    want = tree_commit_replay_ref(st["state"], common["state_indices"], st["k"], st["v"], st["g"], st["beta"], *tree)
+    assert rel_err(pool, want) <= 1e-6
+
+
+def test_long_paths_keep_the_max_nodes_promise():
+    """Past one launch too, an accepted node past the walk (max_nodes 65: 128 parents) leaves
+    its slot bit for bit; a 101-node path inside the walk is committed by the passes kernel."""
+    case, forest = slow_case(16, [150, 110, 12])
+    accepted = torch.tensor([149, 100, 11], dtype=torch.int32)
+    got = replay(case, accepted, check_trees=False, max_nodes=65)
+    slot = int(case["state_indices"][0])
+    assert torch.equal(got[slot], case["state"][slot])
+    assert rel_err(got, replay_ref(case, torch.tensor([-1, 100, 11], dtype=torch.int32))) <= 1e-6
 
 
 def test_short_trees_take_one_launch(monkeypatch):

@@ -21,7 +21,7 @@ every GDN layer commits in ONE launch. The program walks the accepted node's anc
 registers over the request's parents (deepest first), then steps root first, each step's
 k, v, g, beta rows loaded a step ahead. accepted = -1 leaves the request's slot untouched;
 so does, without check_trees, a slot outside the pool, an accepted node outside the tree,
-or one past the walk's max_nodes promise (docs/design.md §3).
+or one past the walk (max_nodes rounded up to a power of two; docs/design.md §3).
 
 Paths of more than limits.REPLAY_STEP_PATH nodes (long chains) wait on a row's load every
 step; they take the passes kernel (tree_commit_replay_passes.py) in a second launch, which
@@ -134,12 +134,13 @@ def tree_commit_replay(
     as tree_verify does), v [N, HV, V], g and beta [N, HV] (float32 or the activation
     dtype). state [S, HV, V, K]; a leading layer dimension on state, k, v, g and beta ([L,
     S, HV, V, K], [L, N, ...]) commits L layers in one launch. accepted [B], the local index
-    of the deepest accepted node, -1 for none. max_nodes promises the largest request (its
-    path walk is sized by it; an accepted node past it leaves the slot untouched), as for
-    tree_verify. max_depth promises the most strict ancestors of any node: with every path
-    within limits.REPLAY_STEP_PATH nodes, by it or by max_nodes, one launch replays them all
-    node by node; otherwise a second launch takes the longer paths DP nodes a pass
-    (tree_commit_replay_passes.py). A broken max_depth promise costs time, never exactness.
+    of the deepest accepted node, -1 for none. max_nodes promises the largest request, as for
+    tree_verify (the path walk is sized by it, rounded up to a power of two; an accepted node
+    past that leaves the slot untouched). max_depth promises the most strict ancestors of any
+    node: with every path within limits.REPLAY_STEP_PATH nodes, by it or by max_nodes, one
+    launch replays them all node by node; otherwise a second launch takes the longer paths
+    DP nodes a pass (tree_commit_replay_passes.py). A broken max_depth promise costs time,
+    never exactness.
 
     With check_trees, a slot outside [0, S) and two committing requests (accepted >= 0)
     sharing a slot are InputErrors naming state_indices. Without it (CUDA graphs) the kernel

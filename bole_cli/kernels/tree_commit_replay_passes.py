@@ -71,7 +71,9 @@ def _replay_passes_kernel(
             nxt = tl.load(parents + start + cur).to(tl.int32)
             cur = tl.where(nxt < cur, nxt, -1)
             length += 1
-        in_pool = in_pool & (cur < 0)  # a longer path is no tree of the contract: no write
+        # a longer path, or an accepted node past the walk's PMAX parents (a broken max_nodes
+        # promise, as the node-by-node kernel treats it), is no tree of the contract: no write
+        in_pool = in_pool & (cur < 0) & (a < PMAX)
         if length > SHORTEST:  # shorter paths are the node-by-node kernel's
             offs_k = tl.arange(0, KP)
             kmask = offs_k < K

@@ -109,7 +109,11 @@ class FactorStore:
         self.slots = torch.zeros(rows, dtype=torch.int32, device=dev)
         self.chain = (torch.arange(p.draft_tokens, dtype=torch.int32, device=dev) - 1)
         self.config = {"precision": p.precision} if p.precision else None
-        self.promise: dict = {}  # the last verify's max_nodes / max_depth, which its commit keeps
+        # the commit's promises, from the plan alone (a verify replayed from a CUDA graph runs no
+        # Python, so its own width is not seen here): no request holds more than D nodes, and a
+        # max_depth that a dummy chain breaks costs the commit time, never exactness
+        self.commit_promise = {"max_nodes": p.draft_tokens if 1 <= p.draft_tokens <= MAX_TREE_NODES else None,
+                               "max_depth": plan.depth_promise(p.draft_tokens, tree=not p.chain)}
         self._bound: list[int] = []
         self._temporal = lambda: None
 
@@ -191,13 +195,12 @@ class FactorStore:
         gates = (self.g[layer, :n_tokens], self.beta[layer, :n_tokens])
         gdn_gates(A_log, a, dt_bias, b, out=gates)
         o = torch.empty((n_tokens, v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
-        # every request has D nodes; the commit after this verify keeps the same promises
-        self.promise = {"max_nodes": width if 1 <= width <= MAX_TREE_NODES else None,
-                        "max_depth": self.plan.depth_promise(width, tree=retrieve_parent_token is not None)}
         tree_verify(
             q[0], kk, vv, gates[0], gates[1], ssm_states, slots,
             self.parents[:n_tokens], query_start_loc,
-            use_qk_l2norm=True, check_trees=False, config=self.config, **self.promise,
+            use_qk_l2norm=True, check_trees=False, config=self.config,
+            max_nodes=width if 1 <= width <= MAX_TREE_NODES else None,  # every request has D nodes
+            max_depth=self.plan.depth_promise(width, tree=retrieve_parent_token is not None),
             out=VerifyResult(o, self.u[:n_tokens], self.log_p[:n_tokens]),
         )
         return o.unsqueeze(0)
@@ -224,5 +227,5 @@ class FactorStore:
 
     def _commit(self, temporal, conv, slots, accepted, cu) -> None:
         tree_commit_replay(temporal, slots, self.k, self.v, self.g, self.beta, self.parents, cu, accepted,
-                           use_qk_l2norm=True, check_trees=False, **self.promise)
+                           use_qk_l2norm=True, check_trees=False, **self.commit_promise)
         conv_window_commit(conv, self.x, self.conv_prev, slots, self.parents, cu, accepted)
