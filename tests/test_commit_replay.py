@@ -136,8 +136,10 @@ def test_long_paths_with_a_layer_dimension(gated):
 
 def test_long_paths_keep_the_max_nodes_promise():
     """Past one launch too, an accepted node past the walk (max_nodes 65: 128 parents) leaves
-    its slot bit for bit; a 101-node path inside the walk is committed by the passes kernel."""
+    its slot bit for bit, though its path (101 nodes: a chain of 100, then node 149 below its
+    end) would fit the walk; a 101-node path inside the walk is committed by the passes kernel."""
     case, forest = slow_case(16, [150, 110, 12])
+    case["parents"][100:150] = 99  # request 0: nodes 100-149 are children of the chain's end
     accepted = torch.tensor([149, 100, 11], dtype=torch.int32)
     got = replay(case, accepted, check_trees=False, max_nodes=65)
     slot = int(case["state_indices"][0])
