@@ -32,7 +32,6 @@ from bole_cli.kernels.verify_path import is_tile_launch
 from bole_cli.limits import CHAIN_KERNEL_DEPTH
 from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
-    MAX_TREE_NODES,
     STATE_DTYPES,
     check_config,
     check_flag,
