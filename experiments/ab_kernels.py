@@ -3,7 +3,7 @@
     python experiments/ab_kernels.py verify v8 v9 [--cases 1x16,16x64,16x64:chain] [--config BV=64,BK=32]
     python experiments/ab_kernels.py blocked b-no-pairs b-no-diag --cases 16x128,16x256
     python experiments/ab_kernels.py commit c8 cA --layers 24 --cases 16x64 [--out FILE.json]
-    python experiments/ab_kernels.py replay r-state-first r-gates-first --layers 24 --cases 16x64
+    python experiments/ab_kernels.py replay r-state-first --layers 24 --cases 16x64
     python experiments/ab_kernels.py --list | --check | --launch-floor | --source v9
     ncu -k regex:tree_ --set full -o OUT python experiments/ab_kernels.py verify --once --cases 16x64,1x16
 

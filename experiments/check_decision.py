@@ -1,13 +1,18 @@
-"""Issue 16's H200 check: does `bole calibrate`'s decision pick (within 5%) the fastest
-configuration `bole bench e2e` measures when it sweeps the same choices, and does it
-predict its tokens/s (within 15%)?
+"""The decision check on the H200: does `bole calibrate`'s decision pick (within 5%) the
+fastest configuration `bole bench e2e` measures when it sweeps the same choices, and does
+it predict its tokens/s (within 15%)?
 
 One run: `bole calibrate --measure` for the model at the given batches and context (into
-a cache folder of its own, so that `bole bench e2e` prices its runs with that profile),
-then per batch one `bole bench e2e` over chain depths 1..8 and the decided tree shape plus
-the paper's 8x4 at budgets around the decided one, then the verdict per batch.
+a cache folder of its own, so that `bole bench e2e` prices its runs with that profile), or
+a given measured profile; then, per acceptance preset, the decision re-made from the
+profile's costs under that preset (bole_cli.calibrate.decision.decide, as calibrate makes
+it), and per batch one `bole bench e2e` over chain depths 1..8, the tree shapes of
+--tree-shapes plus the decided one, at budgets around the decided one; then the verdict
+per (preset, batch).
 
     python experiments/check_decision.py --model 9b --batch 1,4,16 --context 4096 --out DIR
+    python experiments/check_decision.py --model 9b --profile profiles/h200/Qwen3.5-9B.yaml \
+        --acceptance paper-mbpp,paper-cnndm --out DIR
 
 Writes DIR/check.json (the verdicts, the commands) beside the calibrate and e2e outputs;
 prints a table last. GPU only.
@@ -36,15 +41,82 @@ def run(cmd: list[str], env: dict, log: Path, timeout: int) -> int:
             return 124
 
 
-def budgets_around(n: int, batch: int, per_request: int) -> list[int]:
-    """The decided budget and its neighbours on a 1.5x / 2x ladder, within what a batch
+def budgets_around(n: int, batch: int, per_request: int, factors=(0.5, 2.0)) -> list[int]:
+    """The decided budget and its neighbours at `factors` times it, within what a batch
     of these trees can hold."""
     out = {n}
-    for f in (0.5, 0.75, 1.5, 2.0):
+    for f in factors:
         m = int(round(n * f))
         if batch < m <= batch * per_request:
             out.add(m)
     return sorted(out)
+
+
+def redecide(profile: dict, preset: str, batch: int, context: int):
+    """The decision for (batch, context) made from the profile's measured costs under
+    `preset`, as `bole calibrate` makes it."""
+    from bole_cli.calibrate.acceptance import load_acceptance
+    from bole_cli.calibrate.decision import BucketCosts, decide
+
+    entry = next(c for c in profile["configs"] if c["batch"] == batch and c["kv_len"] == context)
+    costs = BucketCosts(batch, entry["kv_len"], entry["t_dec"], entry["n"], entry["t_ver"],
+                        entry["draft_level"], entry["sample"]["fixed"], entry["sample"]["per_token"])
+    return decide(costs, load_acceptance(preset)).to_dict()
+
+
+def check_one(args, env: dict, log: Path, bole: list[str], profile: dict, preset: str, b: int) -> dict:
+    """One (preset, batch): the decision, the e2e sweep around it, the verdict."""
+    from bole_cli.trees.generators import beam_tree_size
+
+    d = redecide(profile, preset, b, args.context)
+    tree = d["best"].get("tree")
+    shapes = {tuple(int(x) for x in s.split("x")) for s in args.tree_shapes.split(",")}
+    if tree:
+        shapes.add((tree["depth"], tree["topk"]))
+    per_request = max(beam_tree_size(x, y) for x, y in shapes)
+    n = tree["budget"] if tree else 8 * b
+    budgets = budgets_around(n, b, per_request, [float(f) for f in args.budget_factors.split(",")])
+    tag = f"e2e-{preset}-b{b}"
+    e2e = bole + ["bench", "e2e", "--model", args.model, "--batch", str(b), "--context",
+                  str(args.context), "--acceptance", preset,
+                  "--decoders", args.decoders, "--chain-depths", "1,2,3,4,5,6,7,8",
+                  "--tree-shapes", ",".join(f"{x}x{y}" for x, y in sorted(shapes)),
+                  "--tree-budgets", ",".join(map(str, budgets)),
+                  "--steps", str(max(args.steps, -(-args.samples // b))),
+                  "--warmup", "2", "--no-max-batch", "--out-dir", str(args.out), "--tag", tag]
+    rc = run(e2e, env, log, args.e2e_timeout)
+    path = args.out / f"{tag}.json"
+    if rc != 0 or not path.exists():
+        return {"acceptance": preset, "batch": b, "error": f"bench e2e exit {rc}"}
+    data = json.loads(path.read_text())
+    runs = [r for r in data["results"] if r.get("tok_s")]
+    best = max(runs, key=lambda r: r["tok_s"])
+    ch = d["chosen"]
+
+    def matches(r):
+        if ch["mode"] == "none":
+            return r["decoder"] == "ar"
+        if ch["mode"] == "chain":
+            return r["decoder"] == "bole-chain" and r["chain_depth"] == ch["depth"]
+        return (r["decoder"] == "bole" and r.get("tree_shape") == [ch["depth"], ch["topk"]]
+                and r["budget"] == ch["budget"])
+
+    decided = next((r for r in runs if matches(r)), None)
+    v = {"acceptance": preset, "batch": b, "decided": ch["label"], "predicted_tok_s": ch["tok_s"],
+         "best": {k: best.get(k) for k in ("decoder", "chain_depth", "tree_shape", "budget",
+                                           "tok_s", "predicted_tok_s", "phase_ms", "step_ms")}}
+    if decided is not None:
+        v.update(measured_tok_s=decided["tok_s"], decided_phase_ms=decided["phase_ms"],
+                 decided_step_ms=decided["step_ms"], predicted_step_ms=1e3 * ch["step_s"],
+                 step_error=1e3 * ch["step_s"] / decided["step_ms"] - 1,
+                 accepted=decided["mean_accepted"], expected_accepted=decided["expected_accepted"],
+                 within_5pct_of_best=decided["tok_s"] >= 0.95 * best["tok_s"],
+                 prediction_error=ch["tok_s"] / decided["tok_s"] - 1,
+                 within_15pct=abs(ch["tok_s"] / decided["tok_s"] - 1) <= 0.15,
+                 decided_vs_best=decided["tok_s"] / best["tok_s"])
+    else:
+        v["error"] = "the decided configuration was not among the e2e runs"
+    return v
 
 
 def main() -> int:
@@ -52,10 +124,16 @@ def main() -> int:
     ap.add_argument("--model", default="9b")
     ap.add_argument("--batch", default="1,4,16")
     ap.add_argument("--context", type=int, default=4096)
-    ap.add_argument("--acceptance", default="paper-mbpp")
+    ap.add_argument("--acceptance", default="paper-mbpp", help="presets, comma-separated")
+    ap.add_argument("--tree-shapes", default="3x2,4x2,4x4,6x2,6x4,8x2,8x4",
+                    help="tree shapes swept beside the decided one")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--decoders", default="ar,bole,bole-chain,chain")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps at the largest batch; smaller "
+                    "batches run more, so every run draws at least --samples request-steps")
+    ap.add_argument("--samples", type=int, default=128, help="request-steps per run at least (the "
+                    "simulated acceptance's sampling error falls as their square root)")
+    ap.add_argument("--decoders", default="ar,bole,bole-chain")
+    ap.add_argument("--budget-factors", default="0.5,2", help="budgets swept: these times the decided one")
     ap.add_argument("--calibrate-timeout", type=int, default=200)
     ap.add_argument("--e2e-timeout", type=int, default=150)
     ap.add_argument("--profile", type=Path, help="a measured profile to check instead of "
@@ -70,7 +148,7 @@ def main() -> int:
     cal_json = out / "calibrate.json"
     cal = bole + ["calibrate", "--gpu", "h200", "--model", args.model, "--measure",
                   "--batch", args.batch, "--kv", str(args.context), "--repeats", "5",
-                  "--warmup", "2", "--acceptance", args.acceptance, "--no-plot", "--json"]
+                  "--warmup", "2", "--acceptance", args.acceptance.split(",")[0], "--no-plot", "--json"]
     if args.profile is not None:
         import shutil
 
@@ -91,71 +169,25 @@ def main() -> int:
             return 1
         profile = json.loads(cal_json.read_text())["profile"]
     verdicts = []
-    from bole_cli.trees.generators import beam_tree_size
-
-    for b in batches:
-        entry = next(c for c in profile["configs"]
-                     if c["batch"] == b and c["kv_len"] == args.context)
-        d = entry["decision"]
-        tree = d["best"].get("tree")
-        shapes = {(8, 4)}
-        if tree:
-            shapes.add((tree["depth"], tree["topk"]))
-        per_request = max(beam_tree_size(x, y) for x, y in shapes)
-        n = tree["budget"] if tree else 8 * b
-        budgets = budgets_around(n, b, per_request)
-        tag = f"e2e-b{b}"
-        e2e = bole + ["bench", "e2e", "--model", args.model, "--batch", str(b), "--context",
-                      str(args.context), "--acceptance", args.acceptance,
-                      "--decoders", args.decoders, "--chain-depths", "1,2,3,4,5,6,7,8",
-                      "--tree-shapes", ",".join(f"{x}x{y}" for x, y in sorted(shapes)),
-                      "--tree-budgets", ",".join(map(str, budgets)), "--steps", str(args.steps),
-                      "--warmup", "2", "--no-max-batch", "--out-dir", str(out), "--tag", tag]
-        rc = run(e2e, env, log, args.e2e_timeout)
-        path = out / f"{tag}.json"
-        if rc != 0 or not path.exists():
-            verdicts.append({"batch": b, "error": f"bench e2e exit {rc}"})
-            continue
-        data = json.loads(path.read_text())
-        runs = [r for r in data["results"] if r.get("tok_s")]
-        best = max(runs, key=lambda r: r["tok_s"])
-        ch = d["chosen"]
-
-        def matches(r):
-            if ch["mode"] == "none":
-                return r["decoder"] == "ar"
-            if ch["mode"] == "chain":
-                return r["decoder"] == "bole-chain" and r["chain_depth"] == ch["depth"]
-            return (r["decoder"] == "bole" and r.get("tree_shape") == [ch["depth"], ch["topk"]]
-                    and r["budget"] == ch["budget"])
-
-        decided = next((r for r in runs if matches(r)), None)
-        v = {"batch": b, "decided": ch["label"], "predicted_tok_s": ch["tok_s"],
-             "best": {k: best.get(k) for k in ("decoder", "chain_depth", "tree_shape", "budget",
-                                               "tok_s", "predicted_tok_s", "phase_ms")}}
-        if decided is not None:
-            v.update(measured_tok_s=decided["tok_s"], decided_phase_ms=decided["phase_ms"],
-                     within_5pct_of_best=decided["tok_s"] >= 0.95 * best["tok_s"],
-                     prediction_error=ch["tok_s"] / decided["tok_s"] - 1,
-                     within_15pct=abs(ch["tok_s"] / decided["tok_s"] - 1) <= 0.15,
-                     decided_vs_best=decided["tok_s"] / best["tok_s"])
-        else:
-            v["error"] = "the decided configuration was not among the e2e runs"
-        verdicts.append(v)
-    doc = {"model": args.model, "context": args.context, "acceptance": args.acceptance,
+    for preset in args.acceptance.split(","):
+        for b in batches:
+            verdicts.append(check_one(args, env, log, bole, profile, preset, b))
+    doc = {"model": args.model, "context": args.context, "acceptance": args.acceptance.split(","),
            "calibrate": " ".join(cal[2:]), "verdicts": verdicts}
     (out / "check.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{'B':>3} {'decided':<18} {'pred':>7} {'meas':>7} {'err':>6} {'best':<26} {'vs best':>7}")
+    print(f"{'preset':<12} {'B':>3} {'decided':<16} {'pred':>6} {'meas':>6} {'err':>5} {'step':>5} "
+          f"{'acc/exp':>7} {'best':<18} {'vs best':>7}")
     for v in verdicts:
         if "measured_tok_s" not in v:
-            print(f"{v['batch']:>3} {v.get('decided', '-'):<18} {v.get('error')}")
+            print(f"{v['acceptance']:<12} {v['batch']:>3} {v.get('decided', '-'):<16} {v.get('error')}")
             continue
         bst = v["best"]
-        what = (f"{bst['decoder']} d{bst['chain_depth']}" if bst["chain_depth"] else
-                f"{bst['decoder']} {bst['tree_shape']} N{bst['budget']}" if bst["tree_shape"]
+        what = (f"chain d{bst['chain_depth']}" if bst["chain_depth"] else
+                "tree {}x{} N{}".format(*bst["tree_shape"], bst["budget"]) if bst["tree_shape"]
                 else bst["decoder"])
-        print(f"{v['batch']:>3} {v['decided']:<18} {v['predicted_tok_s']:>7.0f} "
-              f"{v['measured_tok_s']:>7.0f} {v['prediction_error'] * 100:>+5.0f}% {what:<26} "
+        print(f"{v['acceptance']:<12} {v['batch']:>3} {v['decided']:<16} {v['predicted_tok_s']:>6.0f} "
+              f"{v['measured_tok_s']:>6.0f} {v['prediction_error'] * 100:>+4.0f}% "
+              f"{v['step_error'] * 100:>+4.0f}% {v['accepted'] / v['expected_accepted']:>7.3f} {what:<18} "
               f"{v['decided_vs_best']:>7.3f}")
     return 0
 

@@ -80,7 +80,7 @@ _PARENTS_IN_REGISTERS = (
     ("nxt = tl.load(parents + start + cur).to(tl.int32)", "nxt = tl.sum(tl.where(nodes == cur, par, 0), axis=0)"),
 )
 
-# --- replay commit, node by node (shipped: c10) -----------------------------------------
+# --- replay commit, node by node (shipped: c11) -----------------------------------------
 
 # The state tile's load issued before the walk over the parents (in flight during it), not
 # after it (NOTES.md "Replay commit, node by node": the walk and the load run one after the other).
@@ -96,19 +96,8 @@ _R_STATE_FIRST = (
     ("        # The accepted path, deepest first, walked in registers over the request's parents\n",
      _R_TILE + "        # The accepted path, deepest first, walked in registers over the request's parents\n"),
 )
-# The path's gates (g, beta; SGLang's raw a, b gated) computed once as a vector before the
-# steps, each step picking its pair out by a register reduction, so no gate's load or
-# softplus waits inside a step.
-_R_GATES_FIRST = (
-    ("        gt, bt = row_gates(g_base, b_base, row, row >= 0, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)\n",
-     "        g_all, b_all = row_gates(g_base, b_base, start + path, dist < length, hv, s_gn, 1, s_bn, 1, neg_a, bias,\n"
-     "                                 GATED, True)\n"
-     "        gt = tl.sum(tl.where(dist == length - 1, g_all, 0.0), axis=0)\n"
-     "        bt = tl.sum(tl.where(dist == length - 1, b_all, 0.0), axis=0)\n"),
-    ("            gn, bn = row_gates(g_base, b_base, nrow, more, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)\n",
-     "            gn = tl.sum(tl.where(nxt_at, g_all, 0.0), axis=0)\n"
-     "            bn = tl.sum(tl.where(nxt_at, b_all, 0.0), axis=0)\n"),
-)
+# (r-gates-first, the path's gates computed once before the steps, won P-11's A/B and is
+# shipped as c11; r-both, it with r-state-first, lost to it. Their edits are in git history.)
 
 # --- verify, one-tile kernel (shipped: v7 + block merging) -----------------------------
 
@@ -168,12 +157,8 @@ _B_NO_DIAG = (("            kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn,
 # and ablate-no-state.json, their edits in git history.)
 
 VARIANTS: dict[str, Variant] = {
-    "r-state-first": Variant(REPLAY, "c10 with the state tile loaded before the walk (prepared, not yet timed)",
-                             _R_STATE_FIRST),
-    "r-gates-first": Variant(REPLAY, "c10 with the path's gates computed once before the steps (prepared, not "
-                             "yet timed)", _R_GATES_FIRST),
-    "r-both": Variant(REPLAY, "r-state-first and r-gates-first together (prepared, not yet timed)",
-                      _R_STATE_FIRST + _R_GATES_FIRST),
+    "r-state-first": Variant(REPLAY, "c11 with the state tile loaded before the walk (on c10: 0-7% slower, "
+                             "P-11)", _R_STATE_FIRST),
     "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",
                   _PARENTS_IN_REGISTERS, {"TN": 256}),
     "c8p": Variant(COMMIT, "c8 with the state tile loaded before the walk (run 22)",

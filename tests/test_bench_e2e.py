@@ -11,6 +11,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from bole_cli import cli
@@ -82,6 +84,64 @@ def test_simulated_walk_matches_the_model_and_is_seeded():
         for step in range(50):
             path = e2e_acc.walk_simulated(lay, q, small.local[b], e2e_acc.step_rng(0, b, step))
             assert all(i in small.local[b] for i in path)
+
+
+def _host_walk(plan, b, greedy, target, tokens, seed, step):
+    """(accepted local, committed tokens) by simulated_acceptance's host walks."""
+    lay, kept, start = plan.layout, plan.local[b], plan.forest.cu_seqlens[b]
+    if greedy:
+        path = e2e_acc.walk_greedy(lay, kept, start, target, tokens)
+    else:
+        path = e2e_acc.walk_simulated(lay, plan.q, kept, e2e_acc.step_rng(seed, b, step))
+    last = kept[path[-1]] if path else 0
+    return last, [tokens[start + kept[i]] for i in path] + [target[start + last]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(depth=st.integers(1, 6), topk=st.integers(1, 4), batch=st.integers(1, 4),
+       share=st.floats(0.05, 1.0), vocab=st.integers(1, 4), greedy=st.booleans(), seed=st.integers(0, 10**6))
+def test_device_walk_accepts_what_the_host_walk_accepts(depth, topk, batch, share, vocab, greedy, seed):
+    """The sample phase on the device (device_walk.py) against the host walks, step by step:
+    pruned trees (a budget that cuts nodes), token collisions among siblings (a vocabulary of
+    1-4: the first kept match by rank wins), several steps of simulated draws."""
+    from bole_cli.bench.e2e.device_walk import DeviceWalk, simulated_ranks
+
+    q = e2e_acc.load_e2e_acceptance("paper-mbpp").rows(depth, topk)
+    lay = build_layout(depth, topk, q)
+    budget = max(batch, round(share * batch * lay.n_nodes))
+    plan = e2e_plan.plan_trees(lay, batch, budget, q=q)
+    steps = 3
+    ranks = None if greedy else simulated_ranks(q, topk, depth, seed, batch, steps)
+    walk = DeviceWalk(plan, torch.device("cpu"), greedy=greedy, ranks=ranks)
+    gen = torch.Generator().manual_seed(seed)
+    n = plan.forest.n_nodes
+    for step in range(steps):
+        target = torch.randint(vocab, (n,), generator=gen)
+        tokens = torch.randint(vocab, (n,), generator=gen)
+        accepted, out = walk.sample(target, tokens)
+        for b in range(batch):
+            last, toks = _host_walk(plan, b, greedy, target.tolist(), tokens.tolist(), seed, step)
+            assert int(accepted[b]) == last, (step, b)
+            count = int(out[b, 0])
+            assert out[b, 1:count + 1].tolist() == toks, (step, b)
+        walk.advance()
+
+
+def test_device_walk_reaches_deep_paths():
+    """The walk can fail: an all-accepting draw (rank 0 at every level) and matching tokens
+    must walk the whole rank-0 chain, so a walk that stopped early would be caught."""
+    from bole_cli.bench.e2e.device_walk import DeviceWalk
+
+    q = e2e_acc.load_e2e_acceptance("paper-mbpp").rows(4, 2)
+    lay = build_layout(4, 2, q)
+    plan = e2e_plan.plan_trees(lay, 2, 2 * lay.n_nodes, q=q)
+    sim = DeviceWalk(plan, torch.device("cpu"), greedy=False, ranks=[[[0] * 4, [0, 0, -1, 0]]])
+    n = plan.forest.n_nodes
+    target, tokens = torch.arange(n), torch.arange(n) + 1000
+    accepted, out = sim.sample(target, tokens)
+    assert out[:, 0].tolist() == [5, 3]  # four drafts + the bonus; two drafts + the bonus
+    chain = lay.tree.best_path()
+    assert int(accepted[0]) == plan.local[0][chain[4]] and int(accepted[1]) == plan.local[1][chain[2]]
 
 
 def test_acceptance_inputs(tmp_path):
@@ -210,21 +270,21 @@ def test_a_wrong_commit_breaks_the_stream(bench):
     """The check can fail: committing one node too many diverges from autoregressive decoding."""
     with torch.inference_mode():
         dec = bench.decoder("bole", 2, 4, override=oracle(2))
-        real_commit = dec.model.commit
+        real_commit = dec.model.commit_device
         try:
-            def commit(cache, out, accepted):
+            def commit_device(cache, out, accepted):
                 deeper = []
-                for b, a in enumerate(accepted):
+                for b, a in enumerate(accepted.tolist()):
                     lo, hi = out.batch.cu_seqlens[b].item(), out.batch.cu_seqlens[b + 1].item()
                     kids = [j for j in range(hi - lo) if out.batch.parents[lo + j].item() == a]
                     deeper.append(kids[0] if kids else a)
-                real_commit(cache, out, deeper)
+                real_commit(cache, out, torch.tensor(deeper, dtype=torch.int64))
 
-            dec.model.commit = commit
+            dec.model.commit_device = commit_device
             for _ in range(4):
                 dec.step()
         finally:
-            del dec.model.commit
+            del dec.model.commit_device
     ar, _ = streams(bench, "ar", 2, max(map(len, dec.streams)))
     assert any(dec.streams[b] != ar[b][: len(dec.streams[b])] for b in range(2))
 
@@ -307,6 +367,30 @@ def test_cli_smoke_run_on_cpu(tmp_path):
     assert all(x["tok_s"] > 0 and x["error"] == "" for x in data["results"])
     assert all(v["max_batch"] is None for v in data["max_batch"].values())
     assert (tmp_path / "e2e-cpu-tiny.json").is_file() and (tmp_path / "e2e-cpu-tiny.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("runs", [3, 0], ids=["some-runs", "before-the-first"])
+def test_interrupted_e2e_writes_what_it_measured(runs, tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM during `bole bench e2e`: the runs measured before it are written
+    (marked interrupted; no picture of none) and the command ends with 130."""
+    real_run, done = harness.E2EBench.run, []
+
+    def run(self, name, batch):
+        if len(done) == runs:
+            raise KeyboardInterrupt
+        done.append(name)
+        return real_run(self, name, batch)
+
+    monkeypatch.setattr(harness.E2EBench, "run", run)
+    r = runner.invoke(cli.app, ["bench", "e2e", "--device", "cpu", "--tiny", "--batch", "1,2", "--context", "8",
+                                "--steps", "2", "--warmup", "1", "--depth", "3", "--topk", "2",
+                                "--out-dir", str(tmp_path), "--tag", "cut"])
+    assert r.exit_code == 130, r.output
+    data = json.loads((tmp_path / "cut.json").read_text())
+    assert data["interrupted"] is True and len(data["results"]) == runs
+    assert [x["decoder"] for x in data["results"]] == ["ar", "snapshot", "bole"][:runs]
+    assert (tmp_path / "cut.png").exists() == (runs > 0)
+    assert f"the {runs} run(s) measured before it" in r.stderr
 
 
 def test_check_options_returns_the_checked_run_config():

@@ -167,27 +167,20 @@ def test_graph_cache_off_runs_eagerly():
 
     cache = GraphCache(False, reason="no CUDA here")
     assert not cache.enabled and cache.reason == "no CUDA here"
-    assert cache.run(("k",), 3, lambda p: p * 2, save=lambda: pytest.fail("no capture, no save")) == 6
+    assert cache.run(("k",), lambda: 6) == 6
 
 
-class _Prepared:
-    def __init__(self, value):
-        self.value = value
-
-    def copy_from(self, other):
-        self.value = other.value
-
-
-def test_graph_cache_captures_once_per_key_and_replays(monkeypatch):
-    """Capture is faked (no CUDA): the cache's own logic, per key, with save/restore and
-    the fall-back to eager on a failed capture."""
+def test_graph_cache_runs_once_eagerly_then_captures_once_per_key_and_replays(monkeypatch):
+    """Capture is faked (no CUDA): the cache's own logic, per key. Every call executes the
+    step exactly once (eager first, then capture without warm-up, then replays), and a
+    failed capture falls back to eager."""
     from bole_cli.runtime import graphs
 
-    captured = []
+    captured, calls = [], []
 
     class FakeStep:
         def __init__(self, fn):
-            self.fn, self.output = fn, fn()
+            self.fn, self.output = fn, None  # a capture records; it executes nothing
 
         def replay(self):
             self.output = self.fn()
@@ -197,27 +190,26 @@ def test_graph_cache_captures_once_per_key_and_replays(monkeypatch):
         captured.append(warmup)
         return FakeStep(fn), ""
 
+    def step():
+        calls.append(1)
+        return len(calls)
+
     monkeypatch.setattr(graphs.torch.cuda, "graph_pool_handle", lambda: "pool")
     monkeypatch.setattr(graphs, "try_capture", fake_capture)
-    cache = graphs.GraphCache(True, warmup=3)
-    events = []
-
-    def save():
-        events.append("save")
-        return lambda: events.append("restore")
-
-    first = _Prepared(1)
-    assert cache.run(("decode", 1), first, lambda p: p.value * 10, save=save) == 10
-    assert events == ["save", "restore"] and captured == [3]
-    assert cache.run(("decode", 1), _Prepared(4), lambda p: p.value * 10, save=save) == 40
-    assert first.value == 4 and captured == [3] and events == ["save", "restore"]  # replayed, not recaptured
-    assert cache.run(("verify",), None, lambda _: "v") == "v" and len(captured) == 2
+    cache = graphs.GraphCache(True)
+    assert cache.run(("decode",), step) == 1 and captured == []  # eager: the first step itself
+    assert cache.run(("decode",), step) == 2 and captured == [0]  # captured, no warm-up, replayed
+    assert cache.run(("decode",), step) == 3 and captured == [0]  # replayed, not recaptured
+    assert cache.run(("verify",), lambda: "v") == "v" and captured == [0]
+    cache.run(("verify",), lambda: "v")
+    assert captured == [0, 0]
     cache.clear()
-    cache.run(("verify",), None, lambda _: "v")
-    assert len(captured) == 3
+    cache.run(("verify",), lambda: "v")
+    assert captured == [0, 0]  # eager again after a clear
 
     monkeypatch.setattr(graphs, "try_capture", lambda fn, **kw: (None, "RuntimeError: sync in capture"))
-    assert cache.run(("new",), _Prepared(2), lambda p: p.value) == 2
+    assert cache.run(("new",), lambda: 2) == 2
+    assert cache.run(("new",), lambda: 3) == 3
     assert not cache.enabled and cache.reason == "RuntimeError: sync in capture"
 
 

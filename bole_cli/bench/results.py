@@ -47,8 +47,9 @@ def result_stem(tag: Optional[str], kind: str, device: str, model: str) -> str:
     return check_tag(tag)
 
 
-def write_results(data: dict, plot: Callable[[Path], None], out_dir: Path, stem: str) -> Path:
-    """STEM.json (atomic) and STEM.png (plot(path)) under out_dir; returns the JSON path.
+def write_results(data: dict, plot: Optional[Callable[[Path], None]], out_dir: Path, stem: str) -> Path:
+    """STEM.json (atomic) and STEM.png (plot(path); none when plot is None: nothing to draw)
+    under out_dir; returns the JSON path.
 
     Both are written with Ctrl-C and SIGTERM held (bole_cli/interrupts.py), so a signal
     never leaves one without the other; the JSON (the measurements) goes first, and a plot
@@ -59,6 +60,8 @@ def write_results(data: dict, plot: Callable[[Path], None], out_dir: Path, stem:
     with held():
         json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
         png_path = out_dir / f"{stem}.png"
+        if plot is None:
+            return json_path
         try:
             plot(png_path)
         except (OSError, BoleError) as exc:

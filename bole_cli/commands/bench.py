@@ -192,10 +192,14 @@ def e2e_cmd(
     from bole_cli.bench.e2e.sweep import run_e2e
     from bole_cli.bench.e2e.report import notes, plot, tables
 
+    from bole_cli.interrupts import held
+
     with err.status("bole bench e2e") as status:
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
-    json_path = write_results(data, lambda path: plot(data, path), out_dir,
-                              result_stem(tag, "e2e", data["device"], "tiny" if tiny else cfg.spec.name))
+    with held() as section:  # a Ctrl-C now waits until the results are written
+        json_path = write_results(data, (lambda path: plot(data, path)) if data["results"] else None, out_dir,
+                                  result_stem(tag, "e2e", data["device"], "tiny" if tiny else cfg.spec.name))
+    interrupted = data["interrupted"] or section.interrupted
     if json_out:
         emit_json(data)
     else:
@@ -204,6 +208,10 @@ def e2e_cmd(
         for line in notes(data):
             out.print(line, markup=False)
     _say_written(json_path, json_out)
+    if interrupted:
+        err.print(f"interrupted: the {len(data['results'])} run(s) measured before it are in {json_path}",
+                  markup=False)
+        raise KeyboardInterrupt
     exact = data.get("greedy_exact")
     if exact is not None and not exact["identical"]:
         why = (exact["mismatches"] or exact["failed"] or ["no two decoders ran to compare"])[0]

@@ -89,7 +89,10 @@ def _tree_commit_replay_kernel(
         row = start + tl.sum(tl.where(dist == length - 1, path, 0), axis=0)  # the root's row
         kt = tl.load(k_base + row * s_kn, mask=kmask, other=0.0).to(tl.float32)
         vt = tl.load(v_base + row * s_vn, mask=vmask, other=0.0).to(tl.float32)
-        gt, bt = row_gates(g_base, b_base, row, row >= 0, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)
+        g_all, b_all = row_gates(g_base, b_base, start + path, dist < length, hv, s_gn, 1, s_bn, 1, neg_a, bias,
+                                 GATED, True)
+        gt = tl.sum(tl.where(dist == length - 1, g_all, 0.0), axis=0)
+        bt = tl.sum(tl.where(dist == length - 1, b_all, 0.0), axis=0)
         for t in range(0, length):
             # the next node's rows first (their loads overlap this step's arithmetic)
             nxt_at = dist == length - 2 - t
@@ -98,7 +101,8 @@ def _tree_commit_replay_kernel(
             more = n_more > 0
             kn = tl.load(k_base + nrow * s_kn, mask=offs_k < K * n_more, other=0.0).to(tl.float32)
             vn = tl.load(v_base + nrow * s_vn, mask=offs_v < tl.where(more, V, 0), other=0.0).to(tl.float32)
-            gn, bn = row_gates(g_base, b_base, nrow, more, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)
+            gn = tl.sum(tl.where(nxt_at, g_all, 0.0), axis=0)
+            bn = tl.sum(tl.where(nxt_at, b_all, 0.0), axis=0)
             if USE_L2NORM:
                 kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
             s = s * tl.exp(gt)

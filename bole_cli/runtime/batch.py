@@ -3,8 +3,8 @@
 prepare_* checks a step on the host, allocates its arrays and fills them on the device
 (runtime/tree_metadata.py: the same refill a captured graph replays); the forward then
 runs without a single host synchronisation, so it can be captured in a CUDA graph and
-replayed with new contents of the same shapes (`copy_from`). `signature()` is the graph
-bucket: every Python int the forward bakes in.
+replayed after a refill of its arrays on the device. `signature()` is the graph bucket:
+every Python int the forward bakes in.
 
 Conventions: request b owns packed nodes cu[b]:cu[b+1]; local parents (-1 = child of the
 committed prefix, several roots allowed); a node's position is its request's committed
@@ -48,17 +48,6 @@ class _Prepared:
         return tuple((f.name, getattr(self, f.name) if not isinstance(getattr(self, f.name), torch.Tensor)
                       else tuple(getattr(self, f.name).shape))
                      for f in fields(self) if not f.name.startswith("host_"))
-
-    def copy_from(self, other: "_Prepared") -> None:
-        """Refill these (static, graph-captured) tensors with another batch of the same signature."""
-        if other.signature() != self.signature():
-            raise ValueError("copy_from: the batches differ in shape")
-        mine = self.tensors()
-        for name, t in other.tensors().items():
-            mine[name].copy_(t)
-        for f in fields(self):
-            if f.name.startswith("host_"):
-                setattr(self, f.name, getattr(other, f.name))
 
 
 def _contiguous_start(slots: list[int]) -> Optional[int]:

@@ -35,11 +35,12 @@ from typing import Callable, Optional
 import torch
 
 from bole_cli.bench.drafter import DraftState
-from bole_cli.bench.e2e.simulated_acceptance import step_rng, walk_greedy, walk_simulated
+from bole_cli.bench.e2e.device_walk import DeviceWalk, simulated_ranks
 from bole_cli.bench.e2e.tree_budget import TreePlan, plan_trees
 from bole_cli.errors import InputError
 from bole_cli.runtime.graphs import GraphCache
 from bole_cli.runtime.model import HybridCache
+from bole_cli.runtime.tree_metadata import refill_decode, refill_tree
 
 PHASES = ("draft", "verify", "sample", "commit")
 
@@ -123,50 +124,51 @@ class ARDecoder(Decoder):
 
     def __init__(self, bench, batch, max_steps):
         super().__init__(bench, batch, max_steps)
-        self.pending_dev = torch.tensor(self.pending, dtype=torch.int64, device=bench.device)
+        dev = bench.device
+        self.tokens_in = torch.tensor(self.pending, dtype=torch.int64, device=dev)
+        self.base = torch.tensor([self.cache.kv_lens[s] for s in self.slots], dtype=torch.int64, device=dev)
+        # the bucket, prepared once: every step refills it on the device (tree_metadata)
+        self.db = self.model.prepare_decode(self.cache, self.pending, self.slots, kv_bucket=self.max_len)
 
     @classmethod
     def probe(cls, bench, cache, batch, nodes_per_request):
         logits = bench.model.decode(cache, torch.zeros(batch, dtype=torch.int64, device=bench.device))
         logits.argmax(-1)
 
-    def _save(self):
-        c, idx = self.cache, torch.tensor(self.slots, device=self.bench.device)
-        saved = (c.gdn_state[:, idx].clone(), c.conv_state[:, idx].clone())
-
-        def restore():
-            c.gdn_state[:, idx] = saved[0]
-            c.conv_state[:, idx] = saved[1]
-        return restore
+    def _decode(self) -> torch.Tensor:
+        """Metadata, forward, greedy sample, the next step's inputs: device only."""
+        m, db = self.model, self.db
+        refill_decode(db, self.tokens_in, self.base, m.rope)
+        nxt = m.forward_decode(self.cache, db).argmax(-1)
+        self.tokens_in.copy_(nxt)
+        self.base.add_(1)
+        return nxt
 
     def step(self, *, eager=False, mem=None):
-        m, c = self.model, self.clock
+        c = self.clock
         marks = [c.mark()]
         marks.append(c.mark())  # no draft
         base = self._mem_start(mem)
-        t0 = time.perf_counter()
-        db = m.prepare_decode(self.cache, self.pending_dev, self.slots, kv_bucket=self.max_len)
-        prep = time.perf_counter() - t0
-        if eager:
-            logits = m.forward_decode(self.cache, db)
-        else:
-            logits = self.graphs.run(("decode",) + db.signature(), db,
-                                     lambda p: m.forward_decode(self.cache, p), save=self._save)
+        nxt = self._decode() if eager else self.graphs.run(("decode",), self._decode)
         marks.append(c.mark())
-        nxt = logits.argmax(-1)
-        host = nxt.tolist()  # the engine's sync: the sampled tokens come back
+        host = nxt.tolist()  # the step's one sync: the sampled tokens come back
+        t0 = time.perf_counter()
         marks.append(c.mark())
         for s in self.slots:
             self.cache.kv_lens[s] += 1
-        self.pending_dev, self.pending = nxt, host
+        self.pending = host
         self._record([[t] for t in host])
         marks.append(c.mark())
         self._mem_end(mem, base, "verify_peak")
-        return marks, prep
+        return marks, time.perf_counter() - t0
 
 
 class TreeDecoder(Decoder):
-    """Draft, budget-selected verify (HybridModel.forward_verify's `path`), sample, commit."""
+    """Draft, budget-selected verify (HybridModel.forward_verify's `path`), sample, commit,
+    each phase one device-only step (a CUDA graph after the first): the tree's metadata is
+    refilled on the device from the drafted tokens and the committed lengths, the accepted
+    path is found on the device (device_walk.py), and the step's one host sync hands back
+    the committed tokens (docs/design.md §8)."""
 
     path = ""
     drafts = True
@@ -174,13 +176,24 @@ class TreeDecoder(Decoder):
     def __init__(self, bench, batch, max_steps, plan: TreePlan,
                  override: Optional[Callable[["TreeDecoder", torch.Tensor], torch.Tensor]] = None):
         super().__init__(bench, batch, max_steps)
+        dev = bench.device
         self.plan = plan
+        self.max_steps = max_steps
         self.drafter = self.drafter_for(bench)
         self.dstate: DraftState = self.drafter.new_state(batch, bench.context, seed=bench.seed + 11)
         self.dstate.pending.copy_(torch.tensor(self.pending, dtype=torch.int64))
-        self.kept_index = torch.tensor(plan.kept_index, dtype=torch.int64, device=bench.device)
+        self.kept_index = torch.tensor(plan.kept_index, dtype=torch.int64, device=dev)
         self.override = override  # tests: replace the drafted tokens (an oracle drafter)
-        self.cu = list(plan.forest.cu_seqlens)
+        forest = plan.forest
+        self.parents_in = torch.tensor(list(forest.parents), dtype=torch.int32, device=dev)
+        self.tokens_in = torch.zeros(forest.n_nodes, dtype=torch.int64, device=dev)
+        self.base = torch.tensor([self.cache.kv_lens[s] for s in self.slots], dtype=torch.int64, device=dev)
+        self.tb = self.model.prepare_verify(self.cache, forest, self.tokens_in.cpu(), self.slots,
+                                            kv_bucket=self.max_len)
+        acc = bench.acceptance
+        ranks = None if acc.greedy else simulated_ranks(plan.q or bench.q, plan.layout.topk, plan.layout.depth,
+                                                         bench.seed, batch, max_steps)
+        self.walk = DeviceWalk(plan, dev, greedy=acc.greedy, ranks=ranks)  # raises if a root is not kept
 
     @classmethod
     def plan_for(cls, bench, batch: int) -> TreePlan:
@@ -211,56 +224,62 @@ class TreeDecoder(Decoder):
         """The verify's per-step state buffers (what `verify_state_bytes` counts)."""
         raise NotImplementedError
 
-    def _draft(self):
+    # ---- the phases: device only, each a graph after its first step ----------------------
+    def _draft(self) -> torch.Tensor:
         toks = self.drafter.forward(self.dstate)
-        return toks, toks.view(-1).index_select(0, self.kept_index)
+        torch.index_select(toks.view(-1), 0, self.kept_index, out=self.tokens_in)
+        return toks
+
+    def _verify(self):
+        m = self.model
+        refill_tree(self.tb, self.parents_in, self.tokens_in, self.base, m.rope)
+        return m.forward_verify(self.cache, self.tb, path=self.path)
+
+    def _sample(self, out):
+        return self.walk.sample(out.logits.argmax(-1), out.batch.tokens)
+
+    def _commit(self, out, accepted, emitted) -> None:
+        self.model.commit_device(self.cache, out, accepted)
+        count = emitted[:, 0]
+        self.base.add_(count)  # the committed lengths: root + accepted drafts
+        self.dstate.pending.copy_(emitted.gather(1, count[:, None])[:, 0])  # the bonus: next root
+        self.walk.advance()
 
     def step(self, *, eager=False, mem=None):
-        m, c, plan, lay = self.model, self.clock, self.plan, self.plan.layout
+        if not self.walk.greedy and self.steps_done >= self.walk.steps:
+            raise RuntimeError(f"{self.name}: step {self.steps_done + 1} of a decoder built for {self.walk.steps}")
+        c = self.clock
+        run = (lambda key, fn: fn()) if eager else self.graphs.run
         marks = [c.mark()]
         base = self._mem_start(mem)
-        toks, kept = self._draft() if eager else self.graphs.run(("draft",), None, lambda _: self._draft())
+        toks = run(("draft",), self._draft)
         if self.override is not None:
             toks = self.override(self, toks.clone())
-            kept = toks.view(-1).index_select(0, self.kept_index)
+            torch.index_select(toks.view(-1), 0, self.kept_index, out=self.tokens_in)
         self._mem_end(mem, base, "draft_peak")
         marks.append(c.mark())
         base = self._mem_start(mem)
+        out = run(("verify", self.path), self._verify)
+        marks.append(c.mark())
+        accepted, emitted = run(("sample",), lambda: self._sample(out))
+        marks.append(c.mark())
+        run(("commit",), lambda: self._commit(out, accepted, emitted))
+        marks.append(c.mark())
+        host = emitted.tolist()  # the step's one sync: the committed tokens come back
         t0 = time.perf_counter()
-        tb = m.prepare_verify(self.cache, plan.forest, kept, self.slots, kv_bucket=self.max_len)
-        prep = time.perf_counter() - t0
-        if eager:
-            out = m.forward_verify(self.cache, tb, path=self.path)
-        else:
-            out = self.graphs.run(("verify", self.path) + tb.signature(), tb,
-                                  lambda p: m.forward_verify(self.cache, p, path=self.path))
-        marks.append(c.mark())
-        target = out.logits.argmax(-1)
-        host = torch.stack([target, out.batch.tokens]).tolist()  # the engine's sync
-        tgt, tok = host
-        accepted, emitted = [], []
-        for b in range(self.batch):
-            kept_b, start = plan.local[b], self.cu[b]
-            if self.bench.acceptance.greedy:
-                path = walk_greedy(lay, kept_b, start, tgt, tok)
-            else:
-                rng = step_rng(self.bench.seed, b, self.steps_done)
-                path = walk_simulated(lay, plan.q or self.bench.q, kept_b, rng)
-            last = kept_b[path[-1]] if path else 0
-            accepted.append(last)
-            emitted.append([tok[start + kept_b[i]] for i in path] + [tgt[start + last]])
-        marks.append(c.mark())
-        m.commit(self.cache, out, accepted)
-        bonus = [e[-1] for e in emitted]
-        self.dstate.pending.copy_(torch.tensor(bonus, dtype=torch.int64))
-        self.pending = bonus
-        self._record(emitted)
-        marks.append(c.mark())
+        rows = []
+        for b, s in enumerate(self.slots):
+            n = host[b][0]
+            rows.append(host[b][1:n + 1])
+            self.cache.kv_lens[s] += n
+        self.pending = [r[-1] for r in rows]
+        self._record(rows)
+        host_s = time.perf_counter() - t0
         if mem is not None:
             self._mem_end(mem, base, "verify_peak")
             mem["verify_state_bytes"] = sum(x.numel() * x.element_size() for x in self.verify_state(out)
                                             if x is not None)
-        return marks, prep
+        return marks, host_s
 
 
 class SnapshotTreeDecoder(TreeDecoder):

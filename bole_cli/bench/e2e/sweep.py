@@ -35,6 +35,7 @@ class Sweep:
     chains: list[str]  # the chain decoders run
     replayssm: Optional[str]  # where SGLang's ReplaySSM came from, or why it did not run
     pricer: ProfilePricer
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the runs before it, the rest not run
 
 
 @dataclass
@@ -77,6 +78,20 @@ def run_sweep(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None]) 
     bench.use_shape(*shapes[0])
     pricer = profile_pricer(cfg, bench)
     results: list[RunResult] = []
+    try:
+        _sweep_runs(cfg, bench, progress, shapes, budgets, trees, replayssm_error, pricer, results)
+    except KeyboardInterrupt:  # keep the runs measured so far; the command writes them
+        interrupted = True
+    else:
+        interrupted = False
+    bench.budget_policy = budgets[0]
+    bench.use_shape(*shapes[0])
+    return Sweep(results, shapes, budgets, trees, chains, replayssm_desc, pricer, interrupted)
+
+
+def _sweep_runs(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None], shapes, budgets, trees,
+                replayssm_error: str, pricer: ProfilePricer, results: list[RunResult]) -> None:
+    """The runs of run_sweep, appended to `results` as each ends."""
     for b in cfg.batches:
         for name in cfg.decoders:
             kind = decoder_class(name)
@@ -100,9 +115,6 @@ def run_sweep(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None]) 
                 r.chain_depth, r.tree_shape = depth, shape if kind.drafts and not kind.chain else None
                 r.predicted_tok_s = pricer(r)
                 results.append(r)
-    bench.budget_policy = budgets[0]
-    bench.use_shape(*shapes[0])
-    return Sweep(results, shapes, budgets, trees, chains, replayssm_desc, pricer)
 
 
 def search_batches(cfg: E2EConfig, bench: E2EBench, comparison: list[dict],
@@ -137,8 +149,12 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
     bench = build_bench(cfg)
     sweep = run_sweep(cfg, bench, progress)
     judged = verdicts.judge(sweep.results, cfg.batches, bench, cfg.depth, len(sweep.trees))
-    search = search_batches(cfg, bench, judged.comparison, progress)
+    if sweep.interrupted:
+        search = BatchSearch({}, "skipped (interrupted)", 0)
+    else:
+        search = search_batches(cfg, bench, judged.comparison, progress)
     data = report.document(cfg, bench, sweep, judged, search, seconds=time.time() - started)
+    data["interrupted"] = sweep.interrupted
     bench = None
     free_memory(torch.device(cfg.device))
     return data
