@@ -29,14 +29,25 @@ from pathlib import Path
 
 
 def run(cmd: list[str], env: dict, log: Path, timeout: int) -> int:
+    """Run cmd, its output appended to log. Past `timeout` it gets SIGINT first (`bole`
+    writes the runs it measured, then exits 130), and is killed only if it has not ended
+    30 s later."""
+    import signal
+
     print("+", " ".join(cmd), flush=True)
     with log.open("a") as f:
         f.write("+ " + " ".join(cmd) + "\n")
         f.flush()
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
         try:
-            return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=timeout).returncode
+            return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             f.write(f"timed out after {timeout} s\n")
             return 124
 
@@ -86,10 +97,10 @@ def check_one(args, env: dict, log: Path, bole: list[str], profile: dict, preset
                   "--warmup", "2", "--no-max-batch", "--out-dir", str(args.out), "--tag", tag]
     rc = run(e2e, env, log, args.e2e_timeout)
     path = args.out / f"{tag}.json"
-    if rc != 0 or not path.exists():
-        return {"acceptance": preset, "batch": b, "error": f"bench e2e exit {rc}"}
-    data = json.loads(path.read_text())
-    runs = [r for r in data["results"] if r.get("tok_s")]
+    data = json.loads(path.read_text()) if path.exists() else {}
+    runs = [r for r in data.get("results", []) if r.get("tok_s")]
+    if not runs:
+        return {"acceptance": preset, "batch": b, "error": f"bench e2e exit {rc}, no run measured"}
     best = max(runs, key=lambda r: r["tok_s"])
     ch = d["chosen"]
 
@@ -103,6 +114,8 @@ def check_one(args, env: dict, log: Path, bole: list[str], profile: dict, preset
 
     decided = next((r for r in runs if matches(r)), None)
     v = {"acceptance": preset, "batch": b, "decided": ch["label"], "predicted_tok_s": ch["tok_s"],
+         # cut short (a timeout's SIGINT): "best" is the best of the runs measured before it
+         "partial": bool(data.get("interrupted")) or rc != 0,
          "best": {k: best.get(k) for k in ("decoder", "chain_depth", "tree_shape", "budget",
                                            "tok_s", "predicted_tok_s", "phase_ms", "step_ms")}}
     if decided is not None:

@@ -87,6 +87,24 @@ def test_chain_decoders_emit_the_autoregressive_stream(sglang_source):
     assert max(max(a) for a in acc_r) >= 3  # prefixes of 2+ drafts were folded
 
 
+@pytest.mark.gpu_slow
+def test_chain_decoders_on_cuda_with_graphs(sglang_source):
+    """The same exactness check on the GPU, each phase replayed as a CUDA graph (the ring's
+    cursors and history, Bole's commit and the committed lengths all advance on the device)."""
+    bench = harness.E2EBench(tiny_spec(**RING_SPEC), device="cuda", dtype=torch.float32, context=6, depth=DEPTH,
+                             topk=TOPK, acceptance="greedy", budget=14, seed=0, warmup=1, steps=2)
+    assert bench.use_graphs
+    bench.use_replayssm()
+    bench.chain_depth = DEPTH
+    rssm, acc_r = streams(bench, "chain", 2, 6, ring_oracle(1))
+    bole, acc_b = streams(bench, "bole-chain", 2, 6, ring_oracle(1))
+    assert rssm == bole and acc_r == acc_b
+    ar, _ = streams(bench, "ar", 2, max(map(len, rssm)))
+    for b in range(2):
+        assert rssm[b] == ar[b][: len(rssm[b])], f"request {b}"
+    assert max(max(a) for a in acc_r) >= 3
+
+
 def test_chain_acceptance_is_the_rank1_prefix_of_the_tree():
     """Same draws: a depth-d chain accepts exactly the rank-0 prefix of the tree's walk, so
     it never commits more than the tree (all nodes kept), and its expectation is the

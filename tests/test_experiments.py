@@ -133,3 +133,35 @@ def test_the_replay_commit_variants_stay_exact(name):
         gated = tree_commit_replay_gated(case["state"].clone(), *common, a, b, A_log, dt_bias, *tree)
     assert rel_err(plain, tree_commit_replay_ref(case["state"], *common, case["g"], case["beta"], *tree)) <= 1e-6
     assert rel_err(gated, tree_commit_replay_ref(case["state"], *common, g, beta, *tree)) <= 1e-6
+
+
+def _check_decision():
+    spec = importlib.util.spec_from_file_location("check_decision", EXPERIMENTS / "check_decision.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_decision_interrupts_a_late_run_before_killing_it(tmp_path):
+    """Past its timeout a `bole bench e2e` gets SIGINT, so it writes what it measured (a
+    kill would lose every run): the child here writes a file when interrupted."""
+    check = _check_decision()
+    marker = tmp_path / "kept"
+    child = ("import signal, sys, time\n"
+             "def keep(*_):\n"
+             f"    open({str(marker)!r}, 'w').write('measured')\n"
+             "    sys.exit(130)\n"
+             "signal.signal(signal.SIGINT, keep)\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(60)\n")
+    rc = check.run([sys.executable, "-c", child], dict(os.environ), tmp_path / "log", timeout=2)
+    assert rc == 124 and marker.read_text() == "measured"
+    assert "timed out after 2 s" in (tmp_path / "log").read_text()
+    assert check.run([sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "log", timeout=30) == 0
+
+
+def test_check_decision_budgets_stay_within_the_trees():
+    check = _check_decision()
+    assert check.budgets_around(32, 1, 41) == [16, 32]  # 64 exceeds a 41-node tree
+    assert check.budgets_around(64, 4, 41, (0.5, 2.0)) == [32, 64, 128]
+    assert check.budgets_around(8, 4, 41, (0.5,)) == [8]  # 4 is one node a request: not a tree
