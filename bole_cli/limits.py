@@ -45,3 +45,8 @@ KERNEL_STATE_DTYPES = ("float32", "bfloat16")
 #: (every drafter's tree, every tile-sized tree); longer ones (long chains) DP nodes a pass,
 #: which was faster for them on the H200 (docs/design.md §2 "Replay commit").
 REPLAY_STEP_PATH = 64
+
+#: The replay commit computes the whole accepted path's gates before its steps (instead of each
+#: node's with its rows) when its walk holds at least this many parents: faster there on the
+#: H200, slower at 16-32 (experiments/NOTES.md "The replay commit's gates by walk size").
+REPLAY_GATES_FIRST_PMAX = 64

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
+from bole_cli.limits import REPLAY_GATES_FIRST_PMAX
 from bole_cli.kernels import tree_commit_replay
 from bole_cli.kernels.reference import tree_commit_replay_ref, tree_verify_sequential_ref
 from test_kernels import make_case, rel_err
@@ -77,6 +78,15 @@ def test_replay_keeps_the_max_nodes_promise():
     want = replay_ref(case, torch.tensor([11, -1], dtype=torch.int32))
     assert torch.equal(got[int(case["state_indices"][1])], case["state"][int(case["state_indices"][1])])
     assert rel_err(got, want) <= 1e-6
+
+
+@pytest.mark.parametrize("max_nodes", [8, 16, 32, REPLAY_GATES_FIRST_PMAX, 128])
+def test_replay_gate_forms_agree(max_nodes):
+    """Below REPLAY_GATES_FIRST_PMAX each node's gates come with its rows, from it the whole
+    path's first: both replay the same paths exactly (a strong decay, so a gate paired with
+    the wrong node shows)."""
+    case, forest = make_case(21, [8, 5, 8], h=2, group=2, kdim=16, vdim=16, decay=(-3.0, -0.5), shape="any")
+    check(case, forest, torch.tensor([7, 4, 5], dtype=torch.int32), max_nodes=max_nodes)
 
 
 def slow_case(seed, sizes, **kw):
@@ -270,10 +280,12 @@ def test_replay_deep_chains_with_correlated_keys(size):
     check(case, forest, torch.tensor([size - 1], dtype=torch.int32), tol=1e-5)
 
 
+@pytest.mark.parametrize("max_nodes", [None, REPLAY_GATES_FIRST_PMAX])
 @pytest.mark.parametrize("layers", [None, 2])
-def test_gated_replay_matches_the_gates_reference(layers):
+def test_gated_replay_matches_the_gates_reference(layers, max_nodes):
     """tree_commit_replay_gated (SGLang's raw a, b and A_log, dt_bias, per layer with a layer
-    dimension) against the reference on gdn_gates_ref's g and beta."""
+    dimension) against the reference on gdn_gates_ref's g and beta; each node's gates with
+    its rows (a 32-node walk) and the whole path's first (a walk of REPLAY_GATES_FIRST_PMAX)."""
     from bole_cli.kernels import tree_commit_replay_gated
     from bole_cli.kernels.reference import gdn_gates_ref
 
@@ -293,7 +305,7 @@ def test_gated_replay_matches_the_gates_reference(layers):
         state, k, v, a, b, A_log, dt_bias, g, beta = (t[0] for t in (state, k, v, a, b, A_log, dt_bias, g, beta))
     pool = state.clone()
     tree_commit_replay_gated(pool, case["state_indices"], k, v, a, b, A_log, dt_bias, case["parents"],
-                             case["cu_seqlens"], accepted)
+                             case["cu_seqlens"], accepted, max_nodes=max_nodes)
     want = tree_commit_replay_ref(state, case["state_indices"], k, v, g, beta, case["parents"], case["cu_seqlens"],
                                   accepted)
     assert rel_err(pool, want) <= 1e-6

@@ -42,7 +42,7 @@ from bole_cli.errors import InputError
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, GATE_DTYPES, check_commit, check_config, check_last_contiguous,
                                        check_max_depth, check_max_nodes, check_shape, check_tensor)
 from bole_cli.kernels.tree_commit_replay_passes import launch_passes
-from bole_cli.limits import MAX_TREE_NODES, REPLAY_STEP_PATH
+from bole_cli.limits import MAX_TREE_NODES, REPLAY_GATES_FIRST_PMAX, REPLAY_STEP_PATH
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -52,6 +52,7 @@ def _tree_commit_replay_kernel(
     s_sl, s_sn, s_sh, s_sv, s_kl, s_kn, s_kh, s_vl, s_vn, s_vh, s_gl, s_gn, s_bl, s_bn, s_al,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     PMAX: tl.constexpr, WALK: tl.constexpr, USE_L2NORM: tl.constexpr, GATED: tl.constexpr,
+    GATES_FIRST: tl.constexpr,
 ):
     layer, b, hv, iv, a = commit_program(accepted, n_req)
     if a >= 0:
@@ -89,10 +90,13 @@ def _tree_commit_replay_kernel(
         row = start + tl.sum(tl.where(dist == length - 1, path, 0), axis=0)  # the root's row
         kt = tl.load(k_base + row * s_kn, mask=kmask, other=0.0).to(tl.float32)
         vt = tl.load(v_base + row * s_vn, mask=vmask, other=0.0).to(tl.float32)
-        g_all, b_all = row_gates(g_base, b_base, start + path, dist < length, hv, s_gn, 1, s_bn, 1, neg_a, bias,
-                                 GATED, True)
-        gt = tl.sum(tl.where(dist == length - 1, g_all, 0.0), axis=0)
-        bt = tl.sum(tl.where(dist == length - 1, b_all, 0.0), axis=0)
+        if GATES_FIRST:  # the whole path's gates at once, each step picks its pair
+            g_all, b_all = row_gates(g_base, b_base, start + path, dist < length, hv, s_gn, 1, s_bn, 1, neg_a,
+                                     bias, GATED, True)
+            gt = tl.sum(tl.where(dist == length - 1, g_all, 0.0), axis=0)
+            bt = tl.sum(tl.where(dist == length - 1, b_all, 0.0), axis=0)
+        else:  # each node's gates loaded with its rows, a step ahead
+            gt, bt = row_gates(g_base, b_base, row, row >= 0, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)
         for t in range(0, length):
             # the next node's rows first (their loads overlap this step's arithmetic)
             nxt_at = dist == length - 2 - t
@@ -101,8 +105,11 @@ def _tree_commit_replay_kernel(
             more = n_more > 0
             kn = tl.load(k_base + nrow * s_kn, mask=offs_k < K * n_more, other=0.0).to(tl.float32)
             vn = tl.load(v_base + nrow * s_vn, mask=offs_v < tl.where(more, V, 0), other=0.0).to(tl.float32)
-            gn = tl.sum(tl.where(nxt_at, g_all, 0.0), axis=0)
-            bn = tl.sum(tl.where(nxt_at, b_all, 0.0), axis=0)
+            if GATES_FIRST:
+                gn = tl.sum(tl.where(nxt_at, g_all, 0.0), axis=0)
+                bn = tl.sum(tl.where(nxt_at, b_all, 0.0), axis=0)
+            else:
+                gn, bn = row_gates(g_base, b_base, nrow, more, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)
             if USE_L2NORM:
                 kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
             s = s * tl.exp(gt)
@@ -221,6 +228,7 @@ def _replay(state, state_indices, k, v, g, beta, A_log, dt_bias, parents, cu_seq
     _tree_commit_replay_kernel[(n_layers * c.bsz, c.hv, triton.cdiv(c.vdim, bv))](
         *args, GROUP=c.hv // c.h, K=c.kdim, V=c.vdim, KP=max(16, triton.next_power_of_2(c.kdim)), BV=bv,
         PMAX=pmax, WALK=REPLAY_STEP_PATH if both else pmax, USE_L2NORM=use_qk_l2norm, GATED=gated,
+        GATES_FIRST=pmax >= REPLAY_GATES_FIRST_PMAX,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if both:
         launch_passes(args, n_layers=n_layers, bsz=c.bsz, hv=c.hv, group=c.hv // c.h, kdim=c.kdim, vdim=c.vdim,
