@@ -26,9 +26,10 @@ COMPUTE_ROWS = 1024  # GEMM rate: from this many rows
 PRODUCTION = "production"  # runtime_step_bench's name for the runtime as calibrate runs it
 
 
-def gdn_tree_share(tree_kernels: Mapping[str, Any]) -> float:
-    """Median over the record's cells of the roofline's GDN verify + commit (the conv left
-    out, as the bench times the kernels alone) over the measured time."""
+def gdn_tree_cells(tree_kernels: Mapping[str, Any]) -> tuple[tuple[float, float, float], ...]:
+    """(batch, nodes a request, share) for each random-tree cell of the record: the
+    roofline's GDN verify + commit (the conv left out, as the bench times the kernels alone)
+    over the measured time, rounded to 3 digits."""
     import dataclasses
 
     from bole_cli.calibrate.costmodel import EFFICIENCY, Cost, RooflineForward
@@ -36,20 +37,45 @@ def gdn_tree_share(tree_kernels: Mapping[str, Any]) -> float:
     from bole_cli.catalog.models import resolve_model
 
     spec = resolve_model(tree_kernels["model"])
-    roof = RooflineForward(spec, resolve_gpu("h200"), dataclasses.replace(EFFICIENCY["h200"], gdn_tree=1.0))
-    shares = []
-    for c in tree_kernels["cases"]:
+    roof = RooflineForward(spec, resolve_gpu("h200"),
+                           dataclasses.replace(EFFICIENCY["h200"], gdn_tree_cells=()))
+    cells = []
+    for c in sorted(tree_kernels["cases"], key=lambda c: (c["batch"], c["nodes"])):
+        if c["tree"] != "random" or c.get("bole_us") is None:
+            continue
         b, n = c["batch"], c["nodes"]
         conv = roof._time(Cost(b * spec.conv_dim * (spec.conv_kernel - 1) * 2 * 2, 0.0))
         core = roof.components(b, 4096, b * n, verify=True)["gdn_core"] / spec.n_gdn_layers - conv
-        shares.append(core / (c["bole_us"] * 1e-6))
-    return statistics.median(shares)
+        cells.append((float(b), float(n), round(core / (c["bole_us"] * 1e-6), 3)))
+    return tuple(cells)
+
+
+def gemm_knee(components: Mapping[str, Any], bw: float, flops: float,
+              bandwidth: float, peak_flops: float) -> tuple[tuple[float, float], ...]:
+    """(x, y) for each row count of the record: x = a GEMM's compute time at the measured
+    rate over its weights' streaming time at the measured bandwidth, y = its measured time
+    over the larger of its own one-row time scaled by bytes (streaming) and its compute
+    time; the median over the record's shapes, rounded to 3 digits."""
+    by_shape: dict[str, list[Mapping[str, Any]]] = {}
+    for g in components["gemms"]:
+        by_shape.setdefault(g["gemm"], []).append(g)
+    by_rows: dict[int, list[tuple[float, float]]] = {}
+    for rows in by_shape.values():
+        one = min(rows, key=lambda g: g["M"])
+        for g in rows:
+            weights = g["N"] * g["K"] * 2
+            compute = 2.0 * g["M"] * g["N"] * g["K"] / (peak_flops * flops)
+            stream = one["us"] * 1e-6 * g["bytes"] / one["bytes"]
+            by_rows.setdefault(g["M"], []).append(
+                (compute / (weights / (bandwidth * bw)), g["us"] * 1e-6 / max(stream, compute)))
+    return tuple((round(statistics.median(x for x, _ in v), 4), round(statistics.median(y for _, y in v), 3))
+                 for _, v in sorted(by_rows.items()))
 
 
 def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
             tree_kernels: Mapping[str, Any], peak_flops: float) -> dict[str, float]:
-    """Efficiency's bw, flops, kernel_floor_s, host_step_s, gdn_tree and its RuntimeLaunches
-    fields."""
+    """Efficiency's bw, flops, kernel_floor_s, host_step_s, gdn_tree_cells, gemm_knee and its
+    RuntimeLaunches fields."""
     from bole_cli.catalog.models import resolve_model
 
     spec = resolve_model(components["model"])
@@ -75,7 +101,8 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
                            if r["variant"] == PRODUCTION]
     return {"bw": bw, "flops": flops, "kernel_floor_s": floor,
             "host_step_s": components["host_step"]["us_median"] * 1e-6,
-            "gdn_tree": gdn_tree_share(tree_kernels),
+            "gdn_tree_cells": gdn_tree_cells(tree_kernels),
+            "gemm_knee": gemm_knee(components, bw, flops, DATASHEET_BANDWIDTH, peak_flops),
             "gap_s": statistics.median(gaps),
             "decode_launches_per_layer": statistics.median(launches["decode"]),
             "verify_launches_per_layer": statistics.median(launches["verify"]),

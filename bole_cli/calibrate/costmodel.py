@@ -24,8 +24,9 @@ Components (bf16 weights and activations, fp32 recurrent state and logits):
   Gram terms), 2 n^2 dv (d + 1) (Neumann series of depth d = min(n - 1, 8), and C U), and
   the replay commit (docs/design.md §2, §9) 6 dk dv a path node (decay, k . S, update).
   The depthwise conv and gates are counted as activation traffic. A verify's GDN core runs
-  at eff.gdn_tree of its roofline's speed (measured on the H200: the tree kernels are
-  latency-bound at serving sizes; 1 elsewhere).
+  at a share of its roofline's speed: on the H200 measured per batch and nodes a request
+  (eff.gdn_tree_cells; the tree kernels are latency-bound at serving sizes, 22-78% of it),
+  1 elsewhere.
 - norms and residuals: about 8 passes over T * hidden bf16 activations per layer.
 - activation traffic (matmul inputs/outputs, q/k/v/o, norms, logits) stays in L2 while one
   kernel's share fits in half of it (eff.l2_bytes) and costs device-memory bandwidth only
@@ -83,7 +84,14 @@ class Efficiency:
     host_step_s: float = 1e-4  # per step: the sampled tokens' trip to the host (the sync)
     draft_kernels: int = 24  # kernels of one drafter level (each at least kernel_floor_s)
     runtime: Optional[RuntimeLaunches] = None  # measured launches replace launch_s (H200)
-    gdn_tree: float = 1.0  # the GDN tree verify + commit's share of its roofline's speed
+    # the GDN tree verify + commit's share of its roofline's speed: (batch, nodes a request,
+    # share) where it was measured, interpolated in log of both between and beyond the cells
+    # (clamped); () = 1 everywhere (an engine whose tree kernels run at their rooflines)
+    gdn_tree_cells: tuple[tuple[float, float, float], ...] = ()
+    # (x, y): a GEMM's time over its roofline's against x = its compute time over its
+    # weight-streaming time (the roofline's knee is x = 1, where real GEMMs are slower than
+    # either bound); interpolated in log x, clamped; () = the bare roofline
+    gemm_knee: tuple[tuple[float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,14 +104,28 @@ class Efficiency:
 # (bole_cli.calibrate.components re-derives them from the committed records, and a test
 # holds the numbers here to them): weight streaming at 1-64 rows reaches 75.5% of the
 # datasheet bandwidth, GEMMs from 1024 rows 68.6% of the bf16 rate, a small kernel takes
-# 2.7 us, one GDN layer's tree verify + commit (`bole bench kernels`, experiments row P-9)
-# runs at 32.5% of the speed its roofline prices. The other GPUs take the same fractions of their datasheet figures (no device
+# 2.7 us, one GDN layer's tree verify + commit (`bole bench kernels`, experiments row R-9)
+# runs at 22-78% of the speed its roofline prices, by batch and nodes a request. The other GPUs take the same fractions of their datasheet figures (no device
 # measured here; datasheets in bole_cli.catalog.hardware) and launch_s a layer for the
 # gaps, not the runtime's measured launches: their estimates describe an engine that
 # launches about what the rooflines price (the paper's), the H200's the runtime calibrate
 # measures. l2_bytes: datasheet L2 (A100 40 MB, H100/H200 50 MB, B200 126 MB; GB10 24 MB
 # assumed).
 H200_BW, H200_FLOPS = 0.755, 0.686  # EFFICIENCY["h200"]'s fractions, applied to every GPU
+# One GDN layer's tree verify + commit (served default, random trees of depth <= 8, Qwen3.5-9B
+# shape) at each (batch, nodes a request) of `bole bench kernels`' grid: the share of its
+# roofline's speed (components.gdn_tree_cells of experiments/results/components/h200-9b-gdn-grid.json)
+H200_GDN_TREE_CELLS = (
+    (1.0, 2.0, 0.419), (1.0, 4.0, 0.406), (1.0, 8.0, 0.35), (1.0, 16.0, 0.333), (1.0, 32.0, 0.217),
+    (1.0, 64.0, 0.217), (4.0, 2.0, 0.393), (4.0, 4.0, 0.384), (4.0, 8.0, 0.355), (4.0, 16.0, 0.35),
+    (4.0, 32.0, 0.268), (4.0, 64.0, 0.3), (16.0, 2.0, 0.683), (16.0, 4.0, 0.646), (16.0, 8.0, 0.576),
+    (16.0, 16.0, 0.565), (16.0, 32.0, 0.406), (16.0, 64.0, 0.519), (64.0, 2.0, 0.78), (64.0, 4.0, 0.737),
+    (64.0, 8.0, 0.674), (64.0, 16.0, 0.699), (64.0, 32.0, 0.549), (64.0, 64.0, 0.577))
+# GEMM time over its roofline's against compute time / streaming time (components.gemm_knee of
+# experiments/results/components/h200-9b.json: rows 1-64 and 1024-4096 only; the knee itself,
+# 64-1024 rows, is owed a measurement and interpolates as the roofline there)
+H200_GEMM_KNEE = ((0.0053, 1.0), (0.0214, 1.003), (0.0854, 1.004), (0.3418, 1.012), (5.468, 0.992),
+                  (21.872, 0.985))
 _HOPPER_MEASURED = ("fractions of the datasheet measured on one H200 by component "
                     "microbenchmarks (weight streaming 75.5%, GEMMs from 1024 rows 68.6%)")
 EFFICIENCY: dict[str, Efficiency] = {
@@ -116,14 +138,14 @@ EFFICIENCY: dict[str, Efficiency] = {
         why="The H200's " + _HOPPER_MEASURED + " (same SM). Not fitted."),
     "h200": Efficiency(
         bw=H200_BW, flops=H200_FLOPS, launch_s=6e-6, kernel_floor_s=2.7e-6, l2_bytes=50e6,
-        host_step_s=2.6e-5, gdn_tree=0.325,
+        host_step_s=2.6e-5, gdn_tree_cells=H200_GDN_TREE_CELLS, gemm_knee=H200_GEMM_KNEE,
         runtime=RuntimeLaunches(decode_launches_per_layer=13.66, verify_launches_per_layer=25.72,
                                 gap_s=0.61e-6, decode_host_s=0.31e-3, verify_host_s=0.56e-3),
         why="Measured here by component microbenchmarks (experiments/README.md rows R-1 to "
-            "R-4 and P-9, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 "
+            "R-4 and R-9, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 "
             "rows 75.5% of the datasheet bandwidth, GEMMs from 1024 rows 68.6% of its bf16 rate, a "
-            "small kernel 2.7 us, the GDN tree verify + commit at 32.5% of its roofline's speed "
-            "(latency-bound at these sizes), and the runtime's launches per layer, replay gaps "
+            "small kernel 2.7 us, the GDN tree verify + commit at 22-78% of its roofline's speed by "
+            "batch and tree size (latency-bound at these sizes), and the runtime's launches per layer, replay gaps "
             "and host share of a serving step. Not fitted to the profiles it predicts."),
     "gb10": Efficiency(
         bw=H200_BW, flops=H200_FLOPS, launch_s=8e-6, kernel_floor_s=4e-6, l2_bytes=24e6,
@@ -141,6 +163,28 @@ DEFAULT_EFFICIENCY = Efficiency(
 
 def efficiency_for(gpu: GpuSpec) -> Efficiency:
     return EFFICIENCY.get(gpu.key, DEFAULT_EFFICIENCY)
+
+
+def _interp_log(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise-linear in log x through sorted (x, y) points, clamped at both ends."""
+    import math
+
+    pts = sorted(points)
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + w * (y1 - y0)
+    return pts[-1][1]
+
+
+def _interp_log2d(cells: tuple[tuple[float, float, float], ...], a: float, b: float) -> float:
+    """Bilinear in (log a, log b) over a full grid of (a, b, value) cells, clamped."""
+    grid = {(ca, cb): v for ca, cb, v in cells}
+    rows = sorted({ca for ca, _, _ in cells})
+    return _interp_log(tuple((ca, _interp_log(tuple((cb, v) for (ka, cb), v in grid.items() if ka == ca), b))
+                             for ca in rows), a)
 
 
 # ---- the forward's shapes ----------------------------------------------------------------
@@ -199,6 +243,23 @@ class RooflineForward:
                    c.flops / (self.gpu.bf16_flops * self.eff.flops),
                    kernels * self.eff.kernel_floor_s)
 
+    def _gemm_time(self, weight_bytes: float, flops: float, act: float) -> float:
+        """One GEMM: its roofline, times the measured knee at its x (compute over weight
+        streaming, eff.gemm_knee)."""
+        roof = self._time(Cost(bytes=weight_bytes, flops=flops, act=act))
+        if not self.eff.gemm_knee:
+            return roof
+        x = (flops / (self.gpu.bf16_flops * self.eff.flops)) / (weight_bytes / (self.gpu.mem_bandwidth * self.eff.bw))
+        return roof * _interp_log(self.eff.gemm_knee, x)
+
+    def _gdn_share(self, batch: int, nodes: float) -> float:
+        """The GDN tree verify + commit's share of its roofline's speed at this batch and
+        nodes a request (eff.gdn_tree_cells where measured, else 1)."""
+        cells = self.eff.gdn_tree_cells
+        if not cells:
+            return 1.0
+        return _interp_log2d(cells, batch, max(nodes, 1.0))
+
     def components(self, batch: int, kv_len: int, tokens: int, verify: bool) -> dict[str, float]:
         """Seconds per component for one forward over `tokens` tokens of `batch` requests."""
         m = self.model
@@ -209,9 +270,8 @@ class RooflineForward:
         def matmul_time(shapes, count: int) -> float:
             total = 0.0
             for i, o, w_copies, f_copies in shapes:
-                total += self._time(Cost(bytes=i * o * w_copies * BF16,
-                                         flops=2.0 * T * i * o * f_copies,
-                                         act=T * (i + o) * BF16 * f_copies))
+                total += self._gemm_time(i * o * w_copies * BF16, 2.0 * T * i * o * f_copies,
+                                         T * (i + o) * BF16 * f_copies)
             return total * count
 
         n_attn, n_gdn = m.n_attention_layers, m.n_gdn_layers
@@ -241,7 +301,7 @@ class RooflineForward:
         else:
             core, kernels = Cost(2 * state, 8.0 * batch * hv * dk * dv, act=qkv_io), 1
         conv = Cost(batch * m.conv_dim * (m.conv_kernel - 1) * BF16 * 2, 0.0)
-        core_s = self._time(core, kernels) / (self.eff.gdn_tree if verify else 1.0)
+        core_s = self._time(core, kernels) / (self._gdn_share(batch, n) if verify else 1.0)
         t["gdn_core"] = n_gdn * (core_s + self._time(conv))
 
         # two fused add + RMSNorm kernels per layer, 4 passes each
@@ -285,8 +345,8 @@ class RooflineForward:
         t: dict[str, float] = {}
         shapes = [(2 * h, h), (h, 2 * hq * dh + 2 * hk * dh), (hq * dh, h), (h, 2 * ffn),
                   (ffn, h), (h, vocab)]
-        t["matmul"] = sum(self._time(Cost(bytes=i * o * BF16, flops=2.0 * T * i * o,
-                                          act=T * (i + o) * BF16)) for i, o in shapes)
+        t["matmul"] = sum(self._gemm_time(i * o * BF16, 2.0 * T * i * o, T * (i + o) * BF16)
+                          for i, o in shapes)
         kv = batch * (kv_len + rows) * 2 * hk * dh * BF16
         t["attention"] = self._time(Cost(kv, 4.0 * T * hq * dh * (kv_len + rows)))
         t["logits"] = self._time(Cost(act=T * vocab * (BF16 + 2 * FP32)))  # softmax, top-k
