@@ -380,11 +380,32 @@ def test_tree_conv_and_commit(seed, sizes, width, bias):
     stored = conv_state.transpose(1, 2).contiguous()
     y2 = tree_conv(x, stored.transpose(1, 2), weight, b, idx, parents, cu)
     assert torch.equal(y, y2)
+    # the runtime's layout: x a column slice of the in_proj rows, y written into a layer's
+    # slice of a [L, N, D] buffer; the rows around them untouched
+    proj = torch.randn(n, dim + 7, generator=gen)
+    proj[:, :dim] = x
+    buf = torch.full((2, n, dim), 7.0)
+    y3 = tree_conv(proj[:, :dim], conv_state, weight, b, idx, parents, cu, out=buf[1])
+    assert y3.data_ptr() == buf[1].data_ptr() and torch.equal(buf[1], y) and bool((buf[0] == 7.0).all())
     r = random.Random(seed)
     accepted = torch.tensor([r.randint(-1, s - 1) for s in sizes], dtype=torch.int32)
     pool = conv_state.clone()
     tree_conv_commit(pool, x, idx, parents, cu, accepted)
     assert torch.equal(pool, tree_conv_commit_ref(conv_state, x, idx, parents, cu, accepted))
+    strided = conv_state.clone()
+    tree_conv_commit(strided, proj[:, :dim], idx, parents, cu, accepted)
+    assert torch.equal(strided, pool)
+
+
+def test_tree_conv_out_errors_name_the_argument():
+    forest = random_forest(random.Random(3), [4, 2])
+    parents, cu = forest.to_torch()
+    x, conv_state, weight = torch.randn(6, 8), torch.randn(3, 8, 3), torch.randn(8, 4)
+    idx = torch.tensor([0, 2], dtype=torch.int32)
+    for bad, why in ((torch.empty(6, 8, dtype=torch.float64), r"^out: dtype"), (torch.empty(5, 8), r"^out: "),
+                     (torch.empty(8, 6).t(), r"^out: the channel dimension"), (torch.empty(6, 8, 1), r"^out: ")):
+        with pytest.raises(InputError, match=why):
+            tree_conv(x, conv_state, weight, None, idx, parents, cu, out=bad)
 
 
 # the interpreter evaluates both branches of the stable softplus / sigmoid, so exp(40) and

@@ -149,12 +149,14 @@ def tree_conv(
     activation: bool = True,
     check_trees: bool = True,
     config: Optional[dict] = None,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """y [N, D] = SiLU(bias + sum_w weight[:, w] * window_w) along each node's ancestor chain.
 
-    x [N, D]; conv_state [S, D, W-1] logical (read only); weight [D, W]; bias [D] or None.
-    A request whose slot lies outside [0, S): InputError with check_trees, else NaN rows
-    and its window is never read (docs/design.md §3).
+    x [N, D] (rows may be strided, channels contiguous); conv_state [S, D, W-1] logical (read
+    only); weight [D, W]; bias [D] or None; out: y's buffer [N, D] in x's dtype (channels
+    contiguous), else a new one. A request whose slot lies outside [0, S): InputError with
+    check_trees, else NaN rows and its window is never read (docs/design.md §3).
     """
     n, dim, bsz, state_indices, parents, cu_seqlens = _check_conv_common(
         x, conv_state, state_indices, parents, cu_seqlens, check_trees)
@@ -169,7 +171,13 @@ def tree_conv(
         check_shape("bias", bias, (dim,))
     check_flag("activation", activation)
     check_config("tree_conv", config)
-    y = torch.empty(n, dim, dtype=x.dtype, device=x.device)
+    if out is None:
+        y = torch.empty(n, dim, dtype=x.dtype, device=x.device)
+    else:
+        y = check_tensor("out", out, 2, (x.dtype,), x.device)
+        check_shape("out", out, (n, dim))
+        if n and out.stride(1) != 1:
+            raise InputError("out: the channel dimension must be contiguous")
     if n == 0 or bsz == 0:
         return y
     cfg = launch_config("tree_conv", {"D": dim, "W": width, "B": bsz, "N": n}, config)

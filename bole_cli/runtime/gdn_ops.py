@@ -178,13 +178,15 @@ class GDNOps:
             return
         state.copy_(ref.tree_commit_replay_ref(state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted))
 
-    def conv(self, x, conv_state, weight, bias, state_indices, parents, cu_seqlens) -> torch.Tensor:
-        """SiLU(depthwise causal conv) along each node's ancestor chain; y [N, D] in x's dtype."""
+    def conv(self, x, conv_state, weight, bias, state_indices, parents, cu_seqlens,
+             out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """SiLU(depthwise causal conv) along each node's ancestor chain; y [N, D] in x's dtype
+        (written into `out` when given)."""
         if "tree_conv" in self._k:
             return self._k["tree_conv"](x, conv_state, weight, bias, state_indices, parents,
-                                        cu_seqlens, activation=True, check_trees=False)
-        return ref.tree_conv_ref(x, conv_state, weight, bias, state_indices, parents, cu_seqlens,
-                                 activation=True).to(x.dtype)
+                                        cu_seqlens, activation=True, check_trees=False, out=out)
+        y = ref.tree_conv_ref(x, conv_state, weight, bias, state_indices, parents, cu_seqlens, activation=True)
+        return y.to(x.dtype) if out is None else out.copy_(y)
 
     def conv_commit(self, conv_state, x, state_indices, parents, cu_seqlens, accepted) -> None:
         """Windows <- the last W-1 inputs on the path to each accepted node (in place)."""

@@ -45,7 +45,7 @@ PATHS = ("bole", "snapshot", "replayssm")  # replayssm: chains, bole_cli/runtime
 
 # ---- parameter shapes: the one source for allocation and the memory estimate -----------
 
-def _gdn_proj_width(s: ModelSpec) -> int:
+def gdn_proj_width(s: ModelSpec) -> int:
     """in_proj_qkv | in_proj_z | in_proj_b | in_proj_a, fused."""
     return s.conv_dim + s.gdn_value_heads * s.gdn_value_dim + 2 * s.gdn_value_heads
 
@@ -59,7 +59,7 @@ def param_shapes(s: ModelSpec) -> dict[str, dict[str, tuple]]:
     model = {"embed": (s.vocab, h), "final_norm": (h,)}
     if not s.tied_embeddings:
         model["lm_head"] = (s.vocab, h)
-    gdn = {"in_proj": (_gdn_proj_width(s), h), "conv_w": (s.conv_dim, s.conv_kernel),
+    gdn = {"in_proj": (gdn_proj_width(s), h), "conv_w": (s.conv_dim, s.conv_kernel),
            "A_log@f": (hv,), "dt_bias@f": (hv,), "norm_w": (dv,), "out_proj": (h, hv * dv)}
     attn = {"qkv_proj": (2 * s.attn_heads * dh + 2 * s.attn_kv_heads * dh, h), "q_norm": (dh,),
             "k_norm": (dh,), "o_proj": (h, s.attn_heads * dh)}
@@ -147,9 +147,11 @@ class VerifyOutput:
     logits: torch.Tensor  # [N, vocab]
     batch: TreeBatch
     path: str  # "bole" or "snapshot"
-    x: torch.Tensor  # [L_gdn, N, conv_dim] conv inputs (for the conv-window commit)
+    x: torch.Tensor  # [L_gdn, N, conv_dim] conv inputs (for the conv-window commit): a view of
+    # the in_proj outputs, which the projection writes in place (no copy a layer)
     k: Optional[torch.Tensor] = None  # bole: [L_gdn, N, H, dk] raw keys
-    v: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV, dv] (the replay commit's rows)
+    v: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV, dv] (the replay commit's rows); k and v
+    # are views of the conv outputs, which the conv writes in place (no copy a layer)
     g: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
     beta: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
     # bole: the verify's factors, one layer's scratch [N, HV, dv] / [N, HV]
@@ -385,10 +387,11 @@ class HybridModel:
             out = out + torch.sigmoid(F.linear(x, m.shared_gate)) * shared
         return out
 
-    def _gdn_in(self, w: _Weights, h: torch.Tensor):
-        """in_proj (q|k|v, z, b, a fused in one matmul) -> x [N, conv_dim], z, b, a (views)."""
+    def _gdn_in(self, w: _Weights, h: torch.Tensor, out: Optional[torch.Tensor] = None):
+        """in_proj (q|k|v, z, b, a fused in one matmul) -> x [N, conv_dim], z, b, a (views);
+        into `out` [N, width] when given (the verify keeps every layer's x for its commit)."""
         s = self.spec
-        proj = F.linear(h, w.in_proj)
+        proj = F.linear(h, w.in_proj) if out is None else torch.mm(h, w.in_proj.t(), out=out)
         cd, hv = s.conv_dim, s.gdn_value_heads
         zd = hv * s.gdn_value_dim
         return proj[:, :cd], proj[:, cd: cd + zd], proj[:, cd + zd: cd + zd + hv], proj[:, cd + zd + hv:]
@@ -481,10 +484,14 @@ class HybridModel:
         s = self.spec
         n, bsz, t_max, grp = tb.n_nodes, tb.batch, tb.max_nodes, self.gqa_group
         kw = dict(device=self.device)
-        out = VerifyOutput(None, tb, path, torch.empty(self.n_gdn, n, s.conv_dim, dtype=self.dtype, **kw))
+        proj = torch.empty(self.n_gdn, n, gdn_proj_width(s), dtype=self.dtype, **kw)  # in_proj outputs
+        out = VerifyOutput(None, tb, path, proj[..., :s.conv_dim])
+        conv_out = None
         if path == "bole":
-            out.k = torch.empty(self.n_gdn, n, s.gdn_key_heads, s.gdn_key_dim, dtype=self.dtype, **kw)
-            out.v = torch.empty(self.n_gdn, n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.dtype, **kw)
+            conv_out = torch.empty(self.n_gdn, n, s.conv_dim, dtype=self.dtype, **kw)  # q | k | v per layer
+            kd = s.gdn_key_heads * s.gdn_key_dim
+            out.k = conv_out[..., kd: 2 * kd].unflatten(-1, (s.gdn_key_heads, s.gdn_key_dim))
+            out.v = conv_out[..., 2 * kd:].unflatten(-1, (s.gdn_value_heads, s.gdn_value_dim))
             out.g = torch.empty(self.n_gdn, n, s.gdn_value_heads, dtype=self.fdtype, **kw)
             out.beta = torch.empty_like(out.g)
             out.u = torch.empty(n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.fdtype, **kw)
@@ -497,17 +504,14 @@ class HybridModel:
 
         def gdn(layer: Layer, h):
             w, l = layer.mixer, layer.index
-            x, z, b, a = self._gdn_in(w, h)
-            xs = out.x[l]
-            xs.copy_(x)
-            y = self.ops.conv(xs, cache.conv_state[l], w.conv_w, w.conv_b, tb.slots, tb.parents, tb.cu_seqlens)
+            x, z, b, a = self._gdn_in(w, h, out=proj[l])
+            y = self.ops.conv(x, cache.conv_state[l], w.conv_w, w.conv_b, tb.slots, tb.parents, tb.cu_seqlens,
+                              out=conv_out[l] if conv_out is not None else None)
             q, k, v = self._qkv(y)
             g, beta = self.ops.gates(w.A_log, a, w.dt_bias, b,
                                      out=(out.g[l], out.beta[l]) if path == "bole" else None)
             state = cache.gdn_state[l]
             if path == "bole":
-                out.k[l].copy_(k)
-                out.v[l].copy_(v)
                 res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), out.u, out.log_p)
                 o = self.ops.verify(q, k, v, g, beta, state, tb.slots, tb.parents, tb.cu_seqlens, out=res,
                                     max_nodes=tb.max_nodes, max_depth=tb.max_depth - 1).o

@@ -34,7 +34,7 @@ from bole_cli.errors import BoleError, InputError
 from bole_cli.memory import GiB, format_bytes
 from bole_cli.runtime.gdn_ops import factor_dtype
 from bole_cli.runtime.graphs import try_capture
-from bole_cli.runtime.model import HybridModel, param_bytes
+from bole_cli.runtime.model import HybridModel, gdn_proj_width, param_bytes
 from bole_cli.runtime.tree_metadata import DecodeInputs, TreeInputs, refill_decode, refill_tree
 from bole_cli.timing import seconds_per_call
 
@@ -71,9 +71,10 @@ def estimate_memory(spec: ModelSpec, dtype: torch.dtype, *, batch: int, kv_len: 
            "gdn_states": n_gdn * batch * hv * dv * dk * f,
            "conv_windows": n_gdn * batch * spec.conv_dim * (spec.conv_kernel - 1) * e}
     if n_tree_tokens:
-        conv_in = n_gdn * n * spec.conv_dim * e
-        if path == "bole":
-            out["verify_factors"] = conv_in + n_gdn * n * (spec.gdn_key_heads * dk * e + hv * dv * f + hv * f)
+        conv_in = n_gdn * n * gdn_proj_width(spec) * e  # every layer's in_proj outputs (x for the commit)
+        if path == "bole":  # every layer's conv outputs (k, v), g and beta; one layer's u and log_p
+            out["verify_factors"] = (conv_in + n_gdn * n * (spec.conv_dim * e + 2 * hv * f)
+                                     + n * (hv * dv + hv) * f)
         else:
             out["verify_snapshots"] = conv_in + n_gdn * batch * (t_max + 1) * hv * dv * dk * f
         out["attention_bias"] = batch * t_max * (spec.attn_heads // spec.attn_kv_heads) * kv_limit * e
