@@ -12,6 +12,7 @@ import torch
 
 from bole_cli.errors import BoleError, InputError
 from bole_cli.runtime import HybridModel, SnapshotGDN, param_bytes, tiny_spec
+from bole_cli.runtime.model import gdn_proj_width
 from bole_cli.runtime.moe import grouped_mm_works, moe_forward, moe_naive
 from bole_cli.runtime.timer import HybridForwardTimer, estimate_memory, tree_sizes
 from bole_cli.trees import ProposalTree, chain_tree, pack_forest, random_tree
@@ -501,3 +502,21 @@ def test_cache_attention_kernel_path_agrees(prefix):
     plain = HybridModel(spec, "cpu", torch.float32, cache_kernel=False, **kw)
     kernel = HybridModel(spec, "cpu", torch.float32, cache_kernel=True, **kw)
     assert_step_agrees(kernel, plain, prefix, dict(atol=2e-4, rtol=2e-4))
+
+
+def test_verify_keeps_the_commit_rows_without_copies(dense):
+    """x is a view of every layer's in_proj output and k, v views of the conv outputs (no
+    copy a layer); the e2e bench counts the whole conv-output buffer a Bole verify holds."""
+    from bole_cli.bench.e2e.decoders import bole_rows
+
+    s = dense.spec
+    cache = warm_cache(dense)
+    forest = pack_forest([tree([-1, 0, 0, 1]), tree([-1, 0])])
+    toks = torch.randint(VOCAB, (forest.n_nodes,), generator=torch.Generator().manual_seed(2))
+    out = dense.verify(cache, forest, toks, [0, 1])
+    kd = s.gdn_key_heads * s.gdn_key_dim
+    assert out.k.data_ptr() == out.conv_out[..., kd:].data_ptr() and out.v.data_ptr() == out.conv_out[..., 2 * kd:].data_ptr()
+    assert out.x.stride(1) == gdn_proj_width(s) and out.x.shape[-1] == s.conv_dim
+    size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    held = size(out.conv_out) + size(out.g) + size(out.beta) + size(out.u) + size(out.log_p)
+    assert sum(size(t) for t in bole_rows(out)) == held

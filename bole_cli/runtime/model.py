@@ -151,7 +151,8 @@ class VerifyOutput:
     # the in_proj outputs, which the projection writes in place (no copy a layer)
     k: Optional[torch.Tensor] = None  # bole: [L_gdn, N, H, dk] raw keys
     v: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV, dv] (the replay commit's rows); k and v
-    # are views of the conv outputs, which the conv writes in place (no copy a layer)
+    # are views of conv_out, which the conv writes in place (no copy a layer)
+    conv_out: Optional[torch.Tensor] = None  # bole: [L_gdn, N, conv_dim] q | k | v, held for the commit
     g: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
     beta: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
     # bole: the verify's factors, one layer's scratch [N, HV, dv] / [N, HV]
@@ -488,7 +489,7 @@ class HybridModel:
         out = VerifyOutput(None, tb, path, proj[..., :s.conv_dim])
         conv_out = None
         if path == "bole":
-            conv_out = torch.empty(self.n_gdn, n, s.conv_dim, dtype=self.dtype, **kw)  # q | k | v per layer
+            conv_out = out.conv_out = torch.empty(self.n_gdn, n, s.conv_dim, dtype=self.dtype, **kw)
             kd = s.gdn_key_heads * s.gdn_key_dim
             out.k = conv_out[..., kd: 2 * kd].unflatten(-1, (s.gdn_key_heads, s.gdn_key_dim))
             out.v = conv_out[..., 2 * kd:].unflatten(-1, (s.gdn_value_heads, s.gdn_value_dim))

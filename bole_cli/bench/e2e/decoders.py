@@ -292,9 +292,10 @@ class SnapshotTreeDecoder(TreeDecoder):
 
 
 def bole_rows(out) -> list:
-    """What a Bole verify keeps for its commit: the replay commit's rows (k, v, g, beta) and
-    the verify's factors (one layer's scratch)."""
-    return [out.k, out.v, out.g, out.beta, out.u, out.log_p]
+    """What a Bole verify keeps for its commit: the replay commit's rows (g, beta, and k and v
+    inside every layer's conv outputs, whose q columns are held with them) and the verify's
+    factors (one layer's scratch)."""
+    return [out.conv_out, out.g, out.beta, out.u, out.log_p]
 
 
 class BoleTreeDecoder(TreeDecoder):

@@ -73,7 +73,7 @@ class RunResult:
     host_ms: Optional[float] = None  # per step: host work after the step's one sync (bookkeeping)
     peak_transient_bytes: Optional[int] = None  # measured: one eager step, max over phases
     verify_peak_bytes: Optional[int] = None  # measured: verify + sample + commit
-    verify_state_bytes: Optional[int] = None  # snapshot buffer, or Bole's factors (k, u, log_p)
+    verify_state_bytes: Optional[int] = None  # snapshot buffer, or what Bole's commit reads (decoders.bole_rows)
     budget: Optional[int] = None
     budget_source: str = ""
     nodes_per_request: Optional[list[int]] = None
