@@ -403,7 +403,8 @@ def test_tree_conv_out_errors_name_the_argument():
     x, conv_state, weight = torch.randn(6, 8), torch.randn(3, 8, 3), torch.randn(8, 4)
     idx = torch.tensor([0, 2], dtype=torch.int32)
     for bad, why in ((torch.empty(6, 8, dtype=torch.float64), r"^out: dtype"), (torch.empty(5, 8), r"^out: "),
-                     (torch.empty(8, 6).t(), r"^out: the channel dimension"), (torch.empty(6, 8, 1), r"^out: ")):
+                     (torch.empty(8, 6).t(), r"^out: the channel dimension"), (torch.empty(6, 8, 1), r"^out: "),
+                     (x, r"^out: shares memory with x")):
         with pytest.raises(InputError, match=why):
             tree_conv(x, conv_state, weight, None, idx, parents, cu, out=bad)
 

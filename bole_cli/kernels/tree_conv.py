@@ -178,6 +178,8 @@ def tree_conv(
         check_shape("out", out, (n, dim))
         if n and out.stride(1) != 1:
             raise InputError("out: the channel dimension must be contiguous")
+        if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            raise InputError("out: shares memory with x (a node's conv reads its ancestors' inputs)")
     if n == 0 or bsz == 0:
         return y
     cfg = launch_config("tree_conv", {"D": dim, "W": width, "B": bsz, "N": n}, config)
