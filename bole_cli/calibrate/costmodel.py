@@ -46,6 +46,7 @@ real kernels reach; see EFFICIENCY for the values and their reasons.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -167,8 +168,6 @@ def efficiency_for(gpu: GpuSpec) -> Efficiency:
 
 def _interp_log(points: tuple[tuple[float, float], ...], x: float) -> float:
     """Piecewise-linear in log x through sorted (x, y) points, clamped at both ends."""
-    import math
-
     pts = sorted(points)
     if x <= pts[0][0]:
         return pts[0][1]
@@ -181,9 +180,8 @@ def _interp_log(points: tuple[tuple[float, float], ...], x: float) -> float:
 
 def _interp_log2d(cells: tuple[tuple[float, float, float], ...], a: float, b: float) -> float:
     """Bilinear in (log a, log b) over a full grid of (a, b, value) cells, clamped."""
-    grid = {(ca, cb): v for ca, cb, v in cells}
     rows = sorted({ca for ca, _, _ in cells})
-    return _interp_log(tuple((ca, _interp_log(tuple((cb, v) for (ka, cb), v in grid.items() if ka == ca), b))
+    return _interp_log(tuple((ca, _interp_log(tuple((cb, v) for ka, cb, v in cells if ka == ca), b))
                              for ca in rows), a)
 
 
@@ -258,7 +256,7 @@ class RooflineForward:
         cells = self.eff.gdn_tree_cells
         if not cells:
             return 1.0
-        return _interp_log2d(cells, batch, max(nodes, 1.0))
+        return _interp_log2d(cells, batch, nodes)
 
     def components(self, batch: int, kv_len: int, tokens: int, verify: bool) -> dict[str, float]:
         """Seconds per component for one forward over `tokens` tokens of `batch` requests."""

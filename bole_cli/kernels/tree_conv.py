@@ -116,6 +116,12 @@ def _tree_conv_commit_kernel(
         tl.store(ptrs, new, mask=tmask)
 
 
+def _check_channels(name: str, t: torch.Tensor) -> None:
+    """The kernels read a row's channels as consecutive elements (rows may be strided)."""
+    if t.numel() and t.stride(1) != 1:
+        raise InputError(f"{name}: the channel dimension must be contiguous")
+
+
 def _check_conv_common(x, conv_state, state_indices, parents, cu_seqlens, check_trees, check_slots=True):
     """The checks tree_conv and tree_conv_commit share; returns the index vectors (contiguous).
     check_slots=False: the commit checks only the slots it writes (accepted >= 0)."""
@@ -127,8 +133,7 @@ def _check_conv_common(x, conv_state, state_indices, parents, cu_seqlens, check_
     if conv_state.shape[1] != dim:
         raise InputError(f"conv_state: expected [S, {dim}, W-1] (logical layout), got {tuple(conv_state.shape)}")
     bsz, state_indices, parents, cu_seqlens = check_forest_vectors(state_indices, parents, cu_seqlens, n, dev)
-    if x.numel() and x.stride(1) != 1:
-        raise InputError("x: the channel dimension must be contiguous")
+    _check_channels("x", x)
     check_flag("check_trees", check_trees)
     if check_trees:
         check_forest(parents, cu_seqlens, n)
@@ -176,8 +181,7 @@ def tree_conv(
     else:
         y = check_tensor("out", out, 2, (x.dtype,), x.device)
         check_shape("out", out, (n, dim))
-        if n and out.stride(1) != 1:
-            raise InputError("out: the channel dimension must be contiguous")
+        _check_channels("out", out)
         if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             raise InputError("out: shares memory with x (a node's conv reads its ancestors' inputs)")
     if n == 0 or bsz == 0:

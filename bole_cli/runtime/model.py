@@ -487,12 +487,10 @@ class HybridModel:
         kw = dict(device=self.device)
         proj = torch.empty(self.n_gdn, n, gdn_proj_width(s), dtype=self.dtype, **kw)  # in_proj outputs
         out = VerifyOutput(None, tb, path, proj[..., :s.conv_dim])
-        conv_out = None
         if path == "bole":
-            conv_out = out.conv_out = torch.empty(self.n_gdn, n, s.conv_dim, dtype=self.dtype, **kw)
-            kd = s.gdn_key_heads * s.gdn_key_dim
-            out.k = conv_out[..., kd: 2 * kd].unflatten(-1, (s.gdn_key_heads, s.gdn_key_dim))
-            out.v = conv_out[..., 2 * kd:].unflatten(-1, (s.gdn_value_heads, s.gdn_value_dim))
+            out.conv_out = torch.empty(self.n_gdn, n, s.conv_dim, dtype=self.dtype, **kw)
+            _, k_all, v_all = self._qkv(out.conv_out.view(-1, s.conv_dim))
+            out.k, out.v = k_all.unflatten(0, (self.n_gdn, n)), v_all.unflatten(0, (self.n_gdn, n))
             out.g = torch.empty(self.n_gdn, n, s.gdn_value_heads, dtype=self.fdtype, **kw)
             out.beta = torch.empty_like(out.g)
             out.u = torch.empty(n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.fdtype, **kw)
@@ -507,7 +505,7 @@ class HybridModel:
             w, l = layer.mixer, layer.index
             x, z, b, a = self._gdn_in(w, h, out=proj[l])
             y = self.ops.conv(x, cache.conv_state[l], w.conv_w, w.conv_b, tb.slots, tb.parents, tb.cu_seqlens,
-                              out=conv_out[l] if conv_out is not None else None)
+                              out=out.conv_out[l] if path == "bole" else None)
             q, k, v = self._qkv(y)
             g, beta = self.ops.gates(w.A_log, a, w.dt_bias, b,
                                      out=(out.g[l], out.beta[l]) if path == "bole" else None)
