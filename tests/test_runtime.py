@@ -125,16 +125,21 @@ def test_chain_verify_equals_sequential_decode(which, path, dense, moe_model):
 # ---- (2) every node of a branching forest gets its root path's logits ------------------
 
 @pytest.mark.parametrize("prefix", [(5, 3, 7), (4, 4, 4)], ids=["dense-mask", "split-attention"])
-def test_tree_verify_logits_equal_root_path_decode(prefix, dense):
+@pytest.mark.parametrize("full", [False, True], ids=["padded", "full"])
+def test_tree_verify_logits_equal_root_path_decode(prefix, full, dense):
+    """full: every tree of the same size, so the attention's padded layout is the packed rows."""
     cache = warm_cache(dense, prefix)
     trees = [tree([-1, 0, 0, 1, 1, 2, 4, 4, 6]),  # branching, depth 5
              tree([-1, -1, 0, 1, -1, 2]),  # several roots
              random_tree(7, 10, max_depth=4)]
+    if full:
+        trees = [trees[0], tree([-1, -1, 0, 1, -1, 2, 3, 0, 1]), random_tree(7, 9, max_depth=4)]
     forest = pack_forest(trees)
     slots = [1, 2, 0]
     toks = torch.randint(VOCAB, (forest.n_nodes,), generator=torch.Generator().manual_seed(4))
     out = dense.verify(cache, forest, toks, slots)
     assert (out.batch.split_base is not None) == (len(set(prefix)) == 1)
+    assert out.batch.full == full
     for b, (tr, slot) in enumerate(zip(trees, slots)):
         start = forest.cu_seqlens[b]
         for i in range(tr.n_nodes):
@@ -518,5 +523,9 @@ def test_verify_keeps_the_commit_rows_without_copies(dense):
     assert out.k.data_ptr() == out.conv_out[..., kd:].data_ptr() and out.v.data_ptr() == out.conv_out[..., 2 * kd:].data_ptr()
     assert out.x.stride(1) == gdn_proj_width(s) and out.x.shape[-1] == s.conv_dim
     size = lambda t: t.numel() * t.element_size()  # noqa: E731
-    held = size(out.conv_out) + size(out.g) + size(out.beta) + size(out.u) + size(out.log_p)
+    cd, zd = s.conv_dim, s.gdn_value_heads * s.gdn_value_dim  # b and a: the in_proj's last columns
+    col = out.x.element_size()
+    assert out.b.data_ptr() == out.x.data_ptr() + (cd + zd) * col and out.b.stride() == out.x.stride()
+    assert out.a.data_ptr() == out.b.data_ptr() + s.gdn_value_heads * col and out.a.shape == out.b.shape
+    held = size(out.conv_out) + size(out.u) + size(out.log_p)
     assert sum(size(t) for t in bole_rows(out)) == held

@@ -182,11 +182,22 @@ class TreeBatch(_Prepared):
     host_depths: list[int]
     host_single_root: bool  # only node 0 of each tree is a root (what SGLang's verify supports)
 
+    @property
+    def full(self) -> bool:
+        """Every tree has T nodes: the packed rows are the padded layout (no copy either way)."""
+        return self.n_nodes == self.batch * self.max_nodes
+
     def padded(self, x: torch.Tensor) -> torch.Tensor:
         """[N, ...] packed rows -> [B, T, ...], zeros past each request's tree."""
         rest = tuple(x.shape[1:])
+        if self.full:
+            return x.reshape((self.batch, self.max_nodes) + rest)
         out = x.new_zeros((self.batch * self.max_nodes,) + rest).index_copy_(0, self.pad_index, x)
         return out.view((self.batch, self.max_nodes) + rest)
+
+    def packed(self, x: torch.Tensor) -> torch.Tensor:
+        """[B*T, ...] padded rows -> [N, ...]: padded's inverse."""
+        return x if self.full else x.index_select(0, self.pad_index)
 
 
 def forest_arrays(forest) -> tuple[list[int], list[int]]:

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from bole_cli.errors import InputError
 from bole_cli.kernels import reference as ref
 
-OPS = ("gdn_decode", "gdn_gates", "tree_verify", "tree_commit", "tree_commit_replay", "tree_conv", "tree_conv_commit")
+OPS = ("gdn_decode", "gdn_gates", "tree_verify", "tree_verify_gated", "tree_commit", "tree_commit_replay",
+       "tree_commit_replay_gated", "tree_conv", "tree_conv_commit")
 BACKENDS = ("auto", "kernels", "reference")
 
 
@@ -159,6 +160,20 @@ class GDNOps:
         out.log_p.copy_(log_p)
         return out
 
+    def verify_gated(self, q, k, v, a, b, A_log, dt_bias, state, state_indices, parents, cu_seqlens,
+                     *, out: Optional[ref.VerifyResult] = None, max_nodes: Optional[int] = None,
+                     max_depth: Optional[int] = None) -> ref.VerifyResult:
+        """verify with the gates computed inside the kernel from the raw a, b [N, HV] (views of
+        the in_proj output will do): one launch a layer fewer than gates + verify, and no g,
+        beta rows in memory (docs/design.md §9)."""
+        if "tree_verify_gated" in self._k and factor_dtype(v.dtype) == torch.float32:
+            return self._k["tree_verify_gated"](q, k, v, a, b, A_log, dt_bias, state, state_indices, parents,
+                                                cu_seqlens, check_trees=False, max_nodes=max_nodes,
+                                                max_depth=max_depth, out=out)
+        g, beta = self.gates(A_log, a, dt_bias, b)
+        return self.verify(q, k, v, g, beta, state, state_indices, parents, cu_seqlens, out=out,
+                           max_nodes=max_nodes, max_depth=max_depth)
+
     def commit(self, state, state_indices, k, u, log_p, parents, cu_seqlens, accepted) -> None:
         """Eq. 10 in place; a leading layer dim on state/k/u/log_p commits every layer at once."""
         if "tree_commit" in self._k:
@@ -177,6 +192,22 @@ class GDNOps:
                                           check_trees=False, max_nodes=max_nodes, max_depth=max_depth)
             return
         state.copy_(ref.tree_commit_replay_ref(state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted))
+
+    def commit_replay_gated(self, state, state_indices, k, v, a, b, A_log, dt_bias, parents, cu_seqlens,
+                            accepted, *, max_nodes: Optional[int] = None,
+                            max_depth: Optional[int] = None) -> None:
+        """commit_replay from the raw a, b, as verify_gated takes them; with a leading layer
+        dim, A_log and dt_bias are [L, HV] (one row a layer)."""
+        if "tree_commit_replay_gated" in self._k and factor_dtype(v.dtype) == torch.float32:
+            self._k["tree_commit_replay_gated"](state, state_indices, k, v, a, b, A_log, dt_bias, parents,
+                                                cu_seqlens, accepted, check_trees=False, max_nodes=max_nodes,
+                                                max_depth=max_depth)
+            return
+        rows = (lambda t: t.unsqueeze(-2)) if A_log.dim() > 1 else (lambda t: t)  # [L, 1, HV] over [L, N, HV]
+        g, beta = ref.gdn_gates_ref(rows(A_log), a, rows(dt_bias), b)
+        fdt = factor_dtype(v.dtype)
+        self.commit_replay(state, state_indices, k, v, g.to(fdt), beta.to(fdt), parents, cu_seqlens, accepted,
+                           max_nodes=max_nodes, max_depth=max_depth)
 
     def conv(self, x, conv_state, weight, bias, state_indices, parents, cu_seqlens,
              out: Optional[torch.Tensor] = None) -> torch.Tensor:

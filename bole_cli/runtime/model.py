@@ -153,8 +153,8 @@ class VerifyOutput:
     v: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV, dv] (the replay commit's rows); k and v
     # are views of conv_out, which the conv writes in place (no copy a layer)
     conv_out: Optional[torch.Tensor] = None  # bole: [L_gdn, N, conv_dim] q | k | v, held for the commit
-    g: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
-    beta: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV]
+    a: Optional[torch.Tensor] = None  # bole: [L_gdn, N, HV] raw gate inputs, views of the in_proj
+    b: Optional[torch.Tensor] = None  # outputs (the kernels compute g and beta from them)
     # bole: the verify's factors, one layer's scratch [N, HV, dv] / [N, HV]
     u: Optional[torch.Tensor] = None
     log_p: Optional[torch.Tensor] = None
@@ -262,6 +262,15 @@ class HybridModel:
             layer.mlp = self._build_mlp(shapes["mlp"], out_scale)
             self.layers.append(layer)
         self.n_gdn, self.n_attn = n_gdn, n_attn
+        # every GDN layer's A_log and dt_bias as rows of one [L_gdn, HV] tensor (the layers
+        # hold views): the gated replay commit reads all layers' gates in one launch
+        gdn = [layer.mixer for layer in self.layers if layer.kind == "gdn"]
+        self.gdn_A_log = self.gdn_dt_bias = None
+        if gdn:
+            self.gdn_A_log = torch.stack([w.A_log for w in gdn])
+            self.gdn_dt_bias = torch.stack([w.dt_bias for w in gdn])
+            for i, w in enumerate(gdn):
+                w.A_log, w.dt_bias = self.gdn_A_log[i], self.gdn_dt_bias[i]
 
     def _build_mlp(self, m: dict, out_scale: float) -> _Weights:
         if not self.spec.is_moe:
@@ -390,12 +399,16 @@ class HybridModel:
 
     def _gdn_in(self, w: _Weights, h: torch.Tensor, out: Optional[torch.Tensor] = None):
         """in_proj (q|k|v, z, b, a fused in one matmul) -> x [N, conv_dim], z, b, a (views);
-        into `out` [N, width] when given (the verify keeps every layer's x for its commit)."""
-        s = self.spec
+        into `out` [N, width] when given (the verify keeps every layer's x, b and a for its commit)."""
         proj = F.linear(h, w.in_proj) if out is None else torch.mm(h, w.in_proj.t(), out=out)
+        return self._gdn_in_split(proj)
+
+    def _gdn_in_split(self, proj: torch.Tensor):
+        """x, z, b, a: column views of in_proj outputs [..., width]."""
+        s = self.spec
         cd, hv = s.conv_dim, s.gdn_value_heads
         zd = hv * s.gdn_value_dim
-        return proj[:, :cd], proj[:, cd: cd + zd], proj[:, cd + zd: cd + zd + hv], proj[:, cd + zd + hv:]
+        return proj[..., :cd], proj[..., cd: cd + zd], proj[..., cd + zd: cd + zd + hv], proj[..., cd + zd + hv:]
 
     def _qkv(self, y: torch.Tensor):
         s = self.spec
@@ -491,8 +504,7 @@ class HybridModel:
             out.conv_out = torch.empty(self.n_gdn, n, s.conv_dim, dtype=self.dtype, **kw)
             _, k_all, v_all = self._qkv(out.conv_out.view(-1, s.conv_dim))
             out.k, out.v = k_all.unflatten(0, (self.n_gdn, n)), v_all.unflatten(0, (self.n_gdn, n))
-            out.g = torch.empty(self.n_gdn, n, s.gdn_value_heads, dtype=self.fdtype, **kw)
-            out.beta = torch.empty_like(out.g)
+            _, _, out.b, out.a = self._gdn_in_split(proj)
             out.u = torch.empty(n, s.gdn_value_heads, s.gdn_value_dim, dtype=self.fdtype, **kw)
             out.log_p = torch.empty(n, s.gdn_value_heads, dtype=self.fdtype, **kw)
         elif path == "replayssm":
@@ -507,16 +519,16 @@ class HybridModel:
             y = self.ops.conv(x, cache.conv_state[l], w.conv_w, w.conv_b, tb.slots, tb.parents, tb.cu_seqlens,
                               out=out.conv_out[l] if path == "bole" else None)
             q, k, v = self._qkv(y)
-            g, beta = self.ops.gates(w.A_log, a, w.dt_bias, b,
-                                     out=(out.g[l], out.beta[l]) if path == "bole" else None)
             state = cache.gdn_state[l]
             if path == "bole":
                 res = VerifyResult(torch.empty(v.shape, dtype=v.dtype, **kw), out.u, out.log_p)
-                o = self.ops.verify(q, k, v, g, beta, state, tb.slots, tb.parents, tb.cu_seqlens, out=res,
-                                    max_nodes=tb.max_nodes, max_depth=tb.max_depth - 1).o
+                o = self.ops.verify_gated(q, k, v, a, b, w.A_log, w.dt_bias, state, tb.slots, tb.parents,
+                                          tb.cu_seqlens, out=res, max_nodes=tb.max_nodes,
+                                          max_depth=tb.max_depth - 1).o
             elif path == "replayssm":
                 o = self.replayssm.verify_layer(out.rings, l, q, k, v, a, b, w.A_log, w.dt_bias, state, tb)
             else:
+                g, beta = self.ops.gates(w.A_log, a, w.dt_bias, b)
                 o = self.snapshot.verify_layer(out.snapshots[l], q, k, v, g, beta, a, b, w.A_log,
                                                w.dt_bias, state, tb)
             return self._gdn_out(w, o, z)
@@ -544,7 +556,7 @@ class HybridModel:
                 o = split_tree_attention(qf, keys, vals, tb.padded(k).transpose(1, 2),
                                          tb.padded(v).transpose(1, 2), tb.tree_bias)
             o = o.view(bsz, s.attn_kv_heads, t_max, grp, s.attn_head_dim).transpose(1, 2)
-            o = o.reshape(bsz * t_max, -1).index_select(0, tb.pad_index)
+            o = tb.packed(o.reshape(bsz * t_max, -1))
             return F.linear(self.fuse.gated_out(o, gate), w.o_proj)
 
         out.logits = self._run(tb.tokens, gdn, attn, layers)
@@ -558,8 +570,9 @@ class HybridModel:
             return
         if self.n_gdn:
             if out.path == "bole":
-                self.ops.commit_replay(cache.gdn_state, tb.slots, out.k, out.v, out.g, out.beta, tb.parents,
-                                       tb.cu_seqlens, accepted, max_nodes=tb.max_nodes, max_depth=tb.max_depth - 1)
+                self.ops.commit_replay_gated(cache.gdn_state, tb.slots, out.k, out.v, out.a, out.b,
+                                             self.gdn_A_log, self.gdn_dt_bias, tb.parents, tb.cu_seqlens,
+                                             accepted, max_nodes=tb.max_nodes, max_depth=tb.max_depth - 1)
             elif out.path == "replayssm":
                 self.replayssm.commit(cache.gdn_state, out.rings, tb, accepted)
             else:

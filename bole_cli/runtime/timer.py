@@ -72,9 +72,8 @@ def estimate_memory(spec: ModelSpec, dtype: torch.dtype, *, batch: int, kv_len: 
            "conv_windows": n_gdn * batch * spec.conv_dim * (spec.conv_kernel - 1) * e}
     if n_tree_tokens:
         conv_in = n_gdn * n * gdn_proj_width(spec) * e  # every layer's in_proj outputs (x for the commit)
-        if path == "bole":  # every layer's conv outputs (k, v), g and beta; one layer's u and log_p
-            out["verify_factors"] = (conv_in + n_gdn * n * (spec.conv_dim * e + 2 * hv * f)
-                                     + n * (hv * dv + hv) * f)
+        if path == "bole":  # every layer's conv outputs (k, v); one layer's u and log_p
+            out["verify_factors"] = conv_in + n_gdn * n * spec.conv_dim * e + n * (hv * dv + hv) * f
         else:
             out["verify_snapshots"] = conv_in + n_gdn * batch * (t_max + 1) * hv * dv * dk * f
         out["attention_bias"] = batch * t_max * (spec.attn_heads // spec.attn_kv_heads) * kv_limit * e

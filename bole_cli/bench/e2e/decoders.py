@@ -292,10 +292,11 @@ class SnapshotTreeDecoder(TreeDecoder):
 
 
 def bole_rows(out) -> list:
-    """What a Bole verify keeps for its commit: the replay commit's rows (g, beta, and k and v
-    inside every layer's conv outputs, whose q columns are held with them) and the verify's
-    factors (one layer's scratch)."""
-    return [out.conv_out, out.g, out.beta, out.u, out.log_p]
+    """What a Bole verify keeps for its commit beyond the in_proj outputs every path keeps
+    (whose b and a columns are the replay commit's raw gates): k and v inside every layer's
+    conv outputs, whose q columns are held with them, and the verify's factors (one layer's
+    scratch)."""
+    return [out.conv_out, out.u, out.log_p]
 
 
 class BoleTreeDecoder(TreeDecoder):
