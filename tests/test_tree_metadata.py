@@ -245,10 +245,15 @@ def expect_refilled(tb, want: dict) -> None:
 
 # ---- (1) the refilled tree batch is the prepared one -------------------------------------
 
-@pytest.mark.parametrize("mode", MODES)
+# the kernel (kernels.tree_metadata) writes the tree-only masks, the split and varlen modes
+KERNEL_CASES = [(m, False) for m in MODES] + [("split", True), ("varlen", True)]
+KERNEL_IDS = [m + ("-kernel" if k else "") for m, k in KERNEL_CASES]
+
+
+@pytest.mark.parametrize("mode,kernel", KERNEL_CASES, ids=KERNEL_IDS)
 @settings(max_examples=25)
 @given(data=st.data())
-def test_refill_tree_equals_prepare_tree(mode, data):
+def test_refill_tree_equals_prepare_tree(mode, kernel, data):
     case = draw_step(data, mode)
     tb = prepare(mode, case, 0)
     p1, _, l1 = case["steps"][0]
@@ -257,7 +262,7 @@ def test_refill_tree_equals_prepare_tree(mode, data):
     assert (tb.split_base is not None) == (mode == "split") and (tb.kv_used is not None) == (mode == "varlen")
     storage = {name: t.data_ptr() for name, t in tb.tensors().items()}
     signature = tb.signature()
-    refill_tree(tb, *device_inputs(case, 1), ROPE)
+    refill_tree(tb, *device_inputs(case, 1), ROPE, kernel=kernel)
     p2, t2, l2 = case["steps"][1]
     fresh = prepare(mode, case, 1)
     expect_refilled(tb, as_dict(fresh) | {"max_depth": fresh.max_depth})
@@ -489,18 +494,113 @@ def test_refill_runs_on_meta_tensors(mode):
         base[base > 3]  # what the meta device refuses
 
 
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "kernel"])
 @pytest.mark.parametrize("depth", [2, 9, 37])
-def test_refill_tree_long_chains(depth):
-    """Pointer jumping past powers of two: a chain of `depth` nodes refills a bucket that a
-    branching tree of the same depth was prepared for, and a one-node-shallower one too."""
+def test_refill_tree_long_chains(depth, kernel):
+    """Pointer jumping past powers of two (the kernel: walks as long as the bucket): a chain
+    of `depth` nodes refills a bucket that a branching tree of the same depth was prepared
+    for, and a one-node-shallower one too."""
     kw = dict(rope=ROPE, dtype=torch.float32, device="cpu", n_slots=N_SLOTS, max_len=MAX_LEN, gqa_group=1,
-              n_gdn_layers=1, kv_bucket=MAX_LEN)
+              n_gdn_layers=1, kv_bucket=MAX_LEN, varlen=kernel)
     size = depth + 3
     first = list(range(-1, depth - 1)) + [0, 0, -1]
     tb = prepare_tree((first, [0, size]), [0] * size, [2], [0, 0, 5, 0, 0, 0], **kw)
     assert tb.max_depth == depth
     for parents in ([-1] * 4 + list(range(3, size - 1)), [-1] + list(range(0, depth - 2)) + [-1] * 4):
-        refill_tree(tb, torch.tensor(parents), torch.arange(size), torch.tensor([9]), ROPE)
+        refill_tree(tb, torch.tensor(parents), torch.arange(size), torch.tensor([9]), ROPE, kernel=kernel)
         want = prepare_tree((parents, [0, size]), list(range(size)), [2], [0, 0, 9, 0, 0, 0], **kw)
         expect_refilled(tb, as_dict(want) | {"max_depth": want.max_depth})
     assert want.max_depth == depth - 1
+
+
+# ---- (6) the kernel: big trees, GQA groups, its refusal, and its bounds ------------------
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_kernel_refill_of_256_node_trees(group):
+    """Two 256-node requests (a random tree of depth 12 with several roots, a wide one) and
+    a 100-node chain: the kernel's refill equals the torch ops', field by field."""
+    trees = [random_tree(11, 256, 12, 3), random_tree(12, 256, 3), chain_tree(100)]
+    forest = pack_forest(trees)
+    parents, cu = forest_arrays(forest)
+    kw = dict(rope=ROPE, dtype=torch.bfloat16, device="cpu", n_slots=3, max_len=400, gqa_group=group,
+              n_gdn_layers=2, split=True, bias_dtype=torch.float32)
+    tb = prepare_tree((parents, cu), list(range(len(parents))), [0, 1, 2], [30, 30, 30], **kw)
+    def copy(v):  # the mask with its padded rows (assert_same compares those too)
+        return v._base.clone()[..., :v.shape[-1]]
+
+    want = {k: copy(v) if k == "tree_bias" else v.clone() if isinstance(v, torch.Tensor) else v
+            for k, v in as_dict(tb).items()}
+    kept = ("slots", "cu_seqlens", "node_slot", "pad_index", "layer_slots", "layer_cu_seqlens")  # the bucket's
+    for name, t in tb.tensors().items():
+        if name not in kept:
+            t.fill_(3)
+    refill_tree(tb, torch.tensor(parents), torch.arange(len(parents)), torch.tensor([30, 30, 30]), ROPE,
+                kernel=True)
+    assert_same(tb, want)
+
+
+def test_kernel_refill_refuses_the_dense_mask():
+    tb = _bucket("dense")
+    with pytest.raises(InputError, match="dense"):
+        refill_tree(tb, tb.parents, tb.tokens, tb.base, ROPE, kernel=True)
+
+
+def test_kernel_stays_inside_its_arguments_whatever_the_parents_say():
+    """Parents past the node, past the tree, below -1, cycles: every output lives inside a
+    larger buffer whose guard entries must come back untouched, and each walk ends."""
+    from bole_cli.kernels.tree_metadata import tree_metadata
+
+    bsz, t, d, half, group, layers = 2, 8, 4, 4, 2, 3
+    sizes = [8, 5]
+    n = sum(sizes)
+    cu = torch.tensor([0, 8, 13], dtype=torch.int32)
+    parents = torch.tensor([-1, 5, 99, -7, 3, 2, 6, 1] + [4, 4, -1, 2**40, 0])
+    guard = 12345
+
+    def boxed(shape, dtype, fill=guard):
+        numel = 1
+        for x in shape:
+            numel *= x
+        box = torch.full((numel + 64,), fill, dtype=dtype)
+        return box, box[32:32 + numel].view(shape)
+
+    spec = dict(tokens=((n,), torch.int64), parents=((n,), torch.int32), base=((bsz,), torch.int64),
+                depths=((n,), torch.int64), positions=((n,), torch.int64), kv_pos=((n,), torch.int64),
+                cos=((n, half), torch.float32), sin=((n, half), torch.float32),
+                path_table=((n, d), torch.int64), parent_rows=((t, bsz), torch.int64),
+                sglang_parents=((bsz, t), torch.int64), layer_parents=((layers * n,), torch.int32),
+                kv_used=((bsz,), torch.int32), tree_bias=((bsz, 1, t * group, t), torch.float32))
+    boxes, outs = {}, {}
+    for name, (shape, dtype) in spec.items():
+        boxes[name], outs[name] = boxed(shape, dtype)
+    rope_cos, rope_sin = ROPE.rows(16, "cpu")
+    tree_metadata(parents, torch.arange(n), torch.tensor([3, 2**20]), cu, rope_cos, rope_sin, max_nodes=t,
+                  max_depth=d, group=group, **outs)
+    for name, box in boxes.items():
+        assert (box[:32] == guard).all() and (box[-32:] == guard).all(), name
+    assert (outs["depths"] >= 0).all() and (outs["depths"] < d).all()
+    assert torch.equal(outs["cos"][8:], torch.zeros(5, half))  # positions past the rope rows: zeros
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["split", "varlen"])
+def test_kernel_refill_on_cuda_equals_the_torch_ops(mode):
+    """On the GPU (the kernel's default there): random forests of 32 and 256 nodes a request,
+    the kernel's refill against the torch ops', field by field, bitwise."""
+    for size, seed in ((32, 1), (256, 2)):
+        trees = [random_tree(seed * 10 + b, size, 8 if size == 32 else 20, 2) for b in range(3)]
+        parents, cu = forest_arrays(pack_forest(trees))
+        lens = [40, 40, 40] if mode == "split" else [40, 17, 300]
+        kw = dict(rope=ROPE, dtype=torch.bfloat16, device="cuda", n_slots=3, max_len=1024, gqa_group=4,
+                  n_gdn_layers=3, split=mode == "split", varlen=mode == "varlen", bias_dtype=torch.float32)
+        tb = prepare_tree((parents, cu), list(range(len(parents))), [0, 1, 2], lens, **kw)
+        inputs = (torch.tensor(parents, device="cuda"), torch.arange(len(parents), device="cuda"),
+                  torch.tensor(lens, device="cuda"))
+        refill_tree(tb, *inputs, ROPE, kernel=False)
+        want = {k: v.clone() for k, v in tb.tensors().items()}
+        for name, t in tb.tensors().items():
+            if name in ("tokens", "depths", "positions", "kv_pos", "path_table", "cos", "sin", "tree_bias"):
+                t.fill_(3)
+        refill_tree(tb, *inputs, ROPE, kernel=True)
+        for name, t in tb.tensors().items():
+            assert torch.equal(t, want[name]), (size, name)

@@ -16,7 +16,7 @@ accepted path by the commit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Optional, Sequence
 
 import torch
@@ -31,12 +31,22 @@ class Rope:
 
     dim: int
     theta: float = 10_000_000.0
+    _rows: dict = field(default_factory=dict, repr=False, compare=False)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         half = self.dim // 2
         inv = self.theta ** (-torch.arange(half, device=positions.device, dtype=torch.float64) / max(half, 1))
         ang = positions.to(torch.float64)[:, None] * inv[None, :]
         return torch.cos(ang).float(), torch.sin(ang).float()
+
+    def rows(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`tables` of positions 0..P-1 (P >= n, a power of two), built once and kept: a
+        captured graph that reads them holds their addresses."""
+        size = max(1024, 1 << max(n - 1, 0).bit_length())
+        key = (str(torch.device(device)), size)
+        if key not in self._rows:
+            self._rows[key] = self.tables(torch.arange(size, device=device))
+        return self._rows[key]
 
 
 class _Prepared:

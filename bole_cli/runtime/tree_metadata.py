@@ -83,13 +83,22 @@ def tree_structure(parents: torch.Tensor, cu_seqlens: torch.Tensor, pad_index: t
 
 
 def refill_tree(tb: _TreeBatch, parents: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor,
-                rope: _Rope) -> None:
+                rope: _Rope, *, kernel: Optional[bool] = None) -> None:
     """Recompute in place every array of `tb` that depends on the forest's parents, the
     node tokens and the committed lengths, exactly as prepare_tree builds them, with device
     ops of shapes fixed by tb's signature (capturable; see the module docstring for what
     the caller must keep). parents [N] local (-1 = root), tokens [N], base [B] committed
     lengths: integer tensors (int32 or int64) on tb's device. Host fields (host_*) are not touched:
-    TreeInputs.load sets them."""
+    TreeInputs.load sets them.
+
+    kernel: one launch of kernels.tree_metadata instead of ~90 torch ops (default: on CUDA
+    where the mask is the tree part alone, split and varlen modes; the dense [cache | tree]
+    mask is the torch ops' alone)."""
+    if kernel is None:
+        kernel = tb.base.is_cuda and tb.attn_bias is None
+    if kernel:
+        _refill_tree_kernel(tb, parents, tokens, base, rope)
+        return
     bsz, t, n = tb.batch, tb.max_nodes, tb.n_nodes
     par_pad, pad_row, depth, table, anc = tree_structure(parents, tb.cu_seqlens, tb.pad_index,
                                                          bsz, t, tb.max_depth)
@@ -125,6 +134,21 @@ def refill_tree(tb: _TreeBatch, parents: torch.Tensor, tokens: torch.Tensor, bas
         _set_additive(tb.attn_bias, _fold(vis, tb.gqa_group))
     else:  # split / varlen: the tree part only; padded rows see their own (zero) key
         _set_additive(tb.tree_bias, _fold(anc | torch.diag_embed(pad_row), tb.gqa_group))
+
+
+def _refill_tree_kernel(tb: _TreeBatch, parents: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor,
+                        rope: _Rope) -> None:
+    from bole_cli.kernels.tree_metadata import tree_metadata
+
+    if tb.attn_bias is not None:
+        raise InputError("refill_tree: the kernel writes the tree mask of the split and varlen modes, "
+                         "not the dense [cache | tree] mask; refill this batch with kernel=False")
+    rope_cos, rope_sin = rope.rows(tb.kv_limit, tb.base.device)
+    tree_metadata(parents, tokens, base, tb.cu_seqlens, rope_cos, rope_sin, max_nodes=tb.max_nodes,
+                  max_depth=tb.max_depth, tokens=tb.tokens, parents=tb.parents, base=tb.base, depths=tb.depths,
+                  positions=tb.positions, kv_pos=tb.kv_pos, cos=tb.cos, sin=tb.sin, path_table=tb.path_table,
+                  parent_rows=tb.parent_rows, sglang_parents=tb.sglang_parents, layer_parents=tb.layer_parents,
+                  kv_used=tb.kv_used, tree_bias=tb.tree_bias, group=tb.gqa_group)
 
 
 def refill_decode(db: _DecodeBatch, tokens: torch.Tensor, base: torch.Tensor, rope: _Rope) -> None:
