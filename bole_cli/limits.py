@@ -50,3 +50,7 @@ REPLAY_STEP_PATH = 64
 #: node's with its rows) when its walk holds at least this many parents: faster there on the
 #: H200, slower at 16-32 (experiments/NOTES.md "The replay commit's gates by walk size").
 REPLAY_GATES_FIRST_PMAX = 64
+
+#: Rows of x the skinny GEMM (kernels/skinny_mm.py) takes: a decode step's batch, padded to the
+#: tensor cores' 16-row tile; past it a GEMM's weight tiles are reused enough for cuBLAS.
+SKINNY_MM_MAX_ROWS = 16

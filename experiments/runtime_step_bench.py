@@ -6,7 +6,10 @@
 - fused:    kernels.gdn_decode (one launch a GDN layer), the rest eager;
 - compiled: fused, and runtime.fusion's pieces compiled by torch.compile;
 - production: compiled, and the attention to the cache through kernels.cache_attention
-            (split along the keys): the runtime's default on CUDA.
+            (split along the keys): the runtime's default on CUDA;
+- skinny:   production, and steps of at most 16 rows project through kernels.skinny_mm
+            instead of cuBLAS (HybridModel(skinny_mm=True); experiments/skinny_mm_bench.py
+            times the GEMMs alone).
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
 graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
@@ -28,17 +31,24 @@ import statistics
 import sys
 import time
 
-VARIANTS = {"before": ("tree", False, False), "fused": ("fused", False, False), "compiled": ("fused", True, False),
-            "production": ("fused", True, True)}
+VARIANTS = {"before": ("tree", False, False, False), "fused": ("fused", False, False, False),
+            "compiled": ("fused", True, False, False), "production": ("fused", True, True, False),
+            "skinny": ("fused", True, True, True)}
 
 
 def set_variant(timer, name: str) -> None:
     from bole_cli.runtime.fusion import Fusion
 
-    decode, compiled, cache_kernel = VARIANTS[name]
+    decode, compiled, cache_kernel, skinny = VARIANTS[name]
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
+    if skinny:
+        from bole_cli.kernels.skinny_mm import skinny_mm
+
+        timer.model._skinny = skinny_mm
+    else:
+        timer.model._skinny = None
     timer._steps.clear()  # graphs of the previous variant
 
 
@@ -159,8 +169,9 @@ def main(argv=None) -> None:
     cuda = not args.smoke
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     if not cuda:
-        VARIANTS["compiled"] = ("fused", False, False)
-        VARIANTS["production"] = ("fused", False, True)
+        VARIANTS["compiled"] = ("fused", False, False, False)
+        VARIANTS["production"] = ("fused", False, True, False)
+        VARIANTS["skinny"] = ("fused", False, True, True)
     batches = [int(b) for b in args.batch.split(",")]
     for name in [v for v in VARIANTS if v not in args.variants.split(",")]:
         del VARIANTS[name]
@@ -215,7 +226,7 @@ def main(argv=None) -> None:
             doc["agreement"].append({"model": spec.name, "batch": 4, **decode_agreement(torch, timer, 4, args.kv)})
         if args.smoke or name == args.verify_model:
             vkv, vn = (64, 8) if args.smoke else (args.verify_kv, args.verify_tokens)
-            for variant in [v for v in ("before", "production") if v in VARIANTS]:
+            for variant in [v for v in ("before", "production", "skinny") if v in VARIANTS]:
                 set_variant(timer, variant)
                 replay = median_ms(lambda: timer.time_verify(1, vkv, vn), args.repeats)
                 serving._steps = timer._steps

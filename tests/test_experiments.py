@@ -107,6 +107,25 @@ def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
     assert doc["kernel_floor"]["us_per_kernel"] > 0 and doc["host_step"]["us_median"] > 0
 
 
+def test_the_skinny_mm_bench_smoke_run_writes_its_record(tmp_path):
+    """experiments/skinny_mm_bench.py at a tiny model on CPU: every decode projection at each
+    row count, cuBLAS beside the kernel's rule and grid, each checked before it is timed,
+    and the step's sums."""
+    import json
+
+    out = tmp_path / "skinny.json"
+    env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent))
+    run = subprocess.run([sys.executable, str(EXPERIMENTS / "skinny_mm_bench.py"), "--smoke", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (entry,) = json.loads(out.read_text())["models"]
+    assert set(entry["gemms"]) == {"lm_head", "gdn_in_proj", "gdn_out_proj", "attn_qkv_proj", "attn_o_proj",
+                                   "mlp_gate_up", "mlp_down"}
+    assert {r["impl"] for r in entry["rows"]} == {"cublas", "rule", "grid"}
+    assert all(r["rel_err"] < 1e-5 for r in entry["rows"])
+    assert [s["M"] for s in entry["step"]] == [1, 3] and all(s["best_ms"] <= s["cublas_ms"] for s in entry["step"])
+
+
 @pytest.mark.parametrize("name", ["r-state-first"])
 def test_the_replay_commit_variants_stay_exact(name):
     """The replay variants kept for A/Bs (kernel_variants.py) are rewrites of the

@@ -110,6 +110,21 @@ PARTS_LAUNCH = {"BR": 64, "BV": 64, "BK": 32, "BG": 64, "num_warps": 4, "num_sta
 REPLAY_PASSES_LAUNCH = {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1}
 
 
+def skinny_mm_launch_config(m: int, n: int, k: int, sms: int) -> dict:
+    """kernels.skinny_mm, by its output columns N, depth K and the GPU's SMs: 32 weight rows a
+    program where that still gives two programs an SM, else 16; K split in two, four, ...
+    until the programs fill two waves, keeping at least 1024 of K a slice; 128-wide K tiles
+    on 4 warps, 4 stages in flight. Not measured yet (a prediction: a weight stream needs
+    about two resident programs an SM with a few tiles in flight each; the A/B is
+    experiments/skinny_mm_bench.py)."""
+    del m  # the rows only pad the tensor-core tile
+    bn = 32 if -(-n // 32) >= 2 * sms else 16
+    split = 1
+    while -(-n // bn) * split < 2 * sms and k // (2 * split) >= 1024:
+        split *= 2
+    return {"BN": bn, "BK": 128, "SPLIT_K": split, "num_warps": 4, "num_stages": 4}
+
+
 def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> dict:
     check_config(kernel, override)  # a value the kernel cannot compile: one line naming `config`
     cfg = dict(DEFAULTS[kernel])

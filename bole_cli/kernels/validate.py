@@ -259,8 +259,9 @@ def check_accepted(accepted, cu_seqlens: torch.Tensor, device, check_trees: bool
 # Launch-config values: every tile is a power of two (tl.arange); tiles that feed tl.dot
 # are at least 16 wide (the tensor cores' smallest operand).
 _DOT_TILES = {"tree_verify": ("BV", "BK", "BC"), "tree_commit": ("BV", "DP"), "tree_commit_replay": (),
-              "tree_conv": ()}
-_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay": ("BV",), "tree_conv": ("BN", "BD")}
+              "tree_conv": (), "skinny_mm": ("BN", "BK")}
+_PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay": ("BV",), "tree_conv": ("BN", "BD"),
+                "skinny_mm": ("SPLIT_K",)}
 MAX_TILE = 1024
 
 

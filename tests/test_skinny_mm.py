@@ -1,0 +1,111 @@
+"""The skinny GEMM (kernels/skinny_mm.py) against a float64 product: rows 1-16, shapes that
+leave partial tiles in N and K, K split across programs (the last slice adds the partials
+and resets its counter), strided rows, out=, its bounds and its refusals.
+
+CPU: Triton's interpreter; float32 inputs take IEEE dots there, so the float64 product
+applies at float32 tolerance. On the GPU: bf16 against cuBLAS at the decode shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bole_cli.errors import InputError
+from bole_cli.kernels import skinny_mm as module
+from bole_cli.kernels.configs import skinny_mm_launch_config
+from bole_cli.kernels.skinny_mm import skinny_mm
+from bole_cli.limits import SKINNY_MM_MAX_ROWS
+
+SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+def rand(gen, *shape):
+    return torch.randn(*shape, generator=gen)
+
+
+def assert_product(y, x, w):
+    want = x.double() @ w.double().T
+    scale = x.double().abs() @ w.double().abs().T  # the sum of |terms|: float32's error bound
+    assert ((y.double() - want).abs() <= 1e-6 * scale + 1e-6).all()
+
+
+@SETTINGS
+@given(m=st.integers(1, SKINNY_MM_MAX_ROWS), n=st.integers(1, 80), k=st.integers(1, 700),
+       bn=st.sampled_from([16, 32]), bk=st.sampled_from([16, 64, 128]), split=st.sampled_from([1, 2, 4, 8]),
+       seed=st.integers(0, 2 ** 16))
+def test_matches_the_float64_product(m, n, k, bn, bk, split, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x, w = rand(gen, m, k), rand(gen, n, k)
+    y = skinny_mm(x, w, config={"BN": bn, "BK": bk, "SPLIT_K": split})
+    assert y.shape == (m, n) and y.dtype == x.dtype
+    assert_product(y, x, w)
+    assert (module._COUNTERS.get("cpu", torch.zeros(1, dtype=torch.int32)) == 0).all()  # reset for the next
+
+
+def test_default_rule_strided_rows_and_out():
+    """x a column slice of a wider activation (rows strided), y written into a row-strided
+    view; the default rule splits K for a small output."""
+    gen = torch.Generator().manual_seed(1)
+    wide = rand(gen, 5, 3000)
+    x = wide[:, 100:2148]
+    w = rand(gen, 48, 2048)
+    assert skinny_mm_launch_config(5, 48, 2048, 132)["SPLIT_K"] > 1
+    box = torch.full((5, 80), 7.0)
+    out = box[:, 10:58]
+    assert skinny_mm(x, w, out=out) is out
+    assert_product(out, x, w)
+    assert (box[:, :10] == 7).all() and (box[:, 58:] == 7).all()
+
+
+def test_writes_nothing_outside_y():
+    """A guard on both sides of y (rows past M, columns past N of the padded tiles)."""
+    gen = torch.Generator().manual_seed(2)
+    x, w = rand(gen, 3, 200), rand(gen, 21, 200)
+    box = torch.full((3 * 21 + 64,), 7.0)
+    out = box[32:32 + 63].view(3, 21)
+    skinny_mm(x, w, out=out, config={"BN": 16, "BK": 64, "SPLIT_K": 2})
+    assert_product(out, x, w)
+    assert (box[:32] == 7).all() and (box[-1:] == 7).all()
+
+
+def test_the_rule_fills_the_gpu():
+    """Two programs an SM at least, where K allows the split; 32 columns a program only
+    where that still gives them."""
+    for n, k in ((12352, 4096), (4096, 12288), (24576, 4096), (4096, 4096), (248320, 4096), (64, 64)):
+        cfg = skinny_mm_launch_config(1, n, k, 132)
+        programs = -(-n // cfg["BN"]) * cfg["SPLIT_K"]
+        assert programs >= 2 * 132 or k // cfg["SPLIT_K"] < 2048, (n, k, cfg)
+        assert cfg["BN"] == 16 or -(-n // 32) >= 264
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(x=torch.zeros(SKINNY_MM_MAX_ROWS + 1, 8), w=torch.zeros(4, 8)), "x"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 9)), "w"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8, dtype=torch.float64)), "w"),
+    (dict(x=torch.zeros(8, 2).t(), w=torch.zeros(4, 8)), "x"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), out=torch.zeros(2, 5)), "out"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), config={"BN": 8}), "config"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), config={"SPLIT": 2}), "config"),
+])
+def test_bad_inputs_are_named(kwargs, field):
+    with pytest.raises(InputError, match=field):
+        skinny_mm(**kwargs)
+
+
+@pytest.mark.gpu
+def test_bf16_decode_shapes_against_cublas():
+    """bf16 at the 9B decode shapes, rows 1-16, default rule: within bf16's rounding of
+    cuBLAS (both accumulate in float32; the order differs)."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for n, k in ((12352, 4096), (4096, 12288), (4096, 4096), (24576, 4096)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for m in (1, 4, 16):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            got, want = skinny_mm(x, w).float(), F.linear(x, w).float()
+            rel = (got - want).norm() / want.norm()
+            assert rel < 4e-3, (n, k, m, float(rel))
