@@ -43,12 +43,7 @@ def set_variant(timer, name: str) -> None:
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
-    if skinny:
-        from bole_cli.kernels.skinny_mm import skinny_mm
-
-        timer.model._skinny = skinny_mm
-    else:
-        timer.model._skinny = None
+    timer.model.skinny_mm = skinny
     timer._steps.clear()  # graphs of the previous variant
 
 

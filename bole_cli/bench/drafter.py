@@ -225,9 +225,10 @@ class MTPDrafter:
         grp = hq // hk
         e = F.embedding(tokens.reshape(n), self.model.embed)
         x = torch.cat([rms(e, w["emb_norm"]), rms(hidden.reshape(n, h), w["hid_norm"])], dim=-1)
-        x = F.linear(x, w["fc"])
+        proj = self.model.project  # the target's projection path (cuBLAS, or the skinny GEMM)
+        x = proj(x, w["fc"])
         cos, sin = st.cos[lvl].expand(n, -1), st.sin[lvl].expand(n, -1)
-        q, gate, k, v = fuse.attn_in(F.linear(rms(x, w["input_norm"]), w["qkv"]), w["q_norm"], w["k_norm"],
+        q, gate, k, v = fuse.attn_in(proj(rms(x, w["input_norm"]), w["qkv"]), w["q_norm"], w["k_norm"],
                                      cos, sin, hq, hk, dh)
         pos = st.context + kv_off
         st.kv[0, :, :, pos: pos + rows] = k.view(bsz, rows, hk, dh).transpose(1, 2)
@@ -240,9 +241,9 @@ class MTPDrafter:
         else:
             o = F.scaled_dot_product_attention(qf, st.kv[0, :, :, : pos + rows], st.kv[1, :, :, : pos + rows])
         o = o.view(bsz, hk, rows, grp, dh).permute(0, 2, 1, 3, 4).reshape(n, hq * dh)
-        x, a = fuse.add_rms(x, F.linear(fuse.gated_out(o, gate), w["o_proj"]), w["post_norm"])
-        x, a = fuse.add_rms(x, F.linear(fuse.swiglu(F.linear(a, w["gate_up"])), w["down"]), w["final_norm"])
-        logits = F.linear(a, self.lm_head)
+        x, a = fuse.add_rms(x, proj(fuse.gated_out(o, gate), w["o_proj"]), w["post_norm"])
+        x, a = fuse.add_rms(x, proj(fuse.swiglu(proj(a, w["gate_up"])), w["down"]), w["final_norm"])
+        logits = proj(a, self.lm_head)
         # the top-k of the logits themselves: the softmax is monotonic and only the indices
         # are drafted, so a full-vocabulary float32 softmax would only add bytes
         top = torch.topk(logits, self.layout.topk, dim=-1).indices  # [n, k]

@@ -218,11 +218,7 @@ class HybridModel:
         self.fuse = Fusion(self.device.type == "cuda" if compile is None else compile)
         self.cache_kernel = ((self.device.type == "cuda" and dtype in (torch.float16, torch.bfloat16))
                              if cache_kernel is None else cache_kernel)
-        self._skinny = None
-        if skinny_mm:
-            from bole_cli.kernels.skinny_mm import skinny_mm as kernel
-
-            self._skinny = kernel
+        self.skinny_mm = skinny_mm
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._build()
 
@@ -395,33 +391,42 @@ class HybridModel:
             x, h = self.fuse.add_rms(x, mixed, layer.norms.post_norm)
             after = layers[i + 1].norms.input_norm if i + 1 < len(layers) else self.final_norm
             x, h = self.fuse.add_rms(x, self._mlp(layer.mlp, h), after)
-        return self._proj(h, self.lm_head)
+        return self.project(h, self.lm_head)
 
     @property
     def skinny_mm(self) -> bool:
         """Whether steps of few rows project through kernels.skinny_mm."""
         return self._skinny is not None
 
-    def _proj(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    @skinny_mm.setter
+    def skinny_mm(self, on: bool) -> None:
+        self._skinny = None
+        if on:
+            from bole_cli.kernels.skinny_mm import skinny_mm as kernel
+
+            self._skinny = kernel
+
+    def project(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x @ w.T (into `out` when given): the skinny GEMM kernel for a few rows when the
-        model was built with skinny_mm, cuBLAS (or the CPU's GEMM) otherwise."""
+        model was built with skinny_mm, cuBLAS (or the CPU's GEMM) otherwise (the drafter
+        projects through it too)."""
         if self._skinny is not None and x.shape[0] <= SKINNY_MM_MAX_ROWS and x.dtype != torch.float64:
             return self._skinny(x, w, out=out)
         return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)
 
     def _mlp(self, m: _Weights, x: torch.Tensor) -> torch.Tensor:
         if not self.spec.is_moe:
-            return self._proj(self.fuse.swiglu(self._proj(x, m.gate_up)), m.down)
+            return self.project(self.fuse.swiglu(self.project(x, m.gate_up)), m.down)
         out = moe_forward(x, m.router, m.w13, m.w2, self.spec.experts_top_k, grouped=self.grouped_mm)
         if m.shared_gate_up is not None:
-            shared = self._proj(self.fuse.swiglu(self._proj(x, m.shared_gate_up)), m.shared_down)
+            shared = self.project(self.fuse.swiglu(self.project(x, m.shared_gate_up)), m.shared_down)
             out = out + torch.sigmoid(F.linear(x, m.shared_gate)) * shared
         return out
 
     def _gdn_in(self, w: _Weights, h: torch.Tensor, out: Optional[torch.Tensor] = None):
         """in_proj (q|k|v, z, b, a fused in one matmul) -> x [N, conv_dim], z, b, a (views);
         into `out` [N, width] when given (the verify keeps every layer's x, b and a for its commit)."""
-        proj = self._proj(h, w.in_proj, out=out)
+        proj = self.project(h, w.in_proj, out=out)
         return self._gdn_in_split(proj)
 
     def _gdn_in_split(self, proj: torch.Tensor):
@@ -441,12 +446,12 @@ class HybridModel:
 
     def _gdn_out(self, w: _Weights, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Gated RMSNorm per head (rms(o) * w * silu(z)), then out_proj."""
-        return self._proj(self.fuse.gated_norm(o, z, w.norm_w, self.fdtype), w.out_proj)
+        return self.project(self.fuse.gated_norm(o, z, w.norm_w, self.fdtype), w.out_proj)
 
     def _attn_in(self, w: _Weights, h: torch.Tensor, cos, sin):
         """q_proj (query | gate per head), k_proj, v_proj fused; q/k RMSNorm, RoPE."""
         s = self.spec
-        return self.fuse.attn_in(self._proj(h, w.qkv_proj), w.q_norm, w.k_norm, cos, sin,
+        return self.fuse.attn_in(self.project(h, w.qkv_proj), w.q_norm, w.k_norm, cos, sin,
                                  s.attn_heads, s.attn_kv_heads, s.attn_head_dim)
 
     @staticmethod
@@ -473,7 +478,7 @@ class HybridModel:
                 o = self.ops.decode(x, cache.conv_state[l], w.conv_w, w.conv_b, a, b, w.A_log, w.dt_bias,
                                     cache.gdn_state[l], db.slots, key_heads=s.gdn_key_heads, z=z,
                                     norm_w=w.norm_w, eps=RMS_EPS)
-                return self._proj(o, w.out_proj)
+                return self.project(o, w.out_proj)
             y = gdn_ops.conv_decode(x, cache.conv_state[l], w.conv_w, w.conv_b, db.slots)
             q, k, v = self._qkv(y)
             state = cache.gdn_state[l]
@@ -505,7 +510,7 @@ class HybridModel:
             else:
                 keys, vals = self._kv(cache, l, db.slots, db.slot_start, db.kv_limit)
                 o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=db.attn_bias)
-            return self._proj(self.fuse.gated_out(o, gate), w.o_proj)
+            return self.project(self.fuse.gated_out(o, gate), w.o_proj)
 
         used = db.positions + 1 if self.cache_kernel else None  # keys each request reads, the new one too
         return self._run(db.tokens, gdn, attn, layers)
@@ -578,7 +583,7 @@ class HybridModel:
                                          tb.padded(v).transpose(1, 2), tb.tree_bias)
             o = o.view(bsz, s.attn_kv_heads, t_max, grp, s.attn_head_dim).transpose(1, 2)
             o = tb.packed(o.reshape(bsz * t_max, -1))
-            return self._proj(self.fuse.gated_out(o, gate), w.o_proj)
+            return self.project(self.fuse.gated_out(o, gate), w.o_proj)
 
         out.logits = self._run(tb.tokens, gdn, attn, layers)
         return out
