@@ -126,6 +126,23 @@ def test_the_skinny_mm_bench_smoke_run_writes_its_record(tmp_path):
     assert [s["M"] for s in entry["step"]] == [1, 3] and all(s["best_ms"] <= s["cublas_ms"] for s in entry["step"])
 
 
+def test_the_runtime_step_bench_smoke_run_writes_its_record(tmp_path):
+    """experiments/runtime_step_bench.py at a tiny model on CPU, two variants (the runtime's
+    default and the skinny GEMM's), batch 1: decode and verify rows written for each."""
+    import json
+
+    out = tmp_path / "steps.json"
+    env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent))
+    run = subprocess.run([sys.executable, str(EXPERIMENTS / "runtime_step_bench.py"), "--smoke", "--variants",
+                          "production,skinny", "--batch", "1", "--repeats", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads(out.read_text())
+    assert [(r["variant"], r["batch"]) for r in doc["decode"]] == [("production", 1), ("skinny", 1)]
+    assert [r["variant"] for r in doc["verify"]] == ["production", "skinny"]
+    assert all(r["replay_ms"] > 0 and r["serving_ms"] > 0 for r in doc["decode"] + doc["verify"])
+
+
 @pytest.mark.parametrize("name", ["r-state-first"])
 def test_the_replay_commit_variants_stay_exact(name):
     """The replay variants kept for A/Bs (kernel_variants.py) are rewrites of the
