@@ -279,6 +279,20 @@ def test_blocked_kernel_promise_sizes_its_walk(promise):
         assert rel_err(got[keep], want[keep]) <= LARGE_TREE_TOL
 
 
+def test_bf16_chain_carries_a_float32_grade_state():
+    """bf16 keys on the chain kernel take the split carry (k . S and the update of S as two
+    tf32 products against the exact keys, jit_math.tf32_split): u, made from the carried
+    state, stays at float32's error over 200 nodes and strong decay, the outputs at bf16's.
+    (The interpreter's dots are float32, so this holds the split's arithmetic: a lost low
+    half shows at ~1e-4; the tf32 rounding it cures only a GPU shows, tests/test_precision_contract.py.)"""
+    case, _ = make_case(13, [200, 3], h=1, group=2, kdim=16, vdim=16, decay=(-3.0, 0.0), shape="chain",
+                        dtype=torch.bfloat16)
+    ref = tree_verify_ref(*args(case))
+    res = tree_verify(*args(case), config={"BC": 16, "BV": 16})
+    assert rel_err(res.u.double(), ref.u) <= 1e-6
+    assert rel_err(res.o.double(), ref.o) <= 5e-3  # the bf16 output's rounding
+
+
 @pytest.mark.parametrize("bc,kernel", [(16, "auto"), (64, "blocked"), (32, "big")])
 def test_256_node_chain(bc, kernel):
     """The deepest tree a request may hold, beside a 3-node tree (GQA 2): verify against the
