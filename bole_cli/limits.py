@@ -51,6 +51,8 @@ REPLAY_STEP_PATH = 64
 #: H200, slower at 16-32 (experiments/NOTES.md "The replay commit's gates by walk size").
 REPLAY_GATES_FIRST_PMAX = 64
 
-#: Rows of x the skinny GEMM (kernels/skinny_mm.py) takes: a decode step's batch, padded to the
-#: tensor cores' 16-row tile; past it a GEMM's weight tiles are reused enough for cuBLAS.
-SKINNY_MM_MAX_ROWS = 16
+#: Rows of x the skinny GEMM (kernels/skinny_mm.py) takes: a decode step's batch or a small
+#: verify's tree tokens, all in one register tile (padded to 16-64); past it a GEMM's weight
+#: tiles are reused enough for cuBLAS. A verify must stream as fast as the decode it is priced
+#: against, so the kernel covers both.
+SKINNY_MM_MAX_ROWS = 64

@@ -7,7 +7,7 @@
 - compiled: fused, and runtime.fusion's pieces compiled by torch.compile;
 - production: compiled, and the attention to the cache through kernels.cache_attention
             (split along the keys): the runtime's default on CUDA;
-- skinny:   production, and steps of at most 16 rows project through kernels.skinny_mm
+- skinny:   production, and steps of at most 64 rows project through kernels.skinny_mm
             instead of cuBLAS (HybridModel(skinny_mm=True); experiments/skinny_mm_bench.py
             times the GEMMs alone).
 

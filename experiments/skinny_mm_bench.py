@@ -120,8 +120,8 @@ def summary(rows: list[dict], gemms: dict) -> list[dict]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="4b,9b,27b")
-    ap.add_argument("--rows", default="1,2,4,8,16")
-    ap.add_argument("--grid-rows", default="1,16", help="rows at which the launch grid is timed too")
+    ap.add_argument("--rows", default="1,2,4,8,16,32,64")
+    ap.add_argument("--grid-rows", default="1,16,64", help="rows at which the launch grid is timed too")
     ap.add_argument("--rotate", type=int, default=3)
     ap.add_argument("--rep-ms", type=int, default=60)
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU under the interpreter (a test)")

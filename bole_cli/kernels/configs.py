@@ -117,7 +117,7 @@ def skinny_mm_launch_config(m: int, n: int, k: int, sms: int) -> dict:
     on 4 warps, 4 stages in flight. Not measured yet (a prediction: a weight stream needs
     about two resident programs an SM with a few tiles in flight each; the A/B is
     experiments/skinny_mm_bench.py)."""
-    del m  # the rows only pad the tensor-core tile
+    del m  # the rows only size the tensor-core tile
     bn = 32 if -(-n // 32) >= 2 * sms else 16
     split = 1
     while -(-n // bn) * split < 2 * sms and k // (2 * split) >= 1024:

@@ -1,5 +1,6 @@
-"""y = x @ w.T for a few rows of x (a decode step's batch): the weight streamed once, split
-along K where the output alone gives too few programs to keep the memory system busy.
+"""y = x @ w.T for a few rows of x (a decode step's batch, a small verify's tree tokens): the
+weight streamed once, split along K where the output alone gives too few programs to keep the
+memory system busy.
 
 Why: a decode step is its projections' weight reads, and cuBLAS streams some of the decode
 shapes at 64-77% of the H200's copy rate (the GDN in_proj, the MLP down projection: split-K
@@ -8,8 +9,8 @@ this kernel beats cuBLAS at a shape is a measurement (experiments/skinny_mm_benc
 runtime takes it only where told to (HybridModel(skinny_mm=...)).
 
 One program owns BN output columns (weight rows) and one of SPLIT slices of K; it loads
-weight tiles [BN, BK] along K (the rows of x padded to 16 for the tensor cores) and
-accumulates in float32. With SPLIT > 1 each slice writes its partial sums to a float32
+weight tiles [BN, BK] along K (all rows of x at once, padded to a power of two of at least 16
+for the tensor cores) and accumulates in float32. With SPLIT > 1 each slice writes its partial sums to a float32
 workspace and counts itself in on a per-column-block counter; the last slice to arrive adds
 the partials, writes y and resets the counter, so a launch leaves the counters as it found
 them (one launch, CUDA-graph safe).
@@ -27,7 +28,6 @@ from bole_cli.errors import InputError
 from bole_cli.kernels.validate import check_config, check_tensor
 from bole_cli.limits import SKINNY_MM_MAX_ROWS
 
-BM = 16  # x's rows padded for the tensor cores' smallest tile
 _COUNTERS: dict[str, torch.Tensor] = {}  # per device, zeros between launches
 
 
@@ -118,16 +118,17 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
     if n == 0:
         return out
     bn, bk, split = cfg["BN"], cfg["BK"], cfg["SPLIT_K"]
+    bm = max(16, triton.next_power_of_2(m))  # x's rows padded for the tensor cores' tiles
     blocks = triton.cdiv(n, bn)
     k_slice = triton.cdiv(triton.cdiv(k, split), bk) * bk  # whole BK tiles a slice
     split = max(1, triton.cdiv(k, k_slice)) if k else 1
     if split > 1:
-        part = torch.empty(split * BM, n, dtype=torch.float32, device=x.device)
+        part = torch.empty(split * bm, n, dtype=torch.float32, device=x.device)
         counters = _counters(x.device, blocks)
     else:
         part = counters = out  # never read
     _skinny_mm_kernel[(blocks, split)](
         x, w, out, part, counters, m, n, k, x.stride(0), w.stride(0), out.stride(0), k_slice,
-        BM=BM, BN=bn, BK=bk, SPLIT=split, IEEE=x.dtype == torch.float32,
+        BM=bm, BN=bn, BK=bk, SPLIT=split, IEEE=x.dtype == torch.float32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
