@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bole_cli.errors import BoleError, InputError
 from bole_cli.runtime import HybridModel, SnapshotGDN, param_bytes, tiny_spec
@@ -468,6 +469,15 @@ def test_fused_pieces_compile_whole_and_agree():
     traced.fuse = Fusion(True, backend="aot_eager")
     # equal lengths: the verify's tree part goes through the compiled tree attention
     assert_step_agrees(traced, eager, (3, 3), dict(atol=1e-5, rtol=1e-5))
+    # the MTP head's input (the drafter's): embedding, two norms and the concatenation, one graph
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.tensor([3, 1, 4]), torch.randn(VOCAB, spec.hidden, generator=gen),
+            torch.randn(3, spec.hidden, generator=gen), torch.rand(spec.hidden, generator=gen),
+            torch.rand(spec.hidden, generator=gen))
+    torch.testing.assert_close(traced.fuse.mtp_in(*args), eager.fuse.mtp_in(*args))
+    want = torch.cat([F.rms_norm(args[1][args[0]], (spec.hidden,), args[3], 1e-6),
+                      F.rms_norm(args[2], (spec.hidden,), args[4], 1e-6)], dim=-1)
+    torch.testing.assert_close(eager.fuse.mtp_in(*args), want)
 
 
 def assert_step_agrees(model, ref, prefix, tol):

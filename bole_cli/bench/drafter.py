@@ -223,8 +223,7 @@ class MTPDrafter:
         n = bsz * rows
         hq, hk, dh, h = s.attn_heads, s.attn_kv_heads, s.attn_head_dim, s.hidden
         grp = hq // hk
-        e = F.embedding(tokens.reshape(n), self.model.embed)
-        x = torch.cat([rms(e, w["emb_norm"]), rms(hidden.reshape(n, h), w["hid_norm"])], dim=-1)
+        x = fuse.mtp_in(tokens.reshape(n), self.model.embed, hidden.reshape(n, h), w["emb_norm"], w["hid_norm"])
         proj = self.model.project  # the target's projection path (cuBLAS, or the skinny GEMM)
         x = proj(x, w["fc"])
         cos, sin = st.cos[lvl].expand(n, -1), st.sin[lvl].expand(n, -1)

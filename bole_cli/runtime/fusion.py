@@ -75,6 +75,13 @@ def gated_norm(o: torch.Tensor, z: torch.Tensor, norm_w: torch.Tensor, fdtype: t
     return y.reshape(n, hv * dv).to(o.dtype)
 
 
+def mtp_in(tokens: torch.Tensor, embed: torch.Tensor, hidden: torch.Tensor, emb_norm: torch.Tensor,
+           hid_norm: torch.Tensor) -> torch.Tensor:
+    """An MTP head's input: the tokens' embeddings and the previous hidden states, each
+    RMS-normed, side by side [N, 2 hidden] for its fc."""
+    return torch.cat([rms(F.embedding(tokens, embed), emb_norm), rms(hidden, hid_norm)], dim=-1)
+
+
 class Fusion:
     """The pieces above, compiled (compile=True) or eager."""
 
@@ -87,4 +94,5 @@ class Fusion:
         self.attn_in = wrap(attn_in)
         self.gated_out = wrap(gated_out)
         self.gated_norm = wrap(gated_norm)
+        self.mtp_in = wrap(mtp_in)
         self.tree_attention = wrap(split_tree_attention)  # a verify's tree part and its merge
