@@ -562,3 +562,6 @@ def test_skinny_mm_path_agrees():
         weights |= {tuple(getattr(mix, n).shape) for n in names} | {tuple(layer.mlp.gate_up.shape),
                                                                     tuple(layer.mlp.down.shape)}
     assert set(calls) == weights
+    # no rows (a batch without nodes): the plain GEMM, as the kernel takes 1..SKINNY_MM_MAX_ROWS
+    x = torch.zeros(0, spec.hidden)
+    assert skinny.project(x, plain.lm_head).shape == (0, spec.vocab)

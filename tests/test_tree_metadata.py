@@ -580,6 +580,31 @@ def test_kernel_stays_inside_its_arguments_whatever_the_parents_say():
         assert (box[:32] == guard).all() and (box[-32:] == guard).all(), name
     assert (outs["depths"] >= 0).all() and (outs["depths"] < d).all()
     assert torch.equal(outs["cos"][8:], torch.zeros(5, half))  # positions past the rope rows: zeros
+    # request sizes that run past the nodes, or start before them
+    for bad in ([0, 8, 100], [0, -4, 13], [0, 13, 9]):
+        for name, (shape, dtype) in spec.items():
+            boxes[name], outs[name] = boxed(shape, dtype)
+        tree_metadata(parents, torch.arange(n), torch.tensor([3, 5]), torch.tensor(bad, dtype=torch.int32),
+                      rope_cos, rope_sin, max_nodes=t, max_depth=d, group=group, **outs)
+        for name, box in boxes.items():
+            assert (box[:32] == guard).all() and (box[-32:] == guard).all(), (bad, name)
+
+
+@pytest.mark.parametrize("mode", ["split", "varlen"])
+def test_kernel_refill_of_an_all_empty_forest(mode):
+    """No node in any request: the kernel still writes the lengths, the parent rows and the
+    mask's padded rows, as the torch ops do."""
+    lens = [5, 5, 0, 0, 0, 0] if mode == "split" else [5, 7, 0, 0, 0, 0]
+    kw = dict(rope=ROPE, dtype=torch.bfloat16, device="cpu", n_slots=N_SLOTS, max_len=MAX_LEN, gqa_group=2,
+              n_gdn_layers=2, split=mode == "split", varlen=mode == "varlen", bias_dtype=torch.float32)
+    tb = prepare_tree(([], [0, 0, 0]), [], [0, 1], lens, **kw)
+    want = {k: v.clone() for k, v in tb.tensors().items()}
+    for name in ("base", "parent_rows", "sglang_parents", "tree_bias") + (("kv_used",) if mode == "varlen" else ()):
+        getattr(tb, name).fill_(3)
+    refill_tree(tb, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int64), torch.tensor(lens[:2]),
+                ROPE, kernel=True)
+    for name, t in tb.tensors().items():
+        assert torch.equal(t, want[name]), name
 
 
 @pytest.mark.gpu

@@ -13,7 +13,8 @@ weight tiles [BN, BK] along K (all rows of x at once, padded to a power of two o
 for the tensor cores) and accumulates in float32. With SPLIT > 1 each slice writes its partial sums to a float32
 workspace and counts itself in on a per-column-block counter; the last slice to arrive adds
 the partials, writes y and resets the counter, so a launch leaves the counters as it found
-them (one launch, CUDA-graph safe).
+them (one launch, CUDA-graph safe). The counters are one buffer a device: split launches must
+run one after another on one stream, as a step's projections do.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from bole_cli.errors import InputError
 from bole_cli.kernels.validate import check_config, check_tensor
 from bole_cli.limits import SKINNY_MM_MAX_ROWS
 
-_COUNTERS: dict[str, torch.Tensor] = {}  # per device, zeros between launches
+COUNTERS = 1 << 16  # column blocks a split launch may have (its counters: 256 KiB a device)
+_COUNTERS: dict[str, torch.Tensor] = {}  # per device, allocated once, zeros between launches
 
 
 @triton.jit
@@ -37,8 +39,8 @@ def _skinny_mm_kernel(x, w, y, part, counters, M, N, K, s_xm, s_wn, s_ym, k_slic
                       IEEE: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rm = tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
+    rm = tl.arange(0, BM).to(tl.int64)
+    rn = pid_n * BN + tl.arange(0, BN).to(tl.int64)
     rk = tl.arange(0, BK)
     m_in = rm < M
     n_in = rn < N
@@ -48,7 +50,7 @@ def _skinny_mm_kernel(x, w, y, part, counters, M, N, K, s_xm, s_wn, s_ym, k_slic
     for kk in range(k0, k1, BK):
         k_in = (kk + rk) < k1
         xt = tl.load(x + rm[:, None] * s_xm + (kk + rk)[None, :], mask=m_in[:, None] & k_in[None, :], other=0.0)
-        wt = tl.load(w + rn[:, None].to(tl.int64) * s_wn + (kk + rk)[None, :], mask=n_in[:, None] & k_in[None, :],
+        wt = tl.load(w + rn[:, None] * s_wn + (kk + rk)[None, :], mask=n_in[:, None] & k_in[None, :],
                      other=0.0)
         if IEEE:
             acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
@@ -71,15 +73,13 @@ def _skinny_mm_kernel(x, w, y, part, counters, M, N, K, s_xm, s_wn, s_ym, k_slic
             tl.atomic_xchg(counters + pid_n, 0)
 
 
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters, at least n, kept per device (a captured graph holds them)."""
+def _counters(device: torch.device) -> torch.Tensor:
+    """COUNTERS zeroed int32 counters a device, allocated once and never replaced: a captured
+    graph holds their address, not the tensor."""
     key = str(device)
-    have = _COUNTERS.get(key)
-    if have is None or have.numel() < n:
-        have = torch.zeros(max(n, 1024, 2 * (have.numel() if have is not None else 0)), dtype=torch.int32,
-                           device=device)
-        _COUNTERS[key] = have
-    return have
+    if key not in _COUNTERS:
+        _COUNTERS[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
 
 
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] = None,
@@ -123,8 +123,11 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
     k_slice = triton.cdiv(triton.cdiv(k, split), bk) * bk  # whole BK tiles a slice
     split = max(1, triton.cdiv(k, k_slice)) if k else 1
     if split > 1:
+        if blocks > COUNTERS:
+            raise InputError(f"config: {blocks} column blocks of BN={bn} split along K; a split launch "
+                             f"counts at most {COUNTERS} (a larger BN, or SPLIT_K 1)")
         part = torch.empty(split * bm, n, dtype=torch.float32, device=x.device)
-        counters = _counters(x.device, blocks)
+        counters = _counters(x.device)
     else:
         part = counters = out  # never read
     _skinny_mm_kernel[(blocks, split)](

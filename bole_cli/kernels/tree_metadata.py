@@ -46,7 +46,8 @@ def _tree_metadata_kernel(
         tl.store(base + b, base_b)
         if HAS_KV_USED:
             tl.store(kv_used + b, base_b.to(tl.int32))
-    valid = rows < size
+    # cu_seqlens is trusted no further than the packed rows: a row outside 0..N-1 is no node
+    valid = (rows < size) & (rows < T) & (start + rows >= 0) & (start + rows < n_nodes)
     in_t = rows < T
     node = start + rows
     raw = tl.load(parents_in + node, mask=valid, other=-1)
@@ -58,7 +59,7 @@ def _tree_metadata_kernel(
     for _ in range(D - 1):
         on = cur >= 0
         depth += on.to(tl.int64)
-        nxt = tl.load(parents_in + start + cur, mask=on, other=-1).to(tl.int64)
+        nxt = tl.load(parents_in + start + cur, mask=on & (start + cur >= 0), other=-1).to(tl.int64)
         cur = tl.where(on & (nxt >= 0) & (nxt < cur), nxt, -1)
 
     # walk 2: the ancestor table (-1 past the depth) and the ancestor bits of each row
@@ -68,13 +69,13 @@ def _tree_metadata_kernel(
              mask=valid[:, None] & (cols_d[None, :] > depth[:, None]) & (cols_d[None, :] < D))
     cols_t = tl.arange(0, TP)
     anc = tl.zeros([BR, TP], dtype=tl.int32)  # anc[i, j]: j on i's root path
-    cur = tl.where(valid, rows, -1)
+    cur = tl.where(valid, rows, -1).to(tl.int64)
     for s in range(D):
         on = cur >= 0
         anc = anc | (cols_t[None, :] == cur[:, None]).to(tl.int32)
         tl.store(path_table + node * D + (depth - s), cur, mask=on & (depth >= s))
         nxt = tl.where(cur == rows, par,
-                       tl.load(parents_in + start + cur, mask=on, other=-1).to(tl.int64))
+                       tl.load(parents_in + start + cur, mask=on & (start + cur >= 0), other=-1).to(tl.int64))
         cur = tl.where(on & (nxt >= 0) & (nxt < cur), nxt, -1)
 
     # per node: copies, positions, the rotary rows
@@ -160,7 +161,7 @@ def tree_metadata(parents_in: torch.Tensor, tokens_in: torch.Tensor, base_in: to
         check_shape("tree_bias", tree_bias, (bsz, 1, max_nodes * group, max_nodes))
         if tree_bias.stride(3) != 1:
             raise InputError("tree_bias: the last dimension must be contiguous")
-    if n == 0 or bsz == 0:
+    if bsz == 0:  # an all-empty forest still writes its requests' lengths, rows and mask
         return
     tp = triton.next_power_of_2(max_nodes)
     br = min(ROWS, tp)
@@ -169,7 +170,7 @@ def tree_metadata(parents_in: torch.Tensor, tokens_in: torch.Tensor, base_in: to
         tokens, parents, base, kv_used if kv_used is not None else base, depths, positions, kv_pos, cos, sin,
         path_table, parent_rows, sglang_parents, layer_parents,
         tree_bias if tree_bias is not None else cos,
-        bsz, n, layer_parents.numel() // n, rope_cos.shape[0], max_nodes, max_depth,
+        bsz, n, layer_parents.numel() // n if n else 0, rope_cos.shape[0], max_nodes, max_depth,
         tree_bias.stride(0) if tree_bias is not None else 0, tree_bias.stride(2) if tree_bias is not None else 0,
         HALF=half, HP=triton.next_power_of_2(max(half, 1)), TP=tp, DP=triton.next_power_of_2(max_depth), BR=br,
         G=group, HAS_KV_USED=kv_used is not None, HAS_BIAS=tree_bias is not None, num_warps=4)

@@ -410,7 +410,8 @@ class HybridModel:
         """x @ w.T (into `out` when given): the skinny GEMM kernel for a few rows when the
         model was built with skinny_mm, cuBLAS (or the CPU's GEMM) otherwise (the drafter
         projects through it too)."""
-        if self._skinny is not None and x.shape[0] <= SKINNY_MM_MAX_ROWS and x.dtype != torch.float64:
+        if (self._skinny is not None and 1 <= x.shape[0] <= SKINNY_MM_MAX_ROWS and x.dtype != torch.float64
+                and x.stride(-1) == 1):
             return self._skinny(x, w, out=out)
         return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)
 

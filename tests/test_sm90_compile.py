@@ -1,0 +1,25 @@
+"""The new kernels and the chain kernel's split carry compile for the H200 (sm_90) here,
+without a GPU (tests/sm90_compile.py): the interpreter runs what the device would refuse to
+compile (a loop-carried variable that changes type, for one)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def test_kernels_compile_for_sm90():
+    import triton
+
+    if not glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas*")):
+        pytest.skip("this Triton install ships no ptxas")
+    script = Path(__file__).with_name("sm90_compile.py")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(script.parent.parent))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("ok ") == 8, run.stdout
