@@ -28,7 +28,7 @@ import platform
 import sys
 import time
 
-GRID = {"BN": (16, 32, 64), "BK": (128, 256), "SPLIT_K": (1, 2, 4, 8), "num_stages": (3, 5)}
+GRID = {"BN": (16, 32, 64), "BK": (128, 256), "SPLIT_K": (1, 2, 4, 8), "num_stages": (4,)}
 
 
 def decode_gemms(spec) -> dict[str, tuple[int, int, int]]:
