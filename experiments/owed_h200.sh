@@ -1,46 +1,51 @@
 #!/usr/bin/env bash
 # The H200 runs owed by the CPU-only session of 2026-12-04 (experiments/NOTES.md "The verify's
-# launches cut again, and a skinny GEMM for the decode"), one device call each (under the 10
-# minutes a call may run), in the order their results are needed:
+# launches cut again, and a skinny GEMM for the decode"), one device call each (each job under
+# the 10 minutes a call may run), in the order their results are needed:
 #
-#   bash experiments/owed_h200.sh gemm     # the skinny GEMM against cuBLAS (9B, 27B) + pytest -m gpu
+#   bash experiments/owed_h200.sh tests    # python -m pytest -m gpu (the suite's 5-minute budget)
+#   bash experiments/owed_h200.sh gemm     # the skinny GEMM against cuBLAS, 9B, 27B and 4B
 #   bash experiments/owed_h200.sh steps    # runtime_step_bench: launches, decode and verify, skinny on/off
 #   bash experiments/owed_h200.sh knee     # the GEMM knee (component_bench, dense rows), 9B and 27B
-#   bash experiments/owed_h200.sh kernels  # c12's grid, chains against the ring, the split carry's chains
+#   bash experiments/owed_h200.sh kernels  # c12's grid, chains against the ring, the big chains' factors
 #
-# Each writes under $OUT (the device's return folder; ./out-owed elsewhere) and tars its folder,
-# since a call returns at most 8 files. Carry `.whl` for the SGLang baselines (BOLE_SGLANG_WHEEL).
+# A job works in /tmp/owed/<job> and leaves one tarball and its log in $OUT (the device's
+# return folder, which brings back at most 8 files; ./out-owed elsewhere). Carry `.whl` for the
+# SGLang baselines (BOLE_SGLANG_WHEEL).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
+PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh gemm|steps|knee|kernels}
-dir="$OUT/$job"
-mkdir -p "$dir"
+job=${1:?usage: bash experiments/owed_h200.sh tests|gemm|steps|knee|kernels}
+dir="/tmp/owed/$job"
+mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
 run() { echo "+ $*" | tee -a "$log"; "$@" >>"$log" 2>&1; echo "rc=$? $(date +%T)" | tee -a "$log"; }
-python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" >>"$log" 2>&1
+$PY -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" >>"$log" 2>&1
 
 case "$job" in
+  tests)
+    run timeout 330 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
   gemm)
-    run timeout 330 python experiments/skinny_mm_bench.py --models 9b,27b --grid-rows 1,64 --out "$dir/skinny-h200.json"
-    run timeout 220 python -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
+    run timeout 520 $PY experiments/skinny_mm_bench.py --models 9b,27b,4b --grid-rows 1,64 \
+      --out "$dir/skinny-h200.json" ;;
   steps)
-    run timeout 200 python experiments/skinny_mm_bench.py --models 4b --grid-rows 1,64 --out "$dir/skinny-4b-h200.json"
-    run timeout 360 python experiments/runtime_step_bench.py --models 4b,9b,27b --batch 1,16 \
+    run timeout 540 $PY experiments/runtime_step_bench.py --models 4b,9b,27b --batch 1,16 \
       --variants production,skinny --out "$dir/steps-h200.json" ;;
   knee)
     for m in 9b 27b; do
-      run timeout 270 python experiments/component_bench.py --model "$m" \
+      run timeout 260 $PY experiments/component_bench.py --model "$m" \
         --rows 1,2,4,8,16,24,32,48,64,96,128,160,192,256,320,384,512,768,1024,2048,4096 --out "$dir/h200-$m.json"
     done ;;
   kernels)
-    run timeout 200 python -m bole_cli bench kernels --model 9b --trees random --batch 1,4,16 --nodes 16,32,64 \
+    run timeout 200 $PY -m bole_cli bench kernels --model 9b --trees random --batch 1,4,16 --nodes 16,32,64 \
       --tag kernels-served-h200-c12 --out-dir "$dir"
-    run timeout 200 python -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8,16 \
+    run timeout 200 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8,16 \
       --tag chains-served-h200-c12 --out-dir "$dir"
-    run timeout 150 python -m bole_cli bench kernels --model 9b --trees chain --batch 1,16,64 --nodes 128,256 \
-      --no-sglang --tag chains-big-h200-split-carry --out-dir "$dir" ;;
+    run timeout 130 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,16,64 --nodes 128,256 \
+      --no-sglang --tag chains-big-h200-factors-tf32x3 --out-dir "$dir" ;;
   *) echo "unknown job $job" >&2; exit 2 ;;
 esac
-tar -C "$OUT" -czf "$OUT/$job.tar.gz" "$job" && echo "wrote $OUT/$job.tar.gz"
+cp "$log" "$OUT/$job.log"
+tar -C /tmp/owed -czf "$OUT/$job.tar.gz" "$job" && echo "wrote $OUT/$job.tar.gz"

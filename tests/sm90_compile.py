@@ -1,6 +1,6 @@
 """Compile kernels for the H200's sm_90 on a machine without a GPU (Triton's compiler and the
 ptxas its wheel ships): what the interpreter never checks (loop-carried types, layouts, the
-register and shared-memory budget) fails here as it would on the device. Run by
+shared-memory budget) fails here as it would on the device. Run by
 tests/test_sm90_compile.py in a subprocess (the interpreter must be off before triton is
 imported); prints one line a compile and exits 1 if any failed."""
 
@@ -16,17 +16,25 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 
+SHARED_LIMIT = 227 * 1024  # an sm_90 block's shared memory (the H200's)
+
+
 def compile_sm90(kernel, pointers: dict, scalars: dict, constexprs: dict, num_warps: int = 4,
-                 num_stages: int = 1):
-    """pointers: name -> Triton pointer type ("*bf16"); scalars: name -> type (default i32)."""
+                 num_stages: int = 1, divisible: tuple = ()):
+    """pointers: name -> Triton pointer type ("*bf16"); scalars: name -> type (default i32).
+    Pointers, strides (s_*) and the `divisible` ints carry the 16-divisibility a real launch's
+    arguments get, so the loads pipeline and the shared memory is what the device allocates."""
     params = [p.name for p in kernel.params]
-    sig = {}
-    for p in kernel.params:
+    sig, attrs = {}, {}
+    for i, p in enumerate(kernel.params):
         if p.is_constexpr:
             sig[p.name] = "constexpr"
         else:
             sig[p.name] = pointers.get(p.name) or scalars.get(p.name, "i32")
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(params.index(k),): v for k, v in constexprs.items()})
+            if p.name in pointers or p.name.startswith("s_") or p.name in divisible:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(params.index(k),): v for k, v in constexprs.items()},
+                    attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
                                                                                num_stages=num_stages))
 
@@ -34,7 +42,7 @@ def compile_sm90(kernel, pointers: dict, scalars: dict, constexprs: dict, num_wa
 def cases():
     from bole_cli.kernels.skinny_mm import _skinny_mm_kernel
     from bole_cli.kernels.tree_metadata import _tree_metadata_kernel
-    from bole_cli.kernels.tree_verify_chain import chain_scan_kernel
+    from bole_cli.kernels.tree_verify_chain import chain_factors_kernel, chain_scan_kernel
 
     for idt, bias, kv_used, tp, dp, group in (("i32", "fp32", True, 32, 8, 4), ("i64", "bf16", False, 256, 32, 1),
                                              ("i64", None, False, 2, 1, 2)):
@@ -47,24 +55,32 @@ def cases():
         consts = dict(HALF=32, HP=32, TP=tp, DP=dp, BR=min(32, tp), G=group, HAS_KV_USED=kv_used,
                       HAS_BIAS=bias is not None)
         yield f"tree_metadata {idt} bias={bias} T={tp} D={dp} G={group}", _tree_metadata_kernel, ptr, {}, consts, 4, 1
-    for dtype, bm, split, ieee in (("bf16", 16, 1, False), ("bf16", 64, 4, False), ("fp32", 16, 2, True)):
+    from bole_cli.kernels.configs import skinny_mm_launch_config
+
+    for dtype, m, (n, k) in (("bf16", 1, (12352, 4096)), ("bf16", 64, (4096, 12288)), ("fp32", 16, (4096, 4096))):
+        cfg = skinny_mm_launch_config(m, n, k, 132)  # the rule's launches, at their real tiles
         ptr = dict(x=f"*{dtype}", w=f"*{dtype}", y=f"*{dtype}", part="*fp32", counters="*i32")
-        consts = dict(BM=bm, BN=32, BK=128, SPLIT=split, IEEE=ieee)
-        yield f"skinny_mm {dtype} BM={bm} SPLIT_K={split}", _skinny_mm_kernel, ptr, {}, consts, 4, 4
-    for exact in (True, False):
-        ptr = dict(q="*bf16", k="*bf16", v="*bf16", g="*bf16", beta="*bf16", A_log="*fp32", dt_bias="*fp32",
-                   state="*fp32", state_idx="*i32", parents="*i32", cu="*i32", o="*bf16", u="*fp32", fu="*fp32",
-                   fo="*fp32")
-        consts = dict(GROUP=2, K=128, V=128, KP=128, BC=16, BV=64, TP=256, DS=16, USE_L2NORM=True,
-                      PRECISION="tf32", GATED=True, EXACT_CARRY=exact)
-        yield f"chain_scan EXACT_CARRY={exact}", chain_scan_kernel, ptr, {"scale": "fp32"}, consts, 4, 1
+        consts = dict(BM=max(16, triton.next_power_of_2(m)), BN=cfg["BN"], BK=cfg["BK"], SPLIT=cfg["SPLIT_K"],
+                      IEEE=dtype == "fp32")
+        yield (f"skinny_mm {dtype} M={m} N={n} K={k} {cfg}", _skinny_mm_kernel, ptr, {}, consts, cfg["num_warps"],
+               cfg["num_stages"], ("N", "K", "k_slice"))
+    chain = dict(q="*bf16", k="*bf16", v="*bf16", g="*bf16", beta="*bf16", A_log="*fp32", dt_bias="*fp32",
+                 state="*fp32", state_idx="*i32", parents="*i32", cu="*i32", o="*bf16", u="*fp32", fu="*fp32",
+                 fo="*fp32", log_p="*fp32")
+    shape = dict(GROUP=2, K=128, KP=128, BC=16, TP=256, DS=16, USE_L2NORM=True, GATED=True)
+    yield ("chain_scan tf32", chain_scan_kernel, chain, {"scale": "fp32"},
+           dict(shape, V=128, BV=64, PRECISION="tf32"), 4, 1)
+    yield ("chain_factors tf32x3", chain_factors_kernel, chain, {"scale": "fp32"},
+           dict(shape, PRECISION="tf32x3"), 4, 1)
 
 
 def main() -> int:
     failed = 0
-    for name, kernel, ptr, scalars, consts, warps, stages in cases():
+    for name, kernel, ptr, scalars, consts, warps, stages, *divisible in cases():
         try:
-            out = compile_sm90(kernel, ptr, scalars, consts, warps, stages)
+            out = compile_sm90(kernel, ptr, scalars, consts, warps, stages, *divisible)
+            if out.metadata.shared > SHARED_LIMIT:
+                raise RuntimeError(f"{out.metadata.shared} B of shared memory; an sm_90 block has {SHARED_LIMIT}")
             print(f"ok   {name}: {out.metadata.shared} B shared")
         except Exception as exc:  # noqa: BLE001 - each failure named, then the exit status
             failed += 1

@@ -12,8 +12,8 @@ import torch
 
 from bole_cli.bench.precision import committed_reference, drift, make_inputs, reference, rms, run_impl
 
-# the 256-node chain with strong decay runs the chain kernel's carry across 16 chunks (1.50x the
-# floor before the carry was split, experiments/NOTES.md "The verify's launches cut again")
+# the 256-node chain with strong decay: the chain kernel over 16 chunks (1.50x the floor with its
+# chunk factors at tf32, experiments/NOTES.md "The chain kernel's factors")
 CASES = [("chain", 64, 4, "strong"), ("random", 32, 16, "mild"), ("random", 256, 2, "strong"),
          ("chain", 256, 2, "strong")]
 

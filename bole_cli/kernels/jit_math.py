@@ -154,12 +154,3 @@ def inverse_by_blocks(gram, idx, n, PRECISION: tl.constexpr):
         blk = 2 * blk
     return x
 
-
-@triton.jit
-def tf32_split(x):
-    """(hi, lo) with x = hi + lo exactly: hi x's float32 with the 13 mantissa bits tf32 drops
-    cleared (so a tf32 dot takes it exactly), lo the rest (|lo| < 2^-10 |x|). Against an
-    operand exact in tf32 (a bf16 key), dot(a, hi) + dot(a, lo) at tf32 is a float32-grade
-    product in two tensor-core products (docs/design.md §9)."""
-    hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-    return hi, x - hi
