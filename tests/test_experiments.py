@@ -143,6 +143,21 @@ def test_the_runtime_step_bench_smoke_run_writes_its_record(tmp_path):
     assert all(r["replay_ms"] > 0 and r["serving_ms"] > 0 for r in doc["decode"] + doc["verify"])
 
 
+def test_the_tf32_emulation_changes_what_the_interpreter_computes(tmp_path):
+    """experiments/tf32_emulation.py's patch of the interpreter takes effect: a 64-node chain's
+    outputs sit at the bf16 floor with exact dots and above it with tf32 truncation (if a
+    Triton upgrade moved the internals it patches, this fails instead of predicting nothing)."""
+    import json
+
+    out = tmp_path / "emulation.json"
+    env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent))
+    run = subprocess.run([sys.executable, str(EXPERIMENTS / "tf32_emulation.py"), "--smoke", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["o_over_floor_exact"] <= 1.01 < 1.05 <= row["o_over_floor_tf32"]
+
+
 @pytest.mark.parametrize("name", ["r-state-first"])
 def test_the_replay_commit_variants_stay_exact(name):
     """The replay variants kept for A/Bs (kernel_variants.py) are rewrites of the
