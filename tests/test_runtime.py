@@ -544,14 +544,14 @@ def test_verify_keeps_the_commit_rows_without_copies(dense):
 def test_skinny_mm_path_agrees():
     """The projections through kernels.skinny_mm (a decode's 2 rows, a verify's 7) give what
     the plain GEMMs give: every linear of the step goes through it."""
-    from bole_cli.kernels import skinny_mm as kernel
+    from bole_cli.kernels import skinny_mm
 
     spec = tiny_spec(layers=4)
     kw = dict(seed=0, gdn_backend="reference", compile=False)
     plain = HybridModel(spec, "cpu", torch.float32, **kw)
     skinny = HybridModel(spec, "cpu", torch.float32, skinny_mm=True, **kw)
     calls = []
-    skinny._skinny = lambda x, w, out=None: calls.append(tuple(w.shape)) or kernel.skinny_mm(x, w, out=out)
+    skinny._skinny = lambda x, w, out=None: calls.append(tuple(w.shape)) or skinny_mm(x, w, out=out)
     assert_step_agrees(skinny, plain, (3, 2), dict(atol=2e-4, rtol=2e-4))
     per_step = 4 * spec.layers + 1  # per layer: the mixer's in and out, the MLP's gate_up and down; LM head
     assert calls and len(calls) % per_step == 0

@@ -8,16 +8,19 @@ applies at float32 tolerance. On the GPU: bf16 against cuBLAS at the decode shap
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
-from bole_cli.kernels import skinny_mm as module
+from bole_cli.kernels import skinny_mm
 from bole_cli.kernels.configs import skinny_mm_launch_config
-from bole_cli.kernels.skinny_mm import skinny_mm
 from bole_cli.limits import SKINNY_MM_MAX_ROWS
+
+module = importlib.import_module("bole_cli.kernels.skinny_mm")  # the module (its counters), not the function
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 

@@ -1,8 +1,8 @@
 """Bole's Triton kernels (docs/design.md §3): closed-form tree verify, factorised and replay commits,
-tree-parallel conv and gates, a tree step's metadata (`tree_metadata`) and the SGLang plug-in's
-copy kernels (`conv_window_commit`, `seed_slots`). Each has a float64 (or, for copies, exact)
-reference in `reference.py`; tree_metadata's is the runtime's torch refill, which it replaces on
-the GPU.
+tree-parallel conv and gates, a tree step's metadata (`tree_metadata`), a GEMM for a few rows
+(`skinny_mm`) and the SGLang plug-in's copy kernels (`conv_window_commit`, `seed_slots`). Each
+has a float64 (or, for copies, exact) reference in `reference.py`; tree_metadata's is the
+runtime's torch refill, which it replaces on the GPU, skinny_mm's a float64 product.
 
     from bole_cli.kernels import tree_verify, tree_commit
 
@@ -15,6 +15,7 @@ ensure_triton_backend()
 
 from bole_cli.kernels.gates import gdn_gates  # noqa: E402
 from bole_cli.kernels.gdn_decode import gdn_decode  # noqa: E402
+from bole_cli.kernels.skinny_mm import skinny_mm  # noqa: E402
 from bole_cli.kernels.types import VerifyResult  # noqa: E402
 from bole_cli.kernels.tree_commit import tree_commit  # noqa: E402
 from bole_cli.kernels.tree_commit_replay import tree_commit_replay, tree_commit_replay_gated  # noqa: E402
@@ -22,5 +23,6 @@ from bole_cli.kernels.tree_conv import tree_conv, tree_conv_commit  # noqa: E402
 from bole_cli.kernels.tree_metadata import tree_metadata  # noqa: E402
 from bole_cli.kernels.tree_verify import tree_verify, tree_verify_gated  # noqa: E402
 
-__all__ = ["VerifyResult", "gdn_decode", "gdn_gates", "tree_commit", "tree_commit_replay", "tree_commit_replay_gated",
+__all__ = ["VerifyResult", "gdn_decode", "gdn_gates", "skinny_mm", "tree_commit", "tree_commit_replay",
+           "tree_commit_replay_gated",
            "tree_conv", "tree_conv_commit", "tree_metadata", "tree_verify", "tree_verify_gated"]
