@@ -52,7 +52,7 @@ def cases():
         ptr.update(cu="*i32", parents="*i32", layer_parents="*i32", kv_used="*i32" if kv_used else "*i64",
                    rope_cos="*fp32", rope_sin="*fp32", cos="*fp32", sin="*fp32",
                    tree_bias=f"*{bias}" if bias else "*fp32")
-        consts = dict(HALF=32, HP=32, TP=tp, DP=dp, BR=min(32, tp), G=group, HAS_KV_USED=kv_used,
+        consts = dict(HALF=32, HP=32, TP=tp, DP=dp, BR=min(32 if tp < 128 else 16, tp), G=group, HAS_KV_USED=kv_used,
                       HAS_BIAS=bias is not None)
         yield f"tree_metadata {idt} bias={bias} T={tp} D={dp} G={group}", _tree_metadata_kernel, ptr, {}, consts, 4, 1
     from bole_cli.kernels.configs import skinny_mm_launch_config

@@ -25,7 +25,7 @@ import triton.language as tl
 from bole_cli.errors import InputError
 from bole_cli.kernels.validate import check_shape, check_tensor
 
-ROWS = 32  # node rows a program: one request's block
+ROWS = 32  # node rows a program (16 for trees of 128 or more): one request's block
 
 
 @triton.jit
@@ -164,7 +164,7 @@ def tree_metadata(parents_in: torch.Tensor, tokens_in: torch.Tensor, base_in: to
     if bsz == 0:  # an all-empty forest still writes its requests' lengths, rows and mask
         return
     tp = triton.next_power_of_2(max_nodes)
-    br = min(ROWS, tp)
+    br = min(ROWS if tp < 128 else ROWS // 2, tp)  # a block's [BR, TP] tiles within the registers
     _tree_metadata_kernel[(bsz, triton.cdiv(max_nodes, br))](
         parents_in, tokens_in, base_in, cu_seqlens, rope_cos, rope_sin,
         tokens, parents, base, kv_used if kv_used is not None else base, depths, positions, kv_pos, cos, sin,
