@@ -73,9 +73,17 @@ def _skinny_mm_kernel(x, w, y, part, counters, M, N, K, s_xm, s_wn, s_ym, k_slic
             tl.atomic_xchg(counters + pid_n, 0)
 
 
+def reserve_counters(device) -> torch.Tensor:
+    """Allocate the device's split counters now, outside any CUDA graph capture (a capture
+    that allocated them would leave their zeroing to its replays)."""
+    return _counters(torch.device(device))
+
+
 def _counters(device: torch.device) -> torch.Tensor:
     """COUNTERS zeroed int32 counters a device, allocated once and never replaced: a captured
     graph holds their address, not the tensor."""
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one buffer
+        device = torch.device("cuda", torch.cuda.current_device())
     key = str(device)
     if key not in _COUNTERS:
         _COUNTERS[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)

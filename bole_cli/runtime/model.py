@@ -402,8 +402,9 @@ class HybridModel:
     def skinny_mm(self, on: bool) -> None:
         self._skinny = None
         if on:
-            from bole_cli.kernels.skinny_mm import skinny_mm as kernel
+            from bole_cli.kernels.skinny_mm import reserve_counters, skinny_mm as kernel
 
+            reserve_counters(self.device)  # before any step is captured
             self._skinny = kernel
 
     def project(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
