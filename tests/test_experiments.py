@@ -76,17 +76,23 @@ def test_compile_stats_reads_the_sm90_compile(tmp_path):
     assert bad.returncode != 0 and "six numbers" in bad.stderr
 
 
+def smoke_record(tmp_path, script: str, *args: str, timeout: int = 300) -> dict:
+    """Run experiments/<script> with args and --out, the package importable as on the device
+    (PYTHONPATH, no install) and Triton interpreted (no GPU here); the record it wrote."""
+    import json
+
+    out = tmp_path / "record.json"
+    env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent), TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, str(EXPERIMENTS / script), *args, "--out", str(out)],
+                         capture_output=True, text=True, timeout=timeout, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return json.loads(out.read_text())
+
+
 def test_the_precision_contract_smoke_run_writes_its_record(tmp_path):
     """experiments/precision_contract.py at tiny shapes under the interpreter: every row
     written, the served state float32-exact (the GPU run is experiments/README.md P-1)."""
-    import json
-
-    out = tmp_path / "contract.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, str(EXPERIMENTS / "precision_contract.py"), "--device", "cpu", "--smoke",
-                          "--no-sglang", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    doc = json.loads(out.read_text())
+    doc = smoke_record(tmp_path, "precision_contract.py", "--device", "cpu", "--smoke", "--no-sglang")
     served = [r for r in doc["rows"] if r["impl"] == "served" and r["state_dtype"] == "float32"]
     assert len(served) == 4 and all(r["state_rms_single"] <= 1e-6 for r in served)
     assert {r["impl"] for r in doc["rows"]} == {"served", "tf32", "tf32x3"}
@@ -95,13 +101,7 @@ def test_the_precision_contract_smoke_run_writes_its_record(tmp_path):
 def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
     """experiments/component_bench.py (the roofline's component factors) at a tiny model on
     CPU: every GEMM shape at each row count, the kernel floor and the host step written."""
-    import json
-
-    out = tmp_path / "components.json"
-    run = subprocess.run([sys.executable, str(EXPERIMENTS / "component_bench.py"), "--device", "cpu", "--smoke",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    doc = json.loads(out.read_text())
+    doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke")
     assert {r["gemm"] for r in doc["gemms"]} == {"gdn_in_proj", "lm_head", "mlp_gate_up", "mlp_down"}
     assert sorted({r["M"] for r in doc["gemms"]}) == [1, 4] and all(r["us"] > 0 for r in doc["gemms"])
     assert doc["kernel_floor"]["us_per_kernel"] > 0 and doc["host_step"]["us_median"] > 0
@@ -111,14 +111,7 @@ def test_the_skinny_mm_bench_smoke_run_writes_its_record(tmp_path):
     """experiments/skinny_mm_bench.py at a tiny model on CPU: every decode projection at each
     row count, cuBLAS beside the kernel's rule and grid, each checked before it is timed,
     and the step's sums."""
-    import json
-
-    out = tmp_path / "skinny.json"
-    env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent))
-    run = subprocess.run([sys.executable, str(EXPERIMENTS / "skinny_mm_bench.py"), "--smoke", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stdout + run.stderr
-    (entry,) = json.loads(out.read_text())["models"]
+    (entry,) = smoke_record(tmp_path, "skinny_mm_bench.py", "--smoke")["models"]
     assert set(entry["gemms"]) == {"lm_head", "gdn_in_proj", "gdn_out_proj", "attn_qkv_proj", "attn_o_proj",
                                    "mlp_gate_up", "mlp_down"}
     assert {r["impl"] for r in entry["rows"]} == {"cublas", "rule", "grid"}
@@ -129,15 +122,8 @@ def test_the_skinny_mm_bench_smoke_run_writes_its_record(tmp_path):
 def test_the_runtime_step_bench_smoke_run_writes_its_record(tmp_path):
     """experiments/runtime_step_bench.py at a tiny model on CPU, the skinny GEMM's variant (the
     runtime's default and the kernel's projections), batch 1: its decode and verify rows."""
-    import json
-
-    out = tmp_path / "steps.json"
-    env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent))
-    run = subprocess.run([sys.executable, str(EXPERIMENTS / "runtime_step_bench.py"), "--smoke", "--variants",
-                          "skinny", "--batch", "1", "--repeats", "1", "--out", str(out)],
-                         capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stdout + run.stderr
-    doc = json.loads(out.read_text())
+    doc = smoke_record(tmp_path, "runtime_step_bench.py", "--smoke", "--variants", "skinny", "--batch", "1",
+                       "--repeats", "1", timeout=600)
     assert [(r["variant"], r["batch"]) for r in doc["decode"]] == [("skinny", 1)]
     assert [r["variant"] for r in doc["verify"]] == ["skinny"]
     assert all(r["replay_ms"] > 0 and r["serving_ms"] > 0 for r in doc["decode"] + doc["verify"])
@@ -147,14 +133,7 @@ def test_the_tf32_emulation_changes_what_the_interpreter_computes(tmp_path):
     """experiments/tf32_emulation.py's patch of the interpreter takes effect: a 64-node chain's
     outputs sit at the bf16 floor with exact dots and above it with tf32 truncation (if a
     Triton upgrade moved the internals it patches, this fails instead of predicting nothing)."""
-    import json
-
-    out = tmp_path / "emulation.json"
-    env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent))
-    run = subprocess.run([sys.executable, str(EXPERIMENTS / "tf32_emulation.py"), "--smoke", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stdout + run.stderr
-    (row,) = json.loads(out.read_text())["rows"]
+    (row,) = smoke_record(tmp_path, "tf32_emulation.py", "--smoke")["rows"]
     assert row["o_over_floor_exact"] <= 1.01 < 1.05 <= row["o_over_floor_tf32"]
 
 
