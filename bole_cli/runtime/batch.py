@@ -48,6 +48,13 @@ class Rope:
             self._rows[key] = self.tables(torch.arange(size, device=device))
         return self._rows[key]
 
+    def at(self, positions: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`tables(positions)` gathered from the kept rows of positions below `limit` (a
+        bucket's kv_limit, which bounds them), instead of computed every step."""
+        cos, sin = self.rows(limit, positions.device)
+        idx = positions.clamp(0, cos.shape[0] - 1)  # a position past the bucket is its host check's to refuse
+        return cos.index_select(0, idx), sin.index_select(0, idx)
+
 
 class _Prepared:
     def tensors(self) -> dict[str, torch.Tensor]:

@@ -111,7 +111,7 @@ def refill_tree(tb: _TreeBatch, parents: torch.Tensor, tokens: torch.Tensor, bas
     tb.depths.copy_(depth.index_select(0, tb.pad_index))
     torch.add(node_base, tb.depths, out=tb.positions)
     torch.add(node_base, tb.pad_index - node_b * t, out=tb.kv_pos)
-    cos, sin = rope.tables(tb.positions)
+    cos, sin = rope.at(tb.positions, tb.kv_limit)
     tb.cos.copy_(cos)
     tb.sin.copy_(sin)
     tb.path_table.copy_(table.index_select(0, tb.pad_index))
@@ -157,7 +157,7 @@ def refill_decode(db: _DecodeBatch, tokens: torch.Tensor, base: torch.Tensor, ro
     base = base.to(torch.int64)
     db.tokens.copy_(tokens)
     db.positions.copy_(base)
-    cos, sin = rope.tables(db.positions)
+    cos, sin = rope.at(db.positions, db.kv_limit)
     db.cos.copy_(cos)
     db.sin.copy_(sin)
     if db.kv_used is not None:
