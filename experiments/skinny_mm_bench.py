@@ -62,7 +62,7 @@ def timed(torch, fns, cuda: bool, rep_ms: int) -> float:
 def bench_shape(torch, name, n, k, rows, grid_rows, device, dtype, rotate, rep_ms, copy_bw, configs) -> list[dict]:
     import torch.nn.functional as F
 
-    from bole_cli.kernels.configs import skinny_mm_launch_config
+    from bole_cli.kernels.configs import launch_config
     from bole_cli.kernels.skinny_mm import skinny_mm
 
     cuda = device == "cuda"
@@ -80,7 +80,7 @@ def bench_shape(torch, name, n, k, rows, grid_rows, device, dtype, rotate, rep_m
 
         cublas = timed(torch, [lambda x=x, w=w: F.linear(x, w) for x, w in zip(xs, weights)], cuda, rep_ms)
         out.append(row("cublas", None, cublas, 0.0))
-        rule = skinny_mm_launch_config(m, n, k, sms)
+        rule = launch_config("skinny_mm", {"M": m, "N": n, "K": k, "SMS": sms})
         tries = [("rule", rule)] + ([("grid", dict(zip(GRID, v), num_warps=4)) for v in configs]
                                     if m in grid_rows else [])
         for impl, cfg in tries:

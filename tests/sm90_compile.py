@@ -55,10 +55,10 @@ def cases():
         consts = dict(HALF=32, HP=32, TP=tp, DP=dp, BR=min(32 if tp < 128 else 16, tp), G=group, HAS_KV_USED=kv_used,
                       HAS_BIAS=bias is not None)
         yield f"tree_metadata {idt} bias={bias} T={tp} D={dp} G={group}", _tree_metadata_kernel, ptr, {}, consts, 4, 1
-    from bole_cli.kernels.configs import skinny_mm_launch_config
+    from bole_cli.kernels.configs import launch_config
 
     for dtype, m, (n, k) in (("bf16", 1, (12352, 4096)), ("bf16", 64, (4096, 12288)), ("fp32", 16, (4096, 4096))):
-        cfg = skinny_mm_launch_config(m, n, k, 132)  # the rule's launches, at their real tiles
+        cfg = launch_config("skinny_mm", {"M": m, "N": n, "K": k, "SMS": 132})  # the rule's launches
         ptr = dict(x=f"*{dtype}", w=f"*{dtype}", y=f"*{dtype}", part="*fp32", counters="*i32")
         consts = dict(BM=max(16, triton.next_power_of_2(m)), BN=cfg["BN"], BK=cfg["BK"], SPLIT=cfg["SPLIT_K"],
                       IEEE=dtype == "fp32")

@@ -17,12 +17,17 @@ from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
 from bole_cli.kernels import skinny_mm
-from bole_cli.kernels.configs import skinny_mm_launch_config
+from bole_cli.kernels.configs import launch_config
 from bole_cli.limits import SKINNY_MM_MAX_ROWS
 
 module = importlib.import_module("bole_cli.kernels.skinny_mm")  # the module (its counters), not the function
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+def rule(m, n, k, sms=132):
+    """The launch skinny_mm takes by default on a GPU of `sms` SMs."""
+    return launch_config("skinny_mm", {"M": m, "N": n, "K": k, "SMS": sms})
 
 
 def rand(gen, *shape):
@@ -55,7 +60,7 @@ def test_default_rule_strided_rows_and_out():
     wide = rand(gen, 5, 3000)
     x = wide[:, 100:2148]
     w = rand(gen, 48, 2048)
-    assert skinny_mm_launch_config(5, 48, 2048, 132)["SPLIT_K"] > 1
+    assert rule(5, 48, 2048)["SPLIT_K"] > 1
     box = torch.full((5, 80), 7.0)
     out = box[:, 10:58]
     assert skinny_mm(x, w, out=out) is out
@@ -78,7 +83,7 @@ def test_the_rule_fills_the_gpu():
     """Two programs an SM at least, where K allows the split; 32 columns a program only
     where that still gives them."""
     for n, k in ((12352, 4096), (4096, 12288), (24576, 4096), (4096, 4096), (248320, 4096), (64, 64)):
-        cfg = skinny_mm_launch_config(1, n, k, 132)
+        cfg = rule(1, n, k)
         programs = -(-n // cfg["BN"]) * cfg["SPLIT_K"]
         assert programs >= 2 * 132 or k // cfg["SPLIT_K"] < 2048, (n, k, cfg)
         assert cfg["BN"] == 16 or -(-n // 32) >= 264

@@ -35,6 +35,8 @@ DEFAULTS: dict[str, dict] = {
     # tree_conv: BN16 BD64 w4 s2 won 22 of the 24 tree_conv buckets on the H200 by 1.1-1.3x
     # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1
     "tree_conv": {"BN": 16, "BD": 64, "num_warps": 4, "num_stages": 2},
+    # BN weight rows a program, BK its K tile, SPLIT_K slices of K (skinny_mm_launch_config)
+    "skinny_mm": {"BN": 16, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
 }
 
 
@@ -110,14 +112,14 @@ PARTS_LAUNCH = {"BR": 64, "BV": 64, "BK": 32, "BG": 64, "num_warps": 4, "num_sta
 REPLAY_PASSES_LAUNCH = {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1}
 
 
-def skinny_mm_launch_config(m: int, n: int, k: int, sms: int) -> dict:
-    """kernels.skinny_mm, by its output columns N, depth K and the GPU's SMs: 32 weight rows a
+def skinny_mm_launch_config(shape: dict) -> dict:
+    """kernels.skinny_mm, by its output columns N, depth K and the GPU's SMs (SMS): 32 weight rows a
     program where that still gives two programs an SM, else 16; K split in two, four, ...
     until the programs fill two waves, keeping at least 1024 of K a slice; 128-wide K tiles
     on 4 warps, 4 stages in flight. Not measured yet (a prediction: a weight stream needs
     about two resident programs an SM with a few tiles in flight each; the A/B is
     experiments/skinny_mm_bench.py)."""
-    del m  # the rows only size the tensor-core tile
+    n, k, sms = shape["N"], shape["K"], shape["SMS"]  # (M only sizes the tensor-core tile)
     bn = 32 if -(-n // 32) >= 2 * sms else 16
     split = 1
     while -(-n // bn) * split < 2 * sms and k // (2 * split) >= 1024:
@@ -130,6 +132,8 @@ def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> 
     cfg = dict(DEFAULTS[kernel])
     if kernel == "tree_verify":
         cfg.update(_verify_rule(shape))
+    elif kernel == "skinny_mm":
+        cfg.update(skinny_mm_launch_config(shape))
     elif kernel == "tree_commit" and shape.get("B", 1) * shape.get("HV", 1) * shape.get("L", 1) <= 32:
         cfg["BV"] = 16  # a single request: more, smaller tiles (H200: 8.9 vs 13.5 us at BV 32)
     # the tables are tuned at the served precision (the tuner's bf16 verify: tf32, docs/design.md

@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.validate import check_config, check_tensor
+from bole_cli.kernels.configs import launch_config
+from bole_cli.kernels.validate import check_tensor
 from bole_cli.limits import SKINNY_MM_MAX_ROWS
 
 COUNTERS = 1 << 16  # column blocks a split launch may have (its counters: 256 KiB a device)
@@ -95,9 +96,7 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
     """x [M, K] (M <= limits.SKINNY_MM_MAX_ROWS; rows may be strided, K contiguous) times w [N,
     K] (a linear layer's weight, K contiguous) transposed: y [M, N] in x's dtype, written into
     `out` when given. config: BN, BK, SPLIT_K (powers of two), num_warps, num_stages; default
-    from kernels.configs.skinny_mm_launch_config."""
-    from bole_cli.kernels.configs import skinny_mm_launch_config
-
+    kernels.configs' rule (skinny_mm_launch_config)."""
     check_tensor("x", x, 2, (torch.bfloat16, torch.float16, torch.float32))
     check_tensor("w", w, 2, (x.dtype,), x.device)
     m, k = x.shape
@@ -115,14 +114,8 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
         check_tensor("out", out, 2, (x.dtype,), x.device)
         if tuple(out.shape) != (m, n) or out.stride(1) != 1:
             raise InputError(f"out: expected [{m}, {n}] with contiguous columns, got {tuple(out.shape)}")
-    check_config("skinny_mm", config)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-    cfg = skinny_mm_launch_config(m, n, k, sms)
-    if config:
-        unknown = set(config) - set(cfg)
-        if unknown:
-            raise InputError(f"config: unknown keys {sorted(unknown)} for skinny_mm (known: {sorted(cfg)})")
-        cfg.update(config)
+    cfg = launch_config("skinny_mm", {"M": m, "N": n, "K": k, "SMS": sms}, config)
     if n == 0:
         return out
     bn, bk, split = cfg["BN"], cfg["BK"], cfg["SPLIT_K"]
