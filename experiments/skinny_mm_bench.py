@@ -6,7 +6,9 @@ param_shapes: the GDN in_proj and out_proj, the attention's qkv and o projection
 gate_up and down, the LM head) at M = --rows: cuBLAS as the runtime calls it (F.linear),
 skinny_mm with its default rule (kernels.configs.skinny_mm_launch_config), and, at --grid-rows,
 a grid of launches (BN x BK x SPLIT_K x stages). Each is checked against cuBLAS (relative
-error within bf16's rounding) before it is timed. Per model the step's GEMM time (each shape
+error within bf16's rounding) before it is timed. And the projections that read a layer's
+normed rows (in_proj, qkv, gate_up, the LM head) as the production step runs them (compiled
+add + RMSNorm, cuBLAS, the compiled SwiGLU after gate_up) against skinny_mm with those fused. Per model the step's GEMM time (each shape
 times the layers that have it) by cuBLAS, by the rule, and by the fastest of cuBLAS and every
 launch a shape (best_ms): the decode step's saving if the runtime took the kernel
 (HybridModel(skinny_mm=True)) with the rule, or with a per-shape choice.
@@ -106,6 +108,50 @@ def bench_shape(torch, name, n, k, rows, grid_rows, device, dtype, rotate, rep_m
     return out
 
 
+FUSED = {"gdn_in_proj": False, "attn_qkv_proj": False, "mlp_gate_up": True, "lm_head": False}  # name: glu
+
+
+def bench_fused(torch, name, n, k, rows, device, dtype, rotate, rep_ms, glu) -> list[dict]:
+    """A projection the runtime feeds with a layer's NormedRows: the residual add + RMSNorm
+    compiled (Fusion.add_rms, one launch) then cuBLAS (then the compiled SwiGLU for gate_up),
+    as the production step runs it, against skinny_mm with the add, the norm (and SwiGLU)
+    fused, its rule's launch. Checked against each other before timing."""
+    import torch.nn.functional as F
+
+    from bole_cli.kernels.skinny_mm import skinny_mm
+    from bole_cli.runtime.fusion import RMS_EPS, Fusion
+
+    cuda = device == "cuda"
+    fuse = Fusion(compile=cuda)
+    weights = [torch.randn(n, k, device=device, dtype=dtype) / k ** 0.5 for _ in range(rotate)]
+    norm = 1 + torch.randn(k, device=device, dtype=dtype) / 8
+    out = []
+    for m in rows:
+        xs = [torch.randn(m, k, device=device, dtype=dtype) for _ in range(rotate)]
+        ys = [torch.randn(m, k, device=device, dtype=dtype) for _ in range(rotate)]
+        total = torch.empty(m, k, device=device, dtype=dtype)
+
+        def unfused(x, y, w):
+            h = fuse.add_rms(x, y, norm)[1]
+            return fuse.swiglu(F.linear(h, w)) if glu else F.linear(h, w)
+
+        def fused(x, y, w):
+            return skinny_mm(x, w, residual=y, norm=norm, eps=RMS_EPS, sum_out=total, glu=glu)
+
+        want = unfused(xs[0], ys[0], weights[0]).float()
+        got = fused(xs[0], ys[0], weights[0]).float()
+        err = float((got - want).norm() / want.norm().clamp(min=1e-30))
+        t = {}
+        for impl, fn in (("unfused", unfused), ("fused", fused)):
+            t[impl] = (timed(torch, [lambda x=x, y=y, w=w: fn(x, y, w) for x, y, w in zip(xs, ys, weights)], cuda,
+                             rep_ms) if err <= 8e-3 else float("nan"))
+            out.append({"gemm": name, "N": n, "K": k, "M": m, "impl": impl, "glu": glu, "us": t[impl], "rel_err": err})
+        print(f"{name:14s} N {n:6d} K {k:6d} M {m:3d}: add_rms + cuBLAS{' + SwiGLU' if glu else ''} "
+              f"{t['unfused']:7.1f} us  fused {t['fused']:7.1f}  (rel err {err:.1e})", flush=True)
+    del weights
+    return out
+
+
 def summary(rows: list[dict], gemms: dict) -> list[dict]:
     """Per M: the step's GEMM time by cuBLAS, by the rule and by the best launch a shape."""
     out = []
@@ -118,6 +164,18 @@ def summary(rows: list[dict], gemms: dict) -> list[dict]:
             tot["cublas"] += count * cub
             tot["rule"] += count * rule
             tot["best"] += count * min(r["us"] for r in here)
+        out.append({"M": m, **{k + "_ms": v / 1e3 for k, v in tot.items()}})
+    return out
+
+
+def fused_summary(rows: list[dict], gemms: dict) -> list[dict]:
+    """Per M: the step's normed projections (each times its layers), unfused against fused."""
+    out = []
+    for m in sorted({r["M"] for r in rows}):
+        tot = {"unfused": 0.0, "fused": 0.0}
+        for r in rows:
+            if r["M"] == m:
+                tot[r["impl"]] += gemms[r["gemm"]][2] * r["us"]
         out.append({"M": m, **{k + "_ms": v / 1e3 for k, v in tot.items()}})
     return out
 
@@ -172,12 +230,24 @@ def main(argv=None) -> None:
             entry["rows"] += bench_shape(torch, g, n, k, rows, grid_rows, device, dtype,
                                          1 if args.smoke else args.rotate, args.rep_ms, copy_bw, configs)
             save()
+        entry["fused"] = []
+        for g, glu in FUSED.items():
+            if g in gemms:
+                n, k, _ = gemms[g]
+                entry["fused"] += bench_fused(torch, g, n, k, rows, device, dtype, 1 if args.smoke else args.rotate,
+                                              args.rep_ms, glu)
+                save()
         entry["step"] = summary(entry["rows"], gemms)
+        entry["fused_step"] = fused_summary(entry["fused"], gemms)
         save()
     print(f"\n{'model':16s} {'M':>3s} {'cuBLAS ms':>10s} {'rule ms':>8s} {'best ms':>8s}")
     for entry in doc["models"]:
         for s in entry["step"]:
             print(f"{entry['model']:16s} {s['M']:3d} {s['cublas_ms']:10.3f} {s['rule_ms']:8.3f} {s['best_ms']:8.3f}")
+    print(f"\n{'model':16s} {'M':>3s} {'normed projections, unfused ms':>31s} {'fused ms':>9s}")
+    for entry in doc["models"]:
+        for s in entry["fused_step"]:
+            print(f"{entry['model']:16s} {s['M']:3d} {s['unfused_ms']:31.3f} {s['fused_ms']:9.3f}")
     print(f"wrote {args.out}")
 
 

@@ -57,13 +57,17 @@ def cases():
         yield f"tree_metadata {idt} bias={bias} T={tp} D={dp} G={group}", _tree_metadata_kernel, ptr, {}, consts, 4, 1
     from bole_cli.kernels.configs import launch_config
 
-    for dtype, m, (n, k) in (("bf16", 1, (12352, 4096)), ("bf16", 64, (4096, 12288)), ("fp32", 16, (4096, 4096))):
+    for dtype, m, (n, k), fused in (("bf16", 1, (12352, 4096), False), ("bf16", 64, (4096, 12288), False),
+                                    ("fp32", 16, (4096, 4096), False), ("bf16", 1, (24576, 4096), True),
+                                    ("bf16", 64, (12352, 4096), True)):
         cfg = launch_config("skinny_mm", {"M": m, "N": n, "K": k, "SMS": 132})  # the rule's launches
-        ptr = dict(x=f"*{dtype}", w=f"*{dtype}", y=f"*{dtype}", part="*fp32", counters="*i32")
-        consts = dict(BM=max(16, triton.next_power_of_2(m)), BN=cfg["BN"], BK=cfg["BK"], SPLIT=cfg["SPLIT_K"],
-                      IEEE=dtype == "fp32")
-        yield (f"skinny_mm {dtype} M={m} N={n} K={k} {cfg}", _skinny_mm_kernel, ptr, {}, consts, cfg["num_warps"],
-               cfg["num_stages"], ("N", "K", "k_slice"))
+        ptr = dict(x=f"*{dtype}", w=f"*{dtype}", y=f"*{dtype}", part="*fp32", counters="*i32", res=f"*{dtype}",
+                   norm_w=f"*{dtype}", x_sum=f"*{dtype}", ss_part="*fp32")
+        bn = max(16, cfg["BN"] // 2) if fused else cfg["BN"]  # the launcher's glu halves (below: add, norm, glu)
+        consts = dict(BM=max(16, triton.next_power_of_2(m)), BN=bn, BK=cfg["BK"], SPLIT=cfg["SPLIT_K"],
+                      IEEE=dtype == "fp32", NORM=fused, RESID=fused, GLU=fused)
+        yield (f"skinny_mm {dtype} M={m} N={n} K={k} fused={fused} {cfg}", _skinny_mm_kernel, ptr, {"eps": "fp32"},
+               consts, cfg["num_warps"], cfg["num_stages"], ("N", "K", "k_slice"))
     chain = dict(q="*bf16", k="*bf16", v="*bf16", g="*bf16", beta="*bf16", A_log="*fp32", dt_bias="*fp32",
                  state="*fp32", state_idx="*i32", parents="*i32", cu="*i32", o="*bf16", u="*fp32", fu="*fp32",
                  fo="*fp32", log_p="*fp32")

@@ -117,6 +117,11 @@ def test_the_skinny_mm_bench_smoke_run_writes_its_record(tmp_path):
     assert {r["impl"] for r in entry["rows"]} == {"cublas", "rule", "grid"}
     assert all(r["rel_err"] < 1e-5 for r in entry["rows"])
     assert [s["M"] for s in entry["step"]] == [1, 3] and all(s["best_ms"] <= s["cublas_ms"] for s in entry["step"])
+    # the normed projections, unfused (add_rms, GEMM, SwiGLU) against fused, checked alike
+    assert {(r["gemm"], r["impl"]) for r in entry["fused"]} == {
+        (g, i) for g in ("gdn_in_proj", "attn_qkv_proj", "mlp_gate_up", "lm_head") for i in ("unfused", "fused")}
+    assert all(r["rel_err"] < 1e-5 and r["us"] > 0 for r in entry["fused"])
+    assert [s["M"] for s in entry["fused_step"]] == [1, 3]
 
 
 def test_the_runtime_step_bench_smoke_run_writes_its_record(tmp_path):

@@ -551,17 +551,25 @@ def test_skinny_mm_path_agrees():
     plain = HybridModel(spec, "cpu", torch.float32, **kw)
     skinny = HybridModel(spec, "cpu", torch.float32, skinny_mm=True, **kw)
     calls = []
-    skinny._skinny = lambda x, w, out=None: calls.append(tuple(w.shape)) or skinny_mm(x, w, out=out)
+
+    def traced(x, w, **kw):
+        calls.append((tuple(w.shape), kw.get("residual") is not None, kw.get("norm") is not None, kw.get("glu")))
+        return skinny_mm(x, w, **kw)
+
+    skinny._skinny = traced
     assert_step_agrees(skinny, plain, (3, 2), dict(atol=2e-4, rtol=2e-4))
     per_step = 4 * spec.layers + 1  # per layer: the mixer's in and out, the MLP's gate_up and down; LM head
     assert calls and len(calls) % per_step == 0
-    weights = {tuple(w.shape) for w in (plain.lm_head,)}
-    for layer in plain.layers:
+    # (weight, residual add fused, RMSNorm fused, SwiGLU fused): the norms before the mixer's
+    # and the MLP's inputs and the LM head, the add everywhere but the first layer's input
+    want = {(tuple(plain.lm_head.shape), True, True, False)}
+    for i, layer in enumerate(plain.layers):
         mix = layer.mixer
-        names = ("in_proj", "out_proj") if layer.kind == "gdn" else ("qkv_proj", "o_proj")
-        weights |= {tuple(getattr(mix, n).shape) for n in names} | {tuple(layer.mlp.gate_up.shape),
-                                                                    tuple(layer.mlp.down.shape)}
-    assert set(calls) == weights
+        first, second = ("in_proj", "out_proj") if layer.kind == "gdn" else ("qkv_proj", "o_proj")
+        want |= {(tuple(getattr(mix, first).shape), i > 0, True, False),
+                 (tuple(getattr(mix, second).shape), False, False, False),
+                 (tuple(layer.mlp.gate_up.shape), True, True, True), (tuple(layer.mlp.down.shape), False, False, False)}
+    assert set(calls) == want
     # no rows (a batch without nodes): the plain GEMM, as the kernel takes 1..SKINNY_MM_MAX_ROWS
     x = torch.zeros(0, spec.hidden)
     assert skinny.project(x, plain.lm_head).shape == (0, spec.vocab)

@@ -1,6 +1,7 @@
 """The skinny GEMM (kernels/skinny_mm.py) against a float64 product: rows 1-64, shapes that
 leave partial tiles in N and K, K split across programs (the last slice adds the partials
-and resets its counter), strided rows, out=, its bounds and its refusals.
+and resets its counter), strided rows, out=, its bounds and its refusals; the fused residual
+add + RMSNorm before the product and SwiGLU after it against the same in float64.
 
 CPU: Triton's interpreter; float32 inputs take IEEE dots there, so the float64 product
 applies at float32 tolerance. On the GPU: bf16 against cuBLAS at the decode shapes.
@@ -53,6 +54,66 @@ def test_matches_the_float64_product(m, n, k, bn, bk, split, seed):
     assert (module._COUNTERS.get("cpu", torch.zeros(1, dtype=torch.int32)) == 0).all()  # reset for the next
 
 
+def fused_reference(x, w, residual, norm, eps, glu):
+    """float64: a = x (+ residual), h = rms(a) * norm, y = h @ w.T (silu(gate) * up with glu),
+    and the float32 error bound of each output (the sum of |terms| of the product, carried
+    through the SwiGLU)."""
+    a = x.double() + (residual.double() if residual is not None else 0)
+    h = a if norm is None else a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps) * norm.double()
+    y, scale = h @ w.double().T, h.abs() @ w.double().abs().T
+    err = 1e-5 * scale + 1e-6
+    if glu:
+        (g, u), (eg, eu) = y.chunk(2, -1), err.chunk(2, -1)
+        y, err = torch.nn.functional.silu(g) * u, 1.1 * eg * u.abs() + g.abs() * eu + eg * eu
+    return a, y, err
+
+
+@SETTINGS
+@given(m=st.integers(1, SKINNY_MM_MAX_ROWS), n=st.integers(1, 40), k=st.integers(1, 400),
+       bn=st.sampled_from([16, 32]), bk=st.sampled_from([16, 64]), split=st.sampled_from([1, 2, 4]),
+       add=st.booleans(), norm=st.booleans(), glu=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_fused_add_norm_and_glu_match_float64(m, n, k, bn, bk, split, add, norm, glu, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x, w = rand(gen, m, k), rand(gen, 2 * n if glu else n, k)
+    scale = 10 ** (4 * torch.rand(m, 1, generator=gen) - 2)  # rows of 0.01-100 rms
+    x = x * scale
+    res = rand(gen, m, k) * scale if add and norm else None
+    nw = rand(gen, k) if norm else None
+    total = torch.full((m, k), 7.0) if res is not None else None
+    y = skinny_mm(x, w, residual=res, norm=nw, eps=1e-6 if norm else None, sum_out=total, glu=glu,
+                  config={"BN": bn, "BK": bk, "SPLIT_K": split})
+    a, want, err = fused_reference(x, w, res, nw, 1e-6, glu)
+    assert y.shape == (m, n)
+    assert ((y.double() - want).abs() <= err).all()
+    if total is not None:
+        assert torch.equal(total, x + res)  # the residual stream's sum, rounded as torch rounds it
+    assert (module._COUNTERS.get("cpu", torch.zeros(1, dtype=torch.int32)) == 0).all()
+
+
+def test_fused_writes_nothing_outside_y_and_the_sum():
+    """Guards around y and sum_out, K and N both leaving partial tiles, K split."""
+    gen = torch.Generator().manual_seed(4)
+    m, k, n = 3, 150, 21
+    x, res, nw, w = rand(gen, m, k), rand(gen, m, k), rand(gen, k), rand(gen, 2 * n, k)
+    ybox, sbox = torch.full((m * n + 64,), 7.0), torch.full((m * k + 64,), 7.0)
+    out, total = ybox[32:32 + m * n].view(m, n), sbox[32:32 + m * k].view(m, k)
+    skinny_mm(x, w, out=out, residual=res, norm=nw, eps=1e-6, sum_out=total, glu=True,
+              config={"BN": 16, "BK": 64, "SPLIT_K": 2})
+    _, want, err = fused_reference(x, w, res, nw, 1e-6, True)
+    assert ((out.double() - want).abs() <= err).all() and torch.equal(total, x + res)
+    for box in (ybox, sbox):
+        assert (box[:32] == 7).all() and (box[-32:] == 7).all()
+
+
+def test_the_sum_is_written_when_there_are_no_columns():
+    """A projection of no columns still writes the residual stream's sum (one block does)."""
+    gen = torch.Generator().manual_seed(5)
+    x, res, nw = rand(gen, 2, 40), rand(gen, 2, 40), rand(gen, 40)
+    total = torch.zeros(2, 40)
+    y = skinny_mm(x, torch.zeros(0, 40), residual=res, norm=nw, eps=1e-6, sum_out=total)
+    assert y.shape == (2, 0) and torch.equal(total, x + res)
+
+
 def test_default_rule_strided_rows_and_out():
     """x a column slice of a wider activation (rows strided), y written into a row-strided
     view; the default rule splits K for a small output."""
@@ -97,10 +158,28 @@ def test_the_rule_fills_the_gpu():
     (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), out=torch.zeros(2, 5)), "out"),
     (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), config={"BN": 8}), "config"),
     (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), config={"SPLIT": 2}), "config"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(5, 8), glu=True), "w"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), norm=torch.zeros(7), eps=1e-6), "norm"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), norm=torch.zeros(8)), "eps"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), residual=torch.zeros(2, 8), norm=torch.zeros(8), eps=1e-6),
+     "sum_out"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), residual=torch.zeros(2, 8), sum_out=torch.zeros(2, 8)),
+     "residual"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), sum_out=torch.zeros(2, 8)), "sum_out"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), residual=torch.zeros(2, 9), norm=torch.zeros(8), eps=1e-6,
+          sum_out=torch.zeros(2, 8)), "residual"),
 ])
 def test_bad_inputs_are_named(kwargs, field):
     with pytest.raises(InputError, match=field):
         skinny_mm(**kwargs)
+
+
+def test_a_sum_over_its_own_inputs_is_refused():
+    """sum_out written in place over x or residual would race with the programs reading them."""
+    x, res, nw, w = torch.zeros(2, 8), torch.zeros(2, 8), torch.zeros(8), torch.zeros(4, 8)
+    for total, name in ((x, "x"), (res[:, :], "residual")):
+        with pytest.raises(InputError, match=f"sum_out: overlaps {name}"):
+            skinny_mm(x, w, residual=res, norm=nw, eps=1e-6, sum_out=total)
 
 
 @pytest.mark.gpu
@@ -117,3 +196,27 @@ def test_bf16_decode_shapes_against_cublas():
             got, want = skinny_mm(x, w).float(), F.linear(x, w).float()
             rel = (got - want).norm() / want.norm()
             assert rel < 4e-3, (n, k, m, float(rel))
+
+
+@pytest.mark.gpu
+def test_bf16_fused_decode_shapes_against_the_unfused_step():
+    """bf16, the 9B decode's gate_up and in_proj with the residual add and RMSNorm fused
+    before them (and SwiGLU after gate_up): within bf16's rounding of add_rms + cuBLAS (+
+    SwiGLU), the sum bitwise."""
+    import torch.nn.functional as F
+
+    from bole_cli.runtime.fusion import RMS_EPS, add_rms, swiglu
+
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    kw = dict(device="cuda", dtype=torch.bfloat16, generator=gen)
+    for n, k, glu in ((24576, 4096, True), (12352, 4096, False), (248320, 4096, False)):
+        w = torch.randn(n, k, **kw) / k ** 0.5
+        for m in (1, 4, 16, 64):
+            x, res, nw = torch.randn(m, k, **kw), torch.randn(m, k, **kw), 1 + torch.randn(k, **kw) / 8
+            total = torch.empty_like(x)
+            got = skinny_mm(x, w, residual=res, norm=nw, eps=RMS_EPS, sum_out=total, glu=glu).float()
+            s, h = add_rms(x, res, nw)
+            want = F.linear(h, w)
+            want = (swiglu(want) if glu else want).float()
+            rel = (got - want).norm() / want.norm()
+            assert rel < 8e-3 and torch.equal(total, s), (n, k, m, glu, float(rel))

@@ -47,7 +47,7 @@ from bole_cli.errors import InputError
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.runtime.attention import cache_attention
 from bole_cli.runtime.batch import Rope
-from bole_cli.runtime.fusion import rms
+from bole_cli.runtime.fusion import NormedRows
 from bole_cli.runtime.model import HybridModel
 from bole_cli.trees import ProposalTree, beam_tree_size
 
@@ -227,8 +227,10 @@ class MTPDrafter:
         proj = self.model.project  # the target's projection path (cuBLAS, or the skinny GEMM)
         x = proj(x, w["fc"])
         cos, sin = st.cos[lvl].expand(n, -1), st.sin[lvl].expand(n, -1)
-        q, gate, k, v = fuse.attn_in(proj(rms(x, w["input_norm"]), w["qkv"]), w["q_norm"], w["k_norm"],
-                                     cos, sin, hq, hk, dh)
+        # the norms and residual adds as the target's layers take them (NormedRows: fused into
+        # the next projection by the skinny GEMM, else computed before it)
+        q, gate, k, v = fuse.attn_in(proj(NormedRows(x, None, w["input_norm"], fuse), w["qkv"]), w["q_norm"],
+                                     w["k_norm"], cos, sin, hq, hk, dh)
         pos = st.context + kv_off
         st.kv[0, :, :, pos: pos + rows] = k.view(bsz, rows, hk, dh).transpose(1, 2)
         st.kv[1, :, :, pos: pos + rows] = v.view(bsz, rows, hk, dh).transpose(1, 2)
@@ -240,9 +242,11 @@ class MTPDrafter:
         else:
             o = F.scaled_dot_product_attention(qf, st.kv[0, :, :, : pos + rows], st.kv[1, :, :, : pos + rows])
         o = o.view(bsz, hk, rows, grp, dh).permute(0, 2, 1, 3, 4).reshape(n, hq * dh)
-        x, a = fuse.add_rms(x, proj(fuse.gated_out(o, gate), w["o_proj"]), w["post_norm"])
-        x, a = fuse.add_rms(x, proj(fuse.swiglu(proj(a, w["gate_up"])), w["down"]), w["final_norm"])
+        a = NormedRows(x, proj(fuse.gated_out(o, gate), w["o_proj"]), w["post_norm"], fuse)
+        mlp = proj(proj(a, w["gate_up"], glu=True), w["down"])
+        a = NormedRows(a.total(), mlp, w["final_norm"], fuse)
         logits = proj(a, self.lm_head)
+        x = a.total()
         # the top-k of the logits themselves: the softmax is monotonic and only the indices
         # are drafted, so a full-vocabulary float32 softmax would only add bytes
         top = torch.topk(logits, self.layout.topk, dim=-1).indices  # [n, k]

@@ -15,6 +15,13 @@ workspace and counts itself in on a per-column-block counter; the last slice to 
 the partials, writes y and resets the counter, so a launch leaves the counters as it found
 them (one launch, CUDA-graph safe). The counters are one buffer a device: split launches must
 run one after another on one stream, as a step's projections do.
+
+The launches around a decode's projections fuse into it: the residual add and the RMSNorm
+before a projection (the x rows it streams anyway; each slice sums its squares and the
+epilogue scales by 1 / rms, so no pass over the row comes first), and the MLP's SwiGLU after
+gate_up (each program owns the gate and the up rows of its columns). That removes the
+add + RMSNorm launch before each layer's in_proj and gate_up and the SwiGLU launch between
+gate_up and down (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -35,9 +42,10 @@ _COUNTERS: dict[str, torch.Tensor] = {}  # per device, allocated once, zeros bet
 
 
 @triton.jit
-def _skinny_mm_kernel(x, w, y, part, counters, M, N, K, s_xm, s_wn, s_ym, k_slice,
-                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                      IEEE: tl.constexpr):
+def _skinny_mm_kernel(x, w, y, part, counters, res, norm_w, x_sum, ss_part, M, N, K, s_xm, s_wn, s_ym, s_rm, s_sm,
+                      k_slice, eps, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                      IEEE: tl.constexpr, NORM: tl.constexpr, RESID: tl.constexpr, GLU: tl.constexpr):
+    """N is y's columns; with GLU the weight has 2N rows (gate rows, then up rows)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BM).to(tl.int64)
@@ -48,30 +56,74 @@ def _skinny_mm_kernel(x, w, y, part, counters, M, N, K, s_xm, s_wn, s_ym, k_slic
     k0 = pid_k * k_slice
     k1 = tl.minimum(k0 + k_slice, K)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
+    up = tl.zeros([BM, BN], dtype=tl.float32)  # GLU: the up half's sums
+    ss = tl.zeros([BM], dtype=tl.float32)  # NORM: this slice's sum of squares a row
     for kk in range(k0, k1, BK):
         k_in = (kk + rk) < k1
-        xt = tl.load(x + rm[:, None] * s_xm + (kk + rk)[None, :], mask=m_in[:, None] & k_in[None, :], other=0.0)
+        xk = m_in[:, None] & k_in[None, :]
+        xt = tl.load(x + rm[:, None] * s_xm + (kk + rk)[None, :], mask=xk, other=0.0)
+        if RESID:  # the residual add, rounded as the residual stream keeps it
+            rt = tl.load(res + rm[:, None] * s_rm + (kk + rk)[None, :], mask=xk, other=0.0)
+            xt = (xt.to(tl.float32) + rt.to(tl.float32)).to(xt.dtype)
+            if pid_n == 0:  # one column block writes the sum for the next layer's add
+                tl.store(x_sum + rm[:, None] * s_sm + (kk + rk)[None, :], xt, mask=xk)
+        if NORM:  # rms(a) * norm_w: norm_w here, the row's 1 / rms on the sums at the end
+            xf = xt.to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
+            nw = tl.load(norm_w + kk + rk, mask=k_in, other=0.0).to(tl.float32)
+            xt = (xf * nw[None, :]).to(w.dtype.element_ty)
         wt = tl.load(w + rn[:, None] * s_wn + (kk + rk)[None, :], mask=n_in[:, None] & k_in[None, :],
                      other=0.0)
         if IEEE:
             acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
         else:
             acc += tl.dot(xt, tl.trans(wt))
+        if GLU:
+            wu = tl.load(w + (N + rn)[:, None] * s_wn + (kk + rk)[None, :], mask=n_in[:, None] & k_in[None, :],
+                         other=0.0)
+            if IEEE:
+                up += tl.dot(xt, tl.trans(wu), input_precision="ieee")
+            else:
+                up += tl.dot(xt, tl.trans(wu))
     out_mask = m_in[:, None] & n_in[None, :]
+    y_at = y + rm[:, None] * s_ym + rn[None, :]
     if SPLIT == 1:
-        tl.store(y + rm[:, None] * s_ym + rn[None, :], acc.to(y.dtype.element_ty), mask=out_mask)
+        _finish(y_at, acc, up, ss, out_mask, K, eps, NORM, GLU)
     else:
-        slot = part + (pid_k * BM + rm[:, None]) * N + rn[None, :]
+        cols = 2 * N if GLU else N
+        slot = part + (pid_k * BM + rm[:, None]) * cols + rn[None, :]
         tl.store(slot, acc, mask=out_mask)
+        if GLU:
+            tl.store(slot + N, up, mask=out_mask)
+        if NORM:
+            tl.store(ss_part + (pid_k * tl.num_programs(0) + pid_n) * BM + rm, ss)
         tl.debug_barrier()  # every thread's partials written before the count (release below)
         arrived = tl.atomic_add(counters + pid_n, 1, sem="acq_rel")
         if arrived == SPLIT - 1:  # the last slice: add them all, write y, reset the counter
-            total = tl.zeros([BM, BN], dtype=tl.float32)
+            acc = tl.zeros([BM, BN], dtype=tl.float32)
+            up = tl.zeros([BM, BN], dtype=tl.float32)
+            ss = tl.zeros([BM], dtype=tl.float32)
             for s in range(SPLIT):
-                total += tl.load(part + (s * BM + rm[:, None]) * N + rn[None, :], mask=out_mask, other=0.0,
-                                 cache_modifier=".cg")
-            tl.store(y + rm[:, None] * s_ym + rn[None, :], total.to(y.dtype.element_ty), mask=out_mask)
+                slot = part + (s * BM + rm[:, None]) * cols + rn[None, :]
+                acc += tl.load(slot, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if GLU:
+                    up += tl.load(slot + N, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if NORM:
+                    ss += tl.load(ss_part + (s * tl.num_programs(0) + pid_n) * BM + rm, cache_modifier=".cg")
+            _finish(y_at, acc, up, ss, out_mask, K, eps, NORM, GLU)
             tl.atomic_xchg(counters + pid_n, 0)
+
+
+@triton.jit
+def _finish(y_at, acc, up, ss, out_mask, K, eps, NORM: tl.constexpr, GLU: tl.constexpr):
+    """The epilogue on the whole sums: the rows' 1 / rms, then silu(gate) * up."""
+    if NORM:
+        r = 1.0 / tl.sqrt(ss / K + eps)
+        acc = acc * r[:, None]
+        up = up * r[:, None]
+    if GLU:
+        acc = acc / (1.0 + tl.exp(tl.minimum(-acc, 80.0))) * up  # silu; no overflow far below 0
+    tl.store(y_at, acc.to(y_at.dtype.element_ty), mask=out_mask)
 
 
 def reserve_counters(device) -> torch.Tensor:
@@ -92,22 +144,33 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] = None,
-              config: Optional[dict] = None) -> torch.Tensor:
+              config: Optional[dict] = None, residual: Optional[torch.Tensor] = None,
+              norm: Optional[torch.Tensor] = None, eps: Optional[float] = None,
+              sum_out: Optional[torch.Tensor] = None, glu: bool = False) -> torch.Tensor:
     """x [M, K] (M <= limits.SKINNY_MM_MAX_ROWS; rows may be strided, K contiguous) times w [N,
     K] (a linear layer's weight, K contiguous) transposed: y [M, N] in x's dtype, written into
     `out` when given. config: BN, BK, SPLIT_K (powers of two), num_warps, num_stages; default
-    kernels.configs' rule (skinny_mm_launch_config)."""
+    kernels.configs' rule (skinny_mm_launch_config).
+
+    Fused around the product (docs/design.md §8): `residual` [M, K] adds to x first (the sum,
+    rounded to x's dtype, written into `sum_out`, which must not overlap x or residual);
+    `norm` [K] with `eps` takes the rows' RMSNorm, rms(a) * norm, as the operand (1 / rms
+    applied to the sums); `glu` takes w as [2F, K] gate rows then up rows and gives y [M, F] =
+    silu(gate) * up."""
     check_tensor("x", x, 2, (torch.bfloat16, torch.float16, torch.float32))
     check_tensor("w", w, 2, (x.dtype,), x.device)
     m, k = x.shape
-    n = w.shape[0]
     if w.shape[1] != k or k < 1:
         raise InputError(f"w: expected [N, {k}] (K as x's, at least 1), got {tuple(w.shape)}")
     if not 1 <= m <= SKINNY_MM_MAX_ROWS:
         raise InputError(f"x: {m} rows; skinny_mm takes 1..{SKINNY_MM_MAX_ROWS} (SKINNY_MM_MAX_ROWS)")
+    if glu and w.shape[0] % 2:
+        raise InputError(f"w: glu takes gate and up rows, an even count; got {w.shape[0]}")
+    n = w.shape[0] // 2 if glu else w.shape[0]
     for name, t in (("x", x), ("w", w)):
         if t.stride(1) != 1:
             raise InputError(f"{name}: the last dimension (K) must be contiguous")
+    _check_prologue(x, residual, norm, eps, sum_out)
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     else:
@@ -115,24 +178,67 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
         if tuple(out.shape) != (m, n) or out.stride(1) != 1:
             raise InputError(f"out: expected [{m}, {n}] with contiguous columns, got {tuple(out.shape)}")
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-    cfg = launch_config("skinny_mm", {"M": m, "N": n, "K": k, "SMS": sms}, config)
-    if n == 0:
+    cfg = launch_config("skinny_mm", {"M": m, "N": w.shape[0], "K": k, "SMS": sms}, config)
+    if n == 0 and residual is None:
         return out
     bn, bk, split = cfg["BN"], cfg["BK"], cfg["SPLIT_K"]
+    if glu:  # BN weight rows a program: half gate, half up (16 columns each at least)
+        bn = max(16, bn // 2)
     bm = max(16, triton.next_power_of_2(m))  # x's rows padded for the tensor cores' tiles
-    blocks = triton.cdiv(n, bn)
+    blocks = max(1, triton.cdiv(n, bn))  # one block at least: it writes sum_out
     k_slice = triton.cdiv(triton.cdiv(k, split), bk) * bk  # whole BK tiles a slice
     split = max(1, triton.cdiv(k, k_slice)) if k else 1
+    part = counters = ss_part = out  # never read unless split
     if split > 1:
         if blocks > COUNTERS:
             raise InputError(f"config: {blocks} column blocks of BN={bn} split along K; a split launch "
                              f"counts at most {COUNTERS} (a larger BN, or SPLIT_K 1)")
-        part = torch.empty(split * bm, n, dtype=torch.float32, device=x.device)
+        part = torch.empty(split * bm, 2 * n if glu else n, dtype=torch.float32, device=x.device)
         counters = _counters(x.device)
-    else:
-        part = counters = out  # never read
+        if norm is not None:
+            ss_part = torch.empty(split * blocks * bm, dtype=torch.float32, device=x.device)
+    resid = residual if residual is not None else x
+    total = sum_out if sum_out is not None else x
     _skinny_mm_kernel[(blocks, split)](
-        x, w, out, part, counters, m, n, k, x.stride(0), w.stride(0), out.stride(0), k_slice,
-        BM=bm, BN=bn, BK=bk, SPLIT=split, IEEE=x.dtype == torch.float32,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        x, w, out, part, counters, resid, norm if norm is not None else x, total, ss_part, m, n, k, x.stride(0),
+        w.stride(0), out.stride(0), resid.stride(0), total.stride(0), k_slice, float(eps or 0.0),
+        BM=bm, BN=bn, BK=bk, SPLIT=split, IEEE=x.dtype == torch.float32, NORM=norm is not None,
+        RESID=residual is not None, GLU=bool(glu), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
+
+
+def _check_prologue(x, residual, norm, eps, sum_out) -> None:
+    """The fused add and norm's arguments: shapes as x's, contiguous K, sum_out apart from
+    the inputs the other programs still read."""
+    m, k = x.shape
+    if residual is not None:
+        check_tensor("residual", residual, 2, (x.dtype,), x.device)
+        if sum_out is None:
+            raise InputError("sum_out: required with residual (the sum the next layer adds to)")
+        check_tensor("sum_out", sum_out, 2, (x.dtype,), x.device)
+        for name, t in (("residual", residual), ("sum_out", sum_out)):
+            if tuple(t.shape) != (m, k) or t.stride(1) != 1:
+                raise InputError(f"{name}: expected [{m}, {k}] like x with contiguous columns, got {tuple(t.shape)}")
+        for name, t in (("x", x), ("residual", residual)):
+            if _overlap(sum_out, t):
+                raise InputError(f"sum_out: overlaps {name}, which other programs read while it is written")
+    elif sum_out is not None:
+        raise InputError("sum_out: only with residual (it receives x + residual)")
+    if norm is not None:
+        check_tensor("norm", norm, 1, (torch.bfloat16, torch.float16, torch.float32), x.device)
+        if norm.shape[0] != k or norm.stride(0) != 1:
+            raise InputError(f"norm: expected [{k}] contiguous (x's K), got {tuple(norm.shape)}")
+        if eps is None or not eps >= 0:
+            raise InputError(f"eps: the norm's epsilon, at least 0, required with norm; got {eps!r}")
+    elif residual is not None:
+        raise InputError("residual: only with norm (the fused add feeds the RMSNorm)")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' memory spans intersect (a conservative test on their extents)."""
+    def span(t):
+        lo = t.data_ptr()
+        return lo, lo + ((t.shape[0] - 1) * t.stride(0) + t.shape[1]) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a.device == b.device and a0 < b1 and b0 < a1

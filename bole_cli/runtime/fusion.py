@@ -82,6 +82,33 @@ def mtp_in(tokens: torch.Tensor, embed: torch.Tensor, hidden: torch.Tensor, emb_
     return torch.cat([rms(F.embedding(tokens, embed), emb_norm), rms(hidden, hid_norm)], dim=-1)
 
 
+class NormedRows:
+    """rms(x + y) w, a layer's input, not computed until its projection reads it: a skinny
+    projection (kernels.skinny_mm) fuses the add and the norm into its weight stream, and
+    any other reader materialises them once (`rows`). `total()` is x + y, the residual
+    stream the next add reads, from whichever ran. y None: rms(x) w, x the stream."""
+
+    def __init__(self, x: torch.Tensor, y, w: torch.Tensor, fuse: "Fusion"):
+        self.x, self.y, self.w, self.fuse = x, y, w, fuse
+        self.sum = x if y is None else None
+        self._rows = None
+
+    def rows(self) -> torch.Tensor:
+        """The normed rows, computed here the first time (add + RMSNorm, compiled)."""
+        if self._rows is None:
+            if self.y is None:
+                self._rows = rms(self.x, self.w)
+            else:
+                self.sum, self._rows = self.fuse.add_rms(self.x, self.y, self.w)
+        return self._rows
+
+    def total(self) -> torch.Tensor:
+        """x + y once a projection read the rows (or computed here if none did)."""
+        if self.sum is None:
+            self.rows()
+        return self.sum
+
+
 class Fusion:
     """The pieces above, compiled (compile=True) or eager."""
 

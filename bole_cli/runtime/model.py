@@ -33,7 +33,7 @@ from bole_cli.runtime import gdn_ops
 from bole_cli.runtime.attention import (cache_attention, split_attention_works, split_tree_attention,
                                         varlen_attention_works, varlen_cache_attention)
 from bole_cli.runtime.batch import DecodeBatch, Rope, TreeBatch, forest_arrays, prepare_decode, prepare_tree
-from bole_cli.runtime.fusion import RMS_EPS, Fusion, rms
+from bole_cli.runtime.fusion import RMS_EPS, Fusion, NormedRows
 from bole_cli.runtime.moe import grouped_mm_works, moe_forward
 from bole_cli.runtime.snapshot import SnapshotGDN
 from bole_cli.limits import MAX_TREE_NODES, SKINNY_MM_MAX_ROWS
@@ -385,12 +385,13 @@ class HybridModel:
         after it (the next layer's input norm, or the final norm)."""
         layers = self.layers if layers is None else list(layers)
         x = F.embedding(tokens, self.embed)
-        h = rms(x, layers[0].norms.input_norm if layers else self.final_norm)
+        h = NormedRows(x, None, layers[0].norms.input_norm if layers else self.final_norm, self.fuse)
         for i, layer in enumerate(layers):
             mixed = gdn(layer, h) if layer.kind == "gdn" else attn(layer, h)
-            x, h = self.fuse.add_rms(x, mixed, layer.norms.post_norm)
+            h = NormedRows(h.total(), mixed, layer.norms.post_norm, self.fuse)
             after = layers[i + 1].norms.input_norm if i + 1 < len(layers) else self.final_norm
-            x, h = self.fuse.add_rms(x, self._mlp(layer.mlp, h), after)
+            out = self._mlp(layer.mlp, h)
+            h = NormedRows(h.total(), out, after, self.fuse)
         return self.project(h, self.lm_head)
 
     @property
@@ -407,18 +408,35 @@ class HybridModel:
             reserve_counters(self.device)  # before any step is captured
             self._skinny = kernel
 
-    def project(self, x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x @ w.T (into `out` when given): the skinny GEMM kernel for a few rows when the
-        model was built with skinny_mm, cuBLAS (or the CPU's GEMM) otherwise (the drafter
-        projects through it too)."""
-        if (self._skinny is not None and 1 <= x.shape[0] <= SKINNY_MM_MAX_ROWS and x.dtype != torch.float64
-                and x.stride(-1) == 1):
-            return self._skinny(x, w, out=out)
-        return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)
+    def project(self, x, w: torch.Tensor, out: Optional[torch.Tensor] = None, *, glu: bool = False) -> torch.Tensor:
+        """x @ w.T (into `out` when given), x rows or a layer's NormedRows; glu: w is gate|up
+        and the result silu(gate) * up. The skinny GEMM kernel for a few rows when the model
+        was built with skinny_mm, the residual add, RMSNorm and SwiGLU fused into it; cuBLAS
+        (or the CPU's GEMM) and the compiled pieces otherwise (the drafter projects through it
+        too)."""
+        normed = x if isinstance(x, NormedRows) else None
+        rows = normed.x if normed is not None else x
+        if (self._skinny is not None and 1 <= rows.shape[0] <= SKINNY_MM_MAX_ROWS and rows.dtype != torch.float64
+                and rows.stride(-1) == 1):
+            if normed is None:
+                return self._skinny(x, w, out=out, glu=glu)
+            if normed.y is None or normed.y.stride(-1) == 1:
+                total = None if normed.y is None else torch.empty_like(normed.x)
+                y = self._skinny(normed.x, w, out=out, residual=normed.y, norm=normed.w, eps=RMS_EPS,
+                                 sum_out=total, glu=glu)
+                normed.sum = normed.x if total is None else total
+                return y
+        if normed is not None:
+            x = normed.rows()
+        if not glu:
+            return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)
+        y = self.fuse.swiglu(F.linear(x, w))
+        return y if out is None else out.copy_(y)
 
-    def _mlp(self, m: _Weights, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, m: _Weights, x) -> torch.Tensor:
         if not self.spec.is_moe:
-            return self.project(self.fuse.swiglu(self.project(x, m.gate_up)), m.down)
+            return self.project(self.project(x, m.gate_up, glu=True), m.down)
+        x = x.rows() if isinstance(x, NormedRows) else x
         out = moe_forward(x, m.router, m.w13, m.w2, self.spec.experts_top_k, grouped=self.grouped_mm)
         if m.shared_gate_up is not None:
             shared = self.project(self.fuse.swiglu(self.project(x, m.shared_gate_up)), m.shared_down)
