@@ -5,11 +5,14 @@
             five launches a layer plus PyTorch glue), every elementwise piece eager;
 - fused:    kernels.gdn_decode (one launch a GDN layer), the rest eager;
 - compiled: fused, and runtime.fusion's pieces compiled by torch.compile;
-- production: compiled, and the attention to the cache through kernels.cache_attention
-            (split along the keys): the runtime's default on CUDA;
+- attn-pieces: compiled, the attention to the cache through kernels.cache_attention (split
+            along the keys), its input (q/k norms, RoPE) compiled and the KV written by index
+            writes (R-7's production step);
+- production: attn-pieces with that input in one launch (kernels.attention_in): the
+            runtime's default on CUDA;
 - skinny:   production, and steps of at most 64 rows project through kernels.skinny_mm
-            instead of cuBLAS (HybridModel(skinny_mm=True); experiments/skinny_mm_bench.py
-            times the GEMMs alone).
+            instead of cuBLAS, the residual adds, RMSNorms and SwiGLU fused in
+            (HybridModel(skinny_mm=True); experiments/skinny_mm_bench.py times the GEMMs alone).
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
 graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
@@ -31,19 +34,21 @@ import statistics
 import sys
 import time
 
-VARIANTS = {"before": ("tree", False, False, False), "fused": ("fused", False, False, False),
-            "compiled": ("fused", True, False, False), "production": ("fused", True, True, False),
-            "skinny": ("fused", True, True, True)}
+# name: (GDN decode, compiled pieces, cache_attention kernel, skinny GEMM, attention_in kernel)
+VARIANTS = {"before": ("tree", False, False, False, False), "fused": ("fused", False, False, False, False),
+            "compiled": ("fused", True, False, False, False), "attn-pieces": ("fused", True, True, False, False),
+            "production": ("fused", True, True, False, True), "skinny": ("fused", True, True, True, True)}
 
 
 def set_variant(timer, name: str) -> None:
     from bole_cli.runtime.fusion import Fusion
 
-    decode, compiled, cache_kernel, skinny = VARIANTS[name]
+    decode, compiled, cache_kernel, skinny, attention_in = VARIANTS[name]
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
     timer.model.skinny_mm = skinny
+    timer.model.attention_in_kernel = attention_in
     timer._steps.clear()  # graphs of the previous variant
 
 
@@ -164,9 +169,8 @@ def main(argv=None) -> None:
     cuda = not args.smoke
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     if not cuda:
-        VARIANTS["compiled"] = ("fused", False, False, False)
-        VARIANTS["production"] = ("fused", False, True, False)
-        VARIANTS["skinny"] = ("fused", False, True, True)
+        for name, v in VARIANTS.items():  # no C compiler assumed: the pieces run eagerly
+            VARIANTS[name] = (v[0], False) + v[2:]
     batches = [int(b) for b in args.batch.split(",")]
     for name in [v for v in VARIANTS if v not in args.variants.split(",")]:
         del VARIANTS[name]
@@ -207,7 +211,7 @@ def main(argv=None) -> None:
                 row = {"model": spec.name, "variant": variant, "batch": bsz, "kv": args.kv,
                        "replay_ms": replay, "serving_ms": serve, "first_call_s": first}
                 doc["decode"].append(row)
-                print(f"{spec.name:14s} {variant:9s} b{bsz:<3d} decode replay {replay:7.3f} ms  "
+                print(f"{spec.name:14s} {variant:11s} b{bsz:<3d} decode replay {replay:7.3f} ms  "
                       f"serving {serve:7.3f} ms  (first {first:5.1f} s)", flush=True)
                 save()
             if cuda and bsz == batches[-1]:
@@ -221,7 +225,7 @@ def main(argv=None) -> None:
             doc["agreement"].append({"model": spec.name, "batch": 4, **decode_agreement(torch, timer, 4, args.kv)})
         if args.smoke or name == args.verify_model:
             vkv, vn = (64, 8) if args.smoke else (args.verify_kv, args.verify_tokens)
-            for variant in [v for v in ("before", "production", "skinny") if v in VARIANTS]:
+            for variant in [v for v in ("before", "attn-pieces", "production", "skinny") if v in VARIANTS]:
                 set_variant(timer, variant)
                 replay = median_ms(lambda: timer.time_verify(1, vkv, vn), args.repeats)
                 serving._steps = timer._steps
@@ -235,7 +239,7 @@ def main(argv=None) -> None:
                 doc["verify"].append({"model": spec.name, "variant": variant, "batch": 1, "kv": vkv,
                                       "tree_tokens": vn, "replay_ms": replay, "serving_ms": serve,
                                       "decode_replay_ms": dec, "decode_serving_ms": dec_serve})
-                print(f"{spec.name:14s} {variant:9s} verify {vn} @kv{vkv}: replay {replay:7.3f} serving "
+                print(f"{spec.name:14s} {variant:11s} verify {vn} @kv{vkv}: replay {replay:7.3f} serving "
                       f"{serve:7.3f} | decode replay {dec:7.3f} serving {dec_serve:7.3f} ms", flush=True)
                 if cuda:  # the serving step's kernels, eagerly: metadata refill, forward, commit
                     doc["profile"].append({"model": spec.name, "variant": variant, "batch": 1,

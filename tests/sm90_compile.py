@@ -68,6 +68,14 @@ def cases():
                       IEEE=dtype == "fp32", NORM=fused, RESID=fused, GLU=fused)
         yield (f"skinny_mm {dtype} M={m} N={n} K={k} fused={fused} {cfg}", _skinny_mm_kernel, ptr, {"eps": "fp32"},
                consts, cfg["num_warps"], cfg["num_stages"], ("N", "K", "k_slice"))
+    from bole_cli.kernels.attention_in import _attention_in_kernel
+
+    for hq, hk, dh, half, k_out in ((16, 4, 256, 32, False), (24, 4, 256, 32, True)):  # 9B decode, 27B verify
+        ptr = dict(proj="*bf16", q_norm="*bf16", k_norm="*bf16", cos="*fp32", sin="*fp32", slots="*i64",
+                   positions="*i64", q_out="*bf16", k_cache="*bf16", v_cache="*bf16", k_out="*bf16")
+        consts = dict(HQ=hq, HK=hk, DH=dh, DP=dh, HALF=half, K_OUT=k_out)
+        yield (f"attention_in HQ={hq} HK={hk} D={dh} k_out={k_out}", _attention_in_kernel, ptr, {"eps": "fp32"},
+               consts, 2, 1)
     chain = dict(q="*bf16", k="*bf16", v="*bf16", g="*bf16", beta="*bf16", A_log="*fp32", dt_bias="*fp32",
                  state="*fp32", state_idx="*i32", parents="*i32", cu="*i32", o="*bf16", u="*fp32", fu="*fp32",
                  fo="*fp32", log_p="*fp32")

@@ -328,45 +328,27 @@ def test_drafter_shapes_and_weights():
             assert len(set(toks[0, list(kids)].tolist())) == len(kids)
 
 
-def test_drafter_reads_its_cache_through_the_split_key_kernel_as_sdpa_does():
-    """The head's attention through kernels.cache_attention (the target's decode path, split
-    along the keys) gives SDPA's hidden states and drafts, levels of 1 and several rows."""
+@pytest.mark.parametrize("switch,context", [
+    ("cache_kernel", 300),  # kernels.cache_attention, past one key split (MIN_SPLIT_KEYS), against SDPA
+    ("skinny_mm", 12),  # the norms, residual adds and SwiGLU fused into the skinny GEMM, against unfused
+    ("attention_in_kernel", 12),  # q/k norms, RoPE and the KV write in one launch, against the pieces
+])
+def test_drafter_through_the_targets_kernel_paths_agrees(switch, context):
+    """The head on the target's kernel paths (the same model switch) gives the plain path's
+    hidden states and drafts, levels of 1 and several rows."""
     from bole_cli.runtime import HybridModel
 
     model = HybridModel(tiny_spec(), "cpu", torch.float32, seed=0)
     head = MTPDrafter(model, build_layout(DEPTH, TOPK, acc_mod.preset_rows(0.9, DEPTH, TOPK)))
     runs = {}
-    for kernel in (False, True):
-        model.cache_kernel = kernel
-        st = head.new_state(2, 300)  # past one key split (kernels.cache_attention.MIN_SPLIT_KEYS)
+    for on in (False, True):
+        setattr(model, switch, on)
+        st = head.new_state(2, context)
         st.pending.copy_(torch.tensor([3, 4]))
         with torch.inference_mode():
             x1, top1 = head.level(st, 0, st.pending.view(2, 1), st.hidden.view(2, 1, -1), 0)
             x2, top2 = head.level(st, 1, top1[:, :, 0].repeat(1, 3), x1.repeat(1, 3, 1), 1)
-        runs[kernel] = (x1, top1, x2, top2)
-    for a, b in zip(runs[False], runs[True]):
-        if a.dtype.is_floating_point:
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-        else:
-            assert torch.equal(a, b)
-
-
-def test_drafter_through_the_fused_skinny_projections_agrees():
-    """The head's norms, residual adds and SwiGLU fused into the skinny GEMM (the target's
-    projection path with skinny_mm on) give the unfused head's hidden states and drafts."""
-    from bole_cli.runtime import HybridModel
-
-    model = HybridModel(tiny_spec(), "cpu", torch.float32, seed=0)
-    head = MTPDrafter(model, build_layout(DEPTH, TOPK, acc_mod.preset_rows(0.9, DEPTH, TOPK)))
-    runs = {}
-    for skinny in (False, True):
-        model.skinny_mm = skinny
-        st = head.new_state(2, 12)
-        st.pending.copy_(torch.tensor([3, 4]))
-        with torch.inference_mode():
-            x1, top1 = head.level(st, 0, st.pending.view(2, 1), st.hidden.view(2, 1, -1), 0)
-            x2, top2 = head.level(st, 1, top1[:, :, 0].repeat(1, 3), x1.repeat(1, 3, 1), 1)
-        runs[skinny] = (x1, top1, x2, top2)
+        runs[on] = (x1, top1, x2, top2)
     for a, b in zip(runs[False], runs[True]):
         if a.dtype.is_floating_point:
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

@@ -541,6 +541,23 @@ def test_verify_keeps_the_commit_rows_without_copies(dense):
     assert sum(size(t) for t in bole_rows(out)) == held
 
 
+@pytest.mark.parametrize("prefix", [(3, 3), (3, 2)])
+def test_attention_in_kernel_path_agrees(prefix):
+    """An attention layer's q/k norm, RoPE and cache writes through kernels.attention_in (one
+    launch) give the compiled pieces' logits and caches, in a decode and a verify."""
+    spec = tiny_spec(layers=4)
+    kw = dict(seed=0, gdn_backend="reference", compile=False)
+    plain = HybridModel(spec, "cpu", torch.float32, attention_in_kernel=False, **kw)
+    fused = HybridModel(spec, "cpu", torch.float32, attention_in_kernel=True, **kw)
+    assert not HybridModel(spec, "cpu", torch.bfloat16, **kw).attention_in_kernel  # default: CUDA 16-bit
+    assert_step_agrees(fused, plain, prefix, dict(atol=1e-5, rtol=1e-5))
+    a, b = warm_cache(plain, prefix=prefix, max_len=16), warm_cache(fused, prefix=prefix, max_len=16)
+    plain.decode(a, [1, 2])
+    fused.decode(b, [1, 2])
+    torch.testing.assert_close(b.k_cache, a.k_cache, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.v_cache, a.v_cache, atol=1e-5, rtol=1e-5)
+
+
 def test_skinny_mm_path_agrees():
     """The projections through kernels.skinny_mm (a decode's 2 rows, a verify's 7) give what
     the plain GEMMs give: every linear of the step goes through it."""

@@ -47,7 +47,7 @@ from bole_cli.errors import InputError
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.runtime.attention import cache_attention
 from bole_cli.runtime.batch import Rope
-from bole_cli.runtime.fusion import NormedRows
+from bole_cli.runtime.fusion import RMS_EPS, NormedRows
 from bole_cli.runtime.model import HybridModel
 from bole_cli.trees import ProposalTree, beam_tree_size
 
@@ -171,6 +171,7 @@ class MTPDrafter:
         )
         self.rope: Rope = model.rope
         self._gen = gen
+        self._kv_index: dict = {}  # (batch, rows, position) -> the level's KV slots and positions
 
     @property
     def param_bytes(self) -> int:
@@ -229,11 +230,18 @@ class MTPDrafter:
         cos, sin = st.cos[lvl].expand(n, -1), st.sin[lvl].expand(n, -1)
         # the norms and residual adds as the target's layers take them (NormedRows: fused into
         # the next projection by the skinny GEMM, else computed before it)
-        q, gate, k, v = fuse.attn_in(proj(NormedRows(x, None, w["input_norm"], fuse), w["qkv"]), w["q_norm"],
-                                     w["k_norm"], cos, sin, hq, hk, dh)
+        qkv = proj(NormedRows(x, None, w["input_norm"], fuse), w["qkv"])
         pos = st.context + kv_off
-        st.kv[0, :, :, pos: pos + rows] = k.view(bsz, rows, hk, dh).transpose(1, 2)
-        st.kv[1, :, :, pos: pos + rows] = v.view(bsz, rows, hk, dh).transpose(1, 2)
+        if self.model.attention_in_kernel:  # norms, RoPE and the KV write in one launch, as the target's
+            from bole_cli.kernels.attention_in import attention_in
+
+            slots, positions = self._kv_rows(bsz, rows, pos)
+            q, gate, _, _ = attention_in(qkv, w["q_norm"], w["k_norm"], cos, sin, st.kv[0], st.kv[1], slots,
+                                         positions, heads=hq, kv_heads=hk, eps=RMS_EPS)
+        else:
+            q, gate, k, v = fuse.attn_in(qkv, w["q_norm"], w["k_norm"], cos, sin, hq, hk, dh)
+            st.kv[0, :, :, pos: pos + rows] = k.view(bsz, rows, hk, dh).transpose(1, 2)
+            st.kv[1, :, :, pos: pos + rows] = v.view(bsz, rows, hk, dh).transpose(1, 2)
         qf = q.view(bsz, rows, hk, grp, dh).permute(0, 2, 1, 3, 4).reshape(bsz, hk, rows * grp, dh)
         if self.model.cache_kernel:  # split along the keys, as the target's decode reads its cache
             slots = torch.arange(bsz, device=qf.device)
@@ -253,6 +261,16 @@ class MTPDrafter:
         if self.hot_ids is not None:
             top = self.hot_ids[top]
         return x.view(bsz, rows, h), top.view(bsz, rows, self.layout.topk)
+
+    def _kv_rows(self, bsz: int, rows: int, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache slot (request) and position of each of a level's B x R rows, built once a
+        shape (a captured level reads them, it does not rebuild them)."""
+        key = (bsz, rows, pos)
+        if key not in self._kv_index:
+            dev = self.device
+            self._kv_index[key] = (torch.arange(bsz, device=dev).repeat_interleave(rows),
+                                   pos + torch.arange(rows, device=dev).repeat(bsz))
+        return self._kv_index[key]
 
     def level(self, st: DraftState, lvl: int, tokens: torch.Tensor, hidden: torch.Tensor,
               kv_off: int):

@@ -11,6 +11,8 @@ follow the kernels' tensor contract exactly and favour clarity over speed:
 - `gdn_gates_ref`: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
 - `gdn_decode_ref`: one decode token per request, conv to gated norm (the fused decode kernel).
 - `cache_attention_ref`: attention to each request's committed keys, with its log-sum-exp.
+- `attention_in_ref`: a full-attention layer's q/k RMSNorm and partial RoPE, k and v into the
+  KV cache (the attention_in kernel).
 - `conv_window_commit_ref` / `seed_slots_ref`: the SGLang plug-in's conv-window commit over
   all layers and its track-slot seeding (copies: exact in any dtype).
 
@@ -367,3 +369,30 @@ def cache_attention_ref(q, k_cache, v_cache, slots, used, *, scale: Optional[flo
         lse[b] = torch.logsumexp(s, -1)
         out[b] = torch.softmax(s, -1) @ v_cache[slot, :, :n].double()
     return out, lse
+
+
+def attention_in_ref(proj, q_norm, k_norm, cos, sin, k_cache, v_cache, slots, positions, *, heads: int,
+                     kv_heads: int, eps: float, k_out: bool = False):
+    """q, gate, k (or None), v from the fused q|gate|k|v projection (kernels.attention_in's
+    contract), in float64: rms(x) w per head, the first 2R channels rotated by the rows' cos,
+    sin [N, R]; k and v written into the caches at (slots[i], positions[i]), rows outside the
+    caches skipped. q and k come back in float64."""
+    n, d, half = proj.shape[0], k_cache.shape[-1], cos.shape[-1]
+
+    def normed(x, w):
+        x = x.double()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+        x1, x2 = x[..., :half], x[..., half: 2 * half]
+        c, s = cos.double()[:, None], sin.double()[:, None]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half:]], dim=-1)
+
+    qg = proj[:, : 2 * heads * d].view(n, heads, 2 * d)
+    q = normed(qg[..., :d], q_norm)
+    k = normed(proj[:, 2 * heads * d: (2 * heads + kv_heads) * d].view(n, kv_heads, d), k_norm)
+    v = proj[:, (2 * heads + kv_heads) * d:].view(n, kv_heads, d)
+    for i in range(n):
+        slot, pos = int(slots[i]), int(positions[i])
+        if 0 <= slot < k_cache.shape[0] and 0 <= pos < k_cache.shape[2]:
+            k_cache[slot, :, pos] = k[i].to(k_cache.dtype)
+            v_cache[slot, :, pos] = v[i].to(v_cache.dtype)
+    return q, qg[..., d:], (k if k_out else None), v

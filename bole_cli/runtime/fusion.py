@@ -51,19 +51,19 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 def attn_in(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
             sin: torch.Tensor, heads: int, kv_heads: int, head_dim: int):
-    """The fused q|gate|k|v projection -> q (RMSNorm, RoPE), gate [N, heads * head_dim],
-    k (RMSNorm, RoPE), v."""
+    """The fused q|gate|k|v projection -> q (RMSNorm, RoPE), gate [N, heads, head_dim] (a
+    view), k (RMSNorm, RoPE), v (a view). kernels.attention_in is the same in one launch."""
     n, hq, hk, dh = proj.shape[0], heads, kv_heads, head_dim
     qg = proj[:, : 2 * hq * dh].view(n, hq, 2 * dh)
-    q, gate = qg[..., :dh], qg[..., dh:].reshape(n, hq * dh)
+    q, gate = qg[..., :dh], qg[..., dh:]
     k = proj[:, 2 * hq * dh: (2 * hq + hk) * dh].view(n, hk, dh)
     v = proj[:, (2 * hq + hk) * dh:].view(n, hk, dh)
     return rope(rms(q, q_norm), cos, sin), gate, rope(rms(k, k_norm), cos, sin), v
 
 
 def gated_out(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """The attention output times sigmoid(gate), flattened for o_proj."""
-    return o.reshape(gate.shape) * torch.sigmoid(gate)
+    """The attention output times sigmoid(gate) [N, heads, head_dim], flattened for o_proj."""
+    return (o.reshape(gate.shape) * torch.sigmoid(gate)).flatten(1)
 
 
 def gated_norm(o: torch.Tensor, z: torch.Tensor, norm_w: torch.Tensor, fdtype: torch.dtype) -> torch.Tensor:

@@ -181,6 +181,9 @@ class HybridModel:
     (runtime.fusion; default: on CUDA), else eager. cache_kernel: the attention to the
     committed keys through kernels.cache_attention (split along the keys, any lengths, no
     mask; default: on CUDA with 16-bit activations), else the SDPA / flash paths above.
+    attention_in_kernel: an attention layer's q/k norm, RoPE and KV-cache write in one launch
+    (kernels.attention_in; default: on CUDA with 16-bit activations, as cache_kernel), else
+    the compiled pieces and two index writes.
     skinny_mm: the projections of steps of at most limits.SKINNY_MM_MAX_ROWS rows through
     kernels.skinny_mm instead of cuBLAS (default off: whether it streams the weights faster
     is the H200 A/B of experiments/skinny_mm_bench.py, not yet measured).
@@ -191,7 +194,7 @@ class HybridModel:
                  snapshot: Optional[SnapshotGDN] = None, grouped_mm: Optional[bool] = None,
                  split_attention: Optional[bool] = None, varlen_attention: Optional[bool] = None,
                  compile: Optional[bool] = None, cache_kernel: Optional[bool] = None,
-                 skinny_mm: bool = False):
+                 attention_in_kernel: Optional[bool] = None, skinny_mm: bool = False):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
@@ -216,8 +219,9 @@ class HybridModel:
                                  if varlen_attention is None else varlen_attention)
         self.rope = Rope(int(spec.attn_head_dim * ROPE_FRACTION) // 2 * 2)
         self.fuse = Fusion(self.device.type == "cuda" if compile is None else compile)
-        self.cache_kernel = ((self.device.type == "cuda" and dtype in (torch.float16, torch.bfloat16))
-                             if cache_kernel is None else cache_kernel)
+        gpu_16bit = self.device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+        self.cache_kernel = gpu_16bit if cache_kernel is None else cache_kernel
+        self.attention_in_kernel = gpu_16bit if attention_in_kernel is None else attention_in_kernel
         self.skinny_mm = skinny_mm
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._build()
@@ -468,11 +472,23 @@ class HybridModel:
         """Gated RMSNorm per head (rms(o) * w * silu(z)), then out_proj."""
         return self.project(self.fuse.gated_norm(o, z, w.norm_w, self.fdtype), w.out_proj)
 
-    def _attn_in(self, w: _Weights, h: torch.Tensor, cos, sin):
-        """q_proj (query | gate per head), k_proj, v_proj fused; q/k RMSNorm, RoPE."""
+    def _attn_in(self, w: _Weights, h, cos, sin, cache: HybridCache, l: int, slots, positions, k_out: bool):
+        """q_proj (query | gate per head), k_proj, v_proj fused; q/k RMSNorm, RoPE; k and v
+        written into the layer's cache at (slots, positions). -> q, gate, k (with k_out, else
+        None), v [N, heads, head_dim]."""
         s = self.spec
-        return self.fuse.attn_in(self.project(h, w.qkv_proj), w.q_norm, w.k_norm, cos, sin,
-                                 s.attn_heads, s.attn_kv_heads, s.attn_head_dim)
+        proj = self.project(h, w.qkv_proj)
+        kc, vc = cache.k_cache[l], cache.v_cache[l]
+        if self.attention_in_kernel:
+            from bole_cli.kernels.attention_in import attention_in
+
+            return attention_in(proj, w.q_norm, w.k_norm, cos, sin, kc, vc, slots, positions, heads=s.attn_heads,
+                                kv_heads=s.attn_kv_heads, eps=RMS_EPS, k_out=k_out)
+        q, gate, k, v = self.fuse.attn_in(proj, w.q_norm, w.k_norm, cos, sin, s.attn_heads, s.attn_kv_heads,
+                                          s.attn_head_dim)
+        kc[slots, :, positions] = k
+        vc[slots, :, positions] = v
+        return q, gate, (k if k_out else None), v
 
     @staticmethod
     def _kv(cache: HybridCache, l: int, slots: torch.Tensor, slot_start: Optional[int], limit: int):
@@ -518,9 +534,7 @@ class HybridModel:
 
         def attn(layer: Layer, h):
             w, l = layer.mixer, layer.index
-            q, gate, k, v = self._attn_in(w, h, db.cos, db.sin)
-            cache.k_cache[l][db.slots, :, db.positions] = k
-            cache.v_cache[l][db.slots, :, db.positions] = v
+            q, gate, _, _ = self._attn_in(w, h, db.cos, db.sin, cache, l, db.slots, db.positions, False)
             qf = q.view(bsz, s.attn_kv_heads, self.gqa_group, s.attn_head_dim)
             if self.cache_kernel:
                 o = cache_attention(qf, cache.k_cache[l], cache.v_cache[l], db.slots, used, db.kv_limit)[0]
@@ -581,9 +595,7 @@ class HybridModel:
 
         def attn(layer: Layer, h):
             w, l = layer.mixer, layer.index
-            q, gate, k, v = self._attn_in(w, h, tb.cos, tb.sin)
-            cache.k_cache[l][tb.node_slot, :, tb.kv_pos] = k
-            cache.v_cache[l][tb.node_slot, :, tb.kv_pos] = v
+            q, gate, k, v = self._attn_in(w, h, tb.cos, tb.sin, cache, l, tb.node_slot, tb.kv_pos, True)
             qf = tb.padded(q).view(bsz, t_max, s.attn_kv_heads, grp, s.attn_head_dim).transpose(1, 2)
             qf = qf.reshape(bsz, s.attn_kv_heads, t_max * grp, s.attn_head_dim)
             if self.cache_kernel and tb.tree_bias is not None:
