@@ -76,6 +76,13 @@ def cases():
         consts = dict(HQ=hq, HK=hk, DH=dh, DP=dh, HALF=half, K_OUT=k_out)
         yield (f"attention_in HQ={hq} HK={hk} D={dh} k_out={k_out}", _attention_in_kernel, ptr, {"eps": "fp32"},
                consts, 2, 1)
+    from bole_cli.kernels.cache_attention import _cache_attention_part
+
+    for tree, final in ((True, False), (True, True)):  # a verify's tree keys under their mask
+        ptr = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", slots="*i64", used="*i64", o_part="*fp32",
+                   m_part="*fp32", l_part="*fp32", out="*bf16", lse="*fp32", tree_bias="*fp32")
+        yield (f"cache_attention_part tree={tree} final={final}", _cache_attention_part, ptr, {"scale": "fp32"},
+               dict(H=4, D=256, BD=256, BR=16, BL=64, FINAL=final, TREE=tree), 4, 1)
     chain = dict(q="*bf16", k="*bf16", v="*bf16", g="*bf16", beta="*bf16", A_log="*fp32", dt_bias="*fp32",
                  state="*fp32", state_idx="*i32", parents="*i32", cu="*i32", o="*bf16", u="*fp32", fu="*fp32",
                  fo="*fp32", log_p="*fp32")

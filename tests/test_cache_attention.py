@@ -1,6 +1,9 @@
 """Split-key attention to the KV cache (kernels/cache_attention.py) against its float64
 reference: any lengths (none, short, past the cache), several key chunks merged, GQA rows,
-slots outside the pool. CPU: Triton's interpreter, float32."""
+slots outside the pool; a tree verify's own keys after the committed ones under its tree
+mask (rows that see nothing, trees past the cache's end, chunks of tree keys only), against
+the reference and against the runtime's split tree attention. CPU: Triton's interpreter,
+float32."""
 
 from __future__ import annotations
 
@@ -49,6 +52,85 @@ def test_several_chunks_are_merged():
     torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
 
 
+def tree_mask(g, bsz, heads, nodes, group, width, dtype=torch.float32):
+    """An additive tree mask [B, heads, nodes x group, width]: each node sees its random
+    ancestors and itself (parents before children), padding columns -inf."""
+    bias = torch.full((bsz, heads, nodes * group, width), float("-inf"))
+    for b in range(bsz):
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, nodes)]
+        for i in range(nodes):
+            j = i
+            while j >= 0:
+                bias[b, :, i * group: (i + 1) * group, j] = 0.0
+                j = parents[j]
+    return bias.to(dtype)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**31 - 1), hkv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2, 4]),
+       nodes=st.integers(1, 9), pad=st.sampled_from([0, 3]), heads=st.sampled_from([1, "H"]),
+       lengths=st.lists(st.integers(0, 700), min_size=1, max_size=3))
+@example(seed=2, hkv=1, group=2, nodes=5, pad=0, heads=1, lengths=[636, 0, 300])  # past the end; no cache
+def test_tree_keys_after_the_cache_match_float64_reference(seed, hkv, group, nodes, pad, heads, lengths):
+    lmax, d = 640, 16
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, slots, used = case(seed, len(lengths), hkv, nodes * group, d, lmax, lengths)
+    bias = tree_mask(g, len(lengths), hkv if heads == "H" else 1, nodes, group, nodes + pad)
+    out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias)
+    want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
+
+
+def test_tree_attention_is_the_runtimes_split_tree_attention():
+    """The cache part and the tree part in one kernel (several key chunks, the tree's keys in
+    the last) against runtime.attention.split_tree_attention over the same keys, a row that
+    sees only the cache (padding) included."""
+    from bole_cli.runtime.attention import split_tree_attention
+
+    g = torch.Generator().manual_seed(7)
+    bsz, hkv, group, nodes, base, d = 2, 2, 2, 6, 520, 16
+    q, k, v, slots, _ = case(7, bsz, hkv, nodes * group, d, 640, [base] * bsz)
+    used = torch.full((bsz,), base, dtype=torch.int64)
+    bias = tree_mask(g, bsz, 1, nodes, group, nodes)
+    bias[1, :, -group:] = float("-inf")  # request 1's last node: a padding row, the cache only
+    out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias)
+    kc, vc = k[slots][:, :, :base], v[slots][:, :, :base]
+    kt, vt = k[slots][:, :, base: base + nodes], v[slots][:, :, base: base + nodes]
+    want = split_tree_attention(q, kc, vc, kt, vt, bias)
+    torch.testing.assert_close(out[0], want[0], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(out[1, :, :-group], want[1, :, :-group], atol=2e-5, rtol=2e-5)
+    # the padding row: the cache alone (split_tree_attention gives NaN there, a row it drops)
+    alone = cache_attention(q, k, v, slots, used)[0]
+    torch.testing.assert_close(out[1, :, -group:], alone[1, :, -group:], atol=2e-5, rtol=2e-5)
+    assert attention_splits(bsz, hkv, 1, base + nodes) > 1
+
+
+def test_tree_rows_that_see_nothing_get_zero():
+    """No committed keys and a row masked off every tree key: out 0, lse -inf (no NaN from
+    the masked chunk), the other rows as the reference."""
+    q, k, v, slots, _ = case(8, 1, 1, 3, 16, 64, [0])
+    bias = torch.tensor([[[[0.0, float("-inf")], [float("-inf"), float("-inf")], [0.0, 0.0]]]])
+    out, lse = cache_attention(q, k, v, slots, torch.zeros(1, dtype=torch.int64), tree_bias=bias)
+    assert (out[0, 0, 1] == 0).all() and lse[0, 0, 1] == float("-inf")
+    want, want_lse = cache_attention_ref(q, k, v, slots, torch.zeros(1, dtype=torch.int64), tree_bias=bias)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_a_chunk_of_tree_keys_a_row_cannot_see_merges_as_nothing():
+    """Key chunks of 192 (max_keys 520: three): the last holds only the tree's keys, and one
+    row sees none of them; its other chunks still count, with no NaN from the empty one."""
+    q, k, v, slots, _ = case(9, 1, 1, 4, 16, 640, [384])
+    used = torch.tensor([384])
+    bias = torch.zeros(1, 1, 4, 4)
+    bias[0, 0, 2] = float("-inf")
+    out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias, max_keys=520)
+    want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
+    assert attention_splits(1, 1, 1, 520) == 3
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("keys", [100, 600])  # one chunk (normalised in place) or merged
 def test_slot_outside_the_pool_is_nan(keys):
     q, k, v, slots, used = case(4, 2, 1, 4, 16, 640, [keys, keys])
@@ -62,12 +144,15 @@ def test_slot_outside_the_pool_is_nan(keys):
     (dict(k=torch.zeros(3, 2, 8, 16)), "k_cache"),
     (dict(slots=torch.zeros(3, dtype=torch.int64)), "slots"),
     (dict(used=torch.zeros(2)), "used"),
+    (dict(tree_bias=torch.zeros(2, 1, 3, 5)), "tree_bias"),
+    (dict(tree_bias=torch.zeros(2, 3, 4, 5)), "tree_bias"),
+    (dict(tree_bias=torch.zeros(2, 1, 5, 4).transpose(2, 3)), "tree_bias"),
 ])
 def test_bad_input_names_the_argument(change, message):
     q, k, v, slots, used = case(0, 2, 1, 4, 16, 64, [3, 4])
-    args = dict(q=q, k=k, v=v, slots=slots, used=used) | change
+    args = dict(q=q, k=k, v=v, slots=slots, used=used, tree_bias=None) | change
     with pytest.raises(InputError, match=message):
-        cache_attention(args["q"], args["k"], args["v"], args["slots"], args["used"])
+        cache_attention(args["q"], args["k"], args["v"], args["slots"], args["used"], tree_bias=args["tree_bias"])
 
 
 @pytest.mark.gpu
@@ -77,5 +162,20 @@ def test_bf16_on_gpu(bsz, keys):
     q, k, v, slots, used = (t.cuda() for t in (q, k, v, slots, used))
     out, lse = cache_attention(q, k, v, slots, used)
     want, want_lse = cache_attention_ref(q.cpu(), k.cpu(), v.cpu(), slots.cpu(), used.cpu())
+    assert float((out.cpu().double() - want).norm() / want.norm()) < 1e-2
+    torch.testing.assert_close(lse.cpu().double(), want_lse, atol=2e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz, keys, nodes", [(1, 4096, 32), (16, 1024, 16)])
+def test_bf16_tree_on_gpu(bsz, keys, nodes):
+    """A 9B verify's attention (4 KV heads, groups of 4, head 256): the committed keys and the
+    tree's after them under its mask, against float64."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v, slots, used = case(6, bsz, 4, nodes * 4, 256, keys + nodes, [keys - b for b in range(bsz)],
+                                dtype=torch.bfloat16)
+    bias = tree_mask(g, bsz, 1, nodes, 4, nodes)
+    out, lse = cache_attention(*(t.cuda() for t in (q, k, v, slots, used)), tree_bias=bias.cuda())
+    want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
     assert float((out.cpu().double() - want).norm() / want.norm()) < 1e-2
     torch.testing.assert_close(lse.cpu().double(), want_lse, atol=2e-2, rtol=1e-3)

@@ -12,6 +12,12 @@ Queries q [B, H_kv, R, D] (R rows per KV head: the GQA group of each query token
 [S, H_kv, L_max, D] (one layer's); request b reads slot slots[b]'s first used[b] keys.
 Rows of a request with no key get out 0 and lse -inf; slots outside the pool read nothing
 and give NaN; used[b] past the cache length reads the whole slot, never beyond.
+
+A tree verify's own keys sit in the cache right after the committed ones (its scratch), so
+the tree part is read here too when `tree_bias` [B, 1|H_kv, R, T] is given: row r also sees
+key used[b] + c, for c < T, with tree_bias[b, ., r, c] added to its score (0 for an
+ancestor or itself, -inf otherwise). The whole attention is then this kernel, where the
+tree part alone took six or more launches (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -29,12 +35,12 @@ TARGET_PROGRAMS = 264  # about two programs per SM of an H100/H200: enough split
 MIN_SPLIT_KEYS = 256
 
 
-@triton.jit
-def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse,
+@triton.jit(do_not_specialize=["tree_t"])
+def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse, tree_bias,
                           n_slots, l_max, rows, split_keys, scale, s_qb, s_qh, s_qr, s_kn, s_kh, s_kl, s_vn, s_vh, s_vl,
-                          s_ob, s_oh, s_or, s_lb, s_lh,
+                          s_ob, s_oh, s_or, s_lb, s_lh, tree_t, s_tb, s_th, s_tr,
                           H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BL: tl.constexpr,
-                          FINAL: tl.constexpr):
+                          FINAL: tl.constexpr, TREE: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // H
@@ -47,7 +53,8 @@ def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_pa
     slot = tl.load(slots + b).to(tl.int64)
     in_pool = (slot >= 0) & (slot < n_slots)
     safe = tl.where(in_pool, slot, 0)
-    n_keys = tl.minimum(tl.where(in_pool, tl.load(used + b).to(tl.int32), 0), l_max)  # never past the cache
+    base = tl.load(used + b).to(tl.int32)
+    n_keys = tl.minimum(tl.where(in_pool, base + tree_t, 0), l_max)  # never past the cache (tree_t 0: no tree)
     start = split * split_keys
     end = tl.minimum(start + split_keys, n_keys)
     qp = q + b.to(tl.int64) * s_qb + h * s_qh + offs_r[:, None] * s_qr + offs_d[None, :]
@@ -62,10 +69,15 @@ def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_pa
         lmask = offs_l < end
         kt = tl.load(kb + offs_l[:, None] * s_kl + offs_d[None, :], mask=lmask[:, None] & dmask[None, :], other=0.0)
         s = tl.dot(qt, tl.trans(kt)).to(tl.float32) * scale
+        if TREE:  # the tree's keys: each row's ancestors and itself (the bias is 0 there, -inf elsewhere)
+            col = offs_l - base
+            tb = tree_bias + b.to(tl.int64) * s_tb + h * s_th + offs_r[:, None] * s_tr + col[None, :]
+            s += tl.load(tb, mask=rmask[:, None] & (lmask & (col >= 0))[None, :], other=0.0).to(tl.float32)
         s = tl.where(lmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw no key yet (masked tree keys)
+        alpha = tl.exp(m - m_use)
+        p = tl.exp(s - m_use[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         vt = tl.load(vb + offs_l[:, None] * s_vl + offs_d[None, :], mask=lmask[:, None] & dmask[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt).to(tl.float32)
@@ -126,11 +138,13 @@ def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int) 
 
 
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                    used: torch.Tensor, *, max_keys: Optional[int] = None, scale: Optional[float] = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    used: torch.Tensor, *, max_keys: Optional[int] = None, scale: Optional[float] = None,
+                    tree_bias: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H_kv, R, D] in q's dtype, lse [B, H_kv, R] float32) of q against the first
-    used[b] keys of slot slots[b]. max_keys: a bound on used (default the cache length),
-    which sets the number of key chunks (give the step's bucket so a graph holds it)."""
+    used[b] keys of slot slots[b]. max_keys: a bound on the keys read (default the cache
+    length), which sets the number of key chunks (give the step's bucket so a graph holds it).
+    tree_bias [B, 1|H_kv, R, T] (last dimension contiguous): keys used[b] .. used[b] + T - 1
+    too, tree_bias[b, ., r, c] added to row r's score of key used[b] + c."""
     check_tensor("q", q, 4, ACTIVATION_DTYPES)
     dev = q.device
     bsz, hkv, rows, d = q.shape
@@ -145,6 +159,15 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     slots = check_index_vector("slots", slots, bsz, dev)
     used = check_index_vector("used", used, bsz, dev)
     n_slots, _, lmax, _ = k_cache.shape
+    tree_t = 0
+    if tree_bias is not None:
+        check_tensor("tree_bias", tree_bias, 4, ACTIVATION_DTYPES, dev)
+        if (tree_bias.shape[0] != bsz or tree_bias.shape[1] not in (1, hkv) or tree_bias.shape[2] != rows
+                or tree_bias.shape[3] < 1):
+            raise InputError(f"tree_bias: expected [{bsz}, 1 or {hkv}, {rows}, T] for q {tuple(q.shape)}, "
+                             f"got {tuple(tree_bias.shape)}")
+        check_last_contiguous("tree_bias", tree_bias)
+        tree_t = tree_bias.shape[3]
     max_keys = lmax if max_keys is None else min(int(max_keys), lmax)
     scale = d ** -0.5 if scale is None else float(scale)
     out = torch.empty(bsz, hkv, rows, d, device=dev, dtype=q.dtype)
@@ -162,11 +185,15 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     m_part = torch.empty(n_part, device=dev, dtype=torch.float32)
     l_part = torch.empty(n_part, device=dev, dtype=torch.float32)
     strides = (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1))
+    tb = tree_bias if tree_bias is not None else lse  # never read without a tree
+    tb_strides = ((tb.stride(0), tb.stride(1) if tb.shape[1] > 1 else 0, tb.stride(2)) if tree_bias is not None
+                  else (0, 0, 0))
     _cache_attention_part[(bsz * hkv, splits, row_blocks)](
-        q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse,
+        q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse, tb,
         n_slots, lmax, rows, split_keys, scale, q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), *strides, H=hkv, D=d, BD=bd, BR=br, BL=64, FINAL=final, num_warps=4)
+        v_cache.stride(2), *strides, tree_t, *tb_strides, H=hkv, D=d, BD=bd, BR=br, BL=64, FINAL=final,
+        TREE=tree_bias is not None, num_warps=4)
     if not final:
         _cache_attention_merge[(bsz * hkv, row_blocks)](
             o_part, m_part, l_part, out, lse, slots, n_slots, rows, splits, *strides, H=hkv, D=d, BD=bd, BR=br, num_warps=4)

@@ -349,25 +349,33 @@ def gdn_decode_ref(x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, s
     return o.reshape(o.shape[0], -1), new_state, new_conv
 
 
-def cache_attention_ref(q, k_cache, v_cache, slots, used, *, scale: Optional[float] = None):
+def cache_attention_ref(q, k_cache, v_cache, slots, used, *, scale: Optional[float] = None, tree_bias=None):
     """(out [B, H_kv, R, D], lse [B, H_kv, R]) in float64: q's rows against slot slots[b]'s
-    first min(used[b], L) keys; out 0 and lse -inf without keys; NaN for a slot outside
-    the pool (cache_attention's contract)."""
+    first min(used[b], L) keys, and with tree_bias [B, 1|H_kv, R, T] the next T keys (those
+    within the cache) with the bias added to their scores; out 0 and lse -inf for a row
+    without a visible key; NaN for a slot outside the pool (cache_attention's contract)."""
     bsz, hkv, rows, d = q.shape
     n_slots, _, lmax, _ = k_cache.shape
     scale = d ** -0.5 if scale is None else scale
+    tree_t = 0 if tree_bias is None else tree_bias.shape[3]
     out = torch.zeros(bsz, hkv, rows, d, dtype=torch.float64)
     lse = torch.full((bsz, hkv, rows), float("-inf"), dtype=torch.float64)
     for b in range(bsz):
-        slot, n = int(slots[b]), min(int(used[b]), lmax)
+        slot, base = int(slots[b]), int(used[b])
+        n = min(base + tree_t, lmax)
         if not 0 <= slot < n_slots:
             out[b], lse[b] = float("nan"), float("nan")
             continue
         if n <= 0:
             continue
         s = q[b].double() @ k_cache[slot, :, :n].double().transpose(-1, -2) * scale  # [H, R, n]
+        if tree_t:
+            cols = torch.arange(n) - base  # key k is the tree's column k - base where that is >= 0
+            s[..., cols >= 0] += tree_bias[b, :, :, cols[cols >= 0]].double()
         lse[b] = torch.logsumexp(s, -1)
-        out[b] = torch.softmax(s, -1) @ v_cache[slot, :, :n].double()
+        seen = torch.isfinite(lse[b])[..., None]
+        p = torch.where(seen, torch.exp(s - torch.where(seen, lse[b][..., None], 0.0)), 0.0)
+        out[b] = p @ v_cache[slot, :, :n].double()
     return out, lse
 
 

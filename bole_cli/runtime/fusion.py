@@ -5,19 +5,20 @@ Eager PyTorch runs each of these as several kernels (an add, a cast, a square, a
 rsqrt, two multiplies, another cast...), a few microseconds each, and a decode step of a
 64-layer model runs hundreds of them: production engines fuse them by hand (residual add
 + RMSNorm, the attention's q/k norm + RoPE, a tree's masked attention part and its merge
-with the cache part). Here the compiler does it: each piece is a
+with the cache part). Here the compiler does it where it fuses well: each piece is a
 pure function compiled once (weights are arguments, so every layer shares one compiled
 kernel per token count) and captured in the step's CUDA graph like any kernel. `Fusion(
 compile=False)` runs the same functions eagerly: same arithmetic, the CPU path of the
-tests.
+tests. Where it splits a piece into many kernels, a Triton kernel does it instead: the
+attention's input (kernels.attention_in), the tree part of a verify's attention
+(kernels.cache_attention), and, with the skinny GEMM on, the add + RMSNorm and SwiGLU
+around the projections (NormedRows, kernels.skinny_mm).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from bole_cli.runtime.attention import split_tree_attention
 
 RMS_EPS = 1e-6
 COMPILE_BACKEND = "inductor"  # the tests trace the same functions with "eager" (no C compiler needed)
@@ -122,4 +123,3 @@ class Fusion:
         self.gated_out = wrap(gated_out)
         self.gated_norm = wrap(gated_norm)
         self.mtp_in = wrap(mtp_in)
-        self.tree_attention = wrap(split_tree_attention)  # a verify's tree part and its merge
