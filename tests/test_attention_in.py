@@ -28,7 +28,6 @@ def inputs(gen, n, heads, kv, d, half, slots=3, length=9, dtype=torch.float32, p
     qn, kn = 1 + torch.randn(d, generator=gen) / 4, 1 + torch.randn(d, generator=gen) / 4
     ang = torch.rand(n, half, generator=gen) * 6
     cache = [torch.randn(slots, kv, length, d, generator=gen).to(dtype) for _ in range(2)]
-    s = torch.randint(0, slots, (n,), generator=gen)
     p = torch.randperm(slots * length, generator=gen)[:n]  # distinct (slot, position) pairs
     return proj, qn.to(dtype), kn.to(dtype), ang.cos(), ang.sin(), cache, p // length, p % length
 
