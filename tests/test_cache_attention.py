@@ -106,6 +106,24 @@ def test_tree_attention_is_the_runtimes_split_tree_attention():
     assert attention_splits(bsz, hkv, 1, base + nodes) > 1
 
 
+@pytest.mark.parametrize("tokens,group,keys", [(5, 4, 100), (3, 2, 600)])  # one chunk; merged
+def test_token_major_queries_give_token_major_outputs(tokens, group, keys):
+    """q as a verify has it, [B, T, H_kv, G, D] transposed to [B, H_kv, T, G, D] (no copy):
+    the same as its rows copied to [B, H_kv, T G, D], out back token-major (a view of a
+    contiguous [B, T, H_kv, G, D]), with and without a tree."""
+    g = torch.Generator().manual_seed(10)
+    bsz, hkv, d = 2, 2, 16
+    q, k, v, slots, used = case(10, bsz, hkv, tokens * group, d, 640, [keys, keys // 2])
+    q5 = torch.randn(bsz, tokens, hkv, group, d, generator=g).transpose(1, 2)
+    rows = q5.reshape(bsz, hkv, tokens * group, d)
+    for bias in (None, tree_mask(g, bsz, 1, tokens, group, tokens)):
+        out, lse = cache_attention(q5, k, v, slots, used, tree_bias=bias)
+        want, want_lse = cache_attention(rows, k, v, slots, used, tree_bias=bias)
+        assert out.shape == q5.shape and out.transpose(1, 2).is_contiguous()
+        torch.testing.assert_close(out.reshape(want.shape), want, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(lse, want_lse, atol=1e-6, rtol=1e-6)
+
+
 def test_tree_rows_that_see_nothing_get_zero():
     """No committed keys and a row masked off every tree key: out 0, lse -inf (no NaN from
     the masked chunk), the other rows as the reference."""

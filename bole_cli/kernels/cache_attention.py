@@ -37,8 +37,8 @@ MIN_SPLIT_KEYS = 256
 
 @triton.jit(do_not_specialize=["tree_t"])
 def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse, tree_bias,
-                          n_slots, l_max, rows, split_keys, scale, s_qb, s_qh, s_qr, s_kn, s_kh, s_kl, s_vn, s_vh, s_vl,
-                          s_ob, s_oh, s_or, s_lb, s_lh, tree_t, s_tb, s_th, s_tr,
+                          n_slots, l_max, rows, split_keys, scale, s_qb, s_qh, s_qt, s_qg, s_kn, s_kh, s_kl, s_vn,
+                          s_vh, s_vl, s_ob, s_oh, s_ot, s_og, s_lb, s_lh, group, tree_t, s_tb, s_th, s_tr,
                           H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BL: tl.constexpr,
                           FINAL: tl.constexpr, TREE: tl.constexpr):
     bh = tl.program_id(0)
@@ -57,7 +57,8 @@ def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_pa
     n_keys = tl.minimum(tl.where(in_pool, base + tree_t, 0), l_max)  # never past the cache (tree_t 0: no tree)
     start = split * split_keys
     end = tl.minimum(start + split_keys, n_keys)
-    qp = q + b.to(tl.int64) * s_qb + h * s_qh + offs_r[:, None] * s_qr + offs_d[None, :]
+    node, g = offs_r // group, offs_r % group  # row r: query token r // group, its head r % group
+    qp = q + b.to(tl.int64) * s_qb + h * s_qh + (node * s_qt + g * s_qg)[:, None] + offs_d[None, :]
     qt = tl.load(qp, mask=rmask[:, None] & dmask[None, :], other=0.0)
     kb = k_cache + safe * s_kn + h * s_kh
     vb = v_cache + safe * s_vn + h * s_vh
@@ -86,7 +87,7 @@ def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_pa
     if FINAL:  # one split: normalise here
         has = l > 0
         o = tl.where(has[:, None], acc / tl.where(has, l, 1.0)[:, None], 0.0) + poison
-        op = out + b.to(tl.int64) * s_ob + h * s_oh + offs_r[:, None] * s_or + offs_d[None, :]
+        op = out + b.to(tl.int64) * s_ob + h * s_oh + (node * s_ot + g * s_og)[:, None] + offs_d[None, :]
         tl.store(op, o.to(out.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
         ls = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), float("-inf")) + poison
         tl.store(lse + b.to(tl.int64) * s_lb + h * s_lh + offs_r, ls, mask=rmask)
@@ -99,7 +100,7 @@ def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_pa
 
 @triton.jit
 def _cache_attention_merge(o_part, m_part, l_part, out, lse, slots, n_slots, rows, n_splits,
-                           s_ob, s_oh, s_or, s_lb, s_lh,
+                           s_ob, s_oh, s_ot, s_og, s_lb, s_lh, group,
                            H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
     bh = tl.program_id(0)
     b = bh // H
@@ -123,7 +124,8 @@ def _cache_attention_merge(o_part, m_part, l_part, out, lse, slots, n_slots, row
         acc += w[:, None] * tl.load(o_part + part[:, None] * BD + offs_d[None, :], mask=rmask[:, None], other=0.0)
     has = total > 0
     o = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0) + poison
-    op = out + b.to(tl.int64) * s_ob + h * s_oh + offs_r[:, None] * s_or + offs_d[None, :]
+    node, g = offs_r // group, offs_r % group
+    op = out + b.to(tl.int64) * s_ob + h * s_oh + (node * s_ot + g * s_og)[:, None] + offs_d[None, :]
     tl.store(op, o.to(out.dtype.element_ty), mask=rmask[:, None] & (offs_d < D)[None, :])
     ls = tl.where(has, safe_mx + tl.log(tl.where(has, total, 1.0)), float("-inf")) + poison
     tl.store(lse + b.to(tl.int64) * s_lb + h * s_lh + offs_r, ls, mask=rmask)
@@ -144,11 +146,22 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     used[b] keys of slot slots[b]. max_keys: a bound on the keys read (default the cache
     length), which sets the number of key chunks (give the step's bucket so a graph holds it).
     tree_bias [B, 1|H_kv, R, T] (last dimension contiguous): keys used[b] .. used[b] + T - 1
-    too, tree_bias[b, ., r, c] added to row r's score of key used[b] + c."""
-    check_tensor("q", q, 4, ACTIVATION_DTYPES)
-    dev = q.device
-    bsz, hkv, rows, d = q.shape
+    too, tree_bias[b, ., r, c] added to row r's score of key used[b] + c.
+
+    q may also be [B, H_kv, T, G, D] (T query tokens of G heads each, any strides: a
+    verify's q as [B, T, H_kv, G, D] transposed, no copy), row r = t G + g; out then has
+    that shape too, a view of a [B, T, H_kv, G, D] buffer (the token-major rows o_proj
+    reads, again no copy)."""
+    five = isinstance(q, torch.Tensor) and q.dim() == 5
+    check_tensor("q", q, 5 if five else 4, ACTIVATION_DTYPES)
     check_last_contiguous("q", q)
+    dev = q.device
+    if five:  # rows r = t G + g of token t's head g
+        bsz, hkv, tokens, group, d = q.shape
+        rows, q_rows = tokens * group, (q.stride(2), q.stride(3))
+    else:  # one token of R rows
+        bsz, hkv, rows, d = q.shape
+        group, q_rows = max(rows, 1), (0, q.stride(2))
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, c, 4, (q.dtype,), dev)
         check_last_contiguous(name, c)
@@ -170,7 +183,12 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         tree_t = tree_bias.shape[3]
     max_keys = lmax if max_keys is None else min(int(max_keys), lmax)
     scale = d ** -0.5 if scale is None else float(scale)
-    out = torch.empty(bsz, hkv, rows, d, device=dev, dtype=q.dtype)
+    if five:
+        out = torch.empty(bsz, tokens, hkv, group, d, device=dev, dtype=q.dtype).transpose(1, 2)
+        o_rows = (out.stride(2), out.stride(3))
+    else:
+        out = torch.empty(bsz, hkv, rows, d, device=dev, dtype=q.dtype)
+        o_rows = (0, out.stride(2))
     lse = torch.empty(bsz, hkv, rows, device=dev, dtype=torch.float32)
     if bsz == 0 or rows == 0:
         return out, lse
@@ -184,13 +202,13 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     o_part = torch.empty(n_part, bd, device=dev, dtype=torch.float32)
     m_part = torch.empty(n_part, device=dev, dtype=torch.float32)
     l_part = torch.empty(n_part, device=dev, dtype=torch.float32)
-    strides = (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1))
+    strides = (out.stride(0), out.stride(1), *o_rows, lse.stride(0), lse.stride(1), group)
     tb = tree_bias if tree_bias is not None else lse  # never read without a tree
     tb_strides = ((tb.stride(0), tb.stride(1) if tb.shape[1] > 1 else 0, tb.stride(2)) if tree_bias is not None
                   else (0, 0, 0))
     _cache_attention_part[(bsz * hkv, splits, row_blocks)](
         q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse, tb,
-        n_slots, lmax, rows, split_keys, scale, q.stride(0), q.stride(1), q.stride(2),
+        n_slots, lmax, rows, split_keys, scale, q.stride(0), q.stride(1), *q_rows,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), *strides, tree_t, *tb_strides, H=hkv, D=d, BD=bd, BR=br, BL=64, FINAL=final,
         TREE=tree_bias is not None, num_warps=4)

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                     used: torch.Tensor, max_keys: int, tree_bias: Optional[torch.Tensor] = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of q [B, H_kv, R, D] against slot slots[b]'s first used[b] keys of one
+    """(out, lse) of q [B, H_kv, R, D] (or [B, H_kv, T, G, D], T tokens' G heads, any strides;
+    out then alike, token-major) against slot slots[b]'s first used[b] keys of one
     layer's cache [S, H_kv, L_max, D], split along the keys (kernels.cache_attention);
     max_keys bounds the keys read (the step's bucket) and fixes the number of key chunks.
     tree_bias: a verify's tree keys too (its scratch right after used[b]) under that mask."""

@@ -597,12 +597,14 @@ class HybridModel:
             w, l = layer.mixer, layer.index
             one_kernel = self.cache_kernel and tb.tree_bias is not None  # the tree's keys read from the cache
             q, gate, k, v = self._attn_in(w, h, tb.cos, tb.sin, cache, l, tb.node_slot, tb.kv_pos, not one_kernel)
-            qf = tb.padded(q).view(bsz, t_max, s.attn_kv_heads, grp, s.attn_head_dim).transpose(1, 2)
-            qf = qf.reshape(bsz, s.attn_kv_heads, t_max * grp, s.attn_head_dim)
-            if one_kernel:  # keys base + local index: the scratch attention_in just wrote
-                o = cache_attention(qf, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.base, tb.kv_limit,
+            q5 = tb.padded(q).view(bsz, t_max, s.attn_kv_heads, grp, s.attn_head_dim).transpose(1, 2)
+            if one_kernel:  # keys base + local index: the scratch attention_in just wrote; q, o token-major
+                o = cache_attention(q5, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.base, tb.kv_limit,
                                     tree_bias=tb.tree_bias)[0]
-            elif tb.kv_used is not None:
+                o = tb.packed(o.transpose(1, 2).reshape(bsz * t_max, -1))  # a view (contiguous)
+                return self.project(self.fuse.gated_out(o, gate), w.o_proj)
+            qf = q5.reshape(bsz, s.attn_kv_heads, t_max * grp, s.attn_head_dim)
+            if tb.kv_used is not None:
                 part = varlen_cache_attention(qf, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.kv_used)
                 o = split_tree_attention(qf, None, None, tb.padded(k).transpose(1, 2),
                                          tb.padded(v).transpose(1, 2), tb.tree_bias, cache_part=part)
