@@ -83,6 +83,11 @@ def cases():
                    m_part="*fp32", l_part="*fp32", out="*bf16", lse="*fp32", tree_bias="*fp32")
         yield (f"cache_attention_part tree={tree} final={final}", _cache_attention_part, ptr, {"scale": "fp32"},
                dict(H=4, D=256, BD=256, BR=16, BL=64, FINAL=final, TREE=tree), 4, 1)
+    from bole_cli.kernels.kv_compact import _kv_compact_kernel
+
+    ptr = dict(k_cache="*bf16", v_cache="*bf16", slots="*i64", base="*i64", accepted="*i64", cu="*i32",
+               path_table="*i64")
+    yield "kv_compact D=256 depth=9", _kv_compact_kernel, ptr, {}, dict(H=4, D=256, BD=256, DEPTH=9), 1, 1
     chain = dict(q="*bf16", k="*bf16", v="*bf16", g="*bf16", beta="*bf16", A_log="*fp32", dt_bias="*fp32",
                  state="*fp32", state_idx="*i32", parents="*i32", cu="*i32", o="*bf16", u="*fp32", fu="*fp32",
                  fo="*fp32", log_p="*fp32")

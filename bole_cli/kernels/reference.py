@@ -13,6 +13,8 @@ follow the kernels' tensor contract exactly and favour clarity over speed:
 - `cache_attention_ref`: attention to each request's committed keys, with its log-sum-exp.
 - `attention_in_ref`: a full-attention layer's q/k RMSNorm and partial RoPE, k and v into the
   KV cache (the attention_in kernel).
+- `kv_compact_ref`: a verify's accepted path moved from the KV scratch to its depths (a copy:
+  exact in any dtype).
 - `conv_window_commit_ref` / `seed_slots_ref`: the SGLang plug-in's conv-window commit over
   all layers and its track-slot seeding (copies: exact in any dtype).
 
@@ -404,3 +406,21 @@ def attention_in_ref(proj, q_norm, k_norm, cos, sin, k_cache, v_cache, slots, po
             k_cache[slot, :, pos] = k[i].to(k_cache.dtype)
             v_cache[slot, :, pos] = v[i].to(v_cache.dtype)
     return q, qg[..., d:], (k if k_out else None), v
+
+
+def kv_compact_ref(k_cache, v_cache, slots, base, accepted, cu_seqlens, path_table) -> None:
+    """In place, kernels.kv_compact's contract: for each request b whose slot, accepted node
+    and base are valid, the key and value at base + (local index of the accepted node's
+    ancestor at depth d) move to base + d in every layer, d in increasing order; a move
+    whose source or destination lies past the cache, or whose row is -1, is skipped."""
+    n_slots, max_len = k_cache.shape[1], k_cache.shape[3]
+    for b in range(slots.shape[0]):
+        slot, node, bs = int(slots[b]), int(accepted[b]), int(base[b])
+        first = int(cu_seqlens[b]) + node
+        if not (0 <= slot < n_slots and node >= 0 and 0 <= first < path_table.shape[0] and bs >= 0):
+            continue
+        for d in range(path_table.shape[1]):
+            row = int(path_table[first, d])
+            if row >= 0 and row != d and bs + row < max_len and bs + d < max_len:
+                for c in (k_cache, v_cache):
+                    c[:, slot, :, bs + d] = c[:, slot, :, bs + row]

@@ -641,12 +641,17 @@ class HybridModel:
             self.ops.conv_commit(conv.view((-1,) + tuple(conv.shape[2:])), out.x.view(-1, out.x.shape[-1]),
                                  tb.layer_slots, tb.layer_parents, tb.layer_cu_seqlens,
                                  accepted.repeat(self.n_gdn))
-        if self.n_attn:
+        if self.n_attn and self.device.type == "cuda":  # one launch (the tensor ops: ~20)
+            from bole_cli.kernels.kv_compact import kv_compact
+
+            kv_compact(cache.k_cache, cache.v_cache, tb.slots, tb.base, accepted, tb.cu_seqlens, tb.path_table)
+        elif self.n_attn:
             self._compact_kv(cache, tb, accepted)
 
     @staticmethod
     def _compact_kv(cache: HybridCache, tb: TreeBatch, accepted: torch.Tensor) -> None:
-        """Move the accepted path's scratch K/V (at base + local index) to base + depth.
+        """Move the accepted path's scratch K/V (at base + local index) to base + depth (the
+        CPU path; kernels.kv_compact on CUDA, tested equal).
 
         Entries past the path repeat the root's move (same value, so duplicates are
         harmless); a request that accepts nothing self-copies its first free position."""
