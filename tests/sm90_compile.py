@@ -57,17 +57,21 @@ def cases():
         yield f"tree_metadata {idt} bias={bias} T={tp} D={dp} G={group}", _tree_metadata_kernel, ptr, {}, consts, 4, 1
     from bole_cli.kernels.configs import launch_config
 
-    for dtype, m, (n, k), fused in (("bf16", 1, (12352, 4096), False), ("bf16", 64, (4096, 12288), False),
-                                    ("fp32", 16, (4096, 4096), False), ("bf16", 1, (24576, 4096), True),
-                                    ("bf16", 64, (12352, 4096), True)):
+    # fused: "" none, "ng" add + norm + SwiGLU, "n" add + norm, "gate" x * sigmoid(gate), "head" the
+    # GDN output's per-head norm (G 128)
+    for dtype, m, (n, k), fused in (("bf16", 1, (12352, 4096), ""), ("bf16", 64, (4096, 12288), ""),
+                                    ("fp32", 16, (4096, 4096), ""), ("bf16", 1, (24576, 4096), "ng"),
+                                    ("bf16", 64, (12352, 4096), "ng"), ("bf16", 16, (1024, 2560), "n"),
+                                    ("bf16", 1, (4096, 4096), "gate"), ("bf16", 32, (4096, 4096), "head")):
         cfg = launch_config("skinny_mm", {"M": m, "N": n, "K": k, "SMS": 132})  # the rule's launches
         ptr = dict(x=f"*{dtype}", w=f"*{dtype}", y=f"*{dtype}", part="*fp32", counters="*i32", res=f"*{dtype}",
-                   norm_w=f"*{dtype}", x_sum=f"*{dtype}", ss_part="*fp32")
-        bn = max(16, cfg["BN"] // 2) if fused else cfg["BN"]  # the launcher's glu halves (below: add, norm, glu)
+                   norm_w=f"*{dtype}", x_sum=f"*{dtype}", ss_part="*fp32", aux=f"*{dtype}")
+        bn = max(16, cfg["BN"] // 2) if fused == "ng" else cfg["BN"]  # the launcher's glu halves
         consts = dict(BM=max(16, triton.next_power_of_2(m)), BN=bn, BK=cfg["BK"], SPLIT=cfg["SPLIT_K"],
-                      IEEE=dtype == "fp32", NORM=fused, RESID=fused, GLU=fused)
-        yield (f"skinny_mm {dtype} M={m} N={n} K={k} fused={fused} {cfg}", _skinny_mm_kernel, ptr, {"eps": "fp32"},
-               consts, cfg["num_warps"], cfg["num_stages"], ("N", "K", "k_slice"))
+                      IEEE=dtype == "fp32", NORM=fused in ("n", "ng"), RESID=fused in ("n", "ng"), GLU=fused == "ng",
+                      GATE=fused == "gate", HEAD=fused == "head", G=256 if fused == "gate" else 128)
+        yield (f"skinny_mm {dtype} M={m} N={n} K={k} fused={fused or '-'} {cfg}", _skinny_mm_kernel, ptr,
+               {"eps": "fp32"}, consts, cfg["num_warps"], cfg["num_stages"], ("N", "K", "k_slice"))
     from bole_cli.kernels.attention_in import _attention_in_kernel
 
     for hq, hk, dh, half, k_out in ((16, 4, 256, 32, False), (24, 4, 256, 32, True)):  # 9B decode, 27B verify

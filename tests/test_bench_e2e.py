@@ -333,15 +333,27 @@ def test_drafter_shapes_and_weights():
     ("skinny_mm", 12),  # the norms, residual adds and SwiGLU fused into the skinny GEMM, against unfused
     ("attention_in_kernel", 12),  # q/k norms, RoPE and the KV write in one launch, against the pieces
 ])
-def test_drafter_through_the_targets_kernel_paths_agrees(switch, context):
+def test_drafter_through_the_targets_kernel_paths_agrees(switch, context, monkeypatch):
     """The head on the target's kernel paths (the same model switch) gives the plain path's
-    hidden states and drafts, levels of 1 and several rows."""
+    hidden states and drafts, levels of 1 and several rows; the kernel ran when on."""
+    import importlib
+
+    import bole_cli.bench.drafter as drafter_mod
     from bole_cli.runtime import HybridModel
 
+    # the modules (the package's names are the functions)
+    attention_in_mod = importlib.import_module("bole_cli.kernels.attention_in")
+    skinny_mod = importlib.import_module("bole_cli.kernels.skinny_mm")
+
+    calls = []
+    for mod, name in ((drafter_mod, "cache_attention"), (attention_in_mod, "attention_in"), (skinny_mod, "skinny_mm")):
+        kernel = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _k=kernel, _n=name, **kw: calls.append(_n) or _k(*a, **kw))
     model = HybridModel(tiny_spec(), "cpu", torch.float32, seed=0)
     head = MTPDrafter(model, build_layout(DEPTH, TOPK, acc_mod.preset_rows(0.9, DEPTH, TOPK)))
     runs = {}
     for on in (False, True):
+        calls.clear()
         setattr(model, switch, on)
         st = head.new_state(2, context)
         st.pending.copy_(torch.tensor([3, 4]))
@@ -349,6 +361,8 @@ def test_drafter_through_the_targets_kernel_paths_agrees(switch, context):
             x1, top1 = head.level(st, 0, st.pending.view(2, 1), st.hidden.view(2, 1, -1), 0)
             x2, top2 = head.level(st, 1, top1[:, :, 0].repeat(1, 3), x1.repeat(1, 3, 1), 1)
         runs[on] = (x1, top1, x2, top2)
+        kernel = {"cache_kernel": "cache_attention", "skinny_mm": "skinny_mm"}.get(switch, "attention_in")
+        assert (kernel in calls) == on
     for a, b in zip(runs[False], runs[True]):
         if a.dtype.is_floating_point:
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

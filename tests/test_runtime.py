@@ -542,9 +542,15 @@ def test_verify_keeps_the_commit_rows_without_copies(dense):
 
 
 @pytest.mark.parametrize("prefix", [(3, 3), (3, 2)])
-def test_attention_in_kernel_path_agrees(prefix):
+def test_attention_in_kernel_path_agrees(prefix, monkeypatch):
     """An attention layer's q/k norm, RoPE and cache writes through kernels.attention_in (one
     launch) give the compiled pieces' logits and caches, in a decode and a verify."""
+    import importlib
+
+    mod = importlib.import_module("bole_cli.kernels.attention_in")  # the module, not the package's function
+    calls = []
+    kernel = mod.attention_in
+    monkeypatch.setattr(mod, "attention_in", lambda *a, **kw: calls.append(kw["k_out"]) or kernel(*a, **kw))
     spec = tiny_spec(layers=4)
     kw = dict(seed=0, gdn_backend="reference", compile=False)
     plain = HybridModel(spec, "cpu", torch.float32, attention_in_kernel=False, **kw)
@@ -556,6 +562,7 @@ def test_attention_in_kernel_path_agrees(prefix):
     fused.decode(b, [1, 2])
     torch.testing.assert_close(b.k_cache, a.k_cache, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b.v_cache, a.v_cache, atol=1e-5, rtol=1e-5)
+    assert calls.count(False) > 0 and calls.count(True) > 0  # decodes, and verifies that keep k
 
 
 def test_skinny_mm_path_agrees():
@@ -570,22 +577,29 @@ def test_skinny_mm_path_agrees():
     calls = []
 
     def traced(x, w, **kw):
-        calls.append((tuple(w.shape), kw.get("residual") is not None, kw.get("norm") is not None, kw.get("glu")))
+        calls.append((tuple(w.shape), kw.get("residual") is not None, kw.get("norm") is not None, bool(kw.get("glu")),
+                      "gate" in kw, "head_norm" in kw))
         return skinny_mm(x, w, **kw)
 
     skinny._skinny = traced
     assert_step_agrees(skinny, plain, (3, 2), dict(atol=2e-4, rtol=2e-4))
     per_step = 4 * spec.layers + 1  # per layer: the mixer's in and out, the MLP's gate_up and down; LM head
     assert calls and len(calls) % per_step == 0
-    # (weight, residual add fused, RMSNorm fused, SwiGLU fused): the norms before the mixer's
-    # and the MLP's inputs and the LM head, the add everywhere but the first layer's input
-    want = {(tuple(plain.lm_head.shape), True, True, False)}
+    # (weight, residual add fused, RMSNorm fused, SwiGLU fused, attention gate fused, GDN head
+    # norm fused): the norms before the mixer's and the MLP's inputs and the LM head, the add
+    # everywhere but the first layer's input; the gate before o_proj; the GDN output's gated
+    # norm before out_proj in a verify (a decode's fused GDN kernel norms its output itself)
+    want = {(tuple(plain.lm_head.shape), True, True, False, False, False)}
     for i, layer in enumerate(plain.layers):
         mix = layer.mixer
-        first, second = ("in_proj", "out_proj") if layer.kind == "gdn" else ("qkv_proj", "o_proj")
-        want |= {(tuple(getattr(mix, first).shape), i > 0, True, False),
-                 (tuple(getattr(mix, second).shape), False, False, False),
-                 (tuple(layer.mlp.gate_up.shape), True, True, True), (tuple(layer.mlp.down.shape), False, False, False)}
+        if layer.kind == "gdn":
+            out = tuple(mix.out_proj.shape)
+            want |= {(tuple(mix.in_proj.shape), i > 0, True, False, False, False), (out, False, False, False, False, True)}
+        else:
+            want |= {(tuple(mix.qkv_proj.shape), i > 0, True, False, False, False),
+                     (tuple(mix.o_proj.shape), False, False, False, True, False)}
+        want |= {(tuple(layer.mlp.gate_up.shape), True, True, True, False, False),
+                 (tuple(layer.mlp.down.shape), False, False, False, False, False)}
     assert set(calls) == want
     # no rows (a batch without nodes): the plain GEMM, as the kernel takes 1..SKINNY_MM_MAX_ROWS
     x = torch.zeros(0, spec.hidden)

@@ -90,6 +90,31 @@ def test_fused_add_norm_and_glu_match_float64(m, n, k, bn, bk, split, add, norm,
     assert (module._COUNTERS.get("cpu", torch.zeros(1, dtype=torch.int32)) == 0).all()
 
 
+@SETTINGS
+@given(m=st.integers(1, SKINNY_MM_MAX_ROWS), n=st.integers(1, 40), heads=st.integers(1, 6),
+       g=st.sampled_from([4, 16, 32]), bk=st.sampled_from([16, 64]), split=st.sampled_from([1, 2, 4]),
+       head=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_per_head_operands_match_float64(m, n, heads, g, bk, split, head, seed):
+    """x * sigmoid(gate) (an attention output, its gate heads strided as in the fused
+    projection) or rms(head) * head_norm * silu(z) (a GDN output), then the product."""
+    gen = torch.Generator().manual_seed(seed)
+    k = heads * g
+    x = rand(gen, m, k) * 10 ** (4 * torch.rand(m, 1, generator=gen) - 2)
+    w = rand(gen, n, k)
+    wide = rand(gen, m, heads, 2 * g) * 3  # gate = the second half of each head, as attn_in leaves it
+    aux, hn = (rand(gen, m, heads, g) * 3, rand(gen, g)) if head else (wide[..., g:], None)
+    y = skinny_mm(x, w, gate=None if head else aux, head_norm=hn, z=aux if head else None,
+                  eps=1e-6 if head else None, config={"BN": 16, "BK": bk, "SPLIT_K": split})
+    xd, ad = x.double().view(m, heads, g), aux.double()
+    if head:
+        op = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * hn.double() * torch.nn.functional.silu(ad)
+    else:
+        op = xd * torch.sigmoid(ad)
+    op = op.reshape(m, k)
+    want, scale = op @ w.double().T, op.abs() @ w.double().abs().T
+    assert ((y.double() - want).abs() <= 1e-5 * scale + 1e-6).all()
+
+
 def test_fused_writes_nothing_outside_y_and_the_sum():
     """Guards around y and sum_out, K and N both leaving partial tiles, K split."""
     gen = torch.Generator().manual_seed(4)
@@ -168,18 +193,35 @@ def test_the_rule_fills_the_gpu():
     (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), sum_out=torch.zeros(2, 8)), "sum_out"),
     (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), residual=torch.zeros(2, 9), norm=torch.zeros(8), eps=1e-6,
           sum_out=torch.zeros(2, 8)), "residual"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), gate=torch.zeros(2, 3, 4)), "gate"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), head_norm=torch.zeros(3), z=torch.zeros(2, 2, 3), eps=1e-6),
+     "head_norm"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), head_norm=torch.zeros(4), eps=1e-6), "z"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), head_norm=torch.zeros(4), z=torch.zeros(2, 2, 4)), "eps"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), head_norm=torch.zeros(4), z=torch.zeros(2, 4, 2), eps=1e-6),
+     "z"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), z=torch.zeros(2, 2, 4)), "z"),
+    (dict(x=torch.zeros(2, 8), w=torch.zeros(4, 8), gate=torch.zeros(2, 2, 4), norm=torch.zeros(8), eps=1e-6),
+     "one operand"),
+    (dict(x=torch.zeros(2, 8, dtype=torch.float16), w=torch.zeros(4, 8, dtype=torch.float16),
+          norm=torch.zeros(8, dtype=torch.float16), eps=1e-6), "float16"),
 ])
 def test_bad_inputs_are_named(kwargs, field):
     with pytest.raises(InputError, match=field):
         skinny_mm(**kwargs)
 
 
-def test_a_sum_over_its_own_inputs_is_refused():
-    """sum_out written in place over x or residual would race with the programs reading them."""
-    x, res, nw, w = torch.zeros(2, 8), torch.zeros(2, 8), torch.zeros(8), torch.zeros(4, 8)
+def test_outputs_over_their_own_inputs_are_refused():
+    """sum_out or out written in place over x, residual or each other would race with the
+    programs reading them."""
+    x, res, nw, w = torch.zeros(2, 8), torch.zeros(2, 8), torch.zeros(8), torch.zeros(8, 8)
     for total, name in ((x, "x"), (res[:, :], "residual")):
         with pytest.raises(InputError, match=f"sum_out: overlaps {name}"):
             skinny_mm(x, w, residual=res, norm=nw, eps=1e-6, sum_out=total)
+    total = torch.zeros(2, 8)
+    for out, name in ((x, "x"), (res, "residual"), (total, "sum_out")):
+        with pytest.raises(InputError, match=f"out: overlaps {name}"):
+            skinny_mm(x, w, out=out, residual=res, norm=nw, eps=1e-6, sum_out=total)
 
 
 @pytest.mark.gpu
@@ -220,3 +262,26 @@ def test_bf16_fused_decode_shapes_against_the_unfused_step():
             want = (swiglu(want) if glu else want).float()
             rel = (got - want).norm() / want.norm()
             assert rel < 8e-3 and torch.equal(total, s), (n, k, m, glu, float(rel))
+
+
+@pytest.mark.gpu
+def test_bf16_per_head_operands_against_the_unfused_step():
+    """bf16, the 9B out_proj with the GDN output's gated per-head norm fused, and o_proj with
+    the attention gate fused: within bf16's rounding of the compiled pieces + cuBLAS."""
+    import torch.nn.functional as F
+
+    from bole_cli.runtime.fusion import RMS_EPS, gated_norm, gated_out
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    kw = dict(device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(4096, 4096, **kw) / 64
+    for m in (1, 16, 33, 64):
+        o = torch.randn(m, 32, 128, **kw)
+        z, hn = torch.randn(m, 32, 128, **kw), 1 + torch.randn(128, **kw) / 8
+        got = skinny_mm(o.view(m, -1), w, head_norm=hn, z=z, eps=RMS_EPS).float()
+        want = F.linear(gated_norm(o, z.view(m, -1), hn, torch.float32), w).float()
+        assert (got - want).norm() / want.norm() < 8e-3, ("head", m)
+        a, gate = torch.randn(m, 16, 256, **kw), torch.randn(m, 16, 512, **kw)[..., 256:]
+        got = skinny_mm(a.view(m, -1), w, gate=gate).float()
+        want = F.linear(gated_out(a, gate), w).float()
+        assert (got - want).norm() / want.norm() < 8e-3, ("gate", m)

@@ -37,7 +37,7 @@ in a CUDA graph.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -134,6 +134,7 @@ class DraftState:
     sin: list[torch.Tensor]
     frontier: list[torch.Tensor]  # per level > 1: int64 positions of the expanded parents
     parent_row: list[torch.Tensor]  # per level > 1: the previous level's row of each parent
+    kv_index: dict = field(default_factory=dict)  # (rows, position) -> a level's index vectors
 
 
 class MTPDrafter:
@@ -171,7 +172,6 @@ class MTPDrafter:
         )
         self.rope: Rope = model.rope
         self._gen = gen
-        self._kv_index: dict = {}  # (batch, rows, position) -> the level's KV slots and positions
 
     @property
     def param_bytes(self) -> int:
@@ -232,10 +232,13 @@ class MTPDrafter:
         # the next projection by the skinny GEMM, else computed before it)
         qkv = proj(NormedRows(x, None, w["input_norm"], fuse), w["qkv"])
         pos = st.context + kv_off
+        if kv_off < 0 or pos + rows > st.kv.shape[3]:
+            raise InputError(f"kv_off: rows {pos}..{pos + rows - 1} lie past the head's KV cache "
+                             f"({st.kv.shape[3]} positions: the context and the step's scratch)")
         if self.model.attention_in_kernel:  # norms, RoPE and the KV write in one launch, as the target's
             from bole_cli.kernels.attention_in import attention_in
 
-            slots, positions = self._kv_rows(bsz, rows, pos)
+            slots, positions, _, _ = self._level_index(st, rows, pos)
             q, gate, _, _ = attention_in(qkv, w["q_norm"], w["k_norm"], cos, sin, st.kv[0], st.kv[1], slots,
                                          positions, heads=hq, kv_heads=hk, eps=RMS_EPS)
         else:
@@ -244,13 +247,12 @@ class MTPDrafter:
             st.kv[1, :, :, pos: pos + rows] = v.view(bsz, rows, hk, dh).transpose(1, 2)
         qf = q.view(bsz, rows, hk, grp, dh).permute(0, 2, 1, 3, 4).reshape(bsz, hk, rows * grp, dh)
         if self.model.cache_kernel:  # split along the keys, as the target's decode reads its cache
-            slots = torch.arange(bsz, device=qf.device)
-            used = torch.full((bsz,), pos + rows, dtype=torch.int64, device=qf.device)
+            _, _, slots, used = self._level_index(st, rows, pos)
             o = cache_attention(qf, st.kv[0], st.kv[1], slots, used, pos + rows)[0]
         else:
             o = F.scaled_dot_product_attention(qf, st.kv[0, :, :, : pos + rows], st.kv[1, :, :, : pos + rows])
         o = o.view(bsz, hk, rows, grp, dh).permute(0, 2, 1, 3, 4).reshape(n, hq * dh)
-        a = NormedRows(x, proj(fuse.gated_out(o, gate), w["o_proj"]), w["post_norm"], fuse)
+        a = NormedRows(x, self.model.project_gated(o, gate, w["o_proj"]), w["post_norm"], fuse)
         mlp = proj(proj(a, w["gate_up"], glu=True), w["down"])
         a = NormedRows(a.total(), mlp, w["final_norm"], fuse)
         logits = proj(a, self.lm_head)
@@ -262,15 +264,21 @@ class MTPDrafter:
             top = self.hot_ids[top]
         return x.view(bsz, rows, h), top.view(bsz, rows, self.layout.topk)
 
-    def _kv_rows(self, bsz: int, rows: int, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cache slot (request) and position of each of a level's B x R rows, built once a
-        shape (a captured level reads them, it does not rebuild them)."""
-        key = (bsz, rows, pos)
-        if key not in self._kv_index:
-            dev = self.device
-            self._kv_index[key] = (torch.arange(bsz, device=dev).repeat_interleave(rows),
-                                   pos + torch.arange(rows, device=dev).repeat(bsz))
-        return self._kv_index[key]
+    def _level_index(self, st: DraftState, rows: int, pos: int) -> tuple[torch.Tensor, ...]:
+        """A level's index vectors: the KV slot (request) and position of each of its B x R
+        rows, and for its attention each request's slot and keys used. Kept with the state
+        once built eagerly (a captured level reads them, it does not rebuild them; ones built
+        during a capture are the graph's and are not kept)."""
+        key = (rows, pos)
+        if key in st.kv_index:
+            return st.kv_index[key]
+        dev = self.device
+        requests = torch.arange(st.batch, device=dev)
+        index = (requests.repeat_interleave(rows), pos + torch.arange(rows, device=dev).repeat(st.batch), requests,
+                 torch.full((st.batch,), pos + rows, dtype=torch.int64, device=dev))
+        if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            st.kv_index[key] = index
+        return index
 
     def level(self, st: DraftState, lvl: int, tokens: torch.Tensor, hidden: torch.Tensor,
               kv_off: int):

@@ -7,9 +7,10 @@ reductions, the rotation reads each channel's partner half, the cache writes are
 kernels on top), about 3 us each at a decode step's few rows (experiments/results/runtime/
 steps-verify-h200.json); one program a row and head does them all (docs/design.md §8).
 
-Rounding follows the unfused path: the norm's result rounds to the activation dtype before
-its weight and again after it, the rotary table rounds to the activation dtype, and the
-rotation computes in float32 and rounds once. A row whose slot or position lies outside the
+Rounding follows the unfused eager path: the norm's result rounds to the activation dtype
+before its weight and again after it, the rotary table rounds to the activation dtype, and
+the rotation computes in float32 and rounds once (the compiled pieces round only at the end:
+the two differ by about a bf16 ulp). A row whose slot or position lies outside the
 cache writes nothing there (its q and k are still written).
 """
 

@@ -21,7 +21,9 @@ before a projection (the x rows it streams anyway; each slice sums its squares a
 epilogue scales by 1 / rms, so no pass over the row comes first), and the MLP's SwiGLU after
 gate_up (each program owns the gate and the up rows of its columns). That removes the
 add + RMSNorm launch before each layer's in_proj and gate_up and the SwiGLU launch between
-gate_up and down (docs/design.md §8).
+gate_up and down (docs/design.md §8). Likewise on the heads of x: an attention output's
+sigmoid gate before o_proj, and a GDN output's per-head gated RMSNorm before out_proj (a
+K tile holds whole heads).
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ _COUNTERS: dict[str, torch.Tensor] = {}  # per device, allocated once, zeros bet
 
 
 @triton.jit
-def _skinny_mm_kernel(x, w, y, part, counters, res, norm_w, x_sum, ss_part, M, N, K, s_xm, s_wn, s_ym, s_rm, s_sm,
-                      k_slice, eps, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                      IEEE: tl.constexpr, NORM: tl.constexpr, RESID: tl.constexpr, GLU: tl.constexpr):
-    """N is y's columns; with GLU the weight has 2N rows (gate rows, then up rows)."""
+def _skinny_mm_kernel(x, w, y, part, counters, res, norm_w, x_sum, ss_part, aux, M, N, K, s_xm, s_wn, s_ym, s_rm,
+                      s_sm, s_am, s_ah, k_slice, eps, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                      SPLIT: tl.constexpr, IEEE: tl.constexpr, NORM: tl.constexpr, RESID: tl.constexpr,
+                      GLU: tl.constexpr, GATE: tl.constexpr, HEAD: tl.constexpr, G: tl.constexpr):
+    """N is y's columns; with GLU the weight has 2N rows (gate rows, then up rows). GATE, HEAD:
+    aux [M, K / G, G] (heads s_ah apart) is the gate, or z of the per-head norm."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BM).to(tl.int64)
@@ -72,6 +76,18 @@ def _skinny_mm_kernel(x, w, y, part, counters, res, norm_w, x_sum, ss_part, M, N
             ss += tl.sum(xf * xf, axis=1)
             nw = tl.load(norm_w + kk + rk, mask=k_in, other=0.0).to(tl.float32)
             xt = (xf * nw[None, :]).to(w.dtype.element_ty)
+        if GATE or HEAD:
+            kc = kk + rk
+            at = tl.load(aux + rm[:, None] * s_am + ((kc // G) * s_ah + kc % G)[None, :], mask=xk,
+                         other=0.0).to(tl.float32)
+            if GATE:  # an attention output times sigmoid(its gate)
+                xt = (xt.to(tl.float32) * tl.sigmoid(at)).to(w.dtype.element_ty)
+            else:  # a GDN output: rms(o) * norm_w * silu(z) over each head of G columns
+                x3 = tl.reshape(xt.to(tl.float32), (BM, BK // G, G))
+                r = 1.0 / tl.sqrt(tl.sum(x3 * x3, axis=2) / G + eps)
+                xn = tl.reshape(x3 * r[:, :, None], (BM, BK))
+                hw = tl.load(norm_w + kc % G).to(tl.float32)
+                xt = (xn * hw[None, :] * (at * tl.sigmoid(at))).to(w.dtype.element_ty)
         wt = tl.load(w + rn[:, None] * s_wn + (kk + rk)[None, :], mask=n_in[:, None] & k_in[None, :],
                      other=0.0)
         if IEEE:
@@ -146,7 +162,8 @@ def _counters(device: torch.device) -> torch.Tensor:
 def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] = None,
               config: Optional[dict] = None, residual: Optional[torch.Tensor] = None,
               norm: Optional[torch.Tensor] = None, eps: Optional[float] = None,
-              sum_out: Optional[torch.Tensor] = None, glu: bool = False) -> torch.Tensor:
+              sum_out: Optional[torch.Tensor] = None, glu: bool = False, gate: Optional[torch.Tensor] = None,
+              head_norm: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] (M <= limits.SKINNY_MM_MAX_ROWS; rows may be strided, K contiguous) times w [N,
     K] (a linear layer's weight, K contiguous) transposed: y [M, N] in x's dtype, written into
     `out` when given. config: BN, BK, SPLIT_K (powers of two), num_warps, num_stages; default
@@ -156,7 +173,10 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
     rounded to x's dtype, written into `sum_out`, which must not overlap x or residual);
     `norm` [K] with `eps` takes the rows' RMSNorm, rms(a) * norm, as the operand (1 / rms
     applied to the sums); `glu` takes w as [2F, K] gate rows then up rows and gives y [M, F] =
-    silu(gate) * up."""
+    silu(gate) * up. Or, on the heads of x: `gate` [M, H, G] (K = H G; heads may be strided)
+    takes x * sigmoid(gate) as the operand (an attention output before o_proj); `head_norm`
+    [G] with `z` [M, H, G] and `eps` takes rms(x's head) * head_norm * silu(z) (a GDN output
+    before out_proj; G a power of two)."""
     check_tensor("x", x, 2, (torch.bfloat16, torch.float16, torch.float32))
     check_tensor("w", w, 2, (x.dtype,), x.device)
     m, k = x.shape
@@ -171,12 +191,16 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
         if t.stride(1) != 1:
             raise InputError(f"{name}: the last dimension (K) must be contiguous")
     _check_prologue(x, residual, norm, eps, sum_out)
+    aux, group = _check_heads(x, gate, head_norm, z, eps, norm is not None)
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     else:
         check_tensor("out", out, 2, (x.dtype,), x.device)
         if tuple(out.shape) != (m, n) or out.stride(1) != 1:
             raise InputError(f"out: expected [{m}, {n}] with contiguous columns, got {tuple(out.shape)}")
+        for name, t in (("x", x), ("residual", residual), ("sum_out", sum_out)):
+            if t is not None and out.numel() and _overlap(out, t):
+                raise InputError(f"out: overlaps {name}, which the product reads or writes")
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     cfg = launch_config("skinny_mm", {"M": m, "N": w.shape[0], "K": k, "SMS": sms}, config)
     if n == 0 and residual is None:
@@ -184,6 +208,8 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
     bn, bk, split = cfg["BN"], cfg["BK"], cfg["SPLIT_K"]
     if glu:  # BN weight rows a program: half gate, half up (16 columns each at least)
         bn = max(16, bn // 2)
+    if head_norm is not None:  # a K tile holds whole heads
+        bk = max(bk, group)
     bm = max(16, triton.next_power_of_2(m))  # x's rows padded for the tensor cores' tiles
     blocks = max(1, triton.cdiv(n, bn))  # one block at least: it writes sum_out
     k_slice = triton.cdiv(triton.cdiv(k, split), bk) * bk  # whole BK tiles a slice
@@ -199,12 +225,48 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
             ss_part = torch.empty(split * blocks * bm, dtype=torch.float32, device=x.device)
     resid = residual if residual is not None else x
     total = sum_out if sum_out is not None else x
+    weight = norm if norm is not None else head_norm if head_norm is not None else x
+    heads = aux if aux is not None else x.view(m, 1, k)
     _skinny_mm_kernel[(blocks, split)](
-        x, w, out, part, counters, resid, norm if norm is not None else x, total, ss_part, m, n, k, x.stride(0),
-        w.stride(0), out.stride(0), resid.stride(0), total.stride(0), k_slice, float(eps or 0.0),
-        BM=bm, BN=bn, BK=bk, SPLIT=split, IEEE=x.dtype == torch.float32, NORM=norm is not None,
-        RESID=residual is not None, GLU=bool(glu), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        x, w, out, part, counters, resid, weight, total, ss_part, heads, m, n, k, x.stride(0),
+        w.stride(0), out.stride(0), resid.stride(0), total.stride(0), heads.stride(0), heads.stride(1), k_slice,
+        float(eps or 0.0), BM=bm, BN=bn, BK=bk, SPLIT=split, IEEE=x.dtype == torch.float32, NORM=norm is not None,
+        RESID=residual is not None, GLU=bool(glu), GATE=gate is not None, HEAD=head_norm is not None, G=group,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
+
+
+def _check_heads(x, gate, head_norm, z, eps, row_norm: bool):
+    """The per-head operand's arguments -> (aux [M, H, G] or None, G)."""
+    m, k = x.shape
+    if gate is None and head_norm is None:
+        if z is not None:
+            raise InputError("z: only with head_norm (silu(z) gates the normed heads)")
+        return None, 1
+    if row_norm or (gate is not None and head_norm is not None):
+        raise InputError("gate, head_norm: one operand transform at a time (and not with norm)")
+    if head_norm is not None:
+        check_tensor("head_norm", head_norm, 1, (torch.bfloat16, torch.float16, torch.float32), x.device)
+        g = head_norm.shape[0]
+        if g < 1 or g & (g - 1) or head_norm.stride(0) != 1:
+            raise InputError(f"head_norm: expected [G] contiguous, G a power of two, got {tuple(head_norm.shape)}")
+        if eps is None or not eps >= 0:
+            raise InputError(f"eps: the norm's epsilon, at least 0, required with head_norm; got {eps!r}")
+        if z is None:
+            raise InputError("z: required with head_norm (silu(z) gates the normed heads)")
+        name, aux = "z", z
+    else:
+        if z is not None:
+            raise InputError("z: only with head_norm (silu(z) gates the normed heads)")
+        name, aux = "gate", gate
+    check_tensor(name, aux, 3, (x.dtype,), x.device)
+    g = aux.shape[2]
+    if aux.shape[0] != m or aux.shape[1] * g != k or aux.stride(2) != 1 or (
+            head_norm is not None and g != head_norm.shape[0]):
+        raise InputError(f"{name}: expected [{m}, H, G] with H G = {k} (K), G contiguous"
+                         + (f" and G = {head_norm.shape[0]} (head_norm's)" if head_norm is not None else "")
+                         + f"; got {tuple(aux.shape)}")
+    return aux, g
 
 
 def _check_prologue(x, residual, norm, eps, sum_out) -> None:
@@ -225,6 +287,9 @@ def _check_prologue(x, residual, norm, eps, sum_out) -> None:
     elif sum_out is not None:
         raise InputError("sum_out: only with residual (it receives x + residual)")
     if norm is not None:
+        if x.dtype == torch.float16:  # a * norm_w rounds to the operand before 1 / rms: fp16 overflows
+            raise InputError("norm: not with float16 x (its range is too small for the unscaled rows); "
+                             "use bfloat16 or float32")
         check_tensor("norm", norm, 1, (torch.bfloat16, torch.float16, torch.float32), x.device)
         if norm.shape[0] != k or norm.stride(0) != 1:
             raise InputError(f"norm: expected [{k}] contiguous (x's K), got {tuple(norm.shape)}")

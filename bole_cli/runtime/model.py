@@ -420,11 +420,10 @@ class HybridModel:
         too)."""
         normed = x if isinstance(x, NormedRows) else None
         rows = normed.x if normed is not None else x
-        if (self._skinny is not None and 1 <= rows.shape[0] <= SKINNY_MM_MAX_ROWS and rows.dtype != torch.float64
-                and rows.stride(-1) == 1):
+        if self._skinny_takes(rows):
             if normed is None:
                 return self._skinny(x, w, out=out, glu=glu)
-            if normed.y is None or normed.y.stride(-1) == 1:
+            if rows.dtype != torch.float16 and (normed.y is None or normed.y.stride(-1) == 1):  # fp16: unfused
                 total = None if normed.y is None else torch.empty_like(normed.x)
                 y = self._skinny(normed.x, w, out=out, residual=normed.y, norm=normed.w, eps=RMS_EPS,
                                  sum_out=total, glu=glu)
@@ -436,6 +435,11 @@ class HybridModel:
             return F.linear(x, w) if out is None else torch.mm(x, w.t(), out=out)
         y = self.fuse.swiglu(F.linear(x, w))
         return y if out is None else out.copy_(y)
+
+    def _skinny_takes(self, rows: torch.Tensor) -> bool:
+        """Whether a projection of these rows goes through the skinny GEMM."""
+        return (self._skinny is not None and 1 <= rows.shape[0] <= SKINNY_MM_MAX_ROWS
+                and rows.dtype != torch.float64 and rows.stride(-1) == 1)
 
     def _mlp(self, m: _Weights, x) -> torch.Tensor:
         if not self.spec.is_moe:
@@ -469,8 +473,22 @@ class HybridModel:
         return q, k, v
 
     def _gdn_out(self, w: _Weights, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Gated RMSNorm per head (rms(o) * w * silu(z)), then out_proj."""
+        """Gated RMSNorm per head (rms(o) * w * silu(z)), then out_proj: one skinny GEMM whose
+        operand is the normed heads when it takes the rows, else the compiled norm first."""
+        n, hv, dv = o.shape
+        rows = o.reshape(n, hv * dv)
+        if self._skinny_takes(rows) and self.fdtype == torch.float32 and not dv & (dv - 1):
+            return self._skinny(rows, w.out_proj, head_norm=w.norm_w, z=z.reshape(n, hv, dv), eps=RMS_EPS)
         return self.project(self.fuse.gated_norm(o, z, w.norm_w, self.fdtype), w.out_proj)
+
+    def project_gated(self, o: torch.Tensor, gate: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """An attention output (any shape of N x heads x head_dim) times sigmoid(gate) [N,
+        heads, head_dim], then o_proj `w`: the gate applied as the skinny GEMM loads its
+        operand when it takes the rows, else compiled first (the drafter's too)."""
+        rows = o.reshape(gate.shape[0], -1)
+        if self._skinny_takes(rows):
+            return self._skinny(rows, w, gate=gate)
+        return self.project(self.fuse.gated_out(o, gate), w)
 
     def _attn_in(self, w: _Weights, h, cos, sin, cache: HybridCache, l: int, slots, positions, k_out: bool):
         """q_proj (query | gate per head), k_proj, v_proj fused; q/k RMSNorm, RoPE; k and v
@@ -544,7 +562,7 @@ class HybridModel:
             else:
                 keys, vals = self._kv(cache, l, db.slots, db.slot_start, db.kv_limit)
                 o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=db.attn_bias)
-            return self.project(self.fuse.gated_out(o, gate), w.o_proj)
+            return self.project_gated(o, gate, w.o_proj)
 
         used = db.positions + 1 if self.cache_kernel else None  # keys each request reads, the new one too
         return self._run(db.tokens, gdn, attn, layers)
@@ -602,7 +620,7 @@ class HybridModel:
                 o = cache_attention(q5, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.base, tb.kv_limit,
                                     tree_bias=tb.tree_bias)[0]
                 o = tb.packed(o.transpose(1, 2).reshape(bsz * t_max, -1))  # a view (contiguous)
-                return self.project(self.fuse.gated_out(o, gate), w.o_proj)
+                return self.project_gated(o, gate, w.o_proj)
             qf = q5.reshape(bsz, s.attn_kv_heads, t_max * grp, s.attn_head_dim)
             if tb.kv_used is not None:
                 part = varlen_cache_attention(qf, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.kv_used)
@@ -617,7 +635,7 @@ class HybridModel:
                                          tb.padded(v).transpose(1, 2), tb.tree_bias)
             o = o.view(bsz, s.attn_kv_heads, t_max, grp, s.attn_head_dim).transpose(1, 2)
             o = tb.packed(o.reshape(bsz * t_max, -1))
-            return self.project(self.fuse.gated_out(o, gate), w.o_proj)
+            return self.project_gated(o, gate, w.o_proj)
 
         out.logits = self._run(tb.tokens, gdn, attn, layers)
         return out
