@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 runs owed by the CPU-only session of 2026-12-04 (experiments/NOTES.md "The verify's
+# The H200 runs owed by the CPU-only sessions of 2026-12-04 and -05 (experiments/NOTES.md "The verify's
 # launches cut again, and a skinny GEMM for the decode"), one device call each (each job under
 # the 10 minutes a call may run), in the order their results are needed:
 #

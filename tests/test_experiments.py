@@ -124,6 +124,19 @@ def test_the_skinny_mm_bench_smoke_run_writes_its_record(tmp_path):
     assert [s["M"] for s in entry["fused_step"]] == [1, 3]
 
 
+def test_the_launch_count_run_counts_every_step(tmp_path):
+    """experiments/launch_count.py on a 4-layer tiny model: each variant's decode, verify
+    metadata, forward and commit counted; the fused kernels launch less than the pieces, and
+    the metadata and the commit are the one- and four-launch kernels."""
+    doc = smoke_record(tmp_path, "launch_count.py", "--layers", "4", "--tree-tokens", "4")
+    v = doc["variants"]
+    assert set(v) == {"pieces", "production", "skinny"}
+    for step in ("decode_forward", "verify_forward"):
+        assert v["skinny"][step]["launches"] < v["production"][step]["launches"] < v["pieces"][step]["launches"]
+    assert v["production"]["verify_metadata"]["launches"] == 1 and v["production"]["verify_commit"]["launches"] == 4
+    assert "triton _attention_in_kernel" in v["production"]["decode_forward"]["by_kind"]
+
+
 def test_the_runtime_step_bench_smoke_run_writes_its_record(tmp_path):
     """experiments/runtime_step_bench.py at a tiny model on CPU, the skinny GEMM's variant (the
     runtime's default and the kernel's projections), batch 1: its decode and verify rows."""

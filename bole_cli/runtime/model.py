@@ -183,7 +183,8 @@ class HybridModel:
     mask; default: on CUDA with 16-bit activations), else the SDPA / flash paths above.
     attention_in_kernel: an attention layer's q/k norm, RoPE and KV-cache write in one launch
     (kernels.attention_in; default: on CUDA with 16-bit activations, as cache_kernel), else
-    the compiled pieces and two index writes.
+    the compiled pieces and two index writes. kv_compact_kernel: a verify commit's KV move in
+    one launch (kernels.kv_compact; default: on CUDA), else tensor ops.
     skinny_mm: the projections of steps of at most limits.SKINNY_MM_MAX_ROWS rows through
     kernels.skinny_mm instead of cuBLAS (default off: whether it streams the weights faster
     is the H200 A/B of experiments/skinny_mm_bench.py, not yet measured).
@@ -194,7 +195,8 @@ class HybridModel:
                  snapshot: Optional[SnapshotGDN] = None, grouped_mm: Optional[bool] = None,
                  split_attention: Optional[bool] = None, varlen_attention: Optional[bool] = None,
                  compile: Optional[bool] = None, cache_kernel: Optional[bool] = None,
-                 attention_in_kernel: Optional[bool] = None, skinny_mm: bool = False):
+                 attention_in_kernel: Optional[bool] = None, kv_compact_kernel: Optional[bool] = None,
+                 skinny_mm: bool = False):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
@@ -222,6 +224,7 @@ class HybridModel:
         gpu_16bit = self.device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
         self.cache_kernel = gpu_16bit if cache_kernel is None else cache_kernel
         self.attention_in_kernel = gpu_16bit if attention_in_kernel is None else attention_in_kernel
+        self.kv_compact_kernel = self.device.type == "cuda" if kv_compact_kernel is None else kv_compact_kernel
         self.skinny_mm = skinny_mm
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._build()
@@ -659,7 +662,7 @@ class HybridModel:
             self.ops.conv_commit(conv.view((-1,) + tuple(conv.shape[2:])), out.x.view(-1, out.x.shape[-1]),
                                  tb.layer_slots, tb.layer_parents, tb.layer_cu_seqlens,
                                  accepted.repeat(self.n_gdn))
-        if self.n_attn and self.device.type == "cuda":  # one launch (the tensor ops: ~20)
+        if self.n_attn and self.kv_compact_kernel:  # one launch (the tensor ops: ~20)
             from bole_cli.kernels.kv_compact import kv_compact
 
             kv_compact(cache.k_cache, cache.v_cache, tb.slots, tb.base, accepted, tb.cu_seqlens, tb.path_table)
