@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The H200 runs owed by the CPU-only sessions of 2026-12-04 and -05 (experiments/NOTES.md "The verify's
-# launches cut again, and a skinny GEMM for the decode"), one device call each (each job under
+# The H200 runs owed by the CPU-only sessions of 2026-12-04 and -05 (experiments/NOTES.md "The
+# verify's launches cut again, and a skinny GEMM for the decode" and "The launches around the
+# projections fused"), one device call each (each job under
 # the 10 minutes a call may run), in the order their results are needed:
 #
 #   bash experiments/owed_h200.sh tests    # python -m pytest -m gpu (the suite's 5-minute budget)
