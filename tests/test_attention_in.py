@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
 from bole_cli.kernels import attention_in
-from bole_cli.kernels.reference import attention_in_ref
+from bole_cli.kernels.reference_attention import attention_in_ref
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 EPS = 1e-6

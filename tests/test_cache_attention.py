@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.cache_attention import attention_splits, cache_attention
-from bole_cli.kernels.reference import cache_attention_ref
+from bole_cli.kernels.reference_attention import cache_attention_ref
 
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 

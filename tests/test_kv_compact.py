@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.kv_compact import kv_compact
-from bole_cli.kernels.reference import kv_compact_ref
+from bole_cli.kernels.reference_attention import kv_compact_ref
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 

@@ -3,8 +3,8 @@ tree-parallel conv and gates, a tree step's metadata (`tree_metadata`), a GEMM f
 (`skinny_mm`), an attention layer's q/k norm, RoPE and cache write (`attention_in`), a
 verify's KV commit (`kv_compact`) and the SGLang plug-in's copy kernels
 (`conv_window_commit`, `seed_slots`). Each has a float64 (or, for copies, exact) reference
-in `reference.py`; tree_metadata's is the runtime's torch refill, which it replaces on the
-GPU, skinny_mm's a float64 product.
+in `reference.py` (the attention layers' in `reference_attention.py`); tree_metadata's is the
+runtime's torch refill, which it replaces on the GPU, skinny_mm's a float64 product.
 
     from bole_cli.kernels import tree_verify, tree_commit
 
