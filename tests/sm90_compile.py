@@ -59,10 +59,13 @@ def cases():
 
     # fused: "" none, "ng" add + norm + SwiGLU, "n" add + norm, "gate" x * sigmoid(gate), "head" the
     # GDN output's per-head norm (G 128)
+    from bole_cli.kernels.skinny_mm import _stages
+
     for dtype, m, (n, k), fused in (("bf16", 1, (12352, 4096), ""), ("bf16", 64, (4096, 12288), ""),
                                     ("fp32", 16, (4096, 4096), ""), ("bf16", 1, (24576, 4096), "ng"),
                                     ("bf16", 64, (12352, 4096), "ng"), ("bf16", 16, (1024, 2560), "n"),
-                                    ("bf16", 1, (4096, 4096), "gate"), ("bf16", 32, (4096, 4096), "head")):
+                                    ("bf16", 1, (4096, 4096), "gate"), ("bf16", 32, (4096, 4096), "head"),
+                                    ("fp32", 64, (4096, 4096), "gate"), ("fp32", 64, (4096, 4096), "head")):
         cfg = launch_config("skinny_mm", {"M": m, "N": n, "K": k, "SMS": 132})  # the rule's launches
         ptr = dict(x=f"*{dtype}", w=f"*{dtype}", y=f"*{dtype}", part="*fp32", counters="*i32", res=f"*{dtype}",
                    norm_w=f"*{dtype}", x_sum=f"*{dtype}", ss_part="*fp32", aux=f"*{dtype}")
@@ -70,8 +73,11 @@ def cases():
         consts = dict(BM=max(16, triton.next_power_of_2(m)), BN=bn, BK=cfg["BK"], SPLIT=cfg["SPLIT_K"],
                       IEEE=dtype == "fp32", NORM=fused in ("n", "ng"), RESID=fused in ("n", "ng"), GLU=fused == "ng",
                       GATE=fused == "gate", HEAD=fused == "head", G=256 if fused == "gate" else 128)
-        yield (f"skinny_mm {dtype} M={m} N={n} K={k} fused={fused or '-'} {cfg}", _skinny_mm_kernel, ptr,
-               {"eps": "fp32"}, consts, cfg["num_warps"], cfg["num_stages"], ("N", "K", "k_slice"))
+        tiles = 1 + (fused in ("n", "ng")) + (fused in ("gate", "head"))  # the launcher's stage cap
+        stages = _stages(cfg["num_stages"], consts["BM"], bn * (2 if fused == "ng" else 1), cfg["BK"],
+                         4 if dtype == "fp32" else 2, tiles)
+        yield (f"skinny_mm {dtype} M={m} N={n} K={k} fused={fused or '-'} {cfg} stages={stages}", _skinny_mm_kernel,
+               ptr, {"eps": "fp32"}, consts, cfg["num_warps"], stages, ("N", "K", "k_slice"))
     from bole_cli.kernels.attention_in import _attention_in_kernel
 
     for hq, hk, dh, half, k_out in ((16, 4, 256, 32, False), (24, 4, 256, 32, True)):  # 9B decode, 27B verify
@@ -84,9 +90,9 @@ def cases():
 
     for tree, final in ((True, False), (True, True)):  # a verify's tree keys under their mask
         ptr = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", slots="*i64", used="*i64", o_part="*fp32",
-                   m_part="*fp32", l_part="*fp32", out="*bf16", lse="*fp32", tree_bias="*fp32")
+                   m_part="*fp32", l_part="*fp32", out="*bf16", lse="*fp32", tree_bias="*fp32", tree_cu="*i32")
         yield (f"cache_attention_part tree={tree} final={final}", _cache_attention_part, ptr, {"scale": "fp32"},
-               dict(H=4, D=256, BD=256, BR=16, BL=64, FINAL=final, TREE=tree), 4, 1)
+               dict(H=4, D=256, BD=256, BR=16, BL=64, FINAL=final, TREE=tree, SIZES=True), 4, 3)
     from bole_cli.kernels.kv_compact import _kv_compact_kernel
 
     ptr = dict(k_cache="*bf16", v_cache="*bf16", slots="*i64", base="*i64", accepted="*i64", cu="*i32",

@@ -124,6 +124,24 @@ def test_token_major_queries_give_token_major_outputs(tokens, group, keys):
         torch.testing.assert_close(lse, want_lse, atol=1e-6, rtol=1e-6)
 
 
+def test_a_smaller_tree_reads_only_its_own_keys():
+    """A forest of a 2-node and a 4-node tree (T 4): with tree_cu the first request never
+    reads its padded columns' positions, which hold NaN and inf here (nothing wrote them this
+    step), so its rows stay exact; its padding rows see the cache alone."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v, slots, _ = case(11, 2, 1, 4, 16, 64, [10, 10])
+    used = torch.tensor([10, 20])
+    bias = tree_mask(g, 2, 1, 4, 1, 4)
+    bias[0, :, 2:] = float("-inf")  # request 0 has 2 nodes: rows 2-3 padding, columns 2-3 unused
+    k[slots[0], :, 12], v[slots[0], :, 13] = float("nan"), float("inf")
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias, tree_cu=cu)
+    want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias, tree_cu=cu)
+    assert torch.isfinite(out).all() and torch.isfinite(want).all()
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
+
+
 def test_tree_rows_that_see_nothing_get_zero():
     """No committed keys and a row masked off every tree key: out 0, lse -inf (no NaN from
     the masked chunk), the other rows as the reference."""
@@ -165,12 +183,15 @@ def test_slot_outside_the_pool_is_nan(keys):
     (dict(tree_bias=torch.zeros(2, 1, 3, 5)), "tree_bias"),
     (dict(tree_bias=torch.zeros(2, 3, 4, 5)), "tree_bias"),
     (dict(tree_bias=torch.zeros(2, 1, 5, 4).transpose(2, 3)), "tree_bias"),
+    (dict(tree_cu=torch.zeros(3, dtype=torch.int32)), "tree_cu"),
+    (dict(tree_bias=torch.zeros(2, 1, 4, 5), tree_cu=torch.zeros(2, dtype=torch.int32)), "tree_cu"),
 ])
 def test_bad_input_names_the_argument(change, message):
     q, k, v, slots, used = case(0, 2, 1, 4, 16, 64, [3, 4])
-    args = dict(q=q, k=k, v=v, slots=slots, used=used, tree_bias=None) | change
+    args = dict(q=q, k=k, v=v, slots=slots, used=used, tree_bias=None, tree_cu=None) | change
     with pytest.raises(InputError, match=message):
-        cache_attention(args["q"], args["k"], args["v"], args["slots"], args["used"], tree_bias=args["tree_bias"])
+        cache_attention(args["q"], args["k"], args["v"], args["slots"], args["used"], tree_bias=args["tree_bias"],
+                        tree_cu=args["tree_cu"])
 
 
 @pytest.mark.gpu

@@ -36,11 +36,11 @@ MIN_SPLIT_KEYS = 256
 
 
 @triton.jit(do_not_specialize=["tree_t"])
-def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse, tree_bias,
+def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse, tree_bias, tree_cu,
                           n_slots, l_max, rows, split_keys, scale, s_qb, s_qh, s_qt, s_qg, s_kn, s_kh, s_kl, s_vn,
                           s_vh, s_vl, s_ob, s_oh, s_ot, s_og, s_lb, s_lh, group, tree_t, s_tb, s_th, s_tr,
                           H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BL: tl.constexpr,
-                          FINAL: tl.constexpr, TREE: tl.constexpr):
+                          FINAL: tl.constexpr, TREE: tl.constexpr, SIZES: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // H
@@ -54,7 +54,10 @@ def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_pa
     in_pool = (slot >= 0) & (slot < n_slots)
     safe = tl.where(in_pool, slot, 0)
     base = tl.load(used + b).to(tl.int32)
-    n_keys = tl.minimum(tl.where(in_pool, base + tree_t, 0), l_max)  # never past the cache (tree_t 0: no tree)
+    tree_n = tree_t  # the tree's keys (0: no tree); its own node count when the offsets are given
+    if SIZES:
+        tree_n = tl.maximum(tl.minimum(tl.load(tree_cu + b + 1) - tl.load(tree_cu + b), tree_t), 0)
+    n_keys = tl.minimum(tl.where(in_pool, base + tree_n, 0), l_max)  # never past the cache
     start = split * split_keys
     end = tl.minimum(start + split_keys, n_keys)
     node, g = offs_r // group, offs_r % group  # row r: query token r // group, its head r % group
@@ -141,12 +144,16 @@ def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int) 
 
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                     used: torch.Tensor, *, max_keys: Optional[int] = None, scale: Optional[float] = None,
-                    tree_bias: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    tree_bias: Optional[torch.Tensor] = None, tree_cu: Optional[torch.Tensor] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H_kv, R, D] in q's dtype, lse [B, H_kv, R] float32) of q against the first
     used[b] keys of slot slots[b]. max_keys: a bound on the keys read (default the cache
     length), which sets the number of key chunks (give the step's bucket so a graph holds it).
     tree_bias [B, 1|H_kv, R, T] (last dimension contiguous): keys used[b] .. used[b] + T - 1
-    too, tree_bias[b, ., r, c] added to row r's score of key used[b] + c.
+    too, tree_bias[b, ., r, c] added to row r's score of key used[b] + c; with tree_cu [B + 1]
+    (the packed forest's offsets) only request b's own tree_cu[b + 1] - tree_cu[b] of them
+    (the rest of its padded columns is never read: nothing wrote it this step). max_keys must
+    cover used[b] + its tree keys.
 
     q may also be [B, H_kv, T, G, D] (T query tokens of G heads each, any strides: a
     verify's q as [B, T, H_kv, G, D] transposed, no copy), row r = t G + g; out then has
@@ -181,6 +188,10 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                              f"got {tuple(tree_bias.shape)}")
         check_last_contiguous("tree_bias", tree_bias)
         tree_t = tree_bias.shape[3]
+    if tree_cu is not None:
+        if tree_bias is None:
+            raise InputError("tree_cu: only with tree_bias (the tree's node offsets)")
+        tree_cu = check_index_vector("tree_cu", tree_cu, bsz + 1, dev)
     max_keys = lmax if max_keys is None else min(int(max_keys), lmax)
     scale = d ** -0.5 if scale is None else float(scale)
     if five:
@@ -207,11 +218,11 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     tb_strides = ((tb.stride(0), tb.stride(1) if tb.shape[1] > 1 else 0, tb.stride(2)) if tree_bias is not None
                   else (0, 0, 0))
     _cache_attention_part[(bsz * hkv, splits, row_blocks)](
-        q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse, tb,
+        q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse, tb, tree_cu if tree_cu is not None else slots,
         n_slots, lmax, rows, split_keys, scale, q.stride(0), q.stride(1), *q_rows,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), *strides, tree_t, *tb_strides, H=hkv, D=d, BD=bd, BR=br, BL=64, FINAL=final,
-        TREE=tree_bias is not None, num_warps=4)
+        TREE=tree_bias is not None, SIZES=tree_cu is not None, num_warps=4)
     if not final:
         _cache_attention_merge[(bsz * hkv, row_blocks)](
             o_part, m_part, l_part, out, lse, slots, n_slots, rows, splits, *strides, H=hkv, D=d, BD=bd, BR=br, num_warps=4)

@@ -17,10 +17,12 @@ from typing import Optional
 import torch
 
 
-def cache_attention_ref(q, k_cache, v_cache, slots, used, *, scale: Optional[float] = None, tree_bias=None):
+def cache_attention_ref(q, k_cache, v_cache, slots, used, *, scale: Optional[float] = None, tree_bias=None,
+                        tree_cu=None):
     """(out [B, H_kv, R, D], lse [B, H_kv, R]) in float64: q's rows against slot slots[b]'s
     first min(used[b], L) keys, and with tree_bias [B, 1|H_kv, R, T] the next T keys (those
-    within the cache) with the bias added to their scores; out 0 and lse -inf for a row
+    within the cache; request b's own tree_cu[b + 1] - tree_cu[b] of them with tree_cu) with
+    the bias added to their scores; out 0 and lse -inf for a row
     without a visible key; NaN for a slot outside the pool (cache_attention's contract)."""
     bsz, hkv, rows, d = q.shape
     n_slots, _, lmax, _ = k_cache.shape
@@ -30,7 +32,8 @@ def cache_attention_ref(q, k_cache, v_cache, slots, used, *, scale: Optional[flo
     lse = torch.full((bsz, hkv, rows), float("-inf"), dtype=torch.float64)
     for b in range(bsz):
         slot, base = int(slots[b]), int(used[b])
-        n = min(base + tree_t, lmax)
+        own = tree_t if tree_cu is None else max(min(int(tree_cu[b + 1]) - int(tree_cu[b]), tree_t), 0)
+        n = min(base + own, lmax)
         if not 0 <= slot < n_slots:
             out[b], lse[b] = float("nan"), float("nan")
             continue

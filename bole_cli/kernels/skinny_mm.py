@@ -40,6 +40,7 @@ from bole_cli.kernels.validate import check_tensor
 from bole_cli.limits import SKINNY_MM_MAX_ROWS
 
 COUNTERS = 1 << 16  # column blocks a split launch may have (its counters: 256 KiB a device)
+SHARED_BUDGET = 200 * 1024  # a launch's pipelined tiles (an H100/H200 block takes 227 KiB)
 _COUNTERS: dict[str, torch.Tensor] = {}  # per device, allocated once, zeros between launches
 
 
@@ -232,8 +233,16 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
         w.stride(0), out.stride(0), resid.stride(0), total.stride(0), heads.stride(0), heads.stride(1), k_slice,
         float(eps or 0.0), BM=bm, BN=bn, BK=bk, SPLIT=split, IEEE=x.dtype == torch.float32, NORM=norm is not None,
         RESID=residual is not None, GLU=bool(glu), GATE=gate is not None, HEAD=head_norm is not None, G=group,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=_stages(cfg["num_stages"], bm, bn * (2 if glu else 1), bk,
+                                                       x.element_size(), 1 + (residual is not None) + (aux is not None)))
     return out
+
+
+def _stages(asked: int, bm: int, bn: int, bk: int, elem: int, row_tiles: int) -> int:
+    """Pipeline stages that fit SHARED_BUDGET: each keeps the x-side tiles (x, and the residual
+    or the gate / z the operand reads) and the weight tile of one K step in shared memory."""
+    per_stage = (row_tiles * bm + bn) * bk * elem
+    return max(1, min(asked, SHARED_BUDGET // per_stage))
 
 
 def _check_heads(x, gate, head_norm, z, eps, row_norm: bool):
@@ -250,8 +259,8 @@ def _check_heads(x, gate, head_norm, z, eps, row_norm: bool):
         g = head_norm.shape[0]
         if g < 1 or g & (g - 1) or head_norm.stride(0) != 1:
             raise InputError(f"head_norm: expected [G] contiguous, G a power of two, got {tuple(head_norm.shape)}")
-        if eps is None or not eps >= 0:
-            raise InputError(f"eps: the norm's epsilon, at least 0, required with head_norm; got {eps!r}")
+        if eps is None or not eps > 0:  # a head padded past K has no squares: 1 / sqrt(eps) must be finite
+            raise InputError(f"eps: the norm's epsilon, above 0, required with head_norm; got {eps!r}")
         if z is None:
             raise InputError("z: required with head_norm (silu(z) gates the normed heads)")
         name, aux = "z", z

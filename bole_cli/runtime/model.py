@@ -621,7 +621,7 @@ class HybridModel:
             q5 = tb.padded(q).view(bsz, t_max, s.attn_kv_heads, grp, s.attn_head_dim).transpose(1, 2)
             if one_kernel:  # keys base + local index: the scratch attention_in just wrote; q, o token-major
                 o = cache_attention(q5, cache.k_cache[l], cache.v_cache[l], tb.slots, tb.base, tb.kv_limit,
-                                    tree_bias=tb.tree_bias)[0]
+                                    tree_bias=tb.tree_bias, tree_cu=tb.cu_seqlens)[0]
                 o = tb.packed(o.transpose(1, 2).reshape(bsz * t_max, -1))  # a view (contiguous)
                 return self.project_gated(o, gate, w.o_proj)
             qf = q5.reshape(bsz, s.attn_kv_heads, t_max * grp, s.attn_head_dim)
