@@ -6,8 +6,9 @@ projections fused"), never a timing.
 Counted: every aten op that launches a kernel (torch's dispatch mode; views and
 allocations excluded), every Triton launch (the interpreter's grid calls), a compiled
 `runtime.fusion` piece as one launch (what inductor makes of it on the GPU is usually one
-kernel, sometimes more: R-4's profile is the measurement). cuBLAS's split-K reductions and
-the attention's chunk merge (GPU-only launches) are not counted. The commit's KV move runs
+kernel, sometimes more: R-4's profile is the measurement). cuBLAS's split-K reductions are
+not counted, nor the attention's chunk merge where the tiny model's short cache needs one
+chunk and a real one (thousands of keys) two or more: one launch an attention layer more. The commit's KV move runs
 as kernels.kv_compact, as the GPU runtime does.
 
     PYTHONPATH=. python experiments/launch_count.py --out /tmp/launches.json

@@ -467,7 +467,7 @@ def test_fused_pieces_compile_whole_and_agree():
     eager = HybridModel(spec, "cpu", torch.float32, **kw)
     traced = HybridModel(spec, "cpu", torch.float32, **kw)
     traced.fuse = Fusion(True, backend="aot_eager")
-    # equal lengths: the verify's tree part goes through the compiled tree attention
+    # equal lengths: the split verify (its attention one kernel, its other pieces compiled)
     assert_step_agrees(traced, eager, (3, 3), dict(atol=1e-5, rtol=1e-5))
     # the MTP head's input (the drafter's): embedding, two norms and the concatenation, one graph
     gen = torch.Generator().manual_seed(0)
@@ -563,6 +563,26 @@ def test_attention_in_kernel_path_agrees(prefix, monkeypatch):
     torch.testing.assert_close(b.k_cache, a.k_cache, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b.v_cache, a.v_cache, atol=1e-5, rtol=1e-5)
     assert calls.count(False) > 0 and calls.count(True) > 0  # decodes, and verifies that keep k
+
+
+def test_one_kernel_verify_attention_with_padded_trees_agrees():
+    """Different committed lengths and tree sizes (varlen mode: a padded forest) through the
+    one-kernel verify attention (each request reads its own tree's scratch keys under the tree
+    mask) give the dense SDPA path's logits; stale values past a small tree's keys are never
+    read (poisoned with NaN here)."""
+    spec = tiny_spec(layers=4)
+    kw = dict(seed=0, gdn_backend="reference", compile=False)
+    dense = HybridModel(spec, "cpu", torch.float32, cache_kernel=False, varlen_attention=False, **kw)
+    fused = HybridModel(spec, "cpu", torch.float32, cache_kernel=True, varlen_attention=True, **kw)
+    a, b = warm_cache(dense, prefix=(5, 3), max_len=24), warm_cache(fused, prefix=(5, 3), max_len=24)
+    forest = pack_forest([chain_tree(2), tree([-1, 0, 0, 1, 1])])
+    for c, cache in ((0, b), (1, b)):
+        cache.k_cache[:, c, :, cache.kv_lens[c] + (2 if c == 0 else 5):] = float("nan")
+    toks = [5, 6, 7, 8, 9, 10, 11]
+    want = dense.verify(a, forest, toks, [0, 1]).logits
+    got = fused.verify(b, forest, toks, [0, 1])
+    assert got.batch.tree_bias is not None and got.batch.max_nodes == 5  # the padded one-kernel path
+    torch.testing.assert_close(got.logits, want, atol=2e-4, rtol=2e-4)
 
 
 def test_skinny_mm_path_agrees():
