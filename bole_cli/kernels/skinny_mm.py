@@ -63,45 +63,49 @@ def _skinny_mm_kernel(x, w, y, part, counters, res, norm_w, x_sum, ss_part, aux,
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     up = tl.zeros([BM, BN], dtype=tl.float32)  # GLU: the up half's sums
     ss = tl.zeros([BM], dtype=tl.float32)  # NORM: this slice's sum of squares a row
-    for kk in range(k0, k1, BK):
-        k_in = (kk + rk) < k1
-        xk = m_in[:, None] & k_in[None, :]
-        xt = tl.load(x + rm[:, None] * s_xm + (kk + rk)[None, :], mask=xk, other=0.0)
-        if RESID:  # the residual add, rounded as the residual stream keeps it
-            rt = tl.load(res + rm[:, None] * s_rm + (kk + rk)[None, :], mask=xk, other=0.0)
-            xt = (xt.to(tl.float32) + rt.to(tl.float32)).to(xt.dtype)
-            if pid_n == 0:  # one column block writes the sum for the next layer's add
-                tl.store(x_sum + rm[:, None] * s_sm + (kk + rk)[None, :], xt, mask=xk)
-        if NORM:  # rms(a) * norm_w: norm_w here, the row's 1 / rms on the sums at the end
-            xf = xt.to(tl.float32)
-            ss += tl.sum(xf * xf, axis=1)
-            nw = tl.load(norm_w + kk + rk, mask=k_in, other=0.0).to(tl.float32)
-            xt = (xf * nw[None, :]).to(w.dtype.element_ty)
-        if GATE or HEAD:
+    if NORM or GATE or HEAD:
+        # the x-side tiles feed arithmetic before the dot, so the compiler's pipeline (which
+        # streams a dot's operands) leaves their loads in line: each is issued a step ahead here
+        hw = tl.load(norm_w + rk % G).to(tl.float32) if HEAD else tl.zeros([BK], dtype=tl.float32)
+        kc = k0 + rk
+        xt_n, rt_n, at_n, nw_n = _x_tiles(x, res, aux, norm_w, rm, kc, m_in, kc < k1, s_xm, s_rm, s_am, s_ah,
+                                          BM, BK, RESID, NORM, GATE or HEAD, G)
+        for kk in range(k0, k1, BK):
             kc = kk + rk
-            at = tl.load(aux + rm[:, None] * s_am + ((kc // G) * s_ah + kc % G)[None, :], mask=xk,
-                         other=0.0).to(tl.float32)
+            k_in = kc < k1
+            xt, rt, at, nw = xt_n, rt_n, at_n, nw_n
+            xt_n, rt_n, at_n, nw_n = _x_tiles(x, res, aux, norm_w, rm, kc + BK, m_in, (kc + BK) < k1, s_xm, s_rm,
+                                              s_am, s_ah, BM, BK, RESID, NORM, GATE or HEAD, G)
+            xk = m_in[:, None] & k_in[None, :]
+            if RESID:  # the residual add, rounded as the residual stream keeps it
+                xt = (xt.to(tl.float32) + rt.to(tl.float32)).to(xt.dtype)
+                if pid_n == 0:  # one column block writes the sum for the next layer's add
+                    tl.store(x_sum + rm[:, None] * s_sm + kc[None, :], xt, mask=xk)
+            if NORM:  # rms(a) * norm_w: norm_w here, the row's 1 / rms on the sums at the end
+                xf = xt.to(tl.float32)
+                ss += tl.sum(xf * xf, axis=1)
+                xt = (xf * nw.to(tl.float32)[None, :]).to(w.dtype.element_ty)
             if GATE:  # an attention output times sigmoid(its gate)
-                xt = (xt.to(tl.float32) * tl.sigmoid(at)).to(w.dtype.element_ty)
-            else:  # a GDN output: rms(o) * norm_w * silu(z) over each head of G columns
+                xt = (xt.to(tl.float32) * tl.sigmoid(at.to(tl.float32))).to(w.dtype.element_ty)
+            if HEAD:  # a GDN output: rms(o) * norm_w * silu(z) over each head of G columns
+                af = at.to(tl.float32)
                 x3 = tl.reshape(xt.to(tl.float32), (BM, BK // G, G))
                 r = 1.0 / tl.sqrt(tl.sum(x3 * x3, axis=2) / G + eps)
                 xn = tl.reshape(x3 * r[:, :, None], (BM, BK))
-                hw = tl.load(norm_w + kc % G).to(tl.float32)
-                xt = (xn * hw[None, :] * (at * tl.sigmoid(at))).to(w.dtype.element_ty)
-        wt = tl.load(w + rn[:, None] * s_wn + (kk + rk)[None, :], mask=n_in[:, None] & k_in[None, :],
-                     other=0.0)
-        if IEEE:
-            acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
-        else:
-            acc += tl.dot(xt, tl.trans(wt))
-        if GLU:
-            wu = tl.load(w + (N + rn)[:, None] * s_wn + (kk + rk)[None, :], mask=n_in[:, None] & k_in[None, :],
-                         other=0.0)
-            if IEEE:
-                up += tl.dot(xt, tl.trans(wu), input_precision="ieee")
-            else:
-                up += tl.dot(xt, tl.trans(wu))
+                xt = (xn * hw[None, :] * (af * tl.sigmoid(af))).to(w.dtype.element_ty)
+            acc, up = _step(acc, up, xt, w, rn, kc, n_in, k_in, s_wn, N, IEEE, GLU)
+    else:
+        for kk in range(k0, k1, BK):
+            kc = kk + rk
+            k_in = kc < k1
+            xk = m_in[:, None] & k_in[None, :]
+            xt = tl.load(x + rm[:, None] * s_xm + kc[None, :], mask=xk, other=0.0)
+            if RESID:
+                rt = tl.load(res + rm[:, None] * s_rm + kc[None, :], mask=xk, other=0.0)
+                xt = (xt.to(tl.float32) + rt.to(tl.float32)).to(xt.dtype)
+                if pid_n == 0:
+                    tl.store(x_sum + rm[:, None] * s_sm + kc[None, :], xt, mask=xk)
+            acc, up = _step(acc, up, xt, w, rn, kc, n_in, k_in, s_wn, N, IEEE, GLU)
     out_mask = m_in[:, None] & n_in[None, :]
     y_at = y + rm[:, None] * s_ym + rn[None, :]
     if SPLIT == 1:
@@ -129,6 +133,42 @@ def _skinny_mm_kernel(x, w, y, part, counters, res, norm_w, x_sum, ss_part, aux,
                     ss += tl.load(ss_part + (s * tl.num_programs(0) + pid_n) * BM + rm, cache_modifier=".cg")
             _finish(y_at, acc, up, ss, out_mask, K, eps, NORM, GLU)
             tl.atomic_xchg(counters + pid_n, 0)
+
+
+@triton.jit
+def _x_tiles(x, res, aux, norm_w, rm, kc, m_in, k_in, s_xm, s_rm, s_am, s_ah, BM: tl.constexpr, BK: tl.constexpr,
+             RESID: tl.constexpr, NORM: tl.constexpr, HEADS: tl.constexpr, G: tl.constexpr):
+    """One K step's x-side tiles (x, residual, gate or z, norm weight), zeros where absent."""
+    xk = m_in[:, None] & k_in[None, :]
+    xt = tl.load(x + rm[:, None] * s_xm + kc[None, :], mask=xk, other=0.0)
+    rt = tl.zeros([BM, BK], dtype=xt.dtype)
+    at = tl.zeros([BM, BK], dtype=xt.dtype)
+    nw = tl.zeros([BK], dtype=norm_w.dtype.element_ty)
+    if RESID:
+        rt = tl.load(res + rm[:, None] * s_rm + kc[None, :], mask=xk, other=0.0)
+    if HEADS:
+        at = tl.load(aux + rm[:, None] * s_am + ((kc // G) * s_ah + kc % G)[None, :], mask=xk, other=0.0)
+    if NORM:
+        nw = tl.load(norm_w + kc, mask=k_in, other=0.0)
+    return xt, rt, at, nw
+
+
+@triton.jit
+def _step(acc, up, xt, w, rn, kc, n_in, k_in, s_wn, N, IEEE: tl.constexpr, GLU: tl.constexpr):
+    """One K step of the product: the weight tile (and the up half's) streamed into the sums."""
+    wmask = n_in[:, None] & k_in[None, :]
+    wt = tl.load(w + rn[:, None] * s_wn + kc[None, :], mask=wmask, other=0.0)
+    if IEEE:
+        acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
+    else:
+        acc += tl.dot(xt, tl.trans(wt))
+    if GLU:
+        wu = tl.load(w + (N + rn)[:, None] * s_wn + kc[None, :], mask=wmask, other=0.0)
+        if IEEE:
+            up += tl.dot(xt, tl.trans(wu), input_precision="ieee")
+        else:
+            up += tl.dot(xt, tl.trans(wu))
+    return acc, up
 
 
 @triton.jit
