@@ -49,7 +49,7 @@ def set_variant(timer, name: str) -> None:
     timer.model.cache_kernel = cache_kernel
     timer.model.skinny_mm = skinny
     timer.model.attention_in_kernel = attention_in
-    timer._steps.clear()  # graphs of the previous variant
+    timer.reset_graphs()  # graphs of the previous variant, and a fresh pool for the next
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -206,7 +206,7 @@ def main(argv=None) -> None:
                 replay = median_ms(lambda: timer.time_decode(bsz, args.kv), args.repeats)
                 first = time.perf_counter() - c0
                 serving._steps = timer._steps
-                serving._cache = timer._cache
+                serving._cache, serving._pool = timer._cache, timer._pool
                 serve = median_ms(lambda: serving.time_decode(bsz, args.kv), args.repeats)
                 row = {"model": spec.name, "variant": variant, "batch": bsz, "kv": args.kv,
                        "replay_ms": replay, "serving_ms": serve, "first_call_s": first}
@@ -229,12 +229,12 @@ def main(argv=None) -> None:
                 set_variant(timer, variant)
                 replay = median_ms(lambda: timer.time_verify(1, vkv, vn), args.repeats)
                 serving._steps = timer._steps
-                serving._cache = timer._cache
+                serving._cache, serving._pool = timer._cache, timer._pool
                 serve = median_ms(lambda: serving.time_verify(1, vkv, vn), args.repeats)
                 set_variant(timer, variant)
                 dec = median_ms(lambda: timer.time_decode(1, vkv), args.repeats)
                 serving._steps = timer._steps
-                serving._cache = timer._cache
+                serving._cache, serving._pool = timer._cache, timer._pool
                 dec_serve = median_ms(lambda: serving.time_decode(1, vkv), args.repeats)
                 doc["verify"].append({"model": spec.name, "variant": variant, "batch": 1, "kv": vkv,
                                       "tree_tokens": vn, "replay_ms": replay, "serving_ms": serve,

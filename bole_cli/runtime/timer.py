@@ -163,15 +163,22 @@ class HybridForwardTimer:
             self._require(est, what, held=held)
             slots = max(batch, c.n_slots if c is not None else 0)
             max_len = max(-(-need_len // 256) * 256, c.max_len if c is not None else 0)
-            self._steps.clear()  # graphs and metadata of the old cache
             self._cache = c = None
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-                self._pool = torch.cuda.graph_pool_handle()
+            self.reset_graphs()  # graphs and metadata of the old cache
             self._cache = self.model.new_cache(slots, max_len, random_fill=True)
         for s in range(self._cache.n_slots):
             self._cache.kv_lens[s] = kv_len
         return self._cache
+
+    def reset_graphs(self) -> None:
+        """Drop the captured steps and their metadata; later captures go to a fresh memory pool
+        (a pool whose graphs were all freed must not be captured into again: the CUDA
+        allocator asserts, R-10)."""
+        self._steps.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            if self.use_graphs:
+                self._pool = torch.cuda.graph_pool_handle()
 
     # ---- timing -----------------------------------------------------------------------
     def _time(self, key: tuple, fn) -> float:
