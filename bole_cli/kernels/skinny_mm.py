@@ -99,12 +99,7 @@ def _skinny_mm_kernel(x, w, y, part, counters, res, norm_w, x_sum, ss_part, aux,
             kc = kk + rk
             k_in = kc < k1
             xk = m_in[:, None] & k_in[None, :]
-            xt = tl.load(x + rm[:, None] * s_xm + kc[None, :], mask=xk, other=0.0)
-            if RESID:
-                rt = tl.load(res + rm[:, None] * s_rm + kc[None, :], mask=xk, other=0.0)
-                xt = (xt.to(tl.float32) + rt.to(tl.float32)).to(xt.dtype)
-                if pid_n == 0:
-                    tl.store(x_sum + rm[:, None] * s_sm + kc[None, :], xt, mask=xk)
+            xt = tl.load(x + rm[:, None] * s_xm + kc[None, :], mask=xk, other=0.0)  # (RESID comes with NORM)
             acc, up = _step(acc, up, xt, w, rn, kc, n_in, k_in, s_wn, N, IEEE, GLU)
     out_mask = m_in[:, None] & n_in[None, :]
     y_at = y + rm[:, None] * s_ym + rn[None, :]
