@@ -12,7 +12,10 @@
             runtime's default on CUDA;
 - skinny:   production, and steps of at most 64 rows project through kernels.skinny_mm
             instead of cuBLAS, the residual adds, RMSNorms and SwiGLU fused in
-            (HybridModel(skinny_mm=True); experiments/skinny_mm_bench.py times the GEMMs alone).
+            (HybridModel(skinny_mm=True); experiments/skinny_mm_bench.py times the GEMMs alone);
+- skinny-normed: production, and only in_proj and the LM head through kernels.skinny_mm with
+            the add + RMSNorm before them fused (the two that beat cuBLAS alone at one row, R-13);
+- skinny-io: skinny-normed, and out_proj and o_proj (the attention gate fused) too.
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
 graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
@@ -37,7 +40,9 @@ import time
 # name: (GDN decode, compiled pieces, cache_attention kernel, skinny GEMM, attention_in kernel)
 VARIANTS = {"before": ("tree", False, False, False, False), "fused": ("fused", False, False, False, False),
             "compiled": ("fused", True, False, False, False), "attn-pieces": ("fused", True, True, False, False),
-            "production": ("fused", True, True, False, True), "skinny": ("fused", True, True, True, True)}
+            "production": ("fused", True, True, False, True), "skinny": ("fused", True, True, True, True),
+            "skinny-normed": ("fused", True, True, "in_proj,lm_head", True),
+            "skinny-io": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj", True)}
 
 
 def set_variant(timer, name: str) -> None:
@@ -225,7 +230,7 @@ def main(argv=None) -> None:
             doc["agreement"].append({"model": spec.name, "batch": 4, **decode_agreement(torch, timer, 4, args.kv)})
         if args.smoke or name == args.verify_model:
             vkv, vn = (64, 8) if args.smoke else (args.verify_kv, args.verify_tokens)
-            for variant in [v for v in ("before", "attn-pieces", "production", "skinny") if v in VARIANTS]:
+            for variant in [v for v in VARIANTS if v not in ("fused", "compiled")]:
                 set_variant(timer, variant)
                 replay = median_ms(lambda: timer.time_verify(1, vkv, vn), args.repeats)
                 serving._steps = timer._steps

@@ -623,4 +623,34 @@ def test_skinny_mm_path_agrees():
     assert set(calls) == want
     # no rows (a batch without nodes): the plain GEMM, as the kernel takes 1..SKINNY_MM_MAX_ROWS
     x = torch.zeros(0, spec.hidden)
-    assert skinny.project(x, plain.lm_head).shape == (0, spec.vocab)
+    assert skinny.project(x, plain.lm_head, "lm_head").shape == (0, spec.vocab)
+
+
+def test_skinny_mm_takes_only_the_named_projections():
+    """skinny_mm by name: only those projections go through the kernel (the rest through
+    the plain GEMMs and the compiled pieces), the step still agrees with the plain model; an
+    unknown name is refused with the names that are known."""
+    from bole_cli.kernels import skinny_mm
+    from bole_cli.runtime.model import SKINNY_PROJECTIONS
+
+    spec = tiny_spec(layers=4)
+    kw = dict(seed=0, gdn_backend="reference", compile=False)
+    plain = HybridModel(spec, "cpu", torch.float32, **kw)
+    some = HybridModel(spec, "cpu", torch.float32, skinny_mm="in_proj, lm_head", **kw)
+    assert some.skinny_mm == ("in_proj", "lm_head")
+    calls = []
+
+    def traced(x, w, **kw):
+        calls.append(tuple(w.shape))
+        return skinny_mm(x, w, **kw)
+
+    some._skinny = traced
+    assert_step_agrees(some, plain, (3, 2), dict(atol=2e-4, rtol=2e-4))
+    want = {tuple(plain.lm_head.shape)} | {tuple(l.mixer.in_proj.shape) for l in plain.layers if l.kind == "gdn"}
+    assert calls and set(calls) == want
+    some.skinny_mm = False
+    assert some.skinny_mm == () and some._skinny is None
+    some.skinny_mm = True
+    assert some.skinny_mm == SKINNY_PROJECTIONS
+    with pytest.raises(InputError, match="unknown projection 'mlp'.*in_proj"):
+        some.skinny_mm = ["in_proj", "mlp"]

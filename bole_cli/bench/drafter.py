@@ -226,11 +226,11 @@ class MTPDrafter:
         grp = hq // hk
         x = fuse.mtp_in(tokens.reshape(n), self.model.embed, hidden.reshape(n, h), w["emb_norm"], w["hid_norm"])
         proj = self.model.project  # the target's projection path (cuBLAS, or the skinny GEMM)
-        x = proj(x, w["fc"])
+        x = proj(x, w["fc"], "fc")
         cos, sin = st.cos[lvl].expand(n, -1), st.sin[lvl].expand(n, -1)
         # the norms and residual adds as the target's layers take them (NormedRows: fused into
         # the next projection by the skinny GEMM, else computed before it)
-        qkv = proj(NormedRows(x, None, w["input_norm"], fuse), w["qkv"])
+        qkv = proj(NormedRows(x, None, w["input_norm"], fuse), w["qkv"], "qkv")
         pos = st.context + kv_off
         if kv_off < 0 or pos + rows > st.kv.shape[3]:
             raise InputError(f"kv_off: rows {pos}..{pos + rows - 1} lie past the head's KV cache "
@@ -253,9 +253,9 @@ class MTPDrafter:
             o = F.scaled_dot_product_attention(qf, st.kv[0, :, :, : pos + rows], st.kv[1, :, :, : pos + rows])
         o = o.view(bsz, hk, rows, grp, dh).permute(0, 2, 1, 3, 4).reshape(n, hq * dh)
         a = NormedRows(x, self.model.project_gated(o, gate, w["o_proj"]), w["post_norm"], fuse)
-        mlp = proj(proj(a, w["gate_up"], glu=True), w["down"])
+        mlp = proj(proj(a, w["gate_up"], "gate_up", glu=True), w["down"], "down")
         a = NormedRows(a.total(), mlp, w["final_norm"], fuse)
-        logits = proj(a, self.lm_head)
+        logits = proj(a, self.lm_head, "lm_head")
         x = a.total()
         # the top-k of the logits themselves: the softmax is monotonic and only the indices
         # are drafted, so a full-vocabulary float32 softmax would only add bytes

@@ -21,7 +21,7 @@ bias (as in Qwen3.5).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,10 @@ from bole_cli.runtime.fusion import RMS_EPS, Fusion, NormedRows
 from bole_cli.runtime.moe import grouped_mm_works, moe_forward
 from bole_cli.runtime.snapshot import SnapshotGDN
 from bole_cli.limits import MAX_TREE_NODES, SKINNY_MM_MAX_ROWS
+
+# The projections the skinny GEMM can take (HybridModel.skinny_mm), by the name each call
+# site passes; "fc" is the drafter's input projection.
+SKINNY_PROJECTIONS = ("in_proj", "out_proj", "qkv", "o_proj", "gate_up", "down", "lm_head", "fc")
 
 ROPE_FRACTION = 0.25
 GDN_DECODE = ("auto", "fused", "recurrent", "tree", "sglang")
@@ -187,8 +191,9 @@ class HybridModel:
     one launch (kernels.kv_compact; default: on CUDA), else tensor ops.
     skinny_mm: the projections of steps of at most limits.SKINNY_MM_MAX_ROWS rows through
     kernels.skinny_mm instead of cuBLAS, the norms, adds, SwiGLU and gates around them fused
-    in (default off: a 9B decode took 6.06 ms with it against 5.06 without, experiments/
-    README.md R-13).
+    in: True for every projection, or some of SKINNY_PROJECTIONS by name (default off: a 9B
+    decode took 6.06 ms with all of them against 5.06 without, experiments/README.md R-13;
+    at one row only in_proj and the LM head with their norms fused beat cuBLAS alone).
     """
 
     def __init__(self, spec: ModelSpec, device="cpu", dtype: torch.dtype = torch.bfloat16, *,
@@ -197,7 +202,7 @@ class HybridModel:
                  split_attention: Optional[bool] = None, varlen_attention: Optional[bool] = None,
                  compile: Optional[bool] = None, cache_kernel: Optional[bool] = None,
                  attention_in_kernel: Optional[bool] = None, kv_compact_kernel: Optional[bool] = None,
-                 skinny_mm: bool = False):
+                 skinny_mm: Union[bool, str, Iterable[str]] = False):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
@@ -400,31 +405,42 @@ class HybridModel:
             after = layers[i + 1].norms.input_norm if i + 1 < len(layers) else self.final_norm
             out = self._mlp(layer.mlp, h)
             h = NormedRows(h.total(), out, after, self.fuse)
-        return self.project(h, self.lm_head)
+        return self.project(h, self.lm_head, "lm_head")
 
     @property
-    def skinny_mm(self) -> bool:
-        """Whether steps of few rows project through kernels.skinny_mm."""
-        return self._skinny is not None
+    def skinny_mm(self) -> tuple[str, ...]:
+        """The projections that steps of few rows take through kernels.skinny_mm (() when
+        none do)."""
+        return tuple(k for k in SKINNY_PROJECTIONS if k in self._skinny_kinds)
 
     @skinny_mm.setter
-    def skinny_mm(self, on: bool) -> None:
-        self._skinny = None
-        if on:
+    def skinny_mm(self, which: Union[bool, str, Iterable[str]]) -> None:
+        if isinstance(which, bool):
+            kinds = frozenset(SKINNY_PROJECTIONS if which else ())
+        else:
+            kinds = frozenset(k.strip() for k in (which.split(",") if isinstance(which, str) else which))
+            kinds -= {""}
+            unknown = sorted(kinds - set(SKINNY_PROJECTIONS))
+            if unknown:
+                raise InputError(f"skinny_mm: unknown projection {unknown[0]!r}; "
+                                 f"expected some of {', '.join(SKINNY_PROJECTIONS)}")
+        self._skinny, self._skinny_kinds = None, kinds
+        if kinds:
             from bole_cli.kernels.skinny_mm import reserve_counters, skinny_mm as kernel
 
             reserve_counters(self.device)  # before any step is captured
             self._skinny = kernel
 
-    def project(self, x, w: torch.Tensor, out: Optional[torch.Tensor] = None, *, glu: bool = False) -> torch.Tensor:
+    def project(self, x, w: torch.Tensor, kind: str, out: Optional[torch.Tensor] = None, *,
+                glu: bool = False) -> torch.Tensor:
         """x @ w.T (into `out` when given), x rows or a layer's NormedRows; glu: w is gate|up
-        and the result silu(gate) * up. The skinny GEMM kernel for a few rows when the model
-        was built with skinny_mm, the residual add, RMSNorm and SwiGLU fused into it; cuBLAS
-        (or the CPU's GEMM) and the compiled pieces otherwise (the drafter projects through it
-        too)."""
+        and the result silu(gate) * up; kind: which of SKINNY_PROJECTIONS this is. The skinny
+        GEMM kernel for a few rows when the model takes this kind through it (skinny_mm), the
+        residual add, RMSNorm and SwiGLU fused into it; cuBLAS (or the CPU's GEMM) and the
+        compiled pieces otherwise (the drafter projects through it too)."""
         normed = x if isinstance(x, NormedRows) else None
         rows = normed.x if normed is not None else x
-        if self._skinny_takes(rows):
+        if self._skinny_takes(rows, kind):
             if normed is None:
                 return self._skinny(x, w, out=out, glu=glu)
             if rows.dtype != torch.float16 and (normed.y is None or normed.y.stride(-1) == 1):  # fp16: unfused
@@ -441,25 +457,26 @@ class HybridModel:
         y = self.fuse.swiglu(F.linear(x, w))
         return y if out is None else out.copy_(y)
 
-    def _skinny_takes(self, rows: torch.Tensor) -> bool:
-        """Whether a projection of these rows goes through the skinny GEMM."""
-        return (self._skinny is not None and 1 <= rows.shape[0] <= SKINNY_MM_MAX_ROWS
+    def _skinny_takes(self, rows: torch.Tensor, kind: str) -> bool:
+        """Whether a projection `kind` of these rows goes through the skinny GEMM."""
+        assert kind in SKINNY_PROJECTIONS, kind
+        return (kind in self._skinny_kinds and 1 <= rows.shape[0] <= SKINNY_MM_MAX_ROWS
                 and rows.dtype != torch.float64 and rows.stride(-1) == 1)
 
     def _mlp(self, m: _Weights, x) -> torch.Tensor:
         if not self.spec.is_moe:
-            return self.project(self.project(x, m.gate_up, glu=True), m.down)
+            return self.project(self.project(x, m.gate_up, "gate_up", glu=True), m.down, "down")
         x = x.rows() if isinstance(x, NormedRows) else x
         out = moe_forward(x, m.router, m.w13, m.w2, self.spec.experts_top_k, grouped=self.grouped_mm)
         if m.shared_gate_up is not None:
-            shared = self.project(self.project(x, m.shared_gate_up, glu=True), m.shared_down)
+            shared = self.project(self.project(x, m.shared_gate_up, "gate_up", glu=True), m.shared_down, "down")
             out = out + torch.sigmoid(F.linear(x, m.shared_gate)) * shared
         return out
 
     def _gdn_in(self, w: _Weights, h: torch.Tensor, out: Optional[torch.Tensor] = None):
         """in_proj (q|k|v, z, b, a fused in one matmul) -> x [N, conv_dim], z, b, a (views);
         into `out` [N, width] when given (the verify keeps every layer's x, b and a for its commit)."""
-        proj = self.project(h, w.in_proj, out=out)
+        proj = self.project(h, w.in_proj, "in_proj", out=out)
         return self._gdn_in_split(proj)
 
     def _gdn_in_split(self, proj: torch.Tensor):
@@ -482,25 +499,25 @@ class HybridModel:
         operand is the normed heads when it takes the rows, else the compiled norm first."""
         n, hv, dv = o.shape
         rows = o.reshape(n, hv * dv)
-        if self._skinny_takes(rows) and self.fdtype == torch.float32 and not dv & (dv - 1):
+        if self._skinny_takes(rows, "out_proj") and self.fdtype == torch.float32 and not dv & (dv - 1):
             return self._skinny(rows, w.out_proj, head_norm=w.norm_w, z=z.reshape(n, hv, dv), eps=RMS_EPS)
-        return self.project(self.fuse.gated_norm(o, z, w.norm_w, self.fdtype), w.out_proj)
+        return self.project(self.fuse.gated_norm(o, z, w.norm_w, self.fdtype), w.out_proj, "out_proj")
 
     def project_gated(self, o: torch.Tensor, gate: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """An attention output (any shape of N x heads x head_dim) times sigmoid(gate) [N,
         heads, head_dim], then o_proj `w`: the gate applied as the skinny GEMM loads its
         operand when it takes the rows, else compiled first (the drafter's too)."""
         rows = o.reshape(gate.shape[0], -1)
-        if self._skinny_takes(rows):
+        if self._skinny_takes(rows, "o_proj"):
             return self._skinny(rows, w, gate=gate)
-        return self.project(self.fuse.gated_out(o, gate), w)
+        return self.project(self.fuse.gated_out(o, gate), w, "o_proj")
 
     def _attn_in(self, w: _Weights, h, cos, sin, cache: HybridCache, l: int, slots, positions, k_out: bool):
         """q_proj (query | gate per head), k_proj, v_proj fused; q/k RMSNorm, RoPE; k and v
         written into the layer's cache at (slots, positions). -> q, gate, k (with k_out, else
         None), v [N, heads, head_dim]."""
         s = self.spec
-        proj = self.project(h, w.qkv_proj)
+        proj = self.project(h, w.qkv_proj, "qkv")
         kc, vc = cache.k_cache[l], cache.v_cache[l]
         if self.attention_in_kernel:
             from bole_cli.kernels.attention_in import attention_in
@@ -537,7 +554,7 @@ class HybridModel:
                 o = self.ops.decode(x, cache.conv_state[l], w.conv_w, w.conv_b, a, b, w.A_log, w.dt_bias,
                                     cache.gdn_state[l], db.slots, key_heads=s.gdn_key_heads, z=z,
                                     norm_w=w.norm_w, eps=RMS_EPS)
-                return self.project(o, w.out_proj)
+                return self.project(o, w.out_proj, "out_proj")
             y = gdn_ops.conv_decode(x, cache.conv_state[l], w.conv_w, w.conv_b, db.slots)
             q, k, v = self._qkv(y)
             state = cache.gdn_state[l]
