@@ -56,3 +56,8 @@ REPLAY_GATES_FIRST_PMAX = 64
 #: tiles are reused enough for cuBLAS. A verify must stream as fast as the decode it is priced
 #: against, so the kernel covers both.
 SKINNY_MM_MAX_ROWS = 64
+#: Rows up to which the runtime's default takes in_proj and the LM head through the skinny
+#: GEMM with the add + RMSNorm before them fused (runtime.model.SKINNY_DEFAULT): faster than
+#: cuBLAS after the separate norm at one row, slower at 16 and 32 (experiments/README.md R-13,
+#: R-14; rows 2-15 unmeasured).
+SKINNY_DEFAULT_MAX_ROWS = 1

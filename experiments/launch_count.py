@@ -24,7 +24,7 @@ import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-VARIANTS = {  # name: HybridModel switches
+VARIANTS = {  # name: HybridModel switches (production: the CUDA default but its one-row skinny in_proj and LM head)
     "pieces": dict(cache_kernel=True, attention_in_kernel=False, kv_compact_kernel=False, skinny_mm=False),
     "production": dict(cache_kernel=True, attention_in_kernel=True, kv_compact_kernel=True, skinny_mm=False),
     "skinny": dict(cache_kernel=True, attention_in_kernel=True, kv_compact_kernel=True, skinny_mm=True),

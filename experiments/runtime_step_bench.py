@@ -8,13 +8,16 @@
 - attn-pieces: compiled, the attention to the cache through kernels.cache_attention (split
             along the keys), its input (q/k norms, RoPE) compiled and the KV written by index
             writes (R-7's production step);
-- production: attn-pieces with that input in one launch (kernels.attention_in): the
-            runtime's default on CUDA;
-- skinny:   production, and steps of at most 64 rows project through kernels.skinny_mm
+- cublas:   attn-pieces with that input in one launch (kernels.attention_in), every
+            projection through cuBLAS (R-11 to R-14's "production");
+- production: the runtime's default on CUDA: cublas, and in_proj and the LM head of one-row
+            steps through kernels.skinny_mm with the add + RMSNorm before them fused
+            (runtime.model.SKINNY_DEFAULT, limits.SKINNY_DEFAULT_MAX_ROWS);
+- skinny:   cublas, and steps of at most 64 rows project through kernels.skinny_mm
             instead of cuBLAS, the residual adds, RMSNorms and SwiGLU fused in
             (HybridModel(skinny_mm=True); experiments/skinny_mm_bench.py times the GEMMs alone);
-- skinny-normed: production, and only in_proj and the LM head through kernels.skinny_mm with
-            the add + RMSNorm before them fused (the two that beat cuBLAS alone at one row, R-13);
+- skinny-normed: cublas, and in_proj and the LM head of steps of at most 64 rows through
+            kernels.skinny_mm with the add + RMSNorm fused (R-14);
 - skinny-io: skinny-normed, and out_proj and o_proj (the attention gate fused) too.
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
@@ -37,22 +40,31 @@ import statistics
 import sys
 import time
 
-# name: (GDN decode, compiled pieces, cache_attention kernel, skinny GEMM, attention_in kernel)
-VARIANTS = {"before": ("tree", False, False, False, False), "fused": ("fused", False, False, False, False),
-            "compiled": ("fused", True, False, False, False), "attn-pieces": ("fused", True, True, False, False),
-            "production": ("fused", True, True, False, True), "skinny": ("fused", True, True, True, True),
-            "skinny-normed": ("fused", True, True, "in_proj,lm_head", True),
-            "skinny-io": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj", True)}
+# name: (GDN decode, compiled pieces, cache_attention kernel, (skinny GEMM's projections, up
+# to rows), attention_in kernel)
+NO_SKINNY, ALL_ROWS = (False, 64), 64
+VARIANTS = {"before": ("tree", False, False, NO_SKINNY, False), "fused": ("fused", False, False, NO_SKINNY, False),
+            "compiled": ("fused", True, False, NO_SKINNY, False),
+            "attn-pieces": ("fused", True, True, NO_SKINNY, False), "cublas": ("fused", True, True, NO_SKINNY, True),
+            "production": ("fused", True, True, (None, None), True),
+            "skinny": ("fused", True, True, (True, ALL_ROWS), True),
+            "skinny-normed": ("fused", True, True, ("in_proj,lm_head", ALL_ROWS), True),
+            "skinny-io": ("fused", True, True, ("in_proj,lm_head,out_proj,o_proj", ALL_ROWS), True)}
 
 
 def set_variant(timer, name: str) -> None:
     from bole_cli.runtime.fusion import Fusion
 
-    decode, compiled, cache_kernel, skinny, attention_in = VARIANTS[name]
+    from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS
+    from bole_cli.runtime.model import SKINNY_DEFAULT
+
+    decode, compiled, cache_kernel, (skinny, rows), attention_in = VARIANTS[name]
+    if skinny is None:  # the runtime's default on CUDA
+        skinny, rows = SKINNY_DEFAULT, SKINNY_DEFAULT_MAX_ROWS
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
-    timer.model.skinny_mm = skinny
+    timer.model.skinny_mm, timer.model.skinny_max_rows = skinny, rows
     timer.model.attention_in_kernel = attention_in
     timer.reset_graphs()  # graphs of the previous variant, and a fresh pool for the next
 

@@ -654,3 +654,40 @@ def test_skinny_mm_takes_only_the_named_projections():
     assert some.skinny_mm == SKINNY_PROJECTIONS
     with pytest.raises(InputError, match="unknown projection 'mlp'.*in_proj"):
         some.skinny_mm = ["in_proj", "mlp"]
+
+
+def test_skinny_mm_default_and_its_row_limit():
+    """The default takes no projection through the skinny GEMM on the CPU; the CUDA default's
+    projections (SKINNY_DEFAULT) at up to skinny_max_rows rows: a one-row step through the
+    kernel, a two-row step through the plain GEMMs; a row limit outside the kernel's refused."""
+    from bole_cli.kernels import skinny_mm
+    from bole_cli.limits import SKINNY_MM_MAX_ROWS
+    from bole_cli.runtime.model import SKINNY_DEFAULT
+
+    spec = tiny_spec(layers=4)
+    kw = dict(seed=0, gdn_backend="reference", compile=False)
+    assert HybridModel(spec, "cpu", torch.float32, **kw).skinny_mm == ()
+    plain = HybridModel(spec, "cpu", torch.float32, skinny_mm=False, **kw)
+    one = HybridModel(spec, "cpu", torch.float32, skinny_mm=SKINNY_DEFAULT, skinny_max_rows=1, **kw)
+    calls = []
+
+    def traced(x, w, **kw):
+        calls.append(x.shape[0])
+        return skinny_mm(x, w, **kw)
+
+    one._skinny = traced
+    a, b = warm_cache(plain, prefix=(3, 2), max_len=16), warm_cache(one, prefix=(3, 2), max_len=16)
+    assert calls and set(calls) == {1}  # warm_cache decodes one request a step
+    calls.clear()
+    torch.testing.assert_close(one.decode(b, [4], [1]), plain.decode(a, [4], [1]), atol=2e-4, rtol=2e-4)
+    assert len(calls) == 1 + sum(l.kind == "gdn" for l in plain.layers)  # the LM head, each in_proj
+    calls.clear()
+    torch.testing.assert_close(one.decode(b, [1, 2]), plain.decode(a, [1, 2]), atol=2e-4, rtol=2e-4)
+    forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])
+    got = one.verify(b, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1]).logits
+    torch.testing.assert_close(got, plain.verify(a, forest, [5, 6, 7, 8, 9, 10, 11], [0, 1]).logits,
+                               atol=2e-4, rtol=2e-4)
+    assert not calls  # two rows and more: the plain GEMMs
+    for bad in (0, SKINNY_MM_MAX_ROWS + 1):
+        with pytest.raises(InputError, match="skinny_max_rows"):
+            HybridModel(spec, "cpu", torch.float32, skinny_max_rows=bad, **kw)

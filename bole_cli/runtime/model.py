@@ -36,11 +36,15 @@ from bole_cli.runtime.batch import DecodeBatch, Rope, TreeBatch, forest_arrays, 
 from bole_cli.runtime.fusion import RMS_EPS, Fusion, NormedRows
 from bole_cli.runtime.moe import grouped_mm_works, moe_forward
 from bole_cli.runtime.snapshot import SnapshotGDN
-from bole_cli.limits import MAX_TREE_NODES, SKINNY_MM_MAX_ROWS
+from bole_cli.limits import MAX_TREE_NODES, SKINNY_DEFAULT_MAX_ROWS, SKINNY_MM_MAX_ROWS
 
 # The projections the skinny GEMM can take (HybridModel.skinny_mm), by the name each call
 # site passes; "fc" is the drafter's input projection.
 SKINNY_PROJECTIONS = ("in_proj", "out_proj", "qkv", "o_proj", "gate_up", "down", "lm_head", "fc")
+# The ones the runtime takes through it by default on CUDA with bf16 activations, at up to
+# limits.SKINNY_DEFAULT_MAX_ROWS rows: the two whose fused add + RMSNorm beat cuBLAS after the
+# separate norm (experiments/README.md R-13, R-14).
+SKINNY_DEFAULT = ("in_proj", "lm_head")
 
 ROPE_FRACTION = 0.25
 GDN_DECODE = ("auto", "fused", "recurrent", "tree", "sglang")
@@ -189,11 +193,13 @@ class HybridModel:
     (kernels.attention_in; default: on CUDA with 16-bit activations, as cache_kernel), else
     the compiled pieces and two index writes. kv_compact_kernel: a verify commit's KV move in
     one launch (kernels.kv_compact; default: on CUDA), else tensor ops.
-    skinny_mm: the projections of steps of at most limits.SKINNY_MM_MAX_ROWS rows through
-    kernels.skinny_mm instead of cuBLAS, the norms, adds, SwiGLU and gates around them fused
-    in: True for every projection, or some of SKINNY_PROJECTIONS by name (default off: a 9B
-    decode took 6.06 ms with all of them against 5.06 without, experiments/README.md R-13;
-    at one row only in_proj and the LM head with their norms fused beat cuBLAS alone).
+    skinny_mm: the projections that steps of few rows take through kernels.skinny_mm instead
+    of cuBLAS, the norms, adds, SwiGLU and gates around them fused in: True for every one,
+    False for none, or some of SKINNY_PROJECTIONS by name; skinny_max_rows: up to how many rows
+    (default limits.SKINNY_MM_MAX_ROWS). Default (None): SKINNY_DEFAULT at up to
+    limits.SKINNY_DEFAULT_MAX_ROWS rows on CUDA with bf16 activations, else none (with all of
+    them a 9B decode took 6.06 ms against 5.06 without, experiments/README.md R-13; in_proj
+    and the LM head alone win at one row and lose at 16, R-14).
     """
 
     def __init__(self, spec: ModelSpec, device="cpu", dtype: torch.dtype = torch.bfloat16, *,
@@ -202,7 +208,8 @@ class HybridModel:
                  split_attention: Optional[bool] = None, varlen_attention: Optional[bool] = None,
                  compile: Optional[bool] = None, cache_kernel: Optional[bool] = None,
                  attention_in_kernel: Optional[bool] = None, kv_compact_kernel: Optional[bool] = None,
-                 skinny_mm: Union[bool, str, Iterable[str]] = False):
+                 skinny_mm: Union[None, bool, str, Iterable[str]] = None,
+                 skinny_max_rows: Optional[int] = None):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
@@ -231,6 +238,14 @@ class HybridModel:
         self.cache_kernel = gpu_16bit if cache_kernel is None else cache_kernel
         self.attention_in_kernel = gpu_16bit if attention_in_kernel is None else attention_in_kernel
         self.kv_compact_kernel = self.device.type == "cuda" if kv_compact_kernel is None else kv_compact_kernel
+        if skinny_mm is None:
+            auto = self.device.type == "cuda" and dtype == torch.bfloat16
+            skinny_mm = SKINNY_DEFAULT if auto else False
+            if auto and skinny_max_rows is None:
+                skinny_max_rows = SKINNY_DEFAULT_MAX_ROWS
+        self.skinny_max_rows = SKINNY_MM_MAX_ROWS if skinny_max_rows is None else skinny_max_rows
+        if not 1 <= self.skinny_max_rows <= SKINNY_MM_MAX_ROWS:
+            raise InputError(f"skinny_max_rows {self.skinny_max_rows}: expected 1..{SKINNY_MM_MAX_ROWS}")
         self.skinny_mm = skinny_mm
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._build()
@@ -460,7 +475,7 @@ class HybridModel:
     def _skinny_takes(self, rows: torch.Tensor, kind: str) -> bool:
         """Whether a projection `kind` of these rows goes through the skinny GEMM."""
         assert kind in SKINNY_PROJECTIONS, kind
-        return (kind in self._skinny_kinds and 1 <= rows.shape[0] <= SKINNY_MM_MAX_ROWS
+        return (kind in self._skinny_kinds and 1 <= rows.shape[0] <= self.skinny_max_rows
                 and rows.dtype != torch.float64 and rows.stride(-1) == 1)
 
     def _mlp(self, m: _Weights, x) -> torch.Tensor:
