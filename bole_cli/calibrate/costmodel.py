@@ -103,32 +103,36 @@ class Efficiency:
 # tests/test_calibrate.py checks the paper's knees as a tolerance and the H200 estimate
 # against the shipped measured profiles). The H200's come from component microbenchmarks
 # (bole_cli.calibrate.components re-derives them from the committed records, and a test
-# holds the numbers here to them): weight streaming at 1-64 rows reaches 75.5% of the
-# datasheet bandwidth, GEMMs from 1024 rows 68.6% of the bf16 rate, a small kernel takes
-# 2.7 us, one GDN layer's tree verify + commit (`bole bench kernels`, experiments row R-9)
+# holds the numbers here to them): weight streaming at 1-64 rows reaches 75.4% of the
+# datasheet bandwidth, GEMMs from 1024 rows 67.2% of the bf16 rate, a small kernel takes
+# 2.5 us, one GDN layer's tree verify + commit (`bole bench kernels`, experiments row R-9)
 # runs at 22-78% of the speed its roofline prices, by batch and nodes a request. The other GPUs take the same fractions of their datasheet figures (no device
 # measured here; datasheets in bole_cli.catalog.hardware) and launch_s a layer for the
 # gaps, not the runtime's measured launches: their estimates describe an engine that
 # launches about what the rooflines price (the paper's), the H200's the runtime calibrate
 # measures. l2_bytes: datasheet L2 (A100 40 MB, H100/H200 50 MB, B200 126 MB; GB10 24 MB
 # assumed).
-H200_BW, H200_FLOPS = 0.755, 0.686  # EFFICIENCY["h200"]'s fractions, applied to every GPU
+H200_BW, H200_FLOPS = 0.754, 0.672  # EFFICIENCY["h200"]'s fractions, applied to every GPU
 # One GDN layer's tree verify + commit (served default, random trees of depth <= 8, Qwen3.5-9B
 # shape) at each (batch, nodes a request) of `bole bench kernels`' grid: the share of its
 # roofline's speed (components.gdn_tree_cells of experiments/results/components/h200-9b-gdn-grid.json)
 H200_GDN_TREE_CELLS = (
-    (1.0, 2.0, 0.419), (1.0, 4.0, 0.406), (1.0, 8.0, 0.35), (1.0, 16.0, 0.333), (1.0, 32.0, 0.217),
-    (1.0, 64.0, 0.217), (4.0, 2.0, 0.393), (4.0, 4.0, 0.384), (4.0, 8.0, 0.355), (4.0, 16.0, 0.35),
-    (4.0, 32.0, 0.268), (4.0, 64.0, 0.3), (16.0, 2.0, 0.683), (16.0, 4.0, 0.646), (16.0, 8.0, 0.576),
-    (16.0, 16.0, 0.565), (16.0, 32.0, 0.406), (16.0, 64.0, 0.519), (64.0, 2.0, 0.78), (64.0, 4.0, 0.737),
-    (64.0, 8.0, 0.674), (64.0, 16.0, 0.699), (64.0, 32.0, 0.549), (64.0, 64.0, 0.577))
+    (1.0, 2.0, 0.395), (1.0, 4.0, 0.383), (1.0, 8.0, 0.331), (1.0, 16.0, 0.314),
+    (1.0, 32.0, 0.205), (1.0, 64.0, 0.205), (4.0, 2.0, 0.393), (4.0, 4.0, 0.385),
+    (4.0, 8.0, 0.355), (4.0, 16.0, 0.351), (4.0, 32.0, 0.268), (4.0, 64.0, 0.301),
+    (16.0, 2.0, 0.684), (16.0, 4.0, 0.647), (16.0, 8.0, 0.576), (16.0, 16.0, 0.566),
+    (16.0, 32.0, 0.407), (16.0, 64.0, 0.52), (64.0, 2.0, 0.781), (64.0, 4.0, 0.738),
+    (64.0, 8.0, 0.675), (64.0, 16.0, 0.7), (64.0, 32.0, 0.55), (64.0, 64.0, 0.578))
 # GEMM time over its roofline's against compute time / streaming time (components.gemm_knee of
-# experiments/results/components/h200-9b.json: rows 1-64 and 1024-4096 only; the knee itself,
-# 64-1024 rows, is owed a measurement and interpolates as the roofline there)
-H200_GEMM_KNEE = ((0.0053, 1.0), (0.0214, 1.003), (0.0854, 1.004), (0.3418, 1.012), (5.468, 0.992),
-                  (21.872, 0.985))
+# experiments/results/components/h200-9b-r14.json: 1-4096 rows, dense through the knee, R-14):
+# up to 1.18x its roofline around the ridge (x = 1, ~190 rows at 9B)
+H200_GEMM_KNEE = ((0.0054, 1.0), (0.0109, 1.001), (0.0218, 1.003), (0.0436, 1.022), (0.0871, 1.005),
+                  (0.1307, 1.007), (0.1743, 1.011), (0.2614, 1.024), (0.3486, 1.019), (0.5229, 1.046),
+                  (0.6972, 1.084), (0.8715, 1.151), (1.0458, 1.183), (1.3943, 1.09), (1.7429, 1.123),
+                  (2.0915, 1.051), (2.7887, 1.02), (4.183, 1.005), (5.5774, 0.994), (11.1548, 1.017),
+                  (22.3096, 0.996))
 _HOPPER_MEASURED = ("fractions of the datasheet measured on one H200 by component "
-                    "microbenchmarks (weight streaming 75.5%, GEMMs from 1024 rows 68.6%)")
+                    "microbenchmarks (weight streaming 75.4%, GEMMs from 1024 rows 67.2%)")
 EFFICIENCY: dict[str, Efficiency] = {
     "a100": Efficiency(
         bw=H200_BW, flops=H200_FLOPS, launch_s=8e-6, kernel_floor_s=3e-6, l2_bytes=40e6,
@@ -138,14 +142,14 @@ EFFICIENCY: dict[str, Efficiency] = {
         bw=H200_BW, flops=H200_FLOPS, launch_s=6e-6, kernel_floor_s=3e-6, l2_bytes=50e6,
         why="The H200's " + _HOPPER_MEASURED + " (same SM). Not fitted."),
     "h200": Efficiency(
-        bw=H200_BW, flops=H200_FLOPS, launch_s=6e-6, kernel_floor_s=2.7e-6, l2_bytes=50e6,
-        host_step_s=2.6e-5, gdn_tree_cells=H200_GDN_TREE_CELLS, gemm_knee=H200_GEMM_KNEE,
+        bw=H200_BW, flops=H200_FLOPS, launch_s=6e-6, kernel_floor_s=2.55e-6, l2_bytes=50e6,
+        host_step_s=3.1e-5, gdn_tree_cells=H200_GDN_TREE_CELLS, gemm_knee=H200_GEMM_KNEE,
         runtime=RuntimeLaunches(decode_launches_per_layer=13.66, verify_launches_per_layer=25.72,
                                 gap_s=0.61e-6, decode_host_s=0.31e-3, verify_host_s=0.56e-3),
         why="Measured here by component microbenchmarks (experiments/README.md rows R-1 to "
             "R-4 and R-9, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 "
-            "rows 75.5% of the datasheet bandwidth, GEMMs from 1024 rows 68.6% of its bf16 rate, a "
-            "small kernel 2.7 us, the GDN tree verify + commit at 22-78% of its roofline's speed by "
+            "rows 75.4% of the datasheet bandwidth, GEMMs from 1024 rows 67.2% of its bf16 rate, a "
+            "small kernel 2.5 us, the GDN tree verify + commit at 22-78% of its roofline's speed by "
             "batch and tree size (latency-bound at these sizes), and the runtime's launches per layer, replay gaps "
             "and host share of a serving step. Not fitted to the profiles it predicts."),
     "gb10": Efficiency(
