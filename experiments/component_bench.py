@@ -11,7 +11,11 @@ costmodel.Efficiency), measured on the GPU and never fitted to a profile's end r
   sampled token's trip to the host costs), eager;
 - the runtime's small kernels at decode rows: the compiled residual add + RMSNorm and
   SwiGLU (runtime.fusion), back to back in one graph, time per call: what a row-reduction
-  or elementwise kernel of a layer costs where the trivial floor above does not apply.
+  or elementwise kernel of a layer costs where the trivial floor above does not apply;
+- the fused one-token GDN decode (GDNOps.decode, called as the runtime's decode calls it:
+  in_proj's output columns as views, every request's state and conv window in place) at
+  each --decode-batch, --rotate layers' states timed together: the estimate's share of its
+  roofline for a decode's GDN layer by batch (calibrate.components.gdn_decode_cells).
 
     python experiments/component_bench.py --model 9b --out experiments/results/components/h200-9b.json
     python experiments/component_bench.py --device cpu --smoke --out /tmp/c.json   # CPU smoke (no timings to quote)
@@ -105,6 +109,41 @@ def small_kernels(torch, spec, device, dtype, rows, chain: int) -> list[dict]:
     return out
 
 
+def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_bytes: float = 0.0) -> list[dict]:
+    """Microseconds a GDN layer's fused decode takes at each batch (one token a request),
+    over at least `rotate` layers and enough of them that their states pass rotate_bytes
+    (several times the L2, so no replay finds a state there)."""
+    from bole_cli.runtime import gdn_ops
+    from bole_cli.runtime.fusion import RMS_EPS
+    from bole_cli.runtime.model import gdn_proj_width
+
+    s, cuda = spec, device == "cuda"
+    ops = gdn_ops.GDNOps("auto", torch.device(device))
+    fdt = gdn_ops.factor_dtype(dtype)
+    hv, dk, dv, cd = s.gdn_value_heads, s.gdn_key_dim, s.gdn_value_dim, s.conv_dim
+    out = []
+    for b in batches:
+        fns = []
+        layers = max(rotate, -(-int(rotate_bytes) // (b * hv * dk * dv * 4)))
+        for _ in range(layers):  # a layer's weights, its states and its in_proj output
+            proj = torch.randn(b, gdn_proj_width(s), device=device, dtype=dtype)
+            x, z = proj[:, :cd], proj[:, cd: cd + hv * dv]
+            bb, a = proj[:, cd + hv * dv: cd + hv * dv + hv], proj[:, cd + hv * dv + hv:]
+            conv = torch.randn(gdn_ops.conv_state_shape(b, cd, s.conv_kernel), device=device, dtype=dtype)
+            conv_w = torch.randn(cd, s.conv_kernel, device=device, dtype=dtype) * s.conv_kernel ** -0.5
+            a_log = torch.rand(hv, device=device, dtype=fdt)
+            dt_bias = torch.full((hv,), -2.0, device=device, dtype=fdt)
+            norm_w = torch.randn(dv, device=device, dtype=dtype)
+            state = torch.randn(b, hv, dv, dk, device=device, dtype=fdt) * 0.1
+            slots = torch.arange(b, device=device, dtype=torch.int64)
+            fns.append(lambda t=(x, conv, conv_w, a, bb, a_log, dt_bias, state, slots, z, norm_w): ops.decode(
+                t[0], t[1], t[2], None, t[3], t[4], t[5], t[6], t[7], t[8], key_heads=s.gdn_key_heads, z=t[9],
+                norm_w=t[10], eps=RMS_EPS))
+        fns[0]()  # compile outside the graph
+        out.append({"batch": b, "layers": layers, "us": time_us(torch, fns, cuda, layers)})
+    return out
+
+
 def host_step(torch, device, reps: int) -> dict:
     x = torch.randn(256, device=device)
     t = []
@@ -121,6 +160,7 @@ def main(argv=None) -> None:
     ap.add_argument("--gpu", default="h200", help="catalogue GPU whose datasheet peak the fractions use")
     ap.add_argument("--rows", default="1,2,4,8,16,32,64,128,256,512,1024,4096")
     ap.add_argument("--rotate", type=int, default=4, help="weight sets timed together (L2 never holds one)")
+    ap.add_argument("--decode-batch", default="1,2,4,8,16,32,64", help="batches of the GDN decode rows")
     ap.add_argument("--chain", type=int, default=200, help="kernels in the floor's graph")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and few rows (CPU test)")
@@ -157,6 +197,9 @@ def main(argv=None) -> None:
         "host_step": host_step(torch, args.device, 20 if args.smoke else 500),
         "small_kernels": small_kernels(torch, spec, args.device, dtype, [1] if args.smoke else [1, 16, 64, 256],
                                        4 if args.smoke else 50),
+        "gdn_decode": gdn_decode_rows(torch, spec, [1, 2] if args.smoke else
+                                      [int(b) for b in args.decode_batch.split(",")], args.device, dtype,
+                                      2 if args.smoke else args.rotate, 0.0 if args.smoke else 256e6),
     }
     if cuda:
         import triton

@@ -2,12 +2,15 @@
 # The H200 runs owed by the CPU-only sessions of 2026-12-04 and -05 (experiments/NOTES.md "The
 # verify's launches cut again, and a skinny GEMM for the decode" and "The launches around the
 # projections fused"), one device call each (each job under
-# the 10 minutes a call may run), in the order their results are needed:
+# the 10 minutes a call may run), in the order their results are needed. Done since: tests
+# (R-10, R-16), steps (R-11 to R-15, other variants), knee for 9B (R-14); still owed: knee for 9B
+# again (its record now carries the fused GDN decode by batch, the estimate's gdn_decode_cells,
+# re-derived by calibrate.components.factors) and 27B, gemm at 27B and 4B, kernels.
 #
 #   bash experiments/owed_h200.sh tests    # python -m pytest -m gpu (the suite's 5-minute budget)
 #   bash experiments/owed_h200.sh gemm     # the skinny GEMM against cuBLAS, 9B, 27B and 4B
 #   bash experiments/owed_h200.sh steps    # runtime_step_bench: launches, decode, verify; attention_in, skinny
-#   bash experiments/owed_h200.sh knee     # the GEMM knee (component_bench, dense rows), 9B and 27B
+#   bash experiments/owed_h200.sh knee     # the GEMM knee (dense rows) and the fused GDN decode by batch, 9B, 27B
 #   bash experiments/owed_h200.sh kernels  # c12's grid, chains against the ring, the big chains' factors
 #
 # A job works in /tmp/owed/<job> and leaves one tarball and its log in $OUT (the device's

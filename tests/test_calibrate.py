@@ -558,8 +558,7 @@ def test_h200_factors_derive_from_the_component_records():
     from bole_cli.calibrate.costmodel import EFFICIENCY
 
     root = Path(__file__).resolve().parents[1] / "experiments" / "results"
-    steps = [json.loads((root / "runtime" / name).read_text())
-             for name in ("steps-h200.json", "steps-verify-h200.json")]
+    steps = [json.loads((root / "runtime" / "r15" / "steps-h200.json").read_text())]
     got = factors(json.loads((root / "components" / "h200-9b-r14.json").read_text()), steps,
                   json.loads((root / "components" / "h200-9b-gdn-grid.json").read_text()),
                   resolve_gpu("h200").bf16_flops)
@@ -589,6 +588,35 @@ def test_gdn_tree_share_interpolates_between_measured_cells():
     assert f._gdn_share(256, 512) == pytest.approx(cells[(64.0, 64.0)])
 
 
+def test_gdn_decode_share_derives_from_its_rows_and_prices_the_decode():
+    """components.gdn_decode_cells: a decode's GDN layer measured at twice its roofline's
+    time gives a share of 0.5; with those cells a decode's GDN layers cost twice what the bare
+    roofline prices, in between batches log-interpolated, a verify untouched; a record
+    without the rows gives none."""
+    import dataclasses
+
+    from bole_cli.calibrate.components import gdn_decode_cells
+    from bole_cli.calibrate.costmodel import EFFICIENCY
+
+    spec, gpu = resolve_model("9b"), resolve_gpu("h200")
+    bare = dataclasses.replace(EFFICIENCY["h200"], gdn_decode_cells=())
+    roof = RooflineForward(spec, gpu, bare)
+    layer = {b: roof.components(b, 4096, b, verify=False)["gdn_core"] / spec.n_gdn_layers for b in (1, 16)}
+    record = {"model": spec.name, "gdn_decode": [{"batch": 16, "us": 4e6 * layer[16]},
+                                                   {"batch": 1, "us": 2e6 * layer[1]}]}
+    cells = gdn_decode_cells(record)
+    assert cells == ((1.0, 0.5), (16.0, 0.25))
+    assert gdn_decode_cells({"model": spec.name}) == ()
+    shared = RooflineForward(spec, gpu, dataclasses.replace(bare, gdn_decode_cells=cells))
+    for b, share in ((1, 0.5), (16, 0.25)):
+        got, want = (f.components(b, 4096, b, verify=False)["gdn_core"] for f in (shared, roof))
+        assert got == pytest.approx(want / share)
+    mid = shared.components(4, 4096, 4, verify=False)["gdn_core"] / roof.components(4, 4096, 4, verify=False)["gdn_core"]
+    assert mid == pytest.approx(1 / 0.375)  # halfway between batch 1 and 16 in log2
+    assert (shared.components(4, 4096, 64, verify=True)["gdn_core"]
+            == pytest.approx(roof.components(4, 4096, 64, verify=True)["gdn_core"]))
+
+
 def test_gemm_knee_prices_a_gemm_above_its_roofline_near_the_ridge():
     """With a knee, a GEMM at the ridge (x = 1) costs its roofline times the knee there; with
     none (other GPUs' estimates before the knee is measured), the roofline alone."""
@@ -613,15 +641,20 @@ T_DEC_TOLERANCE, TOK_S_TOLERANCE = 0.10, 0.15
 # Cells where the estimate misses today, each with its measured reason (experiments/NOTES.md
 # "The estimate against the measured profiles"); strict: a cell that starts agreeing fails
 # here until it is taken off the list.
-_BATCH16 = ("27B, batch 16, kv 16384: both decide the chain, but the estimate's tokens/s are 17% "
-            "above the measurement's (its verify over the long context priced at the attention's "
-            "roofline)")
+_LONG_BATCH16 = ("27B, batch 16, kv 16384: both decide the chain, but the estimate's tokens/s are "
+                 "21% above the measurement's (its verify over the long context priced at the "
+                 "attention's roofline)")
+_SMALL_BATCH16 = ("4B, batch 16, kv 1024: T_dec 11% under the measurement; the estimate prices a "
+                  "batch-16 decode 0.5 ms above a batch-1 one where the runtime pays 0.95 ms (4B and "
+                  "9B alike): the batch-dependent kernels (the fused GDN decode's state traffic, the "
+                  "attention, the sampling) are not measured as components")
 _LONG_KV = ("kv 16384, batch 4: the measured chain beats the measured tree by under 1%; the "
             "estimate prices the tree's verify at many tokens lower (the tree attention over the "
             "long context at its roofline) and decides the tree")
 KNOWN_GAPS = {
-    ("Qwen3.5-27B", 16, 16384): _BATCH16,
-    **{(m, 4, 16384): _LONG_KV for m in AGREEMENT_MODELS},
+    ("Qwen3.5-27B", 16, 16384): _LONG_BATCH16,
+    ("Qwen3.5-4B", 16, 1024): _SMALL_BATCH16,
+    **{(m, 4, 16384): _LONG_KV for m in ("Qwen3.5-4B", "Qwen3.5-27B")},
 }
 
 

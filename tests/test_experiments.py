@@ -100,8 +100,10 @@ def test_the_precision_contract_smoke_run_writes_its_record(tmp_path):
 
 def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
     """experiments/component_bench.py (the roofline's component factors) at a tiny model on
-    CPU: every GEMM shape at each row count, the kernel floor and the host step written."""
+    CPU: every GEMM shape at each row count, the kernel floor, the host step and the fused
+    GDN decode at each batch written."""
     doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke")
+    assert [r["batch"] for r in doc["gdn_decode"]] == [1, 2] and all(r["us"] > 0 for r in doc["gdn_decode"])
     assert {r["gemm"] for r in doc["gemms"]} == {"gdn_in_proj", "lm_head", "mlp_gate_up", "mlp_down"}
     assert sorted({r["M"] for r in doc["gemms"]}) == [1, 4] and all(r["us"] > 0 for r in doc["gemms"])
     assert doc["kernel_floor"]["us_per_kernel"] > 0 and doc["host_step"]["us_median"] > 0

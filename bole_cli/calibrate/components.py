@@ -4,7 +4,8 @@ committed records (experiments/README.md rows R-*):
 
 - `experiments/component_bench.py`'s JSON: GEMMs at a model's projection shapes against
   rows (weight streaming, weighted by how often one decode step streams each shape; GEMM
-  rate), the runtime's small kernels at decode rows (the per-kernel floor);
+  rate), the runtime's small kernels at decode rows (the per-kernel floor), the fused GDN
+  decode by batch (its share of its roofline's speed);
 - `experiments/runtime_step_bench.py`'s JSONs: a step's graph replay against the sum and
   count of its kernels (the gap per launch, the launches per layer of a decode and of a
   verify step) and the serving step against the bare replay (the host's share of a step);
@@ -50,6 +51,26 @@ def gdn_tree_cells(tree_kernels: Mapping[str, Any]) -> tuple[tuple[float, float,
     return tuple(cells)
 
 
+def gdn_decode_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
+    """(batch, share) for each batch of the record's fused GDN decode rows: the roofline's
+    price of a decode's GDN layer (state read and written, conv window, its inputs and
+    output) over the measured time, rounded to 3 digits; () when the record has none."""
+    import dataclasses
+
+    from bole_cli.calibrate.costmodel import EFFICIENCY, RooflineForward
+    from bole_cli.catalog.hardware import resolve_gpu
+    from bole_cli.catalog.models import resolve_model
+
+    spec = resolve_model(components["model"])
+    roof = RooflineForward(spec, resolve_gpu("h200"), dataclasses.replace(EFFICIENCY["h200"], gdn_decode_cells=()))
+    cells = []
+    for row in sorted(components.get("gdn_decode", ()), key=lambda r: r["batch"]):
+        b = row["batch"]
+        layer = roof.components(b, 4096, b, verify=False)["gdn_core"] / spec.n_gdn_layers
+        cells.append((float(b), round(layer / (row["us"] * 1e-6), 3)))
+    return tuple(cells)
+
+
 def gemm_knee(components: Mapping[str, Any], bw: float, flops: float,
               bandwidth: float, peak_flops: float) -> tuple[tuple[float, float], ...]:
     """(x, y) for each row count of the record: x = a GEMM's compute time at the measured
@@ -74,8 +95,8 @@ def gemm_knee(components: Mapping[str, Any], bw: float, flops: float,
 
 def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
             tree_kernels: Mapping[str, Any], peak_flops: float) -> dict[str, float]:
-    """Efficiency's bw, flops, kernel_floor_s, host_step_s, gdn_tree_cells, gemm_knee and its
-    RuntimeLaunches fields."""
+    """Efficiency's bw, flops, kernel_floor_s, host_step_s, gdn_tree_cells, gdn_decode_cells,
+    gemm_knee and its RuntimeLaunches fields."""
     from bole_cli.catalog.models import resolve_model
 
     spec = resolve_model(components["model"])
@@ -101,7 +122,7 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
                            if r["variant"] == PRODUCTION]
     return {"bw": bw, "flops": flops, "kernel_floor_s": floor,
             "host_step_s": components["host_step"]["us_median"] * 1e-6,
-            "gdn_tree_cells": gdn_tree_cells(tree_kernels),
+            "gdn_tree_cells": gdn_tree_cells(tree_kernels), "gdn_decode_cells": gdn_decode_cells(components),
             "gemm_knee": gemm_knee(components, bw, flops, DATASHEET_BANDWIDTH, peak_flops),
             "gap_s": statistics.median(gaps),
             "decode_launches_per_layer": statistics.median(launches["decode"]),

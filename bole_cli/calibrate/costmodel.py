@@ -89,6 +89,9 @@ class Efficiency:
     # share) where it was measured, interpolated in log of both between and beyond the cells
     # (clamped); () = 1 everywhere (an engine whose tree kernels run at their rooflines)
     gdn_tree_cells: tuple[tuple[float, float, float], ...] = ()
+    # the fused one-token GDN decode's share of its roofline's speed (conv window, state read
+    # and written): (batch, share) where measured, interpolated in log batch, clamped; () = 1
+    gdn_decode_cells: tuple[tuple[float, float], ...] = ()
     # (x, y): a GEMM's time over its roofline's against x = its compute time over its
     # weight-streaming time (the roofline's knee is x = 1, where real GEMMs are slower than
     # either bound); interpolated in log x, clamped; () = the bare roofline
@@ -144,10 +147,10 @@ EFFICIENCY: dict[str, Efficiency] = {
     "h200": Efficiency(
         bw=H200_BW, flops=H200_FLOPS, launch_s=6e-6, kernel_floor_s=2.55e-6, l2_bytes=50e6,
         host_step_s=3.1e-5, gdn_tree_cells=H200_GDN_TREE_CELLS, gemm_knee=H200_GEMM_KNEE,
-        runtime=RuntimeLaunches(decode_launches_per_layer=13.66, verify_launches_per_layer=25.72,
-                                gap_s=0.61e-6, decode_host_s=0.31e-3, verify_host_s=0.56e-3),
-        why="Measured here by component microbenchmarks (experiments/README.md rows R-1 to "
-            "R-4 and R-9, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 "
+        runtime=RuntimeLaunches(decode_launches_per_layer=10.84, verify_launches_per_layer=13.28,
+                                gap_s=0.61e-6, decode_host_s=0.14e-3, verify_host_s=0.13e-3),
+        why="Measured here by component microbenchmarks (experiments/README.md rows R-9, R-14 "
+            "and R-15, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 "
             "rows 75.4% of the datasheet bandwidth, GEMMs from 1024 rows 67.2% of its bf16 rate, a "
             "small kernel 2.5 us, the GDN tree verify + commit at 22-78% of its roofline's speed by "
             "batch and tree size (latency-bound at these sizes), and the runtime's launches per layer, replay gaps "
@@ -303,8 +306,12 @@ class RooflineForward:
         else:
             core, kernels = Cost(2 * state, 8.0 * batch * hv * dk * dv, act=qkv_io), 1
         conv = Cost(batch * m.conv_dim * (m.conv_kernel - 1) * BF16 * 2, 0.0)
-        core_s = self._time(core, kernels) / (self._gdn_share(batch, n) if verify else 1.0)
-        t["gdn_core"] = n_gdn * (core_s + self._time(conv))
+        if verify:
+            layer = self._time(core, kernels) / self._gdn_share(batch, n) + self._time(conv)
+        else:  # one fused kernel: conv window, gates, recurrence and norm
+            share = _interp_log(self.eff.gdn_decode_cells, batch) if self.eff.gdn_decode_cells else 1.0
+            layer = (self._time(core, kernels) + self._time(conv)) / share
+        t["gdn_core"] = n_gdn * layer
 
         # two fused add + RMSNorm kernels per layer, 4 passes each
         t["norms"] = m.layers * self._time(Cost(act=8.0 * T * m.hidden * BF16), 2)
