@@ -57,7 +57,8 @@ REPLAY_GATES_FIRST_PMAX = 64
 #: against, so the kernel covers both.
 SKINNY_MM_MAX_ROWS = 64
 #: Rows up to which the runtime's default takes in_proj and the LM head through the skinny
-#: GEMM with the add + RMSNorm before them fused (runtime.model.SKINNY_DEFAULT): faster than
-#: cuBLAS after the separate norm at one row, slower at 16 and 32 (experiments/README.md R-13,
-#: R-14; rows 2-15 unmeasured).
+#: GEMM with the add + RMSNorm before them fused (runtime.model.SKINNY_DEFAULT): a one-row
+#: decode 0.1-0.2 ms faster at 4B and 27B (9B within noise), at 16 rows slower at 9B and 27B
+#: and a 32-token verify 1.3 ms slower at 9B (experiments/README.md R-13 to R-15; rows 2-15
+#: unmeasured).
 SKINNY_DEFAULT_MAX_ROWS = 1

@@ -55,16 +55,11 @@ VARIANTS = {"before": ("tree", False, False, NO_SKINNY, False), "fused": ("fused
 def set_variant(timer, name: str) -> None:
     from bole_cli.runtime.fusion import Fusion
 
-    from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS
-    from bole_cli.runtime.model import SKINNY_DEFAULT
-
     decode, compiled, cache_kernel, (skinny, rows), attention_in = VARIANTS[name]
-    if skinny is None:  # the runtime's default on CUDA
-        skinny, rows = SKINNY_DEFAULT, SKINNY_DEFAULT_MAX_ROWS
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
-    timer.model.skinny_mm, timer.model.skinny_max_rows = skinny, rows
+    timer.model.set_skinny(skinny, rows)  # (None, None): the runtime's default
     timer.model.attention_in_kernel = attention_in
     timer.reset_graphs()  # graphs of the previous variant, and a fresh pool for the next
 

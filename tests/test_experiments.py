@@ -140,12 +140,13 @@ def test_the_launch_count_run_counts_every_step(tmp_path):
 
 
 def test_the_runtime_step_bench_smoke_run_writes_its_record(tmp_path):
-    """experiments/runtime_step_bench.py at a tiny model on CPU, the skinny GEMM's variant (the
-    runtime's default and the kernel's projections), batch 1: its decode and verify rows."""
-    doc = smoke_record(tmp_path, "runtime_step_bench.py", "--smoke", "--variants", "skinny", "--batch", "1",
+    """experiments/runtime_step_bench.py at a tiny model on CPU, a variant that names the
+    skinny GEMM's projections (in_proj and the LM head, the add + RMSNorm fused), batch 1:
+    its decode and verify rows."""
+    doc = smoke_record(tmp_path, "runtime_step_bench.py", "--smoke", "--variants", "skinny-normed", "--batch", "1",
                        "--repeats", "1", timeout=600)
-    assert [(r["variant"], r["batch"]) for r in doc["decode"]] == [("skinny", 1)]
-    assert [r["variant"] for r in doc["verify"]] == ["skinny"]
+    assert [(r["variant"], r["batch"]) for r in doc["decode"]] == [("skinny-normed", 1)]
+    assert [r["variant"] for r in doc["verify"]] == ["skinny-normed"]
     assert all(r["replay_ms"] > 0 and r["serving_ms"] > 0 for r in doc["decode"] + doc["verify"])
 
 

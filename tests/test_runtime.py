@@ -691,3 +691,54 @@ def test_skinny_mm_default_and_its_row_limit():
     for bad in (0, SKINNY_MM_MAX_ROWS + 1):
         with pytest.raises(InputError, match="skinny_max_rows"):
             HybridModel(spec, "cpu", torch.float32, skinny_max_rows=bad, **kw)
+        with pytest.raises(InputError, match="skinny_max_rows"):
+            one.skinny_max_rows = bad
+    one.skinny_mm = True  # names set later: up to the kernel's rows, as at construction
+    assert one.skinny_max_rows == SKINNY_MM_MAX_ROWS
+    one.skinny_mm = None  # the device's default again (none on the CPU)
+    assert one.skinny_mm == () and one._skinny is None
+
+
+def test_skinny_defaults_by_device_and_dtype():
+    """The CUDA default with bf16 activations is SKINNY_DEFAULT at one row; anything else
+    takes no projection through the skinny GEMM."""
+    from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS, SKINNY_MM_MAX_ROWS
+    from bole_cli.runtime.model import SKINNY_DEFAULT, skinny_defaults
+
+    assert skinny_defaults("cuda", torch.bfloat16) == (SKINNY_DEFAULT, SKINNY_DEFAULT_MAX_ROWS) == (
+        ("in_proj", "lm_head"), 1)
+    for dev, dt in (("cuda", torch.float16), ("cuda", torch.float32), ("cpu", torch.bfloat16)):
+        assert skinny_defaults(dev, dt) == ((), SKINNY_MM_MAX_ROWS)
+
+
+@pytest.mark.gpu
+def test_skinny_default_on_cuda_agrees_with_cublas():
+    """The CUDA bf16 default (in_proj and the LM head of one-row steps through the skinny
+    GEMM, the add + RMSNorm fused) gives a batch-1 decode's logits and a drafter level's
+    drafts as cuBLAS with the separate norm does, to bf16 rounding; two rows take cuBLAS."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from bole_cli.bench.drafter import MTPDrafter, build_layout
+    from bole_cli.calibrate.acceptance import preset_rows
+    from bole_cli.runtime.model import SKINNY_DEFAULT
+
+    spec = tiny_spec(layers=4)
+    kw = dict(seed=0, compile=False)
+    default = HybridModel(spec, "cuda", torch.bfloat16, **kw)
+    assert (default.skinny_mm, default.skinny_max_rows) == (SKINNY_DEFAULT, 1)
+    plain = HybridModel(spec, "cuda", torch.bfloat16, skinny_mm=False, **kw)
+    warm = warm_cache(plain, prefix=(3, 2), max_len=16)
+    a, b = warm.clone(), warm.clone()
+    torch.testing.assert_close(default.decode(b, [1, 2]), plain.decode(a, [1, 2]))  # cuBLAS in both
+    got, want = default.decode(b, [4], [1]).float(), plain.decode(a, [4], [1]).float()
+    assert float((got - want).norm() / want.norm()) < 2e-2
+    lay = build_layout(4, 2, preset_rows(0.9, 4, 2))
+    levels = []
+    for m in (default, plain):
+        head = MTPDrafter(m, lay)
+        st = head.new_state(1, 12)
+        st.pending.copy_(torch.tensor([3], device="cuda"))
+        with torch.inference_mode():
+            x1, _ = head.level(st, 0, st.pending.view(1, 1), st.hidden.view(1, 1, -1), 0)
+        levels.append(x1.float())
+    assert float((levels[0] - levels[1]).norm() / levels[1].norm()) < 2e-2

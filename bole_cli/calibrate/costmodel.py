@@ -25,7 +25,7 @@ Components (bf16 weights and activations, fp32 recurrent state and logits):
   the replay commit (docs/design.md §2, §9) 6 dk dv a path node (decay, k . S, update).
   The depthwise conv and gates are counted as activation traffic. A verify's GDN core runs
   at a share of its roofline's speed: on the H200 measured per batch and nodes a request
-  (eff.gdn_tree_cells; the tree kernels are latency-bound at serving sizes, 22-78% of it),
+  (eff.gdn_tree_cells; the tree kernels are latency-bound at serving sizes, 21-78% of it),
   1 elsewhere.
 - norms and residuals: about 8 passes over T * hidden bf16 activations per layer.
 - activation traffic (matmul inputs/outputs, q/k/v/o, norms, logits) stays in L2 while one
@@ -109,7 +109,7 @@ class Efficiency:
 # holds the numbers here to them): weight streaming at 1-64 rows reaches 75.4% of the
 # datasheet bandwidth, GEMMs from 1024 rows 67.2% of the bf16 rate, a small kernel takes
 # 2.5 us, one GDN layer's tree verify + commit (`bole bench kernels`, experiments row R-9)
-# runs at 22-78% of the speed its roofline prices, by batch and nodes a request. The other GPUs take the same fractions of their datasheet figures (no device
+# runs at 21-78% of the speed its roofline prices, by batch and nodes a request. The other GPUs take the same fractions of their datasheet figures (no device
 # measured here; datasheets in bole_cli.catalog.hardware) and launch_s a layer for the
 # gaps, not the runtime's measured launches: their estimates describe an engine that
 # launches about what the rooflines price (the paper's), the H200's the runtime calibrate
@@ -152,7 +152,7 @@ EFFICIENCY: dict[str, Efficiency] = {
         why="Measured here by component microbenchmarks (experiments/README.md rows R-9, R-14 "
             "and R-15, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 "
             "rows 75.4% of the datasheet bandwidth, GEMMs from 1024 rows 67.2% of its bf16 rate, a "
-            "small kernel 2.5 us, the GDN tree verify + commit at 22-78% of its roofline's speed by "
+            "small kernel 2.5 us, the GDN tree verify + commit at 21-78% of its roofline's speed by "
             "batch and tree size (latency-bound at these sizes), and the runtime's launches per layer, replay gaps "
             "and host share of a serving step. Not fitted to the profiles it predicts."),
     "gb10": Efficiency(

@@ -42,9 +42,15 @@ from bole_cli.limits import MAX_TREE_NODES, SKINNY_DEFAULT_MAX_ROWS, SKINNY_MM_M
 # site passes; "fc" is the drafter's input projection.
 SKINNY_PROJECTIONS = ("in_proj", "out_proj", "qkv", "o_proj", "gate_up", "down", "lm_head", "fc")
 # The ones the runtime takes through it by default on CUDA with bf16 activations, at up to
-# limits.SKINNY_DEFAULT_MAX_ROWS rows: the two whose fused add + RMSNorm beat cuBLAS after the
-# separate norm (experiments/README.md R-13, R-14).
+# limits.SKINNY_DEFAULT_MAX_ROWS rows (why: there).
 SKINNY_DEFAULT = ("in_proj", "lm_head")
+
+
+def skinny_defaults(device_type: str, dtype: torch.dtype) -> tuple[tuple[str, ...], int]:
+    """(projections, max rows) a model takes through the skinny GEMM unless told otherwise."""
+    if device_type == "cuda" and dtype == torch.bfloat16:
+        return SKINNY_DEFAULT, SKINNY_DEFAULT_MAX_ROWS
+    return (), SKINNY_MM_MAX_ROWS
 
 ROPE_FRACTION = 0.25
 GDN_DECODE = ("auto", "fused", "recurrent", "tree", "sglang")
@@ -196,10 +202,8 @@ class HybridModel:
     skinny_mm: the projections that steps of few rows take through kernels.skinny_mm instead
     of cuBLAS, the norms, adds, SwiGLU and gates around them fused in: True for every one,
     False for none, or some of SKINNY_PROJECTIONS by name; skinny_max_rows: up to how many rows
-    (default limits.SKINNY_MM_MAX_ROWS). Default (None): SKINNY_DEFAULT at up to
-    limits.SKINNY_DEFAULT_MAX_ROWS rows on CUDA with bf16 activations, else none (with all of
-    them a 9B decode took 6.06 ms against 5.06 without, experiments/README.md R-13; in_proj
-    and the LM head alone win at one row and lose at 16, R-14).
+    (default limits.SKINNY_MM_MAX_ROWS). Default (None): skinny_defaults (with every projection
+    a 9B decode took 6.06 ms against 5.06 without, experiments/README.md R-13).
     """
 
     def __init__(self, spec: ModelSpec, device="cpu", dtype: torch.dtype = torch.bfloat16, *,
@@ -238,15 +242,7 @@ class HybridModel:
         self.cache_kernel = gpu_16bit if cache_kernel is None else cache_kernel
         self.attention_in_kernel = gpu_16bit if attention_in_kernel is None else attention_in_kernel
         self.kv_compact_kernel = self.device.type == "cuda" if kv_compact_kernel is None else kv_compact_kernel
-        if skinny_mm is None:
-            auto = self.device.type == "cuda" and dtype == torch.bfloat16
-            skinny_mm = SKINNY_DEFAULT if auto else False
-            if auto and skinny_max_rows is None:
-                skinny_max_rows = SKINNY_DEFAULT_MAX_ROWS
-        self.skinny_max_rows = SKINNY_MM_MAX_ROWS if skinny_max_rows is None else skinny_max_rows
-        if not 1 <= self.skinny_max_rows <= SKINNY_MM_MAX_ROWS:
-            raise InputError(f"skinny_max_rows {self.skinny_max_rows}: expected 1..{SKINNY_MM_MAX_ROWS}")
-        self.skinny_mm = skinny_mm
+        self.set_skinny(skinny_mm, skinny_max_rows)
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
         self._build()
 
@@ -429,7 +425,29 @@ class HybridModel:
         return tuple(k for k in SKINNY_PROJECTIONS if k in self._skinny_kinds)
 
     @skinny_mm.setter
-    def skinny_mm(self, which: Union[bool, str, Iterable[str]]) -> None:
+    def skinny_mm(self, which: Union[None, bool, str, Iterable[str]]) -> None:
+        self.set_skinny(which)
+
+    @property
+    def skinny_max_rows(self) -> int:
+        """Up to how many rows a step's projections take the skinny GEMM."""
+        return self._skinny_rows
+
+    @skinny_max_rows.setter
+    def skinny_max_rows(self, rows: int) -> None:
+        if not 1 <= rows <= SKINNY_MM_MAX_ROWS:
+            raise InputError(f"skinny_max_rows {rows}: expected 1..{SKINNY_MM_MAX_ROWS}")
+        self._skinny_rows = rows
+
+    def set_skinny(self, which: Union[None, bool, str, Iterable[str]] = None,
+                   max_rows: Optional[int] = None) -> None:
+        """Which projections take the skinny GEMM and up to how many rows: None for the
+        device's default (skinny_defaults), else True, False or names, up to max_rows
+        (default limits.SKINNY_MM_MAX_ROWS)."""
+        if which is None:
+            which, rows = skinny_defaults(self.device.type, self.dtype)
+            max_rows = rows if max_rows is None else max_rows
+        self.skinny_max_rows = SKINNY_MM_MAX_ROWS if max_rows is None else max_rows
         if isinstance(which, bool):
             kinds = frozenset(SKINNY_PROJECTIONS if which else ())
         else:
