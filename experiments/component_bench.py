@@ -113,6 +113,8 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
     """Microseconds a GDN layer's fused decode takes at each batch (one token a request),
     over at least `rotate` layers and enough of them that their states pass rotate_bytes
     (several times the L2, so no replay finds a state there)."""
+    import functools
+
     from bole_cli.runtime import gdn_ops
     from bole_cli.runtime.fusion import RMS_EPS
     from bole_cli.runtime.model import gdn_proj_width
@@ -124,7 +126,7 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
     out = []
     for b in batches:
         fns = []
-        layers = max(rotate, -(-int(rotate_bytes) // (b * hv * dk * dv * 4)))
+        layers = max(rotate, -(-int(rotate_bytes) // (b * hv * dk * dv * fdt.itemsize)))
         for _ in range(layers):  # a layer's weights, its states and its in_proj output
             proj = torch.randn(b, gdn_proj_width(s), device=device, dtype=dtype)
             x, z = proj[:, :cd], proj[:, cd: cd + hv * dv]
@@ -136,9 +138,8 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
             norm_w = torch.randn(dv, device=device, dtype=dtype)
             state = torch.randn(b, hv, dv, dk, device=device, dtype=fdt) * 0.1
             slots = torch.arange(b, device=device, dtype=torch.int64)
-            fns.append(lambda t=(x, conv, conv_w, a, bb, a_log, dt_bias, state, slots, z, norm_w): ops.decode(
-                t[0], t[1], t[2], None, t[3], t[4], t[5], t[6], t[7], t[8], key_heads=s.gdn_key_heads, z=t[9],
-                norm_w=t[10], eps=RMS_EPS))
+            fns.append(functools.partial(ops.decode, x, conv, conv_w, None, a, bb, a_log, dt_bias, state, slots,
+                                         key_heads=s.gdn_key_heads, z=z, norm_w=norm_w, eps=RMS_EPS))
         fns[0]()  # compile outside the graph
         out.append({"batch": b, "layers": layers, "us": time_us(torch, fns, cuda, layers)})
     return out

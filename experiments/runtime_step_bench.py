@@ -40,26 +40,24 @@ import statistics
 import sys
 import time
 
-# name: (GDN decode, compiled pieces, cache_attention kernel, (skinny GEMM's projections, up
-# to rows), attention_in kernel)
-NO_SKINNY, ALL_ROWS = (False, 64), 64
-VARIANTS = {"before": ("tree", False, False, NO_SKINNY, False), "fused": ("fused", False, False, NO_SKINNY, False),
-            "compiled": ("fused", True, False, NO_SKINNY, False),
-            "attn-pieces": ("fused", True, True, NO_SKINNY, False), "cublas": ("fused", True, True, NO_SKINNY, True),
-            "production": ("fused", True, True, (None, None), True),
-            "skinny": ("fused", True, True, (True, ALL_ROWS), True),
-            "skinny-normed": ("fused", True, True, ("in_proj,lm_head", ALL_ROWS), True),
-            "skinny-io": ("fused", True, True, ("in_proj,lm_head,out_proj,o_proj", ALL_ROWS), True)}
+# name: (GDN decode, compiled pieces, cache_attention kernel, the skinny GEMM's projections
+# (HybridModel.set_skinny: None for the runtime's default), attention_in kernel)
+VARIANTS = {"before": ("tree", False, False, False, False), "fused": ("fused", False, False, False, False),
+            "compiled": ("fused", True, False, False, False), "attn-pieces": ("fused", True, True, False, False),
+            "cublas": ("fused", True, True, False, True), "production": ("fused", True, True, None, True),
+            "skinny": ("fused", True, True, True, True),
+            "skinny-normed": ("fused", True, True, "in_proj,lm_head", True),
+            "skinny-io": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj", True)}
 
 
 def set_variant(timer, name: str) -> None:
     from bole_cli.runtime.fusion import Fusion
 
-    decode, compiled, cache_kernel, (skinny, rows), attention_in = VARIANTS[name]
+    decode, compiled, cache_kernel, skinny, attention_in = VARIANTS[name]
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
-    timer.model.set_skinny(skinny, rows)  # (None, None): the runtime's default
+    timer.model.set_skinny(skinny)
     timer.model.attention_in_kernel = attention_in
     timer.reset_graphs()  # graphs of the previous variant, and a fresh pool for the next
 

@@ -27,19 +27,26 @@ COMPUTE_ROWS = 1024  # GEMM rate: from this many rows
 PRODUCTION = "production"  # runtime_step_bench's name for the runtime as calibrate runs it
 
 
+def _bare_roofline(model: str, **cleared):
+    """(spec, the H200's RooflineForward for `model`) with the factor being derived cleared,
+    so a share is priced against the roofline it scales."""
+    import dataclasses
+
+    from bole_cli.calibrate.costmodel import EFFICIENCY, RooflineForward
+    from bole_cli.catalog.hardware import resolve_gpu
+    from bole_cli.catalog.models import resolve_model
+
+    spec = resolve_model(model)
+    return spec, RooflineForward(spec, resolve_gpu("h200"), dataclasses.replace(EFFICIENCY["h200"], **cleared))
+
+
 def gdn_tree_cells(tree_kernels: Mapping[str, Any]) -> tuple[tuple[float, float, float], ...]:
     """(batch, nodes a request, share) for each random-tree cell of the record: the
     roofline's GDN verify + commit (the conv left out, as the bench times the kernels alone)
     over the measured time, rounded to 3 digits."""
-    import dataclasses
+    from bole_cli.calibrate.costmodel import Cost
 
-    from bole_cli.calibrate.costmodel import EFFICIENCY, Cost, RooflineForward
-    from bole_cli.catalog.hardware import resolve_gpu
-    from bole_cli.catalog.models import resolve_model
-
-    spec = resolve_model(tree_kernels["model"])
-    roof = RooflineForward(spec, resolve_gpu("h200"),
-                           dataclasses.replace(EFFICIENCY["h200"], gdn_tree_cells=()))
+    spec, roof = _bare_roofline(tree_kernels["model"], gdn_tree_cells=())
     cells = []
     for c in sorted(tree_kernels["cases"], key=lambda c: (c["batch"], c["nodes"])):
         if c["tree"] != "random" or c.get("bole_us") is None:
@@ -55,14 +62,7 @@ def gdn_decode_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float]
     """(batch, share) for each batch of the record's fused GDN decode rows: the roofline's
     price of a decode's GDN layer (state read and written, conv window, its inputs and
     output) over the measured time, rounded to 3 digits; () when the record has none."""
-    import dataclasses
-
-    from bole_cli.calibrate.costmodel import EFFICIENCY, RooflineForward
-    from bole_cli.catalog.hardware import resolve_gpu
-    from bole_cli.catalog.models import resolve_model
-
-    spec = resolve_model(components["model"])
-    roof = RooflineForward(spec, resolve_gpu("h200"), dataclasses.replace(EFFICIENCY["h200"], gdn_decode_cells=()))
+    spec, roof = _bare_roofline(components["model"], gdn_decode_cells=())
     cells = []
     for row in sorted(components.get("gdn_decode", ()), key=lambda r: r["batch"]):
         b = row["batch"]
