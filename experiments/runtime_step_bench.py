@@ -225,12 +225,16 @@ def main(argv=None) -> None:
                       f"serving {serve:7.3f} ms  (first {first:5.1f} s)", flush=True)
                 save()
             if cuda and bsz == batches[-1]:
-                set_variant(timer, variant)
-                cache = timer._cache_for(1, args.kv + 1, args.kv)
-                with torch.inference_mode():
-                    db = timer.model.prepare_decode(cache, torch.randint(spec.vocab, (1,)), [0])
-                    prof = kernel_sum(torch, lambda: timer.model.forward_decode(cache, db))
-                doc["profile"].append({"model": spec.name, "variant": variant, "batch": 1, "step": "decode", **prof})
+                # one row and the largest batch: a one-row step launches fewer kernels (its
+                # skinny projections fuse the add + RMSNorm), the estimate prices both
+                for rows in sorted({1, bsz}):
+                    set_variant(timer, variant)
+                    cache = timer._cache_for(rows, args.kv + 1, args.kv)
+                    with torch.inference_mode():
+                        db = timer.model.prepare_decode(cache, torch.randint(spec.vocab, (rows,)), list(range(rows)))
+                        prof = kernel_sum(torch, lambda: timer.model.forward_decode(cache, db))
+                    doc["profile"].append({"model": spec.name, "variant": variant, "batch": rows, "step": "decode",
+                                           **prof})
         if cuda:
             doc["agreement"].append({"model": spec.name, "batch": 4, **decode_agreement(torch, timer, 4, args.kv)})
         if args.smoke or name == args.verify_model:

@@ -576,6 +576,22 @@ def test_h200_factors_derive_from_the_component_records():
     assert all(0.8 < y < 2.0 for _, y in got["gemm_knee"]) and got["gemm_knee"][0][1] == 1.0
 
 
+def test_h200_decode_launches_go_by_rows():
+    """A one-row decode launches the one-row count (its skinny projections fuse the add +
+    RMSNorm), a decode of more rows the other; a verify's launches do not depend on its rows."""
+    from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS
+
+    m = resolve_model("9b")
+    f = RooflineForward(m, resolve_gpu("h200"))
+    r = f.eff.runtime
+    one, more = SKINNY_DEFAULT_MAX_ROWS, SKINNY_DEFAULT_MAX_ROWS + 1
+    step = f.eff.kernel_floor_s + r.gap_s  # an unpriced launch's cost
+    extra = f.components(more, 1024, more, False)["launch"] - f.components(one, 1024, one, False)["launch"]
+    assert r.rows_decode_launches_per_layer > r.decode_launches_per_layer
+    assert extra == pytest.approx(m.layers * (r.rows_decode_launches_per_layer - r.decode_launches_per_layer) * step)
+    assert f.components(one, 1024, 32, True)["launch"] == f.components(more, 1024, 32, True)["launch"]
+
+
 def test_gdn_tree_share_interpolates_between_measured_cells():
     """The estimate's GDN verify + commit share: each measured cell exactly, in between
     log-linear in batch and nodes, clamped outside the grid."""
@@ -644,18 +660,12 @@ T_DEC_TOLERANCE, TOK_S_TOLERANCE = 0.10, 0.15
 _LONG_BATCH16 = ("27B, batch 16, kv 16384: both decide the chain, but the estimate's tokens/s are "
                  "21% above the measurement's (its verify over the long context priced at the "
                  "attention's roofline)")
-_SMALL_BATCH16 = ("4B, batch 16, kv 1024: T_dec 11% under the measurement; the estimate prices a "
-                  "batch-16 decode 0.5 ms above a batch-1 one where the runtime pays 0.95 ms (4B and "
-                  "9B alike): the batch-dependent kernels (the fused GDN decode's state traffic, the "
-                  "attention, the sampling) are not measured as components, and its launches a layer "
-                  "are the one-row step's, 10.8, where from two rows the runtime launches 11.7")
 _LONG_KV = ("kv 16384, batch 4: the measured chain beats the measured tree by under 1%; the "
             "estimate prices the tree's verify at many tokens lower (the tree attention over the "
             "long context at its roofline) and decides the tree (for 4B, its tokens/s 17% above "
             "the measured chain's as well)")
 KNOWN_GAPS = {
     ("Qwen3.5-27B", 16, 16384): _LONG_BATCH16,
-    ("Qwen3.5-4B", 16, 1024): _SMALL_BATCH16,
     **{(m, 4, 16384): _LONG_KV for m in ("Qwen3.5-4B", "Qwen3.5-27B")},
 }
 

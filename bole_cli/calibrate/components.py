@@ -21,10 +21,13 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
+from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS
+
 DATASHEET_BANDWIDTH = 4.8e12  # H200, bole_cli.catalog.hardware
 STREAMING_ROWS = 64  # weight streaming: GEMMs up to this many rows
 COMPUTE_ROWS = 1024  # GEMM rate: from this many rows
 PRODUCTION = "production"  # runtime_step_bench's name for the runtime as calibrate runs it
+CUBLAS = "cublas"  # ... and for it with every projection through cuBLAS
 
 
 def _bare_roofline(model: str, **cleared):
@@ -109,10 +112,14 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
                             for g in components["gemms"] if g["M"] >= COMPUTE_ROWS)
     floor = statistics.median(k["us"] for k in components["small_kernels"]
                               if k["kernel"] == "add_rms" and k["rows"] == 1) * 1e-6
-    gaps, launches, host = [], {"decode": [], "verify": []}, {"decode": [], "verify": []}
+    gaps, launches, host = [], {"decode": [], "verify": [], "rows": [], "cublas": []}, {"decode": [], "verify": []}
     for doc in steps:
+        for p in (p for p in doc["profile"] if p["variant"] == CUBLAS and p["step"] == "decode"):
+            launches["cublas"].append(p["kernels"] / resolve_model(p["model"]).layers)
         for p in (p for p in doc["profile"] if p["variant"] == PRODUCTION):
-            launches[p["step"]].append(p["kernels"] / resolve_model(p["model"]).layers)
+            per_layer = p["kernels"] / resolve_model(p["model"]).layers
+            launches["rows" if p["step"] == "decode" and p["batch"] > SKINNY_DEFAULT_MAX_ROWS else p["step"]].append(
+                per_layer)
             replay = [d["replay_ms"] for d in doc["decode"] if p["step"] == "decode"
                       and (d["model"], d["variant"], d["batch"]) == (p["model"], p["variant"], p["batch"])]
             if replay:
@@ -126,6 +133,9 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
             "gemm_knee": gemm_knee(components, bw, flops, DATASHEET_BANDWIDTH, peak_flops),
             "gap_s": statistics.median(gaps),
             "decode_launches_per_layer": statistics.median(launches["decode"]),
+            # a decode of more rows as profiled, else the one-row step without its skinny
+            # projections (the same launches from two rows on, limits.SKINNY_DEFAULT_MAX_ROWS)
+            "rows_decode_launches_per_layer": statistics.median(launches["rows"] or launches["cublas"]),
             "verify_launches_per_layer": statistics.median(launches["verify"]),
             "decode_host_s": statistics.median(host["decode"]),
             "verify_host_s": statistics.median(host["verify"])}

@@ -52,6 +52,7 @@ from typing import Any, Optional
 
 from bole_cli.catalog.hardware import GpuSpec
 from bole_cli.catalog.models import ModelSpec
+from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS
 
 BF16 = 2
 FP32 = 4
@@ -62,8 +63,10 @@ MAX_TREE_DEPTH = 8  # the Neumann series length assumed for the GDN verify FLOPs
 class RuntimeLaunches:
     """What one step of Bole's runtime launches beyond the rooflines above, where it was
     measured (bole_cli.calibrate.components derives these from the committed step records):
-    kernels per layer of a decode and of a verify step (the verify's metadata refill, tree
-    conv, gates, copies, the cache/tree attention parts and the commit included), the gap
+    kernels per layer of a one-row decode, of a decode of more rows (the one-row step fuses
+    the add + RMSNorm into its skinny projections, limits.SKINNY_DEFAULT_MAX_ROWS) and of a
+    verify step (the verify's metadata refill, tree conv, gates, copies, the cache/tree
+    attention parts and the commit included), the gap
     between replayed launches, and the host's share of a serving step (inputs copied, graph
     launched, the sync)."""
 
@@ -72,6 +75,7 @@ class RuntimeLaunches:
     gap_s: float
     decode_host_s: float
     verify_host_s: float
+    rows_decode_launches_per_layer: float  # a decode step of more than one row
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,8 @@ EFFICIENCY: dict[str, Efficiency] = {
         bw=H200_BW, flops=H200_FLOPS, launch_s=6e-6, kernel_floor_s=2.55e-6, l2_bytes=50e6,
         host_step_s=3.1e-5, gdn_tree_cells=H200_GDN_TREE_CELLS, gemm_knee=H200_GEMM_KNEE,
         runtime=RuntimeLaunches(decode_launches_per_layer=10.84, verify_launches_per_layer=13.28,
-                                gap_s=0.61e-6, decode_host_s=0.14e-3, verify_host_s=0.13e-3),
+                                gap_s=0.61e-6, decode_host_s=0.14e-3, verify_host_s=0.13e-3,
+                                rows_decode_launches_per_layer=11.66),
         why="Measured here by component microbenchmarks (experiments/README.md rows R-9, R-14 "
             "and R-15, re-derived by bole_cli.calibrate.components): weight streaming at 1-64 "
             "rows 75.4% of the datasheet bandwidth, GEMMs from 1024 rows 67.2% of its bf16 rate, a "
@@ -316,7 +321,7 @@ class RooflineForward:
         # two fused add + RMSNorm kernels per layer, 4 passes each
         t["norms"] = m.layers * self._time(Cost(act=8.0 * T * m.hidden * BF16), 2)
         t["logits"] = self._time(Cost(act=T * m.vocab * (BF16 + FP32)))  # fp32 cast
-        t["launch"] = self._launches(verify)
+        t["launch"] = self._launches(verify, T)
         return t
 
     def _priced_kernels(self, verify: bool) -> int:
@@ -328,14 +333,20 @@ class RooflineForward:
         gdn = len(_layer_matmuls(m, False)) + mlp + (2 if verify else 1) + 1 + 2
         return m.n_attention_layers * attn + m.n_gdn_layers * gdn + 2
 
-    def _launches(self, verify: bool) -> float:
+    def _launches(self, verify: bool, rows: int) -> float:
         """Launch costs: eff.launch_s a layer, or, where the runtime's launches were measured
         (eff.runtime), each launch the roofline does not price at the kernel floor, every
-        launch's replay gap and the host's share of a serving step."""
+        launch's replay gap and the host's share of a serving step; a decode of `rows` rows
+        launches the one-row count up to limits.SKINNY_DEFAULT_MAX_ROWS rows, more beyond."""
         r, m = self.eff.runtime, self.model
         if r is None:
             return self.eff.launch_s * (m.layers + 2)
-        launches = m.layers * (r.verify_launches_per_layer if verify else r.decode_launches_per_layer)
+        if verify:
+            per_layer = r.verify_launches_per_layer
+        else:
+            per_layer = r.decode_launches_per_layer if rows <= SKINNY_DEFAULT_MAX_ROWS \
+                else r.rows_decode_launches_per_layer
+        launches = m.layers * per_layer
         unpriced = max(0.0, launches - self._priced_kernels(verify))
         host = r.verify_host_s if verify else r.decode_host_s
         return unpriced * self.eff.kernel_floor_s + launches * r.gap_s + host
