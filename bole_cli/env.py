@@ -12,7 +12,7 @@ from typing import Optional
 
 DISABLE = "BOLE_DISABLE"  # the SGLang plug-in stays out (SGLang runs unchanged)
 CHAINS = "BOLE_CHAINS"  # off: top-k 1 (chain) verifies keep SGLang's path
-VERIFY_PRECISION = "BOLE_VERIFY_PRECISION"  # the plug-in's verify dots (limits.VERIFY_PRECISIONS)
+VERIFY_PRECISION = "BOLE_VERIFY_PRECISION"  # the plug-in's verify dots (limits.PLUGIN_VERIFY_PRECISIONS)
 CACHE_DIR = "BOLE_CACHE_DIR"  # profiles, results and SGLang's unpacked wheel (bole_cli/paths.py)
 SGLANG_WHEEL = "BOLE_SGLANG_WHEEL"  # SGLang's wheel for the benches and equivalence tests
 KERNEL_TABLES = "BOLE_KERNEL_TABLES"  # tuned kernel tables to read, or off

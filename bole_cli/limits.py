@@ -28,9 +28,13 @@ CHAIN_KERNEL_DEPTH = 16
 #: batch): far above any server's running requests, low enough that a typo fails at once.
 MAX_BATCH_REQUESTS = 4096
 
-#: The verify's dot precisions (Triton's input_precision): the kernels' config= key,
-#: BOLE_VERIFY_PRECISION for the SGLang plug-in and `bole bench kernels --precision`.
-VERIFY_PRECISIONS = ("tf32", "tf32x3", "ieee")
+#: The verify's dot precisions (Triton's input_precision, and "split": the readout at tf32,
+#: the products that make u exact to float32, for trees of one tile, tf32x3 elsewhere;
+#: docs/design.md §9): the kernels' config= key and `bole bench kernels --precision`.
+VERIFY_PRECISIONS = ("tf32", "split", "tf32x3", "ieee")
+#: Those the SGLang plug-in takes: it commits by replay at every precision, which split's exact
+#: u does not speed up (split pays with Eq. 10's commit, unmeasured: docs/design.md §9).
+PLUGIN_VERIFY_PRECISIONS = tuple(p for p in VERIFY_PRECISIONS if p != "split")
 #: The precision Bole serves with (docs/design.md §9): the verify's dots at the kernels' choice
 #: (None: tf32 for 16-bit activations), the state committed by the float32 replay commit.
 #: The one home of this policy: the SGLang plug-in, `bole calibrate`, the benches and the

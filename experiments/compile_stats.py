@@ -4,7 +4,7 @@ ptxas Triton ships. A proxy, not a timing: in I17-i the ranking of spill bytes o
 kernel forms matched their measured ranking on the H200 (experiments/NOTES.md, "Deferred
 commit measured"); a code move that keeps every row here unchanged owes no re-timing.
 
-    python experiments/compile_stats.py tile 16,128,32,128,2,2 [--variant v9]
+    python experiments/compile_stats.py tile 16,128,32,128,2,2 [--variant v9] [--split-state]
     python experiments/compile_stats.py blocked 128,64,32,32,2,1 [--out FILE.json]
     python experiments/compile_stats.py chain-scan 256,64,32,16,4,1     # also chain-factors,
     python experiments/compile_stats.py levels 256,32,64,0,8,1          # levels-gram, commit
@@ -78,8 +78,10 @@ def compile_stats(kernel, spec: tuple[int, ...], blocked: bool, model: str = "9b
 
     tp, bv, bk, vt, warps, stages = spec
     shape, strides = layer_shape(model)
-    constexprs = dict(shape, TP=tp, BV=bv, BK=bk, USE_L2NORM=True, PRECISION="tf32", GATED=True, GRAM16=True)
     knobs = knobs or {}
+    split = bool(knobs.get("SPLIT_STATE", 0))  # the one-tile verify at the "split" precision
+    constexprs = dict(shape, TP=tp, BV=bv, BK=bk, USE_L2NORM=True, PRECISION="tf32", GATED=True, GRAM16=True,
+                      STATE_PRECISION="tf32x3" if split else "tf32", SPLIT_STATE=split)
     constexprs.update(dict(DP=16, DW=8, RB=64, BR=64, BG=64, ROLES=7))  # (the commit's, the level kernels', the parts')
     # the replay commit: TP is its path walk's width, VT its pass (DP), WDOT a knob
     constexprs.update(dict(PMAX=tp, EXACT_KEYS=True, WDOT=knobs.get("WDOT", "split"), RELOAD=bool(knobs.get("RELOAD", 1))))
@@ -117,6 +119,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", help="write the rows as JSON here")
     ap.add_argument("--wdot", default="split", help="the replay commit's WDOT knob")
     ap.add_argument("--reload", type=int, default=1, help="the replay commit's RELOAD knob")
+    ap.add_argument("--split-state", action="store_true", help="the one-tile verify at the split precision")
     args = ap.parse_args(argv)
     site = SITES["verify" if args.kernel == "tile" else "blocked"] if args.kernel in ("tile", "blocked") else None
     if args.variant and (args.variant not in VARIANTS or VARIANTS[args.variant].site != site):
@@ -136,9 +139,11 @@ def main(argv=None) -> None:
     table = []
     for spec in specs:
         stats = compile_stats(kernel, spec, args.kernel != "tile", args.model,
-                              VARIANTS[args.variant].config if args.variant else {"WDOT": args.wdot, "RELOAD": args.reload})
-        table.append(dict(kernel=args.kernel, variant=args.variant, model=args.model, spec=list(spec), **stats))
-        print(f"{args.kernel} {args.variant or 'shipped'} {','.join(map(str, spec))}: "
+                              VARIANTS[args.variant].config if args.variant else {"WDOT": args.wdot, "RELOAD": args.reload,
+                                                                                  "SPLIT_STATE": args.split_state})
+        name = args.variant or ("split-state" if args.split_state else "shipped")
+        table.append(dict(kernel=args.kernel, variant=name, model=args.model, spec=list(spec), **stats))
+        print(f"{args.kernel} {name} {','.join(map(str, spec))}: "
               f"{stats['registers']} regs, stack {stats['stack']}, spill st/ld {stats['spill_stores']}/"
               f"{stats['spill_loads']} B, smem {stats['shared']}, bar.sync {stats['bar_sync']}", flush=True)
     if args.out:

@@ -15,7 +15,10 @@ costmodel.Efficiency), measured on the GPU and never fitted to a profile's end r
 - the fused one-token GDN decode (GDNOps.decode, called as the runtime's decode calls it:
   in_proj's output columns as views, every request's state and conv window in place) at
   each --decode-batch, --rotate layers' states timed together: the estimate's share of its
-  roofline for a decode's GDN layer by batch (calibrate.components.gdn_decode_cells).
+  roofline for a decode's GDN layer by batch (calibrate.components.gdn_decode_cells);
+- a full-attention layer's attention over the KV cache (kernels.cache_attention, as the
+  runtime's decode and verify call it) at each batch, cache length and tokens a request:
+  the estimate's attention share by keys read and tokens (components.attention_cells).
 
     python experiments/component_bench.py --model 9b --out experiments/results/components/h200-9b.json
     python experiments/component_bench.py --device cpu --smoke --out /tmp/c.json   # CPU smoke (no timings to quote)
@@ -145,6 +148,48 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
     return out
 
 
+def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int, rotate_bytes: float = 0.0
+                   ) -> list[dict]:
+    """Microseconds one full-attention layer's attention over the KV cache takes, as the
+    runtime calls it (kernels.cache_attention): a decode's one row a request (tokens 1) or
+    a verify's `tokens` tree tokens a request (q token-major, the tree's keys after the
+    cache under a chain's mask, the forest's offsets), at each batch and cache length; enough
+    layers' caches rotated that they pass rotate_bytes. The estimate's attention share by
+    keys read and tokens a request (calibrate.components.attention_cells)."""
+    import functools
+
+    from bole_cli.runtime.attention import cache_attention
+
+    hkv, grp, d = spec.attn_kv_heads, spec.attn_heads // spec.attn_kv_heads, spec.attn_head_dim
+    out = []
+    for b in batches:
+        for kv in kvs:
+            for n in tokens:
+                length = kv + (n if n > 1 else 0)
+                layer_bytes = 2 * b * hkv * length * d * dtype.itemsize
+                layers = max(rotate, -(-int(rotate_bytes) // layer_bytes))
+                slots = torch.arange(b, device=device, dtype=torch.int64)
+                used = torch.full((b,), kv, device=device, dtype=torch.int64)
+                fns = []
+                for _ in range(layers):
+                    k_cache, v_cache = (torch.randn(b, hkv, length, d, device=device, dtype=dtype) for _ in range(2))
+                    if n == 1:
+                        q = torch.randn(b, hkv, grp, d, device=device, dtype=dtype)
+                        fns.append(functools.partial(cache_attention, q, k_cache, v_cache, slots, used, kv))
+                        continue
+                    q = torch.randn(b, n, hkv, grp, d, device=device, dtype=dtype).transpose(1, 2)
+                    seen = torch.arange(n, device=device)[:, None] >= torch.arange(n, device=device)[None, :]
+                    bias = torch.zeros(n, n, device=device).masked_fill_(~seen, float("-inf"))
+                    bias = bias.repeat_interleave(grp, 0)[None, None].expand(b, 1, n * grp, n).contiguous()
+                    cu = torch.arange(0, b * n + 1, n, device=device, dtype=torch.int32)
+                    fns.append(functools.partial(cache_attention, q, k_cache, v_cache, slots, used, length,
+                                                 tree_bias=bias, tree_cu=cu))
+                fns[0]()  # compile outside the graph
+                out.append({"batch": b, "kv": kv, "tokens": n, "layers": layers,
+                            "us": time_us(torch, fns, device == "cuda", layers)})
+    return out
+
+
 def host_step(torch, device, reps: int) -> dict:
     x = torch.randn(256, device=device)
     t = []
@@ -163,6 +208,10 @@ def main(argv=None) -> None:
     ap.add_argument("--rotate", type=int, default=4, help="weight sets timed together (L2 never holds one)")
     ap.add_argument("--decode-batch", default="1,2,4,8,16,32,64", help="batches of the GDN decode rows")
     ap.add_argument("--chain", type=int, default=200, help="kernels in the floor's graph")
+    ap.add_argument("--attention-batch", default="1,4,16", help="batches of the attention rows")
+    ap.add_argument("--attention-kv", default="1024,4096,16384", help="cache lengths of the attention rows")
+    ap.add_argument("--attention-tokens", default="1,8,32,64", help="tokens a request of the attention rows "
+                    "(1: a decode; more: a verify's tree)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and few rows (CPU test)")
     ap.add_argument("--out", required=True)
@@ -201,6 +250,11 @@ def main(argv=None) -> None:
         "gdn_decode": gdn_decode_rows(torch, spec, [1, 2] if args.smoke else
                                       [int(b) for b in args.decode_batch.split(",")], args.device, dtype,
                                       2 if args.smoke else args.rotate, 0.0 if args.smoke else 256e6),
+        "attention": attention_rows(torch, spec, *(([1, 2], [16], [1, 4]) if args.smoke else
+                                                   ([int(x) for x in a.split(",")] for a in
+                                                    (args.attention_batch, args.attention_kv, args.attention_tokens))),
+                                    args.device, dtype, 2 if args.smoke else args.rotate,
+                                    0.0 if args.smoke else 256e6),
     }
     if cuda:
         import triton

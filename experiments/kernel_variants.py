@@ -101,11 +101,11 @@ _R_STATE_FIRST = (
 
 # --- verify, one-tile kernel (shipped: v7 + block merging) -----------------------------
 
-_V8 = (("""                ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
+_V8 = (("""                ainv += tl.dot(gpow, ainv, input_precision=STATE_PRECISION)
 """, """                if depth == covered + 1:  # only the power G^depth itself is missing: add it
                     ainv += gpow
                 else:
-                    ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
+                    ainv += tl.dot(gpow, ainv, input_precision=STATE_PRECISION)
 """),)
 
 _V9 = (
@@ -113,9 +113,9 @@ _V9 = (
     ("                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)"
      ".to(tl.float32)\n", ""),
     ("                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)\n", ""),
-    ("            uu = tl.dot(ainv, r, input_precision=PRECISION)\n",
+    ("            uu = tl.dot(ainv, r, input_precision=STATE_PRECISION)\n",
      "            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :],\n"
-     "                     tl.dot(ainv, r, input_precision=PRECISION), mask=rmask[:, None] & vmask[None, :])\n"
+     "                     tl.dot(ainv, r, input_precision=STATE_PRECISION), mask=rmask[:, None] & vmask[None, :])\n"
      "            ys = tl.zeros([TP, BV], dtype=tl.float32)\n"
      "            for kb in range(0, KP, BK):\n"
      "                offs = kb + tl.arange(0, BK)\n"

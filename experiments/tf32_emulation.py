@@ -11,6 +11,7 @@ chains with strong decay (P-1) before the chain factors moved to tf32x3 (experim
 "The chain kernel's factors"); a prediction, never a measurement of the contract.
 
     PYTHONPATH=. python experiments/tf32_emulation.py                  # the contract's cases
+    PYTHONPATH=. python experiments/tf32_emulation.py --contract       # o and state, per implementation
     PYTHONPATH=. python experiments/tf32_emulation.py --smoke --out /tmp/e.json
 
 Patches Triton 3.9's interpreter internals (InterpreterBuilder.create_dot, cast_impl): a
@@ -42,16 +43,7 @@ def emulate_tf32() -> None:
     import triton.language as tl
     import triton.runtime.interpreter as interp
 
-    dot, cast = interp.InterpreterBuilder.create_dot, interp.InterpreterBuilder.cast_impl
-
-    def truncated(h):
-        bits = np.ascontiguousarray(h.data, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
-        return interp.TensorHandle(bits.view(np.float32), h.dtype.scalar)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if _TF32["on"] and str(input_precision).lower().endswith("tf32") and a.data.dtype == np.float32:
-            a, b = truncated(a), truncated(b)
-        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+    cast = interp.InterpreterBuilder.cast_impl
 
     def cast_impl(self, src, dst_type):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
@@ -59,8 +51,26 @@ def emulate_tf32() -> None:
             return interp.TensorHandle(f32.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
         return cast(self, src, dst_type)
 
-    interp.InterpreterBuilder.create_dot = create_dot
+    interp.InterpreterBuilder.create_dot = truncating_dot(interp.InterpreterBuilder.create_dot, lambda: _TF32["on"])
     interp.InterpreterBuilder.cast_impl = cast_impl
+
+
+def truncating_dot(dot, on=lambda: True):
+    """The interpreter's create_dot with sm_90's tf32: float32 operands of a dot that asks for
+    tf32 lose their 13 low mantissa bits while on() (tf32x3 and ieee stay exact). A test
+    monkeypatches InterpreterBuilder.create_dot with it."""
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    def truncated(h):
+        bits = np.ascontiguousarray(h.data, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+        return interp.TensorHandle(bits.view(np.float32), h.dtype.scalar)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if on() and str(input_precision).lower().endswith("tf32") and a.data.dtype == np.float32:
+            a, b = truncated(a), truncated(b)
+        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+    return create_dot
 
 
 def o_over_floor(tree: str, nodes: int, batch: int, decay: str, kdim: int, vdim: int, seed: int = 7) -> float:
@@ -92,11 +102,47 @@ def o_over_floor(tree: str, nodes: int, batch: int, decay: str, kdim: int, vdim:
     return rms(got - ref) / rms(ref.to(bf).double() - ref)
 
 
+# the contract's cases of one tile (bench.precision.CASES' trees up to 64 nodes; the 256-node
+# ones take the big-tree kernels, where split is tf32x3), each at both decays
+CONTRACT_CASES = [("chain", 16, 4), ("chain", 64, 4), ("random", 64, 4), ("random", 32, 16)]
+
+
+def contract_rows(kdim: int, vdim: int, impls, cases=CONTRACT_CASES) -> list[dict]:
+    """The precision contract's o and committed-state errors (bole_cli.bench.precision, as
+    experiments/precision_contract.py measures them on the GPU) with tf32 emulated: per case,
+    decay and implementation, o over the bf16 floor and the state's RMS relative error after
+    one verify + commit."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bole_cli.bench.precision import committed_reference, make_inputs, reference, rms, run_impl
+
+    spec = SimpleNamespace(gdn_key_heads=1, gdn_value_heads=2, gdn_key_dim=kdim, gdn_value_dim=vdim)
+    rows = []
+    for tree, nodes, batch in cases:
+        for decay in DECAYS:
+            s = make_inputs(torch, spec, tree, nodes, batch, decay, 5 * nodes + batch, torch.float32, "cpu")
+            o_ref, states = reference(torch, s)
+            floor = rms(o_ref.to(torch.bfloat16), o_ref)
+            for impl in impls:
+                o, pool = run_impl(torch, impl, s, None)
+                row = dict(tree=tree, nodes=nodes, batch=batch, decay=decay, impl=impl, kdim=kdim, vdim=vdim,
+                           o_over_floor=rms(o, o_ref) / floor,
+                           state_rms_single=rms(pool[s.slots.long()], committed_reference(torch, s, states)))
+                rows.append(row)
+                print(f"{tree:6s} {nodes:3d} x {batch:<2d} {decay:6s} {impl:7s}: o {row['o_over_floor']:.3f}x the "
+                      f"floor, state {row['state_rms_single']:.2e}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kdim", type=int, default=128)
     ap.add_argument("--vdim", type=int, default=32, help="value columns (the error is per column; 32 is quick)")
     ap.add_argument("--smoke", action="store_true", help="one small chain, emulated and exact (a test)")
+    ap.add_argument("--contract", action="store_true",
+                    help="the contract's o and state errors per implementation (served, tf32, split, tf32x3)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -104,6 +150,11 @@ def main(argv=None) -> int:
     kdim = 16 if args.smoke else args.kdim
     rows = []
     emulate_tf32()
+    if args.contract:
+        _TF32["on"] = True
+        rows = contract_rows(kdim, args.vdim, ("served", "tf32", "split", "tf32x3"),
+                             [("chain", 9, 2)] if args.smoke else CONTRACT_CASES)
+        cases = []
     for c in cases:
         _TF32["on"] = False
         exact = o_over_floor(*c, kdim, args.vdim)

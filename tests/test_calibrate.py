@@ -633,6 +633,38 @@ def test_gdn_decode_share_derives_from_its_rows_and_prices_the_decode():
             == pytest.approx(roof.components(4, 4096, 64, verify=True)["gdn_core"]))
 
 
+def test_attention_share_derives_from_its_rows_and_prices_the_attention():
+    """components.attention_cells: a layer's attention measured at twice its roofline's time
+    gives 0.5, two (batch, cache length) pairs reading as many keys take their median; with
+    the cells the estimate's attention costs its roofline over the share, in between keys
+    log-interpolated, the other components untouched; a record without rows gives none."""
+    import dataclasses
+
+    from bole_cli.calibrate.components import attention_cells
+    from bole_cli.calibrate.costmodel import EFFICIENCY
+
+    spec, gpu = resolve_model("9b"), resolve_gpu("h200")
+    bare = dataclasses.replace(EFFICIENCY["h200"], attention_cells=())
+    roof = RooflineForward(spec, gpu, bare)
+
+    def layer(b, kv, n):
+        return roof.components(b, kv, b * n, verify=n > 1)["attention"] / spec.n_attention_layers
+
+    rows = [{"batch": b, "kv": kv, "tokens": n, "us": f * 1e6 * layer(b, kv, n)}
+            for b, kv, n, f in ((1, 1024, 1, 2.0), (1, 1024, 32, 2.0), (1, 16384, 1, 4.0), (1, 16384, 32, 4.0),
+                                (16, 1024, 1, 1.0), (16, 1024, 32, 2.0))]
+    cells = attention_cells({"model": spec.name, "attention": rows})
+    assert cells == ((1024.0, 1.0, 0.5), (1024.0, 32.0, 0.5), (16384.0, 1.0, 0.625), (16384.0, 32.0, 0.375))
+    assert attention_cells({"model": spec.name}) == ()
+    shared = RooflineForward(spec, gpu, dataclasses.replace(bare, attention_cells=cells))
+    for b, kv, n, share in ((1, 1024, 32, 0.5), (16, 1024, 1, 0.625), (1, 16384, 32, 0.375)):
+        got, want = (f.components(b, kv, b * n, verify=n > 1) for f in (shared, roof))
+        assert got["attention"] == pytest.approx(want["attention"] / share)
+        assert got["gdn_core"] == want["gdn_core"] and got["matmul.mlp"] == want["matmul.mlp"]
+    mid = shared.components(1, 4096, 1, verify=False)["attention"] / roof.components(1, 4096, 1, False)["attention"]
+    assert mid == pytest.approx(1 / 0.5625)  # halfway between 1024 and 16384 keys in log
+
+
 def test_gemm_knee_prices_a_gemm_above_its_roofline_near_the_ridge():
     """With a knee, a GEMM at the ridge (x = 1) costs its roofline times the knee there; with
     none (other GPUs' estimates before the knee is measured), the roofline alone."""

@@ -95,15 +95,22 @@ def test_the_precision_contract_smoke_run_writes_its_record(tmp_path):
     doc = smoke_record(tmp_path, "precision_contract.py", "--device", "cpu", "--smoke", "--no-sglang")
     served = [r for r in doc["rows"] if r["impl"] == "served" and r["state_dtype"] == "float32"]
     assert len(served) == 4 and all(r["state_rms_single"] <= 1e-6 for r in served)
-    assert {r["impl"] for r in doc["rows"]} == {"served", "tf32", "tf32x3"}
+    assert {r["impl"] for r in doc["rows"]} == {"served", "tf32", "split", "tf32x3"}
 
 
 def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
     """experiments/component_bench.py (the roofline's component factors) at a tiny model on
     CPU: every GEMM shape at each row count, the kernel floor, the host step and the fused
-    GDN decode at each batch written."""
+    GDN decode at each batch and the attention at each batch and tokens a request written,
+    and the attention rows give calibrate.components.attention_cells a full grid."""
+    from bole_cli.calibrate.components import attention_cells
+
     doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke")
     assert [r["batch"] for r in doc["gdn_decode"]] == [1, 2] and all(r["us"] > 0 for r in doc["gdn_decode"])
+    assert sorted((r["batch"], r["tokens"]) for r in doc["attention"]) == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert all(r["us"] > 0 for r in doc["attention"])
+    cells = attention_cells(dict(doc, model="9b"))  # priced at a catalogue shape: the grid, not the shares
+    assert [(keys, n) for keys, n, _ in cells] == [(16.0, 1.0), (16.0, 4.0), (32.0, 1.0), (32.0, 4.0)]
     assert {r["gemm"] for r in doc["gemms"]} == {"gdn_in_proj", "lm_head", "mlp_gate_up", "mlp_down"}
     assert sorted({r["M"] for r in doc["gemms"]}) == [1, 4] and all(r["us"] > 0 for r in doc["gemms"])
     assert doc["kernel_floor"]["us_per_kernel"] > 0 and doc["host_step"]["us_median"] > 0
@@ -156,6 +163,25 @@ def test_the_tf32_emulation_changes_what_the_interpreter_computes(tmp_path):
     Triton upgrade moved the internals it patches, this fails instead of predicting nothing)."""
     (row,) = smoke_record(tmp_path, "tf32_emulation.py", "--smoke")["rows"]
     assert row["o_over_floor_exact"] <= 1.01 < 1.05 <= row["o_over_floor_tf32"]
+
+
+def test_the_split_bench_smoke_run_checks_agreement(tmp_path):
+    """experiments/split_bench.py on CPU: a row per cell, the split path's committed state
+    the served one's to float32 (no timings off the GPU)."""
+    doc = smoke_record(tmp_path, "split_bench.py", "--smoke")
+    assert len(doc["rows"]) == 2 and not doc["interrupted"]
+    assert all(r["split_vs_served_state"] <= 1e-6 and "split_us" not in r for r in doc["rows"])
+
+
+def test_the_tf32_emulation_contract_rows(tmp_path):
+    """tf32_emulation.py --contract: a row per decay and implementation; with tf32 emulated
+    Eq. 10's commit from the tf32 verify misses the state half, the served and split paths
+    meet it."""
+    rows = smoke_record(tmp_path, "tf32_emulation.py", "--contract", "--smoke")["rows"]
+    state = {(r["decay"], r["impl"]): r["state_rms_single"] for r in rows}
+    assert set(state) == {(d, i) for d in ("mild", "strong") for i in ("served", "tf32", "split", "tf32x3")}
+    for decay in ("mild", "strong"):
+        assert state[decay, "tf32"] > 1e-5 and max(state[decay, i] for i in ("served", "split", "tf32x3")) <= 1e-6
 
 
 @pytest.mark.parametrize("name", ["r-state-first"])

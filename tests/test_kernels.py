@@ -512,6 +512,72 @@ def test_dispatch_by_tree_size(monkeypatch):
     assert spy.take() == ["tile", "tile", "blocked", "blocked"]
 
 
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    sizes=st.lists(st.integers(1, 64), min_size=1, max_size=3),
+    shape=st.sampled_from(["any", "chain", "wide", "roots"]),
+    group=st.sampled_from([1, 2, 4]),
+    decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -25.0), (-30.0, -1e-4)]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+)
+@example(seed=1, sizes=[64, 5], shape="chain", group=2, decay=(-30.0, -1e-4), dtype=torch.bfloat16)
+@example(seed=2, sizes=[9], shape="chain", group=4, decay=(-1e-4, -1e-6), dtype=torch.float16)
+def test_split_precision_makes_u_and_the_commit_exact(seed, sizes, shape, group, decay, dtype):
+    """The "split" verify (16-bit activations, one tile: k . S as the keys times the state's
+    tf32 high part plus its rest, A and U at tf32x3) against float64: u and Eq. 10's commit
+    from it to float32 (chains past depth 8 take the block inverse), o to its 16-bit
+    rounding; an accepted node at random, or none."""
+    case, forest = make_case(seed, sizes, h=2, group=group, kdim=32, vdim=16, decay=decay, dtype=dtype, shape=shape)
+    case["state"] = case["state"] * 0.1
+    res = tree_verify(*args(case), out=poisoned_out(case), config={"precision": "split", "BV": 16, "BK": 16})
+    ref = tree_verify_ref(*args(case))
+    assert rel_err(res.o, ref.o) <= 1e-2
+    assert rel_err(res.u, ref.u) <= 1e-5 and rel_err(res.log_p, ref.log_p) <= 1e-5
+    r = random.Random(seed)
+    accepted = torch.tensor([r.randint(-1, n - 1) for n in forest.sizes], dtype=torch.int32)
+    pool = case["state"].clone()
+    tree_commit(pool, case["state_indices"], case["k"], res.u, res.log_p, case["parents"], case["cu_seqlens"],
+                accepted)
+    want = tree_commit_ref(case["state"], case["state_indices"], case["k"], ref.u, ref.log_p, case["parents"],
+                           case["cu_seqlens"], accepted)
+    assert rel_err(pool, want) <= 1e-5
+
+
+def test_split_precision_routes_by_kernel_and_dtype(monkeypatch):
+    """"split" reaches the one-tile kernel as tf32 readout, tf32x3 state products and the
+    split k . S for 16-bit activations; float32 activations and trees past one tile get
+    tf32x3 throughout (the split relies on keys exact in tf32; the big-tree kernels have no
+    split form)."""
+    import bole_cli.kernels.tree_verify_blocked as blocked
+    import bole_cli.kernels.tree_verify_tile as tile
+
+    seen = []
+
+    def spy(name, kernel):
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*a, **kw):
+                    seen.append((name, kw["PRECISION"], kw.get("STATE_PRECISION"), kw.get("SPLIT_STATE")))
+                    return kernel[grid](*a, **kw)
+                return launch
+        return Spy()
+
+    monkeypatch.setattr(tile, "tree_verify_tile_kernel", spy("tile", tile.tree_verify_tile_kernel))
+    monkeypatch.setattr(blocked, "tree_verify_blocked_kernel", spy("blocked", blocked.tree_verify_blocked_kernel))
+    split = {"precision": "split", "BV": 16, "BK": 16}
+    for dtype, sizes, want in ((torch.bfloat16, [12, 3], ("tile", "tf32", "tf32x3", True)),
+                               (torch.float32, [12, 3], ("tile", "tf32x3", "tf32x3", False)),
+                               (torch.bfloat16, [70, 3], ("blocked", "tf32x3", None, None))):
+        case, _ = make_case(6, sizes, h=1, group=2, kdim=16, vdim=16, decay=(-1.0, -0.1), dtype=dtype, shape="wide")
+        res = tree_verify(*args(case), config=split)
+        assert seen.pop() == want
+        assert rel_err(res.u, tree_verify_ref(*args(case)).u) <= LARGE_TREE_TOL
+    case, _ = make_case(6, [12, 3], h=1, group=2, kdim=16, vdim=16, decay=(-1.0, -0.1), dtype=torch.bfloat16)
+    tree_verify(*args(case))  # the default: tf32 throughout, no split
+    assert seen.pop() == ("tile", "tf32", "tf32", False)
+
+
 def forest_case(parent_lists, seed=3, group=2):
     """make_case's inputs over the given local parent lists."""
     case, _ = make_case(seed, [len(p) for p in parent_lists], h=1, group=group, kdim=16, vdim=16,

@@ -116,6 +116,7 @@ def test_plan_reads_the_drafters_depth(steps, want):
     (dict(draft_tokens=300), "at most 256"),
     (dict(disabled=True), "BOLE_DISABLE"),
     (dict(precision="fast"), "BOLE_VERIFY_PRECISION"),
+    (dict(precision="split"), "BOLE_VERIFY_PRECISION='split'"),
     (dict(temporal=None), "could not read the pool shapes"),
     (dict(torch_compile=True), "--enable-torch-compile"),
 ])

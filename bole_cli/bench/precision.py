@@ -12,7 +12,8 @@ same bf16 inputs. `experiments/precision_contract.py` writes the record;
 
 Implementations: "served" (the kernels' dots, tf32 for bf16, and the replay commit), "tf32"
 and "tf32x3" (that verify's dots and Eq. 10's factorised commit from its u, the path served
-before), "sglang-recurrent" (SGLang 0.5.23's serial tree verify with a float32 snapshot per
+before), "split" (the readout at tf32, u exact to float32, and Eq. 10's commit: the candidate
+for the served default, docs/design.md §9), "sglang-recurrent" (SGLang 0.5.23's serial tree verify with a float32 snapshot per
 node, the accepted one copied back).
 """
 
@@ -26,7 +27,7 @@ CASES = [  # (tree, nodes, batch)
 ]
 SMOKE_CASES = [("chain", 9, 2), ("random", 12, 2)]
 DECAYS = {"mild": (-0.05, 0.0), "strong": (-3.0, 0.0)}
-IMPLS = ("served", "tf32", "tf32x3", "sglang-recurrent")
+IMPLS = ("served", "tf32", "split", "tf32x3", "sglang-recurrent")
 DRIFT = dict(tree="chain", nodes=4, batch=4, steps=400)
 
 

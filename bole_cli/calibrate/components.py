@@ -5,7 +5,8 @@ committed records (experiments/README.md rows R-*):
 - `experiments/component_bench.py`'s JSON: GEMMs at a model's projection shapes against
   rows (weight streaming, weighted by how often one decode step streams each shape; GEMM
   rate), the runtime's small kernels at decode rows (the per-kernel floor), the fused GDN
-  decode by batch (its share of its roofline's speed);
+  decode by batch and the attention over the KV cache by keys and tokens (their shares of
+  their rooflines' speed);
 - `experiments/runtime_step_bench.py`'s JSONs: a step's graph replay against the sum and
   count of its kernels (the gap per launch, the launches per layer of a decode and of a
   verify step) and the serving step against the bare replay (the host's share of a step);
@@ -74,6 +75,20 @@ def gdn_decode_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float]
     return tuple(cells)
 
 
+def attention_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float, float], ...]:
+    """(keys a layer reads = batch x cache length, tokens a request, share) for the record's
+    attention rows: the roofline's price of one full-attention layer's attention (the cache
+    read, the tree's rows) over the measured time, the median over the (batch, cache length)
+    pairs that read as many keys, rounded to 3 digits; () when the record has none."""
+    spec, roof = _bare_roofline(components["model"], attention_cells=())
+    shares: dict[tuple[int, int], list[float]] = {}
+    for row in components.get("attention", ()):
+        b, kv, n = row["batch"], row["kv"], row["tokens"]
+        layer = roof.components(b, kv, b * n, verify=n > 1)["attention"] / spec.n_attention_layers
+        shares.setdefault((b * kv, n), []).append(layer / (row["us"] * 1e-6))
+    return tuple((float(keys), float(n), round(statistics.median(v), 3)) for (keys, n), v in sorted(shares.items()))
+
+
 def gemm_knee(components: Mapping[str, Any], bw: float, flops: float,
               bandwidth: float, peak_flops: float) -> tuple[tuple[float, float], ...]:
     """(x, y) for each row count of the record: x = a GEMM's compute time at the measured
@@ -99,7 +114,7 @@ def gemm_knee(components: Mapping[str, Any], bw: float, flops: float,
 def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
             tree_kernels: Mapping[str, Any], peak_flops: float) -> dict[str, float]:
     """Efficiency's bw, flops, kernel_floor_s, host_step_s, gdn_tree_cells, gdn_decode_cells,
-    gemm_knee and its RuntimeLaunches fields."""
+    attention_cells, gemm_knee and its RuntimeLaunches fields."""
     from bole_cli.catalog.models import resolve_model
 
     spec = resolve_model(components["model"])
@@ -130,6 +145,7 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
     return {"bw": bw, "flops": flops, "kernel_floor_s": floor,
             "host_step_s": components["host_step"]["us_median"] * 1e-6,
             "gdn_tree_cells": gdn_tree_cells(tree_kernels), "gdn_decode_cells": gdn_decode_cells(components),
+            "attention_cells": attention_cells(components),
             "gemm_knee": gemm_knee(components, bw, flops, DATASHEET_BANDWIDTH, peak_flops),
             "gap_s": statistics.median(gaps),
             "decode_launches_per_layer": statistics.median(launches["decode"]),

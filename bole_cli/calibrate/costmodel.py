@@ -16,7 +16,9 @@ Components (bf16 weights and activations, fp32 recurrent state and logits):
   T ~ (peak * eff.flops) / (bandwidth * eff.bw) tokens.
 - attention (full-attention layers): the batch's KV cache read once (batch * kv_len * KV
   bytes per token and layer), the new K/V written, q/o traffic; FLOPs 4 * T * heads *
-  head_dim * (kv_len + tokens per request) (QK^T and PV, tree mask block included).
+  head_dim * (kv_len + tokens per request) (QK^T and PV, tree mask block included); where
+  the attention was measured as a component (eff.attention_cells), over its share of that
+  roofline's speed by keys read and tokens a request.
 - GDN core: decode reads and writes the fp32 state (HV * dk * dv per request and layer);
   a Bole tree verify reads it once (closed form) and the commit reads and writes it once
   more, plus the per-node rows (k, u, log_p; the replay commit's k, v, g, beta) written and
@@ -96,6 +98,10 @@ class Efficiency:
     # the fused one-token GDN decode's share of its roofline's speed (conv window, state read
     # and written): (batch, share) where measured, interpolated in log batch, clamped; () = 1
     gdn_decode_cells: tuple[tuple[float, float], ...] = ()
+    # a full-attention layer's attention over the KV cache: (keys read = batch x cache length,
+    # tokens a request, share of its roofline's speed) where measured, a full grid,
+    # interpolated in log of both, clamped; () = 1 everywhere
+    attention_cells: tuple[tuple[float, float, float], ...] = ()
     # (x, y): a GEMM's time over its roofline's against x = its compute time over its
     # weight-streaming time (the roofline's knee is x = 1, where real GEMMs are slower than
     # either bound); interpolated in log x, clamped; () = the bare roofline
@@ -295,7 +301,8 @@ class RooflineForward:
         kv_bytes = batch * kv_len * 2 * hkv * hd * BF16
         io_bytes = T * (2 * hkv * hd + 2 * hq * hd) * BF16
         attn_flops = 4.0 * T * hq * hd * (kv_len + n)
-        t["attention"] = n_attn * self._time(Cost(kv_bytes, attn_flops, act=io_bytes))
+        share = _interp_log2d(self.eff.attention_cells, batch * kv_len, n) if self.eff.attention_cells else 1.0
+        t["attention"] = n_attn * self._time(Cost(kv_bytes, attn_flops, act=io_bytes)) / share
 
         # GDN core
         hv, dk, dv = m.gdn_value_heads, m.gdn_key_dim, m.gdn_value_dim

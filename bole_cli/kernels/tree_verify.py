@@ -184,8 +184,12 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
         shape["T"] = 0  # the blocked kernel: its rule and tuned buckets go by the mean tree
     cfg = launch_config("tree_verify", shape, config)
     # tf32 dots are well inside bf16/fp16 activations' noise; float32 activations get tf32x3
-    # (three tf32 products, about float32's accuracy).
+    # (three tf32 products, about float32's accuracy). "split" (u exact, the readout at tf32)
+    # is the one-tile kernel's for 16-bit activations; tf32x3 everywhere else.
     precision = cfg["precision"] or ("tf32x3" if q.dtype == torch.float32 else "tf32")
+    split = precision == "split" and tile and q.dtype == k.dtype and q.dtype != torch.float32
+    if precision == "split" and not split:
+        precision = "tf32x3"
     vp = triton.next_power_of_2(vdim)
     kp = triton.next_power_of_2(kdim)
     bv = min(cfg["BV"], vp)
@@ -200,7 +204,9 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
                         GATED=gated)
     common = dict(shape_consts, BV=bv, BK=bk, GRAM16=gram16, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if tile:
-        launch_tile(args, bsz, max_nodes, cfg["VSPLIT"], common)
+        launch_tile(args, bsz, max_nodes, cfg["VSPLIT"],
+                    dict(common, PRECISION="tf32" if split else precision,
+                         STATE_PRECISION="tf32x3" if split else precision, SPLIT_STATE=split))
         return VerifyResult(o, u, log_p)
     tp = blocked_tp(max_nodes)  # the whole tree's rows sit in registers (the ancestor walk)
     # Chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernel, everything else

@@ -18,6 +18,11 @@ then per value tile (BV columns of the state), with X = K S^T and Y = Q S^T:
 
     R = D_beta (V - D_P X),   U = A R,   O = D_P Y + Ce R.
 
+At the "split" precision (docs/design.md §9) what feeds the state is exact to float32 while
+the readout stays at tf32: X as two tf32 products of the raw 16-bit keys (exact in tf32)
+with the state's tf32 high part and its rest (SPLIT_STATE), A and U at STATE_PRECISION
+(tf32x3), so Eq. 10's commit from U is exact; Y, Ce and O at PRECISION (tf32).
+
 The state is read once per program; nothing per node is materialised beyond u and log_p.
 Trees larger than the tile go to the blocked kernel (tree_verify_blocked.py); a request larger than
 the promised tile (max_nodes broken under check_trees=False), or whose slot lies outside the
@@ -43,6 +48,7 @@ def tree_verify_tile_kernel(
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, VT: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
+    STATE_PRECISION: tl.constexpr, SPLIT_STATE: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -112,11 +118,11 @@ def tree_verify_tile_kernel(
             gpow = gram
             covered = depth * 0 + 1
             while covered < depth:
-                gpow = tl.dot(gpow, gpow, input_precision=PRECISION)
-                ainv += tl.dot(gpow, ainv, input_precision=PRECISION)
+                gpow = tl.dot(gpow, gpow, input_precision=STATE_PRECISION)
+                ainv += tl.dot(gpow, ainv, input_precision=STATE_PRECISION)
                 covered = 2 * covered + 1
         else:
-            ainv = inverse_by_blocks(gram, rows, n_nodes, PRECISION)
+            ainv = inverse_by_blocks(gram, rows, n_nodes, STATE_PRECISION)
         ce = tl.dot(cmat, ainv, input_precision=PRECISION)
 
         p = tl.exp(lp)
@@ -132,12 +138,19 @@ def tree_verify_tile_kernel(
                 qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
                 sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
                              mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-                xs += tl.dot(kc * inv_k[:, None], tl.trans(sb), input_precision=PRECISION)
+                if SPLIT_STATE:  # k . S exact: 16-bit keys times the state's tf32 high part and its rest
+                    s_hi = (sb.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+                    xs = tl.dot(kc, tl.trans(sb - s_hi), xs, input_precision="tf32")
+                    xs = tl.dot(kc, tl.trans(s_hi), xs, input_precision="tf32")
+                else:
+                    xs += tl.dot(kc * inv_k[:, None], tl.trans(sb), input_precision=PRECISION)
                 ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)
+            if SPLIT_STATE:  # the keys' L2 norm after the exact products, not rounded into them
+                xs = xs * inv_k[:, None]
             vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
                          mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
             r = bv[:, None] * (vc - p[:, None] * xs)
-            uu = tl.dot(ainv, r, input_precision=PRECISION)
+            uu = tl.dot(ainv, r, input_precision=STATE_PRECISION)
             out = p[:, None] * ys + tl.dot(ce, r, input_precision=PRECISION)
             tile = rmask[:, None] & vmask[None, :]
             tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)

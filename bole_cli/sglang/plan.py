@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
 from bole_cli import env
-from bole_cli.limits import (KERNEL_STATE_DTYPES, MAX_TILE_NODES, MAX_TREE_NODES, SERVED_VERIFY_PRECISION,
-                             VERIFY_PRECISIONS)
+from bole_cli.limits import (KERNEL_STATE_DTYPES, MAX_TILE_NODES, MAX_TREE_NODES, PLUGIN_VERIFY_PRECISIONS,
+                             SERVED_VERIFY_PRECISION)
 from bole_cli.memory import (FLOAT_DTYPES, canonical_dtype, conv_window_bytes, factor_bytes,
                              state_snapshot_bytes)
 
@@ -231,8 +231,8 @@ def decide(facts: Mapping[str, Any]) -> tuple[Optional[BolePlan], str]:
          f"conv state dtype {f.get('conv_dtype')!r}"),
         (canonical_dtype(f.get("act_dtype")) not in FLOAT_DTYPES,
          f"model dtype {f.get('act_dtype')!r}"),
-        (verify_precision(f.get("precision")) not in (None,) + VERIFY_PRECISIONS,
-         f"{ENV_PRECISION}={f.get('precision')!r} (use one of {', '.join(VERIFY_PRECISIONS)})"),
+        (verify_precision(f.get("precision")) not in (None,) + PLUGIN_VERIFY_PRECISIONS,
+         f"{ENV_PRECISION}={f.get('precision')!r} (use one of {', '.join(PLUGIN_VERIFY_PRECISIONS)})"),
     )
     for bad, why in checks:
         if bad:
