@@ -636,8 +636,9 @@ def test_gdn_decode_share_derives_from_its_rows_and_prices_the_decode():
 def test_attention_share_derives_from_its_rows_and_prices_the_attention():
     """components.attention_cells: a layer's attention measured at twice its roofline's time
     gives 0.5, two (batch, cache length) pairs reading as many keys take their median; with
-    the cells the estimate's attention costs its roofline over the share, in between keys
-    log-interpolated, the other components untouched; a record without rows gives none."""
+    the cells the estimate's attention (the target's and the drafter's) costs its roofline
+    over the share, in between keys log-interpolated, the other components untouched; a
+    record without rows gives none."""
     import dataclasses
 
     from bole_cli.calibrate.components import attention_cells
@@ -663,6 +664,9 @@ def test_attention_share_derives_from_its_rows_and_prices_the_attention():
         assert got["gdn_core"] == want["gdn_core"] and got["matmul.mlp"] == want["matmul.mlp"]
     mid = shared.components(1, 4096, 1, verify=False)["attention"] / roof.components(1, 4096, 1, False)["attention"]
     assert mid == pytest.approx(1 / 0.5625)  # halfway between 1024 and 16384 keys in log
+    drafted, bare_draft = (f.draft_components(1, 16384, 1) for f in (shared, roof))  # the drafter's own cache read
+    assert drafted["attention"] == pytest.approx(bare_draft["attention"] / 0.625)
+    assert drafted["matmul"] == bare_draft["matmul"]
 
 
 def test_gemm_knee_prices_a_gemm_above_its_roofline_near_the_ridge():

@@ -301,8 +301,8 @@ class RooflineForward:
         kv_bytes = batch * kv_len * 2 * hkv * hd * BF16
         io_bytes = T * (2 * hkv * hd + 2 * hq * hd) * BF16
         attn_flops = 4.0 * T * hq * hd * (kv_len + n)
-        share = _interp_log2d(self.eff.attention_cells, batch * kv_len, n) if self.eff.attention_cells else 1.0
-        t["attention"] = n_attn * self._time(Cost(kv_bytes, attn_flops, act=io_bytes)) / share
+        t["attention"] = n_attn * self._time(Cost(kv_bytes, attn_flops, act=io_bytes)) / self._attention_share(
+            batch, kv_len, n)
 
         # GDN core
         hv, dk, dv = m.gdn_value_heads, m.gdn_key_dim, m.gdn_value_dim
@@ -330,6 +330,13 @@ class RooflineForward:
         t["logits"] = self._time(Cost(act=T * m.vocab * (BF16 + FP32)))  # fp32 cast
         t["launch"] = self._launches(verify, T)
         return t
+
+    def _attention_share(self, batch: int, kv_len: int, tokens: float) -> float:
+        """The attention over the KV cache's share of its roofline's speed (eff.attention_cells,
+        by keys read and tokens a request; 1 where unmeasured): the target's and the drafter's
+        layers read their caches through the same kernel."""
+        cells = self.eff.attention_cells
+        return _interp_log2d(cells, batch * kv_len, tokens) if cells else 1.0
 
     def _priced_kernels(self, verify: bool) -> int:
         """The kernels `components` prices a roofline each (matmuls, attention, GDN core and
@@ -375,7 +382,8 @@ class RooflineForward:
         t["matmul"] = sum(self._gemm_time(i * o * BF16, 2.0 * T * i * o, T * (i + o) * BF16)
                           for i, o in shapes)
         kv = batch * (kv_len + rows) * 2 * hk * dh * BF16
-        t["attention"] = self._time(Cost(kv, 4.0 * T * hq * dh * (kv_len + rows)))
+        t["attention"] = self._time(Cost(kv, 4.0 * T * hq * dh * (kv_len + rows))) / self._attention_share(
+            batch, kv_len, rows)
         t["logits"] = self._time(Cost(act=T * vocab * (BF16 + 2 * FP32)))  # softmax, top-k
         floor = self.eff.draft_kernels * self.eff.kernel_floor_s
         if self.eff.runtime is None:
