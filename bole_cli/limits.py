@@ -29,8 +29,9 @@ CHAIN_KERNEL_DEPTH = 16
 MAX_BATCH_REQUESTS = 4096
 
 #: The verify's dot precisions (Triton's input_precision, and "split": the readout at tf32,
-#: the products that make u exact to float32, for trees of one tile, tf32x3 elsewhere;
-#: docs/design.md §9): the kernels' config= key and `bole bench kernels --precision`.
+#: the products that make u exact to about float32 (~2^-21 relative), for trees of one
+#: tile, tf32x3 elsewhere; docs/design.md §9): the kernels' config= key and `bole bench
+#: kernels --precision`.
 VERIFY_PRECISIONS = ("tf32", "split", "tf32x3", "ieee")
 #: Those the SGLang plug-in takes: it commits by replay at every precision, which split's exact
 #: u does not speed up (split pays with Eq. 10's commit, unmeasured: docs/design.md §9).

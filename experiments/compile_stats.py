@@ -121,6 +121,8 @@ def main(argv=None) -> None:
     ap.add_argument("--reload", type=int, default=1, help="the replay commit's RELOAD knob")
     ap.add_argument("--split-state", action="store_true", help="the one-tile verify at the split precision")
     args = ap.parse_args(argv)
+    if args.split_state and args.kernel != "tile":
+        raise SystemExit("--split-state: only the tile kernel has the split precision")
     site = SITES["verify" if args.kernel == "tile" else "blocked"] if args.kernel in ("tile", "blocked") else None
     if args.variant and (args.variant not in VARIANTS or VARIANTS[args.variant].site != site):
         names = sorted(n for n, v in VARIANTS.items() if v.site == site)

@@ -210,8 +210,8 @@ def main(argv=None) -> None:
     ap.add_argument("--chain", type=int, default=200, help="kernels in the floor's graph")
     ap.add_argument("--attention-batch", default="1,4,16", help="batches of the attention rows")
     ap.add_argument("--attention-kv", default="1024,4096,16384", help="cache lengths of the attention rows")
-    ap.add_argument("--attention-tokens", default="1,8,32,64", help="tokens a request of the attention rows "
-                    "(1: a decode; more: a verify's tree)")
+    ap.add_argument("--attention-tokens", default="1,2,4,8,32,64", help="tokens a request of the attention "
+                    "rows (1: a decode; 2-4: the drafter's levels; more: a verify's tree)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="a tiny model and few rows (CPU test)")
     ap.add_argument("--out", required=True)
@@ -241,29 +241,37 @@ def main(argv=None) -> None:
         "command": "python " + " ".join(sys.argv),
         "model": spec.name, "datasheet_gpu": gpu.name, "copy_bandwidth_bytes_s": copy_bw,
         "peak_bf16_flops": peak,
-        "gemms": gemm_rows(torch, spec, rows, args.device, dtype, 2 if args.smoke else args.rotate, peak or 0.0,
-                           copy_bw or 0.0),
-        "kernel_floor": kernel_floor(torch, args.device, 8 if args.smoke else args.chain),
-        "host_step": host_step(torch, args.device, 20 if args.smoke else 500),
-        "small_kernels": small_kernels(torch, spec, args.device, dtype, [1] if args.smoke else [1, 16, 64, 256],
-                                       4 if args.smoke else 50),
-        "gdn_decode": gdn_decode_rows(torch, spec, [1, 2] if args.smoke else
-                                      [int(b) for b in args.decode_batch.split(",")], args.device, dtype,
-                                      2 if args.smoke else args.rotate, 0.0 if args.smoke else 256e6),
-        "attention": attention_rows(torch, spec, *(([1, 2], [16], [1, 4]) if args.smoke else
-                                                   ([int(x) for x in a.split(",")] for a in
-                                                    (args.attention_batch, args.attention_kv, args.attention_tokens))),
-                                    args.device, dtype, 2 if args.smoke else args.rotate,
-                                    0.0 if args.smoke else 256e6),
     }
     if cuda:
         import triton
 
         doc["versions"]["triton"] = triton.__version__
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, args.out)
+
+    def save():  # after each part: a call cut by its time limit keeps what it measured
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, args.out)
+
+    rotate = 2 if args.smoke else args.rotate
+    parts = {
+        "gemms": lambda: gemm_rows(torch, spec, rows, args.device, dtype, rotate, peak or 0.0, copy_bw or 0.0),
+        "kernel_floor": lambda: kernel_floor(torch, args.device, 8 if args.smoke else args.chain),
+        "host_step": lambda: host_step(torch, args.device, 20 if args.smoke else 500),
+        "small_kernels": lambda: small_kernels(torch, spec, args.device, dtype, [1] if args.smoke else [1, 16, 64, 256],
+                                               4 if args.smoke else 50),
+        "gdn_decode": lambda: gdn_decode_rows(torch, spec, [1, 2] if args.smoke else
+                                              [int(b) for b in args.decode_batch.split(",")], args.device, dtype,
+                                              rotate, 0.0 if args.smoke else 256e6),
+        "attention": lambda: attention_rows(
+            torch, spec, *(([1, 2], [16], [1, 4]) if args.smoke else
+                           ([int(x) for x in a.split(",")] for a in
+                            (args.attention_batch, args.attention_kv, args.attention_tokens))),
+            args.device, dtype, rotate, 0.0 if args.smoke else 256e6),
+    }
+    for name, part in parts.items():
+        doc[name] = part()
+        save()
     print(f"kernel floor {doc['kernel_floor']['us_per_kernel']:.2f} us, host step "
           f"{doc['host_step']['us_median']:.1f} us; wrote {args.out}")
 

@@ -16,7 +16,7 @@ path's committed state against the served one's (both float32-exact: their diffe
 float32 rounding) and its o against the tf32 verify's.
 
     python experiments/split_bench.py --out experiments/results/precision/split-h200.json
-    python experiments/split_bench.py --smoke --out /tmp/s.json   # CPU, interpreter: agreement only
+    python experiments/split_bench.py --smoke --out /tmp/s.json   # CPU, tf32 emulated: agreement only
 
 Prints a table last. Index: experiments/README.md.
 """
@@ -80,8 +80,12 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU under the interpreter, no timings")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    if args.smoke:
+    if args.smoke:  # sm_90's tf32 emulated, so that the agreement can tell split from tf32
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        from tf32_emulation import _TF32, emulate_tf32
+
+        emulate_tf32()
+        _TF32["on"] = True
     import torch
     import triton
 

@@ -592,6 +592,35 @@ def test_h200_decode_launches_go_by_rows():
     assert f.components(one, 1024, 32, True)["launch"] == f.components(more, 1024, 32, True)["launch"]
 
 
+def test_multi_row_decode_launches_come_from_their_own_profiles():
+    """components.factors: a production decode profiled at more than one row sets the
+    multi-row count (and stays out of the one-row count); without one, the cuBLAS step's;
+    without either, the one-row count."""
+    import copy
+    from pathlib import Path
+
+    from bole_cli.calibrate.components import factors
+
+    root = Path(__file__).resolve().parents[1] / "experiments" / "results"
+    comp = json.loads((root / "components" / "h200-9b-r14.json").read_text())
+    grid = json.loads((root / "components" / "h200-9b-gdn-grid.json").read_text())
+    step = json.loads((root / "runtime" / "r15" / "steps-h200.json").read_text())
+    peak = resolve_gpu("h200").bf16_flops
+    layers = resolve_model("9b").layers
+    base = factors(comp, [step], grid, peak)
+    more = copy.deepcopy(step)
+    one = next(p for p in more["profile"] if p["variant"] == "production" and p["step"] == "decode")
+    more["profile"].append(dict(one, batch=16, kernels=13 * layers))
+    got = factors(comp, [more], grid, peak)
+    assert got["rows_decode_launches_per_layer"] == pytest.approx(13.0)
+    assert got["decode_launches_per_layer"] == base["decode_launches_per_layer"]
+    assert base["rows_decode_launches_per_layer"] == pytest.approx(373 / layers)  # R-15's cuBLAS step
+    bare = copy.deepcopy(step)
+    bare["profile"] = [p for p in bare["profile"] if p["variant"] == "production"]
+    got = factors(comp, [bare], grid, peak)
+    assert got["rows_decode_launches_per_layer"] == got["decode_launches_per_layer"]
+
+
 def test_gdn_tree_share_interpolates_between_measured_cells():
     """The estimate's GDN verify + commit share: each measured cell exactly, in between
     log-linear in batch and nodes, clamped outside the grid."""
@@ -662,6 +691,8 @@ def test_attention_share_derives_from_its_rows_and_prices_the_attention():
         got, want = (f.components(b, kv, b * n, verify=n > 1) for f in (shared, roof))
         assert got["attention"] == pytest.approx(want["attention"] / share)
         assert got["gdn_core"] == want["gdn_core"] and got["matmul.mlp"] == want["matmul.mlp"]
+        # the measured share holds the attention's merge kernel: no longer priced as a launch
+        assert got["launch"] == pytest.approx(want["launch"] - spec.n_attention_layers * bare.kernel_floor_s)
     mid = shared.components(1, 4096, 1, verify=False)["attention"] / roof.components(1, 4096, 1, False)["attention"]
     assert mid == pytest.approx(1 / 0.5625)  # halfway between 1024 and 16384 keys in log
     drafted, bare_draft = (f.draft_components(1, 16384, 1) for f in (shared, roof))  # the drafter's own cache read

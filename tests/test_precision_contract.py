@@ -69,27 +69,20 @@ def test_contract_arithmetic_on_cpu():
     assert drift(torch, spec, "served", "mild", torch.float32, None, "cpu", 3) <= 1e-6
 
 
-def test_split_meets_the_state_half_where_tf32_misses_with_tf32_emulated(monkeypatch):
+def test_split_meets_the_state_half_where_tf32_misses_with_tf32_emulated():
     """sm_90's tf32 (operands truncated to 10 mantissa bits) emulated in the interpreter
     (experiments/tf32_emulation.py): Eq. 10's commit from the tf32 verify's u misses 1e-5,
     from the split verify's u it is float32-exact; the outputs stay the tf32 verify's. The
     GPU tests above hold the same on the device."""
-    import importlib.util
-    from pathlib import Path
     from types import SimpleNamespace
 
-    import triton.runtime.interpreter as interp
+    from emulated_tf32 import emulated_tf32
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "tf32_emulation.py"
-    spec_ = importlib.util.spec_from_file_location("tf32_emulation", path)
-    emulation = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(emulation)
-    monkeypatch.setattr(interp.InterpreterBuilder, "create_dot",
-                        emulation.truncating_dot(interp.InterpreterBuilder.create_dot))
     spec = SimpleNamespace(gdn_key_heads=1, gdn_value_heads=2, gdn_key_dim=32, gdn_value_dim=16)
-    o_tf32, state_tf32 = measure("tf32", "random", 24, 2, "mild", spec, "cpu")
-    o_split, state_split = measure("split", "random", 24, 2, "mild", spec, "cpu")
-    o_exact, _ = measure("tf32x3", "random", 24, 2, "mild", spec, "cpu")
+    with emulated_tf32():
+        o_tf32, state_tf32 = measure("tf32", "random", 24, 2, "mild", spec, "cpu")
+        o_split, state_split = measure("split", "random", 24, 2, "mild", spec, "cpu")
+        o_exact, _ = measure("tf32x3", "random", 24, 2, "mild", spec, "cpu")
     assert state_tf32 > 1e-5 and state_split <= 1e-6
     assert o_tf32 > 1.02 * o_exact  # the emulation bites the readout too
     assert o_split == pytest.approx(o_tf32, rel=0.02)

@@ -135,6 +135,8 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
             per_layer = p["kernels"] / resolve_model(p["model"]).layers
             launches["rows" if p["step"] == "decode" and p["batch"] > SKINNY_DEFAULT_MAX_ROWS else p["step"]].append(
                 per_layer)
+            # the gap per launch from every profiled decode, one row or more (graph replay less
+            # the kernels' sum, over their count)
             replay = [d["replay_ms"] for d in doc["decode"] if p["step"] == "decode"
                       and (d["model"], d["variant"], d["batch"]) == (p["model"], p["variant"], p["batch"])]
             if replay:
@@ -150,8 +152,10 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
             "gap_s": statistics.median(gaps),
             "decode_launches_per_layer": statistics.median(launches["decode"]),
             # a decode of more rows as profiled, else the one-row step without its skinny
-            # projections (the same launches from two rows on, limits.SKINNY_DEFAULT_MAX_ROWS)
-            "rows_decode_launches_per_layer": statistics.median(launches["rows"] or launches["cublas"]),
+            # projections (the same launches from two rows on, limits.SKINNY_DEFAULT_MAX_ROWS),
+            # else the one-row count
+            "rows_decode_launches_per_layer": statistics.median(launches["rows"] or launches["cublas"]
+                                                                or launches["decode"]),
             "verify_launches_per_layer": statistics.median(launches["verify"]),
             "decode_host_s": statistics.median(host["decode"]),
             "verify_host_s": statistics.median(host["verify"])}

@@ -343,7 +343,8 @@ class RooflineForward:
         conv, two norms a layer, the LM head and the logits)."""
         m = self.model
         mlp = len(_mlp_matmuls(m, 1))
-        attn = len(_layer_matmuls(m, True)) + mlp + 1 + 2
+        # the attention: one roofline; where measured (its share), its part and merge kernels
+        attn = len(_layer_matmuls(m, True)) + mlp + (2 if self.eff.attention_cells else 1) + 2
         gdn = len(_layer_matmuls(m, False)) + mlp + (2 if verify else 1) + 1 + 2
         return m.n_attention_layers * attn + m.n_gdn_layers * gdn + 2
 

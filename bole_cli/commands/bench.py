@@ -56,7 +56,8 @@ def kernels_cmd(
     state_dtype: str = typer.Option("float32", "--state-dtype", help="State pool dtype: float32 or bfloat16."),
     precision: str = typer.Option("auto", "--precision",
                                   help="Verify dots: auto (as served: tf32 for 16-bit activations, "
-                                       "tf32x3 for float32), tf32, tf32x3, ieee."),
+                                       "tf32x3 for float32), tf32, split (u exact, the readout at "
+                                       "tf32; unmeasured), tf32x3, ieee."),
     no_sglang: bool = typer.Option(False, "--no-sglang", help="Time Bole alone (no SGLang baseline)."),
     out_dir: Optional[Path] = typer.Option(None, "--out-dir", help=OUT_DIR_HELP),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: kernels-<gpu>-<model>)."),

@@ -137,9 +137,10 @@ def launch_config(kernel: str, shape: dict, override: Optional[dict] = None) -> 
     elif kernel == "tree_commit" and shape.get("B", 1) * shape.get("HV", 1) * shape.get("L", 1) <= 32:
         cfg["BV"] = 16  # a single request: more, smaller tiles (H200: 8.9 vs 13.5 us at BV 32)
     # the tables are tuned at the served precision (the tuner's bf16 verify: tf32, docs/design.md
-    # §9); a launch at another precision keeps the built-in rules
+    # §9), and split keeps them (its readout is tf32, its launch the same one-tile kernel's:
+    # timed against tf32 on the same configs); a launch at another precision keeps the rules
     asked = (override or {}).get("precision")
-    tuned = tuned_config(kernel, shape) if asked in (None, TABLES_PRECISION) else None
+    tuned = tuned_config(kernel, shape) if asked in (None, TABLES_PRECISION, "split") else None
     if tuned:
         try:
             check_config(kernel, tuned)

@@ -20,7 +20,8 @@ then per value tile (BV columns of the state), with X = K S^T and Y = Q S^T:
 
 At the "split" precision (docs/design.md §9) what feeds the state is exact to float32 while
 the readout stays at tf32: X as two tf32 products of the raw 16-bit keys (exact in tf32)
-with the state's tf32 high part and its rest (SPLIT_STATE), A and U at STATE_PRECISION
+with the state's tf32 high part and its rest (SPLIT_STATE; one product for a 16-bit pool,
+exact in tf32 itself), A and U at STATE_PRECISION
 (tf32x3), so Eq. 10's commit from U is exact; Y, Ce and O at PRECISION (tf32).
 
 The state is read once per program; nothing per node is materialised beyond u and log_p.
@@ -138,10 +139,13 @@ def tree_verify_tile_kernel(
                 qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0).to(tl.float32)
                 sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],
                              mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-                if SPLIT_STATE:  # k . S exact: 16-bit keys times the state's tf32 high part and its rest
-                    s_hi = (sb.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-                    xs = tl.dot(kc, tl.trans(sb - s_hi), xs, input_precision="tf32")
-                    xs = tl.dot(kc, tl.trans(s_hi), xs, input_precision="tf32")
+                if SPLIT_STATE:  # k . S exact: 16-bit keys (exact in tf32) times the state
+                    if state.dtype.element_ty == tl.float32:  # its tf32 high part, then its rest
+                        s_hi = (sb.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+                        xs = tl.dot(kc, tl.trans(sb - s_hi), xs, input_precision="tf32")
+                        xs = tl.dot(kc, tl.trans(s_hi), xs, input_precision="tf32")
+                    else:  # a 16-bit pool is exact in tf32 itself: one product
+                        xs = tl.dot(kc, tl.trans(sb), xs, input_precision="tf32")
                 else:
                     xs += tl.dot(kc * inv_k[:, None], tl.trans(sb), input_precision=PRECISION)
                 ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)
