@@ -67,3 +67,8 @@ SKINNY_MM_MAX_ROWS = 64
 #: and a 32-token verify 1.3 ms slower at 9B (experiments/README.md R-13 to R-15; rows 2-15
 #: unmeasured).
 SKINNY_DEFAULT_MAX_ROWS = 1
+
+#: Programs each value head's rows of the fused GDN decode are split over (kernels.gdn_decode:
+#: 1 is one program a head; 2 and 4 are built and exact, unmeasured: experiments/component_bench.py
+#: times them by batch, experiments/NOTES.md "The GDN decode split by value rows").
+GDN_DECODE_VALUE_SPLIT = 1

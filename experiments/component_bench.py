@@ -112,8 +112,10 @@ def small_kernels(torch, spec, device, dtype, rows, chain: int) -> list[dict]:
     return out
 
 
-def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_bytes: float = 0.0) -> list[dict]:
-    """Microseconds a GDN layer's fused decode takes at each batch (one token a request),
+def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_bytes: float = 0.0,
+                    splits=(1, 2, 4)) -> list[dict]:
+    """Microseconds a GDN layer's fused decode takes at each batch (one token a request) and
+    value split (kernels.gdn_decode's value_split: those that leave 8 value rows a program),
     over at least `rotate` layers and enough of them that their states pass rotate_bytes
     (several times the L2, so no replay finds a state there)."""
     import functools
@@ -127,7 +129,8 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
     fdt = gdn_ops.factor_dtype(dtype)
     hv, dk, dv, cd = s.gdn_value_heads, s.gdn_key_dim, s.gdn_value_dim, s.conv_dim
     out = []
-    for b in batches:
+    vp = 1 << (dv - 1).bit_length()
+    for b, split in ((b, v) for b in batches for v in splits if vp // v >= 8):
         fns = []
         layers = max(rotate, -(-int(rotate_bytes) // (b * hv * dk * dv * fdt.itemsize)))
         for _ in range(layers):  # a layer's weights, its states and its in_proj output
@@ -142,9 +145,10 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
             state = torch.randn(b, hv, dv, dk, device=device, dtype=fdt) * 0.1
             slots = torch.arange(b, device=device, dtype=torch.int64)
             fns.append(functools.partial(ops.decode, x, conv, conv_w, None, a, bb, a_log, dt_bias, state, slots,
-                                         key_heads=s.gdn_key_heads, z=z, norm_w=norm_w, eps=RMS_EPS))
-        fns[0]()  # compile outside the graph
-        out.append({"batch": b, "layers": layers, "us": time_us(torch, fns, cuda, layers)})
+                                         key_heads=s.gdn_key_heads, z=z, norm_w=norm_w, eps=RMS_EPS,
+                                         value_split=split))
+        fns[0]()  # compile (and the split counters) outside the graph
+        out.append({"batch": b, "value_split": split, "layers": layers, "us": time_us(torch, fns, cuda, layers)})
     return out
 
 

@@ -40,7 +40,18 @@ def compile_sm90(kernel, pointers: dict, scalars: dict, constexprs: dict, num_wa
 
 
 def cases():
+    from bole_cli.kernels.gdn_decode import _gdn_decode_kernel
     from bole_cli.kernels.skinny_mm import _skinny_mm_kernel
+
+    # the fused GDN decode with each head over 4 programs: the last to arrive (an atomic
+    # count) normalises the head (9B's shapes)
+    ptr = {n: "*bf16" for n in ("x", "conv_state", "conv_w", "conv_b", "a", "b", "z", "norm_w", "o")}
+    ptr.update(A_log="*fp32", dt_bias="*fp32", state="*fp32", state_idx="*i64", qk="*fp32", ss_part="*fp32",
+               counters="*i32")
+    for split, warps in ((1, 8), (4, 2)):  # the runtime's default, and a head over 4 programs
+        yield (f"gdn_decode value_split={split}", _gdn_decode_kernel, ptr, {"eps": "fp32"},
+               dict(H=16, GROUP=2, K=128, V=128, BK=128, BV=128 // split, VP=128, VS=split, VSP=split, W=4, WP=4,
+                    HAS_BIAS=False, NORM=True), warps, 1)
     from bole_cli.kernels.tree_metadata import _tree_metadata_kernel
     from bole_cli.kernels.tree_verify_chain import chain_factors_kernel, chain_scan_kernel
 

@@ -648,8 +648,9 @@ def test_gdn_decode_share_derives_from_its_rows_and_prices_the_decode():
     roof = RooflineForward(spec, gpu, bare)
     layer = {b: roof.components(b, 4096, b, verify=False)["gdn_core"] / spec.n_gdn_layers for b in (1, 16)}
     record = {"model": spec.name, "gdn_decode": [{"batch": 16, "us": 4e6 * layer[16]},
-                                                   {"batch": 1, "us": 2e6 * layer[1]}]}
-    cells = gdn_decode_cells(record)
+                                                   {"batch": 1, "us": 2e6 * layer[1]},
+                                                   {"batch": 1, "value_split": 4, "us": 1e6 * layer[1]}]}
+    cells = gdn_decode_cells(record)  # the runtime's split (1) only
     assert cells == ((1.0, 0.5), (16.0, 0.25))
     assert gdn_decode_cells({"model": spec.name}) == ()
     shared = RooflineForward(spec, gpu, dataclasses.replace(bare, gdn_decode_cells=cells))

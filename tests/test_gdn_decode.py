@@ -78,6 +78,39 @@ def test_decode_matches_float64_reference(seed, bsz, group, kdim, vdim, width, d
     assert torch.equal(conv[untouched], case["conv_state"][untouched])
 
 
+@SETTINGS
+@given(seed=st.integers(0, 2**31 - 1), bsz=st.integers(2, 4), group=st.sampled_from([1, 2, 4]),
+       vdim=st.sampled_from([24, 32]), split=st.sampled_from([2, 4]), norm=st.booleans(),
+       decay=st.sampled_from([(-1e-4, -1e-6), (-30.0, -1e-4)]))
+@example(seed=4, bsz=3, group=2, vdim=24, split=4, norm=True, decay=(-30.0, -1e-4))
+def test_value_split_decode_matches_the_whole_head(seed, bsz, group, vdim, split, norm, decay):
+    """value_split: each head's value rows over several programs (the last to arrive applies
+    the gated norm over the whole head): the float64 reference's outputs, states and windows,
+    V not a power of two included (a tile past V holds no rows), the split counters left at
+    zero for the next launch."""
+    from bole_cli.kernels.skinny_mm import reserve_counters
+
+    case = make(seed, bsz=bsz, group=group, kdim=16, vdim=vdim, decay=decay, norm=norm)
+    case["state_indices"][-1] = 99  # a slot outside the pool: NaN rows, nothing written
+    out, state, conv = run(case, value_split=split)
+    assert torch.isnan(out[-1]).all()
+    rows = ("x", "a", "b", "z", "state_indices")
+    inside = {k: (v[: bsz - 1] if k in rows and v is not None else v) for k, v in case.items()}
+    want, want_state, want_conv = gdn_decode_ref(**inside)  # the requests inside the pool
+    assert rel(out[: bsz - 1], want) < 2e-5
+    assert rel(state, want_state) < 2e-5
+    assert torch.equal(conv, want_conv)
+    assert int(reserve_counters("cpu").abs().sum()) == 0
+
+
+@pytest.mark.parametrize("split", [0, 3, True, 4])
+def test_value_split_refusals(split):
+    """A split must be a power of two leaving at least 8 value rows to each program (V 16:
+    at most 2)."""
+    with pytest.raises(InputError, match="value_split"):
+        gdn_decode(**make(2, vdim=16), value_split=split)
+
+
 def test_decode_is_the_one_node_tree():
     """The same step through the tree kernels the runtime used before (conv, gates, verify,
     replay commit): one-node trees are plain decoding."""
@@ -127,10 +160,12 @@ def test_bad_input_names_the_argument(change, message):
 
 
 @pytest.mark.gpu
-def test_decode_bf16_on_gpu_near_the_rounding_floor():
+@pytest.mark.parametrize("split", [1, 4])
+def test_decode_bf16_on_gpu_near_the_rounding_floor(split):
     """At a 9B layer's shapes with bf16 activations and a float32 state: o within a few bf16
     roundings of float64 (the kernel rounds the conv output and o as the unfused path does),
-    the state close to float32."""
+    the state close to float32; whole heads and heads split over 4 programs (the last one
+    normalising the head after the others' rows: ordering on the device)."""
     from bole_cli.catalog.models import resolve_model
 
     s = resolve_model("9b")
@@ -139,7 +174,7 @@ def test_decode_bf16_on_gpu_near_the_rounding_floor():
     case = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     for name in ("A_log", "dt_bias", "state"):
         case[name] = case[name].float()
-    out, state, conv = run(case)
+    out, state, conv = run(case, value_split=split)
     want, want_state, want_conv = gdn_decode_ref(**case)
     floor = float((want.to(torch.bfloat16).double() - want).norm() / want.norm())
     o_rel = float((out.double() - want).norm() / want.norm())

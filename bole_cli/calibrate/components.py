@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
-from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS
+from bole_cli.limits import GDN_DECODE_VALUE_SPLIT, SKINNY_DEFAULT_MAX_ROWS
 
 DATASHEET_BANDWIDTH = 4.8e12  # H200, bole_cli.catalog.hardware
 STREAMING_ROWS = 64  # weight streaming: GEMMs up to this many rows
@@ -63,12 +63,15 @@ def gdn_tree_cells(tree_kernels: Mapping[str, Any]) -> tuple[tuple[float, float,
 
 
 def gdn_decode_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
-    """(batch, share) for each batch of the record's fused GDN decode rows: the roofline's
-    price of a decode's GDN layer (state read and written, conv window, its inputs and
-    output) over the measured time, rounded to 3 digits; () when the record has none."""
+    """(batch, share) for each batch of the record's fused GDN decode rows at the runtime's
+    value split (limits.GDN_DECODE_VALUE_SPLIT; rows without one are of a single program a
+    head): the roofline's price of a decode's GDN layer (state read and written, conv
+    window, its inputs and output) over the measured time, rounded to 3 digits; () when the
+    record has none."""
     spec, roof = _bare_roofline(components["model"], gdn_decode_cells=())
+    rows = [r for r in components.get("gdn_decode", ()) if r.get("value_split", 1) == GDN_DECODE_VALUE_SPLIT]
     cells = []
-    for row in sorted(components.get("gdn_decode", ()), key=lambda r: r["batch"]):
+    for row in sorted(rows, key=lambda r: r["batch"]):
         b = row["batch"]
         layer = roof.components(b, 4096, b, verify=False)["gdn_core"] / spec.n_gdn_layers
         cells.append((float(b), round(layer / (row["us"] * 1e-6), 3)))

@@ -11,6 +11,15 @@ gates, the recurrence, the gated norm). Every conv channel is read and slid by e
 program, so none can see a half-written window, and the state work spreads over B x HV
 programs (B x H programs, a third as many at 27B, leave most SMs idle at batch 1).
 
+value_split splits each value head's rows over that many programs (B x HV x value_split):
+at batch 1 a 9B layer's 32 programs of a whole [128, 128] state each leave most SMs idle and
+wait on one 64 KB load. The recurrence needs nothing across value rows; the gated norm needs
+the head's sum of squares, so each program writes its rows of o before the norm and its
+partial sum, counts itself in on a per-head counter (kernels.skinny_mm's, one buffer a
+device), and the last to arrive normalises the head and resets the counter (one launch,
+CUDA-graph safe). limits.GDN_DECODE_VALUE_SPLIT is the default, 1 until measured
+(experiments/component_bench.py times 1, 2 and 4).
+
 Rounding follows the unfused path: the conv output rounds to the activation dtype before
 the GDN (as a conv kernel's output would), the recurrence runs in float32, o rounds to
 the activation dtype before the gated norm, and the norm's result rounds once more.
@@ -26,8 +35,10 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.jit_math import softplus, unit_scales
+from bole_cli.kernels.skinny_mm import COUNTERS, reserve_counters
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, STATE_DTYPES, check_index_vector, check_last_contiguous,
                                        check_nonempty, check_scale, check_shape, check_tensor, contiguous_vector)
+from bole_cli.limits import GDN_DECODE_VALUE_SPLIT
 
 
 @triton.jit
@@ -80,17 +91,19 @@ def _qk_kernel(x, conv_state, conv_w, conv_b, state_idx, qk, n_slots, s_xn, s_cn
 
 @triton.jit(do_not_specialize=["n_slots"])
 def _gdn_decode_kernel(
-    x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_idx, qk, z, norm_w, o,
+    x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_idx, qk, z, norm_w, o, ss_part, counters,
     n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_an, s_bn, s_sn, s_sh, s_sv, s_zn, s_on, eps,
     H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, VS: tl.constexpr, VSP: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
 ):
-    """One value head of one request (program (request, hv)): its v channels' conv and
-    window slide (only this program reads them), the gates, the recurrence on its state in
-    place, o and the gated norm."""
+    """BV value rows of one value head of one request (program (request, hv, value tile)):
+    their v channels' conv and window slide (only this program reads them), the gates, the
+    recurrence on those rows of the state in place, o and the gated norm (over the head's
+    VS tiles: the last to arrive applies it)."""
     req = tl.program_id(0)
     hv = tl.program_id(1)
+    iv = tl.program_id(2)
     h = hv // GROUP
     slot = tl.load(state_idx + req).to(tl.int64)
     # A slot outside the pool (no host check): nothing is read or written there, o is NaN.
@@ -100,7 +113,7 @@ def _gdn_decode_kernel(
     win = conv_state + safe * s_cn
     offs_k = tl.arange(0, BK)
     kmask = offs_k < K
-    offs_v = tl.arange(0, BV)
+    offs_v = iv * BV + tl.arange(0, BV)
     vmask = offs_v < V
     v_write = offs_v < tl.where(in_pool, V, 0)  # the writes' mask: empty outside the pool
     row = qk + req.to(tl.int64) * 2 * H * K
@@ -122,19 +135,38 @@ def _gdn_decode_kernel(
     cols = tl.arange(0, WP)
     tl.store(win + v_ch[:, None] * s_cd + cols[None, :] * s_cw, v_win, mask=v_write[:, None] & (cols < W - 1)[None, :])
     out = out.to(o.dtype.element_ty).to(tl.float32)
-    if NORM:
-        zz = tl.load(z + req * s_zn + hv * V + offs_v, mask=vmask, other=0.0).to(tl.float32)
-        nw = tl.load(norm_w + offs_v, mask=vmask, other=0.0).to(tl.float32)
-        var = tl.sum(out * out, axis=0) / V
-        out = out / tl.sqrt(var + eps) * nw * (zz * tl.sigmoid(zz))
-    tl.store(o + req * s_on + hv * V + offs_v, out + poison, mask=vmask)
+    o_row = o + req * s_on + hv * V
+    if NORM and VS > 1:  # the head's rows before the norm, and their sum of squares
+        tl.store(o_row + offs_v, out, mask=vmask)
+        head = req * tl.num_programs(1) + hv
+        tl.store(ss_part + head * VS + iv, tl.sum(out * out, axis=0))
+        tl.debug_barrier()  # every thread's rows written before the count (release below)
+        arrived = tl.atomic_add(counters + head, 1, sem="acq_rel")
+        if arrived == VS - 1:  # the last tile of the head: normalise all of its rows
+            offs_h = tl.arange(0, VP)
+            hmask = offs_h < V
+            tiles = tl.arange(0, VSP)
+            var = tl.sum(tl.load(ss_part + head * VS + tiles, mask=tiles < VS, other=0.0), axis=0) / V
+            head_o = tl.load(o_row + offs_h, mask=hmask, other=0.0).to(tl.float32)
+            zz = tl.load(z + req * s_zn + hv * V + offs_h, mask=hmask, other=0.0).to(tl.float32)
+            nw = tl.load(norm_w + offs_h, mask=hmask, other=0.0).to(tl.float32)
+            tl.store(o_row + offs_h, head_o / tl.sqrt(var + eps) * nw * (zz * tl.sigmoid(zz)) + poison, mask=hmask)
+            tl.atomic_xchg(counters + head, 0)
+    else:
+        if NORM:
+            zz = tl.load(z + req * s_zn + hv * V + offs_v, mask=vmask, other=0.0).to(tl.float32)
+            nw = tl.load(norm_w + offs_v, mask=vmask, other=0.0).to(tl.float32)
+            var = tl.sum(out * out, axis=0) / V
+            out = out / tl.sqrt(var + eps) * nw * (zz * tl.sigmoid(zz))
+        tl.store(o_row + offs_v, out + poison, mask=vmask)
 
 
 def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, conv_b: Optional[torch.Tensor],
                a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                state: torch.Tensor, state_indices: torch.Tensor, *, key_heads: int,
                z: Optional[torch.Tensor] = None, norm_w: Optional[torch.Tensor] = None,
-               eps: float = 1e-6, scale: Optional[float] = None, use_qk_l2norm: bool = True) -> torch.Tensor:
+               eps: float = 1e-6, scale: Optional[float] = None, use_qk_l2norm: bool = True,
+               value_split: Optional[int] = None) -> torch.Tensor:
     """One decode token per request, in place on `state` and `conv_state`.
 
     x [B, D] the conv inputs q|k|v (D = 2 H K + HV V; rows may be strided); conv_state
@@ -143,6 +175,8 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
     float32 or bfloat16; state_indices [B] pool slots. With z [B, HV V] and norm_w [V]:
     returns the gated RMSNorm rms(o) * norm_w * silu(z) [B, HV V], else o [B, HV V], in
     x's dtype. Slots outside the pool are not touched; their rows of the result are NaN.
+    value_split: programs a value head's rows are split over, a power of two leaving at
+    least 8 rows to each (default limits.GDN_DECODE_VALUE_SPLIT).
     """
     check_tensor("x", x, 2, ACTIVATION_DTYPES)
     dev = x.device
@@ -188,6 +222,13 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
         check_shape("norm_w", norm_w, (vdim,))
         norm_w = contiguous_vector(norm_w)
     scale = check_scale(scale, kdim)
+    vp = triton.next_power_of_2(vdim)
+    split = GDN_DECODE_VALUE_SPLIT if value_split is None else value_split
+    if not isinstance(split, int) or isinstance(split, bool) or split < 1 or split & (split - 1) or vp // split < 8:
+        raise InputError(f"value_split: {split!r} must be a power of two leaving at least 8 of the "
+                         f"{vdim} value rows to a program")
+    bv = vp // split
+    split = triton.cdiv(vdim, bv)  # tiles that hold rows (V not a power of two)
     out = torch.empty(bsz, hv * vdim, device=dev, dtype=x.dtype)
     if bsz:
         qk = torch.empty(bsz, 2 * key_heads, kdim, device=dev, dtype=torch.float32)
@@ -199,10 +240,18 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
         _qk_kernel[(bsz, 2 * key_heads)](
             *common, state_indices, qk, n_slots, *strides, scale,
             H=key_heads, K=kdim, BK=bk, USE_L2NORM=bool(use_qk_l2norm), num_warps=4, **conv)
-        _gdn_decode_kernel[(bsz, hv)](
+        normed_split = z is not None and split > 1
+        if normed_split:  # the heads' partial sums of squares and their arrival counters
+            if bsz * hv > COUNTERS:
+                raise InputError(f"value_split: {bsz} x {hv} value heads exceed the {COUNTERS} split counters")
+            ss_part = torch.empty(bsz * hv * split, device=dev, dtype=torch.float32)
+            counters = reserve_counters(dev)
+        else:
+            ss_part = counters = out  # never read
+        _gdn_decode_kernel[(bsz, hv, split)](
             *common, a, b, A_log, dt_bias, state, state_indices, qk, z if z is not None else x,
-            norm_w if norm_w is not None else x, out, n_slots, *strides, a.stride(0), b.stride(0),
+            norm_w if norm_w is not None else x, out, ss_part, counters, n_slots, *strides, a.stride(0), b.stride(0),
             state.stride(0), state.stride(1), state.stride(2), z.stride(0) if z is not None else 0, out.stride(0),
-            float(eps), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk,
-            BV=triton.next_power_of_2(vdim), NORM=z is not None, num_warps=8, **conv)
+            float(eps), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk, BV=bv, VP=vp, VS=split, VSP=triton.next_power_of_2(split),
+            NORM=z is not None, num_warps=max(1, 8 // split), **conv)
     return out
