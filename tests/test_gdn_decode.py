@@ -87,12 +87,15 @@ def test_value_split_decode_matches_the_whole_head(seed, bsz, group, vdim, split
     """value_split: each head's value rows over several programs (the last to arrive applies
     the gated norm over the whole head): the float64 reference's outputs, states and windows,
     V not a power of two included (a tile past V holds no rows), the split counters left at
-    zero for the next launch."""
+    zero for the next launch. The programs run in a shuffled order (tests/shuffled_grid.py),
+    so a head's last arriver is any of its tiles and heads interleave, as on the GPU."""
     from bole_cli.kernels.skinny_mm import reserve_counters
+    from shuffled_grid import shuffled_grid
 
     case = make(seed, bsz=bsz, group=group, kdim=16, vdim=vdim, decay=decay, norm=norm)
     case["state_indices"][-1] = 99  # a slot outside the pool: NaN rows, nothing written
-    out, state, conv = run(case, value_split=split)
+    with shuffled_grid(seed):
+        out, state, conv = run(case, value_split=split)
     assert torch.isnan(out[-1]).all()
     rows = ("x", "a", "b", "z", "state_indices")
     inside = {k: (v[: bsz - 1] if k in rows and v is not None else v) for k, v in case.items()}

@@ -17,7 +17,9 @@ wait on one 64 KB load. The recurrence needs nothing across value rows; the gate
 the head's sum of squares, so each program writes its rows of o before the norm and its
 partial sum, counts itself in on a per-head counter (kernels.skinny_mm's, one buffer a
 device), and the last to arrive normalises the head and resets the counter (one launch,
-CUDA-graph safe). limits.GDN_DECODE_VALUE_SPLIT is the default, 1 until measured
+CUDA-graph safe; as for the skinny GEMM, launches sharing the counters run one after another
+on one stream, and the counters are reserved before any graph capture: runtime.model does
+when the split is on). limits.GDN_DECODE_VALUE_SPLIT is the default, 1 until measured
 (experiments/component_bench.py times 1, 2 and 4).
 
 Rounding follows the unfused path: the conv output rounds to the activation dtype before
@@ -146,8 +148,10 @@ def _gdn_decode_kernel(
             offs_h = tl.arange(0, VP)
             hmask = offs_h < V
             tiles = tl.arange(0, VSP)
-            var = tl.sum(tl.load(ss_part + head * VS + tiles, mask=tiles < VS, other=0.0), axis=0) / V
-            head_o = tl.load(o_row + offs_h, mask=hmask, other=0.0).to(tl.float32)
+            # the other programs' writes, past L1 (".cg", as the skinny GEMM's last slice reads)
+            var = tl.sum(tl.load(ss_part + head * VS + tiles, mask=tiles < VS, other=0.0, cache_modifier=".cg"),
+                         axis=0) / V
+            head_o = tl.load(o_row + offs_h, mask=hmask, other=0.0, cache_modifier=".cg").to(tl.float32)
             zz = tl.load(z + req * s_zn + hv * V + offs_h, mask=hmask, other=0.0).to(tl.float32)
             nw = tl.load(norm_w + offs_h, mask=hmask, other=0.0).to(tl.float32)
             tl.store(o_row + offs_h, head_o / tl.sqrt(var + eps) * nw * (zz * tl.sigmoid(zz)) + poison, mask=hmask)
