@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from bole_cli.errors import InputError
 from bole_cli.kernels.gdn_decode import gdn_decode
 from bole_cli.kernels.reference import gdn_decode_ref
+from shuffled_grid import shuffled_grid
 
 SETTINGS = settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 F32 = torch.float32
@@ -90,8 +91,6 @@ def test_value_split_decode_matches_the_whole_head(seed, bsz, group, vdim, split
     zero for the next launch. The programs run in a shuffled order (tests/shuffled_grid.py),
     so a head's last arriver is any of its tiles and heads interleave, as on the GPU."""
     from bole_cli.kernels.skinny_mm import reserve_counters
-    from shuffled_grid import shuffled_grid
-
     case = make(seed, bsz=bsz, group=group, kdim=16, vdim=vdim, decay=decay, norm=norm)
     case["state_indices"][-1] = 99  # a slot outside the pool: NaN rows, nothing written
     with shuffled_grid(seed):

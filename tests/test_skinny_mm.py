@@ -20,6 +20,7 @@ from bole_cli.errors import InputError
 from bole_cli.kernels import skinny_mm
 from bole_cli.kernels.configs import launch_config
 from bole_cli.limits import SKINNY_MM_MAX_ROWS
+from shuffled_grid import shuffled_grid
 
 module = importlib.import_module("bole_cli.kernels.skinny_mm")  # the module (its counters), not the function
 
@@ -46,9 +47,12 @@ def assert_product(y, x, w):
        bn=st.sampled_from([16, 32]), bk=st.sampled_from([16, 64, 128]), split=st.sampled_from([1, 2, 4, 8]),
        seed=st.integers(0, 2 ** 16))
 def test_matches_the_float64_product(m, n, k, bn, bk, split, seed):
+    """Against float64, K split across programs that run in a shuffled order
+    (tests/shuffled_grid.py): any slice may be the last to arrive, as on the GPU."""
     gen = torch.Generator().manual_seed(seed)
     x, w = rand(gen, m, k), rand(gen, n, k)
-    y = skinny_mm(x, w, config={"BN": bn, "BK": bk, "SPLIT_K": split})
+    with shuffled_grid(seed):
+        y = skinny_mm(x, w, config={"BN": bn, "BK": bk, "SPLIT_K": split})
     assert y.shape == (m, n) and y.dtype == x.dtype
     assert_product(y, x, w)
     assert (module._COUNTERS.get("cpu", torch.zeros(1, dtype=torch.int32)) == 0).all()  # reset for the next
@@ -80,8 +84,9 @@ def test_fused_add_norm_and_glu_match_float64(m, n, k, bn, bk, split, add, norm,
     res = rand(gen, m, k) * scale if add and norm else None
     nw = rand(gen, k) if norm else None
     total = torch.full((m, k), 7.0) if res is not None else None
-    y = skinny_mm(x, w, residual=res, norm=nw, eps=1e-6 if norm else None, sum_out=total, glu=glu,
-                  config={"BN": bn, "BK": bk, "SPLIT_K": split})
+    with shuffled_grid(seed):  # any slice may be the last to arrive, as on the GPU
+        y = skinny_mm(x, w, residual=res, norm=nw, eps=1e-6 if norm else None, sum_out=total, glu=glu,
+                      config={"BN": bn, "BK": bk, "SPLIT_K": split})
     a, want, err = fused_reference(x, w, res, nw, 1e-6, glu)
     assert y.shape == (m, n)
     assert ((y.double() - want).abs() <= err).all()
