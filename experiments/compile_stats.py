@@ -141,8 +141,8 @@ def main(argv=None) -> None:
     table = []
     for spec in specs:
         stats = compile_stats(kernel, spec, args.kernel != "tile", args.model,
-                              VARIANTS[args.variant].config if args.variant else {"WDOT": args.wdot, "RELOAD": args.reload,
-                                                                                  "SPLIT_STATE": args.split_state})
+                              VARIANTS[args.variant].config if args.variant else
+                              {"WDOT": args.wdot, "RELOAD": args.reload, "SPLIT_STATE": args.split_state})
         name = args.variant or ("split-state" if args.split_state else "shipped")
         table.append(dict(kernel=args.kernel, variant=name, model=args.model, spec=list(spec), **stats))
         print(f"{args.kernel} {name} {','.join(map(str, spec))}: "

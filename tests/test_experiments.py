@@ -5,26 +5,17 @@ kernel changed under it) must fail loudly here, not on the GPU machine."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+from experiment_modules import EXPERIMENTS, experiment_module
 
 
 def _kernel_variants():
-    spec = importlib.util.spec_from_file_location("kernel_variants", EXPERIMENTS / "kernel_variants.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+    return experiment_module("kernel_variants")
 
 
 def test_every_variant_edit_applies_to_the_shipped_kernels():
@@ -216,9 +207,7 @@ def test_the_replay_commit_variants_stay_exact(name):
 
 
 def _check_decision():
-    spec = importlib.util.spec_from_file_location("check_decision", EXPERIMENTS / "check_decision.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = experiment_module("check_decision")
     return module
 
 

@@ -13,8 +13,8 @@ same bf16 inputs. `experiments/precision_contract.py` writes the record;
 Implementations: "served" (the kernels' dots, tf32 for bf16, and the replay commit), "tf32"
 and "tf32x3" (that verify's dots and Eq. 10's factorised commit from its u, the path served
 before), "split" (the readout at tf32, u exact to float32, and Eq. 10's commit: the candidate
-for the served default, docs/design.md §9), "sglang-recurrent" (SGLang 0.5.23's serial tree verify with a float32 snapshot per
-node, the accepted one copied back).
+for the served default, docs/design.md §9), "sglang-recurrent" (SGLang 0.5.23's serial tree
+verify with a float32 snapshot per node, the accepted one copied back).
 """
 
 from __future__ import annotations

@@ -96,8 +96,8 @@ def _gdn_decode_kernel(
     x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_idx, qk, z, norm_w, o, ss_part, counters,
     n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_an, s_bn, s_sn, s_sh, s_sv, s_zn, s_on, eps,
     H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, VS: tl.constexpr, VSP: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
-    HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, VS: tl.constexpr, VSP: tl.constexpr,
+    W: tl.constexpr, WP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
 ):
     """BV value rows of one value head of one request (program (request, hv, value tile)):
     their v channels' conv and window slide (only this program reads them), the gates, the
@@ -256,6 +256,6 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
             *common, a, b, A_log, dt_bias, state, state_indices, qk, z if z is not None else x,
             norm_w if norm_w is not None else x, out, ss_part, counters, n_slots, *strides, a.stride(0), b.stride(0),
             state.stride(0), state.stride(1), state.stride(2), z.stride(0) if z is not None else 0, out.stride(0),
-            float(eps), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk, BV=bv, VP=vp, VS=split, VSP=triton.next_power_of_2(split),
-            NORM=z is not None, num_warps=max(1, 8 // split), **conv)
+            float(eps), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk, BV=bv, VP=vp, VS=split,
+            VSP=triton.next_power_of_2(split), NORM=z is not None, num_warps=max(1, 8 // split), **conv)
     return out

@@ -21,8 +21,8 @@ then per value tile (BV columns of the state), with X = K S^T and Y = Q S^T:
 At the "split" precision (docs/design.md §9) what feeds the state is exact to float32 while
 the readout stays at tf32: X as two tf32 products of the raw 16-bit keys (exact in tf32)
 with the state's tf32 high part and its rest (SPLIT_STATE; one product for a 16-bit pool,
-exact in tf32 itself), A and U at STATE_PRECISION
-(tf32x3), so Eq. 10's commit from U is exact; Y, Ce and O at PRECISION (tf32).
+exact in tf32 itself), A and U at STATE_PRECISION (tf32x3), so Eq. 10's commit from U is
+exact; Y, Ce and O at PRECISION (tf32).
 
 The state is read once per program; nothing per node is materialised beyond u and log_p.
 Trees larger than the tile go to the blocked kernel (tree_verify_blocked.py); a request larger than

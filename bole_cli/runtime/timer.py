@@ -329,7 +329,8 @@ class HybridForwardTimer:
                                 if self.serving_step and self.layers_sample is None else
                                 "back-to-back graph replays of forward + device commit"),
                 "gdn_decode": m.gdn_decode, "skinny_mm": list(m.skinny_mm),
-                "skinny_max_rows": m.skinny_max_rows if m.skinny_mm else None, "attention_in_kernel": m.attention_in_kernel,
+                "skinny_max_rows": m.skinny_max_rows if m.skinny_mm else None,
+                "attention_in_kernel": m.attention_in_kernel,
                 "moe_grouped_mm": m.grouped_mm if self.spec.is_moe else None,
                 "cuda_graphs": self.use_graphs, "eager_reason": self.eager_reason or None,
                 "sampled": self.layers_sample is not None,
