@@ -7,7 +7,8 @@
 # again (its record now carries the fused GDN decode by batch and the attention over the cache
 # by batch, kv and tokens: the estimate's gdn_decode_cells and attention_cells, re-derived by
 # calibrate.components.factors) and 27B, gemm at 27B and 4B, kernels; split (the
-# split verify, fourth session, CPU only: run it first, it decides issue 32's next step).
+# split verify, fourth session, CPU only: run it first, it decides issue 32's next step);
+# deferred (the deferred write against the ring, fifth session, CPU only: second).
 #
 #   bash experiments/owed_h200.sh tests    # python -m pytest -m gpu (the suite's 5-minute budget)
 #   bash experiments/owed_h200.sh gemm     # the skinny GEMM against cuBLAS, 9B, 27B and 4B
@@ -15,6 +16,7 @@
 #   bash experiments/owed_h200.sh knee     # GEMM knee, GDN decode by value split, cache attention: 9B, 27B
 #   bash experiments/owed_h200.sh kernels  # c12's grid, chains against the ring, the big chains' factors
 #   bash experiments/owed_h200.sh split    # the split verify + Eq. 10 against served and tables; its contract
+#   bash experiments/owed_h200.sh deferred # chains of 2-8: the deferred write against the ring, batch 1-64
 #
 # A job works in /tmp/owed/<job> and leaves one tarball and its log in $OUT (the device's
 # return folder, which brings back at most 8 files; ./out-owed elsewhere). Carry `.whl` for the
@@ -24,7 +26,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh tests|gemm|steps|knee|kernels|split}
+job=${1:?usage: bash experiments/owed_h200.sh tests|gemm|steps|knee|kernels|split|deferred}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -48,13 +50,17 @@ case "$job" in
   kernels)
     run timeout 200 $PY -m bole_cli bench kernels --model 9b --trees random --batch 1,4,16 --nodes 16,32,64 \
       --tag kernels-served-h200-c12 --out-dir "$dir"
-    run timeout 200 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8,16 \
+    run timeout 260 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8,16 \
       --tag chains-served-h200-c12 --out-dir "$dir"
     run timeout 130 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,16,64 --nodes 128,256 \
       --no-sglang --tag chains-big-h200-factors-tf32x3 --out-dir "$dir" ;;
   split)
     run timeout 360 $PY experiments/split_bench.py --out "$dir/split-h200.json"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_precision_contract.py -p no:cacheprovider ;;
+  deferred)
+    run timeout 300 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8 \
+      --tag chains-deferred-h200 --out-dir "$dir"
+    run timeout 200 $PY -m pytest -q -m gpu tests/test_deferred_write.py -p no:cacheprovider ;;
   *) echo "unknown job $job" >&2; exit 2 ;;
 esac
 cp "$log" "$OUT/$job.log"

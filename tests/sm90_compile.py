@@ -109,6 +109,13 @@ def cases():
     ptr = dict(k_cache="*bf16", v_cache="*bf16", slots="*i64", base="*i64", accepted="*i64", cu="*i32",
                path_table="*i64")
     yield "kv_compact D=256 depth=9", _kv_compact_kernel, ptr, {}, dict(H=4, D=256, BD=256, DEPTH=9), 1, 1
+    from bole_cli.kernels.pending_chain import _pending_advance_kernel, _pending_place_kernel
+
+    rows = {name: "*bf16" for name in ("q", "k", "v", "a", "b", "sq", "sk", "sv", "sa", "sb")}
+    yield ("pending_place 9B", _pending_place_kernel, dict(rows, pending="*i32", rows="*i64"), {},
+           dict(C=2, W=16, WQK=2048, WV=4096, WG=32, BQK=2048, BV=4096, BG=32), 4, 1)
+    yield ("pending_advance", _pending_advance_kernel, dict(pending="*i32", accepted="*i32", fold="*i32"), {},
+           dict(C=2, W=16, BLOCK=1024), 4, 1)
     chain = dict(q="*bf16", k="*bf16", v="*bf16", g="*bf16", beta="*bf16", A_log="*fp32", dt_bias="*fp32",
                  state="*fp32", state_idx="*i32", parents="*i32", cu="*i32", o="*bf16", u="*fp32", fu="*fp32",
                  fo="*fp32", log_p="*fp32")

@@ -228,7 +228,9 @@ def _chain_case(batch, nodes, bole_us, rssm_us, **kw):
                       replayssm_verify_us=rssm_us * 0.7, replayssm_commit_us=rssm_us * 0.3,
                       fold_us=kw.get("fold", 1.5 * rssm_us), fold_diff_o=1e-3, fold_diff_state=1e-6,
                       replayssm_diff_o=kw.get("o", 1e-3), replayssm_diff_state=kw.get("state", 1e-6),
-                      max_rel_diff_o=1e-3, max_rel_diff_state=1e-6)
+                      max_rel_diff_o=1e-3, max_rel_diff_state=1e-6, deferred_us=kw.get("deferred"),
+                      deferred_diff_o=1e-7 if kw.get("deferred") else None,
+                      deferred_diff_state=kw.get("deferred_state", 0.0) if kw.get("deferred") else None)
 
 
 def test_agreement_check_fails_loudly():
@@ -238,6 +240,9 @@ def test_agreement_check_fails_loudly():
                    "chain batch 4 x 16: ReplaySSM state differs from Bole's by 5.00e-01 (tolerance 5e-03)"]
     assert check_agreement(_chain_case(1, 8, 5.0, 6.0, state=1e-2), "bfloat16") == []
     assert check_agreement(_chain_case(1, 8, 5.0, 6.0, state=4e-3), "float32") == []  # TF32 room, ring only
+    assert check_agreement(_chain_case(1, 8, 5.0, 6.0, deferred=4.0, deferred_state=9e-4), "float32") == []
+    assert check_agreement(_chain_case(2, 4, 5.0, 6.0, deferred=4.0, deferred_state=2e-3), "float32") == [
+        "chain batch 2 x 4: deferred state differs from Bole's by 2.00e-03 (tolerance 1e-03)"]
     fold = _chain_case(2, 8, 5.0, 6.0)
     fold.fold_diff_state = 4e-3
     assert check_agreement(fold, "float32") == [
@@ -248,8 +253,9 @@ def test_replayssm_table_equal_time_view_and_notes():
     trees = [KernelCase(1, n, "random", bole_us=us, bole_verify_us=us, bole_commit_us=0.1, floor_us=1.0)
              for n, us in ((8, 4.0), (16, 5.5), (32, 7.0), (64, 20.0))]
     trees.append(KernelCase(4, 8, "random", bole_us=10.0, bole_verify_us=9.0, bole_commit_us=1.0, floor_us=1.0))
-    chains = [_chain_case(1, 8, 5.0, 7.5), _chain_case(1, 64, 30.0, 25.0), _chain_case(4, 8, 9.0, 3.0),
-              _chain_case(16, 8, 9.0, 3.0)]  # batch 16: no random trees, no row
+    chains = [_chain_case(1, 8, 5.0, 7.5, deferred=6.0), _chain_case(1, 64, 30.0, 25.0),
+              _chain_case(4, 8, 9.0, 3.0, deferred=3.3), _chain_case(16, 8, 9.0, 3.0, deferred=1234.5)]
+    # batch 16: no random trees, no row; chains of 64: no deferred write (past one tile)
     result = KernelBenchResult("H200", {}, "m", 4e12, cases=trees + chains)
     view = kernel_report.equal_time_view(result.cases)
     assert view == [
@@ -261,10 +267,14 @@ def test_replayssm_table_equal_time_view_and_notes():
     assert data["summary"]["bole_over_replayssm_max"] == pytest.approx(3.0) and data["summary"]["agree"]
     lines = kernel_report.notes(result, data)
     assert "chains, Bole / ReplaySSM ring time: worst 3.00" in lines[0] and "SLOWER" in lines[0]
-    assert "Bole's largest tree within it: 32 nodes (7.0 us)" in lines[1]
-    assert "no measured Bole tree fits" in lines[2]
+    assert lines[1] == ("chains, Bole's deferred write / ReplaySSM ring time: worst 411.50, geometric mean "
+                        "7.13 (SLOWER at some cells)")
+    assert data["summary"]["deferred_over_replayssm_max"] == pytest.approx(411.5)
+    assert "Bole's largest tree within it: 32 nodes (7.0 us)" in lines[2]
+    assert "no measured Bole tree fits" in lines[3]
     text = _text(kernel_report.tables(result, 80))
     assert "…" not in text and "ReplaySSM ring (GDN's protocol)" in text and "1.20" in text
+    assert "deferred write vs the ReplaySSM ring" in text and " 1234.5 " in text and " 411.50 " in text
     assert data["summary"]["replayssm_protocol"] == "circular ring (GDN)"
     assert data["summary"]["bole_over_kda_fold_geomean"] is not None
     assert max(len(line) for line in text.splitlines()) <= 80

@@ -20,6 +20,10 @@
     length is `ring_len_for(nodes)` (SGLang's default 16, raised for longer windows).
 (e) The fold protocol (0.5.23 runs it for KDA models only; labelled "KDA fold"): verify
     into a raw-input window, then replay the accepted prefix into the state.
+(f) For chains, Bole's deferred write (bench/deferred_write.py): the accepted rows held in
+    the forest above the next draft and folded into the state by the replay commit when a
+    segment as long as the ring is full; timed like the ring, in steady state, with or
+    without SGLang.
 
 Every SGLang path is checked against Bole on the same inputs before it is timed (outputs
 and the committed state, `AGREEMENT`; the ring over CHECK_STEPS consecutive steps, so its
@@ -38,6 +42,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
+from bole_cli.bench.deferred_write import PendingChains, deferred_width
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.timing import ROTATE, LayerInputs, measure_copy_bandwidth, time_graph, warm_gpu
 
@@ -71,12 +76,26 @@ class KernelCase:
     fold_diff_o: Optional[float] = None
     fold_diff_state: Optional[float] = None
     replayssm_error: Optional[str] = None  # the ReplaySSM baselines did not run: why
+    # chains: Bole's deferred write (bench/deferred_write.py), steady state like the ring
+    deferred_us: Optional[float] = None
+    deferred_verify_us: Optional[float] = None  # place + verify + the drafts' o gathered
+    deferred_commit_us: Optional[float] = None  # advance + the folds that are due
+    deferred_width: Optional[int] = None  # rows a request's segment holds (the ring's length)
+    deferred_diff_o: Optional[float] = None  # worst relative difference from the served step's o
+    deferred_diff_state: Optional[float] = None  # settled state vs the served step's committed state
 
     @property
     def bole_over_replayssm(self) -> Optional[float]:
         """Bole's verify + commit time over ReplaySSM's ring verify + commit (below 1: Bole faster)."""
         if self.replayssm_us and self.bole_us:
             return self.bole_us / self.replayssm_us
+        return None
+
+    @property
+    def deferred_over_replayssm(self) -> Optional[float]:
+        """The deferred write's verify + commit time over the ring's (below 1: Bole faster)."""
+        if self.replayssm_us and self.deferred_us:
+            return self.deferred_us / self.replayssm_us
         return None
 
     @property
@@ -89,6 +108,7 @@ class KernelCase:
         d = asdict(self)
         d["speedup"] = self.speedup
         d["bole_over_replayssm"] = self.bole_over_replayssm
+        d["deferred_over_replayssm"] = self.deferred_over_replayssm
         d["pct_of_floor"] = (100.0 * self.floor_us / self.bole_us) if self.bole_us else None
         return d
 
@@ -148,7 +168,9 @@ def check_agreement(case: KernelCase, state_dtype: str) -> list[str]:
                               ("ReplaySSM o", case.replayssm_diff_o, AGREEMENT["o"]),
                               ("ReplaySSM state", case.replayssm_diff_state, AGREEMENT[f"ring state {state_dtype}"]),
                               ("KDA fold o", case.fold_diff_o, AGREEMENT["o"]),
-                              ("KDA fold state", case.fold_diff_state, state_tol)):
+                              ("KDA fold state", case.fold_diff_state, state_tol),
+                              ("deferred o", case.deferred_diff_o, AGREEMENT["o"]),
+                              ("deferred state", case.deferred_diff_state, state_tol)):
         if value is not None and not value <= tol:  # NaN fails too
             out.append(f"{where}: {label} differs from Bole's by {value:.2e} (tolerance {tol:.0e})")
     return out
@@ -303,6 +325,8 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     factors = [f for s, o in zip(sets, outs) for f in factors_step(s, kernels, o, factors_config)]
                     case.factors_commit_us = time_graph(torch, factors[1::2])
                     case.factors_us = time_graph(torch, factors, calls=len(sets))
+                    if tree == "chain" and deferred_width(nodes):
+                        _bench_deferred(torch, kernels, sets, case, config)
                     if sg is not None:
                         # same inputs: check agreement before timing (the pool is read only here)
                         s0 = sets[0]
@@ -390,6 +414,38 @@ def ring_agreement(torch, sg, kernels, sets, pool0, act, length: int) -> tuple[f
     return diff_o, diff_state
 
 
+def deferred_agreement(torch, kernels, sets, pool0, width: int, config: Optional[dict] = None,
+                       steps: Optional[int] = None) -> tuple[float, float]:
+    """The deferred write against the served step over `steps` consecutive steps (default:
+    enough that every request folds at least once) on set 0's pool (reset to pool0) and
+    gate parameters, step i with set i's draft and accepted nodes: the worst relative
+    difference of the drafts' o and of the committed state (`PendingChains.settled`
+    against the served pool). Leaves set 0's pool at pool0. Any device."""
+    from bole_cli.kernels.types import DraftRows, VerifyResult
+
+    s0 = sets[0]
+    steps = steps or max(3, width - s0.nodes + 1)  # at least one row held a step: a fold by then
+    s0.pool.copy_(pool0)
+    chains = PendingChains(torch, s0, width, config)
+    served = pool0.clone()
+    out = VerifyResult(torch.empty_like(s0.v), torch.empty(s0.v.shape, device=s0.v.device),
+                       torch.empty(s0.v.shape[:2], device=s0.v.device))
+    sel = s0.slots.long()
+    diff_o = diff_state = 0.0
+    for step in range(steps):
+        x = sets[step % len(sets)]
+        kernels.tree_verify_gated(x.q, x.k, x.v, x.a, x.b, s0.A_log, s0.dt_bias, served, s0.slots, x.parents, x.cu,
+                                  max_nodes=x.nodes, out=out, config=config)
+        kernels.tree_commit_replay_gated(served, s0.slots, x.k, x.v, x.a, x.b, s0.A_log, s0.dt_bias, x.parents,
+                                         x.cu, x.accepted)
+        chains.verify(torch, kernels, DraftRows(x.q, x.k, x.v, x.a, x.b))
+        diff_o = max(diff_o, rel_diff(chains.o, out.o))
+        chains.commit(kernels, x.accepted)
+        diff_state = max(diff_state, rel_diff(chains.settled(kernels)[sel], served[sel]))
+    s0.pool.copy_(pool0)
+    return diff_o, diff_state
+
+
 def _bench_replayssm(torch, sg, kernels, sets, case: KernelCase, o_bole, bole_state, pool0, act) -> None:
     """ReplaySSM on the chain inputs: the ring's agreement (`ring_agreement`), the fold's
     over one step against Bole's (o_bole, bole_state, both from pool0); then each timed
@@ -420,6 +476,21 @@ def _bench_replayssm(torch, sg, kernels, sets, case: KernelCase, o_bole, bole_st
     case.fold_diff_state = rel_diff(s0.pool[s0.slots.long()], bole_state)
     s0.pool.copy_(pool0)
     case.fold_us = time_graph(torch, [fold_step(s, sg, w, n) for s, w, n in zip(sets, windows, lens)])
+
+
+def _bench_deferred(torch, kernels, sets, case: KernelCase, config) -> None:
+    """Bole's deferred write on the chain inputs: its agreement with the served step over
+    consecutive steps (`deferred_agreement`, every request folding), then its verify, commit
+    and both timed in steady state like the ring's, each input set on its own pool."""
+    width = case.deferred_width = deferred_width(case.nodes)
+    pool0 = sets[0].pool.clone()
+    case.deferred_diff_o, case.deferred_diff_state = deferred_agreement(torch, kernels, sets, pool0, width, config)
+    chains = [PendingChains(torch, s, width, config) for s in sets]
+    verify = [lambda c=c: c.verify(torch, kernels) for c in chains]
+    commit = [lambda c=c, s=s: c.commit(kernels, s.accepted) for c, s in zip(chains, sets)]
+    case.deferred_verify_us = time_graph(torch, verify)
+    case.deferred_commit_us = time_graph(torch, commit)
+    case.deferred_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
 
 
 def _bench_commit_all_layers(torch, kernels, spec: ModelSpec, batch: int, sg, bw) -> CommitCase:

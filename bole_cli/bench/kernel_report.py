@@ -4,9 +4,10 @@ One GDN layer's tree verify + commit, SGLang 0.5.23 against Bole, per (tree, bat
 with the memory-traffic floor (docs/design.md §3). Terminals narrower than WIDE_COLUMNS get
 two tables (times; floor, bytes and agreement) instead of one. Chains add a table against
 SGLang's ReplaySSM as a GDN model runs it (the circular ring: verify + commit in steady
-state), with the fold protocol (KDA's) as a second baseline, and the "tree vs chain at
-equal verify time" view: per batch, the largest measured Bole tree that costs no more than
-ReplaySSM's chain of EQUAL_TIME_CHAIN tokens.
+state), with the fold protocol (KDA's) as a second baseline, one of Bole's deferred write
+against the ring (bench/deferred_write.py), and the "tree vs chain at equal verify time"
+view: per batch, the largest measured Bole tree that costs no more than ReplaySSM's chain
+of EQUAL_TIME_CHAIN tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ WIDE_COLUMNS = 140  # the one-table layout needs about this many terminal column
 # The headline: random trees at the batches and sizes SGLang serves most.
 GEOMEAN_KEY = "geomean_speedup_b1_4_16_n16_32_64"
 REPLAYSSM_COLUMNS = ("RSSM", "verify", "commit", "fold", "Bole", "Bole/RSSM", "o diff", "S diff")
+DEFERRED_COLUMNS = ("width", "RSSM", "deferred", "verify", "commit", "def/RSSM", "o diff", "S diff")
 EQUAL_TIME_CHAIN = 8  # SGLang's usual draft window
 
 
@@ -54,12 +56,16 @@ def kernel_document(result: KernelBenchResult, *, dtype: str, state_dtype: str, 
     ratios = [c.bole_over_replayssm for c in result.cases if c.bole_over_replayssm]
     folds = [c.bole_us / c.fold_us for c in result.cases if c.fold_us and c.bole_us]
     served = [c.bole_us / c.factors_us for c in result.cases if c.factors_us and c.bole_us]
+    deferred = [c.deferred_over_replayssm for c in result.cases if c.deferred_over_replayssm]
     data["summary"] = {GEOMEAN_KEY: geomean(core), "command": command, "seconds": seconds,
                        "dtype": dtype, "state_dtype": state_dtype, "precision": precision,
                        "bole_over_replayssm_max": max(ratios) if ratios else None,
                        "bole_over_replayssm_geomean": geomean(ratios),
                        "replayssm_protocol": "circular ring (GDN)" if ratios else None,
                        "bole_over_kda_fold_geomean": geomean(folds),
+                       # Bole's deferred write (bench/deferred_write.py) over the ring
+                       "deferred_over_replayssm_max": max(deferred) if deferred else None,
+                       "deferred_over_replayssm_geomean": geomean(deferred),
                        # the served path (replay commit) over the factorised path served before
                        "served_over_factors_max": max(served) if served else None,
                        "served_over_factors_geomean": geomean(served),
@@ -102,6 +108,12 @@ def tables(result, width: int = WIDE_COLUMNS) -> list:
             cells = kernel_cells(c)
             t.add_row(c.tree, str(c.batch), str(c.nodes), *(cells[k] for k in cols))
         out.append(t)
+    def us(x):
+        return f"{x:.1f}" if x else "-"
+
+    def ratio(x):
+        return f"{x:.2f}" if x else "-"
+
     chains = [c for c in result.cases if c.replayssm_us]
     if chains:
         t = Table(title="chains: ReplaySSM ring (GDN's protocol) vs Bole, verify + commit, us",
@@ -110,14 +122,23 @@ def tables(result, width: int = WIDE_COLUMNS) -> list:
                           "(verify + fold); o / S diff: the ring vs Bole's o and committed state")
         for col in ("B", "nodes") + REPLAYSSM_COLUMNS:
             t.add_column(col, justify="right", no_wrap=True)
-
-        def us(x):
-            return f"{x:.1f}" if x else "-"
-
         for c in chains:
             t.add_row(str(c.batch), str(c.nodes), us(c.replayssm_us), us(c.replayssm_verify_us),
-                      us(c.replayssm_commit_us), us(c.fold_us), us(c.bole_us), f"{c.bole_over_replayssm:.2f}",
+                      us(c.replayssm_commit_us), us(c.fold_us), us(c.bole_us), ratio(c.bole_over_replayssm),
                       f"{c.replayssm_diff_o:.0e}", f"{c.replayssm_diff_state:.0e}")
+        out.append(t)
+    deferred = [c for c in result.cases if c.deferred_us]
+    if deferred:
+        t = Table(title="chains: Bole's deferred write vs the ReplaySSM ring, verify + commit, us",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  caption="width = rows a request's segment holds (the ring's length); both in steady "
+                          "state; o / S diff: against Bole's served step")
+        for col in ("B", "nodes") + DEFERRED_COLUMNS:
+            t.add_column(col, justify="right", no_wrap=True)
+        for c in deferred:
+            t.add_row(str(c.batch), str(c.nodes), str(c.deferred_width or "-"), us(c.replayssm_us), us(c.deferred_us),
+                      us(c.deferred_verify_us), us(c.deferred_commit_us), ratio(c.deferred_over_replayssm),
+                      f"{c.deferred_diff_o:.0e}", f"{c.deferred_diff_state:.0e}")
         out.append(t)
     return out
 
@@ -135,6 +156,11 @@ def notes(result: KernelBenchResult, data: dict) -> list[str]:
         verdict = "Bole no slower at every chain cell" if worst <= 1.0 else "Bole SLOWER at some chain cells"
         out.append(f"chains, Bole / ReplaySSM ring time: worst {worst:.2f}, geometric mean "
                    f"{summary['bole_over_replayssm_geomean']:.2f} ({verdict})")
+        if summary.get("deferred_over_replayssm_max"):
+            worst = summary["deferred_over_replayssm_max"]
+            verdict = "no slower at every cell" if worst <= 1.0 else "SLOWER at some cells"
+            out.append(f"chains, Bole's deferred write / ReplaySSM ring time: worst {worst:.2f}, geometric "
+                       f"mean {summary['deferred_over_replayssm_geomean']:.2f} ({verdict})")
         by_len: dict[int, set] = {}
         for c in result.cases:
             if c.replayssm_cache_len:

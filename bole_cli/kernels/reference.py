@@ -12,6 +12,7 @@ follow the kernels' tensor contract exactly and favour clarity over speed:
 - `gdn_decode_ref`: one decode token per request, conv to gated norm (the fused decode kernel).
 - `conv_window_commit_ref` / `seed_slots_ref`: the SGLang plug-in's conv-window commit over
   all layers and its track-slot seeding (copies: exact in any dtype).
+- `pending_place_ref` / `pending_advance_ref`: the deferred write's segment bookkeeping.
 
 Layouts (SGLang's): q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; state [S, HV, V, K]
 (the transposed state, K contiguous); parents [N] local to each request, -1 = child of the
@@ -302,6 +303,36 @@ def seed_slots_ref(state, src, dst, steps):
         if min(int(steps[b]), int(dst[b]), int(src[b])) >= 0:
             new[:, int(dst[b])] = state[:, int(src[b])]
     return new
+
+
+def pending_place_ref(segment, draft, pending):
+    """`pending_place`: (new segment tensors, rows). Draft row j of request b goes to its
+    segment row b * width + p + j, p the pending count clamped to 0..width - C (copies: exact)."""
+    bsz = pending.shape[0]
+    width, nodes = segment[0].shape[0] // bsz, draft[0].shape[0] // bsz
+    new = [t.clone() for t in segment]
+    rows = torch.empty(bsz * nodes, dtype=torch.int64)
+    for b in range(bsz):
+        p = min(max(int(pending[b]), 0), width - nodes)
+        for j in range(nodes):
+            rows[b * nodes + j] = b * width + p + j
+            for dst, src in zip(new, draft):
+                dst[b * width + p + j] = src[b * nodes + j]
+    return new, rows
+
+
+def pending_advance_ref(pending, accepted, draft_nodes: int, width: int):
+    """`pending_advance`: (fold, next pending) as lists. The accepted rows join the pending
+    ones (an accepted node outside -1..C - 1 adds none); when the next draft would not fit,
+    fold = the last held row and the count restarts at 0, else fold = -1."""
+    fold, nxt = [], []
+    for p, a in zip(pending.tolist(), accepted.tolist()):
+        p = min(max(p, 0), width - draft_nodes)
+        held = p + (a + 1 if -1 <= a < draft_nodes else 0)
+        due = held + draft_nodes > width
+        fold.append(held - 1 if due else -1)
+        nxt.append(0 if due else held)
+    return fold, nxt
 
 
 def gdn_gates_ref(A_log, a, dt_bias, b, *, softplus_threshold: float = 20.0):

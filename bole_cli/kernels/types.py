@@ -16,6 +16,17 @@ class VerifyResult(NamedTuple):
     log_p: torch.Tensor
 
 
+class DraftRows(NamedTuple):
+    """A GDN layer's per-node inputs as the gated verify takes them: q, k [N, H, K], v [N, HV,
+    V], a, b [N, HV] (the deferred write's segments and drafts, kernels/pending_chain.py)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+
+
 class VerifyArgs(NamedTuple):
     """The leading arguments of the verify kernels (one-tile, blocked, levels), in their
     order: `kernel[grid](*args, ...)` passes them all, and each launcher reads what its other
