@@ -12,7 +12,7 @@
 #
 #   bash experiments/owed_h200.sh tests    # python -m pytest -m gpu (the suite's 5-minute budget)
 #   bash experiments/owed_h200.sh gemm     # the skinny GEMM against cuBLAS, 9B, 27B and 4B
-#   bash experiments/owed_h200.sh steps    # runtime_step_bench: launches, decode, verify; attention_in, skinny
+#   bash experiments/owed_h200.sh steps    # runtime_step_bench: launches, decode, verify; skinny out/o/down at one row
 #   bash experiments/owed_h200.sh knee     # GEMM knee, GDN decode by value split, cache attention: 9B, 27B
 #   bash experiments/owed_h200.sh kernels  # c12's grid, chains against the ring, the big chains' factors
 #   bash experiments/owed_h200.sh split    # the split verify + Eq. 10 against served and tables; its contract
@@ -41,7 +41,7 @@ case "$job" in
       --out "$dir/skinny-h200.json" ;;
   steps)
     run timeout 540 $PY experiments/runtime_step_bench.py --models 4b,9b,27b --batch 1,16 \
-      --variants attn-pieces,production,skinny --out "$dir/steps-h200.json" ;;
+      --variants cublas,production,skinny-down1 --out "$dir/steps-h200.json" ;;
   knee)
     for m in 9b 27b; do
       run timeout 260 $PY experiments/component_bench.py --model "$m" \

@@ -40,7 +40,7 @@ def test_place_matches_its_reference_and_stays_in_each_segment(bsz, nodes, room,
     pending = torch.randint(-3, room + 4, (bsz,), generator=gen, dtype=torch.int32)
     want, want_rows = ref.pending_place_ref(segment, draft, pending)
     rows = torch.full((bsz * nodes,), -7, dtype=torch.int64)
-    pending_place(segment, draft, pending, rows, check=False)
+    pending_place(segment, draft, pending, rows, check_trees=False)
     assert torch.equal(rows, want_rows)
     for got, exp in zip(segment, want):
         assert torch.equal(got, exp)
@@ -58,8 +58,27 @@ def test_advance_matches_its_reference(bsz, nodes, room, seed):
     accepted = torch.randint(-3, nodes + 2, (bsz,), generator=gen, dtype=torch.int64)
     want_fold, want_next = ref.pending_advance_ref(pending, accepted, nodes, width)
     fold = torch.full((bsz,), 99, dtype=torch.int32)
-    pending_advance(pending, accepted, fold, draft_nodes=nodes, width=width, check=False)
+    pending_advance(pending, accepted, fold, draft_nodes=nodes, width=width, check_trees=False)
     assert fold.tolist() == want_fold and pending.tolist() == want_next
+
+
+def test_advance_clamps_wide_values_before_narrowing_them():
+    """int64 counts and accepted nodes past int32 (unchecked): clamped as the reference does,
+    not wrapped into range (2**32 + 1 read as 1)."""
+    big = 2 ** 32
+    pending = torch.tensor([big + 1, -big, 1, 1], dtype=torch.int64)
+    accepted = torch.tensor([0, 0, big, -big + 1], dtype=torch.int64)
+    want_fold, want_next = ref.pending_advance_ref(pending, accepted, 2, 8)
+    fold = torch.empty(4, dtype=torch.int64)
+    pending_advance(pending, accepted, fold, draft_nodes=2, width=8, check_trees=False)
+    assert fold.tolist() == want_fold == [6, -1, -1, -1] and pending.tolist() == want_next == [0, 1, 1, 1]
+
+
+def test_the_segment_is_the_ring_length_where_it_holds_a_pending_row_in_one_tile():
+    from bole_cli.bench.deferred_write import deferred_width
+
+    assert [deferred_width(n) for n in (1, 2, 8, 15, 16, 17, 32, 33, 64)] == [16, 16, 16, 16, None, 32, None, 64,
+                                                                               None]
 
 
 def test_advance_folds_exactly_when_the_next_draft_would_not_fit():
@@ -75,12 +94,18 @@ def test_bad_counts_and_shapes_are_refused_by_name():
     gen = torch.Generator().manual_seed(0)
     segment, draft = rows_of(gen, 2 * 6, 1, 2, 4, 4), rows_of(gen, 2 * 2, 1, 2, 4, 4)
     rows = torch.empty(4, dtype=torch.int64)
-    with pytest.raises(InputError, match="pending: request 1 holds 5 rows, outside 0..4"):
+    with pytest.raises(InputError, match="pending: request 1 has 5, outside 0..4"):
         pending_place(segment, draft, torch.tensor([0, 5], dtype=torch.int32), rows)
     with pytest.raises(InputError, match="^rows:"):
         pending_place(segment, draft, torch.zeros(2, dtype=torch.int32), torch.empty(4, dtype=torch.int32))
-    with pytest.raises(InputError, match="^draft.v:"):
+    with pytest.raises(InputError, match="^draft.a: expected"):  # v's heads are not a's
         pending_place(segment, draft._replace(v=draft.v[:, :1]), torch.zeros(2, dtype=torch.int32), rows)
+    with pytest.raises(InputError, match="^draft: q .* do not match the segment's rows"):
+        pending_place(segment, draft._replace(v=draft.v[:, :, :2].contiguous()), torch.zeros(2, dtype=torch.int32),
+                      rows)
+    with pytest.raises(InputError, match="^segment.k: expected"):
+        pending_place(segment._replace(k=segment.k[:, :, :2].contiguous()), draft, torch.zeros(2, dtype=torch.int32),
+                      rows)
     with pytest.raises(InputError, match="does not fit a segment of 1"):
         pending_place(rows_of(gen, 2, 1, 2, 4, 4), draft, torch.zeros(2, dtype=torch.int32), rows)
     with pytest.raises(InputError, match="^segment.q: each row must be contiguous"):
@@ -122,6 +147,7 @@ def test_the_protocol_matches_a_float64_recurrence_step_by_step(group, decay):
     s0.accepted[0] = -1  # a request that accepts nothing on some steps
     for s in sets[1:]:
         s.accepted.fill_(1)  # and both nodes on the others: every request folds within the steps
+    sets[2].accepted[1] = 2  # and a node outside the draft (unchecked, as in a graph): commits nothing
     chains = PendingChains(torch, s0, width)
     exact = s0.pool.double()
     sel = s0.slots.long()
@@ -135,8 +161,9 @@ def test_the_protocol_matches_a_float64_recurrence_step_by_step(group, decay):
                                    x.cu)
         assert (chains.o.double() - want.o).norm() / want.o.norm() < 1e-5
         chains.commit(kernels, x.accepted)
+        taken = torch.where(x.accepted < x.nodes, x.accepted, -1)
         exact = ref.tree_commit_replay_ref(exact, s0.slots, x.k.double(), x.v.double(), g, beta, x.parents, x.cu,
-                                           x.accepted)
+                                           taken)
         settled = chains.settled(kernels).double()
         assert ((settled[sel] - exact[sel]).norm() / exact[sel].norm()) < 1e-5
         folded = chains.fold >= 0
@@ -144,6 +171,19 @@ def test_the_protocol_matches_a_float64_recurrence_step_by_step(group, decay):
         untouched = sel[~folded]
         assert torch.equal(s0.pool[untouched], before[untouched])  # deferred: not written
     assert folds >= 2
+
+
+def test_the_protocol_refuses_what_it_cannot_verify():
+    from bole_cli.bench.deferred_write import PendingChains
+
+    (s,) = chain_sets(2, 2, 1, 1, seed=1)
+    with pytest.raises(InputError, match="^width: 2 must exceed"):
+        PendingChains(torch, s, 2)
+    with pytest.raises(InputError, match="^width: 128 must exceed"):
+        PendingChains(torch, s, 128)
+    s.parents[1] = -1  # two roots: not a chain
+    with pytest.raises(InputError, match="^parents: the deferred write takes chains only"):
+        PendingChains(torch, s, 8)
 
 
 def test_a_miscounted_advance_is_caught_by_the_agreement(monkeypatch):
@@ -173,6 +213,20 @@ def test_a_miscounted_advance_is_caught_by_the_agreement(monkeypatch):
     assert diff_state > 10 * AGREEMENT["state float32"] and diff_o > AGREEMENT["o"], (diff_o, diff_state)
 
 
+def test_steady_timing_replays_consecutive_steps_of_every_set_interleaved(monkeypatch):
+    """The ring and the deferred write are timed over STEADY_STEPS consecutive steps a
+    replay (their flushes and folds inside it), the input sets interleaved step by step."""
+    from bole_cli.bench import kernel_bench
+
+    seen = {}
+    monkeypatch.setattr(kernel_bench, "time_graph",
+                        lambda torch_, fns, calls=None: seen.update(fns=fns, calls=calls) or 32.0)
+    v0, c0, v1, c1 = object(), object(), object(), object()
+    assert kernel_bench.time_steady(torch, [[v0, c0], [v1, c1]]) == 32.0
+    assert seen == {"fns": [v0, c0, v1, c1] * kernel_bench.STEADY_STEPS, "calls": 2 * kernel_bench.STEADY_STEPS}
+    assert kernel_bench.STEADY_STEPS >= 16 - 2  # a chain of 2 accepting one row a step folds within it
+
+
 @pytest.mark.gpu
 def test_the_protocol_on_a_gpu_at_the_9b_shape_agrees_and_captures():
     """The bench's cell on the GPU (9B GDN shape, bf16 activations, tf32 verify): the
@@ -183,7 +237,8 @@ def test_the_protocol_on_a_gpu_at_the_9b_shape_agrees_and_captures():
     from bole_cli.bench.deferred_write import PendingChains, deferred_width
     from bole_cli.bench.kernel_bench import deferred_agreement
     from bole_cli.catalog.models import resolve_model
-    from bole_cli.timing import LayerInputs, time_graph
+    from bole_cli.bench.kernel_bench import time_steady
+    from bole_cli.timing import LayerInputs
 
     spec = resolve_model("9b")
     width = deferred_width(2)
@@ -197,4 +252,5 @@ def test_the_protocol_on_a_gpu_at_the_9b_shape_agrees_and_captures():
     assert diff_o < 1e-2 and diff_state < 1e-6, (diff_o, diff_state)
     chains = PendingChains(torch, sets[1], width)
     step = [lambda: chains.verify(torch, kernels), lambda: chains.commit(kernels, sets[1].accepted)]
-    assert time_graph(torch, step, rep_ms=20) > 0
+    assert time_steady(torch, [step]) > 0
+    assert bool(torch.isfinite(chains.settled(kernels)).all())  # many replays of steps, folds among them

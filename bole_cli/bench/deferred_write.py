@@ -39,10 +39,17 @@ class PendingChains:
     gate parameters never change between steps: the pending rows' gates are recomputed)."""
 
     def __init__(self, torch, s, width: int, config: Optional[dict] = None):
+        from bole_cli.errors import InputError
         from bole_cli.kernels.types import DraftRows, VerifyResult
 
         batch, nodes = s.batch, s.nodes
         dev = s.q.device
+        if not nodes < width <= MAX_TILE_NODES:
+            raise InputError(f"width: {width} must exceed the draft's {nodes} nodes and be at most {MAX_TILE_NODES}")
+        chain = torch.arange(-1, nodes - 1, dtype=s.parents.dtype, device=dev).repeat(batch)
+        if not torch.equal(s.parents, chain):
+            raise InputError("parents: the deferred write takes chains only (a tree's accepted path would "
+                             "have to be compacted inside the segment first)")
         self.s, self.width, self.config, self.nodes = s, width, config, nodes
         self.draft = DraftRows(s.q, s.k, s.v, s.a, s.b)
         self.segment = DraftRows(*(torch.zeros((batch * width,) + t.shape[1:], dtype=t.dtype, device=dev)
@@ -53,8 +60,9 @@ class PendingChains:
         self.rows = torch.empty(batch * nodes, dtype=torch.int64, device=dev)
         self.fold = torch.full((batch,), -1, dtype=torch.int32, device=dev)
         n, hv, vd = batch * width, s.v.shape[1], s.v.shape[2]
-        self.out = VerifyResult(torch.empty_like(self.segment.v), torch.empty(n, hv, vd, device=dev),
-                                torch.empty(n, hv, device=dev))
+        self.out = VerifyResult(torch.empty_like(self.segment.v), torch.empty(n, hv, vd, dtype=torch.float32,
+                                                                               device=dev),
+                                torch.empty(n, hv, dtype=torch.float32, device=dev))
         self.o = torch.empty_like(s.v)  # the drafts' outputs, packed as the draft
 
     def verify(self, torch, kernels, draft=None) -> None:
@@ -63,7 +71,7 @@ class PendingChains:
         from bole_cli.kernels.pending_chain import pending_place
 
         s = self.s
-        pending_place(self.segment, draft or self.draft, self.pending, self.rows, check=False)
+        pending_place(self.segment, draft or self.draft, self.pending, self.rows, check_trees=False)
         kernels.tree_verify_gated(*self.segment, s.A_log, s.dt_bias, s.pool, s.slots, self.parents, self.cu,
                                   check_trees=False, max_nodes=self.width, max_depth=self.width - 1, out=self.out,
                                   config=self.config)
@@ -73,7 +81,8 @@ class PendingChains:
         """Advance the counts by the accepted draft nodes and fold the requests that are due."""
         from bole_cli.kernels.pending_chain import pending_advance
 
-        pending_advance(self.pending, accepted, self.fold, draft_nodes=self.nodes, width=self.width, check=False)
+        pending_advance(self.pending, accepted, self.fold, draft_nodes=self.nodes, width=self.width,
+                        check_trees=False)
         self._fold(kernels, self.s.pool, self.fold)
 
     def settled(self, kernels):

@@ -174,7 +174,7 @@ def notes(result: KernelBenchResult, data: dict) -> list[str]:
         out.append(f"batch {row['batch']}: ReplaySSM chain of {row['replayssm_chain_nodes']} "
                    f"{row['replayssm_us']:.1f} us; {tree}")
     for line in (result.notes if hasattr(result, "notes") else data.get("notes", [])):
-        if line.startswith("ReplaySSM did not run"):
+        if line.startswith(("ReplaySSM did not run", "the deferred write did not run")):
             out.append(line)
     for line in result.disagreements if hasattr(result, "disagreements") else data.get("disagreements", []):
         out.append(f"DISAGREEMENT {line}")

@@ -6,7 +6,9 @@ Each request owns a fixed segment of `width` rows of the GDN inputs (q, k, v, a,
 forest whose parents are one static chain per segment. Its first `pending` rows are the
 accepted path since its state was last written (read from the unwritten state, the closed
 form treats them as the draft's ancestors, exactly); the draft goes right after them, and
-the rows past the draft are stale descendants whose outputs nobody reads. So the verify
+the rows past the draft are stale descendants whose outputs nobody reads (they must be
+finite: the verify's products mix every row of a request, so a NaN left there by an earlier
+draft would reach the draft's outputs until a later draft overwrites it). So the verify
 runs unchanged on a static forest, a chain's accepted rows are already in place (nothing
 is copied to keep them), and the replay commit, launched on the same forest, folds the
 whole pending chain plus the accepted drafts into the state when the next draft would not
@@ -66,9 +68,9 @@ def _pending_advance_kernel(pending, accepted, fold, n_req, C: tl.constexpr, W: 
                             BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n_req
-    p = tl.load(pending + offs, mask=m, other=0).to(tl.int32)
+    p = tl.load(pending + offs, mask=m, other=0).to(tl.int64)  # clamped before any narrowing
     p = tl.minimum(tl.maximum(p, 0), W - C)
-    a = tl.load(accepted + offs, mask=m, other=-1).to(tl.int32)
+    a = tl.load(accepted + offs, mask=m, other=-1).to(tl.int64)
     a = tl.where((a >= -1) & (a < C), a, -1)  # an accepted node outside the draft commits nothing
     held = p + a + 1  # pending rows after this step's accepted ones
     due = held + C > W  # the next draft would not fit: fold them all into the state now
@@ -76,9 +78,9 @@ def _pending_advance_kernel(pending, accepted, fold, n_req, C: tl.constexpr, W: 
     tl.store(pending + offs, tl.where(due, 0, held).to(pending.dtype.element_ty), mask=m)
 
 
-def _rows_2d(name: str, t: torch.Tensor, dims: int, dtype, device) -> torch.Tensor:
+def _rows_2d(name: str, t: torch.Tensor, dims: int, device) -> torch.Tensor:
     """t [N, ...] as [N, width] rows without a copy (the trailing dimensions contiguous)."""
-    check_tensor(name, t, dims, ACTIVATION_DTYPES if dtype is None else (dtype,), device)
+    check_tensor(name, t, dims, ACTIVATION_DTYPES, device)
     width = math.prod(t.shape[1:])
     if t.shape[0] == 0:
         return t.reshape(0, width)
@@ -87,49 +89,61 @@ def _rows_2d(name: str, t: torch.Tensor, dims: int, dtype, device) -> torch.Tens
     return t.view(t.shape[0], width)
 
 
+def _check_rows(name: str, rows: DraftRows, device) -> list[torch.Tensor]:
+    """q, k [N, H, K], v [N, HV, V], a, b [N, HV] of one row count and dtype, as [N, width] views."""
+    flat = [_rows_2d(f"{name}.{f}", t, d, device) for f, t, d in zip(DraftRows._fields, rows, (3, 3, 3, 2, 2))]
+    q, k, v, a, b = rows
+    for f, t, want in (("k", k, q.shape), ("v", v, (q.shape[0],) + tuple(v.shape[1:])),
+                       ("a", a, (q.shape[0], v.shape[1])), ("b", b, (q.shape[0], v.shape[1]))):
+        if tuple(t.shape) != tuple(want) or t.dtype != q.dtype:
+            raise InputError(f"{name}.{f}: expected {tuple(want)} {q.dtype} like {name}.q and {name}.v, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+    return flat
+
+
+def _check_counts(name: str, values: torch.Tensor, low: int, high: int) -> None:
+    """Host read: every value in low..high, else one InputError naming the first request outside."""
+    host = values.cpu()
+    bad = (host < low) | (host > high)
+    if bool(bad.any()):
+        b = int(torch.nonzero(bad)[0])
+        raise InputError(f"{name}: request {b} has {int(host[b])}, outside {low}..{high}")
+
+
 def pending_place(segment: DraftRows, draft: DraftRows, pending: torch.Tensor, rows: torch.Tensor, *,
-                  check: bool = True) -> None:
+                  check_trees: bool = True) -> None:
     """Copy each request's draft rows into its segment after its pending rows.
 
     segment: DraftRows of [B * width, ...] tensors (q, k [., H, K]; v [., HV, V]; a, b
     [., HV]); draft: the same of [B * C, ...] (C draft rows a request, C <= width), dtypes
     and trailing shapes equal to the segment's. pending [B] (int32/int64): rows already in
     each segment, in 0..width - C. rows [B * C] int64 (written): the forest row of each
-    draft row, to gather the drafts' outputs. With check, a pending count outside 0..width
-    - C is an InputError (a host read); without it (CUDA graphs) it is clamped there, so no
-    write leaves the request's segment."""
+    draft row, to gather the drafts' outputs. With check_trees, a pending count outside
+    0..width - C is an InputError (a host read); without it (CUDA graphs) it is clamped
+    there, so no write leaves the request's segment."""
     dev = pending.device
     check_tensor("pending", pending, 1, (torch.int32, torch.int64), dev)
     bsz = pending.shape[0]
+    pending = check_index_vector("pending", pending, bsz, dev)
+    seg, src = _check_rows("segment", segment, dev), _check_rows("draft", draft, dev)
+    if segment.q.shape[1:] != draft.q.shape[1:] or segment.v.shape[1:] != draft.v.shape[1:] \
+            or segment.q.dtype != draft.q.dtype:
+        raise InputError(f"draft: q {tuple(draft.q.shape)} and v {tuple(draft.v.shape)} ({draft.q.dtype}) do not "
+                         f"match the segment's rows (q {tuple(segment.q.shape)}, v {tuple(segment.v.shape)}, "
+                         f"{segment.q.dtype})")
     if bsz == 0:
         return
-    seg = [_rows_2d(f"segment.{f}", t, d, None, dev) for f, t, d in zip(DraftRows._fields, segment, (3, 3, 3, 2, 2))]
-    src = [_rows_2d(f"draft.{f}", t, d, None, dev) for f, t, d in zip(DraftRows._fields, draft, (3, 3, 3, 2, 2))]
-    for f, s, t, so, to in zip(DraftRows._fields, seg, src, segment, draft):
-        if so.shape[1:] != to.shape[1:] or so.dtype != to.dtype:
-            raise InputError(f"draft.{f}: shape {tuple(to.shape)} {to.dtype} does not match the segment's "
-                             f"{tuple(so.shape)} {so.dtype}")
-        if s.shape[0] % bsz or t.shape[0] % bsz:
-            raise InputError(f"draft.{f}: {t.shape[0]} draft rows and {s.shape[0]} segment rows are not "
-                             f"multiples of the {bsz} requests")
-    if len({t.shape[0] for t in src}) > 1 or len({s.shape[0] for s in seg}) > 1:
-        raise InputError("draft: q, k, v, a and b must have the same number of rows (and so must the segment)")
-    if seg[0].shape[1] != src[0].shape[1] or seg[1].shape[1] != seg[0].shape[1] or seg[3].shape[1] != seg[4].shape[1]:
-        raise InputError("draft: q and k must have the same heads and key dim, a and b the same heads")
+    for name, n in (("segment", seg[0].shape[0]), ("draft", src[0].shape[0])):
+        if n % bsz:
+            raise InputError(f"{name}: {n} rows are not a multiple of the {bsz} requests")
     width, nodes = seg[0].shape[0] // bsz, src[0].shape[0] // bsz
     if not 1 <= nodes <= width:
         raise InputError(f"draft: {nodes} rows a request does not fit a segment of {width}")
     check_tensor("rows", rows, 1, (torch.int64,), dev)
     if rows.shape[0] != bsz * nodes or not rows.is_contiguous():
         raise InputError(f"rows: expected a contiguous int64 vector of {bsz * nodes}, got shape {tuple(rows.shape)}")
-    pending = check_index_vector("pending", pending, bsz, dev)
-    if check:
-        host = pending.cpu()
-        bad = (host < 0) | (host > width - nodes)
-        if bool(bad.any()):
-            b = int(torch.nonzero(bad)[0])
-            raise InputError(f"pending: request {b} holds {int(host[b])} rows, outside 0..{width - nodes} "
-                             f"(a segment of {width} with {nodes} draft rows)")
+    if check_trees:
+        _check_counts("pending", pending, 0, width - nodes)
     wqk, wv, wg = seg[0].shape[1], seg[2].shape[1], seg[3].shape[1]
     _pending_place_kernel[(bsz * nodes,)](
         *src, *seg, pending, rows, *(t.stride(0) for t in src), *(s.stride(0) for s in seg),
@@ -138,15 +152,15 @@ def pending_place(segment: DraftRows, draft: DraftRows, pending: torch.Tensor, r
 
 
 def pending_advance(pending: torch.Tensor, accepted: torch.Tensor, fold: torch.Tensor, *, draft_nodes: int,
-                    width: int, check: bool = True) -> None:
+                    width: int, check_trees: bool = True) -> None:
     """After sampling: fold[b] = the forest-local node the replay commit folds into request
     b's state (its pending rows and accepted drafts, when the next draft of `draft_nodes`
     would not fit its segment of `width`), else -1; pending[b] (in place) = the rows its
     segment holds for the next step (0 after a fold).
 
-    accepted [B]: the accepted draft node, -1 for none. With check, one outside -1..C - 1 or
-    a pending count outside 0..width - C is an InputError; without it (CUDA graphs) such
-    an accepted node commits nothing and the count is clamped."""
+    accepted [B]: the accepted draft node, -1 for none. With check_trees, one outside -1..C -
+    1 or a pending count outside 0..width - C is an InputError; without it (CUDA graphs)
+    such an accepted node commits nothing and the count is clamped."""
     dev = pending.device
     check_tensor("pending", pending, 1, (torch.int32, torch.int64), dev)
     if not pending.is_contiguous():
@@ -163,13 +177,8 @@ def pending_advance(pending: torch.Tensor, accepted: torch.Tensor, fold: torch.T
         raise InputError(f"draft_nodes: {draft_nodes} does not fit a segment of width {width}")
     if bsz == 0:
         return
-    if check:
-        p, a = pending.cpu(), accepted.cpu()
-        for name, bad, what in (("pending", (p < 0) | (p > width - draft_nodes), f"0..{width - draft_nodes}"),
-                                ("accepted", (a < -1) | (a >= draft_nodes), f"-1..{draft_nodes - 1}")):
-            if bool(bad.any()):
-                b = int(torch.nonzero(bad)[0])
-                value = int((p if name == "pending" else a)[b])
-                raise InputError(f"{name}: request {b} has {value}, outside {what}")
+    if check_trees:
+        _check_counts("pending", pending, 0, width - draft_nodes)
+        _check_counts("accepted", accepted, -1, draft_nodes - 1)
     _pending_advance_kernel[(triton.cdiv(bsz, ADVANCE_BLOCK),)](
         pending, accepted, fold, bsz, C=draft_nodes, W=width, BLOCK=ADVANCE_BLOCK, num_warps=4)
