@@ -19,6 +19,9 @@
 - skinny-normed: cublas, and in_proj and the LM head of steps of at most 64 rows through
             kernels.skinny_mm with the add + RMSNorm fused (R-14);
 - skinny-io: skinny-normed, and out_proj and o_proj (the attention gate fused) too.
+- skinny-down1: production, and out_proj, o_proj and the MLP's down projection of one-row
+            steps too (the rule's 32 weight rows a program: R-12's grid put those shapes at
+            16.7 / 16.7 / 33.3 us against cuBLAS's 17.5 / 17.5 / 35.0 at 9B).
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
 graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
@@ -41,23 +44,25 @@ import sys
 import time
 
 # name: (GDN decode, compiled pieces, cache_attention kernel, the skinny GEMM's projections
-# (HybridModel.set_skinny: None for the runtime's default), attention_in kernel)
+# (HybridModel.set_skinny: None for the runtime's default), attention_in kernel[, the skinny
+# GEMM's most rows: set_skinny's default when absent])
 VARIANTS = {"before": ("tree", False, False, False, False), "fused": ("fused", False, False, False, False),
             "compiled": ("fused", True, False, False, False), "attn-pieces": ("fused", True, True, False, False),
             "cublas": ("fused", True, True, False, True), "production": ("fused", True, True, None, True),
             "skinny": ("fused", True, True, True, True),
             "skinny-normed": ("fused", True, True, "in_proj,lm_head", True),
-            "skinny-io": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj", True)}
+            "skinny-io": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj", True),
+            "skinny-down1": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj,down", True, 1)}
 
 
 def set_variant(timer, name: str) -> None:
     from bole_cli.runtime.fusion import Fusion
 
-    decode, compiled, cache_kernel, skinny, attention_in = VARIANTS[name]
+    decode, compiled, cache_kernel, skinny, attention_in, *rows = VARIANTS[name]
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
-    timer.model.set_skinny(skinny)
+    timer.model.set_skinny(skinny, *rows)
     timer.model.attention_in_kernel = attention_in
     timer.reset_graphs()  # graphs of the previous variant, and a fresh pool for the next
 

@@ -140,12 +140,13 @@ def test_the_launch_count_run_counts_every_step(tmp_path):
 
 def test_the_runtime_step_bench_smoke_run_writes_its_record(tmp_path):
     """experiments/runtime_step_bench.py at a tiny model on CPU, a variant that names the
-    skinny GEMM's projections (in_proj and the LM head, the add + RMSNorm fused), batch 1:
-    its decode and verify rows."""
-    doc = smoke_record(tmp_path, "runtime_step_bench.py", "--smoke", "--variants", "skinny-normed", "--batch", "1",
+    skinny GEMM's projections and its most rows (in_proj, out_proj, o_proj, down and the LM
+    head of one-row steps), batch 1: its decode and verify rows."""
+    doc = smoke_record(tmp_path, "runtime_step_bench.py", "--smoke", "--variants", "skinny-down1", "--batch", "1",
                        "--repeats", "1", timeout=600)
-    assert [(r["variant"], r["batch"]) for r in doc["decode"]] == [("skinny-normed", 1)]
-    assert [r["variant"] for r in doc["verify"]] == ["skinny-normed"]
+    assert [(r["variant"], r["batch"]) for r in doc["decode"]] == [("skinny-down1", 1)]
+    assert [r["variant"] for r in doc["verify"]] == ["skinny-down1"]
+    assert doc["variants"]["skinny-down1"][-1] == 1
     assert all(r["replay_ms"] > 0 and r["serving_ms"] > 0 for r in doc["decode"] + doc["verify"])
 
 

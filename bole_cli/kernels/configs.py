@@ -36,7 +36,7 @@ DEFAULTS: dict[str, dict] = {
     # (bole tune-kernels, experiments/results/tune-kernels-h200.json); it was BD128 s1
     "tree_conv": {"BN": 16, "BD": 64, "num_warps": 4, "num_stages": 2},
     # BN weight rows a program, BK its K tile, SPLIT_K slices of K (skinny_mm_launch_config)
-    "skinny_mm": {"BN": 16, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    "skinny_mm": {"BN": 32, "BK": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
 }
 
 
@@ -113,14 +113,15 @@ REPLAY_PASSES_LAUNCH = {"BV": 32, "DP": 16, "num_warps": 4, "num_stages": 1}
 
 
 def skinny_mm_launch_config(shape: dict) -> dict:
-    """kernels.skinny_mm, by its output columns N, depth K and the GPU's SMs (SMS): 32 weight rows a
-    program where that still gives two programs an SM, else 16; K split in two, four, ...
-    until the programs fill two waves, keeping at least 1024 of K a slice; 128-wide K tiles
-    on 4 warps, 4 stages in flight. Not measured yet (a prediction: a weight stream needs
-    about two resident programs an SM with a few tiles in flight each; the A/B is
-    experiments/skinny_mm_bench.py)."""
+    """kernels.skinny_mm, by its output columns N, depth K and the GPU's SMs (SMS): 32 weight
+    rows a program; K split in two, four, ... until the programs fill two waves, keeping at
+    least 1024 of K a slice; 128-wide K tiles on 4 warps, 4 stages in flight. On the H200
+    at one row (R-12's grid, experiments/results/components/skinny-9b-r12.json) that is
+    within 2% of the best of 24 configs at every 9B shape; 16 rows a program, which the
+    rule took for narrow outputs before, was never the best (out_proj 17.5 against 16.7 us,
+    the MLP's down projection 37.0 against 33.3)."""
     n, k, sms = shape["N"], shape["K"], shape["SMS"]  # (M only sizes the tensor-core tile)
-    bn = 32 if -(-n // 32) >= 2 * sms else 16
+    bn = 32
     split = 1
     while -(-n // bn) * split < 2 * sms and k // (2 * split) >= 1024:
         split *= 2
