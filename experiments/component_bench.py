@@ -18,7 +18,9 @@ costmodel.Efficiency), measured on the GPU and never fitted to a profile's end r
   roofline for a decode's GDN layer by batch (calibrate.components.gdn_decode_cells);
 - a full-attention layer's attention over the KV cache (kernels.cache_attention, as the
   runtime's decode and verify call it) at each batch, cache length and tokens a request:
-  the estimate's attention share by keys read and tokens (components.attention_cells).
+  the estimate's attention share by keys read and tokens (components.attention_cells); and
+  at 2-8 tokens also as the drafter's level calls it (its rows stacked with the query
+  group, no tree mask: components.attention_cells(..., drafter=True)).
 
     python experiments/component_bench.py --model 9b --out experiments/results/components/h200-9b.json
     python experiments/component_bench.py --device cpu --smoke --out /tmp/c.json   # CPU smoke (no timings to quote)
@@ -155,13 +157,14 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
 def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int, rotate_bytes: float = 0.0
                    ) -> list[dict]:
     """Microseconds one full-attention layer's attention over the KV cache takes, as the
-    runtime calls it (kernels.cache_attention): a decode's one row a request (tokens 1) or
-    a verify's `tokens` tree tokens a request (q token-major, the tree's keys after the
-    cache under a chain's mask, the forest's offsets), at each batch and cache length; enough
-    layers' caches rotated that they pass rotate_bytes. The estimate's attention share by
-    keys read and tokens a request (calibrate.components.attention_cells)."""
-    import functools
-
+    runtime calls it (kernels.cache_attention): a decode's one row a request (tokens 1,
+    form "decode") or a verify's `tokens` tree tokens a request (q token-major, the tree's
+    keys after the cache under a chain's mask, the forest's offsets: form "tree"), and at 2-8
+    tokens the drafter's level (bench/drafter.py: the level's rows stacked with the query
+    group, every row reading the cache and the level's keys, no mask: form "drafter"), at
+    each batch and cache length; enough layers' caches rotated that they pass rotate_bytes.
+    The estimate's attention shares by keys read and tokens a request
+    (calibrate.components.attention_cells)."""
     from bole_cli.runtime.attention import cache_attention
 
     hkv, grp, d = spec.attn_kv_heads, spec.attn_heads // spec.attn_kv_heads, spec.attn_head_dim
@@ -169,29 +172,42 @@ def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int
     for b in batches:
         for kv in kvs:
             for n in tokens:
-                length = kv + (n if n > 1 else 0)
-                layer_bytes = 2 * b * hkv * length * d * dtype.itemsize
-                layers = max(rotate, -(-int(rotate_bytes) // layer_bytes))
-                slots = torch.arange(b, device=device, dtype=torch.int64)
-                used = torch.full((b,), kv, device=device, dtype=torch.int64)
-                fns = []
-                for _ in range(layers):
-                    k_cache, v_cache = (torch.randn(b, hkv, length, d, device=device, dtype=dtype) for _ in range(2))
-                    if n == 1:
-                        q = torch.randn(b, hkv, grp, d, device=device, dtype=dtype)
-                        fns.append(functools.partial(cache_attention, q, k_cache, v_cache, slots, used, kv))
-                        continue
-                    q = torch.randn(b, n, hkv, grp, d, device=device, dtype=dtype).transpose(1, 2)
-                    seen = torch.arange(n, device=device)[:, None] >= torch.arange(n, device=device)[None, :]
-                    bias = torch.zeros(n, n, device=device).masked_fill_(~seen, float("-inf"))
-                    bias = bias.repeat_interleave(grp, 0)[None, None].expand(b, 1, n * grp, n).contiguous()
-                    cu = torch.arange(0, b * n + 1, n, device=device, dtype=torch.int32)
-                    fns.append(functools.partial(cache_attention, q, k_cache, v_cache, slots, used, length,
-                                                 tree_bias=bias, tree_cu=cu))
-                fns[0]()  # compile outside the graph
-                out.append({"batch": b, "kv": kv, "tokens": n, "layers": layers,
-                            "us": time_us(torch, fns, device == "cuda", layers)})
+                forms = ["decode"] if n == 1 else ["tree", "drafter"] if n <= DRAFTER_TOKENS else ["tree"]
+                for form in forms:
+                    length = kv + (n if n > 1 else 0)
+                    layer_bytes = 2 * b * hkv * length * d * dtype.itemsize
+                    layers = max(rotate, -(-int(rotate_bytes) // layer_bytes))
+                    slots = torch.arange(b, device=device, dtype=torch.int64)
+                    # the drafter's rows read the level's own keys too: its cache holds them
+                    used = torch.full((b,), length if form == "drafter" else kv, device=device, dtype=torch.int64)
+                    fns = [_attention_call(torch, cache_attention, form, b, n, hkv, grp, d, kv, length, slots, used,
+                                           device, dtype) for _ in range(layers)]
+                    fns[0]()  # compile outside the graph
+                    out.append({"batch": b, "kv": kv, "tokens": n, "form": form, "layers": layers,
+                                "us": time_us(torch, fns, device == "cuda", layers)})
     return out
+
+
+DRAFTER_TOKENS = 8  # the most rows a request a drafter level takes (its top-k beam)
+
+
+def _attention_call(torch, cache_attention, form, b, n, hkv, grp, d, kv, length, slots, used, device, dtype):
+    """One layer's cache_attention call of `form` on a fresh random cache (attention_rows)."""
+    import functools
+
+    k_cache, v_cache = (torch.randn(b, hkv, length, d, device=device, dtype=dtype) for _ in range(2))
+    if form == "decode":
+        q = torch.randn(b, hkv, grp, d, device=device, dtype=dtype)
+        return functools.partial(cache_attention, q, k_cache, v_cache, slots, used, kv)
+    if form == "drafter":  # bench/drafter.py's level: [b, hkv, rows x grp, d], no mask
+        q = torch.randn(b, hkv, n * grp, d, device=device, dtype=dtype)
+        return functools.partial(cache_attention, q, k_cache, v_cache, slots, used, length)
+    q = torch.randn(b, n, hkv, grp, d, device=device, dtype=dtype).transpose(1, 2)
+    seen = torch.arange(n, device=device)[:, None] >= torch.arange(n, device=device)[None, :]
+    bias = torch.zeros(n, n, device=device).masked_fill_(~seen, float("-inf"))
+    bias = bias.repeat_interleave(grp, 0)[None, None].expand(b, 1, n * grp, n).contiguous()
+    cu = torch.arange(0, b * n + 1, n, device=device, dtype=torch.int32)
+    return functools.partial(cache_attention, q, k_cache, v_cache, slots, used, length, tree_bias=bias, tree_cu=cu)
 
 
 def host_step(torch, device, reps: int) -> dict:

@@ -701,6 +701,35 @@ def test_attention_share_derives_from_its_rows_and_prices_the_attention():
     assert drafted["matmul"] == bare_draft["matmul"]
 
 
+def test_the_drafter_attention_takes_its_own_rows_where_measured():
+    """Drafter-form rows (unmasked, bench/drafter.py's call) give the drafter's cells, priced
+    as draft_components prices them; the target's cells ignore them; a record without them
+    leaves the drafter on the target's cells."""
+    import dataclasses
+
+    from bole_cli.calibrate.components import attention_cells
+    from bole_cli.calibrate.costmodel import EFFICIENCY
+
+    spec, gpu = resolve_model("9b"), resolve_gpu("h200")
+    bare = dataclasses.replace(EFFICIENCY["h200"], attention_cells=(), draft_attention_cells=())
+    roof = RooflineForward(spec, gpu, bare)
+    target = [{"batch": b, "kv": kv, "tokens": n, "form": "decode" if n == 1 else "tree",
+               "us": 2e6 * roof.components(b, kv, b * n, verify=n > 1)["attention"] / spec.n_attention_layers}
+              for b in (1, 4) for kv in (1024, 4096) for n in (1, 4)]
+    draft = [{"batch": b, "kv": kv, "tokens": 4, "form": "drafter",
+              "us": 4e6 * roof.draft_components(b, kv, 4)["attention"]} for b in (1, 4) for kv in (1024, 4096)]
+    record = {"model": spec.name, "attention": target + draft}
+    cells, drafted = attention_cells(record), attention_cells(record, drafter=True)
+    assert {c[2] for c in cells} == {0.5} and {c[2] for c in drafted if c[1] == 4.0} == {0.25}
+    assert attention_cells({"model": spec.name, "attention": target}, drafter=True) == ()
+    both = RooflineForward(spec, gpu, dataclasses.replace(bare, attention_cells=cells, draft_attention_cells=drafted))
+    alone = RooflineForward(spec, gpu, dataclasses.replace(bare, attention_cells=cells))
+    want = roof.draft_components(4, 4096, 4)["attention"]
+    assert both.draft_components(4, 4096, 4)["attention"] == pytest.approx(want / 0.25)
+    assert alone.draft_components(4, 4096, 4)["attention"] == pytest.approx(want / 0.5)
+    assert both.components(4, 4096, 16, verify=True)["attention"] == alone.components(4, 4096, 16, True)["attention"]
+
+
 def test_gemm_knee_prices_a_gemm_above_its_roofline_near_the_ridge():
     """With a knee, a GEMM at the ridge (x = 1) costs its roofline times the knee there; with
     none (other GPUs' estimates before the knee is measured), the roofline alone."""

@@ -99,10 +99,15 @@ def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
     doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke")
     assert sorted({r["batch"] for r in doc["gdn_decode"]}) == [1, 2] and all(r["us"] > 0 for r in doc["gdn_decode"])
     assert {r["value_split"] for r in doc["gdn_decode"]} >= {1, 2}
-    assert sorted((r["batch"], r["tokens"]) for r in doc["attention"]) == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert sorted((r["batch"], r["tokens"], r["form"]) for r in doc["attention"]) == [
+        (1, 1, "decode"), (1, 4, "drafter"), (1, 4, "tree"), (2, 1, "decode"), (2, 4, "drafter"), (2, 4, "tree")]
     assert all(r["us"] > 0 for r in doc["attention"])
     cells = attention_cells(dict(doc, model="9b"))  # priced at a catalogue shape: the grid, not the shares
     assert [(keys, n) for keys, n, _ in cells] == [(16.0, 1.0), (16.0, 4.0), (32.0, 1.0), (32.0, 4.0)]
+    drafted = attention_cells(dict(doc, model="9b"), drafter=True)
+    assert [(keys, n) for keys, n, _ in drafted] == [(16.0, 1.0), (16.0, 4.0), (32.0, 1.0), (32.0, 4.0)]
+    no_drafter = [r for r in doc["attention"] if r["form"] != "drafter"]
+    assert attention_cells(dict(doc, model="9b", attention=no_drafter), drafter=True) == ()
     assert {r["gemm"] for r in doc["gemms"]} == {"gdn_in_proj", "lm_head", "mlp_gate_up", "mlp_down"}
     assert sorted({r["M"] for r in doc["gemms"]}) == [1, 4] and all(r["us"] > 0 for r in doc["gemms"])
     assert doc["kernel_floor"]["us_per_kernel"] > 0 and doc["host_step"]["us_median"] > 0

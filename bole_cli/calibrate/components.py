@@ -78,16 +78,29 @@ def gdn_decode_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float]
     return tuple(cells)
 
 
-def attention_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float, float], ...]:
+def attention_cells(components: Mapping[str, Any], *, drafter: bool = False
+                    ) -> tuple[tuple[float, float, float], ...]:
     """(keys a layer reads = batch x cache length, tokens a request, share) for the record's
     attention rows: the roofline's price of one full-attention layer's attention (the cache
     read, the tree's rows) over the measured time, the median over the (batch, cache length)
-    pairs that read as many keys, rounded to 3 digits; () when the record has none."""
-    spec, roof = _bare_roofline(components["model"], attention_cells=())
+    pairs that read as many keys, rounded to 3 digits; () when the record has none. The
+    target's cells from its decode and tree rows; with `drafter`, the drafter level's from
+    its own rows (no tree mask, priced as draft_components prices them) and the decode rows
+    (its one-row level is the same call), () without drafter rows."""
+    spec, roof = _bare_roofline(components["model"], attention_cells=(), draft_attention_cells=())
+    rows = list(components.get("attention", ()))
+    forms = ("decode", "drafter") if drafter else ("decode", "tree")
+    if drafter and not any(row.get("form") == "drafter" for row in rows):
+        return ()
     shares: dict[tuple[int, int], list[float]] = {}
-    for row in components.get("attention", ()):
+    for row in rows:
         b, kv, n = row["batch"], row["kv"], row["tokens"]
-        layer = roof.components(b, kv, b * n, verify=n > 1)["attention"] / spec.n_attention_layers
+        if row.get("form", "decode" if n == 1 else "tree") not in forms:
+            continue
+        if drafter:
+            layer = roof.draft_components(b, kv, n)["attention"]
+        else:
+            layer = roof.components(b, kv, b * n, verify=n > 1)["attention"] / spec.n_attention_layers
         shares.setdefault((b * kv, n), []).append(layer / (row["us"] * 1e-6))
     return tuple((float(keys), float(n), round(statistics.median(v), 3)) for (keys, n), v in sorted(shares.items()))
 
@@ -117,7 +130,7 @@ def gemm_knee(components: Mapping[str, Any], bw: float, flops: float,
 def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
             tree_kernels: Mapping[str, Any], peak_flops: float) -> dict[str, float]:
     """Efficiency's bw, flops, kernel_floor_s, host_step_s, gdn_tree_cells, gdn_decode_cells,
-    attention_cells, gemm_knee and its RuntimeLaunches fields."""
+    attention_cells, draft_attention_cells, gemm_knee and its RuntimeLaunches fields."""
     from bole_cli.catalog.models import resolve_model
 
     spec = resolve_model(components["model"])
@@ -151,6 +164,7 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
             "host_step_s": components["host_step"]["us_median"] * 1e-6,
             "gdn_tree_cells": gdn_tree_cells(tree_kernels), "gdn_decode_cells": gdn_decode_cells(components),
             "attention_cells": attention_cells(components),
+            "draft_attention_cells": attention_cells(components, drafter=True),
             "gemm_knee": gemm_knee(components, bw, flops, DATASHEET_BANDWIDTH, peak_flops),
             "gap_s": statistics.median(gaps),
             "decode_launches_per_layer": statistics.median(launches["decode"]),

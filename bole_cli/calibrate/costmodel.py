@@ -102,6 +102,9 @@ class Efficiency:
     # tokens a request, share of its roofline's speed) where measured, a full grid,
     # interpolated in log of both, clamped; () = 1 everywhere
     attention_cells: tuple[tuple[float, float, float], ...] = ()
+    # the drafter level's attention (its rows stacked with the query group, no tree mask),
+    # cells as attention_cells; () = the target's cells
+    draft_attention_cells: tuple[tuple[float, float, float], ...] = ()
     # (x, y): a GEMM's time over its roofline's against x = its compute time over its
     # weight-streaming time (the roofline's knee is x = 1, where real GEMMs are slower than
     # either bound); interpolated in log x, clamped; () = the bare roofline
@@ -331,11 +334,12 @@ class RooflineForward:
         t["launch"] = self._launches(verify, T)
         return t
 
-    def _attention_share(self, batch: int, kv_len: int, tokens: float) -> float:
+    def _attention_share(self, batch: int, kv_len: int, tokens: float, *, drafter: bool = False) -> float:
         """The attention over the KV cache's share of its roofline's speed (eff.attention_cells,
-        by keys read and tokens a request; 1 where unmeasured): the target's and the drafter's
-        layers read their caches through the same kernel."""
-        cells = self.eff.attention_cells
+        by keys read and tokens a request; 1 where unmeasured); the drafter's level by its own
+        cells (its rows unmasked) where measured, else the target's: both read their caches
+        through the same kernel."""
+        cells = (drafter and self.eff.draft_attention_cells) or self.eff.attention_cells
         return _interp_log2d(cells, batch * kv_len, tokens) if cells else 1.0
 
     def _priced_kernels(self, verify: bool) -> int:
@@ -384,7 +388,7 @@ class RooflineForward:
                           for i, o in shapes)
         kv = batch * (kv_len + rows) * 2 * hk * dh * BF16
         t["attention"] = self._time(Cost(kv, 4.0 * T * hq * dh * (kv_len + rows))) / self._attention_share(
-            batch, kv_len, rows)
+            batch, kv_len, rows, drafter=True)
         t["logits"] = self._time(Cost(act=T * vocab * (BF16 + 2 * FP32)))  # softmax, top-k
         floor = self.eff.draft_kernels * self.eff.kernel_floor_s
         if self.eff.runtime is None:
