@@ -108,37 +108,40 @@ def tables(result, width: int = WIDE_COLUMNS) -> list:
             cells = kernel_cells(c)
             t.add_row(c.tree, str(c.batch), str(c.nodes), *(cells[k] for k in cols))
         out.append(t)
+
     def us(x):
         return f"{x:.1f}" if x else "-"
 
     def ratio(x):
         return f"{x:.2f}" if x else "-"
 
-    chains = [c for c in result.cases if c.replayssm_us]
-    if chains:
-        t = Table(title="chains: ReplaySSM ring (GDN's protocol) vs Bole, verify + commit, us",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
-                  caption="RSSM = SGLang's ReplaySSM ring, steady state; fold = its KDA protocol "
-                          "(verify + fold); o / S diff: the ring vs Bole's o and committed state")
-        for col in ("B", "nodes") + REPLAYSSM_COLUMNS:
+    def ring_row(c):
+        return (us(c.replayssm_us), us(c.replayssm_verify_us), us(c.replayssm_commit_us), us(c.fold_us),
+                us(c.bole_us), ratio(c.bole_over_replayssm), f"{c.replayssm_diff_o:.0e}",
+                f"{c.replayssm_diff_state:.0e}")
+
+    def deferred_row(c):
+        return (str(c.deferred_width or "-"), us(c.replayssm_us), us(c.deferred_us), us(c.deferred_verify_us),
+                us(c.deferred_commit_us), ratio(c.deferred_over_replayssm), f"{c.deferred_diff_o:.0e}",
+                f"{c.deferred_diff_state:.0e}")
+
+    chain_tables = (
+        ("chains: ReplaySSM ring (GDN's protocol) vs Bole, verify + commit, us",
+         "RSSM = SGLang's ReplaySSM ring, steady state; fold = its KDA protocol (verify + fold); "
+         "o / S diff: the ring vs Bole's o and committed state", REPLAYSSM_COLUMNS, "replayssm_us", ring_row),
+        ("chains: Bole's deferred write vs the ReplaySSM ring, verify + commit, us",
+         "width = rows a request's segment holds (the ring's length); both in steady state; "
+         "o / S diff: against Bole's served step", DEFERRED_COLUMNS, "deferred_us", deferred_row))
+    for title, caption, columns, timed, row in chain_tables:
+        cases = [c for c in result.cases if getattr(c, timed)]
+        if not cases:
+            continue
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  caption=caption)
+        for col in ("B", "nodes") + columns:
             t.add_column(col, justify="right", no_wrap=True)
-        for c in chains:
-            t.add_row(str(c.batch), str(c.nodes), us(c.replayssm_us), us(c.replayssm_verify_us),
-                      us(c.replayssm_commit_us), us(c.fold_us), us(c.bole_us), ratio(c.bole_over_replayssm),
-                      f"{c.replayssm_diff_o:.0e}", f"{c.replayssm_diff_state:.0e}")
-        out.append(t)
-    deferred = [c for c in result.cases if c.deferred_us]
-    if deferred:
-        t = Table(title="chains: Bole's deferred write vs the ReplaySSM ring, verify + commit, us",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
-                  caption="width = rows a request's segment holds (the ring's length); both in steady "
-                          "state; o / S diff: against Bole's served step")
-        for col in ("B", "nodes") + DEFERRED_COLUMNS:
-            t.add_column(col, justify="right", no_wrap=True)
-        for c in deferred:
-            t.add_row(str(c.batch), str(c.nodes), str(c.deferred_width or "-"), us(c.replayssm_us), us(c.deferred_us),
-                      us(c.deferred_verify_us), us(c.deferred_commit_us), ratio(c.deferred_over_replayssm),
-                      f"{c.deferred_diff_o:.0e}", f"{c.deferred_diff_state:.0e}")
+        for c in cases:
+            t.add_row(str(c.batch), str(c.nodes), *row(c))
         out.append(t)
     return out
 
