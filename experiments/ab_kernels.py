@@ -193,8 +193,9 @@ def main(argv=None) -> None:
                 fn()
                 out = result()
                 ref = out if ref is None else ref
+                writes = VARIANTS[name].writes if name in VARIANTS else out._fields
                 row[f"{name}_diff"] = rel(out, ref) if args.kernel in ("commit", "replay") \
-                    else max(rel(a, b) for a, b in zip(out, ref))
+                    else max(rel(getattr(out, f), getattr(ref, f)) for f in writes)
                 if not args.once:
                     row[f"{name}_us"] = time_graph(torch, [fn], rep_ms=args.rep_ms)
         torch.cuda.synchronize()

@@ -53,6 +53,7 @@ class Variant:
     edits: tuple = ()  # (old, new) text replacements of the site's source
     constexprs: dict = field(default_factory=dict)  # extra launch arguments the edits introduce
     config: dict = field(default_factory=dict)  # launch knobs of this variant only
+    writes: tuple = ("o", "u", "log_p")  # verify: the outputs it writes (ab_kernels compares those)
 
 
 # --- commit (shipped: c7) ---------------------------------------------------------------
@@ -142,6 +143,13 @@ _NO_VALUES = (("for vt in range(0, VT, BV):\n            offs_v = part",
               (_LOG_P_STORE, _LOG_P_STORE.replace(
                   "lp, mask", "lp + 0.0 * (tl.sum(ce, axis=1) + tl.sum(ainv, axis=1)), mask")))
 
+# The served verify without its factors: the replay commit (the served default) and the
+# deferred write read neither u nor log_p, so their stores (and the product that makes u)
+# are dead work there. Exact for o; a candidate for a `factors=False` launch if it measures
+# (prediction, NOTES.md "The deferred write on chains": ~16 MB of stores at 64 x 16 rows).
+_NO_FACTORS = (("            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)\n", ""),
+               (_LOG_P_STORE + "\n", ""))
+
 # --- verify, blocked kernel (shipped: v10; trees of 65-256 nodes) ------------------------
 
 # Ablations as above, of the blocked kernel (issue 17, run I17-h): which stage holds its time.
@@ -179,6 +187,9 @@ VARIANTS: dict[str, Variant] = {
                          _B_NO_DIAG),
     "b-split": Variant(VERIFY_BLOCKED, "the tree stage of SPLIT (state products and Gram terms read from "
                        "workspaces; I17-k)", config={"SPLIT": 1}),
+    "no-factors": Variant(VERIFY_TILE, "the served verify without the u and log_p stores (o exact; the replay "
+                                       "commit and the deferred write read neither)", _NO_FACTORS,
+                          writes=("o",)),
     "no-values": Variant(VERIFY_TILE, "ablation: no value loop (state products, solves' products, stores)",
                          _NO_VALUES),
 }
