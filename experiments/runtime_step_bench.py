@@ -226,7 +226,7 @@ def main(argv=None) -> None:
                 row = {"model": spec.name, "variant": variant, "batch": bsz, "kv": args.kv,
                        "replay_ms": replay, "serving_ms": serve, "first_call_s": first}
                 doc["decode"].append(row)
-                print(f"{spec.name:14s} {variant:11s} b{bsz:<3d} decode replay {replay:7.3f} ms  "
+                print(f"{spec.name:14s} {variant:12s} b{bsz:<3d} decode replay {replay:7.3f} ms  "
                       f"serving {serve:7.3f} ms  (first {first:5.1f} s)", flush=True)
                 save()
             if cuda and bsz == batches[-1]:
@@ -258,7 +258,7 @@ def main(argv=None) -> None:
                 doc["verify"].append({"model": spec.name, "variant": variant, "batch": 1, "kv": vkv,
                                       "tree_tokens": vn, "replay_ms": replay, "serving_ms": serve,
                                       "decode_replay_ms": dec, "decode_serving_ms": dec_serve})
-                print(f"{spec.name:14s} {variant:11s} verify {vn} @kv{vkv}: replay {replay:7.3f} serving "
+                print(f"{spec.name:14s} {variant:12s} verify {vn} @kv{vkv}: replay {replay:7.3f} serving "
                       f"{serve:7.3f} | decode replay {dec:7.3f} serving {dec_serve:7.3f} ms", flush=True)
                 if cuda:  # the serving step's kernels, eagerly: metadata refill, forward, commit
                     doc["profile"].append({"model": spec.name, "variant": variant, "batch": 1,

@@ -5,6 +5,7 @@
 - Tests marked `@pytest.mark.gpu` or `gpu_slow` are skipped when no CUDA device is present
   (`-m gpu` fits one device call of 5 minutes; `-m "gpu or gpu_slow"` runs them all).
 - `sglang_source` / `sglang_kernels`: SGLang 0.5.23's source and kernels, or a skip.
+- Under pytest-xdist each worker's torch takes its share of the cores.
 - Hypothesis profiles: "default" (no deadline: the interpreter and first-call compiles
   are slow), "ci" (fewer examples, derandomised) and "thorough". Pick one with
   HYPOTHESIS_PROFILE=name; CI=true selects "ci".
@@ -23,6 +24,12 @@ try:
     CUDA_AVAILABLE = bool(torch.cuda.is_available())
 except Exception:  # noqa: BLE001 - no torch (or a broken one) means no CUDA
     CUDA_AVAILABLE = False
+
+# pytest-xdist (the README's test line): the cores shared out among the workers, so their
+# torch threads do not oversubscribe them
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _WORKERS > 1 and not CUDA_AVAILABLE:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 if not CUDA_AVAILABLE:
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":

@@ -98,8 +98,8 @@ def test_fused_add_norm_and_glu_match_float64(m, n, k, bn, bk, split, add, norm,
 @SETTINGS
 @given(m=st.integers(1, SKINNY_MM_MAX_ROWS), n=st.integers(1, 40), heads=st.integers(1, 6),
        g=st.sampled_from([4, 16, 32]), bk=st.sampled_from([16, 64]), split=st.sampled_from([1, 2, 4]),
-       head=st.booleans(), seed=st.integers(0, 2 ** 16))
-def test_per_head_operands_match_float64(m, n, heads, g, bk, split, head, seed):
+       bn=st.sampled_from([16, 32]), head=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_per_head_operands_match_float64(m, n, heads, g, bk, split, bn, head, seed):
     """x * sigmoid(gate) (an attention output, its gate heads strided as in the fused
     projection) or rms(head) * head_norm * silu(z) (a GDN output), then the product."""
     gen = torch.Generator().manual_seed(seed)
@@ -109,7 +109,7 @@ def test_per_head_operands_match_float64(m, n, heads, g, bk, split, head, seed):
     wide = rand(gen, m, heads, 2 * g) * 3  # gate = the second half of each head, as attn_in leaves it
     aux, hn = (rand(gen, m, heads, g) * 3, rand(gen, g)) if head else (wide[..., g:], None)
     y = skinny_mm(x, w, gate=None if head else aux, head_norm=hn, z=aux if head else None,
-                  eps=1e-6 if head else None, config={"BN": 16, "BK": bk, "SPLIT_K": split})
+                  eps=1e-6 if head else None, config={"BN": bn, "BK": bk, "SPLIT_K": split})
     xd, ad = x.double().view(m, heads, g), aux.double()
     if head:
         op = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * hn.double() * torch.nn.functional.silu(ad)
