@@ -51,7 +51,8 @@ def kernels_cmd(
     model: str = typer.Option("9b", "--model", "-m", help="Model whose GDN shape to use."),
     batch: str = typer.Option("1,4,16,64", "--batch", help="Batch sizes."),
     nodes: str = typer.Option("8,16,32,64,128,192,256", "--nodes", help="Tree nodes per request."),
-    trees: str = typer.Option("random,chain", "--trees", help="random (depth <= 8) and/or chain."),
+    trees: str = typer.Option("random,chain", "--trees", help="random (depth <= 8) and/or chain (chains also "
+                              "time SGLang's ReplaySSM ring and Bole's deferred write)."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype: bfloat16, float16, float32."),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="State pool dtype: float32 or bfloat16."),
     precision: str = typer.Option("auto", "--precision",
