@@ -81,7 +81,8 @@ def compile_stats(kernel, spec: tuple[int, ...], blocked: bool, model: str = "9b
     knobs = knobs or {}
     split = bool(knobs.get("SPLIT_STATE", 0))  # the one-tile verify at the "split" precision
     constexprs = dict(shape, TP=tp, BV=bv, BK=bk, USE_L2NORM=True, PRECISION="tf32", GATED=True, GRAM16=True,
-                      STATE_PRECISION="tf32x3" if split else "tf32", SPLIT_STATE=split)
+                      STATE_PRECISION="tf32x3" if split else "tf32", SPLIT_STATE=split,
+                      STORE_FACTORS=bool(knobs.get("STORE_FACTORS", 1)))
     constexprs.update(dict(DP=16, DW=8, RB=64, BR=64, BG=64, ROLES=7))  # (the commit's, the level kernels', the parts')
     # the replay commit: TP is its path walk's width, VT its pass (DP), WDOT a knob
     constexprs.update(dict(PMAX=tp, EXACT_KEYS=True, WDOT=knobs.get("WDOT", "split"), RELOAD=bool(knobs.get("RELOAD", 1))))

@@ -53,7 +53,6 @@ class Variant:
     edits: tuple = ()  # (old, new) text replacements of the site's source
     constexprs: dict = field(default_factory=dict)  # extra launch arguments the edits introduce
     config: dict = field(default_factory=dict)  # launch knobs of this variant only
-    writes: tuple = ("o", "u", "log_p")  # verify: the outputs it writes (ab_kernels compares those)
 
 
 # --- commit (shipped: c7) ---------------------------------------------------------------
@@ -109,29 +108,12 @@ _V8 = (("""                ainv += tl.dot(gpow, ainv, input_precision=STATE_PREC
                     ainv += tl.dot(gpow, ainv, input_precision=STATE_PRECISION)
 """),)
 
-_V9 = (
-    ("            ys = tl.zeros([TP, BV], dtype=tl.float32)  # rows q_i^T S\n", ""),
-    ("                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)"
-     ".to(tl.float32)\n", ""),
-    ("                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)\n", ""),
-    ("            uu = tl.dot(ainv, r, input_precision=STATE_PRECISION)\n",
-     "            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :],\n"
-     "                     tl.dot(ainv, r, input_precision=STATE_PRECISION), mask=rmask[:, None] & vmask[None, :])\n"
-     "            ys = tl.zeros([TP, BV], dtype=tl.float32)\n"
-     "            for kb in range(0, KP, BK):\n"
-     "                offs = kb + tl.arange(0, BK)\n"
-     "                m2 = rmask[:, None] & (offs < K)[None, :]\n"
-     "                qc = tl.load(q + rows_g[:, None] * s_qn + h * s_qh + offs[None, :], mask=m2, other=0.0)"
-     ".to(tl.float32)\n"
-     "                sb = tl.load(state + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs[None, :],\n"
-     "                             mask=vmask[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)\n"
-     "                ys += tl.dot(qc * inv_q[:, None], tl.trans(sb), input_precision=PRECISION)\n"),
-    ("            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)\n", ""),
-)
+# (v9, the value loop in two passes over the state slices (run 26, lost), was retired when
+# the kernel's u store moved under STORE_FACTORS; its edits are in git history.)
 
 # Ablations (wrong outputs on purpose): one stage of the tile kernel left out; the time it
 # saves places that stage's cost. "no-solve" drops only the product form (depth <= 8).
-_LOG_P_STORE = "        if part == 0:\n            tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)"
+_LOG_P_STORE = "            if part == 0:\n                tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)"
 _NO_SOLVE = (("while covered < depth:", "while covered < 0:"),)
 _NO_WALK = (("while tl.max(cur, axis=0) >= 0:", "while tl.max(cur, axis=0) >= 1 << 30:"),)
 _NO_GRAM = (("        for kb in range(0, KP, BK):\n            offs = kb + tl.arange(0, BK)\n            m2",
@@ -142,13 +124,6 @@ _NO_VALUES = (("for vt in range(0, VT, BV):\n            offs_v = part",
               # keep the factors alive, or the compiler drops the work that builds them
               (_LOG_P_STORE, _LOG_P_STORE.replace(
                   "lp, mask", "lp + 0.0 * (tl.sum(ce, axis=1) + tl.sum(ainv, axis=1)), mask")))
-
-# The served verify without its factors: the replay commit (the served default) and the
-# deferred write read neither u nor log_p, so their stores (and the product that makes u)
-# are dead work there. Exact for o; a candidate for a `factors=False` launch if it measures
-# (prediction, NOTES.md "The deferred write on chains": ~16 MB of stores at 64 x 16 rows).
-_NO_FACTORS = (("            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)\n", ""),
-               (_LOG_P_STORE + "\n", ""))
 
 # --- verify, blocked kernel (shipped: v10; trees of 65-256 nodes) ------------------------
 
@@ -174,8 +149,6 @@ VARIANTS: dict[str, Variant] = {
     "cA": Variant(COMMIT, "c7 with the state tile loaded before the walk (run 13's cA, made from c4 then)",
                   _STATE_FIRST),
     "v8": Variant(VERIFY_TILE, "last product-form step adds G^depth when depth = covered + 1 (run 23)", _V8),
-    "v9": Variant(VERIFY_TILE, "value loop in two passes over the state slices, one accumulator live (run 26)",
-                  _V9),
     "gram-tf32": Variant(VERIFY_TILE, "Gram terms on tf32 operands instead of bf16 (GRAM16 off; run 11)",
                          config={"GRAM16": 0}),
     "no-walk": Variant(VERIFY_TILE, "ablation: no ancestor walk (and so no solve: depth 0)", _NO_WALK),
@@ -187,9 +160,6 @@ VARIANTS: dict[str, Variant] = {
                          _B_NO_DIAG),
     "b-split": Variant(VERIFY_BLOCKED, "the tree stage of SPLIT (state products and Gram terms read from "
                        "workspaces; I17-k)", config={"SPLIT": 1}),
-    "no-factors": Variant(VERIFY_TILE, "the served verify without the u and log_p stores (o exact; the replay "
-                                       "commit and the deferred write read neither)", _NO_FACTORS,
-                          writes=("o",)),
     "no-values": Variant(VERIFY_TILE, "ablation: no value loop (state products, solves' products, stores)",
                          _NO_VALUES),
 }

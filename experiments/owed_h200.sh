@@ -10,16 +10,19 @@
 # split verify, fourth session, CPU only: run it first, it decides issue 32's next step);
 # deferred (the deferred write against the ring, fifth session, CPU only: second).
 #
-# Run them in this order (a session's 30 device minutes hold about the first four; minutes
-# are the jobs' timeouts, each call also pays the machine's start):
+# Done since on an H100 (experiments/README.md S5-a to S5-c, fifth session): split, deferred's
+# bench and GPU test, pytest -m gpu (before factors=False). Run the rest in this order (a
+# session's 30 device minutes hold about the first three; minutes are the jobs' timeouts,
+# each call also pays the machine's start):
 #
-#   bash experiments/owed_h200.sh split    # ~6 min: split verify + Eq. 10 against served and tables; contract
-#   bash experiments/owed_h200.sh deferred # ~8 min: chains of 2-8, the deferred write against the ring (steady)
+#   bash experiments/owed_h200.sh kernels  # ~10 min: the served grid with factors=False (issue 32's records),
+#                                          #   chains against the ring, the big chains
+#   bash experiments/owed_h200.sh tests    # ~6 min: python -m pytest -m gpu (the suite's 5-minute budget)
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
-#   bash experiments/owed_h200.sh tests    # ~6 min: python -m pytest -m gpu (the suite's 5-minute budget)
 #   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / skinny-down1
-#   bash experiments/owed_h200.sh kernels  # ~10 min: c12's grid, chains against the ring, the big chains
+#   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
+#   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write on the H200 (S5-a was an H100)
 #   bash experiments/owed_h200.sh gemm     # ~9 min: the skinny GEMM against cuBLAS, 9B, 27B and 4B
 #
 # A job works in /tmp/owed/<job> and leaves one tarball and its log in $OUT (the device's
@@ -64,8 +67,6 @@ case "$job" in
   deferred)
     run timeout 300 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8 \
       --tag chains-deferred-h200 --out-dir "$dir"
-    run timeout 120 $PY experiments/ab_kernels.py verify no-factors --cases 1x16,16x16,64x16:chain,16x64,64x64 \
-      --out "$dir/ab-no-factors.json"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_deferred_write.py -p no:cacheprovider ;;
   *) echo "unknown job $job" >&2; exit 2 ;;
 esac

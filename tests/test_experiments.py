@@ -212,24 +212,13 @@ def test_the_replay_commit_variants_stay_exact(name):
     assert rel_err(gated, tree_commit_replay_ref(case["state"], *common, g, beta, *tree)) <= 1e-6
 
 
-def test_the_verify_without_factors_keeps_o_and_leaves_u_and_log_p_alone():
-    """kernel_variants' no-factors (the served verify without the u and log_p stores) writes
-    the shipped kernel's o bit for bit and never touches u or log_p."""
-    import torch
-
-    from bole_cli.kernels import tree_verify
-    from bole_cli.kernels.types import VerifyResult
-    from test_kernels import make_case
-
-    variants = _kernel_variants()
-    case, _ = make_case(5, [9, 16, 1], h=2, group=2, kdim=16, vdim=24, decay=(-2.0, -0.01), shape="any")
-    args = [case[k] for k in ("q", "k", "v", "g", "beta", "state", "state_indices", "parents", "cu_seqlens")]
-    want = tree_verify(*args)
-    sentinel = VerifyResult(torch.empty_like(want.o), torch.full_like(want.u, 7.0), torch.full_like(want.log_p, 7.0))
-    with variants.kernel_in_place(variants.VARIANTS["no-factors"].site, variants.load_variant("no-factors")):
-        got = tree_verify(*args, out=sentinel)
-    assert torch.equal(got.o, want.o)
-    assert bool((got.u == 7.0).all()) and bool((got.log_p == 7.0).all())
+def test_the_deferred_parts_smoke_run_writes_its_record(tmp_path):
+    """experiments/deferred_parts.py on CPU: every part of the deferred write's step and the
+    served step's beside it run once, untimed."""
+    doc = smoke_record(tmp_path, "deferred_parts.py", "--smoke", "--batch", "3", "--nodes", "2")
+    assert set(doc["us"]) == {"place", "verify_segments", "gather", "advance", "fold_none", "fold_tenth",
+                              "fold_all", "deferred_verify", "served_verify", "served_commit"}
+    assert doc["width"] == 16 and doc["device"] == "cpu (smoke)"
 
 
 def _check_decision():

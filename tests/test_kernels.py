@@ -893,3 +893,25 @@ def test_scratch_bytes_follow_the_launch_route():
     assert unknown.chain and unknown.blocked and not unknown.levels
     assert 0 < verify_scratch_bytes(128, 1, 16, 32, 128, 128, 128, 5) < verify_scratch_bytes(128, 1, 16, 32, 128, 128,
                                                                                               128, None)
+
+
+def test_a_verify_without_factors_writes_o_alone_in_one_tile():
+    """factors=False (the served path: the replay commit reads no factors): the one-tile
+    kernel writes the same o bit for bit and leaves u and log_p as they were; past one tile
+    the factors are written as before."""
+    from bole_cli.kernels.types import VerifyResult
+
+    for sizes in ([9, 16, 1], [100]):
+        case, _ = make_case(5, sizes, h=2, group=2, kdim=16, vdim=24, decay=(-2.0, -0.01), shape="any")
+        args = [case[k] for k in ("q", "k", "v", "g", "beta", "state", "state_indices", "parents", "cu_seqlens")]
+        want = tree_verify(*args)
+        sentinel = VerifyResult(torch.empty_like(want.o), torch.full_like(want.u, 7.0),
+                                torch.full_like(want.log_p, 7.0))
+        got = tree_verify(*args, out=sentinel, factors=False)
+        assert torch.equal(got.o, want.o)
+        if max(sizes) <= 64:
+            assert bool((got.u == 7.0).all()) and bool((got.log_p == 7.0).all())
+        else:
+            assert torch.equal(got.u, want.u) and torch.equal(got.log_p, want.log_p)
+    with pytest.raises(InputError, match="^factors:"):
+        tree_verify(*args, factors=1)

@@ -74,7 +74,7 @@ class PendingChains:
         pending_place(self.segment, draft or self.draft, self.pending, self.rows, check_trees=False)
         kernels.tree_verify_gated(*self.segment, s.A_log, s.dt_bias, s.pool, s.slots, self.parents, self.cu,
                                   check_trees=False, max_nodes=self.width, max_depth=self.width - 1, out=self.out,
-                                  config=self.config)
+                                  config=self.config, factors=False)
         torch.index_select(self.out.o, 0, self.rows, out=self.o)
 
     def commit(self, kernels, accepted) -> None:

@@ -4,9 +4,10 @@
     calls it (gates fused, a float32 snapshot per node into intermediate_states_buffer),
     then the copy of each request's accepted snapshot back into the pool
     (fused_mamba_state_scatter_with_mask, as update_mamba_state_after_mtp_verify does).
-(b) Bole as served (docs/design.md §9): tree_verify_gated (tf32 dots for 16-bit activations)
-    + tree_commit_replay_gated (the accepted path replayed exactly in float32) on the same
-    inputs; beside it (b') the factorised path served before: tree_verify_gated + tree_commit.
+(b) Bole as served (docs/design.md §9): tree_verify_gated (tf32 dots for 16-bit activations,
+    no factors: the replay commit reads none) + tree_commit_replay_gated (the accepted path
+    replayed exactly in float32) on the same inputs; beside it (b') the factorised path
+    served before: tree_verify_gated + tree_commit.
 (c) The memory-traffic floor: bytes that must move / measured device copy bandwidth.
 (d) For chains, SGLang's ReplaySSM as a GDN model runs it (`--enable-linear-replayssm-spec`):
     the circular ring. The verify reconstructs every draft position's output from the
@@ -249,7 +250,7 @@ def bole_verify(s: LayerInputs, kernels, out, config=None) -> Callable[[], None]
     def run():
         kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots, s.parents, s.cu,
                                   check_trees=False, max_nodes=s.nodes, max_depth=s.max_depth, out=out,
-                                  config=config)
+                                  config=config, factors=False)
     return run
 
 

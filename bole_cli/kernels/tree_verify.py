@@ -68,6 +68,7 @@ def tree_verify(
     max_depth: Optional[int] = None,
     config: Optional[dict] = None,
     out: Optional[VerifyResult] = None,
+    factors: bool = True,
 ) -> VerifyResult:
     """Verify a packed forest of draft trees through one GDN layer in closed form.
 
@@ -87,6 +88,11 @@ def tree_verify(
     the level kernel a request neither kernel takes (a broken promise) is computed by the
     blocked kernel; on it, a request deeper than the promise gets NaN rows.
 
+    factors=False: the one-tile kernel writes o alone, u and log_p left as they were (the
+    replay commit, the served one, reads neither; their stores and u's product were 14-27%
+    of the verify at batch 16-64 on an H100: experiments/NOTES.md "The verify without its
+    factors"); past one tile they are written as before.
+
     state_indices outside [0, S): an InputError with check_trees; without it (CUDA graphs,
     no host read) that request's o, u and log_p are NaN and the pool is never read there.
     1-D arguments may be strided views (they are copied contiguous); bad input raises one
@@ -94,7 +100,7 @@ def tree_verify(
     """
     return _verify(q, k, v, g, beta, None, None, state, state_indices, parents, cu_seqlens, False,
                    scale=scale, use_qk_l2norm=use_qk_l2norm, check_trees=check_trees,
-                   max_nodes=max_nodes, max_depth=max_depth, config=config, out=out)
+                   max_nodes=max_nodes, max_depth=max_depth, config=config, out=out, factors=factors)
 
 
 def tree_verify_gated(
@@ -119,7 +125,7 @@ def tree_verify_gated(
 
 def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_seqlens, gated, *,
             scale=None, use_qk_l2norm=True, check_trees=True, max_nodes=None, max_depth=None,
-            config=None, out=None) -> VerifyResult:
+            config=None, out=None, factors=True) -> VerifyResult:
     gname, bname = ("a", "b") if gated else ("g", "beta")
     check_tensor("q", q, 3, ACTIVATION_DTYPES)
     dev = q.device
@@ -151,6 +157,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     scale = check_scale(scale, kdim)
     check_flag("use_qk_l2norm", use_qk_l2norm)
     check_flag("check_trees", check_trees)
+    check_flag("factors", factors)
     if max_nodes is not None:
         check_max_nodes(max_nodes)
     check_max_depth(max_depth)
@@ -206,7 +213,8 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
     if tile:
         launch_tile(args, bsz, max_nodes, cfg["VSPLIT"],
                     dict(common, PRECISION="tf32" if split else precision,
-                         STATE_PRECISION="tf32x3" if split else precision, SPLIT_STATE=split))
+                         STATE_PRECISION="tf32x3" if split else precision, SPLIT_STATE=split,
+                         STORE_FACTORS=factors))
         return VerifyResult(o, u, log_p)
     tp = blocked_tp(max_nodes)  # the whole tree's rows sit in registers (the ancestor walk)
     # Chains of more than CHAIN_KERNEL_DEPTH nodes take the chain kernel, everything else

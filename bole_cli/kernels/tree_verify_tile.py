@@ -49,7 +49,7 @@ def tree_verify_tile_kernel(
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
     TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, VT: tl.constexpr,
     USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr, GRAM16: tl.constexpr,
-    STATE_PRECISION: tl.constexpr, SPLIT_STATE: tl.constexpr,
+    STATE_PRECISION: tl.constexpr, SPLIT_STATE: tl.constexpr, STORE_FACTORS: tl.constexpr,
 ):
     b = tl.program_id(0)
     hv = tl.program_id(1)
@@ -154,13 +154,15 @@ def tree_verify_tile_kernel(
             vc = tl.load(v + rows_g[:, None] * s_vn + hv * s_vh + offs_v[None, :],
                          mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
             r = bv[:, None] * (vc - p[:, None] * xs)
-            uu = tl.dot(ainv, r, input_precision=STATE_PRECISION)
             out = p[:, None] * ys + tl.dot(ce, r, input_precision=PRECISION)
             tile = rmask[:, None] & vmask[None, :]
-            tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)
+            if STORE_FACTORS:  # u for Eq. 10's commit (the replay commit reads neither u nor log_p)
+                uu = tl.dot(ainv, r, input_precision=STATE_PRECISION)
+                tl.store(u + rows_g[:, None] * s_un + hv * s_uh + offs_v[None, :], uu, mask=tile)
             tl.store(o + rows_g[:, None] * s_on + hv * s_oh + offs_v[None, :], out.to(o.dtype.element_ty), mask=tile)
-        if part == 0:
-            tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)
+        if STORE_FACTORS:
+            if part == 0:
+                tl.store(log_p + rows_g * s_ln + hv, lp, mask=rmask)
     else:
         # A broken max_nodes promise (check_trees=False) or a slot outside the pool: every
         # row of the request becomes NaN (a value part at a time), and the pool is not read.

@@ -145,12 +145,15 @@ class GDNOps:
     def verify(self, q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
                *, out: Optional[ref.VerifyResult] = None, max_nodes: Optional[int] = None,
                max_depth: Optional[int] = None) -> ref.VerifyResult:
-        """Theorem 1 over the packed forest; `out` (o, u, log_p) receives the results.
-        max_nodes, max_depth: the largest tree and the most strict ancestors of a node, if
-        known (they pick the kernel: one tile, or the fast big-tree kernel alone)."""
+        """Theorem 1 over the packed forest; `out` (o, u, log_p) receives the results: o
+        always, u and log_p only where a kernel writes them (the runtime's commit is the
+        replay, which reads neither: the one-tile kernel skips them, tree_verify's
+        factors=False). max_nodes, max_depth: the largest tree and the most strict ancestors
+        of a node, if known (they pick the kernel: one tile, or the fast big-tree kernel alone)."""
         if "tree_verify" in self._k:
             return self._k["tree_verify"](q, k, v, g, beta, state, state_indices, parents, cu_seqlens,
-                                          check_trees=False, max_nodes=max_nodes, max_depth=max_depth, out=out)
+                                          check_trees=False, max_nodes=max_nodes, max_depth=max_depth, out=out,
+                                          factors=False)
         o, u, log_p = ref.tree_verify_ref(q, k, v, g, beta, state, state_indices, parents, cu_seqlens)
         fdt = factor_dtype(v.dtype)
         if out is None:
@@ -169,18 +172,10 @@ class GDNOps:
         if "tree_verify_gated" in self._k and factor_dtype(v.dtype) == torch.float32:
             return self._k["tree_verify_gated"](q, k, v, a, b, A_log, dt_bias, state, state_indices, parents,
                                                 cu_seqlens, check_trees=False, max_nodes=max_nodes,
-                                                max_depth=max_depth, out=out)
+                                                max_depth=max_depth, out=out, factors=False)
         g, beta = self.gates(A_log, a, dt_bias, b)
         return self.verify(q, k, v, g, beta, state, state_indices, parents, cu_seqlens, out=out,
                            max_nodes=max_nodes, max_depth=max_depth)
-
-    def commit(self, state, state_indices, k, u, log_p, parents, cu_seqlens, accepted) -> None:
-        """Eq. 10 in place; a leading layer dim on state/k/u/log_p commits every layer at once."""
-        if "tree_commit" in self._k:
-            self._k["tree_commit"](state, state_indices, k, u, log_p, parents, cu_seqlens,
-                                   accepted, check_trees=False)
-            return
-        state.copy_(ref.tree_commit_ref(state, state_indices, k, u, log_p, parents, cu_seqlens, accepted))
 
     def commit_replay(self, state, state_indices, k, v, g, beta, parents, cu_seqlens, accepted, *,
                       max_nodes: Optional[int] = None, max_depth: Optional[int] = None) -> None:

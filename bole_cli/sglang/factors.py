@@ -202,6 +202,7 @@ class FactorStore:
             max_nodes=width if 1 <= width <= MAX_TREE_NODES else None,  # every request has D nodes
             max_depth=self.plan.depth_promise(width, tree=retrieve_parent_token is not None),
             out=VerifyResult(o, self.u[:n_tokens], self.log_p[:n_tokens]),
+            factors=False,  # the replay commit below reads neither u nor log_p
         )
         return o.unsqueeze(0)
 
