@@ -34,7 +34,8 @@ MAX_BATCH_REQUESTS = 4096
 #: kernels --precision`.
 VERIFY_PRECISIONS = ("tf32", "split", "tf32x3", "ieee")
 #: Those the SGLang plug-in takes: it commits by replay at every precision, which split's exact
-#: u does not speed up (split pays with Eq. 10's commit, unmeasured: docs/design.md §9).
+#: u does not speed up (split pays only with Eq. 10's commit, and loses to the served path at
+#: 32-64 nodes: experiments/README.md S5-c).
 PLUGIN_VERIFY_PRECISIONS = tuple(p for p in VERIFY_PRECISIONS if p != "split")
 #: The precision Bole serves with (docs/design.md §9): the verify's dots at the kernels' choice
 #: (None: tf32 for 16-bit activations), the state committed by the float32 replay commit.

@@ -173,11 +173,10 @@ def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int
         for kv in kvs:
             for n in tokens:
                 forms = ["decode"] if n == 1 else ["tree", "drafter"] if n <= DRAFTER_TOKENS else ["tree"]
+                length = kv + (n if n > 1 else 0)
+                layers = max(rotate, -(-int(rotate_bytes) // (2 * b * hkv * length * d * dtype.itemsize)))
+                slots = torch.arange(b, device=device, dtype=torch.int64)
                 for form in forms:
-                    length = kv + (n if n > 1 else 0)
-                    layer_bytes = 2 * b * hkv * length * d * dtype.itemsize
-                    layers = max(rotate, -(-int(rotate_bytes) // layer_bytes))
-                    slots = torch.arange(b, device=device, dtype=torch.int64)
                     # the drafter's rows read the level's own keys too: its cache holds them
                     used = torch.full((b,), length if form == "drafter" else kv, device=device, dtype=torch.int64)
                     fns = [_attention_call(torch, cache_attention, form, b, n, hkv, grp, d, kv, length, slots, used,

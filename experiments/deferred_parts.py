@@ -55,12 +55,10 @@ def main(argv=None) -> None:
              "tenth": torch.where(req % 10 == 0, WIDTH - 3, -1).to(torch.int32),
              "all": torch.full((b,), WIDTH - 3, dtype=torch.int32, device=dev)}
     seg = c.segment
-    served_out = VerifyResult(torch.empty_like(s.v), torch.empty(s.v.shape, device=dev),
-                              torch.empty(s.v.shape[:2], device=dev))
+    served_out = VerifyResult.like(s.v)
 
     def fold(which):
-        return lambda: kernels.tree_commit_replay_gated(s.pool, s.slots, seg.k, seg.v, seg.a, seg.b, s.A_log,
-                                                        s.dt_bias, c.parents, c.cu, folds[which], **gated)
+        return lambda: c.fold_into(kernels, s.pool, folds[which])
 
     parts = {
         "place": lambda: pending_place(seg, c.draft, c.pending, c.rows, check_trees=False),

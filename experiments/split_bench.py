@@ -42,11 +42,9 @@ def cell(torch, kernels, spec, tree: str, batch: int, nodes: int, device: str, t
 
     sets = [LayerInputs(torch, spec, batch, nodes, tree, 1000 * i + 7 * batch + nodes, torch.bfloat16, torch.float32,
                         sglang_buffers=False, device=device) for i in range(ROTATE if timed else 1)]
-    n, hv, vd = batch * nodes, spec.gdn_value_heads, spec.gdn_value_dim
 
     def outs():
-        return [VerifyResult(torch.empty_like(s.v), torch.empty(n, hv, vd, device=device),
-                             torch.empty(n, hv, device=device)) for s in sets]
+        return [VerifyResult.like(s.v) for s in sets]
 
     tf32_out, split_out = outs(), outs()
     served = [f for s, o in zip(sets, tf32_out) for f in (bole_verify(s, kernels, o), bole_commit(s, kernels))]

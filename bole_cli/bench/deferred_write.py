@@ -4,9 +4,10 @@ ring (docs/design.md §2 "Deferred write"; the bookkeeping in kernels/pending_ch
 The served step reads a request's state in the verify and reads and writes it in the
 commit, every step; the ring reads its checkpoint and writes the state only when its
 history is full, which is why it wins on short chains at large batches (experiments/
-NOTES.md "Replay commit, node by node"). Here a request's accepted rows stay in its segment of the
-forest as a chain above the next draft, the verify (unchanged) reads them from the
-unwritten state, and the replay commit folds them in when the next draft would not fit.
+NOTES.md "Replay commit, node by node"). Here a request's accepted rows stay in its
+segment of the forest as a chain above the next draft, the verify (unchanged) reads them
+from the unwritten state, and the replay commit folds them in when the next draft would
+not fit. Measured on an H100 it loses to the ring (experiments/README.md S5-a, S5-b).
 A segment holds as many rows as the ring (`deferred_width`), so both keep the same history.
 
 A step, one GDN layer: `PendingChains.verify` (place the draft, the verify over the static
@@ -59,10 +60,7 @@ class PendingChains:
         self.pending = torch.zeros(batch, dtype=torch.int32, device=dev)
         self.rows = torch.empty(batch * nodes, dtype=torch.int64, device=dev)
         self.fold = torch.full((batch,), -1, dtype=torch.int32, device=dev)
-        n, hv, vd = batch * width, s.v.shape[1], s.v.shape[2]
-        self.out = VerifyResult(torch.empty_like(self.segment.v), torch.empty(n, hv, vd, dtype=torch.float32,
-                                                                               device=dev),
-                                torch.empty(n, hv, dtype=torch.float32, device=dev))
+        self.out = VerifyResult.like(self.segment.v)
         self.o = torch.empty_like(s.v)  # the drafts' outputs, packed as the draft
 
     def verify(self, torch, kernels, draft=None) -> None:
@@ -83,15 +81,17 @@ class PendingChains:
 
         pending_advance(self.pending, accepted, self.fold, draft_nodes=self.nodes, width=self.width,
                         check_trees=False)
-        self._fold(kernels, self.s.pool, self.fold)
+        self.fold_into(kernels, self.s.pool, self.fold)
 
     def settled(self, kernels):
         """The committed state: a copy of the pool with every pending row folded in."""
         pool = self.s.pool.clone()
-        self._fold(kernels, pool, self.pending - 1)
+        self.fold_into(kernels, pool, self.pending - 1)
         return pool
 
-    def _fold(self, kernels, pool, fold) -> None:
+    def fold_into(self, kernels, pool, fold) -> None:
+        """The replay commit on the segment forest: each request's rows up to fold[b] (its
+        forest-local node, -1 for none) folded into `pool` at its slot."""
         s, seg = self.s, self.segment
         kernels.tree_commit_replay_gated(pool, s.slots, seg.k, seg.v, seg.a, seg.b, s.A_log, s.dt_bias,
                                          self.parents, self.cu, fold, check_trees=False, max_nodes=self.width,

@@ -331,9 +331,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                                         sglang_buffers=sg is not None) for i in range(ROTATE)]
                     case = KernelCase(batch, nodes, tree)
                     n = batch * nodes
-                    outs = [VerifyResult(torch.empty_like(s.v), torch.empty(n, spec.gdn_value_heads, spec.gdn_value_dim,
-                                                                          device="cuda"),
-                                         torch.empty(n, spec.gdn_value_heads, device="cuda")) for s in sets]
+                    outs = [VerifyResult.like(s.v) for s in sets]
                     verify = [bole_verify(s, kernels, o, config) for s, o in zip(sets, outs)]
                     commit = [bole_commit(s, kernels) for s in sets]
                     case.bole_verify_us = time_graph(torch, verify)
@@ -414,8 +412,7 @@ def ring_agreement(torch, sg, kernels, sets, pool0, act, length: int) -> tuple[f
     s0.pool.copy_(pool0)
     ring = sg.replayssm_ring(s0.pool[None], s0.batch, s0.q.shape[1], act, length)
     bole_pool = pool0.clone()
-    out = VerifyResult(torch.empty_like(s0.v), torch.empty(s0.v.shape, device=dev),
-                       torch.empty(s0.v.shape[:2], device=dev))
+    out = VerifyResult.like(s0.v)
     diff_o = diff_state = 0.0
     sel = s0.slots.long()
     for step in range(CHECK_STEPS):
@@ -441,10 +438,11 @@ def ring_agreement(torch, sg, kernels, sets, pool0, act, length: int) -> tuple[f
 def deferred_agreement(torch, kernels, sets, pool0, width: int, config: Optional[dict] = None,
                        steps: Optional[int] = None) -> tuple[float, float]:
     """The deferred write against the served step over `steps` consecutive steps (default:
-    enough that every request that accepts a node each step folds at least once) on set 0's pool (reset to pool0) and
-    gate parameters, step i with set i's draft and accepted nodes: the worst relative
-    difference of the drafts' o and of the committed state (`PendingChains.settled`
-    against the served pool). Leaves set 0's pool at pool0. Any device."""
+    enough that every request that accepts a node each step folds at least once) on set
+    0's pool (reset to pool0) and gate parameters, step i with set i's draft and accepted
+    nodes: the worst relative difference of the drafts' o and of the committed state
+    (`PendingChains.settled` against the served pool). Leaves set 0's pool at pool0. Any
+    device."""
     from bole_cli.kernels.types import DraftRows, VerifyResult
 
     s0 = sets[0]
@@ -452,8 +450,7 @@ def deferred_agreement(torch, kernels, sets, pool0, width: int, config: Optional
     s0.pool.copy_(pool0)
     chains = PendingChains(torch, s0, width, config)
     served = pool0.clone()
-    out = VerifyResult(torch.empty_like(s0.v), torch.empty(s0.v.shape, device=s0.v.device),
-                       torch.empty(s0.v.shape[:2], device=s0.v.device))
+    out = VerifyResult.like(s0.v)
     sel = s0.slots.long()
     diff_o = diff_state = 0.0
     for step in range(steps):

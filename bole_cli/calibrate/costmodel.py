@@ -123,8 +123,9 @@ class Efficiency:
 # datasheet bandwidth, GEMMs from 1024 rows 67.2% of the bf16 rate, a small kernel takes
 # 2.5 us, one GDN layer's tree verify + commit (`bole bench kernels`, experiments row R-9)
 # runs at 21-78% of the speed its roofline prices, by batch and nodes a request. The other
-# GPUs take the same fractions of their datasheet figures (no device measured here; datasheets in bole_cli.catalog.hardware) and launch_s a layer for the
-# gaps, not the runtime's measured launches: their estimates describe an engine that
+# GPUs take the same fractions of their datasheet figures (no device measured here;
+# datasheets in bole_cli.catalog.hardware) and launch_s a layer for the gaps, not the
+# runtime's measured launches: their estimates describe an engine that
 # launches about what the rooflines price (the paper's), the H200's the runtime calibrate
 # measures. l2_bytes: datasheet L2 (A100 40 MB, H100/H200 50 MB, B200 126 MB; GB10 24 MB
 # assumed).

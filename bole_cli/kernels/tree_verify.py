@@ -90,8 +90,8 @@ def tree_verify(
 
     factors=False: the one-tile kernel writes o alone, u and log_p left as they were (the
     replay commit, the served one, reads neither; their stores and u's product were 14-27%
-    of the verify at batch 16-64 on an H100: experiments/NOTES.md "The verify without its
-    factors"); past one tile they are written as before.
+    of the verify at batch 16-64 on an H100: experiments/NOTES.md "Measured on an H100 at
+    the end of the fifth session"); past one tile they are written as before.
 
     state_indices outside [0, S): an InputError with check_trees; without it (CUDA graphs,
     no host read) that request's o, u and log_p are NaN and the pool is never read there.
@@ -176,12 +176,7 @@ def _verify(q, k, v, g, beta, A_log, dt_bias, state, state_indices, parents, cu_
             raise InputError(f"max_depth: {max_depth} promised, but a node has {deepest} strict ancestors")
         check_pool_slots(state_indices, state.shape[0], check_trees)
 
-    if out is None:
-        o = torch.empty_like(v)
-        u = torch.empty(n, hv, vdim, device=dev, dtype=torch.float32)
-        log_p = torch.empty(n, hv, device=dev, dtype=torch.float32)
-    else:
-        o, u, log_p = out
+    o, u, log_p = VerifyResult.like(v) if out is None else out
     if n == 0 or bsz == 0:
         return VerifyResult(o, u, log_p)
 

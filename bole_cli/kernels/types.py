@@ -15,6 +15,12 @@ class VerifyResult(NamedTuple):
     u: torch.Tensor
     log_p: torch.Tensor
 
+    @classmethod
+    def like(cls, v: torch.Tensor) -> "VerifyResult":
+        """Uninitialised outputs for a verify of v [N, HV, V]: o like v, u and log_p float32."""
+        return cls(torch.empty_like(v), torch.empty(v.shape, dtype=torch.float32, device=v.device),
+                   torch.empty(v.shape[:2], dtype=torch.float32, device=v.device))
+
 
 class DraftRows(NamedTuple):
     """A GDN layer's per-node inputs as the gated verify takes them: q, k [N, H, K], v [N, HV,

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from bole_cli.errors import InputError
 from bole_cli.kernels import reference as ref
 
-OPS = ("gdn_decode", "gdn_gates", "tree_verify", "tree_verify_gated", "tree_commit", "tree_commit_replay",
+OPS = ("gdn_decode", "gdn_gates", "tree_verify", "tree_verify_gated", "tree_commit_replay",
        "tree_commit_replay_gated", "tree_conv", "tree_conv_commit")
 BACKENDS = ("auto", "kernels", "reference")
 

@@ -79,9 +79,7 @@ class GpuEvaluator:
                 sets.append(ConvInputs(torch, dims["D"], dims["W"], bucket.batch, nodes, seed, self.act, self.device))
                 continue
             s = self.make_layer_inputs(torch, dims, bucket.batch, nodes, seed, self.act, self.state_dtype)
-            n = bucket.batch * nodes
-            out = VerifyResult(torch.empty_like(s.v), torch.empty(n, dims["HV"], dims["V"], device=self.device),
-                               torch.empty(n, dims["HV"], device=self.device))
+            out = VerifyResult.like(s.v)
             if bucket.kernel == "tree_commit":  # real factors for the commit to consume
                 self.kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
                                                s.parents, s.cu, check_trees=False, out=out)
