@@ -39,34 +39,36 @@ mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
 run() { echo "+ $*" | tee -a "$log"; "$@" >>"$log" 2>&1; echo "rc=$? $(date +%T)" | tee -a "$log"; }
 $PY -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" >>"$log" 2>&1
+# the records are named by the card that made them (a call may get an H100 in place of the H200)
+gpu=$($PY -c "import torch; n = torch.cuda.get_device_name(); print('h100' if 'H100' in n else 'h200')" 2>/dev/null || echo h200)
 
 case "$job" in
   tests)
     run timeout 330 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
   gemm)
     run timeout 520 $PY experiments/skinny_mm_bench.py --models 9b,27b,4b --grid-rows 1,64 \
-      --out "$dir/skinny-h200.json" ;;
+      --out "$dir/skinny-$gpu.json" ;;
   steps)
     run timeout 540 $PY experiments/runtime_step_bench.py --models 4b,9b,27b --batch 1,16 \
-      --variants cublas,production,skinny-down1 --out "$dir/steps-h200.json" ;;
+      --variants cublas,production,skinny-down1 --out "$dir/steps-$gpu.json" ;;
   knee)
     for m in 9b 27b; do
       run timeout 260 $PY experiments/component_bench.py --model "$m" \
-        --rows 1,2,4,8,16,24,32,48,64,96,128,160,192,256,320,384,512,768,1024,2048,4096 --out "$dir/h200-$m.json"
+        --rows 1,2,4,8,16,24,32,48,64,96,128,160,192,256,320,384,512,768,1024,2048,4096 --out "$dir/$gpu-$m.json"
     done ;;
   kernels)
     run timeout 200 $PY -m bole_cli bench kernels --model 9b --trees random --batch 1,4,16 --nodes 16,32,64 \
-      --tag kernels-served-h200-c12 --out-dir "$dir"
+      --tag kernels-served-$gpu-c12 --out-dir "$dir"
     run timeout 260 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8,16 \
-      --tag chains-served-h200-c12 --out-dir "$dir"
+      --tag chains-served-$gpu-c12 --out-dir "$dir"
     run timeout 130 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,16,64 --nodes 128,256 \
-      --no-sglang --tag chains-big-h200-factors-tf32x3 --out-dir "$dir" ;;
+      --no-sglang --tag chains-big-$gpu-c12 --out-dir "$dir" ;;
   split)
-    run timeout 360 $PY experiments/split_bench.py --out "$dir/split-h200.json"
+    run timeout 360 $PY experiments/split_bench.py --out "$dir/split-$gpu.json"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_precision_contract.py -p no:cacheprovider ;;
   deferred)
     run timeout 300 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8 \
-      --tag chains-deferred-h200 --out-dir "$dir"
+      --tag chains-deferred-$gpu --out-dir "$dir"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_deferred_write.py -p no:cacheprovider ;;
   *) echo "unknown job $job" >&2; exit 2 ;;
 esac

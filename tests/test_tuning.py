@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from bole_cli import cli
 from bole_cli.errors import InputError
 from bole_cli.kernels import tuned_tables as tt
-from bole_cli.kernels.buckets import Bucket, nearest_bucket, parse_bucket_key
+from bole_cli.kernels.buckets import BY_NODES, Bucket, nearest_bucket, parse_bucket_key
 from bole_cli.tuning import space as sp
 from bole_cli.tuning import tables as tb
 from bole_cli.tuning.checks import Verdict
@@ -141,7 +141,7 @@ def test_builtin_default_ignores_an_installed_resolver():
     assert tt._resolver is weird  # restored
     for kernel in sp.KERNELS:
         model = (8192, 4) if kernel == "tree_conv" else GDN_9B
-        d = builtin_default(Bucket(kernel, model, 4, None if kernel == "tree_commit" else 16))
+        d = builtin_default(Bucket(kernel, model, 4, 16 if BY_NODES[kernel] else None))
         assert set(d) <= set(tt.TUNED_KEYS[kernel]) and "num_warps" in d
 
 
@@ -665,7 +665,7 @@ class FakeTimer:
 
 
 @pytest.mark.parametrize("kernel,model", [("tree_verify", (1, 2, 32, 32)), ("tree_commit", (1, 2, 32, 32)),
-                                          ("tree_conv", (128, 4))])
+                                          ("tree_commit_replay", (1, 2, 32, 32)), ("tree_conv", (128, 4))])
 def test_gpu_evaluator_on_cpu_with_fakes(kernel, model):
     import torch
 
@@ -674,15 +674,17 @@ def test_gpu_evaluator_on_cpu_with_fakes(kernel, model):
     timer = FakeTimer()
     ev = GpuEvaluator(device="cpu", act_dtype="float32", rotate=2, timer=timer, device_name="cpu",
                       make_layer_inputs=cpu_layer_inputs)
-    b = Bucket(kernel, model, 2, None if kernel == "tree_commit" else 8)
+    b = Bucket(kernel, model, 2, 8 if BY_NODES[kernel] else None)
     default = ev.default_config(b)
     ev.prepare(b)
+    for out in ev._outs if kernel == "tree_verify" else ():
+        out.u.fill_(float("nan"))
     assert ev.check(b, default).ok
     before = [getattr(s, "pool", getattr(s, "conv_state", None)).clone() for s in ev._sets]
     assert ev.time(b, default, 10.0) == pytest.approx(4.0)
     assert ev.time(b, default, 40.0) == pytest.approx(4.0) and timer.captures == 1  # one capture, two timings
-    if kernel == "tree_verify":
-        assert all(torch.isfinite(o.o).all() and torch.isfinite(o.u).all() for o in ev._outs)
+    if kernel == "tree_verify":  # timed as served: o written, the factors not
+        assert all(torch.isfinite(o.o).all() and not torch.isfinite(o.u).any() for o in ev._outs)
     else:  # the commits ran on the prepared inputs
         after = [getattr(s, "pool", getattr(s, "conv_state", None)) for s in ev._sets]
         assert any(not torch.equal(x, y) for x, y in zip(before, after))
@@ -694,13 +696,15 @@ def test_gpu_evaluator_on_cpu_with_fakes(kernel, model):
     assert ev._sets == [] and ev._graphs == {}
 
 
-def test_check_rejects_a_wrong_kernel_and_skips_a_failing_one():
+@pytest.mark.parametrize("kernel", ["tree_commit", "tree_commit_replay"])
+def test_check_rejects_a_wrong_commit_and_skips_a_failing_one(kernel):
     import torch
 
     from bole_cli.tuning.checks import build_check_case, run_check
 
-    case = build_check_case("tree_commit", {"H": 1, "HV": 2, "K": 16, "V": 16}, act_dtype=torch.float32,
+    case = build_check_case(kernel, {"H": 1, "HV": 2, "K": 16, "V": 16}, act_dtype=torch.float32,
                             sizes=(12, 5))
+    name = kernel if kernel == "tree_commit" else "tree_commit_replay_gated"
 
     def wrong_commit(state, *args, **kw):
         state.mul_(1.5)
@@ -715,13 +719,36 @@ def test_check_rejects_a_wrong_kernel_and_skips_a_failing_one():
         untouched = [s for s in range(state.shape[0]) if s not in case["slots"].tolist()]
         state[untouched[0]] *= 1 + 1e-6
 
-    v = run_check("tree_commit", case, {"BV": 16}, kernels_mod=SimpleNamespace(tree_commit=wrong_commit))
+    v = run_check(kernel, case, {"BV": 16}, kernels_mod=SimpleNamespace(**{name: wrong_commit}))
     assert (v.ok, v.outcome) == (False, "rejected") and "state rel err" in v.reason
-    v = run_check("tree_commit", case, {"BV": 16}, kernels_mod=SimpleNamespace(tree_commit=leaky_commit))
+    v = run_check(kernel, case, {"BV": 16}, kernels_mod=SimpleNamespace(**{name: leaky_commit}))
     assert (v.ok, v.reason) == (False, "a slot that accepted nothing was written")
-    v = run_check("tree_commit", case, {"BV": 16}, kernels_mod=SimpleNamespace(tree_commit=broken_commit))
+    v = run_check(kernel, case, {"BV": 16}, kernels_mod=SimpleNamespace(**{name: broken_commit}))
     assert (v.ok, v.outcome) == (False, "skipped") and "OutOfResources" in v.reason
-    assert run_check("tree_commit", case, {"BV": 16}).ok
+    assert run_check(kernel, case, {"BV": 16}).ok
+
+
+def test_check_rejects_a_verify_whose_served_form_is_wrong():
+    """The verify is checked with its factors and as served without them (its own compiled
+    kernel): a config wrong only in the served form is rejected."""
+    import torch
+
+    from bole_cli import kernels
+    from bole_cli.tuning.checks import build_check_case, run_check
+
+    case = build_check_case("tree_verify", {"H": 1, "HV": 2, "K": 16, "V": 16}, act_dtype=torch.float32,
+                            sizes=(12, 5, 1, 7))
+
+    def served_wrong(*args, factors=True, **kw):
+        res = kernels.tree_verify_gated(*args, factors=factors, **kw)
+        if not factors:
+            res.o.mul_(1.01)
+        return res
+
+    cfg = {"BV": 16, "BK": 16, "VSPLIT": 1, "num_warps": 4}
+    assert run_check("tree_verify", case, cfg).ok
+    v = run_check("tree_verify", case, cfg, kernels_mod=SimpleNamespace(tree_verify_gated=served_wrong))
+    assert (v.ok, v.outcome) == (False, "rejected") and v.reason.startswith("o without the factors")
 
 
 # ---- the command ------------------------------------------------------------------------------
@@ -823,12 +850,12 @@ def test_gpu_command_path_with_fakes(monkeypatch, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel,model", [("tree_verify", GDN_27B), ("tree_commit", GDN_27B),
-                                          ("tree_conv", (10240, 4))])
+                                          ("tree_commit_replay", GDN_27B), ("tree_conv", (10240, 4))])
 def test_gpu_builtin_configs_pass_the_gate(kernel, model):
     from bole_cli.tuning.gpu import GpuEvaluator
 
     ev = GpuEvaluator()
-    b = Bucket(kernel, model, 4, None if kernel == "tree_commit" else 16)
+    b = Bucket(kernel, model, 4, 16 if BY_NODES[kernel] else None)
     v = ev.check(b, ev.default_config(b))
     assert v.ok, v.reason
 
@@ -843,7 +870,7 @@ def test_gpu_small_tuning_run(tmp_path):
 
     optuna = import_optuna()
     storage = open_storage(optuna, tmp_path / "s.journal")[0]
-    buckets = [Bucket("tree_verify", GDN_9B, 4, 16), Bucket("tree_commit", GDN_9B, 4),
+    buckets = [Bucket("tree_verify", GDN_9B, 4, 16), Bucket("tree_commit_replay", GDN_9B, 4),
                Bucket("tree_conv", (8192, 4), 4, 16)]
     results = run_tuning(optuna, storage, buckets, GpuEvaluator(), TuneSettings(trials=4))
     for r in results:

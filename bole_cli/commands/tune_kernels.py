@@ -19,7 +19,7 @@ from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.parsing import check_int, parse_int_list
 
-DEFAULT_KERNELS = "tree_verify,tree_commit,tree_conv"
+DEFAULT_KERNELS = "tree_verify,tree_commit_replay,tree_conv"  # the served kernels (tree_commit: opt-in)
 
 
 def _names(text: str, option: str) -> list[str]:

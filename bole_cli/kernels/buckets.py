@@ -4,15 +4,15 @@ lookup the kernels use at launch (docs/design.md §3, §5).
 A bucket is (kernel, the model's shape for that kernel, batch, tree nodes per request):
 
     tree_verify/H16-HV32-K128-V128/B4/N64     GDN key heads, value heads, key/value dims
-    tree_commit/H16-HV32-K128-V128/B4         the commit walks only the accepted path, so
-                                              its cost does not follow the tree size
+    tree_commit_replay/H16-HV32-K128-V128/B4  the commits walk only the accepted path, so
+                                              their cost does not follow the tree size
     tree_conv/D8192-W4/B4/N64                 conv channels (q|k|v) and width
 
 The lookup at run time (`nearest_bucket`) takes the kernel's `launch_config` shape dict:
 the model shape must match exactly (H is compared only when the kernel passes it), else
 the nearest value-head count with the same K and V (conv: nearest D with the same W) is
 used; then the bucket nearest in log(batch) + log(nodes per request) wins, ties going to
-the larger batch, then the larger tree. tree_commit's batch is B x L (a layered commit
+the larger batch, then the larger tree. the commits' batch is B x L (a layered commit
 launches the programs of L x B single-layer requests).
 """
 
@@ -28,11 +28,14 @@ from bole_cli.kernels.verify_path import is_tile_launch
 
 MODEL_DIMS: dict[str, tuple[str, ...]] = {
     "tree_verify": ("H", "HV", "K", "V"),
+    "tree_commit_replay": ("H", "HV", "K", "V"),
     "tree_commit": ("H", "HV", "K", "V"),
     "tree_conv": ("D", "W"),
 }
 # Kernels whose cost follows the tree size (their buckets carry nodes per request).
-BY_NODES = {"tree_verify": True, "tree_commit": False, "tree_conv": True}
+BY_NODES = {"tree_verify": True, "tree_commit_replay": False, "tree_commit": False, "tree_conv": True}
+# The commits: one launch may carry L layers, each request-layer a program, so their batch is B x L.
+LAYERED = ("tree_commit_replay", "tree_commit")
 
 
 @dataclass(frozen=True, order=True)
@@ -60,7 +63,7 @@ class Bucket:
         d = self.dims
         if self.kernel == "tree_verify":  # T: the promised tree size (one-tile kernel up to 64)
             return {**d, "B": self.batch, "N": self.batch * int(self.nodes or 1), "T": int(self.nodes or 1)}
-        if self.kernel == "tree_commit":
+        if self.kernel in LAYERED:
             return {**d, "B": self.batch, "L": 1}
         return {**d, "B": self.batch, "N": self.batch * int(self.nodes or 1)}
 
@@ -102,7 +105,7 @@ def query_of(kernel: str, shape: Mapping[str, int]) -> tuple[dict[str, int], flo
     launch_config shape dict (a one-tile tree_verify launch: its largest tree, T)."""
     dims = {k: int(shape[k]) for k in MODEL_DIMS[kernel] if k in shape}
     batch = max(int(shape.get("B", 1)), 1)
-    if kernel == "tree_commit":
+    if kernel in LAYERED:
         batch *= max(int(shape.get("L", 1)), 1)
     nodes = None
     if kernel == "tree_verify" and is_tile_launch(shape):

@@ -54,6 +54,7 @@ ENV_VAR = env.KERNEL_TABLES
 # bole_cli.tuning.space.SPACES, searches exactly these); everything else keeps the built-in value.
 TUNED_KEYS: dict[str, tuple[str, ...]] = {
     "tree_verify": ("BC", "VSPLIT", "BV", "BK", "num_warps", "num_stages"),
+    "tree_commit_replay": ("BV", "num_warps", "num_stages"),
     "tree_commit": ("BV", "num_warps", "num_stages"),
     "tree_conv": ("BN", "BD", "num_warps", "num_stages"),
 }

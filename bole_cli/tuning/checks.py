@@ -118,6 +118,8 @@ def build_check_case(kernel: str, dims: Mapping[str, int], device: Any = "cpu", 
         want = ref.tree_verify_ref(q, k, v, g, beta, state, slots, parents, cu)
         tensors = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state)
         case["ref"] = want
+        if kernel == "tree_commit_replay":  # the served commit: the path replayed from the inputs
+            case["ref_state"] = ref.tree_commit_replay_ref(state, slots, k, v, g, beta, parents, cu, accepted)
         if kernel == "tree_commit":
             # the verify's factors as the commit receives them (float32), exact reference
             u32, lp32 = want.u.float(), want.log_p.float()
@@ -199,22 +201,31 @@ def run_check(kernel: str, case: dict, config: Mapping[str, int], *, kernels_mod
             out = VerifyResult(torch.full_like(case["v"], float("nan")),
                                torch.full((n, hv, vd), float("nan"), device=dev),
                                torch.full((n, hv), float("nan"), device=dev))
-            res = kernels_mod.tree_verify_gated(
-                case["q"], case["k"], case["v"], case["a"], case["b"], case["A_log"], case["dt_bias"],
-                case["state"], case["slots"], case["parents"], case["cu"], config=cfg, out=out,
-                **verify_path_kwargs(cfg, max(case["sizes"])))
+            args = (case["q"], case["k"], case["v"], case["a"], case["b"], case["A_log"], case["dt_bias"],
+                    case["state"], case["slots"], case["parents"], case["cu"])
+            path = verify_path_kwargs(cfg, max(case["sizes"]))
+            res = kernels_mod.tree_verify_gated(*args, config=cfg, out=out, **path)
+            # and as served, without the factors (a kernel of its own: STORE_FACTORS)
+            served = kernels_mod.tree_verify_gated(*args, config=cfg, out=VerifyResult.like(case["v"]),
+                                                   factors=False, **path)
             if str(dev).startswith("cuda"):
                 torch.cuda.synchronize()
             want = case["ref"]
-            errs = {"o": rel_err(res.o, want.o), "u": rel_err(res.u, want.u), "log_p": rel_err(res.log_p, want.log_p)}
+            errs = {"o": rel_err(res.o, want.o), "u": rel_err(res.u, want.u), "log_p": rel_err(res.log_p, want.log_p),
+                    "o without the factors": rel_err(served.o, want.o)}
             worst = max(errs, key=errs.get)
             if errs[worst] > tol:
                 return Verdict(False, "rejected", f"{worst} rel err {errs[worst]:.1e} > {tol:g}", errs[worst])
             return Verdict(True, "ok", "", errs[worst])
-        if kernel == "tree_commit":
+        if kernel in ("tree_commit", "tree_commit_replay"):
             pool = case["state"].clone()
-            kernels_mod.tree_commit(pool, case["slots"], case["k"], case["u"], case["log_p"], case["parents"],
-                                    case["cu"], case["accepted"], config=cfg)
+            if kernel == "tree_commit":
+                kernels_mod.tree_commit(pool, case["slots"], case["k"], case["u"], case["log_p"], case["parents"],
+                                        case["cu"], case["accepted"], config=cfg)
+            else:
+                kernels_mod.tree_commit_replay_gated(pool, case["slots"], case["k"], case["v"], case["a"], case["b"],
+                                                     case["A_log"], case["dt_bias"], case["parents"], case["cu"],
+                                                     case["accepted"], config=cfg)
             if str(dev).startswith("cuda"):
                 torch.cuda.synchronize()
             err = rel_err(pool, case["ref_state"])

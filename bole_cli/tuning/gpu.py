@@ -9,8 +9,12 @@ L2 between replays. `CudaGraphTimer` keeps the captured graph, so a config's qui
 the clocks once, the search keeps them busy).
 
 What is timed per kernel (one launch per input set):
-  tree_verify  tree_verify_gated (gates fused, as SGLang's verifier receives a and b)
-  tree_commit  tree_commit of a single layer (the factors of a real verify)
+  tree_verify  tree_verify_gated (gates fused, as SGLang's verifier receives a and b) as
+               served: without the factors (factors=False)
+  tree_commit_replay  tree_commit_replay_gated of a single layer, as served (the sizes
+               and depth promised)
+  tree_commit  tree_commit of a single layer (the factors of a real verify; the tables
+               baseline of `bole bench kernels`, no longer served)
   tree_conv    tree_conv then tree_conv_commit (the "tree_conv" config drives both)
 
 `make_layer_inputs` and `timer` are injectable so the tests drive this class on the CPU.
@@ -71,7 +75,7 @@ class GpuEvaluator:
         self.release()
         self._bucket = bucket
         dims = bucket.dims
-        nodes = bucket.nodes if bucket.nodes is not None else 64  # commit: a depth-8 tree of 64
+        nodes = bucket.nodes if bucket.nodes is not None else 64  # the commits: a depth-8 tree of 64
         sets, outs = [], []
         for i in range(self.rotate):
             seed = self.seed * 7919 + 1000 * i + 7 * bucket.batch + nodes
@@ -109,7 +113,13 @@ class GpuEvaluator:
 
                 def fn(s=s, out=out, path=path):
                     k.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
-                                        s.parents, s.cu, out=out, config=cfg, **path)
+                                        s.parents, s.cu, out=out, config=cfg, factors=False, **path)
+            elif bucket.kernel == "tree_commit_replay":
+                walk = {"max_nodes": getattr(s, "nodes", None), "max_depth": getattr(s, "max_depth", None)}
+
+                def fn(s=s, walk=walk):
+                    k.tree_commit_replay_gated(s.pool, s.slots, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.parents,
+                                               s.cu, s.accepted, check_trees=False, config=cfg, **walk)
             elif bucket.kernel == "tree_commit":
                 out = self._outs[i]
 
@@ -158,6 +168,7 @@ def dry_run_checks(kernels_and_configs: list[tuple[str, dict]], *, device: Any =
     import torch
 
     tiny = tiny or {"tree_verify": {"H": 1, "HV": 2, "K": 32, "V": 32},
+                    "tree_commit_replay": {"H": 1, "HV": 2, "K": 32, "V": 32},
                     "tree_commit": {"H": 1, "HV": 2, "K": 32, "V": 32},
                     "tree_conv": {"D": 128, "W": 4}}
     cases: dict[tuple, dict] = {}

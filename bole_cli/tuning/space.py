@@ -9,7 +9,9 @@ our kernels name them as their config keys (the ones `launch_config` returns and
                      knob: the size of the triangular blocks)
                  BV  value tile ("b_v")
                  BK  key-dim slice of the dots ("b_k")
-    tree_commit  BV  value tile
+    tree_commit_replay  BV  value tile (the served commit)
+    tree_commit  BV  value tile (Eq. 10 from the verify's factors: `bole bench kernels`' tables
+                 baseline, no longer served)
     tree_conv    BN  node block,  BD  channel block
     all          num_warps, num_stages (Triton's)
 
@@ -28,7 +30,7 @@ import json
 import random
 from typing import Mapping, Optional
 
-KERNELS = ("tree_verify", "tree_commit", "tree_conv")
+KERNELS = ("tree_verify", "tree_commit_replay", "tree_conv", "tree_commit")
 
 # Full value lists per kernel; narrowed per shape by `search_space`. The keys are the ones a
 # tuned table may set (bole_cli.kernels.tuned_tables.TUNED_KEYS; tests/test_tuning.py checks).
@@ -36,6 +38,8 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
     # tree_verify: VSPLIT is searched on trees <= 64 nodes, BC on larger ones (study.py).
     "tree_verify": {"BC": (16, 32, 64), "VSPLIT": (1, 2, 4), "BV": (16, 32, 64, 128),
                     "BK": (16, 32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2)},
+    # the replay commit holds a [BV, K] state tile in registers: BV 128 on one warp spills
+    "tree_commit_replay": {"BV": (16, 32, 64), "num_warps": (1, 2, 4), "num_stages": (1, 2)},
     "tree_commit": {"BV": (16, 32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
     "tree_conv": {"BN": (16, 32, 64), "BD": (64, 128, 256, 512),
                   "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
@@ -58,7 +62,7 @@ def search_space(kernel: str, dims: Mapping[str, int],
                  include: Optional[Mapping[str, int]] = None) -> dict[str, list[int]]:
     """Candidate values per config key for one model shape.
 
-    dims: the kernel's model dimensions (V, K for tree_verify/tree_commit, D for tree_conv;
+    dims: the kernel's model dimensions (V, K for tree_verify and the commits, D for tree_conv;
     others are ignored). `include` (usually the built-in default) is always kept in, so
     the default is a point of the space and can be timed in the same study; when given,
     only its keys are searched (a key the kernel no longer takes drops out by itself).

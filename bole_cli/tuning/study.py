@@ -177,7 +177,8 @@ def open_storage(optuna, path: "str | os.PathLike[str]", *, prefer: str = "auto"
 # The kernel each tuned launch enters (bole_cli/kernels/<module>.py): the sources of it and of
 # every kernels module it imports, transitively, fingerprint its studies, so a change to any
 # of them starts new studies and trial timings of an older kernel are never reused.
-KERNEL_MODULES = {"tree_verify": "tree_verify", "tree_commit": "tree_commit", "tree_conv": "tree_conv"}
+KERNEL_MODULES = {"tree_verify": "tree_verify", "tree_commit_replay": "tree_commit_replay", "tree_commit": "tree_commit",
+                  "tree_conv": "tree_conv"}
 _KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
 
@@ -472,8 +473,8 @@ def builtin_default(bucket: Bucket) -> dict:
 
 # Seconds per timed trial / per compile / per bucket: orders of magnitude for an H200 host
 # (refine them from a run's JSON "seconds" against its "estimate_s").
-EST_TRIAL_S = {"tree_verify": 0.12, "tree_commit": 0.10, "tree_conv": 0.10}
-EST_COMPILE_S = {"tree_verify": 1.5, "tree_commit": 0.6, "tree_conv": 0.5}
+EST_TRIAL_S = {"tree_verify": 0.12, "tree_commit_replay": 0.10, "tree_commit": 0.10, "tree_conv": 0.10}
+EST_COMPILE_S = {"tree_verify": 1.5, "tree_commit_replay": 0.6, "tree_commit": 0.6, "tree_conv": 0.5}
 EST_BUCKET_S = 0.6  # inputs, reference case, confirmation timings
 
 
@@ -482,9 +483,11 @@ def estimate_seconds(buckets: Sequence[Bucket], trials: int, sampler: str = "tpe
 
     Compiles are shared by the buckets of one (kernel, model shape): the samplers are
     seeded alike in every bucket, so their first proposals coincide (a grid walks the same
-    points everywhere); about 60% of TPE's later proposals are taken as new. tree_commit
-    compiles again per batch class (1, a multiple of 16, other: Triton specialises n_req).
+    points everywhere); about 60% of TPE's later proposals are taken as new. The commits
+    compile again per batch class (1, a multiple of 16, other: Triton specialises n_req).
     """
+    from bole_cli.kernels.buckets import LAYERED
+
     total = 0.0
     groups: dict[tuple, list[Bucket]] = {}
     for b in buckets:
@@ -500,7 +503,7 @@ def estimate_seconds(buckets: Sequence[Bucket], trials: int, sampler: str = "tpe
         else:
             startup = max(3, min(10, trials // 3))
             distinct = min(size, 1 + startup + len(members) * max(trials - startup - 1, 0) * 0.6)
-        if kernel == "tree_commit":
+        if kernel in LAYERED:
             distinct *= len({1 if b.batch == 1 else (16 if b.batch % 16 == 0 else 0) for b in members})
         total += distinct * EST_COMPILE_S[kernel]
     return total
