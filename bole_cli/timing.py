@@ -31,6 +31,12 @@ ROTATE = 4  # input sets timed together
 RANDOM_TREE_DEPTH = 8  # the benches' random trees: at most this many levels, the root's counted
 
 
+def depth_promise(kind: str, nodes: int) -> int:
+    """The strict ancestors of the deepest node of a `kind` tree of `nodes` at most: the
+    max_depth the benches and the tuner promise the verify and the commit."""
+    return nodes - 1 if kind == "chain" else min(RANDOM_TREE_DEPTH - 1, nodes - 1)
+
+
 def tree_parents(kind: str, nodes: int, rng: random.Random) -> list[int]:
     """One request's local parents: a random tree of depth <= 8 (one root, like SGLang's
     drafts), or a pure chain."""
@@ -58,8 +64,7 @@ class LayerInputs:
         h, hv, kd, vd = spec.gdn_key_heads, spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
         n = batch * nodes
         self.batch, self.nodes = batch, nodes
-        # strict ancestors of the deepest node at most (tree_verify's max_depth promise)
-        self.max_depth = nodes - 1 if tree == "chain" else min(RANDOM_TREE_DEPTH - 1, nodes - 1)
+        self.max_depth = depth_promise(tree, nodes)
         local = []
         for _ in range(batch):
             local.extend(tree_parents(tree, nodes, rng))

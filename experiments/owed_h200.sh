@@ -24,16 +24,22 @@
 #   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
 #   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write on the H200 (S5-a was an H100)
 #   bash experiments/owed_h200.sh gemm     # ~9 min: the skinny GEMM against cuBLAS, 9B, 27B and 4B
+#   bash experiments/owed_h200.sh tune     # ~9 min: bole tune-kernels as served (the verify without its
+#                                          #   factors, the replay commit): the H200 table again
 #
 # A job works in /tmp/owed/<job> and leaves one tarball and its log in $OUT (the device's
 # return folder, which brings back at most 8 files; ./out-owed elsewhere). Carry `.whl` for the
-# SGLang baselines (BOLE_SGLANG_WHEEL).
+# SGLang baselines (BOLE_SGLANG_WHEEL); its py/ folder holds Optuna's wheels for the tune job and
+# the GPU suite's tuning test (the device has no Optuna and no network), fetched here with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl/py optuna==5.1.0 colorlog alembic sqlalchemy mako greenlet
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh tests|gemm|steps|knee|kernels|split|deferred}
+job=${1:?usage: bash experiments/owed_h200.sh tests|gemm|steps|knee|kernels|split|deferred|tune}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -42,6 +48,10 @@ $PY -c "import torch, triton; print(torch.__version__, triton.__version__, torch
 # the records are named by the card that made them (a call may get an H100 in place of the H200)
 gpu=$($PY -c "import torch; n = torch.cuda.get_device_name(); print('h100' if 'H100' in n else 'h200')" 2>/dev/null || echo h200)
 
+if ls .whl/py/*.whl >/dev/null 2>&1 && ! $PY -c "import optuna" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/py/*.whl \
+    && export PYTHONPATH=.:/tmp/site
+fi
 case "$job" in
   tests)
     run timeout 330 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
@@ -70,6 +80,9 @@ case "$job" in
     run timeout 300 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8 \
       --tag chains-deferred-$gpu --out-dir "$dir"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_deferred_write.py -p no:cacheprovider ;;
+  tune)
+    run timeout 560 $PY -m bole_cli tune-kernels --model 4b,9b,27b --nodes 16,32,64 --trials 10 --max-minutes 8 \
+      --profile "$dir/kernels.yaml" --report "$dir/tune-kernels-$gpu.json" ;;
   *) echo "unknown job $job" >&2; exit 2 ;;
 esac
 cp "$log" "$OUT/$job.log"

@@ -214,11 +214,13 @@ def test_first_launch_installs_the_tables_once(monkeypatch, capsys):
 
 def test_bucket_keys_round_trip_and_errors():
     for b in (Bucket("tree_verify", GDN_9B, 4, 64), Bucket("tree_commit", GDN_27B, 16),
-              Bucket("tree_conv", (8192, 4), 1, 16)):
+              Bucket("tree_commit_replay", GDN_9B, 96, 16), Bucket("tree_conv", (8192, 4), 1, 16)):
         assert parse_bucket_key(b.key) == b
     assert Bucket("tree_verify", GDN_9B, 4, 64).key == "tree_verify/H16-HV32-K128-V128/B4/N64"
+    assert Bucket("tree_commit_replay", GDN_9B, 96, 16).key == "tree_commit_replay/H16-HV32-K128-V128/B96/N16"
     assert Bucket("tree_commit", GDN_9B, 4).key == "tree_commit/H16-HV32-K128-V128/B4"
     for bad in ("verify/T64/HV32", "tree_verify/H16-HV32-K128-V128/B4", "tree_commit/H16-HV32-K128-V128/B4/N8",
+                "tree_commit_replay/H16-HV32-K128-V128/B4",
                 "tree_conv/H16-HV32-K128-V128/B4/N8", "tree_verify/HV32-H16-K128-V128/B4/N8",
                 "tree_verify/H16-HV32-K128-V128/B0/N8"):
         with pytest.raises(InputError):
@@ -229,12 +231,19 @@ def test_plan_dedupes_models_sharing_a_shape():
     from bole_cli.catalog.models import resolve_model
 
     specs = [resolve_model(m) for m in ("4b", "9b", "27b")]
-    buckets, owners = plan_buckets(specs, ["tree_verify", "tree_commit", "tree_conv"], [1, 4], [16, 64])
+    kernels = ["tree_verify", "tree_commit_replay", "tree_commit", "tree_conv"]
+    buckets, owners = plan_buckets(specs, kernels, [1, 4], [16, 64])
     assert owners[("tree_verify", GDN_9B)] == ["Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-9B"]
     assert owners[("tree_conv", (10240, 4))] == ["Qwen/Qwen3.5-27B"]
     kinds = [b.kernel for b in buckets]
     assert kinds.count("tree_verify") == 2 * 2 * 2 and kinds.count("tree_commit") == 2 * 2
     assert kinds.count("tree_conv") == 2 * 2 * 2 and len(set(buckets)) == len(buckets)
+    # the served commit runs over every GDN layer at once: planned at batch x GDN layers
+    replay = {(b.model, b.batch, b.nodes) for b in buckets if b.kernel == "tree_commit_replay"}
+    layers = {m: resolve_model(m).n_gdn_layers for m in ("9b", "27b")}
+    assert layers["9b"] == resolve_model("4b").n_gdn_layers  # 4B and 9B share one set of buckets
+    assert replay == {(GDN_9B if m == "9b" else GDN_27B, b * layers[m], n)
+                      for m in ("9b", "27b") for b in (1, 4) for n in (16, 64)}
 
 
 # ---- lookup ------------------------------------------------------------------------------
@@ -272,6 +281,14 @@ def test_lookup_commit_and_conv_shapes():
     commits = [Bucket("tree_commit", GDN_9B, b) for b in (1, 4, 16, 64)]
     assert nearest_bucket(commits, "tree_commit", {"K": 128, "V": 128, "HV": 32, "B": 2, "L": 8}).batch == 16
     assert nearest_bucket(commits, "tree_commit", {"K": 128, "V": 128, "HV": 32, "B": 1, "L": 1}).batch == 1
+    # the replay commit's batch is B x L too, and its nodes the promised tree size (N / B)
+    replays = _grid("tree_commit_replay", batches=(24, 96, 384), nodes=(16, 64))
+    shape = {"K": 128, "V": 128, "HV": 32, "B": 4, "L": 24, "N": 4 * 16}
+    assert nearest_bucket(replays, "tree_commit_replay", shape) == Bucket("tree_commit_replay", GDN_9B, 96, 16)
+    assert nearest_bucket(replays, "tree_commit_replay", dict(shape, B=16, N=16 * 64)) == \
+        Bucket("tree_commit_replay", GDN_9B, 384, 64)
+    for b in replays:  # a bucket's own launch shape finds it
+        assert nearest_bucket(replays, "tree_commit_replay", b.launch_shape()) == b
     convs = _grid("tree_conv", (8192, 4)) + _grid("tree_conv", (10240, 4))
     assert nearest_bucket(convs, "tree_conv", {"D": 10240, "W": 4, "B": 16, "N": 256}) == \
         Bucket("tree_conv", (10240, 4), 16, 16)
@@ -281,6 +298,44 @@ def test_lookup_commit_and_conv_shapes():
 
 def _entry(bucket, cfg, default=False, version="3.9.0"):
     return tt.TunedEntry(bucket, cfg, default, 10.0, 12.0, version)
+
+
+def test_a_tuned_replay_entry_reaches_the_served_commit(monkeypatch):
+    """The replay commit's launch (every layer at once, the tree size promised) picks its
+    bucket's tuned config."""
+    import torch
+
+    from bole_cli import kernels
+    from bole_cli.kernels import configs
+
+    seen = []
+    real = configs.launch_config
+
+    def spy(kernel, shape, override=None):
+        cfg = real(kernel, shape, override)
+        if kernel == "tree_commit_replay":
+            seen.append(dict(cfg))
+        return cfg
+
+    import sys
+
+    monkeypatch.setattr(sys.modules["bole_cli.kernels.tree_commit_replay"], "launch_config", spy)
+    model = (1, 2, 16, 16)
+    tt.set_resolver(tt.make_resolver([
+        _entry(Bucket("tree_commit_replay", model, 6, 4), {"BV": 32, "num_warps": 2, "num_stages": 2}),
+        _entry(Bucket("tree_commit_replay", model, 6, 64), {"BV": 16, "num_warps": 4, "num_stages": 1})]))
+    try:
+        L, B, T = 3, 2, 4
+        state = torch.randn(L, B, 2, 16, 16)
+        k, v = torch.randn(L, B * T, 1, 16), torch.randn(L, B * T, 2, 16)
+        g, beta = -torch.rand(L, B * T, 2), torch.rand(L, B * T, 2)
+        parents = torch.tensor([-1, 0, 1, 1] * B, dtype=torch.int32)
+        cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+        kernels.tree_commit_replay(state, torch.arange(B, dtype=torch.int32), k, v, g, beta, parents, cu,
+                                   torch.tensor([3, 1], dtype=torch.int32), max_nodes=T, max_depth=2)
+    finally:
+        tt.set_resolver(None)
+    assert [(c["BV"], c["num_warps"], c["num_stages"]) for c in seen] == [(32, 2, 2)]
 
 
 def test_resolver_feeds_launch_config():
@@ -633,7 +688,7 @@ def test_estimate_is_sane():
 
 def cpu_layer_inputs(torch, dims, batch, nodes, seed, act_dtype, state_dtype):
     """bole_cli.timing.LayerInputs' attributes, on the CPU."""
-    from bole_cli.timing import tree_parents
+    from bole_cli.timing import depth_promise, tree_parents
 
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -642,6 +697,7 @@ def cpu_layer_inputs(torch, dims, batch, nodes, seed, act_dtype, state_dtype):
     h, hv, kd, vd = dims["H"], dims["HV"], dims["K"], dims["V"]
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     return SimpleNamespace(
+        nodes=nodes, max_depth=depth_promise("random", nodes),
         parents=torch.tensor(par, dtype=torch.int32), cu=torch.arange(0, n + 1, nodes, dtype=torch.int32),
         q=r(n, h, kd).to(act_dtype), k=r(n, h, kd).to(act_dtype), v=r(n, hv, vd).to(act_dtype),
         a=r(n, hv).to(act_dtype), b=r(n, hv).to(act_dtype), A_log=torch.rand(hv, generator=gen) * 2 - 1,
@@ -704,7 +760,10 @@ def test_check_rejects_a_wrong_commit_and_skips_a_failing_one(kernel):
 
     case = build_check_case(kernel, {"H": 1, "HV": 2, "K": 16, "V": 16}, act_dtype=torch.float32,
                             sizes=(12, 5))
-    name = kernel if kernel == "tree_commit" else "tree_commit_replay_gated"
+    names = [kernel] if kernel == "tree_commit" else ["tree_commit_replay_gated", "tree_commit_replay"]
+
+    def mod(fn):
+        return SimpleNamespace(**{name: fn for name in names})
 
     def wrong_commit(state, *args, **kw):
         state.mul_(1.5)
@@ -719,13 +778,76 @@ def test_check_rejects_a_wrong_commit_and_skips_a_failing_one(kernel):
         untouched = [s for s in range(state.shape[0]) if s not in case["slots"].tolist()]
         state[untouched[0]] *= 1 + 1e-6
 
-    v = run_check(kernel, case, {"BV": 16}, kernels_mod=SimpleNamespace(**{name: wrong_commit}))
+    v = run_check(kernel, case, {"BV": 16}, kernels_mod=mod(wrong_commit))
     assert (v.ok, v.outcome) == (False, "rejected") and "state rel err" in v.reason
-    v = run_check(kernel, case, {"BV": 16}, kernels_mod=SimpleNamespace(**{name: leaky_commit}))
+    v = run_check(kernel, case, {"BV": 16}, kernels_mod=mod(leaky_commit))
     assert (v.ok, v.reason) == (False, "a slot that accepted nothing was written")
-    v = run_check(kernel, case, {"BV": 16}, kernels_mod=SimpleNamespace(**{name: broken_commit}))
+    v = run_check(kernel, case, {"BV": 16}, kernels_mod=mod(broken_commit))
     assert (v.ok, v.outcome) == (False, "skipped") and "OutOfResources" in v.reason
     assert run_check(kernel, case, {"BV": 16}).ok
+    if kernel == "tree_commit_replay":  # the plug-in's ungated launch is checked too
+        from bole_cli import kernels
+
+        v = run_check(kernel, case, {"BV": 16}, kernels_mod=SimpleNamespace(
+            tree_commit_replay_gated=kernels.tree_commit_replay_gated, tree_commit_replay=wrong_commit))
+        assert (v.ok, v.outcome) == (False, "rejected") and v.reason.startswith("ungated state rel err")
+
+
+def test_the_replay_gate_checks_the_timed_walk(monkeypatch):
+    """The replay commit is checked under the promises its timed launches make (the compiled
+    walk follows them), on trees no larger than its bucket's."""
+    import torch
+
+    from bole_cli import kernels
+    from bole_cli.timing import depth_promise
+    from bole_cli.tuning.checks import build_check_case, check_sizes, run_check
+
+    assert max(check_sizes("tree_commit_replay", {}, 16)) == 16 and max(check_sizes("tree_commit_replay", {}, 256)) == 256
+    case = build_check_case("tree_commit_replay", {"H": 1, "HV": 2, "K": 16, "V": 16}, act_dtype=torch.float32,
+                            sizes=check_sizes("tree_commit_replay", {}, 16))
+    seen = []
+
+    def spy(fn):
+        def call(*args, **kw):
+            seen.append((kw.get("max_nodes"), kw.get("max_depth")))
+            return fn(*args, **kw)
+        return call
+
+    v = run_check("tree_commit_replay", case, {"BV": 16}, kernels_mod=SimpleNamespace(
+        tree_commit_replay_gated=spy(kernels.tree_commit_replay_gated),
+        tree_commit_replay=spy(kernels.tree_commit_replay)))
+    assert v.ok and seen == [(16, depth_promise("random", 16))] * 2
+
+
+def test_gpu_evaluator_times_the_served_launches():
+    """What the tuner times is what the runtime launches: the verify without its factors,
+    the replay commit with the tree size and depth promised."""
+    from bole_cli import kernels
+    from bole_cli.timing import depth_promise
+    from bole_cli.tuning.gpu import GpuEvaluator
+
+    calls = []
+
+    def spy(name):
+        def call(*args, **kw):
+            calls.append((name, {k: kw.get(k) for k in ("factors", "max_nodes", "max_depth")}))
+            return getattr(kernels, name)(*args, **kw)
+        return call
+
+    mod = SimpleNamespace(**{n: spy(n) for n in ("tree_verify_gated", "tree_verify", "tree_commit_replay_gated",
+                                                 "tree_commit_replay")})
+    ev = GpuEvaluator(device="cpu", act_dtype="float32", rotate=1, timer=FakeTimer(), device_name="cpu",
+                      make_layer_inputs=cpu_layer_inputs, kernels_mod=mod)
+    for kernel in ("tree_verify", "tree_commit_replay"):
+        b = Bucket(kernel, (1, 2, 32, 32), 2, 8)
+        ev.prepare(b)
+        calls.clear()
+        ev.time(b, ev.default_config(b), 10.0)
+        want = ("tree_verify_gated", {"factors": False, "max_nodes": 8, "max_depth": depth_promise("random", 8)}) \
+            if kernel == "tree_verify" else \
+            ("tree_commit_replay_gated", {"factors": None, "max_nodes": 8, "max_depth": depth_promise("random", 8)})
+        assert calls == [want]
+        ev.release()
 
 
 def test_check_rejects_a_verify_whose_served_form_is_wrong():
@@ -739,16 +861,22 @@ def test_check_rejects_a_verify_whose_served_form_is_wrong():
     case = build_check_case("tree_verify", {"H": 1, "HV": 2, "K": 16, "V": 16}, act_dtype=torch.float32,
                             sizes=(12, 5, 1, 7))
 
-    def served_wrong(*args, factors=True, **kw):
-        res = kernels.tree_verify_gated(*args, factors=factors, **kw)
-        if not factors:
-            res.o.mul_(1.01)
-        return res
+    def served_wrong(fn):
+        def call(*args, factors=True, **kw):
+            res = fn(*args, factors=factors, **kw)
+            if not factors:
+                res.o.mul_(1.01)
+            return res
+        return call
 
     cfg = {"BV": 16, "BK": 16, "VSPLIT": 1, "num_warps": 4}
     assert run_check("tree_verify", case, cfg).ok
-    v = run_check("tree_verify", case, cfg, kernels_mod=SimpleNamespace(tree_verify_gated=served_wrong))
+    v = run_check("tree_verify", case, cfg, kernels_mod=SimpleNamespace(
+        tree_verify_gated=served_wrong(kernels.tree_verify_gated), tree_verify=kernels.tree_verify))
     assert (v.ok, v.outcome) == (False, "rejected") and v.reason.startswith("o without the factors")
+    v = run_check("tree_verify", case, cfg, kernels_mod=SimpleNamespace(
+        tree_verify_gated=kernels.tree_verify_gated, tree_verify=served_wrong(kernels.tree_verify)))
+    assert (v.ok, v.outcome) == (False, "rejected") and v.reason.startswith("o ungated without the factors")
 
 
 # ---- the command ------------------------------------------------------------------------------

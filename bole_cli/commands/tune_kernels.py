@@ -1,5 +1,6 @@
-"""`bole tune-kernels`: search the best launch config of tree_verify, tree_commit and
-tree_conv per shape bucket on this GPU, and store it where the kernels look it up.
+"""`bole tune-kernels`: search the best launch config of the served kernels (tree_verify,
+tree_commit_replay, tree_conv; tree_commit on request) per shape bucket on this GPU, and store
+it where the kernels look it up.
 
 One Optuna study per (kernel, model shape, batch, nodes) in SQLite under the user's cache
 directory (an interrupted run resumes); each candidate is checked against the float64

@@ -4,8 +4,10 @@ lookup the kernels use at launch (docs/design.md §3, §5).
 A bucket is (kernel, the model's shape for that kernel, batch, tree nodes per request):
 
     tree_verify/H16-HV32-K128-V128/B4/N64     GDN key heads, value heads, key/value dims
-    tree_commit_replay/H16-HV32-K128-V128/B4  the commits walk only the accepted path, so
-                                              their cost does not follow the tree size
+    tree_commit_replay/H16-HV32-K128-V128/B96/N16  the served commit: its path walk is
+                                              compiled for the promised tree size
+    tree_commit/H16-HV32-K128-V128/B4         Eq. 10's commit walks only the accepted path,
+                                              so its cost does not follow the tree size
     tree_conv/D8192-W4/B4/N64                 conv channels (q|k|v) and width
 
 The lookup at run time (`nearest_bucket`) takes the kernel's `launch_config` shape dict:
@@ -33,9 +35,12 @@ MODEL_DIMS: dict[str, tuple[str, ...]] = {
     "tree_conv": ("D", "W"),
 }
 # Kernels whose cost follows the tree size (their buckets carry nodes per request).
-BY_NODES = {"tree_verify": True, "tree_commit_replay": False, "tree_commit": False, "tree_conv": True}
+BY_NODES = {"tree_verify": True, "tree_commit_replay": True, "tree_commit": False, "tree_conv": True}
 # The commits: one launch may carry L layers, each request-layer a program, so their batch is B x L.
 LAYERED = ("tree_commit_replay", "tree_commit")
+# Launched over every GDN layer of a step at once (the runtime's and the plug-in's commit): tuned
+# at batch x the model's GDN layers (bole_cli.tuning.plan).
+ALL_LAYERS = ("tree_commit_replay",)
 
 
 @dataclass(frozen=True, order=True)
@@ -43,7 +48,7 @@ class Bucket:
     kernel: str
     model: tuple[int, ...]  # values of MODEL_DIMS[kernel]
     batch: int
-    nodes: Optional[int] = None  # per request; None for tree_commit
+    nodes: Optional[int] = None  # per request; None where the cost does not follow it (BY_NODES)
 
     @property
     def dims(self) -> dict[str, int]:
@@ -63,9 +68,10 @@ class Bucket:
         d = self.dims
         if self.kernel == "tree_verify":  # T: the promised tree size (one-tile kernel up to 64)
             return {**d, "B": self.batch, "N": self.batch * int(self.nodes or 1), "T": int(self.nodes or 1)}
-        if self.kernel in LAYERED:
-            return {**d, "B": self.batch, "L": 1}
-        return {**d, "B": self.batch, "N": self.batch * int(self.nodes or 1)}
+        shape = {**d, "B": self.batch, "L": 1} if self.kernel in LAYERED else {**d, "B": self.batch}
+        if BY_NODES[self.kernel]:
+            shape["N"] = self.batch * int(self.nodes or 1)
+        return shape
 
     def describe(self) -> str:
         tail = f", {self.nodes} nodes" if self.nodes is not None else ""

@@ -209,8 +209,9 @@ def _replay(state, state_indices, k, v, g, beta, A_log, dt_bias, parents, cu_seq
         return state
     widest = min(c.n, MAX_TREE_NODES) if max_nodes is None else check_max_nodes(max_nodes)
     longest = widest if check_max_depth(max_depth) is None else min(widest, max_depth + 1)
-    cfg = launch_config("tree_commit_replay", {"K": c.kdim, "V": c.vdim, "HV": c.hv, "B": c.bsz, "L": n_layers},
-                        config)
+    # N: the promised nodes a request times B (a tuned table's buckets follow the walk's size)
+    cfg = launch_config("tree_commit_replay", {"K": c.kdim, "V": c.vdim, "HV": c.hv, "B": c.bsz, "L": n_layers,
+                                               "N": c.bsz * widest}, config)
     bv = min(cfg["BV"], triton.next_power_of_2(c.vdim))
     gated = A_log is not None
     one = (lambda t: t[0]) if c.lead else (lambda t: t)

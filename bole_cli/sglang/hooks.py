@@ -18,12 +18,13 @@ What each hook does (tensor plumbing in `factors`, pool in `pool`, sizes in `pla
 4. ``TritonGDNKernel.target_verify`` (and the dispatcher in front of it, so that no other
    verify backend, e.g. FlashInfer in a dummy run without a tree, can write into the
    placeholder snapshot buffer): on a Bole pool (found by ``ssm_states.data_ptr()``),
-   Bole's closed form with SGLang's gates / l2norm / scale; k, u, log_p go to the arena.
+   Bole's closed form with SGLang's gates / l2norm / scale, without its factors; k, v, g,
+   beta go to the arena (the replay commit's inputs).
    Parents come from SGLang's retrieve_parent_token (trees); a chain has none (its verify
    metadata carries no retrive_* tensors), so its parents are 0..D-2.
    Other pools: SGLang's code, arguments untouched.
 5. ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify``: on a Bole pool, one
-   tree_commit over all GDN layers + one conv-window commit for the accepted nodes, and
+   tree_commit_replay over all GDN layers + one conv-window commit for the accepted nodes, and
    the same for the prefix-cache track slots; SGLang's PLE side-state update still runs.
 
 Every hook calls SGLang's original, arguments untouched, for a pool that is not Bole's.

@@ -7,8 +7,12 @@ timing then reuses) but few nodes: four requests mixing tree shapes (chains deep
 every node chunk, wide trees, several roots). tree_verify's one-tile configs are checked on
 trees no larger than their bucket's (the same TP as the timed launches), its blocked
 configs on a tree of the bucket's size when that is past one tile, else 130 nodes (several
-chunks, ancestor words past the first; the same TP as the timed launches); the other
-kernels on 80, 17, 1 and 40 nodes. Tolerances: 2e-3 relative (float32 activations),
+chunks, ancestor words past the first; the same TP as the timed launches). Both run gated
+(as the runtime calls them) and ungated (g and beta in float32, as the SGLang plug-in does),
+the verify with its factors and as served without them. The replay commit is checked on
+trees no larger than its bucket's, under the timed launches' promises (the bucket's size and
+the benches' random-tree depth: the same compiled walk; a deeper path in the case costs
+time, never exactness). The other kernels on 80, 17, 1 and 40 nodes. Tolerances: 2e-3 relative (float32 activations),
 1e-2 (bfloat16/float16 activations, the reference computed from the same rounded inputs).
 """
 
@@ -29,6 +33,9 @@ def check_sizes(kernel: str, config: Mapping[str, int], nodes: Optional[int] = N
     nodes: the bucket's tree size (one-tile tree_verify: the largest tree of the case)."""
     from bole_cli.kernels.verify_path import is_blocked_config  # here: bole_cli.kernels loads torch
 
+    if kernel == "tree_commit_replay":
+        n = min(int(nodes or MAX_TILE_NODES), MAX_TREE_NODES)
+        return (n, max(1, n // 3), 1, max(1, n - 1))
     if kernel != "tree_verify":
         return CHECK_SIZES
     if is_blocked_config(config):  # the bucket's own size past one tile (the timed TP), else 130
@@ -77,6 +84,14 @@ def verify_path_kwargs(config: Mapping[str, int], max_nodes: int) -> dict:
     return {"check_trees": False, "max_nodes": int(max_nodes)}
 
 
+def commit_promise(nodes: int) -> dict:
+    """The replay commit's promises for a bucket of `nodes` (the tuner's timed launches: random
+    trees of the benches' depth)."""
+    from bole_cli.timing import depth_promise
+
+    return {"max_nodes": int(nodes), "max_depth": depth_promise("random", int(nodes))}
+
+
 def build_check_case(kernel: str, dims: Mapping[str, int], device: Any = "cpu", *, act_dtype=None,
                      seed: int = 0, sizes=CHECK_SIZES) -> dict:
     """Random inputs on `device` and their float64 reference outputs (computed on the CPU)."""
@@ -116,7 +131,8 @@ def build_check_case(kernel: str, dims: Mapping[str, int], device: Any = "cpu", 
         state = rnd(slots_n, hv, vd, kd)
         g, beta = ref.gdn_gates_ref(A_log, a, dt_bias, b)
         want = ref.tree_verify_ref(q, k, v, g, beta, state, slots, parents, cu)
-        tensors = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state)
+        tensors = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, g=g.float(),
+                       beta=beta.float())
         case["ref"] = want
         if kernel == "tree_commit_replay":  # the served commit: the path replayed from the inputs
             case["ref_state"] = ref.tree_commit_replay_ref(state, slots, k, v, g, beta, parents, cu, accepted)
@@ -201,41 +217,53 @@ def run_check(kernel: str, case: dict, config: Mapping[str, int], *, kernels_mod
             out = VerifyResult(torch.full_like(case["v"], float("nan")),
                                torch.full((n, hv, vd), float("nan"), device=dev),
                                torch.full((n, hv), float("nan"), device=dev))
-            args = (case["q"], case["k"], case["v"], case["a"], case["b"], case["A_log"], case["dt_bias"],
-                    case["state"], case["slots"], case["parents"], case["cu"])
+            rows, tree = (case["q"], case["k"], case["v"]), (case["state"], case["slots"], case["parents"], case["cu"])
+            gated = rows + (case["a"], case["b"], case["A_log"], case["dt_bias"]) + tree
             path = verify_path_kwargs(cfg, max(case["sizes"]))
-            res = kernels_mod.tree_verify_gated(*args, config=cfg, out=out, **path)
-            # and as served, without the factors (a kernel of its own: STORE_FACTORS)
-            served = kernels_mod.tree_verify_gated(*args, config=cfg, out=VerifyResult.like(case["v"]),
+            res = kernels_mod.tree_verify_gated(*gated, config=cfg, out=out, **path)
+            # and as served, without the factors (a kernel of its own: STORE_FACTORS), gated
+            # (the runtime) and ungated (the plug-in)
+            served = kernels_mod.tree_verify_gated(*gated, config=cfg, out=VerifyResult.like(case["v"]),
                                                    factors=False, **path)
+            plugin = kernels_mod.tree_verify(*rows, case["g"], case["beta"], *tree, config=cfg,
+                                             out=VerifyResult.like(case["v"]), factors=False, **path)
             if str(dev).startswith("cuda"):
                 torch.cuda.synchronize()
             want = case["ref"]
             errs = {"o": rel_err(res.o, want.o), "u": rel_err(res.u, want.u), "log_p": rel_err(res.log_p, want.log_p),
-                    "o without the factors": rel_err(served.o, want.o)}
+                    "o without the factors": rel_err(served.o, want.o),
+                    "o ungated without the factors": rel_err(plugin.o, want.o)}
             worst = max(errs, key=errs.get)
             if errs[worst] > tol:
                 return Verdict(False, "rejected", f"{worst} rel err {errs[worst]:.1e} > {tol:g}", errs[worst])
             return Verdict(True, "ok", "", errs[worst])
         if kernel in ("tree_commit", "tree_commit_replay"):
-            pool = case["state"].clone()
+            pools = {"state": case["state"].clone()}
+            tree = (case["parents"], case["cu"], case["accepted"])
             if kernel == "tree_commit":
-                kernels_mod.tree_commit(pool, case["slots"], case["k"], case["u"], case["log_p"], case["parents"],
-                                        case["cu"], case["accepted"], config=cfg)
-            else:
-                kernels_mod.tree_commit_replay_gated(pool, case["slots"], case["k"], case["v"], case["a"], case["b"],
-                                                     case["A_log"], case["dt_bias"], case["parents"], case["cu"],
-                                                     case["accepted"], config=cfg)
+                kernels_mod.tree_commit(pools["state"], case["slots"], case["k"], case["u"], case["log_p"], *tree,
+                                        config=cfg)
+            else:  # gated (the runtime) and ungated (the plug-in), under the timed promises
+                promise = commit_promise(max(case["sizes"]))
+                kernels_mod.tree_commit_replay_gated(pools["state"], case["slots"], case["k"], case["v"], case["a"],
+                                                     case["b"], case["A_log"], case["dt_bias"], *tree, config=cfg,
+                                                     **promise)
+                pools["ungated state"] = case["state"].clone()
+                kernels_mod.tree_commit_replay(pools["ungated state"], case["slots"], case["k"], case["v"], case["g"],
+                                               case["beta"], *tree, config=cfg, **promise)
             if str(dev).startswith("cuda"):
                 torch.cuda.synchronize()
-            err = rel_err(pool, case["ref_state"])
-            if err > tol:
-                return Verdict(False, "rejected", f"state rel err {err:.1e} > {tol:g}", err)
-            kept = [s for s in range(pool.shape[0]) if s not in set(
-                int(case["slots"][b]) for b in range(case["slots"].shape[0]) if int(case["accepted"][b]) >= 0)]
-            if not torch.equal(pool[kept].cpu(), case["state"][kept].cpu()):
-                return Verdict(False, "rejected", "a slot that accepted nothing was written", err)
-            return Verdict(True, "ok", "", err)
+            committed = {int(case["slots"][b]) for b in range(case["slots"].shape[0]) if int(case["accepted"][b]) >= 0}
+            kept = [s for s in range(case["state"].shape[0]) if s not in committed]
+            worst = 0.0
+            for name, pool in pools.items():
+                err = rel_err(pool, case["ref_state"])
+                worst = max(worst, err)
+                if err > tol:
+                    return Verdict(False, "rejected", f"{name} rel err {err:.1e} > {tol:g}", err)
+                if not torch.equal(pool[kept].cpu(), case["state"][kept].cpu()):
+                    return Verdict(False, "rejected", "a slot that accepted nothing was written", err)
+            return Verdict(True, "ok", "", worst)
     except InputError:
         raise  # our own call is wrong, not the config: a bug to surface
     except _compile_errors() as exc:

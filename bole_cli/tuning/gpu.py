@@ -9,10 +9,12 @@ L2 between replays. `CudaGraphTimer` keeps the captured graph, so a config's qui
 the clocks once, the search keeps them busy).
 
 What is timed per kernel (one launch per input set):
-  tree_verify  tree_verify_gated (gates fused, as SGLang's verifier receives a and b) as
-               served: without the factors (factors=False)
-  tree_commit_replay  tree_commit_replay_gated of a single layer, as served (the sizes
-               and depth promised)
+  tree_verify  tree_verify_gated (gates fused, as the runtime calls it) as served: without
+               the factors (factors=False); the plug-in's ungated launch takes the same
+               config (its gates loaded instead of computed; the gate checks both)
+  tree_commit_replay  tree_commit_replay_gated of one layer of batch x layers requests (the
+               served launch's programs, bole_cli.tuning.plan), the tree size and depth
+               promised as the runtime promises them
   tree_commit  tree_commit of a single layer (the factors of a real verify; the tables
                baseline of `bole bench kernels`, no longer served)
   tree_conv    tree_conv then tree_conv_commit (the "tree_conv" config drives both)
@@ -75,7 +77,7 @@ class GpuEvaluator:
         self.release()
         self._bucket = bucket
         dims = bucket.dims
-        nodes = bucket.nodes if bucket.nodes is not None else 64  # the commits: a depth-8 tree of 64
+        nodes = bucket.nodes if bucket.nodes is not None else 64  # Eq. 10's commit: a depth-8 tree of 64
         sets, outs = [], []
         for i in range(self.rotate):
             seed = self.seed * 7919 + 1000 * i + 7 * bucket.batch + nodes
@@ -115,7 +117,7 @@ class GpuEvaluator:
                     k.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
                                         s.parents, s.cu, out=out, config=cfg, factors=False, **path)
             elif bucket.kernel == "tree_commit_replay":
-                walk = {"max_nodes": getattr(s, "nodes", None), "max_depth": getattr(s, "max_depth", None)}
+                walk = {"max_nodes": s.nodes, "max_depth": s.max_depth}
 
                 def fn(s=s, walk=walk):
                     k.tree_commit_replay_gated(s.pool, s.slots, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.parents,

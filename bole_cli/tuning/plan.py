@@ -2,7 +2,9 @@
 requested models, kernels, batches and tree sizes (docs/design.md §5).
 
 Models sharing a GDN shape share its buckets (Qwen3.5-4B and 9B), so each bucket is tuned
-once and its owners are listed beside it.
+once and its owners are listed beside it. The served commit runs over every GDN layer of a
+step in one launch (a program per request and layer), so its buckets are planned at each
+batch times the owners' GDN layer counts: the launches the runtime and the plug-in make.
 """
 
 from __future__ import annotations
@@ -26,18 +28,21 @@ def plan_buckets(specs: Sequence, kernels: Sequence[str], batches: Sequence[int]
                  nodes: Sequence[int]) -> tuple[list["Bucket"], dict[tuple[str, tuple[int, ...]], list[str]]]:
     """Buckets to tune (deduplicated: Qwen3.5-4B and 9B share their GDN shape) and, per
     (kernel, model shape), the models that have it."""
-    from bole_cli.kernels.buckets import BY_NODES, Bucket
+    from bole_cli.kernels.buckets import ALL_LAYERS, BY_NODES, Bucket
 
     owners: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    layers: dict[tuple[str, tuple[int, ...]], set[int]] = {}
     for kernel in kernels:
         check_kernel(kernel)
         for spec in specs:
-            names = owners.setdefault((kernel, model_shape(kernel, spec)), [])
+            key = (kernel, model_shape(kernel, spec))
+            names = owners.setdefault(key, [])
             if spec.name not in names:
                 names.append(spec.name)
+            layers.setdefault(key, set()).add(spec.n_gdn_layers if kernel in ALL_LAYERS else 1)
     out = []
     for (kernel, model) in owners:
-        for b in sorted(set(batches)):
+        for b in sorted({b * n for b in batches for n in layers[(kernel, model)]}):
             if BY_NODES[kernel]:
                 out.extend(Bucket(kernel, model, b, n) for n in sorted(set(nodes)))
             else:

@@ -24,13 +24,13 @@ def space_table(rows: list[dict]):
     # a bucket's name is one word (copied into tables and commands): never split, the
     # models one a line below it; the built-in config wraps between its settings instead
     t.add_column("shape / models", no_wrap=True)
-    t.add_column("values", no_wrap=True)
-    t.add_column("configs", justify="right")
+    t.add_column("values (configs)", no_wrap=True)
     t.add_column("built-in (first bucket)")
     for r in rows:
-        values = "\n".join(f"{short.get(k, k)}: {'/'.join(map(str, v))}" for k, v in r["space"].items())
+        values = "\n".join([f"{short.get(k, k)}: {'/'.join(map(str, v))}" for k, v in r["space"].items()]
+                           + [f"({r['size']} configs)"])
         models = "\n".join(m.split("/")[-1] for m in r["models"])
-        t.add_row(r["kernel"], escape(f"{r['shape']}\n{models}"), values, str(r["size"]), r["default"])
+        t.add_row(r["kernel"], escape(f"{r['shape']}\n{models}"), values, r["default"])
     return t
 
 
