@@ -266,7 +266,8 @@ def bole_commit(s: LayerInputs, kernels) -> Callable[[], None]:
 
 def factors_step(s: LayerInputs, kernels, out, config=None) -> list[Callable[[], None]]:
     """(b') The factorised path that was served before (gates fused into the verify, Eq. 10's
-    commit from the verify's u): timed beside the served path in every cell."""
+    commit from the verify's u): timed beside the served path in every cell. The commit reads
+    what the verify wrote into `out`: run the verify first."""
 
     def verify():
         kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias,
@@ -338,8 +339,11 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     case.bole_commit_us = time_graph(torch, commit)
                     case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
                     factors = [f for s, o in zip(sets, outs) for f in factors_step(s, kernels, o, factors_config)]
-                    case.factors_commit_us = time_graph(torch, factors[1::2])
+                    # the pairs first: Eq. 10's commit reads the u and log_p its verify writes, which
+                    # the served verify (factors=False) leaves unwritten; timed alone before them, it
+                    # would commit uninitialised factors into the pools the agreement then reads
                     case.factors_us = time_graph(torch, factors, calls=len(sets))
+                    case.factors_commit_us = time_graph(torch, factors[1::2])
                     if tree == "chain" and deferred_width(nodes):
                         try:
                             _bench_deferred(torch, kernels, sets, case, config)
