@@ -279,6 +279,16 @@ def factors_step(s: LayerInputs, kernels, out, config=None) -> list[Callable[[],
     return [verify, commit]
 
 
+def time_factors(torch, factors: list[Callable[[], None]], calls: int) -> tuple[float, float]:
+    """(verify + commit, commit alone) in us a call of the factorised path's [verify, commit,
+    ...] closures. The pairs first: Eq. 10's commit reads the u and log_p its verify writes,
+    which the served verify (factors=False) leaves unwritten in the buffers both share; timed
+    alone before them, it would commit uninitialised memory into the pools (experiments/NOTES.md
+    "Measured on the H200 in the sixth session")."""
+    both = time_graph(torch, factors, calls=calls)
+    return both, time_graph(torch, factors[1::2])
+
+
 def floor_bytes(s: LayerInputs, spec: ModelSpec) -> int:
     """Bytes that must move: state read once; q, k, v, a, b read; o, u, log_p written;
     the accepted states read and written back."""
@@ -339,11 +349,7 @@ def run_kernel_bench(spec: ModelSpec, batches, nodes_list, trees, *, act_dtype="
                     case.bole_commit_us = time_graph(torch, commit)
                     case.bole_us = time_graph(torch, [f for pair in zip(verify, commit) for f in pair], calls=len(sets))
                     factors = [f for s, o in zip(sets, outs) for f in factors_step(s, kernels, o, factors_config)]
-                    # the pairs first: Eq. 10's commit reads the u and log_p its verify writes, which
-                    # the served verify (factors=False) leaves unwritten; timed alone before them, it
-                    # would commit uninitialised factors into the pools the agreement then reads
-                    case.factors_us = time_graph(torch, factors, calls=len(sets))
-                    case.factors_commit_us = time_graph(torch, factors[1::2])
+                    case.factors_us, case.factors_commit_us = time_factors(torch, factors, len(sets))
                     if tree == "chain" and deferred_width(nodes):
                         try:
                             _bench_deferred(torch, kernels, sets, case, config)
