@@ -819,6 +819,28 @@ def test_the_replay_gate_checks_the_timed_walk(monkeypatch):
     assert v.ok and seen == [(16, depth_promise("random", 16))] * 2
 
 
+@pytest.mark.parametrize("free, want", [(10 ** 9, 3), (25, 1), (35, 2)])
+def test_gpu_evaluator_times_as_many_sets_as_memory_holds(free, want):
+    """A set (10 bytes here) is added only while two more would fit; one always is."""
+    from bole_cli.tuning.gpu import GpuEvaluator
+
+    built = []
+
+    def inputs(*args):
+        built.append(1)
+        return cpu_layer_inputs(*args)
+
+    def memory():
+        return 10 * len(built), free - 10 * len(built)
+
+    ev = GpuEvaluator(device="cpu", act_dtype="float32", rotate=3, timer=FakeTimer(), device_name="cpu",
+                      make_layer_inputs=inputs, memory=memory)
+    b = Bucket("tree_commit_replay", (1, 2, 32, 32), 2, 8)
+    ev.prepare(b)
+    assert len(ev._sets) == want and ev._outs == [None] * want  # the replay reads no verify outputs
+    assert ev.time(b, ev.default_config(b), 10.0) == pytest.approx(4.0)  # per set, whatever their number
+
+
 def test_gpu_evaluator_times_the_served_launches():
     """What the tuner times is what the runtime launches: the verify without its factors,
     the replay commit with the tree size and depth promised."""

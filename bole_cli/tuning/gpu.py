@@ -19,7 +19,10 @@ What is timed per kernel (one launch per input set):
                baseline of `bole bench kernels`, no longer served)
   tree_conv    tree_conv then tree_conv_commit (the "tree_conv" config drives both)
 
-`make_layer_inputs` and `timer` are injectable so the tests drive this class on the CPU.
+Up to ROTATE sets: a set is built only while the GPU has room for two more of it (a replay
+commit's bucket at batch x layers holds gigabytes a set: 27B at batch 64 and 256 nodes, 3072
+request-layers, ~26 GB), and one always. `make_layer_inputs`, `timer` and `memory` (bytes
+allocated, bytes free) are injectable so the tests drive this class on the CPU.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class GpuEvaluator:
     def __init__(self, *, device: Any = "cuda", act_dtype: str = "bfloat16", state_dtype: str = "float32",
                  rotate: Optional[int] = None, warmup_ms: float = 10.0, seed: int = 0,
                  make_layer_inputs: Optional[Callable] = None, timer: Any = None, kernels_mod: Any = None,
-                 device_name: Optional[str] = None):
+                 device_name: Optional[str] = None, memory: Optional[Callable[[], tuple[int, int]]] = None):
         import torch
         import triton
 
@@ -55,6 +58,10 @@ class GpuEvaluator:
         self.seed = seed
         self.make_layer_inputs = make_layer_inputs or LayerInputs.for_dims
         self.timer = timer or CudaGraphTimer(torch)
+        if memory is None and str(device).startswith("cuda"):
+            def memory():
+                return torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0]
+        self.memory = memory
         self.device_name = device_name or (torch.cuda.get_device_name() if str(device).startswith("cuda") else str(device))
         self.triton_version = triton.__version__
         self.tol = tolerance(self.act)
@@ -79,18 +86,25 @@ class GpuEvaluator:
         dims = bucket.dims
         nodes = bucket.nodes if bucket.nodes is not None else 64  # Eq. 10's commit: a depth-8 tree of 64
         sets, outs = [], []
+        set_bytes = 0
         for i in range(self.rotate):
+            if i and self.memory is not None and self.memory()[1] < 2 * set_bytes:
+                break  # no room for another set and the graph's own buffers: time fewer sets
+            before = self.memory()[0] if self.memory is not None else 0
             seed = self.seed * 7919 + 1000 * i + 7 * bucket.batch + nodes
             if bucket.kernel == "tree_conv":
                 sets.append(ConvInputs(torch, dims["D"], dims["W"], bucket.batch, nodes, seed, self.act, self.device))
-                continue
-            s = self.make_layer_inputs(torch, dims, bucket.batch, nodes, seed, self.act, self.state_dtype)
-            out = VerifyResult.like(s.v)
-            if bucket.kernel == "tree_commit":  # real factors for the commit to consume
-                self.kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
-                                               s.parents, s.cu, check_trees=False, out=out)
-            sets.append(s)
-            outs.append(out)
+            else:
+                s = self.make_layer_inputs(torch, dims, bucket.batch, nodes, seed, self.act, self.state_dtype)
+                # the verify's outputs where a timed launch writes or reads them (the replay: neither)
+                out = VerifyResult.like(s.v) if bucket.kernel in ("tree_verify", "tree_commit") else None
+                if bucket.kernel == "tree_commit":  # real factors for the commit to consume
+                    self.kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
+                                                   s.parents, s.cu, check_trees=False, out=out)
+                sets.append(s)
+                outs.append(out)
+            if self.memory is not None:
+                set_bytes = max(set_bytes, self.memory()[0] - before)
         self._sets, self._outs = sets, outs
 
     def check(self, bucket: Bucket, config: dict) -> Verdict:
