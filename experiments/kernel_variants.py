@@ -96,6 +96,158 @@ _R_STATE_FIRST = (
     ("        # The accepted path, deepest first, walked in registers over the request's parents\n",
      _R_TILE + "        # The accepted path, deepest first, walked in registers over the request's parents\n"),
 )
+# The k norm and the decay folded into the step's vectors, not applied to the row and the
+# tile first: k . S on the raw row and the row's norm are two independent reductions (the
+# shipped step does them one after the other), and the decay rides the update (s e + u k^T)
+# instead of its own pass over the tile. Same arithmetic to float32 rounding.
+_R_STEP = """            if USE_L2NORM:
+                kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+            s = s * tl.exp(gt)
+            ut = bt * (vt - tl.sum(s * kt[None, :], axis=1))
+            s = s + ut[:, None] * kt[None, :]
+"""
+_R_FOLD_NORM = ((_R_STEP, """            rn = tl.sum(kt * kt, axis=0) * 0.0 + 1.0
+            if USE_L2NORM:
+                rn = 1.0 / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+            et = tl.exp(gt)
+            ut = bt * (vt - (et * rn) * tl.sum(s * kt[None, :], axis=1))
+            s = s * et + (ut * rn)[:, None] * kt[None, :]
+"""),)
+# Two path nodes a step: both rows' k . S taken from the same tile (independent reductions),
+# the second node's u corrected by the first's through k0 . k1 (the chain's 2 x 2 system),
+# one update with both rank-1 terms. Half the dependent steps of the shipped walk; the
+# next pair's rows loaded a step ahead. A pair past the path's end has zero rows (u = 0).
+_R_ROWS_FN = """@triton.jit
+def _replay_rows(k_base, v_base, g_base, b_base, path, dist, start, at, offs_k, offs_v, s_kn, s_vn, hv, s_gn,
+                 s_bn, neg_a, bias, g_all, b_all, K: tl.constexpr, V: tl.constexpr, GATED: tl.constexpr,
+                 GATES_FIRST: tl.constexpr):
+    row = start + tl.sum(tl.where(at, path, 0), axis=0)
+    n = tl.sum(at.to(tl.int32), axis=0)
+    kr = tl.load(k_base + row * s_kn, mask=offs_k < K * n, other=0.0).to(tl.float32)
+    vr = tl.load(v_base + row * s_vn, mask=offs_v < V * n, other=0.0).to(tl.float32)
+    if GATES_FIRST:
+        gr = tl.sum(tl.where(at, g_all, 0.0), axis=0)
+        br = tl.sum(tl.where(at, b_all, 0.0), axis=0)
+    else:
+        gr, br = row_gates(g_base, b_base, row, n > 0, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)
+    return kr, vr, gr, br
+
+
+@triton.jit(do_not_specialize=["n_slots"])
+def _tree_commit_replay_kernel(
+"""
+_R_LOOP = """        row = start + tl.sum(tl.where(dist == length - 1, path, 0), axis=0)  # the root's row
+        kt = tl.load(k_base + row * s_kn, mask=kmask, other=0.0).to(tl.float32)
+        vt = tl.load(v_base + row * s_vn, mask=vmask, other=0.0).to(tl.float32)
+        if GATES_FIRST:  # the whole path's gates at once, each step picks its pair
+            g_all, b_all = row_gates(g_base, b_base, start + path, dist < length, hv, s_gn, 1, s_bn, 1, neg_a,
+                                     bias, GATED, True)
+            gt = tl.sum(tl.where(dist == length - 1, g_all, 0.0), axis=0)
+            bt = tl.sum(tl.where(dist == length - 1, b_all, 0.0), axis=0)
+        else:  # each node's gates loaded with its rows, a step ahead
+            gt, bt = row_gates(g_base, b_base, row, row >= 0, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)
+        for t in range(0, length):
+            # the next node's rows first (their loads overlap this step's arithmetic)
+            nxt_at = dist == length - 2 - t
+            nrow = start + tl.sum(tl.where(nxt_at, path, 0), axis=0)
+            n_more = tl.sum(nxt_at.to(tl.int32), axis=0)  # 1 while a node follows this one
+            more = n_more > 0
+            kn = tl.load(k_base + nrow * s_kn, mask=offs_k < K * n_more, other=0.0).to(tl.float32)
+            vn = tl.load(v_base + nrow * s_vn, mask=offs_v < tl.where(more, V, 0), other=0.0).to(tl.float32)
+            if GATES_FIRST:
+                gn = tl.sum(tl.where(nxt_at, g_all, 0.0), axis=0)
+                bn = tl.sum(tl.where(nxt_at, b_all, 0.0), axis=0)
+            else:
+                gn, bn = row_gates(g_base, b_base, nrow, more, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)
+            if USE_L2NORM:
+                kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+            s = s * tl.exp(gt)
+            ut = bt * (vt - tl.sum(s * kt[None, :], axis=1))
+            s = s + ut[:, None] * kt[None, :]
+            kt, vt, gt, bt = kn, vn, gn, bn
+"""
+_R_PAIRS_BODY = """        g_all = dist.to(tl.float32) * 0.0
+        b_all = g_all
+        if GATES_FIRST:
+            g_all, b_all = row_gates(g_base, b_base, start + path, dist < length, hv, s_gn, 1, s_bn, 1, neg_a,
+                                     bias, GATED, True)
+        k0, v0, g0, b0 = _replay_rows(k_base, v_base, g_base, b_base, path, dist, start, dist == length - 1,
+                                      offs_k, offs_v, s_kn, s_vn, hv, s_gn, s_bn, neg_a, bias, g_all, b_all,
+                                      K, V, GATED, GATES_FIRST)
+        k1, v1, g1, b1 = _replay_rows(k_base, v_base, g_base, b_base, path, dist, start, dist == length - 2,
+                                      offs_k, offs_v, s_kn, s_vn, hv, s_gn, s_bn, neg_a, bias, g_all, b_all,
+                                      K, V, GATED, GATES_FIRST)
+        for t in range(0, length, 2):
+            k2, v2, g2, b2 = _replay_rows(k_base, v_base, g_base, b_base, path, dist, start,
+                                          dist == length - 3 - t, offs_k, offs_v, s_kn, s_vn, hv, s_gn, s_bn,
+                                          neg_a, bias, g_all, b_all, K, V, GATED, GATES_FIRST)
+            k3, v3, g3, b3 = _replay_rows(k_base, v_base, g_base, b_base, path, dist, start,
+                                          dist == length - 4 - t, offs_k, offs_v, s_kn, s_vn, hv, s_gn, s_bn,
+                                          neg_a, bias, g_all, b_all, K, V, GATED, GATES_FIRST)
+            n0 = tl.sum(k0 * k0, axis=0) * 0.0 + 1.0
+            n1 = n0
+            if USE_L2NORM:
+                n0 = 1.0 / tl.sqrt(tl.sum(k0 * k0, axis=0) + 1e-6)
+                n1 = 1.0 / tl.sqrt(tl.sum(k1 * k1, axis=0) + 1e-6)
+            w0 = tl.sum(s * k0[None, :], axis=1)
+            w1 = tl.sum(s * k1[None, :], axis=1)
+            c01 = tl.sum(k0 * k1, axis=0)
+            e0 = tl.exp(g0)
+            e1 = tl.exp(g1)
+            u0 = b0 * (v0 - (e0 * n0) * w0)
+            u1 = b1 * (v1 - e1 * ((e0 * n1) * w1 + (n0 * n1 * c01) * u0))
+            s = s * (e0 * e1) + (e1 * n0 * u0)[:, None] * k0[None, :] + (n1 * u1)[:, None] * k1[None, :]
+            k0, v0, g0, b0, k1, v1, g1, b1 = k2, v2, g2, b2, k3, v3, g3, b3
+"""
+_R_PAIRS = (('@triton.jit(do_not_specialize=["n_slots"])\ndef _tree_commit_replay_kernel(\n', _R_ROWS_FN),
+            (_R_LOOP, _R_PAIRS_BODY))
+# Four path nodes a step (the chain's 4 x 4 system by forward substitution, one update with
+# four rank-1 terms): a quarter of the dependent steps, no prefetch (the four rows' loads
+# are issued together at the top of each step).
+_R_QUAD_ROW = """            k{i}, v{i}, g{i}, b{i} = _replay_rows(k_base, v_base, g_base, b_base, path, dist, start,
+                                          dist == length - {j} - t, offs_k, offs_v, s_kn, s_vn, hv, s_gn, s_bn,
+                                          neg_a, bias, g_all, b_all, K, V, GATED, GATES_FIRST)
+"""
+_R_QUADS_BODY = """        g_all = dist.to(tl.float32) * 0.0
+        b_all = g_all
+        if GATES_FIRST:
+            g_all, b_all = row_gates(g_base, b_base, start + path, dist < length, hv, s_gn, 1, s_bn, 1, neg_a,
+                                     bias, GATED, True)
+        for t in range(0, length, 4):
+""" + "".join(_R_QUAD_ROW.format(i=i, j=i + 1) for i in range(4)) + """            n0 = tl.sum(k0 * k0, axis=0) * 0.0 + 1.0
+            n1 = n0
+            n2 = n0
+            n3 = n0
+            if USE_L2NORM:
+                n0 = 1.0 / tl.sqrt(tl.sum(k0 * k0, axis=0) + 1e-6)
+                n1 = 1.0 / tl.sqrt(tl.sum(k1 * k1, axis=0) + 1e-6)
+                n2 = 1.0 / tl.sqrt(tl.sum(k2 * k2, axis=0) + 1e-6)
+                n3 = 1.0 / tl.sqrt(tl.sum(k3 * k3, axis=0) + 1e-6)
+            w0 = tl.sum(s * k0[None, :], axis=1)
+            w1 = tl.sum(s * k1[None, :], axis=1)
+            w2 = tl.sum(s * k2[None, :], axis=1)
+            w3 = tl.sum(s * k3[None, :], axis=1)
+            c01 = tl.sum(k0 * k1, axis=0) * n0 * n1
+            c02 = tl.sum(k0 * k2, axis=0) * n0 * n2
+            c03 = tl.sum(k0 * k3, axis=0) * n0 * n3
+            c12 = tl.sum(k1 * k2, axis=0) * n1 * n2
+            c13 = tl.sum(k1 * k3, axis=0) * n1 * n3
+            c23 = tl.sum(k2 * k3, axis=0) * n2 * n3
+            e0 = tl.exp(g0)
+            e1 = tl.exp(g1)
+            e2 = tl.exp(g2)
+            e3 = tl.exp(g3)
+            d1 = e0 * e1
+            d2 = d1 * e2
+            d3 = d2 * e3
+            u0 = b0 * (v0 - (e0 * n0) * w0)
+            u1 = b1 * (v1 - (d1 * n1) * w1 - (e1 * c01) * u0)
+            u2 = b2 * (v2 - (d2 * n2) * w2 - (e1 * e2 * c02) * u0 - (e2 * c12) * u1)
+            u3 = b3 * (v3 - (d3 * n3) * w3 - (e1 * e2 * e3 * c03) * u0 - (e2 * e3 * c13) * u1 - (e3 * c23) * u2)
+            s = (s * d3 + (e1 * e2 * e3 * n0 * u0)[:, None] * k0[None, :] + (e2 * e3 * n1 * u1)[:, None] * k1[None, :]
+                 + (e3 * n2 * u2)[:, None] * k2[None, :] + (n3 * u3)[:, None] * k3[None, :])
+"""
+_R_QUADS = ((_R_PAIRS[0][0], _R_ROWS_FN), (_R_LOOP, _R_QUADS_BODY))
 # (r-gates-first, the path's gates computed once before the steps, won P-11's A/B and is
 # shipped as c11; r-both, it with r-state-first, lost to it. Their edits are in git history.)
 
@@ -140,6 +292,11 @@ _B_NO_DIAG = (("            kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn,
 # and ablate-no-state.json, their edits in git history.)
 
 VARIANTS: dict[str, Variant] = {
+    "r-fold-norm": Variant(REPLAY, "c11 with the k norm and the decay folded into the step's vectors (one "
+                           "dependent reduction a node, no decay pass over the tile)", _R_FOLD_NORM),
+    "r-pairs": Variant(REPLAY, "c11 two path nodes a step (the pair's 2 x 2 system, one update)", _R_PAIRS),
+    "r-quads": Variant(REPLAY, "c11 four path nodes a step (the 4 x 4 system, one update; no prefetch)",
+                       _R_QUADS),
     "r-state-first": Variant(REPLAY, "c11 with the state tile loaded before the walk (on c10: 0-7% slower, "
                              "P-11)", _R_STATE_FIRST),
     "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",
