@@ -151,7 +151,7 @@ def main(argv=None) -> None:
         for name, variant in VARIANTS.items():
             if args.check:
                 load_variant(name)
-            kind = next(k for k, site in SITES.items() if site == variant.site)
+            kind = next(k for k, site in SITES.items() if site.launcher == variant.site.launcher)
             print(f"{name:10s} {kind:6s} {variant.about}")
         return
     if args.launch_floor:
@@ -160,7 +160,7 @@ def main(argv=None) -> None:
     if args.kernel is None:
         ap.error("name a kernel (verify, blocked, commit or replay), or --list / --check / --launch-floor")
     site = SITES[args.kernel]
-    wrong = [v for v in args.variants if v not in VARIANTS or VARIANTS[v].site != site]
+    wrong = [v for v in args.variants if v not in VARIANTS or VARIANTS[v].site.launcher != site.launcher]
     if wrong:
         ap.error(f"not {args.kernel} variants: {wrong}")
 
@@ -174,11 +174,11 @@ def main(argv=None) -> None:
     spec = resolve_model(args.model)
     config = parse_config(args.config)
     shipped = getattr(importlib.import_module(site.source), site.attr)
-    contenders = {"shipped": (shipped, {})}
+    contenders = {"shipped": (site, shipped, {})}
     for name in args.variants:
         v = VARIANTS[name]
         kern = load_variant(name)
-        contenders[name] = (WithConstexprs(kern, v.constexprs) if v.constexprs else kern, v.config)
+        contenders[name] = (v.site, WithConstexprs(kern, v.constexprs) if v.constexprs else kern, v.config)
     if not args.once:
         warm_gpu(torch)
     rows = []
@@ -187,9 +187,9 @@ def main(argv=None) -> None:
                                                                  "replay": REPLAY_CASES}[args.kernel]):
         run = case_runner(torch, kernels, args.kernel, spec, batch, nodes, tree, args.layers)
         row, ref = {"batch": batch, "nodes": nodes, "tree": tree, "layers": args.layers}, None
-        for name, (kern, own) in contenders.items():
+        for name, (at, kern, own) in contenders.items():
             fn, result = run({**config, **own} or None)
-            with kernel_in_place(site, kern):
+            with kernel_in_place(at, kern):
                 fn()
                 out = result()
                 ref = out if ref is None else ref

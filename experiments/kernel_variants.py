@@ -44,6 +44,9 @@ VERIFY_BLOCKED = KernelSite("bole_cli.kernels.tree_verify_blocked", "tree_verify
 REPLAY = KernelSite("bole_cli.kernels.tree_commit_replay", "_tree_commit_replay_kernel",
                     "bole_cli.kernels.tree_commit_replay")
 SITES = {"verify": VERIFY_TILE, "commit": COMMIT, "blocked": VERIFY_BLOCKED, "replay": REPLAY}
+# the replay commit's launcher (its route between the node-by-node and the passes kernels):
+# ab_kernels.py runs these variants as replay variants
+REPLAY_ROUTE = KernelSite("bole_cli.kernels.tree_commit_replay", "_replay", "bole_cli.kernels.tree_commit_replay")
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,15 @@ _R_QUADS_BODY = """        g_all = dist.to(tl.float32) * 0.0
                  + (e3 * n2 * u2)[:, None] * k2[None, :] + (n3 * u3)[:, None] * k3[None, :])
 """
 _R_QUADS = ((_R_PAIRS[0][0], _R_ROWS_FN), (_R_LOOP, _R_QUADS_BODY))
+# Paths of more than P nodes (not limits.REPLAY_STEP_PATH's 64) to the passes kernel (its
+# tensor-core passes of 16 nodes): where the node-by-node walk's instructions, not the
+# state's bytes, set a long accepted path's time (S7-a: chains of 8-16 cost 1.3-2.5x Eq. 10).
+def _route(p: int) -> tuple:
+    return (("    both = longest > REPLAY_STEP_PATH", f"    both = longest > {p}"),
+            ("WALK=REPLAY_STEP_PATH if both", f"WALK={p} if both"),
+            ("shortest=REPLAY_STEP_PATH)", f"shortest={p})"))
+
+
 # (r-gates-first, the path's gates computed once before the steps, won P-11's A/B and is
 # shipped as c11; r-both, it with r-state-first, lost to it. Their edits are in git history.)
 
@@ -295,6 +307,10 @@ VARIANTS: dict[str, Variant] = {
     "r-fold-norm": Variant(REPLAY, "c11 with the k norm and the decay folded into the step's vectors (one "
                            "dependent reduction a node, no decay pass over the tile)", _R_FOLD_NORM),
     "r-pairs": Variant(REPLAY, "c11 two path nodes a step (the pair's 2 x 2 system, one update)", _R_PAIRS),
+    "r-passes-4": Variant(REPLAY_ROUTE, "paths of more than 4 nodes to the passes kernel (not 64)", _route(4)),
+    "r-passes-8": Variant(REPLAY_ROUTE, "paths of more than 8 nodes to the passes kernel (not 64)", _route(8)),
+    "r-passes-16": Variant(REPLAY_ROUTE, "paths of more than 16 nodes to the passes kernel (not 64)",
+                           _route(16)),
     "r-quads": Variant(REPLAY, "c11 four path nodes a step (the 4 x 4 system, one update; no prefetch)",
                        _R_QUADS),
     "r-state-first": Variant(REPLAY, "c11 with the state tile loaded before the walk (on c10: 0-7% slower, "
