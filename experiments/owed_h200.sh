@@ -13,17 +13,18 @@
 # Done since on an H100 (experiments/README.md S5-a to S5-c, fifth session): split, deferred's
 # bench and GPU test, pytest -m gpu (before factors=False). Done since on the H200 (S6-a, S6-b,
 # sixth session): tests with factors=False (63 passed), the random grid (flagged: the bench's
-# own defect, fixed after; run it again). Run the rest in this order (a session's 30 device
+# own defect, fixed after; run it again). Done since on the H200 (S7-a to S7-d, seventh
+# session): kernels (the clean grid, chains against the ring, the big-tree table); on an H100
+# (S7-f): a reduced knee for 9B (the H200's is still owed). Run the rest in this order (a
+# session's 30 device
 # minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
-#   bash experiments/owed_h200.sh kernels  # ~10 min: the served grid with factors=False (issue 32's records),
-#                                          #   chains against the ring, the big chains
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
 #   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / skinny-down1
 #   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
-#   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write on the H200 (S5-a was an H100)
+#   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write's GPU test on the H200 (its bench: S7-c)
 #   bash experiments/owed_h200.sh gemm     # ~9 min: the skinny GEMM against cuBLAS, 9B, 27B and 4B
 #   bash experiments/owed_h200.sh tests    # ~6 min: python -m pytest -m gpu (after any kernel change)
 #   bash experiments/owed_h200.sh tune     # ~9 min: bole tune-kernels as served (the verify without its
