@@ -16,8 +16,7 @@
 # own defect, fixed after; run it again). Done since on the H200 (S7-a to S7-d, seventh
 # session): kernels (the clean grid, chains against the ring, the big-tree table); on an H100
 # (S7-f): a reduced knee for 9B (the H200's is still owed). Run the rest in this order (a
-# session's 30 device
-# minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
+# session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
