@@ -53,7 +53,8 @@ REPLAY_ROUTE = KernelSite("bole_cli.kernels.tree_commit_replay", "_replay", "bol
 class Variant:
     site: KernelSite
     about: str  # one line: what it changes, where it was measured
-    edits: tuple = ()  # (old, new) text replacements of the site's source
+    edits: tuple = ()  # (old, new) text replacements of the site's source, or (first, last, new):
+    # the span from the line `first` through `last`, both included, replaced
     constexprs: dict = field(default_factory=dict)  # extra launch arguments the edits introduce
     config: dict = field(default_factory=dict)  # launch knobs of this variant only
 
@@ -139,36 +140,10 @@ def _replay_rows(k_base, v_base, g_base, b_base, path, dist, start, at, offs_k, 
 @triton.jit(do_not_specialize=["n_slots"])
 def _tree_commit_replay_kernel(
 """
-_R_LOOP = """        row = start + tl.sum(tl.where(dist == length - 1, path, 0), axis=0)  # the root's row
-        kt = tl.load(k_base + row * s_kn, mask=kmask, other=0.0).to(tl.float32)
-        vt = tl.load(v_base + row * s_vn, mask=vmask, other=0.0).to(tl.float32)
-        if GATES_FIRST:  # the whole path's gates at once, each step picks its pair
-            g_all, b_all = row_gates(g_base, b_base, start + path, dist < length, hv, s_gn, 1, s_bn, 1, neg_a,
-                                     bias, GATED, True)
-            gt = tl.sum(tl.where(dist == length - 1, g_all, 0.0), axis=0)
-            bt = tl.sum(tl.where(dist == length - 1, b_all, 0.0), axis=0)
-        else:  # each node's gates loaded with its rows, a step ahead
-            gt, bt = row_gates(g_base, b_base, row, row >= 0, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)
-        for t in range(0, length):
-            # the next node's rows first (their loads overlap this step's arithmetic)
-            nxt_at = dist == length - 2 - t
-            nrow = start + tl.sum(tl.where(nxt_at, path, 0), axis=0)
-            n_more = tl.sum(nxt_at.to(tl.int32), axis=0)  # 1 while a node follows this one
-            more = n_more > 0
-            kn = tl.load(k_base + nrow * s_kn, mask=offs_k < K * n_more, other=0.0).to(tl.float32)
-            vn = tl.load(v_base + nrow * s_vn, mask=offs_v < tl.where(more, V, 0), other=0.0).to(tl.float32)
-            if GATES_FIRST:
-                gn = tl.sum(tl.where(nxt_at, g_all, 0.0), axis=0)
-                bn = tl.sum(tl.where(nxt_at, b_all, 0.0), axis=0)
-            else:
-                gn, bn = row_gates(g_base, b_base, nrow, more, hv, s_gn, 1, s_bn, 1, neg_a, bias, GATED, True)
-            if USE_L2NORM:
-                kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
-            s = s * tl.exp(gt)
-            ut = bt * (vt - tl.sum(s * kt[None, :], axis=1))
-            s = s + ut[:, None] * kt[None, :]
-            kt, vt, gt, bt = kn, vn, gn, bn
-"""
+# the shipped walk's steps, from the root's row to the step's hand-over (a span edit: the
+# variants below replace all of it)
+_R_LOOP = ("        row = start + tl.sum(tl.where(dist == length - 1, path, 0), axis=0)  # the root's row\n",
+           "            kt, vt, gt, bt = kn, vn, gn, bn\n")
 _R_PAIRS_BODY = """        g_all = dist.to(tl.float32) * 0.0
         b_all = g_all
         if GATES_FIRST:
@@ -203,7 +178,7 @@ _R_PAIRS_BODY = """        g_all = dist.to(tl.float32) * 0.0
             k0, v0, g0, b0, k1, v1, g1, b1 = k2, v2, g2, b2, k3, v3, g3, b3
 """
 _R_PAIRS = (('@triton.jit(do_not_specialize=["n_slots"])\ndef _tree_commit_replay_kernel(\n', _R_ROWS_FN),
-            (_R_LOOP, _R_PAIRS_BODY))
+            (*_R_LOOP, _R_PAIRS_BODY))
 # Four path nodes a step (the chain's 4 x 4 system by forward substitution, one update with
 # four rank-1 terms): a quarter of the dependent steps, no prefetch (the four rows' loads
 # are issued together at the top of each step).
@@ -250,7 +225,7 @@ _R_QUADS_BODY = """        g_all = dist.to(tl.float32) * 0.0
             s = (s * d3 + (e1 * e2 * e3 * n0 * u0)[:, None] * k0[None, :] + (e2 * e3 * n1 * u1)[:, None] * k1[None, :]
                  + (e3 * n2 * u2)[:, None] * k2[None, :] + (n3 * u3)[:, None] * k3[None, :])
 """
-_R_QUADS = ((_R_PAIRS[0][0], _R_ROWS_FN), (_R_LOOP, _R_QUADS_BODY))
+_R_QUADS = ((_R_PAIRS[0][0], _R_ROWS_FN), (*_R_LOOP, _R_QUADS_BODY))
 # Paths of more than P nodes (not limits.REPLAY_STEP_PATH's 64) to the passes kernel (its
 # tensor-core passes of 16 nodes): where the node-by-node walk's instructions, not the
 # state's bytes, set a long accepted path's time (S7-a: chains of 8-16 cost 1.3-2.5x Eq. 10).
@@ -339,12 +314,19 @@ VARIANTS: dict[str, Variant] = {
 
 
 def edited_source(site: KernelSite, edits) -> str:
-    """The site module's source with every (old, new) edit applied; each must match."""
+    """The site module's source with every edit applied ((old, new), or (first, last, new) for
+    a span); each text must match."""
     src = inspect.getsource(importlib.import_module(site.source))
-    for old, new in edits:
-        if old not in src:
-            raise ValueError(f"{site.source}: edit no longer applies, text not found:\n{old}")
-        src = src.replace(old, new)
+    for *old, new in edits:
+        for text in old:
+            if text not in src:
+                raise ValueError(f"{site.source}: edit no longer applies, text not found:\n{text}")
+        if len(old) == 1:
+            src = src.replace(old[0], new)
+        else:  # a span: from its first text through its last
+            first = src.index(old[0])
+            last = src.index(old[1], first) + len(old[1])
+            src = src[:first] + new + src[last:]
     return src
 
 

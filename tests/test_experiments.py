@@ -32,6 +32,16 @@ def test_an_edit_that_no_longer_applies_fails():
         variants.edited_source(site, [("this text is in no kernel", "")])
 
 
+def test_a_span_edit_replaces_from_its_first_text_through_its_last():
+    variants = _kernel_variants()
+    site = variants.REPLAY
+    src = variants.edited_source(site, [(*variants._R_LOOP, "        pass  # the span\n")])
+    assert "        pass  # the span\n" in src and "kt, vt, gt, bt = kn, vn, gn, bn" not in src
+    assert "# the root's row" not in src and "store_mask" in src  # what follows the span stays
+    with pytest.raises(ValueError, match="edit no longer applies"):
+        variants.edited_source(site, [(variants._R_LOOP[0], "this text is in no kernel", "")])
+
+
 def test_a_variant_is_in_place_only_inside_its_context():
     variants = _kernel_variants()
     site = variants.VARIANTS["no-values"].site
@@ -184,10 +194,13 @@ def test_the_tf32_emulation_contract_rows(tmp_path):
         assert state[decay, "tf32"] > 1e-5 and max(state[decay, i] for i in ("served", "split", "tf32x3")) <= 1e-6
 
 
-@pytest.mark.parametrize("name", ["r-state-first"])
-def test_the_replay_commit_variants_stay_exact(name):
+@pytest.mark.parametrize("shape", ["any", "chain"])
+@pytest.mark.parametrize("name", ["r-state-first", "r-fold-norm", "r-pairs", "r-quads", "r-passes-4"])
+def test_the_replay_commit_variants_stay_exact(name, shape):
     """The replay variants kept for A/Bs (kernel_variants.py) are rewrites of the
-    same arithmetic, not ablations: plain and gated, they commit what the reference does."""
+    same arithmetic, not ablations: plain and gated, they commit what the reference does
+    (chains: every path node replayed, odd lengths for the pairs and quads, the passes
+    kernel's share for the route's)."""
     import torch
 
     from bole_cli.kernels import tree_commit_replay, tree_commit_replay_gated
@@ -196,8 +209,9 @@ def test_the_replay_commit_variants_stay_exact(name):
     from test_kernels import make_case, rel_err
 
     variants = _kernel_variants()
-    case, forest = make_case(21, [9, 30, 1], h=2, group=2, kdim=16, vdim=24, decay=(-2.0, -0.01), shape="any")
-    accepted = random_accepted(forest.sizes, 21)
+    sizes = [9, 30, 1] if shape == "any" else [9, 30, 1, 4, 5, 6]  # chains: whole paths of 1 and 4-6 nodes
+    case, forest = make_case(21, sizes, h=2, group=2, kdim=16, vdim=24, decay=(-2.0, -0.01), shape=shape)
+    accepted = random_accepted(forest.sizes, 21) if shape == "any" else torch.tensor(sizes, dtype=torch.int32) - 1
     gen = torch.Generator().manual_seed(2)
     n, hv = case["g"].shape
     a, b = torch.randn(n, hv, generator=gen), torch.randn(n, hv, generator=gen)
