@@ -280,13 +280,18 @@ _B_NO_DIAG = (("            kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn,
 
 VARIANTS: dict[str, Variant] = {
     "r-fold-norm": Variant(REPLAY, "c11 with the k norm and the decay folded into the step's vectors (one "
-                           "dependent reduction a node, no decay pass over the tile)", _R_FOLD_NORM),
-    "r-pairs": Variant(REPLAY, "c11 two path nodes a step (the pair's 2 x 2 system, one update)", _R_PAIRS),
-    "r-passes-4": Variant(REPLAY_ROUTE, "paths of more than 4 nodes to the passes kernel (not 64)", _route(4)),
-    "r-passes-8": Variant(REPLAY_ROUTE, "paths of more than 8 nodes to the passes kernel (not 64)", _route(8)),
-    "r-passes-16": Variant(REPLAY_ROUTE, "paths of more than 16 nodes to the passes kernel (not 64)",
+                           "dependent reduction a node, no decay pass; S7-a: 0.96-1.13x)", _R_FOLD_NORM),
+    "r-pairs": Variant(REPLAY, "c11 two path nodes a step (the pair's 2 x 2 system, one update; S7-a: 0.86x "
+                       "at 1 x 64 chains, 1.0-1.16x elsewhere)", _R_PAIRS),
+    "r-passes-4": Variant(REPLAY_ROUTE, "paths of more than 4 nodes to the passes kernel (not 64; S7-e, "
+                           "an H100: slower from batch 4)", _route(4)),
+    "r-passes-8": Variant(REPLAY_ROUTE, "paths of more than 8 nodes to the passes kernel (not 64; S7-e, "
+                           "an H100: slower from batch 4)", _route(8)),
+    "r-passes-16": Variant(REPLAY_ROUTE, "paths of more than 16 nodes to the passes kernel (not 64; S7-e, "
+                           "an H100: slower from batch 4)",
                            _route(16)),
-    "r-quads": Variant(REPLAY, "c11 four path nodes a step (the 4 x 4 system, one update; no prefetch)",
+    "r-quads": Variant(REPLAY, "c11 four path nodes a step (the 4 x 4 system, one update; no prefetch; "
+                       "S7-a: 1.10-1.84x)",
                        _R_QUADS),
     "r-state-first": Variant(REPLAY, "c11 with the state tile loaded before the walk (on c10: 0-7% slower, "
                              "P-11)", _R_STATE_FIRST),
