@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     parts = {
         "place": lambda: pending_place(seg, c.draft, c.pending, c.rows, check_trees=False),
         "verify_segments": lambda: kernels.tree_verify_gated(*seg, s.A_log, s.dt_bias, s.pool, s.slots, c.parents,
-                                                             c.cu, out=c.out, **gated),
+                                                             c.cu, out=c.out, factors=False, **gated),
         "gather": lambda: torch.index_select(c.out.o, 0, c.rows, out=c.o),
         "advance": lambda: pending_advance(c.pending, s.accepted, c.fold, draft_nodes=n, width=WIDTH,
                                            check_trees=False),
@@ -71,7 +71,7 @@ def main(argv=None) -> None:
         "deferred_verify": lambda: c.verify(torch, kernels),
         "served_verify": lambda: kernels.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool,
                                                            s.slots, s.parents, s.cu, check_trees=False, max_nodes=n,
-                                                           max_depth=n - 1, out=served_out),
+                                                           max_depth=n - 1, out=served_out, factors=False),
         "served_commit": lambda: kernels.tree_commit_replay_gated(s.pool, s.slots, s.k, s.v, s.a, s.b, s.A_log,
                                                                   s.dt_bias, s.parents, s.cu, s.accepted,
                                                                   check_trees=False, max_nodes=n, max_depth=n - 1),

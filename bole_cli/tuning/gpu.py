@@ -31,7 +31,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from bole_cli.timing import ROTATE, ConvInputs, CudaGraphTimer, LayerInputs
-from bole_cli.tuning.checks import (Verdict, build_check_case, check_sizes, run_check, tolerance,
+from bole_cli.tuning.checks import (Verdict, build_check_case, check_sizes, commit_promise, run_check, tolerance,
                                     verify_path_kwargs)
 
 if TYPE_CHECKING:  # bole_cli.kernels loads torch and triton: imported where used
@@ -132,7 +132,7 @@ class GpuEvaluator:
                     k.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
                                         s.parents, s.cu, out=out, config=cfg, factors=False, **path)
             elif bucket.kernel == "tree_commit_replay":
-                walk = {"max_nodes": s.nodes, "max_depth": s.max_depth}
+                walk = commit_promise(int(bucket.nodes))  # the promises the gate checks the walk under
 
                 def fn(s=s, walk=walk):
                     k.tree_commit_replay_gated(s.pool, s.slots, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.parents,
