@@ -69,7 +69,19 @@ SKINNY_MM_MAX_ROWS = 64
 #: unmeasured).
 SKINNY_DEFAULT_MAX_ROWS = 1
 
-#: Programs each value head's rows of the fused GDN decode are split over (kernels.gdn_decode:
-#: 1 is one program a head; 2 and 4 are built and exact, unmeasured: experiments/component_bench.py
-#: times them by batch, experiments/NOTES.md "The GDN decode split by value rows").
-GDN_DECODE_VALUE_SPLIT = 1
+#: The fused GDN decode's launch (kernels.gdn_decode) by the value heads a step updates
+#: (batch x value heads): rows (at most that many heads, or None for any; value split: the
+#: programs each head's rows are spread over; warps a program), the first row that holds the
+#: step. One program of 8 warps a head takes 255 registers in the sm_90 compile, one program
+#: an SM; four programs of 2 warps were 10% faster at batch 1 and 16-21% at batch 16-64 (9B
+#: on an H100: experiments/README.md S8-a; the H200's sweep is owed). Re-derived from that
+#: record by calibrate.components.gdn_decode_launch_rows (tests/test_calibrate.py).
+GDN_DECODE_LAUNCH: tuple[tuple[int | None, int, int], ...] = ((64, 4, 2), (256, 8, 2), (None, 4, 2))
+
+
+def gdn_decode_launch(heads: int) -> tuple[int, int]:
+    """(value split, warps) of the fused GDN decode over `heads` = batch x value heads."""
+    for limit, split, warps in GDN_DECODE_LAUNCH:
+        if limit is None or heads <= limit:
+            return split, warps
+    return GDN_DECODE_LAUNCH[-1][1:]

@@ -114,43 +114,104 @@ def small_kernels(torch, spec, device, dtype, rows, chain: int) -> list[dict]:
     return out
 
 
+DECODE_LAUNCHES = "1x8,2x4,4x2,4x4,8x1,8x2,8x4,16x1,16x2"  # value split x warps (kernels.gdn_decode)
+
+
 def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_bytes: float = 0.0,
-                    splits=(1, 2, 4)) -> list[dict]:
+                    launches=((1, 8), (2, 4), (4, 2)), sglang=None) -> list[dict]:
     """Microseconds a GDN layer's fused decode takes at each batch (one token a request) and
-    value split (kernels.gdn_decode's value_split: those that leave 8 value rows a program),
-    over at least `rotate` layers and enough of them that their states pass rotate_bytes
-    (several times the L2, so no replay finds a state there)."""
+    launch (kernels.gdn_decode's value_split x num_warps; splits that leave fewer than 8
+    value rows a program are skipped), over at least `rotate` layers and enough of them that
+    their states pass rotate_bytes (several times the L2, so no replay finds a state there).
+    Each launch's state and output after one step agree with the first launch's
+    (max_rel_state, max_rel_out). With `sglang` (bole_cli.sglang's kernels) also SGLang's own
+    decode of a layer as its CUDA path calls it, impl "sglang": causal_conv1d_update on the
+    contiguous q|k|v rows, then the packed recurrent decode (its gated norm, a third
+    launch, not counted; ours is), its state checked against ours."""
     import functools
 
     from bole_cli.runtime import gdn_ops
     from bole_cli.runtime.fusion import RMS_EPS
     from bole_cli.runtime.model import gdn_proj_width
 
+    from bole_cli.kernels._env import interpreting
+
     s, cuda = spec, device == "cuda"
-    ops = gdn_ops.GDNOps("auto", torch.device(device))
+    # the kernel on the GPU, and under the interpreter on CPU (a smoke run of the launches)
+    ops = gdn_ops.GDNOps("kernels" if cuda or interpreting() else "auto", torch.device(device))
     fdt = gdn_ops.factor_dtype(dtype)
     hv, dk, dv, cd = s.gdn_value_heads, s.gdn_key_dim, s.gdn_value_dim, s.conv_dim
     out = []
     vp = 1 << (dv - 1).bit_length()
-    for b, split in ((b, v) for b in batches for v in splits if vp // v >= 8):
-        fns = []
+
+    def layer(b):  # a layer's in_proj output, conv window, weights and states
+        proj = torch.randn(b, gdn_proj_width(s), device=device, dtype=dtype)
+        x, z = proj[:, :cd], proj[:, cd: cd + hv * dv]
+        bb, a = proj[:, cd + hv * dv: cd + hv * dv + hv], proj[:, cd + hv * dv + hv:]
+        conv = torch.randn(gdn_ops.conv_state_shape(b, cd, s.conv_kernel), device=device, dtype=dtype)
+        conv_w = torch.randn(cd, s.conv_kernel, device=device, dtype=dtype) * s.conv_kernel ** -0.5
+        a_log = torch.rand(hv, device=device, dtype=fdt)
+        dt_bias = torch.full((hv,), -2.0, device=device, dtype=fdt)
+        norm_w = torch.randn(dv, device=device, dtype=dtype)
+        state = torch.randn(b, hv, dv, dk, device=device, dtype=fdt) * 0.1
+        slots = torch.arange(b, device=device, dtype=torch.int64)
+        return dict(x=x, z=z, b=bb, a=a, conv=conv, conv_w=conv_w, a_log=a_log, dt_bias=dt_bias, norm_w=norm_w,
+                    state=state, slots=slots)
+
+    def ours(t, launch):
+        return functools.partial(ops.decode, t["x"], t["conv"], t["conv_w"], None, t["a"], t["b"], t["a_log"],
+                                 t["dt_bias"], t["state"], t["slots"], key_heads=s.gdn_key_heads, z=t["z"],
+                                 norm_w=t["norm_w"], eps=RMS_EPS, value_split=launch[0], num_warps=launch[1])
+
+    def theirs(t):
+        x = t["x"].contiguous()  # SGLang's split kernel hands the conv contiguous q|k|v rows
+        a, b = t["a"], t["b"]
+        o = x.new_empty(x.shape[0], 1, hv, dv)
+
+        def call():
+            mixed = sglang.causal_conv1d_update(x, t["conv"], t["conv_w"], None, "silu",
+                                                conv_state_indices=t["slots"])
+            sglang.fused_recurrent_gated_delta_rule_packed_decode(
+                mixed_qkv=mixed, a=a, b=b, A_log=t["a_log"], dt_bias=t["dt_bias"], scale=dk ** -0.5,
+                initial_state=t["state"], out=o, ssm_state_indices=t["slots"], use_qk_l2norm_in_kernel=True)
+            return o
+        return call
+
+    def rel(got, want):
+        return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
+
+    def after_one_step(t, fn_of):  # (state, output) of one step on copies of a layer
+        c = {k: (v.clone() if k in ("conv", "state") else v) for k, v in t.items()}
+        o = fn_of(c)()
+        return c["state"], o
+
+    for b in batches:
         layers = max(rotate, -(-int(rotate_bytes) // (b * hv * dk * dv * fdt.itemsize)))
-        for _ in range(layers):  # a layer's weights, its states and its in_proj output
-            proj = torch.randn(b, gdn_proj_width(s), device=device, dtype=dtype)
-            x, z = proj[:, :cd], proj[:, cd: cd + hv * dv]
-            bb, a = proj[:, cd + hv * dv: cd + hv * dv + hv], proj[:, cd + hv * dv + hv:]
-            conv = torch.randn(gdn_ops.conv_state_shape(b, cd, s.conv_kernel), device=device, dtype=dtype)
-            conv_w = torch.randn(cd, s.conv_kernel, device=device, dtype=dtype) * s.conv_kernel ** -0.5
-            a_log = torch.rand(hv, device=device, dtype=fdt)
-            dt_bias = torch.full((hv,), -2.0, device=device, dtype=fdt)
-            norm_w = torch.randn(dv, device=device, dtype=dtype)
-            state = torch.randn(b, hv, dv, dk, device=device, dtype=fdt) * 0.1
-            slots = torch.arange(b, device=device, dtype=torch.int64)
-            fns.append(functools.partial(ops.decode, x, conv, conv_w, None, a, bb, a_log, dt_bias, state, slots,
-                                         key_heads=s.gdn_key_heads, z=z, norm_w=norm_w, eps=RMS_EPS,
-                                         value_split=split))
-        fns[0]()  # compile (and the split counters) outside the graph
-        out.append({"batch": b, "value_split": split, "layers": layers, "us": time_us(torch, fns, cuda, layers)})
+        sets = [layer(b) for _ in range(layers)]
+        ok = [ln for ln in launches if vp // ln[0] >= 8]
+        # every launch's step (and SGLang's) from the same states, before any timing moves them
+        steps = {launch: after_one_step(sets[0], lambda c, launch=launch: ours(c, launch)) for launch in ok}
+        if sglang is not None:
+            steps["sglang"] = after_one_step(sets[0], theirs)
+        ref_state, ref_out = steps[ok[0]]
+        for launch in ok:
+            state, o = steps[launch]
+            fns = [ours(t, launch) for t in sets]
+            fns[0]()  # compile (and the split counters) outside the graph
+            row = {"batch": b, "impl": "bole", "value_split": launch[0], "num_warps": launch[1], "layers": layers,
+                   "us": time_us(torch, fns, cuda, layers), "max_rel_state": rel(state, ref_state),
+                   "max_rel_out": rel(o, ref_out)}
+            out.append(row)
+            print(f"gdn decode b {b:3d} split {launch[0]:2d} warps {launch[1]}: {row['us']:7.2f} us", flush=True)
+        if sglang is not None:
+            state, _ = steps["sglang"]
+            fns = [theirs(t) for t in sets]
+            fns[0]()
+            row = {"batch": b, "impl": "sglang", "layers": layers, "us": time_us(torch, fns, cuda, layers),
+                   "max_rel_state": rel(state, ref_state)}
+            out.append(row)
+            print(f"gdn decode b {b:3d} sglang (conv + packed decode): {row['us']:7.2f} us", flush=True)
+        del sets
     return out
 
 
@@ -226,6 +287,11 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", default="1,2,4,8,16,32,64,128,256,512,1024,4096")
     ap.add_argument("--rotate", type=int, default=4, help="weight sets timed together (L2 never holds one)")
     ap.add_argument("--decode-batch", default="1,2,4,8,16,32,64", help="batches of the GDN decode rows")
+    ap.add_argument("--decode-launches", default=DECODE_LAUNCHES,
+                    help="launches of the GDN decode rows, value split x warps")
+    ap.add_argument("--sglang", action="store_true", help="time SGLang's own GDN decode beside ours (its kernels "
+                    "from BOLE_SGLANG_WHEEL or an install)")
+    ap.add_argument("--parts", default=None, help="only these parts, comma-separated (default: all)")
     ap.add_argument("--chain", type=int, default=200, help="kernels in the floor's graph")
     ap.add_argument("--attention-batch", default="1,4,16", help="batches of the attention rows")
     ap.add_argument("--attention-kv", default="1024,4096,16384", help="cache lengths of the attention rows")
@@ -242,6 +308,13 @@ def main(argv=None) -> None:
     from bole_cli.catalog.models import resolve_model, tiny_spec
 
     spec = tiny_spec() if args.smoke else resolve_model(args.model)
+    launches = [tuple(int(n) for n in launch.split("x")) for launch in args.decode_launches.split(",")]
+    chosen = None if args.parts is None else set(args.parts.split(","))
+    sglang = None
+    if args.sglang:
+        from bole_cli.sglang.baseline_kernels import load_sglang_kernels
+
+        sglang = load_sglang_kernels()
     rows = [1, 4] if args.smoke else [int(r) for r in args.rows.split(",")]
     cuda = args.device == "cuda"
     gpu = resolve_gpu(args.gpu)
@@ -281,7 +354,7 @@ def main(argv=None) -> None:
                                                4 if args.smoke else 50),
         "gdn_decode": lambda: gdn_decode_rows(torch, spec, [1, 2] if args.smoke else
                                               [int(b) for b in args.decode_batch.split(",")], args.device, dtype,
-                                              rotate, 0.0 if args.smoke else 256e6),
+                                              rotate, 0.0 if args.smoke else 256e6, launches, sglang),
         "attention": lambda: attention_rows(
             torch, spec, *(([1, 2], [16], [1, 4]) if args.smoke else
                            ([int(x) for x in a.split(",")] for a in
@@ -289,10 +362,13 @@ def main(argv=None) -> None:
             args.device, dtype, rotate, 0.0 if args.smoke else 256e6),
     }
     for name, part in parts.items():
-        doc[name] = part()
-        save()
-    print(f"kernel floor {doc['kernel_floor']['us_per_kernel']:.2f} us, host step "
-          f"{doc['host_step']['us_median']:.1f} us; wrote {args.out}")
+        if chosen is None or name in chosen:
+            doc[name] = part()
+            save()
+    if "kernel_floor" in doc and "host_step" in doc:
+        print(f"kernel floor {doc['kernel_floor']['us_per_kernel']:.2f} us, host step "
+              f"{doc['host_step']['us_median']:.1f} us")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
+#   bash experiments/owed_h200.sh decode   # ~5 min: the fused GDN decode by launch (split x warps) and batch,
+#                                          #   SGLang's decode beside it: 9B, 27B (decides limits.GDN_DECODE_LAUNCH)
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
 #   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / skinny-down1
@@ -41,7 +43,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh tests|gemm|steps|knee|kernels|split|deferred|tune}
+job=${1:?usage: bash experiments/owed_h200.sh decode|tests|gemm|steps|knee|kernels|split|deferred|tune}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -63,6 +65,11 @@ case "$job" in
   steps)
     run timeout 540 $PY experiments/runtime_step_bench.py --models 4b,9b,27b --batch 1,16 \
       --variants cublas,production,skinny-down1 --out "$dir/steps-$gpu.json" ;;
+  decode)
+    run timeout 200 $PY experiments/component_bench.py --model 9b --parts gdn_decode --sglang \
+      --decode-batch 1,2,4,8,16,32,64 --out "$dir/$gpu-9b-decode.json"
+    run timeout 150 $PY experiments/component_bench.py --model 27b --parts gdn_decode --sglang \
+      --decode-batch 1,4,16,64 --out "$dir/$gpu-27b-decode.json" ;;
   knee)
     for m in 9b 27b; do
       run timeout 260 $PY experiments/component_bench.py --model "$m" \

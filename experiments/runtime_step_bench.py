@@ -22,6 +22,9 @@
 - skinny-down1: production, and out_proj, o_proj and the MLP's down projection of one-row
             steps too (the rule's 32 weight rows a program: R-12's grid put those shapes at
             16.7 / 16.7 / 33.3 us against cuBLAS's 17.5 / 17.5 / 35.0 at 9B).
+- decode-SxW: production with every fused GDN decode launched S programs a head of W warps
+            (limits.GDN_DECODE_LAUNCH replaced for the variant; component_bench times the
+            kernel alone).
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
 graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
@@ -52,13 +55,27 @@ VARIANTS = {"before": ("tree", False, False, False, False), "fused": ("fused", F
             "skinny": ("fused", True, True, True, True),
             "skinny-normed": ("fused", True, True, "in_proj,lm_head", True),
             "skinny-io": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj", True),
-            "skinny-down1": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj,down", True, 1)}
+            "skinny-down1": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj,down", True, 1),
+            **{f"decode-{launch}": ("fused", True, True, None, True) for launch in ("1x8", "4x2", "8x2", "16x1")}}
+SHIPPED_LAUNCH = None  # limits.GDN_DECODE_LAUNCH as shipped (set_variant puts it back)
 
 
 def set_variant(timer, name: str) -> None:
     from bole_cli.runtime.fusion import Fusion
 
+    global SHIPPED_LAUNCH
+    from bole_cli import limits
+
     decode, compiled, cache_kernel, skinny, attention_in, *rows = VARIANTS[name]
+    SHIPPED_LAUNCH = SHIPPED_LAUNCH or limits.GDN_DECODE_LAUNCH
+    limits.GDN_DECODE_LAUNCH = SHIPPED_LAUNCH
+    if name.startswith("decode-"):
+        split, warps = (int(n) for n in name[len("decode-"):].split("x"))
+        limits.GDN_DECODE_LAUNCH = ((None, split, warps),)
+        if split > 1:
+            from bole_cli.kernels.skinny_mm import reserve_counters
+
+            reserve_counters(timer.model.device)  # before the variant's graphs are captured
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel

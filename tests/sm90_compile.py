@@ -48,10 +48,16 @@ def cases():
     ptr = {n: "*bf16" for n in ("x", "conv_state", "conv_w", "conv_b", "a", "b", "z", "norm_w", "o")}
     ptr.update(A_log="*fp32", dt_bias="*fp32", state="*fp32", state_idx="*i64", qk="*fp32", ss_part="*fp32",
                counters="*i32")
-    for split, warps in ((1, 8), (4, 2)):  # the runtime's default, and a head over 4 programs
+    for split, warps in ((1, 8), (4, 2), (16, 1)):  # a head over 1, 4 and 16 programs
         yield (f"gdn_decode value_split={split}", _gdn_decode_kernel, ptr, {"eps": "fp32"},
                dict(H=16, GROUP=2, K=128, V=128, BK=128, BV=128 // split, VP=128, VS=split, VSP=split, W=4, WP=4,
                     HAS_BIAS=False, NORM=True), warps, 1)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
+    import l2_prefetch_bench as l2  # an experiment's inline PTX must assemble before a device call
+
+    for bulk, step in ((True, l2.CHUNK), (False, l2.LINE)):
+        yield (f"l2_prefetch bulk={bulk}", l2.l2_prefetch_kernel, {"t": "*bf16"}, {"n_bytes": "i64", "steps": "i32"},
+               dict(BULK=bulk, BLOCK=l2.BLOCK, STEP=step), l2.BLOCK // 32, 1)
     from bole_cli.kernels.tree_metadata import _tree_metadata_kernel
     from bole_cli.kernels.tree_verify_chain import chain_factors_kernel, chain_scan_kernel
 

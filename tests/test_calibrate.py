@@ -649,9 +649,15 @@ def test_gdn_decode_share_derives_from_its_rows_and_prices_the_decode():
     layer = {b: roof.components(b, 4096, b, verify=False)["gdn_core"] / spec.n_gdn_layers for b in (1, 16)}
     record = {"model": spec.name, "gdn_decode": [{"batch": 16, "us": 4e6 * layer[16]},
                                                    {"batch": 1, "us": 2e6 * layer[1]},
-                                                   {"batch": 1, "value_split": 4, "us": 1e6 * layer[1]}]}
-    cells = gdn_decode_cells(record)  # the runtime's split (1) only
-    assert cells == ((1.0, 0.5), (16.0, 0.25))
+                                                   {"batch": 1, "value_split": 4, "us": 1e6 * layer[1]},
+                                                   {"batch": 1, "value_split": 1, "num_warps": 4, "us": 1e6 * layer[1]},
+                                                   {"batch": 16, "impl": "sglang", "us": 1e6 * layer[16]}]}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("bole_cli.limits.GDN_DECODE_LAUNCH", ((None, 1, 8),))
+        cells = gdn_decode_cells(record)  # the rule's launch (one program of 8 warps a head) only
+        assert cells == ((1.0, 0.5), (16.0, 0.25))
+        mp.setattr("bole_cli.limits.GDN_DECODE_LAUNCH", ((32, 4, 2), (None, 1, 8)))  # another rule: its rows
+        assert gdn_decode_cells(record) == ((1.0, 1.0), (16.0, 0.25))
     assert gdn_decode_cells({"model": spec.name}) == ()
     shared = RooflineForward(spec, gpu, dataclasses.replace(bare, gdn_decode_cells=cells))
     for b, share in ((1, 0.5), (16, 0.25)):
@@ -661,6 +667,36 @@ def test_gdn_decode_share_derives_from_its_rows_and_prices_the_decode():
     assert mid == pytest.approx(1 / 0.375)  # halfway between batch 1 and 16 in log2
     assert (shared.components(4, 4096, 64, verify=True)["gdn_core"]
             == pytest.approx(roof.components(4, 4096, 64, verify=True)["gdn_core"]))
+
+
+def test_the_decode_launch_rule_derives_from_the_fastest_rows():
+    """components.gdn_decode_launch_rows: by head count (batch x value heads, across models)
+    the fastest of our launches, SGLang's rows left out, a step between two counts at their
+    geometric mean, equal neighbours merged and the last row open."""
+    from bole_cli.calibrate.components import gdn_decode_launch_rows
+
+    def rows(model, batch, *launches):  # (split, warps, us)
+        return [{"batch": batch, "value_split": s, "num_warps": w, "us": us} for s, w, us in launches]
+
+    nine = {"model": "9b", "gdn_decode": rows("9b", 1, (1, 8, 10.0), (16, 1, 6.0)) + rows("9b", 4, (16, 1, 9.0))
+            + rows("9b", 16, (16, 1, 30.0), (4, 2, 25.0)) + [{"batch": 16, "impl": "sglang", "us": 1.0}]}
+    big = {"model": "27b", "gdn_decode": [{"batch": 1, "value_split": 8, "us": 7.0}]}  # 48 heads, warps 8 // 8
+    assert gdn_decode_launch_rows([nine]) == ((int((128 * 512) ** 0.5), 16, 1), (None, 4, 2))
+    assert gdn_decode_launch_rows([nine, big]) == ((int((32 * 48) ** 0.5), 16, 1), (int((48 * 128) ** 0.5), 8, 1),
+                                                   (int((128 * 512) ** 0.5), 16, 1), (None, 4, 2))
+    assert gdn_decode_launch_rows([{"model": "9b"}]) == ()
+
+
+def test_the_shipped_decode_launch_rule_is_the_records():
+    """limits.GDN_DECODE_LAUNCH is what calibrate.components.gdn_decode_launch_rows derives
+    from the committed decode sweep (experiments/README.md S8-a)."""
+    from pathlib import Path
+
+    from bole_cli.calibrate.components import gdn_decode_launch_rows
+    from bole_cli.limits import GDN_DECODE_LAUNCH
+
+    record = Path(__file__).resolve().parents[1] / "experiments" / "results" / "components" / "h100-9b-decode-s8.json"
+    assert gdn_decode_launch_rows([json.loads(record.read_text())]) == GDN_DECODE_LAUNCH
 
 
 def test_attention_share_derives_from_its_rows_and_prices_the_attention():

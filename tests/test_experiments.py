@@ -106,9 +106,10 @@ def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
     and the attention rows give calibrate.components.attention_cells a full grid."""
     from bole_cli.calibrate.components import attention_cells
 
-    doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke")
+    doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke", "--decode-launches", "1x8,2x1")
     assert sorted({r["batch"] for r in doc["gdn_decode"]}) == [1, 2] and all(r["us"] > 0 for r in doc["gdn_decode"])
-    assert {r["value_split"] for r in doc["gdn_decode"]} >= {1, 2}
+    assert sorted((r["value_split"], r["num_warps"]) for r in doc["gdn_decode"]) == [(1, 8)] * 2 + [(2, 1)] * 2
+    assert all(r["max_rel_state"] < 1e-5 and r["max_rel_out"] < 1e-2 for r in doc["gdn_decode"])
     assert sorted((r["batch"], r["tokens"], r["form"]) for r in doc["attention"]) == [
         (1, 1, "decode"), (1, 4, "drafter"), (1, 4, "tree"), (2, 1, "decode"), (2, 4, "drafter"), (2, 4, "tree")]
     assert all(r["us"] > 0 for r in doc["attention"])
@@ -121,6 +122,19 @@ def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
     assert {r["gemm"] for r in doc["gemms"]} == {"gdn_in_proj", "lm_head", "mlp_gate_up", "mlp_down"}
     assert sorted({r["M"] for r in doc["gemms"]}) == [1, 4] and all(r["us"] > 0 for r in doc["gemms"])
     assert doc["kernel_floor"]["us_per_kernel"] > 0 and doc["host_step"]["us_median"] > 0
+
+
+def test_the_component_bench_times_sglangs_decode_beside_ours(tmp_path, sglang_source):
+    """--sglang: SGLang's own decode of a GDN layer (its conv update, then its packed
+    recurrent decode, interpreted here) timed beside ours, its state one step on within a
+    bf16 rounding of ours (SGLang rounds beta to the activation dtype; ours keeps it float32),
+    and only the GDN decode part run (--parts)."""
+    doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke", "--decode-launches", "1x8",
+                       "--sglang", "--parts", "gdn_decode")
+    theirs = [r for r in doc["gdn_decode"] if r["impl"] == "sglang"]
+    assert [r["batch"] for r in theirs] == [1, 2] and all(r["us"] > 0 for r in theirs)
+    assert all(0 < r["max_rel_state"] < 2e-2 for r in theirs)
+    assert "gemms" not in doc and "attention" not in doc
 
 
 def test_the_skinny_mm_bench_smoke_run_writes_its_record(tmp_path):
@@ -263,3 +277,22 @@ def test_check_decision_budgets_stay_within_the_trees():
     assert check.budgets_around(32, 1, 41) == [16, 32]  # 64 exceeds a 41-node tree
     assert check.budgets_around(64, 4, 41, (0.5, 2.0)) == [32, 64, 128]
     assert check.budgets_around(8, 4, 41, (0.5,)) == [8]  # 4 is one node a request: not a tree
+
+
+@pytest.mark.parametrize("n_bytes,address,mode,programs", [(4096 * 4096 * 2, 0, "bulk", None), (65536 + 16, 256, "bulk", 16),
+                                                          (65536 + 2, 256, "bulk", 16), (1000, 8, "bulk", None),
+                                                          (3 * 128 * 128 + 1, 0, "line", 2), (1, 0, "line", 32),
+                                                          (33554432, 0, "line", 16)])
+def test_the_l2_prefetch_plan_names_every_byte_once(n_bytes, address, mode, programs):
+    """l2_prefetch_bench.launch_plan: lanes of STEP bytes from the start cover the tensor and
+    no whole lane lies past it (the kernel clips the last to n_bytes); programs x steps x
+    BLOCK lanes hold them all, with at most one step of lanes to spare a program; bulk only
+    where the address and the length are multiples of 16, else lines."""
+    bench = experiment_module("l2_prefetch_bench")
+    bulk, step, grid, steps = bench.launch_plan(n_bytes, address, mode, programs)
+    assert bulk == (mode == "bulk" and address % 16 == 0 and n_bytes % 16 == 0)
+    assert step == (bench.CHUNK if bulk else bench.LINE)
+    lanes = -(-n_bytes // step)
+    assert (lanes - 1) * step < n_bytes <= lanes * step
+    assert lanes <= grid * steps * bench.BLOCK < lanes + grid * bench.BLOCK
+    assert programs is None and steps == 1 or grid <= programs

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+import triton
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
@@ -81,20 +82,22 @@ def test_decode_matches_float64_reference(seed, bsz, group, kdim, vdim, width, d
 
 @SETTINGS
 @given(seed=st.integers(0, 2**31 - 1), bsz=st.integers(2, 4), group=st.sampled_from([1, 2, 4]),
-       vdim=st.sampled_from([24, 32]), split=st.sampled_from([2, 4]), norm=st.booleans(),
-       decay=st.sampled_from([(-1e-4, -1e-6), (-30.0, -1e-4)]))
-@example(seed=4, bsz=3, group=2, vdim=24, split=4, norm=True, decay=(-30.0, -1e-4))
-def test_value_split_decode_matches_the_whole_head(seed, bsz, group, vdim, split, norm, decay):
+       vdim=st.sampled_from([24, 32, 64]), split=st.sampled_from([2, 4, 8]), norm=st.booleans(),
+       decay=st.sampled_from([(-1e-4, -1e-6), (-30.0, -1e-4)]), warps=st.sampled_from([None, 1, 2, 4]))
+@example(seed=4, bsz=3, group=2, vdim=24, split=4, norm=True, decay=(-30.0, -1e-4), warps=None)
+@example(seed=5, bsz=2, group=4, vdim=64, split=8, norm=True, decay=(-30.0, -1e-4), warps=1)
+def test_value_split_decode_matches_the_whole_head(seed, bsz, group, vdim, split, norm, decay, warps):
     """value_split: each head's value rows over several programs (the last to arrive applies
     the gated norm over the whole head): the float64 reference's outputs, states and windows,
     V not a power of two included (a tile past V holds no rows), the split counters left at
     zero for the next launch. The programs run in a shuffled order (tests/shuffled_grid.py),
     so a head's last arriver is any of its tiles and heads interleave, as on the GPU."""
     from bole_cli.kernels.skinny_mm import reserve_counters
+    assume(triton.next_power_of_2(vdim) // split >= 8)
     case = make(seed, bsz=bsz, group=group, kdim=16, vdim=vdim, decay=decay, norm=norm)
     case["state_indices"][-1] = 99  # a slot outside the pool: NaN rows, nothing written
     with shuffled_grid(seed):
-        out, state, conv = run(case, value_split=split)
+        out, state, conv = run(case, value_split=split, num_warps=warps)
     assert torch.isnan(out[-1]).all()
     rows = ("x", "a", "b", "z", "state_indices")
     inside = {k: (v[: bsz - 1] if k in rows and v is not None else v) for k, v in case.items()}
@@ -111,6 +114,44 @@ def test_value_split_refusals(split):
     at most 2)."""
     with pytest.raises(InputError, match="value_split"):
         gdn_decode(**make(2, vdim=16), value_split=split)
+
+
+@pytest.mark.parametrize("warps", [0, 3, 32, True])
+def test_num_warps_refusals(warps):
+    """A program's warps: a power of two from 1 to 16."""
+    with pytest.raises(InputError, match="num_warps"):
+        gdn_decode(**make(2, vdim=16), num_warps=warps)
+
+
+def test_the_launch_rule_takes_the_first_row_that_holds_the_heads(monkeypatch):
+    """limits.gdn_decode_launch: rows by the heads a step updates (batch x value heads), the
+    first whose limit holds; None holds any; past every limit, the last row. The kernel takes
+    the rule's launch by default (its split capped so a program keeps 8 value rows), and a
+    caller's split with a head's 8 warps spread over it."""
+    import importlib
+
+    from bole_cli import limits
+
+    mod = importlib.import_module("bole_cli.kernels.gdn_decode")  # the module (the package exports the function)
+
+    monkeypatch.setattr(limits, "GDN_DECODE_LAUNCH", ((32, 16, 1), (512, 4, 2), (None, 1, 8)))
+    assert [limits.gdn_decode_launch(h) for h in (1, 32, 33, 512, 513)] == [(16, 1), (16, 1), (4, 2), (4, 2), (1, 8)]
+    monkeypatch.setattr(limits, "GDN_DECODE_LAUNCH", ((8, 2, 4),))
+    assert limits.gdn_decode_launch(9) == (2, 4)
+    seen = []
+
+    class Spy:  # the launch's grid and warps, the kernel not run
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append((grid[2], kw["num_warps"]))
+
+    monkeypatch.setattr(mod, "_gdn_decode_kernel", Spy())
+    monkeypatch.setattr(limits, "GDN_DECODE_LAUNCH", ((4, 2, 1), (None, 1, 8)))
+    gdn_decode(**make(2, bsz=2, group=1, vdim=16))  # 2 requests x 2 heads: the first row
+    gdn_decode(**make(2, bsz=3, group=1, vdim=16))  # 6 heads: the second
+    gdn_decode(**make(2, bsz=3, group=1, vdim=16), value_split=2)  # 8 // 2 warps
+    monkeypatch.setattr(limits, "GDN_DECODE_LAUNCH", ((None, 16, 1),))
+    gdn_decode(**make(2, bsz=3, group=1, vdim=16))  # 16 rows a head: the split capped at 2
+    assert seen == [(2, 1), (1, 8), (2, 4), (2, 1)]
 
 
 def test_decode_is_the_one_node_tree():

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
-from bole_cli.limits import GDN_DECODE_VALUE_SPLIT, SKINNY_DEFAULT_MAX_ROWS
+from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS, gdn_decode_launch
 
 DATASHEET_BANDWIDTH = 4.8e12  # H200, bole_cli.catalog.hardware
 STREAMING_ROWS = 64  # weight streaming: GEMMs up to this many rows
@@ -64,18 +64,54 @@ def gdn_tree_cells(tree_kernels: Mapping[str, Any]) -> tuple[tuple[float, float,
 
 def gdn_decode_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
     """(batch, share) for each batch of the record's fused GDN decode rows at the runtime's
-    value split (limits.GDN_DECODE_VALUE_SPLIT; rows without one are of a single program a
-    head): the roofline's price of a decode's GDN layer (state read and written, conv
-    window, its inputs and output) over the measured time, rounded to 3 digits; () when the
-    record has none."""
+    launch (limits.gdn_decode_launch; rows without a split are of one program a head, rows
+    without warps of 8 // split, rows of another impl, SGLang's, are not the runtime's):
+    the roofline's price of a decode's GDN layer (state read and written, conv window, its
+    inputs and output) over the measured time, rounded to 3 digits; () when the record has
+    none."""
     spec, roof = _bare_roofline(components["model"], gdn_decode_cells=())
-    rows = [r for r in components.get("gdn_decode", ()) if r.get("value_split", 1) == GDN_DECODE_VALUE_SPLIT]
+
+    def runtime_launch(row) -> bool:
+        split = row.get("value_split", 1)
+        launch = (split, row.get("num_warps", max(1, 8 // split)))
+        return row.get("impl", "bole") == "bole" and launch == gdn_decode_launch(row["batch"] * spec.gdn_value_heads)
+
+    rows = [r for r in components.get("gdn_decode", ()) if runtime_launch(r)]
     cells = []
     for row in sorted(rows, key=lambda r: r["batch"]):
         b = row["batch"]
         layer = roof.components(b, 4096, b, verify=False)["gdn_core"] / spec.n_gdn_layers
         cells.append((float(b), round(layer / (row["us"] * 1e-6), 3)))
     return tuple(cells)
+
+
+def gdn_decode_launch_rows(records: Sequence[Mapping[str, Any]]) -> tuple[tuple[int | None, int, int], ...]:
+    """limits.GDN_DECODE_LAUNCH from component records' fused GDN decode rows (ours, each
+    launch by batch): at each measured head count (batch x the record's value heads) the
+    fastest launch; between two measured counts the lower one's launch up to their geometric
+    mean; neighbours with the same launch merged, the last row open (None)."""
+    from bole_cli.catalog.models import resolve_model
+
+    best: dict[int, tuple[float, int, int]] = {}
+    for rec in records:
+        hv = resolve_model(rec["model"]).gdn_value_heads
+        for row in rec.get("gdn_decode", ()):
+            if row.get("impl", "bole") != "bole":
+                continue
+            split = row.get("value_split", 1)
+            cand = (row["us"], split, row.get("num_warps", max(1, 8 // split)))
+            heads = row["batch"] * hv
+            best[heads] = min(best.get(heads, cand), cand)
+    counts = sorted(best)
+    rows: list[tuple[int | None, int, int]] = []
+    for i, heads in enumerate(counts):
+        limit = int((heads * counts[i + 1]) ** 0.5) if i + 1 < len(counts) else None
+        launch = best[heads][1:]
+        if rows and rows[-1][1:] == launch:
+            rows[-1] = (limit, *launch)
+        else:
+            rows.append((limit, *launch))
+    return tuple(rows)
 
 
 def attention_cells(components: Mapping[str, Any], *, drafter: bool = False

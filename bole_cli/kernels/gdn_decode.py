@@ -19,8 +19,8 @@ partial sum, counts itself in on a per-head counter (kernels.skinny_mm's, one bu
 device), and the last to arrive normalises the head and resets the counter (one launch,
 CUDA-graph safe; as for the skinny GEMM, launches sharing the counters run one after another
 on one stream, and the counters are reserved before any graph capture: runtime.model does
-when the split is on). limits.GDN_DECODE_VALUE_SPLIT is the default, 1 until measured
-(experiments/component_bench.py times 1, 2 and 4).
+when the split is on). The launch (split and warps) follows limits.gdn_decode_launch by the
+heads a step updates; experiments/component_bench.py times each launch by batch.
 
 Rounding follows the unfused path: the conv output rounds to the activation dtype before
 the GDN (as a conv kernel's output would), the recurrence runs in float32, o rounds to
@@ -40,7 +40,7 @@ from bole_cli.kernels.jit_math import softplus, unit_scales
 from bole_cli.kernels.skinny_mm import COUNTERS, reserve_counters
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, STATE_DTYPES, check_index_vector, check_last_contiguous,
                                        check_nonempty, check_scale, check_shape, check_tensor, contiguous_vector)
-from bole_cli.limits import GDN_DECODE_VALUE_SPLIT
+from bole_cli.limits import gdn_decode_launch
 
 
 @triton.jit
@@ -165,12 +165,16 @@ def _gdn_decode_kernel(
         tl.store(o_row + offs_v, out + poison, mask=vmask)
 
 
+def _power_of_two(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1 and not n & (n - 1)
+
+
 def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, conv_b: Optional[torch.Tensor],
                a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                state: torch.Tensor, state_indices: torch.Tensor, *, key_heads: int,
                z: Optional[torch.Tensor] = None, norm_w: Optional[torch.Tensor] = None,
                eps: float = 1e-6, scale: Optional[float] = None, use_qk_l2norm: bool = True,
-               value_split: Optional[int] = None) -> torch.Tensor:
+               value_split: Optional[int] = None, num_warps: Optional[int] = None) -> torch.Tensor:
     """One decode token per request, in place on `state` and `conv_state`.
 
     x [B, D] the conv inputs q|k|v (D = 2 H K + HV V; rows may be strided); conv_state
@@ -180,7 +184,8 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
     returns the gated RMSNorm rms(o) * norm_w * silu(z) [B, HV V], else o [B, HV V], in
     x's dtype. Slots outside the pool are not touched; their rows of the result are NaN.
     value_split: programs a value head's rows are split over, a power of two leaving at
-    least 8 rows to each (default limits.GDN_DECODE_VALUE_SPLIT).
+    least 8 rows to each; num_warps: a program's warps, a power of two up to 16 (defaults:
+    limits.gdn_decode_launch of B x HV, its split capped at V / 8; for another split, 8 // split).
     """
     check_tensor("x", x, 2, ACTIVATION_DTYPES)
     dev = x.device
@@ -227,10 +232,18 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
         norm_w = contiguous_vector(norm_w)
     scale = check_scale(scale, kdim)
     vp = triton.next_power_of_2(vdim)
-    split = GDN_DECODE_VALUE_SPLIT if value_split is None else value_split
-    if not isinstance(split, int) or isinstance(split, bool) or split < 1 or split & (split - 1) or vp // split < 8:
+    rule_split, rule_warps = gdn_decode_launch(bsz * hv)
+    rule_split = min(rule_split, max(1, vp // 8))  # heads of few rows: at least 8 a program
+    split = rule_split if value_split is None else value_split
+    if not _power_of_two(split) or vp // split < 8:
         raise InputError(f"value_split: {split!r} must be a power of two leaving at least 8 of the "
                          f"{vdim} value rows to a program")
+    if num_warps is None:  # the rule's, or for another split a head's 8 warps spread over it
+        warps = rule_warps if split == rule_split else max(1, 8 // split)
+    else:
+        warps = num_warps
+    if not _power_of_two(warps) or warps > 16:
+        raise InputError(f"num_warps: {warps!r} must be a power of two from 1 to 16")
     bv = vp // split
     split = triton.cdiv(vdim, bv)  # tiles that hold rows (V not a power of two)
     out = torch.empty(bsz, hv * vdim, device=dev, dtype=x.dtype)
@@ -257,5 +270,5 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
             norm_w if norm_w is not None else x, out, ss_part, counters, n_slots, *strides, a.stride(0), b.stride(0),
             state.stride(0), state.stride(1), state.stride(2), z.stride(0) if z is not None else 0, out.stride(0),
             float(eps), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk, BV=bv, VP=vp, VS=split,
-            VSP=triton.next_power_of_2(split), NORM=z is not None, num_warps=max(1, 8 // split), **conv)
+            VSP=triton.next_power_of_2(split), NORM=z is not None, num_warps=warps, **conv)
     return out

@@ -116,14 +116,16 @@ class GDNOps:
         return {op: ("triton" if op in self._k else "reference") for op in OPS}
 
     def decode(self, x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_indices, *,
-               key_heads: int, z, norm_w, eps: float, value_split: Optional[int] = None) -> torch.Tensor:
+               key_heads: int, z, norm_w, eps: float, value_split: Optional[int] = None,
+               num_warps: Optional[int] = None) -> torch.Tensor:
         """One decode token per request, conv to gated norm, in one fused kernel (in place on
         the state and the conv windows); returns rms(o) * norm_w * silu(z) [B, HV V] in x's
-        dtype, what out_proj reads. value_split: the kernel's (default its own)."""
+        dtype, what out_proj reads. value_split, num_warps: the kernel's launch (default its
+        rule's)."""
         args = (x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_indices)
         kw = dict(key_heads=key_heads, z=z, norm_w=norm_w, eps=eps)
         if "gdn_decode" in self._k and factor_dtype(x.dtype) == torch.float32:
-            return self._k["gdn_decode"](*args, **kw, value_split=value_split)
+            return self._k["gdn_decode"](*args, **kw, value_split=value_split, num_warps=num_warps)
         out, new_state, new_conv = ref.gdn_decode_ref(*args, **kw)
         state.copy_(new_state)
         conv_state.copy_(new_conv)

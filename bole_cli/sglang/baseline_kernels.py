@@ -33,11 +33,13 @@ from bole_cli.sglang.source import SGLANG_VERSION, SGLangSource, find_sglang_sou
 from bole_cli.sglang.triton_interpreter import (
     fix_interpreted_bf16_dot,
     fix_interpreted_loop_counters,
+    fix_interpreted_math_aliases,
     fix_triton_interpreter_masks,
 )
 
 # The modules `load_sglang_kernels` imports (dotted names inside SGLang 0.5.23).
 VERIFY_MODULE = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
+DECODE_MODULE = "sglang.kernels.ops.attention.fla.fused_recurrent"
 CONV_MODULE = "sglang.kernels.ops.mamba.causal_conv1d_triton"
 SCATTER_MODULE = "sglang.kernels.ops.mamba.mamba_state_scatter_triton"
 GATING_MODULE = "sglang.kernels.ops.attention.linear.fused_gdn_gating"
@@ -49,6 +51,7 @@ WRAPPER_MODULE = "sglang.srt.layers.attention.linear.kernels.gdn_triton"
 #: import order.
 KERNEL_FUNCTIONS: Mapping[str, tuple[str, ...]] = types.MappingProxyType({
     VERIFY_MODULE: ("fused_sigmoid_gating_delta_rule_update",),
+    DECODE_MODULE: ("fused_recurrent_gated_delta_rule_packed_decode",),
     CONV_MODULE: ("causal_conv1d_update",),
     SCATTER_MODULE: ("fused_mamba_state_scatter_with_mask", "fused_conv_window_scatter_with_mask",
                      "scatter_mamba_states_after_mtp_verify"),
@@ -77,6 +80,8 @@ class SGLangKernels:
 
     Callables (signatures in docs/sglang-0.5.23.md):
     - fused_sigmoid_gating_delta_rule_update: the serial (tree) verify kernel wrapper.
+    - fused_recurrent_gated_delta_rule_packed_decode: the one-token decode CUDA runs (the
+      Triton dispatcher's packed decode: q/k/v read from the conv's output, gates, recurrence).
     - causal_conv1d_update: conv update; with retrieve_next_token/sibling it is the tree
       conv, and it also FILLS retrieve_parent_token for the verify kernel.
     - fused_gdn_gating: g, beta from A_log, a, b, dt_bias (prefill path; [1, T, HV] fp32).
@@ -95,6 +100,7 @@ class SGLangKernels:
     source: SGLangSource
     isolated: bool
     fused_sigmoid_gating_delta_rule_update: Callable[..., Any]
+    fused_recurrent_gated_delta_rule_packed_decode: Callable[..., Any]
     causal_conv1d_update: Callable[..., Any]
     fused_gdn_gating: Callable[..., Any]
     fused_mamba_state_scatter_with_mask: Callable[..., Any]
@@ -376,6 +382,8 @@ def load_sglang_kernels(
         for loops in (FOLD_MODULE, RING_MODULE):
             if loops in modules:
                 fix_interpreted_loop_counters(modules[loops])
+        if DECODE_MODULE in modules:
+            fix_interpreted_math_aliases(modules[DECODE_MODULE])
         kernels = SGLangKernels(
             version=source.version,
             source=source,

@@ -111,3 +111,28 @@ def fix_interpreted_bf16_dot() -> bool:
     builder.create_dot = create_dot
     builder.__bole_bf16_dot_fix__ = True
     return True
+
+
+def fix_interpreted_math_aliases(module) -> bool:
+    """Let a kernel module's module-level aliases of Triton's math builtins (fla's
+    ``exp = tl.exp``, which SGLang's packed decode imports) run under the interpreter, as they
+    compile on the GPU (idempotent; only under ``TRITON_INTERPRET=1``).
+
+    The interpreter swaps the builtins a kernel reaches through ``tl`` for its own while a
+    kernel runs, but a name bound to the builtin at import keeps the compiled-only version,
+    which raises "Did you forget to add @triton.jit?". Each such alias is rebound to a plain
+    function that looks the builtin up on ``tl`` when called (an interpreted kernel is plain
+    Python); only the module's own functions see it.
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    if getattr(module, "__bole_math_fix__", False):
+        return True
+    import triton.language as tl
+
+    for name in ("exp", "exp2", "log", "log2"):
+        builtin = getattr(tl, name, None)
+        if builtin is not None and getattr(module, name, None) is builtin:
+            setattr(module, name, lambda *args, _name=name, **kwargs: getattr(tl, _name)(*args, **kwargs))
+    module.__bole_math_fix__ = True
+    return True
