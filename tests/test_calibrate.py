@@ -689,14 +689,16 @@ def test_the_decode_launch_rule_derives_from_the_fastest_rows():
 
 def test_the_shipped_decode_launch_rule_is_the_records():
     """limits.GDN_DECODE_LAUNCH is what calibrate.components.gdn_decode_launch_rows derives
-    from the committed decode sweep (experiments/README.md S8-a)."""
+    from the committed decode sweeps (experiments/README.md S8-a, S8-d)."""
     from pathlib import Path
 
     from bole_cli.calibrate.components import gdn_decode_launch_rows
     from bole_cli.limits import GDN_DECODE_LAUNCH
 
-    record = Path(__file__).resolve().parents[1] / "experiments" / "results" / "components" / "h100-9b-decode-s8.json"
-    assert gdn_decode_launch_rows([json.loads(record.read_text())]) == GDN_DECODE_LAUNCH
+    root = Path(__file__).resolve().parents[1] / "experiments" / "results" / "components"
+    records = [json.loads((root / f"h100-{name}.json").read_text())
+               for name in ("9b-decode-s8", "9b-decode-s8-repeat", "27b-decode-s8")]
+    assert gdn_decode_launch_rows(records) == GDN_DECODE_LAUNCH
 
 
 def test_attention_share_derives_from_its_rows_and_prices_the_attention():

@@ -720,9 +720,13 @@ class FakeTimer:
         return 0.004 * handle  # ms per replay of `handle` launches -> 4 us per launch
 
 
-@pytest.mark.parametrize("kernel,model", [("tree_verify", (1, 2, 32, 32)), ("tree_commit", (1, 2, 32, 32)),
-                                          ("tree_commit_replay", (1, 2, 32, 32)), ("tree_conv", (128, 4))])
-def test_gpu_evaluator_on_cpu_with_fakes(kernel, model):
+@pytest.mark.parametrize("kernel,model,nodes", [("tree_verify", (1, 2, 32, 32), 8), ("tree_commit", (1, 2, 32, 32), None),
+                                                ("tree_commit_replay", (1, 2, 32, 32), 8),
+                                                ("tree_commit_replay", (1, 2, 32, 32), None),
+                                                ("tree_conv", (128, 4), 8)])
+def test_gpu_evaluator_on_cpu_with_fakes(kernel, model, nodes):
+    """The real evaluator's closures on CPU inputs; a replay bucket that names no node count
+    (as the GPU suite's small run builds one) times the sets prepare built (64 nodes)."""
     import torch
 
     from bole_cli.tuning.gpu import GpuEvaluator
@@ -730,7 +734,7 @@ def test_gpu_evaluator_on_cpu_with_fakes(kernel, model):
     timer = FakeTimer()
     ev = GpuEvaluator(device="cpu", act_dtype="float32", rotate=2, timer=timer, device_name="cpu",
                       make_layer_inputs=cpu_layer_inputs)
-    b = Bucket(kernel, model, 2, 8 if BY_NODES[kernel] else None)
+    b = Bucket(kernel, model, 2, nodes)
     default = ev.default_config(b)
     ev.prepare(b)
     for out in ev._outs if kernel == "tree_verify" else ():

@@ -132,7 +132,7 @@ class GpuEvaluator:
                     k.tree_verify_gated(s.q, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.pool, s.slots,
                                         s.parents, s.cu, out=out, config=cfg, factors=False, **path)
             elif bucket.kernel == "tree_commit_replay":
-                walk = commit_promise(int(bucket.nodes))  # the promises the gate checks the walk under
+                walk = commit_promise(s.nodes)  # the set's size (a bucket may name none): the gate's promises
 
                 def fn(s=s, walk=walk):
                     k.tree_commit_replay_gated(s.pool, s.slots, s.k, s.v, s.a, s.b, s.A_log, s.dt_bias, s.parents,
