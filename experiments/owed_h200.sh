@@ -15,7 +15,9 @@
 # sixth session): tests with factors=False (63 passed), the random grid (flagged: the bench's
 # own defect, fixed after; run it again). Done since on the H200 (S7-a to S7-d, seventh
 # session): kernels (the clean grid, chains against the ring, the big-tree table); on an H100
-# (S7-f): a reduced knee for 9B (the H200's is still owed). Run the rest in this order (a
+# (S7-f): a reduced knee for 9B (the H200's is still owed). On an H100 (S8-a to S8-f, eighth
+# session): decode's sweep (9B, 27B; it set limits.GDN_DECODE_LAUNCH), the step bench with the
+# rule, pytest -m gpu; all still owed on the H200. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
