@@ -114,6 +114,7 @@ def small_kernels(torch, spec, device, dtype, rows, chain: int) -> list[dict]:
     return out
 
 
+PARTS = ("gemms", "kernel_floor", "host_step", "small_kernels", "gdn_decode", "attention")  # in run order
 DECODE_LAUNCHES = "1x8,2x4,4x2,4x4,8x1,8x2,8x4,16x1,16x2"  # value split x warps (kernels.gdn_decode)
 
 
@@ -310,6 +311,8 @@ def main(argv=None) -> None:
     spec = tiny_spec() if args.smoke else resolve_model(args.model)
     launches = [tuple(int(n) for n in launch.split("x")) for launch in args.decode_launches.split(",")]
     chosen = None if args.parts is None else set(args.parts.split(","))
+    if chosen is not None and chosen - set(PARTS):  # before any timing starts
+        ap.error(f"--parts: {', '.join(sorted(chosen - set(PARTS)))} not among {', '.join(PARTS)}")
     sglang = None
     if args.sglang:
         from bole_cli.sglang.baseline_kernels import load_sglang_kernels
@@ -361,6 +364,7 @@ def main(argv=None) -> None:
                             (args.attention_batch, args.attention_kv, args.attention_tokens))),
             args.device, dtype, rotate, 0.0 if args.smoke else 256e6),
     }
+    assert tuple(parts) == PARTS
     for name, part in parts.items():
         if chosen is None or name in chosen:
             doc[name] = part()

@@ -74,7 +74,7 @@ case "$job" in
       --decode-batch 1,4,16,64 --out "$dir/$gpu-27b-decode.json" ;;
   knee)
     for m in 9b 27b; do
-      run timeout 260 $PY experiments/component_bench.py --model "$m" \
+      run timeout 260 $PY experiments/component_bench.py --model "$m" --decode-launches 1x8,4x2,8x2 \
         --rows 1,2,4,8,16,24,32,48,64,96,128,160,192,256,320,384,512,768,1024,2048,4096 --out "$dir/$gpu-$m.json"
     done ;;
   kernels)

@@ -46,6 +46,8 @@ import statistics
 import sys
 import time
 
+from bole_cli import limits
+
 # name: (GDN decode, compiled pieces, cache_attention kernel, the skinny GEMM's projections
 # (HybridModel.set_skinny: None for the runtime's default), attention_in kernel[, the skinny
 # GEMM's most rows: set_skinny's default when absent])
@@ -57,25 +59,22 @@ VARIANTS = {"before": ("tree", False, False, False, False), "fused": ("fused", F
             "skinny-io": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj", True),
             "skinny-down1": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj,down", True, 1),
             **{f"decode-{launch}": ("fused", True, True, None, True) for launch in ("1x8", "4x2", "8x2", "16x1")}}
-SHIPPED_LAUNCH = None  # limits.GDN_DECODE_LAUNCH as shipped (set_variant puts it back)
+SHIPPED_LAUNCH = limits.GDN_DECODE_LAUNCH  # as shipped: what "production" and the others run
+
+
+def launch_table(name: str) -> tuple:
+    """limits.GDN_DECODE_LAUNCH as variant `name` runs it: decode-SxW every step at S x W."""
+    if name.startswith("decode-"):
+        split, warps = (int(n) for n in name[len("decode-"):].split("x"))
+        return ((None, split, warps),)
+    return SHIPPED_LAUNCH
 
 
 def set_variant(timer, name: str) -> None:
     from bole_cli.runtime.fusion import Fusion
 
-    global SHIPPED_LAUNCH
-    from bole_cli import limits
-
     decode, compiled, cache_kernel, skinny, attention_in, *rows = VARIANTS[name]
-    SHIPPED_LAUNCH = SHIPPED_LAUNCH or limits.GDN_DECODE_LAUNCH
-    limits.GDN_DECODE_LAUNCH = SHIPPED_LAUNCH
-    if name.startswith("decode-"):
-        split, warps = (int(n) for n in name[len("decode-"):].split("x"))
-        limits.GDN_DECODE_LAUNCH = ((None, split, warps),)
-        if split > 1:
-            from bole_cli.kernels.skinny_mm import reserve_counters
-
-            reserve_counters(timer.model.device)  # before the variant's graphs are captured
+    limits.GDN_DECODE_LAUNCH = launch_table(name)  # main() puts the shipped table back at its end
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
@@ -180,6 +179,13 @@ def kernel_vs_reference(torch, spec, device) -> dict:
 
 
 def main(argv=None) -> None:
+    try:
+        run(argv)
+    finally:  # a decode-SxW variant leaves nothing patched behind it
+        limits.GDN_DECODE_LAUNCH = SHIPPED_LAUNCH
+
+
+def run(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="4b,9b,27b")
     ap.add_argument("--batch", default="1,16")
@@ -209,6 +215,7 @@ def main(argv=None) -> None:
     doc = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
            "versions": {"torch": torch.__version__, "python": platform.python_version()},
            "command": "python " + " ".join(sys.argv), "kv": args.kv, "variants": VARIANTS,
+           "launch_tables": {name: launch_table(name) for name in VARIANTS},
            "decode": [], "verify": [], "profile": [], "agreement": [], "kernel": None}
     if cuda:
         import triton

@@ -48,8 +48,8 @@ def cases():
     ptr = {n: "*bf16" for n in ("x", "conv_state", "conv_w", "conv_b", "a", "b", "z", "norm_w", "o")}
     ptr.update(A_log="*fp32", dt_bias="*fp32", state="*fp32", state_idx="*i64", qk="*fp32", ss_part="*fp32",
                counters="*i32")
-    for split, warps in ((1, 8), (4, 2), (16, 1)):  # a head over 1, 4 and 16 programs
-        yield (f"gdn_decode value_split={split}", _gdn_decode_kernel, ptr, {"eps": "fp32"},
+    for split, warps in ((1, 8), (4, 2), (8, 2), (16, 1)):  # a head over 1-16 programs (the rule's 4 x 2, 8 x 2)
+        yield (f"gdn_decode value_split={split} warps={warps}", _gdn_decode_kernel, ptr, {"eps": "fp32"},
                dict(H=16, GROUP=2, K=128, V=128, BK=128, BV=128 // split, VP=128, VS=split, VSP=split, W=4, WP=4,
                     HAS_BIAS=False, NORM=True), warps, 1)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))

@@ -170,13 +170,42 @@ def test_the_launch_count_run_counts_every_step(tmp_path):
 def test_the_runtime_step_bench_smoke_run_writes_its_record(tmp_path):
     """experiments/runtime_step_bench.py at a tiny model on CPU, a variant that names the
     skinny GEMM's projections and its most rows (in_proj, out_proj, o_proj, down and the LM
-    head of one-row steps), batch 1: its decode and verify rows."""
+    head of one-row steps), batch 1: its decode and verify rows, and the launch table it ran."""
+    from bole_cli.limits import GDN_DECODE_LAUNCH
+
     doc = smoke_record(tmp_path, "runtime_step_bench.py", "--smoke", "--variants", "skinny-down1", "--batch", "1",
                        "--repeats", "1", timeout=600)
     assert [(r["variant"], r["batch"]) for r in doc["decode"]] == [("skinny-down1", 1)]
     assert [r["variant"] for r in doc["verify"]] == ["skinny-down1"]
     assert doc["variants"]["skinny-down1"][-1] == 1
+    assert [tuple(row) for row in doc["launch_tables"]["skinny-down1"]] == list(GDN_DECODE_LAUNCH)
     assert all(r["replay_ms"] > 0 and r["serving_ms"] > 0 for r in doc["decode"] + doc["verify"])
+
+
+def test_the_step_bench_decode_variants_set_and_restore_the_launch_table():
+    """runtime_step_bench: decode-SxW runs every decode at S x W and the others at the shipped
+    table; the record names each variant's table; main() leaves the shipped table behind even
+    when a run fails."""
+    from types import SimpleNamespace
+
+    from bole_cli import limits
+
+    bench = experiment_module("runtime_step_bench")
+    shipped = limits.GDN_DECODE_LAUNCH
+    model = SimpleNamespace(set_skinny=lambda *a: None)
+    timer = SimpleNamespace(model=model, reset_graphs=lambda: None)
+    try:
+        bench.set_variant(timer, "decode-8x2")
+        assert limits.GDN_DECODE_LAUNCH == ((None, 8, 2),) and limits.gdn_decode_launch(32) == (8, 2)
+        bench.set_variant(timer, "production")
+        assert limits.GDN_DECODE_LAUNCH == shipped
+        bench.set_variant(timer, "decode-1x8")
+        with pytest.raises(SystemExit):
+            bench.main(["--variants", "decode-4x2", "--no-such-option"])
+        assert limits.GDN_DECODE_LAUNCH == shipped
+    finally:
+        limits.GDN_DECODE_LAUNCH = shipped
+    assert bench.launch_table("decode-16x1") == ((None, 16, 1),) and bench.launch_table("cublas") == shipped
 
 
 def test_the_tf32_emulation_changes_what_the_interpreter_computes(tmp_path):

@@ -154,6 +154,24 @@ def test_the_launch_rule_takes_the_first_row_that_holds_the_heads(monkeypatch):
     assert seen == [(2, 1), (1, 8), (2, 4), (2, 1)]
 
 
+def test_past_the_split_counters_the_rule_takes_whole_heads(monkeypatch):
+    """More heads in a step than split counters: the rule's launch falls back to whole heads
+    (no counters) and matches the reference; a caller's split there is refused before any
+    launch, the windows and the states untouched."""
+    import importlib
+
+    mod = importlib.import_module("bole_cli.kernels.gdn_decode")
+    monkeypatch.setattr(mod, "COUNTERS", 4)  # 3 requests x 2 heads: past them
+    case = make(3, bsz=3, group=1, vdim=16, norm=True)
+    out, state, conv = run(case)
+    want, want_state, want_conv = gdn_decode_ref(**case)
+    assert rel(out, want) < 2e-5 and rel(state, want_state) < 2e-5 and torch.equal(conv, want_conv)
+    keep = {k: case[k].clone() for k in ("state", "conv_state")}
+    with pytest.raises(InputError, match="split counters"):
+        gdn_decode(**case, value_split=2)
+    assert all(torch.equal(case[k], v) for k, v in keep.items())
+
+
 def test_decode_is_the_one_node_tree():
     """The same step through the tree kernels the runtime used before (conv, gates, verify,
     replay commit): one-node trees are plain decoding."""
@@ -203,12 +221,13 @@ def test_bad_input_names_the_argument(change, message):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", [1, 4])
-def test_decode_bf16_on_gpu_near_the_rounding_floor(split):
+@pytest.mark.parametrize("split,warps", [(1, 8), (4, 2), (8, 2), (16, 1), (None, None)])
+def test_decode_bf16_on_gpu_near_the_rounding_floor(split, warps):
     """At a 9B layer's shapes with bf16 activations and a float32 state: o within a few bf16
     roundings of float64 (the kernel rounds the conv output and o as the unfused path does),
-    the state close to float32; whole heads and heads split over 4 programs (the last one
-    normalising the head after the others' rows: ordering on the device)."""
+    the state close to float32; whole heads, heads split over 4-16 programs (the last one
+    normalising the head after the others' rows: ordering on the device) and the rule's
+    default launch."""
     from bole_cli.catalog.models import resolve_model
 
     s = resolve_model("9b")
@@ -217,7 +236,7 @@ def test_decode_bf16_on_gpu_near_the_rounding_floor(split):
     case = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     for name in ("A_log", "dt_bias", "state"):
         case[name] = case[name].float()
-    out, state, conv = run(case, value_split=split)
+    out, state, conv = run(case, value_split=split, num_warps=warps)
     want, want_state, want_conv = gdn_decode_ref(**case)
     floor = float((want.to(torch.bfloat16).double() - want).norm() / want.norm())
     o_rel = float((out.double() - want).norm() / want.norm())

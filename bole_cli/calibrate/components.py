@@ -88,25 +88,27 @@ def gdn_decode_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float]
 def gdn_decode_launch_rows(records: Sequence[Mapping[str, Any]]) -> tuple[tuple[int | None, int, int], ...]:
     """limits.GDN_DECODE_LAUNCH from component records' fused GDN decode rows (ours, each
     launch by batch): at each measured head count (batch x the record's value heads) the
-    fastest launch; between two measured counts the lower one's launch up to their geometric
-    mean; neighbours with the same launch merged, the last row open (None)."""
+    launch of the lowest median over the records that time it; between two measured counts
+    the lower one's launch up to their geometric mean; neighbours with the same launch
+    merged, the last row open (None)."""
+    import math
+
     from bole_cli.catalog.models import resolve_model
 
-    best: dict[int, tuple[float, int, int]] = {}
+    times: dict[int, dict[tuple[int, int], list[float]]] = {}
     for rec in records:
         hv = resolve_model(rec["model"]).gdn_value_heads
         for row in rec.get("gdn_decode", ()):
             if row.get("impl", "bole") != "bole":
                 continue
             split = row.get("value_split", 1)
-            cand = (row["us"], split, row.get("num_warps", max(1, 8 // split)))
-            heads = row["batch"] * hv
-            best[heads] = min(best.get(heads, cand), cand)
-    counts = sorted(best)
+            launch = (split, row.get("num_warps", max(1, 8 // split)))
+            times.setdefault(row["batch"] * hv, {}).setdefault(launch, []).append(row["us"])
+    counts = sorted(times)
     rows: list[tuple[int | None, int, int]] = []
     for i, heads in enumerate(counts):
-        limit = int((heads * counts[i + 1]) ** 0.5) if i + 1 < len(counts) else None
-        launch = best[heads][1:]
+        limit = math.isqrt(heads * counts[i + 1]) if i + 1 < len(counts) else None
+        launch = min(times[heads], key=lambda ln: (statistics.median(times[heads][ln]), ln))
         if rows and rows[-1][1:] == launch:
             rows[-1] = (limit, *launch)
         else:

@@ -165,6 +165,9 @@ def _gdn_decode_kernel(
         tl.store(o_row + offs_v, out + poison, mask=vmask)
 
 
+WHOLE_HEAD = (1, 8)  # (value split, warps): one program a head, no split counters
+
+
 def _power_of_two(n) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 1 and not n & (n - 1)
 
@@ -185,7 +188,8 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
     x's dtype. Slots outside the pool are not touched; their rows of the result are NaN.
     value_split: programs a value head's rows are split over, a power of two leaving at
     least 8 rows to each; num_warps: a program's warps, a power of two up to 16 (defaults:
-    limits.gdn_decode_launch of B x HV, its split capped at V / 8; for another split, 8 // split).
+    limits.gdn_decode_launch of B x HV, its split capped at V / 8, and whole heads past the split
+    counters; for another split, 8 // split). Every refusal comes before the first launch.
     """
     check_tensor("x", x, 2, ACTIVATION_DTYPES)
     dev = x.device
@@ -234,6 +238,8 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
     vp = triton.next_power_of_2(vdim)
     rule_split, rule_warps = gdn_decode_launch(bsz * hv)
     rule_split = min(rule_split, max(1, vp // 8))  # heads of few rows: at least 8 a program
+    if z is not None and bsz * hv > COUNTERS:  # more heads than split counters: whole heads
+        rule_split, rule_warps = WHOLE_HEAD
     split = rule_split if value_split is None else value_split
     if not _power_of_two(split) or vp // split < 8:
         raise InputError(f"value_split: {split!r} must be a power of two leaving at least 8 of the "
@@ -246,6 +252,9 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
         raise InputError(f"num_warps: {warps!r} must be a power of two from 1 to 16")
     bv = vp // split
     split = triton.cdiv(vdim, bv)  # tiles that hold rows (V not a power of two)
+    normed_split = z is not None and split > 1  # the last tile of a head to arrive normalises it
+    if normed_split and bsz * hv > COUNTERS:  # refused before any launch writes a window
+        raise InputError(f"value_split: {bsz} x {hv} value heads exceed the {COUNTERS} split counters")
     out = torch.empty(bsz, hv * vdim, device=dev, dtype=x.dtype)
     if bsz:
         qk = torch.empty(bsz, 2 * key_heads, kdim, device=dev, dtype=torch.float32)
@@ -257,10 +266,7 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
         _qk_kernel[(bsz, 2 * key_heads)](
             *common, state_indices, qk, n_slots, *strides, scale,
             H=key_heads, K=kdim, BK=bk, USE_L2NORM=bool(use_qk_l2norm), num_warps=4, **conv)
-        normed_split = z is not None and split > 1
         if normed_split:  # the heads' partial sums of squares and their arrival counters
-            if bsz * hv > COUNTERS:
-                raise InputError(f"value_split: {bsz} x {hv} value heads exceed the {COUNTERS} split counters")
             ss_part = torch.empty(bsz * hv * split, device=dev, dtype=torch.float32)
             counters = reserve_counters(dev)
         else:

@@ -36,7 +36,7 @@ from bole_cli.runtime.batch import DecodeBatch, Rope, TreeBatch, forest_arrays, 
 from bole_cli.runtime.fusion import RMS_EPS, Fusion, NormedRows
 from bole_cli.runtime.moe import grouped_mm_works, moe_forward
 from bole_cli.runtime.snapshot import SnapshotGDN
-from bole_cli.limits import GDN_DECODE_LAUNCH, MAX_TREE_NODES, SKINNY_DEFAULT_MAX_ROWS, SKINNY_MM_MAX_ROWS
+from bole_cli.limits import MAX_TREE_NODES, SKINNY_DEFAULT_MAX_ROWS, SKINNY_MM_MAX_ROWS
 
 # The projections the skinny GEMM can take (HybridModel.skinny_mm), by the name each call
 # site passes; "fc" is the drafter's input projection.
@@ -243,7 +243,7 @@ class HybridModel:
         self.attention_in_kernel = gpu_16bit if attention_in_kernel is None else attention_in_kernel
         self.kv_compact_kernel = self.device.type == "cuda" if kv_compact_kernel is None else kv_compact_kernel
         self.set_skinny(skinny_mm, skinny_max_rows)
-        if any(split > 1 for _, split, _ in GDN_DECODE_LAUNCH):  # the split counters, before any capture
+        if self.device.type == "cuda":  # the fused decode's split counters (256 KiB), before any capture
             from bole_cli.kernels.skinny_mm import reserve_counters
 
             reserve_counters(self.device)
