@@ -81,6 +81,15 @@ SKINNY_DEFAULT_MAX_ROWS = 1
 GDN_DECODE_LAUNCH: tuple[tuple[int | None, int, int], ...] = ((78, 4, 2), (156, 8, 2), (None, 4, 2))
 
 
+GDN_DECODE_HEAD_WARPS = 8  # a whole head's warps (one program a head: the launch before S8-a)
+
+
+def gdn_decode_warps(split: int) -> int:
+    """Warps a program of the fused GDN decode takes by default for a head over `split`
+    programs, where no rule row names them: a whole head's warps spread over the split."""
+    return max(1, GDN_DECODE_HEAD_WARPS // split)
+
+
 def gdn_decode_launch(heads: int) -> tuple[int, int]:
     """(value split, warps) of the fused GDN decode over `heads` = batch x value heads."""
     for limit, split, warps in GDN_DECODE_LAUNCH:

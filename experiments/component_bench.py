@@ -118,6 +118,39 @@ PARTS = ("gemms", "kernel_floor", "host_step", "small_kernels", "gdn_decode", "a
 DECODE_LAUNCHES = "1x8,2x4,4x2,4x4,8x1,8x2,8x4,16x1,16x2"  # value split x warps (kernels.gdn_decode)
 
 
+def decode_layer(torch, spec, b: int, device, dtype) -> dict:
+    """One GDN layer's decode inputs at batch b, as the runtime holds them: in_proj's output
+    as column views (x, z, b, a), the conv windows, the layer's conv weight, gates and norm
+    weight, the float32 states (the factor dtype) and the requests' slots."""
+    from bole_cli.runtime import gdn_ops
+    from bole_cli.runtime.model import gdn_proj_width
+
+    s, fdt = spec, gdn_ops.factor_dtype(dtype)
+    hv, dk, dv, cd = s.gdn_value_heads, s.gdn_key_dim, s.gdn_value_dim, s.conv_dim
+    proj = torch.randn(b, gdn_proj_width(s), device=device, dtype=dtype)
+    return dict(x=proj[:, :cd], z=proj[:, cd: cd + hv * dv], b=proj[:, cd + hv * dv: cd + hv * dv + hv],
+                a=proj[:, cd + hv * dv + hv:],
+                conv=torch.randn(gdn_ops.conv_state_shape(b, cd, s.conv_kernel), device=device, dtype=dtype),
+                conv_w=torch.randn(cd, s.conv_kernel, device=device, dtype=dtype) * s.conv_kernel ** -0.5,
+                a_log=torch.rand(hv, device=device, dtype=fdt),
+                dt_bias=torch.full((hv,), -2.0, device=device, dtype=fdt),
+                norm_w=torch.randn(dv, device=device, dtype=dtype),
+                state=torch.randn(b, hv, dv, dk, device=device, dtype=fdt) * 0.1,
+                slots=torch.arange(b, device=device, dtype=torch.int64))
+
+
+def decode_call(ops, spec, t: dict, launch=(None, None)):
+    """The fused decode of layer `t` (decode_layer) as the runtime calls it, at `launch`
+    (value split, warps; None: the kernel's rule)."""
+    import functools
+
+    from bole_cli.runtime.fusion import RMS_EPS
+
+    return functools.partial(ops.decode, t["x"], t["conv"], t["conv_w"], None, t["a"], t["b"], t["a_log"],
+                             t["dt_bias"], t["state"], t["slots"], key_heads=spec.gdn_key_heads, z=t["z"],
+                             norm_w=t["norm_w"], eps=RMS_EPS, value_split=launch[0], num_warps=launch[1])
+
+
 def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_bytes: float = 0.0,
                     launches=((1, 8), (2, 4), (4, 2)), sglang=None) -> list[dict]:
     """Microseconds a GDN layer's fused decode takes at each batch (one token a request) and
@@ -129,40 +162,19 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
     decode of a layer as its CUDA path calls it, impl "sglang": causal_conv1d_update on the
     contiguous q|k|v rows, then the packed recurrent decode (its gated norm, a third
     launch, not counted; ours is), its state checked against ours."""
-    import functools
-
-    from bole_cli.runtime import gdn_ops
-    from bole_cli.runtime.fusion import RMS_EPS
-    from bole_cli.runtime.model import gdn_proj_width
-
     from bole_cli.kernels._env import interpreting
+    from bole_cli.runtime import gdn_ops
 
     s, cuda = spec, device == "cuda"
     # the kernel on the GPU, and under the interpreter on CPU (a smoke run of the launches)
     ops = gdn_ops.GDNOps("kernels" if cuda or interpreting() else "auto", torch.device(device))
     fdt = gdn_ops.factor_dtype(dtype)
-    hv, dk, dv, cd = s.gdn_value_heads, s.gdn_key_dim, s.gdn_value_dim, s.conv_dim
+    hv, dk, dv = s.gdn_value_heads, s.gdn_key_dim, s.gdn_value_dim
     out = []
     vp = 1 << (dv - 1).bit_length()
 
-    def layer(b):  # a layer's in_proj output, conv window, weights and states
-        proj = torch.randn(b, gdn_proj_width(s), device=device, dtype=dtype)
-        x, z = proj[:, :cd], proj[:, cd: cd + hv * dv]
-        bb, a = proj[:, cd + hv * dv: cd + hv * dv + hv], proj[:, cd + hv * dv + hv:]
-        conv = torch.randn(gdn_ops.conv_state_shape(b, cd, s.conv_kernel), device=device, dtype=dtype)
-        conv_w = torch.randn(cd, s.conv_kernel, device=device, dtype=dtype) * s.conv_kernel ** -0.5
-        a_log = torch.rand(hv, device=device, dtype=fdt)
-        dt_bias = torch.full((hv,), -2.0, device=device, dtype=fdt)
-        norm_w = torch.randn(dv, device=device, dtype=dtype)
-        state = torch.randn(b, hv, dv, dk, device=device, dtype=fdt) * 0.1
-        slots = torch.arange(b, device=device, dtype=torch.int64)
-        return dict(x=x, z=z, b=bb, a=a, conv=conv, conv_w=conv_w, a_log=a_log, dt_bias=dt_bias, norm_w=norm_w,
-                    state=state, slots=slots)
-
     def ours(t, launch):
-        return functools.partial(ops.decode, t["x"], t["conv"], t["conv_w"], None, t["a"], t["b"], t["a_log"],
-                                 t["dt_bias"], t["state"], t["slots"], key_heads=s.gdn_key_heads, z=t["z"],
-                                 norm_w=t["norm_w"], eps=RMS_EPS, value_split=launch[0], num_warps=launch[1])
+        return decode_call(ops, s, t, launch)
 
     def theirs(t):
         x = t["x"].contiguous()  # SGLang's split kernel hands the conv contiguous q|k|v rows
@@ -188,7 +200,7 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
 
     for b in batches:
         layers = max(rotate, -(-int(rotate_bytes) // (b * hv * dk * dv * fdt.itemsize)))
-        sets = [layer(b) for _ in range(layers)]
+        sets = [decode_layer(torch, s, b, device, dtype) for _ in range(layers)]
         ok = [ln for ln in launches if vp // ln[0] >= 8]
         # every launch's step (and SGLang's) from the same states, before any timing moves them
         steps = {launch: after_one_step(sets[0], lambda c, launch=launch: ours(c, launch)) for launch in ok}

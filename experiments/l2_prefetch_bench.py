@@ -86,10 +86,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     import functools
 
+    from component_bench import decode_call, decode_layer
+
     from bole_cli.catalog.models import resolve_model
     from bole_cli.runtime import gdn_ops
-    from bole_cli.runtime.fusion import RMS_EPS
-    from bole_cli.runtime.model import gdn_proj_width
     from bole_cli.timing import capture_graph, replay_ms, warm_gpu
 
     def plan(name):  # "line-16" -> ("line", 16); "line-full" -> ("line", None)
@@ -104,26 +104,17 @@ def main(argv=None) -> None:
     side = torch.cuda.Stream()
     for name in args.models.split(","):
         s = resolve_model(name)
-        hv, dk, dv, cd = s.gdn_value_heads, s.gdn_key_dim, s.gdn_value_dim, s.conv_dim
+        hv, dv = s.gdn_value_heads, s.gdn_value_dim
         w_bytes = s.hidden * hv * dv * 2
         layers = max(8, -(-int(5 * 50e6) // w_bytes))
         for b in (int(x) for x in args.batch.split(",")):
             sets = []
-            for _ in range(layers):
-                proj = torch.randn(b, gdn_proj_width(s), device=dev, dtype=dt)
-                t = dict(x=proj[:, :cd], z=proj[:, cd: cd + hv * dv], bb=proj[:, cd + hv * dv: cd + hv * dv + hv],
-                         a=proj[:, cd + hv * dv + hv:],
-                         conv=torch.randn(b, cd, s.conv_kernel - 1, device=dev, dtype=dt),
-                         conv_w=torch.randn(cd, s.conv_kernel, device=dev, dtype=dt) * 0.5,
-                         a_log=torch.rand(hv, device=dev), dt_bias=torch.full((hv,), -2.0, device=dev),
-                         norm_w=torch.randn(dv, device=dev, dtype=dt),
-                         state=torch.randn(b, hv, dv, dk, device=dev) * 0.1,
-                         slots=torch.arange(b, device=dev), w=torch.randn(s.hidden, hv * dv, device=dev, dtype=dt)
-                         * (hv * dv) ** -0.5, y=torch.empty(b, s.hidden, device=dev, dtype=dt),
+            for _ in range(layers):  # a GDN layer's decode inputs, and its out_proj
+                t = decode_layer(torch, s, b, dev, dt)
+                t.update(w=torch.randn(s.hidden, hv * dv, device=dev, dtype=dt) * (hv * dv) ** -0.5,
+                         y=torch.empty(b, s.hidden, device=dev, dtype=dt),
                          o_in=torch.randn(b, hv * dv, device=dev, dtype=dt))
-                t["decode"] = functools.partial(ops.decode, t["x"], t["conv"], t["conv_w"], None, t["a"], t["bb"],
-                                                t["a_log"], t["dt_bias"], t["state"], t["slots"],
-                                                key_heads=s.gdn_key_heads, z=t["z"], norm_w=t["norm_w"], eps=RMS_EPS)
+                t["decode"] = decode_call(ops, s, t)
                 sets.append(t)
 
             def layer(t, mode=None):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
-from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS, gdn_decode_launch
+from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS, gdn_decode_launch, gdn_decode_warps
 
 DATASHEET_BANDWIDTH = 4.8e12  # H200, bole_cli.catalog.hardware
 STREAMING_ROWS = 64  # weight streaming: GEMMs up to this many rows
@@ -62,21 +62,24 @@ def gdn_tree_cells(tree_kernels: Mapping[str, Any]) -> tuple[tuple[float, float,
     return tuple(cells)
 
 
+def _decode_launch(row: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(value split, warps) of a record's fused GDN decode row; rows without a split are of
+    one program a head, rows without warps of the default for their split; None for a row of
+    another impl (SGLang's)."""
+    if row.get("impl", "bole") != "bole":
+        return None
+    split = row.get("value_split", 1)
+    return split, row.get("num_warps", gdn_decode_warps(split))
+
+
 def gdn_decode_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float], ...]:
     """(batch, share) for each batch of the record's fused GDN decode rows at the runtime's
-    launch (limits.gdn_decode_launch; rows without a split are of one program a head, rows
-    without warps of 8 // split, rows of another impl, SGLang's, are not the runtime's):
-    the roofline's price of a decode's GDN layer (state read and written, conv window, its
-    inputs and output) over the measured time, rounded to 3 digits; () when the record has
-    none."""
+    launch (limits.gdn_decode_launch): the roofline's price of a decode's GDN layer (state
+    read and written, conv window, its inputs and output) over the measured time, rounded to
+    3 digits; () when the record has none."""
     spec, roof = _bare_roofline(components["model"], gdn_decode_cells=())
-
-    def runtime_launch(row) -> bool:
-        split = row.get("value_split", 1)
-        launch = (split, row.get("num_warps", max(1, 8 // split)))
-        return row.get("impl", "bole") == "bole" and launch == gdn_decode_launch(row["batch"] * spec.gdn_value_heads)
-
-    rows = [r for r in components.get("gdn_decode", ()) if runtime_launch(r)]
+    rows = [r for r in components.get("gdn_decode", ())
+            if _decode_launch(r) == gdn_decode_launch(r["batch"] * spec.gdn_value_heads)]
     cells = []
     for row in sorted(rows, key=lambda r: r["batch"]):
         b = row["batch"]
@@ -99,11 +102,9 @@ def gdn_decode_launch_rows(records: Sequence[Mapping[str, Any]]) -> tuple[tuple[
     for rec in records:
         hv = resolve_model(rec["model"]).gdn_value_heads
         for row in rec.get("gdn_decode", ()):
-            if row.get("impl", "bole") != "bole":
-                continue
-            split = row.get("value_split", 1)
-            launch = (split, row.get("num_warps", max(1, 8 // split)))
-            times.setdefault(row["batch"] * hv, {}).setdefault(launch, []).append(row["us"])
+            launch = _decode_launch(row)
+            if launch is not None:
+                times.setdefault(row["batch"] * hv, {}).setdefault(launch, []).append(row["us"])
     counts = sorted(times)
     rows: list[tuple[int | None, int, int]] = []
     for i, heads in enumerate(counts):

@@ -40,7 +40,7 @@ from bole_cli.kernels.jit_math import softplus, unit_scales
 from bole_cli.kernels.skinny_mm import COUNTERS, reserve_counters
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, STATE_DTYPES, check_index_vector, check_last_contiguous,
                                        check_nonempty, check_scale, check_shape, check_tensor, contiguous_vector)
-from bole_cli.limits import gdn_decode_launch
+from bole_cli.limits import gdn_decode_launch, gdn_decode_warps
 
 
 @triton.jit
@@ -165,7 +165,7 @@ def _gdn_decode_kernel(
         tl.store(o_row + offs_v, out + poison, mask=vmask)
 
 
-WHOLE_HEAD = (1, 8)  # (value split, warps): one program a head, no split counters
+WHOLE_HEAD = (1, gdn_decode_warps(1))  # (value split, warps): one program a head, no split counters
 
 
 def _power_of_two(n) -> bool:
@@ -188,8 +188,9 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
     x's dtype. Slots outside the pool are not touched; their rows of the result are NaN.
     value_split: programs a value head's rows are split over, a power of two leaving at
     least 8 rows to each; num_warps: a program's warps, a power of two up to 16 (defaults:
-    limits.gdn_decode_launch of B x HV, its split capped at V / 8, and whole heads past the split
-    counters; for another split, 8 // split). Every refusal comes before the first launch.
+    limits.gdn_decode_launch of B x HV, its split capped at V / 8, and whole heads past the
+    split counters; for another split, limits.gdn_decode_warps). Every refusal comes before
+    the first launch.
     """
     check_tensor("x", x, 2, ACTIVATION_DTYPES)
     dev = x.device
@@ -245,7 +246,7 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
         raise InputError(f"value_split: {split!r} must be a power of two leaving at least 8 of the "
                          f"{vdim} value rows to a program")
     if num_warps is None:  # the rule's, or for another split a head's 8 warps spread over it
-        warps = rule_warps if split == rule_split else max(1, 8 // split)
+        warps = rule_warps if split == rule_split else gdn_decode_warps(split)
     else:
         warps = num_warps
     if not _power_of_two(warps) or warps > 16:
