@@ -74,9 +74,9 @@ SKINNY_DEFAULT_MAX_ROWS = 1
 #: programs each head's rows are spread over; warps a program), the first row that holds the
 #: step. One program of 8 warps a head takes 255 registers in the sm_90 compile, one program
 #: an SM; four programs of 2 warps were 10% faster at batch 1 and 16-21% at batch 16-64 at 9B,
-#: 5% and 18% at 27B's batch 1 and 16 (an H100: experiments/README.md S8-a, S8-d; the H200's
-#: sweep is owed).
-#: Re-derived from those records by calibrate.components.gdn_decode_launch_rows
+#: 5% and 18% at 27B's batch 1 and 16 (an H100: experiments/README.md S8-a, S8-d). The H200's
+#: sweep (S9-g) gives the same rule, its other launches within 1% where they lead.
+#: Re-derived from each device's records by calibrate.components.gdn_decode_launch_rows
 #: (tests/test_calibrate.py).
 GDN_DECODE_LAUNCH: tuple[tuple[int | None, int, int], ...] = ((78, 4, 2), (156, 8, 2), (None, 4, 2))
 

@@ -159,6 +159,9 @@ def main(argv=None) -> None:
         return
     if args.kernel is None:
         ap.error("name a kernel (verify, blocked, commit or replay), or --list / --check / --launch-floor")
+    if args.kernel == "decode":
+        ap.error("decode variants are timed as the runtime calls the decode, beside SGLang's: "
+                 "experiments/component_bench.py --parts gdn_decode --decode-variants NAMES")
     site = SITES[args.kernel]
     wrong = [v for v in args.variants if v not in VARIANTS or VARIANTS[v].site.launcher != site.launcher]
     if wrong:

@@ -22,6 +22,12 @@ costmodel.Efficiency), measured on the GPU and never fitted to a profile's end r
   at 2-8 tokens also as the drafter's level calls it (its rows stacked with the query
   group, no tree mask: components.attention_cells(..., drafter=True)).
 
+Sweeps beside the runtime's own calls: --decode-launches (the GDN decode's value split x
+warps), --attention-launches (cache_attention's launch knobs), --decode-variants and
+--attention-variants (experiments/kernel_variants.py's edits in place), --sglang (SGLang's
+own GDN decode of a layer, its gated norm counted). Their rows carry the launch or variant;
+calibrate.components leaves them out of the estimate's factors.
+
     python experiments/component_bench.py --model 9b --out experiments/results/components/h200-9b.json
     python experiments/component_bench.py --device cpu --smoke --out /tmp/c.json   # CPU smoke (no timings to quote)
 
@@ -33,6 +39,7 @@ experiments/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -152,7 +159,7 @@ def decode_call(ops, spec, t: dict, launch=(None, None)):
 
 
 def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_bytes: float = 0.0,
-                    launches=((1, 8), (2, 4), (4, 2)), sglang=None) -> list[dict]:
+                    launches=((1, 8), (2, 4), (4, 2)), sglang=None, variants=()) -> list[dict]:
     """Microseconds a GDN layer's fused decode takes at each batch (one token a request) and
     launch (kernels.gdn_decode's value_split x num_warps; splits that leave fewer than 8
     value rows a program are skipped), over at least `rotate` layers and enough of them that
@@ -161,9 +168,16 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
     (max_rel_state, max_rel_out). With `sglang` (bole_cli.sglang's kernels) also SGLang's own
     decode of a layer as its CUDA path calls it, impl "sglang": causal_conv1d_update on the
     contiguous q|k|v rows, then the packed recurrent decode (its gated norm, a third
-    launch, not counted; ours is), its state checked against ours."""
+    launch, counted when `sglang` has it: load_sglang_kernels(with_norm=True); its split of
+    in_proj's output into contiguous rows, a launch too, is not), its state (and with the
+    norm its output) checked against ours. `variants`: names of
+    experiments/kernel_variants.py's decode variants, each timed at every launch (rows with
+    "variant"), its step checked against the shipped kernel's at the same launch."""
+    from kernel_variants import DECODE, kernel_in_place, load_variant
+
     from bole_cli.kernels._env import interpreting
     from bole_cli.runtime import gdn_ops
+    from bole_cli.runtime.fusion import RMS_EPS
 
     s, cuda = spec, device == "cuda"
     # the kernel on the GPU, and under the interpreter on CPU (a smoke run of the launches)
@@ -172,12 +186,14 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
     hv, dk, dv = s.gdn_value_heads, s.gdn_key_dim, s.gdn_value_dim
     out = []
     vp = 1 << (dv - 1).bit_length()
+    kernels = {name: load_variant(name) for name in variants}
 
     def ours(t, launch):
         return decode_call(ops, s, t, launch)
 
     def theirs(t):
-        x = t["x"].contiguous()  # SGLang's split kernel hands the conv contiguous q|k|v rows
+        # SGLang's split kernel (not timed) hands the conv contiguous q|k|v rows and z
+        x, z = t["x"].contiguous(), t["z"].contiguous().view(-1, dv)
         a, b = t["a"], t["b"]
         o = x.new_empty(x.shape[0], 1, hv, dv)
 
@@ -187,7 +203,10 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
             sglang.fused_recurrent_gated_delta_rule_packed_decode(
                 mixed_qkv=mixed, a=a, b=b, A_log=t["a_log"], dt_bias=t["dt_bias"], scale=dk ** -0.5,
                 initial_state=t["state"], out=o, ssm_state_indices=t["slots"], use_qk_l2norm_in_kernel=True)
-            return o
+            if sglang.layernorm_fn is None:
+                return o
+            return sglang.layernorm_fn(o.view(-1, dv), t["norm_w"], None, z=z, eps=RMS_EPS, group_size=None,
+                                       norm_before_gate=True, is_rms_norm=True, activation="swish").view(-1, hv * dv)
         return call
 
     def rel(got, want):
@@ -206,6 +225,10 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
         steps = {launch: after_one_step(sets[0], lambda c, launch=launch: ours(c, launch)) for launch in ok}
         if sglang is not None:
             steps["sglang"] = after_one_step(sets[0], theirs)
+        for name in variants:
+            with kernel_in_place(DECODE, kernels[name]):
+                for launch in ok:
+                    steps[name, launch] = after_one_step(sets[0], lambda c, launch=launch: ours(c, launch))
         ref_state, ref_out = steps[ok[0]]
         for launch in ok:
             state, o = steps[launch]
@@ -216,20 +239,35 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
                    "max_rel_out": rel(o, ref_out)}
             out.append(row)
             print(f"gdn decode b {b:3d} split {launch[0]:2d} warps {launch[1]}: {row['us']:7.2f} us", flush=True)
+        for name in variants:
+            with kernel_in_place(DECODE, kernels[name]):
+                for launch in ok:
+                    (state, o), (want_state, want_out) = steps[name, launch], steps[launch]
+                    fns = [ours(t, launch) for t in sets]
+                    fns[0]()
+                    row = {"batch": b, "impl": "bole", "variant": name, "value_split": launch[0],
+                           "num_warps": launch[1], "layers": layers, "us": time_us(torch, fns, cuda, layers),
+                           "max_rel_state": rel(state, want_state), "max_rel_out": rel(o, want_out)}
+                    out.append(row)
+                    print(f"gdn decode b {b:3d} split {launch[0]:2d} warps {launch[1]} {name}: {row['us']:7.2f} us",
+                          flush=True)
         if sglang is not None:
             state, _ = steps["sglang"]
             fns = [theirs(t) for t in sets]
             fns[0]()
             row = {"batch": b, "impl": "sglang", "layers": layers, "us": time_us(torch, fns, cuda, layers),
-                   "max_rel_state": rel(state, ref_state)}
+                   "max_rel_state": rel(state, ref_state), "norm": sglang.layernorm_fn is not None}
+            if sglang.layernorm_fn is not None:
+                row["max_rel_out"] = rel(steps["sglang"][1], ref_out)
             out.append(row)
-            print(f"gdn decode b {b:3d} sglang (conv + packed decode): {row['us']:7.2f} us", flush=True)
+            print(f"gdn decode b {b:3d} sglang (conv + packed decode{' + norm' * row['norm']}): {row['us']:7.2f} us",
+                  flush=True)
         del sets
     return out
 
 
-def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int, rotate_bytes: float = 0.0
-                   ) -> list[dict]:
+def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int, rotate_bytes: float = 0.0,
+                   launches=(None,), variants=()) -> list[dict]:
     """Microseconds one full-attention layer's attention over the KV cache takes, as the
     runtime calls it (kernels.cache_attention): a decode's one row a request (tokens 1,
     form "decode") or a verify's `tokens` tree tokens a request (q token-major, the tree's
@@ -237,10 +275,19 @@ def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int
     tokens the drafter's level (bench/drafter.py: the level's rows stacked with the query
     group, every row reading the cache and the level's keys, no mask: form "drafter"), at
     each batch and cache length; enough layers' caches rotated that they pass rotate_bytes.
+    `launches`: cache_attention's launch knobs to time (None: its default), each row checked
+    against the first launch's output; `variants`: experiments/kernel_variants.py's attention
+    variants, each at the default launch (rows with "variant"), checked likewise.
     The estimate's attention shares by keys read and tokens a request
     (calibrate.components.attention_cells)."""
+    import functools
+
+    from kernel_variants import ATTENTION, kernel_in_place, load_variant
+
     from bole_cli.runtime.attention import cache_attention
 
+    contenders = [(launch, None, None) for launch in launches] + [
+        (None, name, load_variant(name)) for name in variants]
     hkv, grp, d = spec.attn_kv_heads, spec.attn_heads // spec.attn_kv_heads, spec.attn_head_dim
     out = []
     for b in batches:
@@ -253,11 +300,25 @@ def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int
                 for form in forms:
                     # the drafter's rows read the level's own keys too: its cache holds them
                     used = torch.full((b,), length if form == "drafter" else kv, device=device, dtype=torch.int64)
-                    fns = [_attention_call(torch, cache_attention, form, b, n, hkv, grp, d, kv, length, slots, used,
-                                           device, dtype) for _ in range(layers)]
-                    fns[0]()  # compile outside the graph
-                    out.append({"batch": b, "kv": kv, "tokens": n, "form": form, "layers": layers,
-                                "us": time_us(torch, fns, device == "cuda", layers)})
+                    calls = [_attention_call(torch, cache_attention, form, b, n, hkv, grp, d, kv, length, slots,
+                                             used, device, dtype) for _ in range(layers)]
+                    want = None
+                    for launch, name, kernel in contenders:
+                        fns = [functools.partial(f, launch=launch) for f in calls]
+                        with kernel_in_place(ATTENTION, kernel) if name else contextlib.nullcontext():
+                            got = fns[0]()[0].float()  # compile outside the graph; the launches agree
+                            us = time_us(torch, fns, device == "cuda", layers)
+                        want = got if want is None else want
+                        row = {"batch": b, "kv": kv, "tokens": n, "form": form, "layers": layers, "us": us}
+                        if launch is not None or name:
+                            row.update(max_rel_out=float((got - want).abs().max() / want.abs().max().clamp_min(1e-30)))
+                        if launch is not None:
+                            row["launch"] = list(launch)
+                        if name:
+                            row["variant"] = name
+                        out.append(row)
+                        print(f"attention b {b:2d} kv {kv:5d} tokens {n:2d} {form:7s} {name or launch}: {us:7.2f} us",
+                              flush=True)
     return out
 
 
@@ -302,6 +363,13 @@ def main(argv=None) -> None:
     ap.add_argument("--decode-batch", default="1,2,4,8,16,32,64", help="batches of the GDN decode rows")
     ap.add_argument("--decode-launches", default=DECODE_LAUNCHES,
                     help="launches of the GDN decode rows, value split x warps")
+    ap.add_argument("--decode-variants", default="", help="experiments/kernel_variants.py decode variants, "
+                    "each timed at every launch beside the shipped kernel")
+    ap.add_argument("--attention-variants", default="", help="experiments/kernel_variants.py attention "
+                    "variants, each timed at the default launch beside the shipped kernel")
+    ap.add_argument("--attention-launches", default="", help="cache_attention launches, keys a tile x warps x "
+                    "stages x target programs x fewest keys a split x rows a tile, comma-separated (default: the "
+                    "kernel's own)")
     ap.add_argument("--sglang", action="store_true", help="time SGLang's own GDN decode beside ours (its kernels "
                     "from BOLE_SGLANG_WHEEL or an install)")
     ap.add_argument("--parts", default=None, help="only these parts, comma-separated (default: all)")
@@ -322,6 +390,20 @@ def main(argv=None) -> None:
 
     spec = tiny_spec() if args.smoke else resolve_model(args.model)
     launches = [tuple(int(n) for n in launch.split("x")) for launch in args.decode_launches.split(",")]
+    attention_launches = [tuple(int(n) for n in launch.split("x")) for launch in
+                          filter(None, args.attention_launches.split(","))] or [None]
+    variants = [v for v in args.decode_variants.split(",") if v]
+    from kernel_variants import ATTENTION, DECODE, VARIANTS
+
+    attention_variants = [v for v in args.attention_variants.split(",") if v]
+    for option, names, site in (("--decode-variants", variants, DECODE),
+                                ("--attention-variants", attention_variants, ATTENTION)):
+        wrong = [v for v in names if v not in VARIANTS or VARIANTS[v].site != site]
+        if wrong:
+            ap.error(f"{option}: not {site.attr} variants of experiments/kernel_variants.py: {', '.join(wrong)}")
+    if any(len(launch) != 6 for launch in attention_launches if launch):
+        ap.error("--attention-launches: each is keys a tile x warps x stages x target programs x fewest keys a "
+                 "split x rows a tile, e.g. 64x4x3x264x256x16")
     chosen = None if args.parts is None else set(args.parts.split(","))
     if chosen is not None and chosen - set(PARTS):  # before any timing starts
         ap.error(f"--parts: {', '.join(sorted(chosen - set(PARTS)))} not among {', '.join(PARTS)}")
@@ -329,7 +411,7 @@ def main(argv=None) -> None:
     if args.sglang:
         from bole_cli.sglang.baseline_kernels import load_sglang_kernels
 
-        sglang = load_sglang_kernels()
+        sglang = load_sglang_kernels(with_norm=True)
     rows = [1, 4] if args.smoke else [int(r) for r in args.rows.split(",")]
     cuda = args.device == "cuda"
     gpu = resolve_gpu(args.gpu)
@@ -369,12 +451,12 @@ def main(argv=None) -> None:
                                                4 if args.smoke else 50),
         "gdn_decode": lambda: gdn_decode_rows(torch, spec, [1, 2] if args.smoke else
                                               [int(b) for b in args.decode_batch.split(",")], args.device, dtype,
-                                              rotate, 0.0 if args.smoke else 256e6, launches, sglang),
+                                              rotate, 0.0 if args.smoke else 256e6, launches, sglang, variants),
         "attention": lambda: attention_rows(
             torch, spec, *(([1, 2], [16], [1, 4]) if args.smoke else
                            ([int(x) for x in a.split(",")] for a in
                             (args.attention_batch, args.attention_kv, args.attention_tokens))),
-            args.device, dtype, rotate, 0.0 if args.smoke else 256e6),
+            args.device, dtype, rotate, 0.0 if args.smoke else 256e6, attention_launches, attention_variants),
     }
     assert tuple(parts) == PARTS
     for name, part in parts.items():

@@ -43,7 +43,11 @@ VERIFY_BLOCKED = KernelSite("bole_cli.kernels.tree_verify_blocked", "tree_verify
                             "bole_cli.kernels.tree_verify_blocked")
 REPLAY = KernelSite("bole_cli.kernels.tree_commit_replay", "_tree_commit_replay_kernel",
                     "bole_cli.kernels.tree_commit_replay")
-SITES = {"verify": VERIFY_TILE, "commit": COMMIT, "blocked": VERIFY_BLOCKED, "replay": REPLAY}
+# the attention's launcher (its kernels come with it: a variant edits the module around it)
+ATTENTION = KernelSite("bole_cli.kernels.cache_attention", "cache_attention", "bole_cli.kernels.cache_attention")
+DECODE = KernelSite("bole_cli.kernels.gdn_decode", "_gdn_decode_kernel", "bole_cli.kernels.gdn_decode")
+SITES = {"verify": VERIFY_TILE, "commit": COMMIT, "blocked": VERIFY_BLOCKED, "replay": REPLAY, "decode": DECODE,
+         "attention": ATTENTION}
 # the replay commit's launcher (its route between the node-by-node and the passes kernels):
 # ab_kernels.py runs these variants as replay variants
 REPLAY_ROUTE = KernelSite("bole_cli.kernels.tree_commit_replay", "_replay", "bole_cli.kernels.tree_commit_replay")
@@ -278,7 +282,115 @@ _B_NO_DIAG = (("            kk = _gram(k, k, rows_g, rmask, h, s_kn, s_kh, s_kn,
 # SPLIT (I17-k), so they were retired: their records stay in results/i17-big/ablate.json
 # and ablate-no-state.json, their edits in git history.)
 
+# --- attention over the KV cache (kernels.cache_attention; component_bench.py --attention-variants) --
+
+# The merge before S9-b: one program a (request, KV head) and 16 rows, the chunks one at a time
+# (two dependent loads a chunk: a 16k cache's 64 chunks at batch 1 cost ~30 us a layer).
+_A_MERGE_SERIAL = (
+    ("@triton.jit\ndef _cache_attention_merge(", "    tl.store(lse + b.to(tl.int64) * s_lb + h * s_lh + r, ls)\n",
+     '@triton.jit\n'
+     'def _cache_attention_merge(o_part, m_part, l_part, out, lse, slots, n_slots, rows, n_splits,\n'
+     '                           s_ob, s_oh, s_ot, s_og, s_lb, s_lh, group,\n'
+     '                           H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):\n'
+     '    bh = tl.program_id(0)\n'
+     '    b = bh // H\n'
+     '    h = bh % H\n'
+     '    slot = tl.load(slots + b).to(tl.int64)\n'
+     '    poison = tl.where((slot >= 0) & (slot < n_slots), 0.0, float("nan"))\n'
+     '    offs_r = tl.program_id(1) * BR + tl.arange(0, BR)\n'
+     '    rmask = offs_r < rows\n'
+     '    offs_d = tl.arange(0, BD)\n'
+     '    mx = tl.full((BR,), float("-inf"), tl.float32)\n'
+     '    for s in range(0, n_splits):\n'
+     '        part = (bh.to(tl.int64) * n_splits + s) * rows + offs_r\n'
+     '        mx = tl.maximum(mx, tl.load(m_part + part, mask=rmask, other=float("-inf")))\n'
+     '    safe_mx = tl.where(mx == float("-inf"), 0.0, mx)\n'
+     '    total = tl.zeros((BR,), tl.float32)\n'
+     '    acc = tl.zeros((BR, BD), tl.float32)\n'
+     '    for s in range(0, n_splits):\n'
+     '        part = (bh.to(tl.int64) * n_splits + s) * rows + offs_r\n'
+     '        w = tl.exp(tl.load(m_part + part, mask=rmask, other=float("-inf")) - safe_mx)\n'
+     '        total += w * tl.load(l_part + part, mask=rmask, other=0.0)\n'
+     '        acc += w[:, None] * tl.load(o_part + part[:, None] * BD + offs_d[None, :], mask=rmask[:, None], '
+     'other=0.0)\n'
+     '    has = total > 0\n'
+     '    o = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0) + poison\n'
+     '    node, g = offs_r // group, offs_r % group\n'
+     '    op = out + b.to(tl.int64) * s_ob + h * s_oh + (node * s_ot + g * s_og)[:, None] + offs_d[None, :]\n'
+     '    tl.store(op, o.to(out.dtype.element_ty), mask=rmask[:, None] & (offs_d < D)[None, :])\n'
+     '    ls = tl.where(has, safe_mx + tl.log(tl.where(has, total, 1.0)), float("-inf")) + poison\n'
+     '    tl.store(lse + b.to(tl.int64) * s_lb + h * s_lh + offs_r, ls, mask=rmask)\n'),
+    ("        _cache_attention_merge[(bsz * hkv, rows)](\n",
+     "        _cache_attention_merge[(bsz * hkv, row_blocks)](\n"),
+    ("            NSP=triton.next_power_of_2(splits), SB=MERGE_CHUNKS, num_warps=4)",
+     "            BR=br, num_warps=4)"),
+)
+
+# --- GDN decode (kernels.gdn_decode; timed by experiments/component_bench.py --decode-variants) --
+
+_D_LOAD = ("    ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]\n"
+           "    s = tl.load(ptr, mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32) * tl.exp(g)\n")
+# The state tile's load issued first, before the q/k rows, the conv and the gates (SGLang's
+# order): one memory round trip a program instead of two, the tile live across the conv.
+_D_STATE_FIRST = (
+    (_D_LOAD, "    s = s0.to(tl.float32) * tl.exp(g)\n"),
+    ("    row = qk + req.to(tl.int64) * 2 * H * K\n",
+     "    ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]\n"
+     "    s0 = tl.load(ptr, mask=vmask[:, None] & kmask[None, :], other=0.0)\n"
+     "    row = qk + req.to(tl.int64) * 2 * H * K\n"),
+)
+# The state streamed past L2's keep set: read and written once a step, never reused in it.
+_D_EVICT = (
+    (_D_LOAD, _D_LOAD.replace("other=0.0)", "other=0.0, eviction_policy=\"evict_first\")")),
+    ("    tl.store(ptr, s.to(state.dtype.element_ty), mask=v_write[:, None] & kmask[None, :])\n",
+     "    tl.store(ptr, s.to(state.dtype.element_ty), mask=v_write[:, None] & kmask[None, :],"
+     " eviction_policy=\"evict_first\")\n"),
+)
+# Ablations (wrong results; their time is the part's cost): v read as it comes, no conv and
+# no window slide; o stored without the gated norm (SGLang's packed decode leaves it to a
+# third launch).
+_D_NO_CONV = (
+    ("    v, v_win = _conv_channels(x + req.to(tl.int64) * s_xn, win, conv_w, v_ch, vmask, s_cd, s_cw, s_wd, "
+     "conv_b,\n"
+     "                              W, WP, HAS_BIAS)\n",
+     "    v = tl.load(x + req.to(tl.int64) * s_xn + v_ch, mask=vmask, other=0.0).to(tl.float32)\n"),
+    ("    tl.store(win + v_ch[:, None] * s_cd + cols[None, :] * s_cw, v_win, mask=v_write[:, None] & (cols < W - 1)"
+     "[None, :])\n", ""),
+)
+# The state tile and the window stored last, after the head's norm and its arrival count: a
+# release (the counter's acq_rel) waits for the program's earlier writes, so with the state
+# stored first every program held its SM until its 8-16 KB of state had drained.
+_D_WRITES = ("    tl.store(ptr, s.to(state.dtype.element_ty), mask=v_write[:, None] & kmask[None, :])\n"
+             "    tl.debug_barrier()  # every read of this head's window is done before it slides\n"
+             "    cols = tl.arange(0, WP)\n"
+             "    tl.store(win + v_ch[:, None] * s_cd + cols[None, :] * s_cw, v_win, mask=v_write[:, None] & "
+             "(cols < W - 1)[None, :])\n")
+_D_STATE_LAST = (
+    (_D_WRITES, ""),
+    ("        tl.store(o_row + offs_v, out + poison, mask=vmask)\n",
+     "        tl.store(o_row + offs_v, out + poison, mask=vmask)\n" + _D_WRITES),
+)
+_D_NO_NORM = (("    if NORM and VS > 1:", "    if False:"), ("        if NORM:\n", "        if False:\n"))
+
 VARIANTS: dict[str, Variant] = {
+    "a-merge-serial": Variant(ATTENTION, "the merge a chunk at a time, 16 rows a program (shipped before S9-b)",
+                              _A_MERGE_SERIAL),
+    "a-before-s9": Variant(ATTENTION, "the attention as shipped before S9-b: a-merge-serial, and one launch "
+                           "for every shape (64 keys and 16 rows a tile, 4 warps, 3 stages)", _A_MERGE_SERIAL + (
+                               ("launch or attention_launch(bsz, hkv, rows)",
+                                "launch or (64, 4, 3, TARGET_PROGRAMS, MIN_SPLIT_KEYS, 16)"),)),
+    "d-state-first": Variant(DECODE, "the state tile loaded first, before the conv and the gates (SGLang's order)",
+                             _D_STATE_FIRST),
+    "d-state-last": Variant(DECODE, "the state and the window stored after the norm's arrival count (its "
+                            "release no longer waits for them)", _D_STATE_LAST),
+    "d-evict": Variant(DECODE, "the state loaded and stored evict-first (streamed once a step)", _D_EVICT),
+    "d-state-first-evict": Variant(DECODE, "d-state-first and d-evict together", _D_STATE_FIRST + (
+        ("    s0 = tl.load(ptr, mask=vmask[:, None] & kmask[None, :], other=0.0)\n",
+         "    s0 = tl.load(ptr, mask=vmask[:, None] & kmask[None, :], other=0.0, "
+         "eviction_policy=\"evict_first\")\n"),
+        _D_EVICT[1])),
+    "d-no-conv": Variant(DECODE, "ablation: v as it comes (no conv), the window left in place", _D_NO_CONV),
+    "d-no-norm": Variant(DECODE, "ablation: o without the gated norm (no split counters)", _D_NO_NORM),
     "r-fold-norm": Variant(REPLAY, "c11 with the k norm and the decay folded into the step's vectors (one "
                            "dependent reduction a node, no decay pass; S7-a: 0.96-1.13x)", _R_FOLD_NORM),
     "r-pairs": Variant(REPLAY, "c11 two path nodes a step (the pair's 2 x 2 system, one update; S7-a: 0.86x "

@@ -17,7 +17,10 @@
 # session): kernels (the clean grid, chains against the ring, the big-tree table); on an H100
 # (S7-f): a reduced knee for 9B (the H200's is still owed). On an H100 (S8-a to S8-f, eighth
 # session): decode's sweep (9B, 27B; it set limits.GDN_DECODE_LAUNCH), the step bench with the
-# rule, pytest -m gpu; all still owed on the H200. Run the rest in this order (a
+# rule, pytest -m gpu; all still owed on the H200. Done since on the H200 (S9-f to S9-h, ninth
+# session): decode (9B; 27B at batch 1-16), the cache attention's launch sweep (its rule), the
+# step bench's production at batch 1 / 16 and the 9B verify. Still owed: knee (its attention rows
+# now at S9-f's rule), the GPU suite with that rule, and the rest below. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #

@@ -25,6 +25,8 @@
 - decode-SxW: production with every fused GDN decode launched S programs a head of W warps
             (limits.GDN_DECODE_LAUNCH replaced for the variant; component_bench times the
             kernel alone).
+- attention-s8: production with the attention over the cache as shipped before S9-b
+            (kernel_variants' a-before-s9: the merge a chunk at a time, three stages always).
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
 graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
@@ -39,6 +41,7 @@ states after one step agree (bf16), and the fused kernel matches its float64 ref
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -60,6 +63,9 @@ VARIANTS = {"before": ("tree", False, False, False, False), "fused": ("fused", F
             "skinny-down1": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj,down", True, 1),
             **{f"decode-{launch}": ("fused", True, True, None, True) for launch in ("1x8", "4x2", "8x2", "16x1")}}
 SHIPPED_LAUNCH = limits.GDN_DECODE_LAUNCH  # as shipped: what "production" and the others run
+# variants that run production with a kernel variant of experiments/kernel_variants.py in place
+KERNEL_VARIANTS = {"attention-s8": "a-before-s9"}
+VARIANTS.update({name: VARIANTS["production"] for name in KERNEL_VARIANTS})
 
 
 def launch_table(name: str) -> tuple:
@@ -75,12 +81,31 @@ def set_variant(timer, name: str) -> None:
 
     decode, compiled, cache_kernel, skinny, attention_in, *rows = VARIANTS[name]
     limits.GDN_DECODE_LAUNCH = launch_table(name)  # main() puts the shipped table back at its end
+    set_kernels(KERNEL_VARIANTS.get(name))
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
     timer.model.set_skinny(skinny, *rows)
     timer.model.attention_in_kernel = attention_in
     timer.reset_graphs()  # graphs of the previous variant, and a fresh pool for the next
+
+
+def set_kernels(variant) -> None:
+    """The shipped kernels, and kernel_variants' `variant` (None: none) in its site's place
+    (main() puts the shipped ones back at its end)."""
+    shipped = set_kernels.__dict__.setdefault("shipped", {})
+    if not variant and not shipped:  # nothing in place, nothing asked
+        return
+    from kernel_variants import VARIANTS as EDITS
+    from kernel_variants import load_variant
+
+    for (launcher, attr), kernel in shipped.items():
+        setattr(importlib.import_module(launcher), attr, kernel)
+    if variant:
+        site = EDITS[variant].site
+        module = importlib.import_module(site.launcher)
+        shipped.setdefault((site.launcher, site.attr), getattr(module, site.attr))
+        setattr(module, site.attr, load_variant(variant))
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -181,8 +206,9 @@ def kernel_vs_reference(torch, spec, device) -> dict:
 def main(argv=None) -> None:
     try:
         run(argv)
-    finally:  # a decode-SxW variant leaves nothing patched behind it
+    finally:  # a decode-SxW or attention variant leaves nothing patched behind it
         limits.GDN_DECODE_LAUNCH = SHIPPED_LAUNCH
+        set_kernels(None)
 
 
 def run(argv=None) -> None:

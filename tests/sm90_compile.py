@@ -103,13 +103,20 @@ def cases():
         consts = dict(HQ=hq, HK=hk, DH=dh, DP=dh, HALF=half, K_OUT=k_out)
         yield (f"attention_in HQ={hq} HK={hk} D={dh} k_out={k_out}", _attention_in_kernel, ptr, {"eps": "fp32"},
                consts, 2, 1)
-    from bole_cli.kernels.cache_attention import _cache_attention_part
+    from bole_cli.kernels.cache_attention import (FEW_ROWS_LAUNCH, FULL_LAUNCH, MANY_ROWS_LAUNCH,
+                                                  _cache_attention_merge, _cache_attention_part)
 
-    for tree, final in ((True, False), (True, True)):  # a verify's tree keys under their mask
-        ptr = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", slots="*i64", used="*i64", o_part="*fp32",
-                   m_part="*fp32", l_part="*fp32", out="*bf16", lse="*fp32", tree_bias="*fp32", tree_cu="*i32")
-        yield (f"cache_attention_part tree={tree} final={final}", _cache_attention_part, ptr, {"scale": "fp32"},
-               dict(H=4, D=256, BD=256, BR=16, BL=64, FINAL=final, TREE=tree, SIZES=True), 4, 3)
+    ptr = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", slots="*i64", used="*i64", o_part="*fp32",
+               m_part="*fp32", l_part="*fp32", out="*bf16", lse="*fp32", tree_bias="*fp32", tree_cu="*i32")
+    for tree, final, (keys, warps, stages, _, _, rows) in ((True, False, FEW_ROWS_LAUNCH), (True, True, FEW_ROWS_LAUNCH),
+                                                           (False, False, FEW_ROWS_LAUNCH),
+                                                           (True, False, MANY_ROWS_LAUNCH),
+                                                           (True, False, FULL_LAUNCH)):  # the rule's launches
+        yield (f"cache_attention_part tree={tree} final={final} BL={keys} BR={rows} warps={warps} stages={stages}",
+               _cache_attention_part, ptr, {"scale": "fp32"},
+               dict(H=4, D=256, BD=256, BR=rows, BL=keys, FINAL=final, TREE=tree, SIZES=True), warps, stages)
+    yield ("cache_attention_merge 64 chunks", _cache_attention_merge, ptr, {}, dict(H=4, D=256, BD=256, NSP=64, SB=16),
+           4, 1)
     from bole_cli.kernels.kv_compact import _kv_compact_kernel
 
     ptr = dict(k_cache="*bf16", v_cache="*bf16", slots="*i64", base="*i64", accepted="*i64", cu="*i32",

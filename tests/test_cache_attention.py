@@ -13,9 +13,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.cache_attention import attention_splits, cache_attention
+from bole_cli.kernels.cache_attention import (FEW_PROGRAMS, FEW_ROWS_LAUNCH, MANY_ROWS_LAUNCH, TARGET_PROGRAMS,
+                                              FULL_LAUNCH, attention_launch, attention_splits, cache_attention)
 from bole_cli.kernels.reference_attention import cache_attention_ref
 
+# the default; chunks of 16 keys (up to 40 of them: the merge's chunk loop runs three times
+# over a power-of-two bound it masks); another tile, warps and stages
+LAUNCHES = [None, (16, 4, 1, 264, 16, 16), (32, 2, 2, 528, 32, 32)]
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -31,12 +35,14 @@ def case(seed, bsz, hkv, rows, d, lmax, lengths, dtype=torch.float32):
 @SETTINGS
 @given(seed=st.integers(0, 2**31 - 1), hkv=st.sampled_from([1, 2]), rows=st.sampled_from([1, 4, 17]),
        d=st.sampled_from([16, 32]), lengths=st.lists(st.integers(0, 700), min_size=1, max_size=3),
-       bucket=st.sampled_from([None, 64]))
-@example(seed=1, hkv=2, rows=4, d=32, lengths=[0, 513, 700], bucket=None)
-def test_matches_float64_reference(seed, hkv, rows, d, lengths, bucket):
+       bucket=st.sampled_from([None, 64]), launch=st.sampled_from(LAUNCHES))
+@example(seed=1, hkv=2, rows=4, d=32, lengths=[0, 513, 700], bucket=None, launch=None)
+@example(seed=4, hkv=1, rows=4, d=32, lengths=[700, 0], bucket=None, launch=LAUNCHES[1])  # 40 chunks
+def test_matches_float64_reference(seed, hkv, rows, d, lengths, bucket, launch):
     lmax = 640
     q, k, v, slots, used = case(seed, len(lengths), hkv, rows, d, lmax, lengths)
-    out, lse = cache_attention(q, k, v, slots, used, max_keys=None if bucket is None else max(lengths + [bucket]))
+    out, lse = cache_attention(q, k, v, slots, used, max_keys=None if bucket is None else max(lengths + [bucket]),
+                               launch=launch)
     want, want_lse = cache_attention_ref(q, k, v, slots, used)
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
@@ -50,6 +56,59 @@ def test_several_chunks_are_merged():
     want, want_lse = cache_attention_ref(q, k, v, slots, used)
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
+
+
+def test_many_chunks_are_merged_in_several_passes():
+    """A launch of 16-key chunks cuts 600 keys into 38 chunks, more than the merge weighs at
+    once (MERGE_CHUNKS), the last pass part-masked."""
+    from bole_cli.kernels.cache_attention import MERGE_CHUNKS
+
+    assert attention_splits(1, 1, 1, 600, 264, 16) == 38 > 2 * MERGE_CHUNKS
+    q, k, v, slots, used = case(5, 1, 1, 4, 32, 640, [600])
+    out, lse = cache_attention(q, k, v, slots, used, launch=(16, 4, 1, 264, 16, 16))
+    want, want_lse = cache_attention_ref(q, k, v, slots, used)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
+
+
+def test_the_default_launch_follows_the_rows_and_their_programs():
+    """At 4 KV heads and a GQA group of 4: a decode (4 rows), a drafter level or a tree of 8
+    tokens (32 rows) take the few-rows launch at any batch; a verify of 32 tokens (128 rows,
+    8 tiles of 16) at batch 1 too (32 programs), at batch 4 the split launch (128), at batch
+    16 the full one (512 tiles of 16 rows; it takes 64 a tile and splits the keys in 3)."""
+    assert all(attention_launch(b, 4, rows) == FEW_ROWS_LAUNCH for b in (1, 4, 16, 64) for rows in (4, 32))
+    assert attention_launch(1, 4, 128) == FEW_ROWS_LAUNCH
+    assert attention_launch(4, 4, 128) == MANY_ROWS_LAUNCH
+    assert attention_launch(16, 4, 128) == FULL_LAUNCH
+    assert attention_splits(16, 4, 128 // FULL_LAUNCH[5], 4096, *FULL_LAUNCH[3:5]) == 3
+    # the thresholds: more than FEW_ROWS rows, FEW_PROGRAMS and TARGET_PROGRAMS tiles
+    assert attention_launch(1, 1, 16 * (FEW_PROGRAMS - 1)) == FEW_ROWS_LAUNCH
+    assert attention_launch(1, 1, 16 * FEW_PROGRAMS) == MANY_ROWS_LAUNCH
+    assert attention_launch(1, 1, 16 * TARGET_PROGRAMS) == FULL_LAUNCH
+    assert attention_launch(64, 4, 32) == FEW_ROWS_LAUNCH  # 512 tiles, but few rows
+
+
+def test_the_default_launches_compute_the_same_attention():
+    """Each of the rule's launches (rows a tile 16 or 64, several key chunks) against the
+    float64 reference on one case: a tree of 9 tokens at a group of 4 (36 rows)."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v, slots, used = case(8, 2, 2, 36, 16, 640, [600, 70])
+    bias = tree_mask(g, 2, 1, 9, 4, 9)
+    want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
+    for launch in (FEW_ROWS_LAUNCH, MANY_ROWS_LAUNCH, FULL_LAUNCH):
+        out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias, launch=launch)
+        torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("launch", [(48, 4, 1, 264, 16, 16), (64, 32, 3, 264, 256, 16), (64, 4, 0, 264, 256, 16),
+                                    (64, 4, 3, 0, 256, 16), (64, 4, 3, 264, 256), [64, 4, 3, 264, 256, 16],
+                                    (64, 4, 3, 264, 256.0, 16), (8, 4, 3, 264, 256, 16), (64, 4, 3, 264, 256, 8),
+                                    (64, 4, 3, 264, 256, 24)])
+def test_bad_launches_are_refused(launch):
+    q, k, v, slots, used = case(6, 1, 1, 4, 16, 64, [60])
+    with pytest.raises(InputError, match="launch"):
+        cache_attention(q, k, v, slots, used, launch=launch)
 
 
 def tree_mask(g, bsz, heads, nodes, group, width, dtype=torch.float32):

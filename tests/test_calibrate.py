@@ -651,7 +651,8 @@ def test_gdn_decode_share_derives_from_its_rows_and_prices_the_decode():
                                                    {"batch": 1, "us": 2e6 * layer[1]},
                                                    {"batch": 1, "value_split": 4, "us": 1e6 * layer[1]},
                                                    {"batch": 1, "value_split": 1, "num_warps": 4, "us": 1e6 * layer[1]},
-                                                   {"batch": 16, "impl": "sglang", "us": 1e6 * layer[16]}]}
+                                                   {"batch": 16, "impl": "sglang", "us": 1e6 * layer[16]},
+                                                   {"batch": 16, "variant": "d-no-norm", "us": 1e6 * layer[16]}]}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("bole_cli.limits.GDN_DECODE_LAUNCH", ((None, 1, 8),))
         cells = gdn_decode_cells(record)  # the rule's launch (one program of 8 warps a head) only
@@ -671,15 +672,17 @@ def test_gdn_decode_share_derives_from_its_rows_and_prices_the_decode():
 
 def test_the_decode_launch_rule_derives_from_the_fastest_rows():
     """components.gdn_decode_launch_rows: by head count (batch x value heads, across models)
-    the fastest of our launches, SGLang's rows left out, a step between two counts at their
-    geometric mean, equal neighbours merged and the last row open."""
+    the fastest of our launches, SGLang's rows and kernel variants left out, a step between
+    two counts at their geometric mean, equal neighbours merged and the last row open."""
     from bole_cli.calibrate.components import gdn_decode_launch_rows
 
     def rows(model, batch, *launches):  # (split, warps, us)
         return [{"batch": batch, "value_split": s, "num_warps": w, "us": us} for s, w, us in launches]
 
     nine = {"model": "9b", "gdn_decode": rows("9b", 1, (1, 8, 10.0), (16, 1, 6.0)) + rows("9b", 4, (16, 1, 9.0))
-            + rows("9b", 16, (16, 1, 30.0), (4, 2, 25.0)) + [{"batch": 16, "impl": "sglang", "us": 1.0}]}
+            + rows("9b", 16, (16, 1, 30.0), (4, 2, 25.0)) + [{"batch": 16, "impl": "sglang", "us": 1.0}]
+            # an experiment's variant of the kernel (kernel_variants.py), however fast, is not a launch
+            + [{"batch": 16, "variant": "d-no-norm", "value_split": 8, "num_warps": 2, "us": 1.0}]}
     big = {"model": "27b", "gdn_decode": [{"batch": 1, "value_split": 8, "us": 7.0}]}  # 48 heads, warps 8 // 8
     assert gdn_decode_launch_rows([nine]) == ((int((128 * 512) ** 0.5), 16, 1), (None, 4, 2))
     assert gdn_decode_launch_rows([nine, big]) == ((int((32 * 48) ** 0.5), 16, 1), (int((48 * 128) ** 0.5), 8, 1),
@@ -689,20 +692,29 @@ def test_the_decode_launch_rule_derives_from_the_fastest_rows():
     again = {"model": "9b", "gdn_decode": rows("9b", 1, (16, 1, 20.0), (1, 8, 10.0))}
     third = {"model": "9b", "gdn_decode": rows("9b", 1, (16, 1, 12.0), (1, 8, 10.0))}
     assert gdn_decode_launch_rows([nine, again, third])[0][1:] == (1, 8)
+    # a launch within 1% of the fastest at a count keeps the rule on the launch below it
+    tie = {"model": "9b", "gdn_decode": rows("9b", 1, (4, 2, 10.0), (8, 2, 12.0))
+           + rows("9b", 16, (4, 2, 30.2), (8, 2, 30.0)) + rows("9b", 64, (4, 2, 90.0), (8, 2, 80.0))}
+    assert gdn_decode_launch_rows([tie]) == ((int((512 * 2048) ** 0.5), 4, 2), (None, 8, 2))
 
 
 def test_the_shipped_decode_launch_rule_is_the_records():
     """limits.GDN_DECODE_LAUNCH is what calibrate.components.gdn_decode_launch_rows derives
-    from the committed decode sweeps (experiments/README.md S8-a, S8-d)."""
+    from the committed decode sweeps (experiments/README.md S8-a, S8-d, S9-a, S9-e on H100s,
+    S9-g on the H200), each device's records alone."""
     from pathlib import Path
 
     from bole_cli.calibrate.components import gdn_decode_launch_rows
     from bole_cli.limits import GDN_DECODE_LAUNCH
 
     root = Path(__file__).resolve().parents[1] / "experiments" / "results" / "components"
-    records = [json.loads((root / f"h100-{name}.json").read_text())
-               for name in ("9b-decode-s8", "9b-decode-s8-repeat", "27b-decode-s8")]
-    assert gdn_decode_launch_rows(records) == GDN_DECODE_LAUNCH
+    records = [json.loads((root / f"{name}.json").read_text())
+               for name in ("h100-9b-decode-s8", "h100-9b-decode-s8-repeat", "h100-27b-decode-s8",
+                            "h100-9b-decode-variants-s9", "h100-27b-decode-variants-s9", "h200-9b-decode-s9",
+                            "h200-27b-decode-s9")]
+    # one device's records at a time (medians across two devices would mix their speeds)
+    assert gdn_decode_launch_rows(records[:-2]) == GDN_DECODE_LAUNCH  # the H100's
+    assert gdn_decode_launch_rows(records[-2:]) == GDN_DECODE_LAUNCH  # the H200's
 
 
 def test_attention_share_derives_from_its_rows_and_prices_the_attention():
@@ -726,7 +738,8 @@ def test_attention_share_derives_from_its_rows_and_prices_the_attention():
     rows = [{"batch": b, "kv": kv, "tokens": n, "us": f * 1e6 * layer(b, kv, n)}
             for b, kv, n, f in ((1, 1024, 1, 2.0), (1, 1024, 32, 2.0), (1, 16384, 1, 4.0), (1, 16384, 32, 4.0),
                                 (16, 1024, 1, 1.0), (16, 1024, 32, 2.0))]
-    cells = attention_cells({"model": spec.name, "attention": rows})
+    swept = [{**rows[0], "us": 1.0, "launch": [64, 4, 2, 264, 256]}, {**rows[0], "us": 1.0, "variant": "a-before-s9"}]
+    cells = attention_cells({"model": spec.name, "attention": rows + swept})  # a sweep's other launches: not used
     assert cells == ((1024.0, 1.0, 0.5), (1024.0, 32.0, 0.5), (16384.0, 1.0, 0.625), (16384.0, 32.0, 0.375))
     assert attention_cells({"model": spec.name}) == ()
     shared = RooflineForward(spec, gpu, dataclasses.replace(bare, attention_cells=cells))

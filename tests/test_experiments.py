@@ -134,7 +134,35 @@ def test_the_component_bench_times_sglangs_decode_beside_ours(tmp_path, sglang_s
     theirs = [r for r in doc["gdn_decode"] if r["impl"] == "sglang"]
     assert [r["batch"] for r in theirs] == [1, 2] and all(r["us"] > 0 for r in theirs)
     assert all(0 < r["max_rel_state"] < 2e-2 for r in theirs)
+    # its gated RMSNorm (a third launch) counted, so the outputs compare too
+    assert all(r["norm"] and r["max_rel_out"] < 2e-2 for r in theirs)
     assert "gemms" not in doc and "attention" not in doc
+
+
+def test_the_component_bench_times_kernel_variants_and_launches(tmp_path):
+    """--decode-variants / --attention-variants time experiments/kernel_variants.py's edits
+    beside the shipped kernels, each row checked against the shipped one (an exact edit
+    agrees, an ablation does not), and --attention-launches each launch; a variant of
+    another kernel is refused before anything runs."""
+    import json
+
+    doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke", "--decode-launches", "1x8",
+                       "--parts", "gdn_decode,attention", "--decode-variants", "d-state-last,d-no-norm",
+                       "--attention-variants", "a-merge-serial", "--attention-launches",
+                       "64x4x3x264x256x16,16x4x1x264x16x32")
+    variants = {r["variant"]: r for r in doc["gdn_decode"] if r.get("variant") and r["batch"] == 1}
+    assert variants["d-state-last"]["max_rel_out"] == 0 and variants["d-state-last"]["max_rel_state"] == 0
+    assert variants["d-no-norm"]["max_rel_out"] > 0.1  # the ablation's output is not the layer's
+    decode = [r for r in doc["attention"] if r["form"] == "decode" and r["batch"] == 1]
+    assert [r.get("variant") or tuple(r["launch"]) for r in decode] == [
+        (64, 4, 3, 264, 256, 16), (16, 4, 1, 264, 16, 32), "a-merge-serial"]
+    assert all(r["max_rel_out"] < 1e-5 for r in doc["attention"])
+    bad = subprocess.run([sys.executable, str(EXPERIMENTS / "component_bench.py"), "--device", "cpu", "--smoke",
+                          "--decode-variants", "a-merge-serial", "--out", str(tmp_path / "bad.json")],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent)))
+    assert bad.returncode == 2 and "--decode-variants" in bad.stderr and not (tmp_path / "bad.json").exists()
+    assert json.loads((tmp_path / "record.json").read_text())["model"]
 
 
 def test_the_skinny_mm_bench_smoke_run_writes_its_record(tmp_path):
@@ -206,6 +234,31 @@ def test_the_step_bench_decode_variants_set_and_restore_the_launch_table():
     finally:
         limits.GDN_DECODE_LAUNCH = shipped
     assert bench.launch_table("decode-16x1") == ((None, 16, 1),) and bench.launch_table("cublas") == shipped
+
+
+def test_the_step_bench_kernel_variants_are_put_in_place_and_back(monkeypatch):
+    """runtime_step_bench's attention-s8 runs production with kernel_variants' a-before-s9 in
+    the attention's launcher, and the next variant (and main's end) puts the shipped one back."""
+    import importlib
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    bench = experiment_module("runtime_step_bench")
+    module = importlib.import_module("bole_cli.kernels.cache_attention")
+    shipped = module.cache_attention
+    timer = SimpleNamespace(model=SimpleNamespace(set_skinny=lambda *a: None), reset_graphs=lambda: None)
+    try:
+        bench.set_variant(timer, "attention-s8")
+        assert module.cache_attention is not shipped and "before_s9" in module.cache_attention.__module__
+        assert bench.VARIANTS["attention-s8"] == bench.VARIANTS["production"]
+        bench.set_variant(timer, "production")
+        assert module.cache_attention is shipped
+        bench.set_variant(timer, "attention-s8")
+        with pytest.raises(SystemExit):
+            bench.main(["--no-such-option"])
+        assert module.cache_attention is shipped
+    finally:
+        module.cache_attention = shipped
 
 
 def test_the_tf32_emulation_changes_what_the_interpreter_computes(tmp_path):

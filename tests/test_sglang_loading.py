@@ -167,11 +167,32 @@ def test_kernel_table_names_every_kernel_field():
     import dataclasses
 
     listed = [n for names in sglang_kernels.KERNEL_FUNCTIONS.values() for n in names]
-    not_kernels = {"version", "source", "isolated", "TritonGDNKernel", "modules"}
+    not_kernels = {"version", "source", "isolated", "TritonGDNKernel", "layernorm_fn", "modules"}  # optional loads
     fields = [f.name for f in dataclasses.fields(sglang_kernels.SGLangKernels)
               if f.name not in not_kernels]
     assert sorted(listed) == sorted(fields) and len(set(listed)) == len(listed)
     assert sglang_kernels.KERNEL_MODULES[0] == sglang_kernels.VERIFY_MODULE
+
+
+def test_the_gated_norm_loads_on_request_and_matches_float64(sglang_source, monkeypatch):
+    """with_norm: SGLang's gated RMSNorm (its serving-stack helpers stubbed, its SM count
+    answered under the interpreter) gives rms(x) * w * silu(z) a row, against float64; without
+    it the field is empty."""
+    import torch
+
+    from bole_cli.sglang.baseline_kernels import load_sglang_kernels
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    norm = load_sglang_kernels(with_norm=True).layernorm_fn
+    assert load_sglang_kernels().layernorm_fn is None
+    g = torch.Generator().manual_seed(0)
+    x, z = torch.randn(6, 32, generator=g), torch.randn(6, 32, generator=g)
+    w = torch.rand(32, generator=g) + 0.5
+    got = norm(x, w, None, z=z, eps=1e-6, group_size=None, norm_before_gate=True, is_rms_norm=True,
+               activation="swish")
+    x, z, w = x.double(), z.double(), w.double()
+    want = x / torch.sqrt(x.square().mean(-1, keepdim=True) + 1e-6) * w * z * torch.sigmoid(z)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
 def test_isolated_sglang_imports_one_module_and_restores_sys_modules(tmp_path):

@@ -65,8 +65,8 @@ def gdn_tree_cells(tree_kernels: Mapping[str, Any]) -> tuple[tuple[float, float,
 def _decode_launch(row: Mapping[str, Any]) -> tuple[int, int] | None:
     """(value split, warps) of a record's fused GDN decode row; rows without a split are of
     one program a head, rows without warps of the default for their split; None for a row of
-    another impl (SGLang's)."""
-    if row.get("impl", "bole") != "bole":
+    another impl (SGLang's) or of an experimental variant of the kernel (its "variant")."""
+    if row.get("impl", "bole") != "bole" or row.get("variant"):
         return None
     split = row.get("value_split", 1)
     return split, row.get("num_warps", gdn_decode_warps(split))
@@ -88,12 +88,17 @@ def gdn_decode_cells(components: Mapping[str, Any]) -> tuple[tuple[float, float]
     return tuple(cells)
 
 
+DECODE_LAUNCH_TIE = 0.01  # a launch within 1% of the fastest is a tie (timing noise between calls)
+
+
 def gdn_decode_launch_rows(records: Sequence[Mapping[str, Any]]) -> tuple[tuple[int | None, int, int], ...]:
     """limits.GDN_DECODE_LAUNCH from component records' fused GDN decode rows (ours, each
     launch by batch): at each measured head count (batch x the record's value heads) the
-    launch of the lowest median over the records that time it; between two measured counts
-    the lower one's launch up to their geometric mean; neighbours with the same launch
-    merged, the last row open (None)."""
+    launch of the lowest median over the records that time it, unless the launch of the
+    count below ties with it (within DECODE_LAUNCH_TIE: the rule keeps it rather than step
+    on noise); between two measured counts the lower one's launch up to their geometric
+    mean; neighbours with the same launch merged, the last row open (None). Give one device's
+    records: a median over two devices mixes their speeds."""
     import math
 
     from bole_cli.catalog.models import resolve_model
@@ -109,7 +114,11 @@ def gdn_decode_launch_rows(records: Sequence[Mapping[str, Any]]) -> tuple[tuple[
     rows: list[tuple[int | None, int, int]] = []
     for i, heads in enumerate(counts):
         limit = math.isqrt(heads * counts[i + 1]) if i + 1 < len(counts) else None
-        launch = min(times[heads], key=lambda ln: (statistics.median(times[heads][ln]), ln))
+        medians = {ln: statistics.median(us) for ln, us in times[heads].items()}
+        launch = min(medians, key=lambda ln: (medians[ln], ln))
+        below = rows[-1][1:] if rows else None
+        if below in medians and medians[below] <= medians[launch] * (1 + DECODE_LAUNCH_TIE):
+            launch = below
         if rows and rows[-1][1:] == launch:
             rows[-1] = (limit, *launch)
         else:
@@ -125,7 +134,9 @@ def attention_cells(components: Mapping[str, Any], *, drafter: bool = False
     pairs that read as many keys, rounded to 3 digits; () when the record has none. The
     target's cells from its decode and tree rows; with `drafter`, the drafter level's from
     its own rows (no tree mask, priced as draft_components prices them) and the decode rows
-    (its one-row level is the same call), () without drafter rows."""
+    (its one-row level is the same call), () without drafter rows. Rows of a sweep's launches
+    or variants (component_bench.py --attention-launches, --attention-variants) are left out:
+    they are not the runtime's call."""
     spec, roof = _bare_roofline(components["model"], attention_cells=(), draft_attention_cells=())
     rows = list(components.get("attention", ()))
     forms = ("decode", "drafter") if drafter else ("decode", "tree")
@@ -134,8 +145,8 @@ def attention_cells(components: Mapping[str, Any], *, drafter: bool = False
     shares: dict[tuple[int, int], list[float]] = {}
     for row in rows:
         b, kv, n = row["batch"], row["kv"], row["tokens"]
-        if row.get("form", "decode" if n == 1 else "tree") not in forms:
-            continue
+        if row.get("form", "decode" if n == 1 else "tree") not in forms or "launch" in row or "variant" in row:
+            continue  # another form, or a launch or variant of a sweep, not the runtime's own
         if drafter:
             layer = roof.draft_components(b, kv, n)["attention"]
         else:

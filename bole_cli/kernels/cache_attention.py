@@ -29,10 +29,21 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.validate import ACTIVATION_DTYPES, check_index_vector, check_last_contiguous, check_tensor
+from bole_cli.kernels.validate import (ACTIVATION_DTYPES, check_index_vector, check_last_contiguous, check_tensor,
+                                       power_of_two)
 
 TARGET_PROGRAMS = 264  # about two programs per SM of an H100/H200: enough splits to fill it
 MIN_SPLIT_KEYS = 256
+MERGE_CHUNKS = 16  # chunks the merge weighs at a time ([16, D] float32 tiles)
+# A launch: (keys a tile, warps, software-pipeline stages, target programs, fewest keys a
+# split, rows a tile). The rule (attention_launch) by the rows a (request, KV head) and the
+# programs their 16-row tiles make before any split, from the H200's sweep
+# (experiments/README.md S9-f; geomean 0.81 of the launch before it, none slower than 1.03):
+FEW_ROWS = 32  # a decode's, a drafter level's, a tree's of up to 8 tokens at a GQA group of 4
+FEW_PROGRAMS = 64
+FEW_ROWS_LAUNCH = (64, 4, 3, 128, 128, 16)  # and any launch of fewer than FEW_PROGRAMS tiles
+MANY_ROWS_LAUNCH = (64, 4, 2, 132, 128, 16)  # many rows (a verify of 32 tokens at batch 4)
+FULL_LAUNCH = (32, 8, 3, TARGET_PROGRAMS, MIN_SPLIT_KEYS, 64)  # many rows whose tiles fill the GPU (batch 16)
 
 
 @triton.jit(do_not_specialize=["tree_t"])
@@ -104,48 +115,64 @@ def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_pa
 @triton.jit
 def _cache_attention_merge(o_part, m_part, l_part, out, lse, slots, n_slots, rows, n_splits,
                            s_ob, s_oh, s_ot, s_og, s_lb, s_lh, group,
-                           H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+                           H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NSP: tl.constexpr, SB: tl.constexpr):
+    """Row r of (request, KV head) bh: its chunks' partial results merged exactly. Every
+    chunk's max and sum load at once (NSP >= n_splits), the weighted values SB chunks at a
+    time: a long cache's 64 chunks cost a few dependent loads, not one each."""
     bh = tl.program_id(0)
+    r = tl.program_id(1)
     b = bh // H
     h = bh % H
     slot = tl.load(slots + b).to(tl.int64)
     poison = tl.where((slot >= 0) & (slot < n_slots), 0.0, float("nan"))
-    offs_r = tl.program_id(1) * BR + tl.arange(0, BR)
-    rmask = offs_r < rows
-    offs_d = tl.arange(0, BD)
-    mx = tl.full((BR,), float("-inf"), tl.float32)
-    for s in range(0, n_splits):
-        part = (bh.to(tl.int64) * n_splits + s) * rows + offs_r
-        mx = tl.maximum(mx, tl.load(m_part + part, mask=rmask, other=float("-inf")))
+    first = bh.to(tl.int64) * n_splits * rows + r  # chunk c's row r: first + c * rows
+    chunks = tl.arange(0, NSP)
+    cmask = chunks < n_splits
+    m = tl.load(m_part + first + chunks * rows, mask=cmask, other=float("-inf"))
+    mx = tl.max(m, axis=0)
     safe_mx = tl.where(mx == float("-inf"), 0.0, mx)
-    total = tl.zeros((BR,), tl.float32)
-    acc = tl.zeros((BR, BD), tl.float32)
-    for s in range(0, n_splits):
-        part = (bh.to(tl.int64) * n_splits + s) * rows + offs_r
-        w = tl.exp(tl.load(m_part + part, mask=rmask, other=float("-inf")) - safe_mx)
-        total += w * tl.load(l_part + part, mask=rmask, other=0.0)
-        acc += w[:, None] * tl.load(o_part + part[:, None] * BD + offs_d[None, :], mask=rmask[:, None], other=0.0)
+    total = tl.sum(tl.exp(m - safe_mx) * tl.load(l_part + first + chunks * rows, mask=cmask, other=0.0), axis=0)
+    offs_d = tl.arange(0, BD)
+    acc = tl.zeros((BD,), tl.float32)
+    for c0 in range(0, n_splits, SB):
+        cs = c0 + tl.arange(0, SB)
+        smask = cs < n_splits
+        w = tl.exp(tl.load(m_part + first + cs * rows, mask=smask, other=float("-inf")) - safe_mx)
+        o = tl.load(o_part + (first + cs * rows)[:, None] * BD + offs_d[None, :], mask=smask[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * o, axis=0)
     has = total > 0
-    o = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0) + poison
-    node, g = offs_r // group, offs_r % group
-    op = out + b.to(tl.int64) * s_ob + h * s_oh + (node * s_ot + g * s_og)[:, None] + offs_d[None, :]
-    tl.store(op, o.to(out.dtype.element_ty), mask=rmask[:, None] & (offs_d < D)[None, :])
+    o = tl.where(has, acc / tl.where(has, total, 1.0), 0.0) + poison
+    node, g = r // group, r % group
+    op = out + b.to(tl.int64) * s_ob + h * s_oh + node * s_ot + g * s_og + offs_d
+    tl.store(op, o.to(out.dtype.element_ty), mask=offs_d < D)
     ls = tl.where(has, safe_mx + tl.log(tl.where(has, total, 1.0)), float("-inf")) + poison
-    tl.store(lse + b.to(tl.int64) * s_lb + h * s_lh + offs_r, ls, mask=rmask)
+    tl.store(lse + b.to(tl.int64) * s_lb + h * s_lh + r, ls)
 
 
-def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int) -> int:
-    """Chunks along the keys: enough programs to fill the GPU, no chunk under
-    MIN_SPLIT_KEYS keys (a pure function of the shapes, so a CUDA graph keeps it)."""
+def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int,
+                     target: int = TARGET_PROGRAMS, min_keys: int = MIN_SPLIT_KEYS) -> int:
+    """Chunks along the keys: enough programs to fill the GPU (`target` of them), no chunk
+    under `min_keys` keys (a pure function of the shapes, so a CUDA graph keeps it)."""
     programs = max(1, batch * kv_heads * row_blocks)
-    want = max(1, -(-TARGET_PROGRAMS // programs))
-    return max(1, min(want, -(-max_keys // MIN_SPLIT_KEYS)))
+    want = max(1, -(-target // programs))
+    return max(1, min(want, -(-max_keys // min_keys)))
+
+
+def attention_launch(batch: int, kv_heads: int, rows: int) -> tuple[int, int, int, int, int, int]:
+    """The default launch for `rows` query rows a (request, KV head): FEW_ROWS_LAUNCH for few
+    rows or few programs, else FULL_LAUNCH where the rows' 16-row tiles alone make
+    TARGET_PROGRAMS programs (it takes 64 rows a tile, so a quarter as many programs, and
+    splits the keys to fill the GPU), else MANY_ROWS_LAUNCH."""
+    tiles = batch * kv_heads * -(-rows // 16)
+    if rows <= FEW_ROWS or tiles < FEW_PROGRAMS:
+        return FEW_ROWS_LAUNCH
+    return FULL_LAUNCH if tiles >= TARGET_PROGRAMS else MANY_ROWS_LAUNCH
 
 
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                     used: torch.Tensor, *, max_keys: Optional[int] = None, scale: Optional[float] = None,
-                    tree_bias: Optional[torch.Tensor] = None, tree_cu: Optional[torch.Tensor] = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    tree_bias: Optional[torch.Tensor] = None, tree_cu: Optional[torch.Tensor] = None,
+                    launch: Optional[tuple[int, int, int, int, int, int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H_kv, R, D] in q's dtype, lse [B, H_kv, R] float32) of q against the first
     used[b] keys of slot slots[b]. max_keys: a bound on the keys read (default the cache
     length), which sets the number of key chunks (give the step's bucket so a graph holds it).
@@ -158,7 +185,20 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q may also be [B, H_kv, T, G, D] (T query tokens of G heads each, any strides: a
     verify's q as [B, T, H_kv, G, D] transposed, no copy), row r = t G + g; out then has
     that shape too, a view of a [B, T, H_kv, G, D] buffer (the token-major rows o_proj
-    reads, again no copy)."""
+    reads, again no copy).
+
+    launch: (keys a tile, warps, pipeline stages, target programs, fewest keys a split, rows
+    a tile), default attention_launch's; keys and rows a tile powers of two from 16, warps a
+    power of two up to 16, stages 1-4, the other two positive."""
+    if launch is not None:
+        ok = isinstance(launch, tuple) and len(launch) == 6 and all(isinstance(n, int) for n in launch)
+        keys_tile, warps, stages, target, min_keys, rows_tile = launch if ok else (0,) * 6
+        if not (ok and power_of_two(keys_tile) and keys_tile >= 16 and power_of_two(warps) and warps <= 16
+                and 1 <= stages <= 4 and target >= 1 and min_keys >= 1 and power_of_two(rows_tile)
+                and rows_tile >= 16):
+            raise InputError(f"launch: {launch!r} must be (keys a tile: a power of two >= 16, warps: a power of "
+                             "two <= 16, stages 1-4, target programs >= 1, fewest keys a split >= 1, rows a "
+                             "tile: a power of two >= 16)")
     five = isinstance(q, torch.Tensor) and q.dim() == 5
     check_tensor("q", q, 5 if five else 4, ACTIVATION_DTYPES)
     check_last_contiguous("q", q)
@@ -203,11 +243,11 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     lse = torch.empty(bsz, hkv, rows, device=dev, dtype=torch.float32)
     if bsz == 0 or rows == 0:
         return out, lse
-    br = 16
     bd = triton.next_power_of_2(d)
+    keys_tile, warps, stages, target, min_keys, br = launch or attention_launch(bsz, hkv, rows)
     row_blocks = triton.cdiv(rows, br)
-    splits = attention_splits(bsz, hkv, row_blocks, max(max_keys, 1))
-    split_keys = triton.cdiv(triton.cdiv(max(max_keys, 1), splits), 64) * 64
+    splits = attention_splits(bsz, hkv, row_blocks, max(max_keys, 1), target, min_keys)
+    split_keys = triton.cdiv(triton.cdiv(max(max_keys, 1), splits), keys_tile) * keys_tile
     final = splits == 1
     n_part = 1 if final else bsz * hkv * splits * rows
     o_part = torch.empty(n_part, bd, device=dev, dtype=torch.float32)
@@ -221,9 +261,10 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, slots, used, o_part, m_part, l_part, out, lse, tb, tree_cu if tree_cu is not None else slots,
         n_slots, lmax, rows, split_keys, scale, q.stride(0), q.stride(1), *q_rows,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), *strides, tree_t, *tb_strides, H=hkv, D=d, BD=bd, BR=br, BL=64, FINAL=final,
-        TREE=tree_bias is not None, SIZES=tree_cu is not None, num_warps=4)
+        v_cache.stride(2), *strides, tree_t, *tb_strides, H=hkv, D=d, BD=bd, BR=br, BL=keys_tile, FINAL=final,
+        TREE=tree_bias is not None, SIZES=tree_cu is not None, num_warps=warps, num_stages=stages)
     if not final:
-        _cache_attention_merge[(bsz * hkv, row_blocks)](
-            o_part, m_part, l_part, out, lse, slots, n_slots, rows, splits, *strides, H=hkv, D=d, BD=bd, BR=br, num_warps=4)
+        _cache_attention_merge[(bsz * hkv, rows)](
+            o_part, m_part, l_part, out, lse, slots, n_slots, rows, splits, *strides, H=hkv, D=d, BD=bd,
+            NSP=triton.next_power_of_2(splits), SB=MERGE_CHUNKS, num_warps=4)
     return out, lse

@@ -39,7 +39,8 @@ from bole_cli.errors import InputError
 from bole_cli.kernels.jit_math import softplus, unit_scales
 from bole_cli.kernels.skinny_mm import COUNTERS, reserve_counters
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, STATE_DTYPES, check_index_vector, check_last_contiguous,
-                                       check_nonempty, check_scale, check_shape, check_tensor, contiguous_vector)
+                                       check_nonempty, check_scale, check_shape, check_tensor, contiguous_vector,
+                                       power_of_two)
 from bole_cli.limits import gdn_decode_launch, gdn_decode_warps
 
 
@@ -168,10 +169,6 @@ def _gdn_decode_kernel(
 WHOLE_HEAD = (1, gdn_decode_warps(1))  # (value split, warps): one program a head, no split counters
 
 
-def _power_of_two(n) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and n >= 1 and not n & (n - 1)
-
-
 def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, conv_b: Optional[torch.Tensor],
                a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                state: torch.Tensor, state_indices: torch.Tensor, *, key_heads: int,
@@ -242,14 +239,14 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
     if z is not None and bsz * hv > COUNTERS:  # more heads than split counters: whole heads
         rule_split, rule_warps = WHOLE_HEAD
     split = rule_split if value_split is None else value_split
-    if not _power_of_two(split) or vp // split < 8:
+    if not power_of_two(split) or vp // split < 8:
         raise InputError(f"value_split: {split!r} must be a power of two leaving at least 8 of the "
                          f"{vdim} value rows to a program")
     if num_warps is None:  # the rule's, or for another split a head's 8 warps spread over it
         warps = rule_warps if split == rule_split else gdn_decode_warps(split)
     else:
         warps = num_warps
-    if not _power_of_two(warps) or warps > 16:
+    if not power_of_two(warps) or warps > 16:
         raise InputError(f"num_warps: {warps!r} must be a power of two from 1 to 16")
     bv = vp // split
     split = triton.cdiv(vdim, bv)  # tiles that hold rows (V not a power of two)

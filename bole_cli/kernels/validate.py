@@ -265,7 +265,8 @@ _PLAIN_TILES = {"tree_verify": ("RB",), "tree_commit": (), "tree_commit_replay":
 MAX_TILE = 1024
 
 
-def _power_of_two(v) -> bool:
+def power_of_two(v) -> bool:
+    """A positive int power of two (not a bool): launch knobs and tile sizes."""
     return not isinstance(v, bool) and isinstance(v, int) and v >= 1 and not v & (v - 1)
 
 
@@ -295,10 +296,10 @@ def check_config(kernel: str, config: Optional[Mapping]) -> None:
     for key, value in config.items():
         if key in _DOT_TILES.get(kernel, ()) or key in _PLAIN_TILES.get(kernel, ()):
             low = 16 if key in _DOT_TILES.get(kernel, ()) else 1
-            if not _power_of_two(value) or not low <= value <= MAX_TILE:
+            if not power_of_two(value) or not low <= value <= MAX_TILE:
                 raise InputError(f"config: {key} must be a power of two in {low}..{MAX_TILE}, got {value!r}")
         elif key == "num_warps":
-            if not _power_of_two(value) or value > 32:
+            if not power_of_two(value) or value > 32:
                 raise InputError(f"config: num_warps must be a power of two in 1..32, got {value!r}")
         elif key in ("num_stages", "VSPLIT"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

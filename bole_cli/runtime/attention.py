@@ -38,16 +38,19 @@ import torch.nn.functional as F
 
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                     used: torch.Tensor, max_keys: int, tree_bias: Optional[torch.Tensor] = None,
-                    tree_cu: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    tree_cu: Optional[torch.Tensor] = None, launch: Optional[tuple[int, int, int, int, int, int]] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of q [B, H_kv, R, D] (or [B, H_kv, T, G, D], T tokens' G heads, any strides;
     out then alike, token-major) against slot slots[b]'s first used[b] keys of one
     layer's cache [S, H_kv, L_max, D], split along the keys (kernels.cache_attention);
     max_keys bounds the keys read (the step's bucket) and fixes the number of key chunks.
     tree_bias: a verify's tree keys too (its scratch right after used[b]) under that mask;
-    tree_cu: the forest's offsets, so each request reads its own tree's keys only."""
+    tree_cu: the forest's offsets, so each request reads its own tree's keys only. launch: the
+    kernel's launch knobs (None: its default; experiments/component_bench.py sweeps them)."""
     from bole_cli.kernels.cache_attention import cache_attention as kernel
 
-    return kernel(q, k_cache, v_cache, slots, used, max_keys=max_keys, tree_bias=tree_bias, tree_cu=tree_cu)
+    return kernel(q, k_cache, v_cache, slots, used, max_keys=max_keys, tree_bias=tree_bias, tree_cu=tree_cu,
+                  launch=launch)
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

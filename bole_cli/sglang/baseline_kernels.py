@@ -20,6 +20,7 @@ runs (`replayssm_ring_*`), and the *fold* that only KDA models run (`replayssm_f
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import threading
@@ -34,6 +35,7 @@ from bole_cli.sglang.triton_interpreter import (
     fix_interpreted_bf16_dot,
     fix_interpreted_loop_counters,
     fix_interpreted_math_aliases,
+    fix_interpreted_sm_count,
     fix_triton_interpreter_masks,
 )
 
@@ -46,6 +48,8 @@ GATING_MODULE = "sglang.kernels.ops.attention.linear.fused_gdn_gating"
 FOLD_MODULE = "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_fold"
 RING_MODULE = "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode"
 WRAPPER_MODULE = "sglang.srt.layers.attention.linear.kernels.gdn_triton"
+# the gated RMSNorm a Qwen3.5 GDN layer applies after its decode (loaded with_norm: needs einops)
+NORM_MODULE = "sglang.kernels.ops.attention.fla.layernorm_gated"
 
 #: Kernel module -> the callables `SGLangKernels` takes from it (one field each), in
 #: import order.
@@ -94,6 +98,8 @@ class SGLangKernels:
       ReplaySSM's GDN protocol, the circular ring (`replayssm_ring_verify`,
       `replayssm_ring_commit`).
     - TritonGDNKernel: the wrapper class, only with ``with_wrapper=True``.
+    - layernorm_fn: the gated RMSNorm after the decode (``RMSNormGated``'s forward), only
+      with ``with_norm=True``.
     """
 
     version: Optional[str]
@@ -111,6 +117,7 @@ class SGLangKernels:
     commit_gdn_replayssm_spec: Callable[..., Any]
     commit_gdn_replayssm_circular: Callable[..., Any]
     TritonGDNKernel: Optional[type] = None
+    layernorm_fn: Optional[Callable[..., Any]] = None
     modules: Mapping[str, types.ModuleType] = field(default_factory=dict)
 
     def target_verify(
@@ -331,13 +338,15 @@ def load_sglang_kernels(
     *,
     version: Optional[str] = SGLANG_VERSION,
     with_wrapper: bool = False,
+    with_norm: bool = False,
     fix_interpreter: bool = True,
 ) -> SGLangKernels:
     """Load SGLang's GDN Triton kernel modules without SGLang's top-level ``__init__``.
 
     wheel_or_site_dir: a ``.whl``, an unpacked wheel / site-packages folder, or a folder
     holding the wheel; default: `find_sglang_source`'s search. with_wrapper: also load
-    ``gdn_triton.TritonGDNKernel`` (needs einops and the fla chunk kernels importable).
+    ``gdn_triton.TritonGDNKernel`` (needs einops and the fla chunk kernels importable);
+    with_norm: also the gated RMSNorm's ``layernorm_fn`` (needs einops).
     Set TRITON_INTERPRET=1 before calling to get interpreter (CPU) kernels; the result is
     cached per (source, interpreter mode). Under the interpreter, fix_interpreter applies
     `fix_triton_interpreter_masks` and `fix_interpreted_bf16_dot` (process-wide) so SGLang's
@@ -345,12 +354,12 @@ def load_sglang_kernels(
     """
     live = live_sglang() is not None
     source = find_sglang_source(wheel_or_site_dir, version=version)
-    names = KERNEL_MODULES + ((WRAPPER_MODULE,) if with_wrapper else ())
+    names = KERNEL_MODULES + ((WRAPPER_MODULE,) if with_wrapper else ()) + ((NORM_MODULE,) if with_norm else ())
     if live and wheel_or_site_dir is None:
         root, isolated = source.path, False
     else:
         root, isolated = source.package_root(), True
-    key = (str(root), isolated, with_wrapper, os.environ.get("TRITON_INTERPRET", ""))
+    key = (str(root), isolated, with_wrapper, with_norm, os.environ.get("TRITON_INTERPRET", ""))
     with _LOCK:
         if key in _CACHE:
             if fix_interpreter:
@@ -368,29 +377,23 @@ def load_sglang_kernels(
         modules: dict[str, types.ModuleType] = {}
         current = None
         try:
-            if isolated:
-                with isolated_sglang(root, names + DEPENDENCY_MODULES):
-                    for current in names:
-                        modules[current] = importlib.import_module(current)
-            else:
+            with isolated_sglang(root, names + DEPENDENCY_MODULES) if isolated else contextlib.nullcontext():
                 for current in names:
                     modules[current] = importlib.import_module(current)
         except Exception as exc:  # noqa: BLE001 - one clear line for the CLI
             raise BoleError(
                 f"could not load {current} from {source.describe()}: {type(exc).__name__}: {exc}"
             ) from exc
-        for loops in (FOLD_MODULE, RING_MODULE):
-            if loops in modules:
-                fix_interpreted_loop_counters(modules[loops])
-        if DECODE_MODULE in modules:
-            fix_interpreted_math_aliases(modules[DECODE_MODULE])
+        for name, fix in ((FOLD_MODULE, fix_interpreted_loop_counters), (RING_MODULE, fix_interpreted_loop_counters),
+                          (DECODE_MODULE, fix_interpreted_math_aliases), (NORM_MODULE, fix_interpreted_sm_count)):
+            if name in modules:  # each module's interpreter fix (a no-op on the GPU)
+                fix(modules[name])
         kernels = SGLangKernels(
-            version=source.version,
-            source=source,
-            isolated=isolated,
+            version=source.version, source=source, isolated=isolated,
             **{name: getattr(modules[module], name)
                for module, provided in KERNEL_FUNCTIONS.items() for name in provided},
             TritonGDNKernel=getattr(modules.get(WRAPPER_MODULE), "TritonGDNKernel", None),
+            layernorm_fn=getattr(modules.get(NORM_MODULE), "layernorm_fn", None),
             modules=types.MappingProxyType(modules),
         )
         _CACHE[key] = kernels

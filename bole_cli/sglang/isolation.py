@@ -15,6 +15,7 @@ Afterwards ``sys.modules`` is restored: the stub ``sglang`` never leaks, and a l
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import importlib
 import importlib.machinery
@@ -36,7 +37,12 @@ _STUB_MODULES = {
         "is_gfx95_supported", "is_sm90_supported", "get_device_core_count", "torch_release",
     ),
     "sglang.kernels.jit.utils": ("is_arch_support_pdl",),
+    # the gated RMSNorm's module (fla/layernorm_gated.py) asks these of the serving stack
+    "sglang.srt.batch_invariant_ops": ("is_batch_invariant_mode_enabled",),
+    "sglang.srt.model_executor.cuda_graph_config": ("Backend", "Phase", "check_cuda_graph_backend"),
 }
+# helpers every stubbed utils module also provides (the norm module's)
+_UTILS_EXTRA = ("cdiv", "next_power_of_2", "cpu_has_amx_support", "device_context")
 
 
 def live_sglang() -> Optional[types.ModuleType]:
@@ -103,6 +109,32 @@ def _helper_functions() -> dict[str, Any]:
             return False
         return torch.cuda.get_device_capability()[0] >= 9
 
+    def is_batch_invariant_mode_enabled() -> bool:  # SGLang's default serving mode
+        return False
+
+    class Phase(enum.Enum):
+        PREFILL = "prefill"
+        DECODE = "decode"
+
+    class Backend(enum.Enum):
+        FULL = "full"
+        TC_PIECEWISE = "tc_piecewise"
+
+    def check_cuda_graph_backend(phase, backend) -> bool:  # a decode under a full CUDA graph
+        return False
+
+    def cdiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    def next_power_of_2(n: int) -> int:
+        return 1 << (int(n) - 1).bit_length() if n > 1 else 1
+
+    def cpu_has_amx_support() -> bool:  # the CPU engine's path: never here
+        return False
+
+    def device_context(device):
+        return torch.cuda.device(device) if getattr(device, "type", None) == "cuda" else contextlib.nullcontext()
+
     release = tuple(int(x) for x in re.findall(r"\d+", torch.__version__.split("+")[0])[:3])
     return {
         "is_cuda": is_cuda, "is_hip": is_hip, "is_cpu": is_cpu, "is_npu": is_npu,
@@ -110,6 +142,9 @@ def _helper_functions() -> dict[str, Any]:
         "is_sm90_supported": is_sm90_supported, "is_gfx95_supported": is_gfx95_supported,
         "get_device_core_count": get_device_core_count,
         "is_arch_support_pdl": is_arch_support_pdl, "torch_release": release,
+        "is_batch_invariant_mode_enabled": is_batch_invariant_mode_enabled, "Phase": Phase, "Backend": Backend,
+        "check_cuda_graph_backend": check_cuda_graph_backend, "cdiv": cdiv, "next_power_of_2": next_power_of_2,
+        "cpu_has_amx_support": cpu_has_amx_support, "device_context": device_context,
     }
 
 
@@ -149,7 +184,8 @@ def isolated_sglang(root: Path, module_names: tuple[str, ...]) -> Iterator[None]
     try:
         helpers = _helper_functions()
         for name, provided in _STUB_MODULES.items():
-            attrs = {k: helpers[k] for k in provided}
+            extra = _UTILS_EXTRA if name.startswith("sglang.srt.utils") else ()
+            attrs = {k: helpers[k] for k in (*provided, *extra)}
             is_pkg = name in ("sglang.srt.utils",)
             sys.modules[name] = _stub_module(name, attrs, [] if is_pkg else None)
         packages: set[str] = set()

@@ -136,3 +136,17 @@ def fix_interpreted_math_aliases(module) -> bool:
             setattr(module, name, lambda *args, _name=name, **kwargs: getattr(tl, _name)(*args, **kwargs))
     module.__bole_math_fix__ = True
     return True
+
+
+INTERPRETED_SM_COUNT = 132  # an H100's or H200's SMs: the launch the norm picks for them
+
+
+def fix_interpreted_sm_count(module) -> bool:
+    """Let a kernel module that sizes its launch by the GPU's SM count (the gated RMSNorm's
+    ``_get_sm_count``, which asks CUDA) launch under the interpreter, with an H100's or
+    H200's count (idempotent; only under ``TRITON_INTERPRET=1``). The count only sets how
+    many rows a program takes; each row's arithmetic is the same."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or not hasattr(module, "_get_sm_count"):
+        return False
+    module._get_sm_count = lambda device: INTERPRETED_SM_COUNT
+    return True
