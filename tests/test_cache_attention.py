@@ -86,14 +86,16 @@ def test_the_default_launch_follows_the_rows_and_their_programs():
     assert attention_launch(1, 1, 16 * FEW_PROGRAMS) == MANY_ROWS_LAUNCH
     assert attention_launch(1, 1, 16 * TARGET_PROGRAMS) == FULL_LAUNCH
     assert attention_launch(64, 4, 32) == FEW_ROWS_LAUNCH  # 512 tiles, but few rows
+    assert attention_launch(64, 4, 48) == MANY_ROWS_LAUNCH  # 768 tiles of 33-63 rows: FULL's tiles would idle
 
 
-def test_the_default_launches_compute_the_same_attention():
+@pytest.mark.parametrize("nodes", [9, 17])  # 36 rows (one part-masked tile of 64); 68 (a second tile of 4)
+def test_the_default_launches_compute_the_same_attention(nodes):
     """Each of the rule's launches (rows a tile 16 or 64, several key chunks) against the
-    float64 reference on one case: a tree of 9 tokens at a group of 4 (36 rows)."""
+    float64 reference: a tree of `nodes` tokens at a group of 4."""
     g = torch.Generator().manual_seed(8)
-    q, k, v, slots, used = case(8, 2, 2, 36, 16, 640, [600, 70])
-    bias = tree_mask(g, 2, 1, 9, 4, 9)
+    q, k, v, slots, used = case(8, 2, 2, nodes * 4, 16, 640, [600, 70])
+    bias = tree_mask(g, 2, 1, nodes, 4, nodes)
     want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
     for launch in (FEW_ROWS_LAUNCH, MANY_ROWS_LAUNCH, FULL_LAUNCH):
         out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias, launch=launch)
@@ -101,10 +103,18 @@ def test_the_default_launches_compute_the_same_attention():
         torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
 
 
+def test_a_launch_past_the_grid_is_refused():
+    """One key a chunk over a cache of 66,000 keys: more chunks than CUDA's 65,535 programs on
+    that axis, refused by name before any launch."""
+    q, k, v, slots, used = case(9, 1, 1, 4, 16, 66_000, [66_000])
+    with pytest.raises(InputError, match="65535"):
+        cache_attention(q, k, v, slots, used, launch=(16, 4, 1, 10**6, 1, 16))
+
+
 @pytest.mark.parametrize("launch", [(48, 4, 1, 264, 16, 16), (64, 32, 3, 264, 256, 16), (64, 4, 0, 264, 256, 16),
                                     (64, 4, 3, 0, 256, 16), (64, 4, 3, 264, 256), [64, 4, 3, 264, 256, 16],
                                     (64, 4, 3, 264, 256.0, 16), (8, 4, 3, 264, 256, 16), (64, 4, 3, 264, 256, 8),
-                                    (64, 4, 3, 264, 256, 24)])
+                                    (64, 4, 3, 264, 256, 24), (256, 4, 3, 264, 256, 16), (64, 4, 3, 264, 256, 256)])
 def test_bad_launches_are_refused(launch):
     q, k, v, slots, used = case(6, 1, 1, 4, 16, 64, [60])
     with pytest.raises(InputError, match="launch"):
@@ -265,10 +275,11 @@ def test_bf16_on_gpu(bsz, keys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bsz, keys, nodes", [(1, 4096, 32), (16, 1024, 16)])
+@pytest.mark.parametrize("bsz, keys, nodes", [(1, 4096, 32), (16, 1024, 16), (16, 1024, 17)])
 def test_bf16_tree_on_gpu(bsz, keys, nodes):
     """A 9B verify's attention (4 KV heads, groups of 4, head 256): the committed keys and the
-    tree's after them under its mask, against float64."""
+    tree's after them under its mask, against float64. The rule's three launches: few rows
+    at batch 1, many at 16 x 16 tokens, full tiles (64 rows, the second of 4) at 16 x 17."""
     g = torch.Generator().manual_seed(6)
     q, k, v, slots, used = case(6, bsz, 4, nodes * 4, 256, keys + nodes, [keys - b for b in range(bsz)],
                                 dtype=torch.bfloat16)

@@ -35,6 +35,8 @@ from bole_cli.kernels.validate import (ACTIVATION_DTYPES, check_index_vector, ch
 TARGET_PROGRAMS = 264  # about two programs per SM of an H100/H200: enough splits to fill it
 MIN_SPLIT_KEYS = 256
 MERGE_CHUNKS = 16  # chunks the merge weighs at a time ([16, D] float32 tiles)
+MAX_TILE = 128  # keys or rows a tile a launch may ask for (D = 256 tiles past it overflow shared memory)
+MAX_GRID_AXIS = 65535  # CUDA's programs on a grid's second and third axes (the merge's second: the pairs)
 # A launch: (keys a tile, warps, software-pipeline stages, target programs, fewest keys a
 # split, rows a tile). The rule (attention_launch) by the rows a (request, KV head) and the
 # programs their 16-row tiles make before any split, from the H200's sweep
@@ -42,7 +44,7 @@ MERGE_CHUNKS = 16  # chunks the merge weighs at a time ([16, D] float32 tiles)
 FEW_ROWS = 32  # a decode's, a drafter level's, a tree's of up to 8 tokens at a GQA group of 4
 FEW_PROGRAMS = 64
 FEW_ROWS_LAUNCH = (64, 4, 3, 128, 128, 16)  # and any launch of fewer than FEW_PROGRAMS tiles
-MANY_ROWS_LAUNCH = (64, 4, 2, 132, 128, 16)  # many rows (a verify of 32 tokens at batch 4)
+MANY_ROWS_LAUNCH = (64, 4, 2, TARGET_PROGRAMS // 2, 128, 16)  # many rows (a verify of 32 tokens at batch 4)
 FULL_LAUNCH = (32, 8, 3, TARGET_PROGRAMS, MIN_SPLIT_KEYS, 64)  # many rows whose tiles fill the GPU (batch 16)
 
 
@@ -119,8 +121,8 @@ def _cache_attention_merge(o_part, m_part, l_part, out, lse, slots, n_slots, row
     """Row r of (request, KV head) bh: its chunks' partial results merged exactly. Every
     chunk's max and sum load at once (NSP >= n_splits), the weighted values SB chunks at a
     time: a long cache's 64 chunks cost a few dependent loads, not one each."""
-    bh = tl.program_id(0)
-    r = tl.program_id(1)
+    r = tl.program_id(0)  # rows on the first axis: CUDA's others stop at 65535
+    bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     slot = tl.load(slots + b).to(tl.int64)
@@ -160,13 +162,14 @@ def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int,
 
 def attention_launch(batch: int, kv_heads: int, rows: int) -> tuple[int, int, int, int, int, int]:
     """The default launch for `rows` query rows a (request, KV head): FEW_ROWS_LAUNCH for few
-    rows or few programs, else FULL_LAUNCH where the rows' 16-row tiles alone make
+    rows or few programs, else FULL_LAUNCH where at least 64 rows' 16-row tiles alone make
     TARGET_PROGRAMS programs (it takes 64 rows a tile, so a quarter as many programs, and
     splits the keys to fill the GPU), else MANY_ROWS_LAUNCH."""
     tiles = batch * kv_heads * -(-rows // 16)
     if rows <= FEW_ROWS or tiles < FEW_PROGRAMS:
         return FEW_ROWS_LAUNCH
-    return FULL_LAUNCH if tiles >= TARGET_PROGRAMS else MANY_ROWS_LAUNCH
+    # FULL's 64-row tiles only where they fill (33-63 rows were not timed: S9-f)
+    return FULL_LAUNCH if tiles >= TARGET_PROGRAMS and rows >= FULL_LAUNCH[5] else MANY_ROWS_LAUNCH
 
 
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -188,17 +191,18 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     reads, again no copy).
 
     launch: (keys a tile, warps, pipeline stages, target programs, fewest keys a split, rows
-    a tile), default attention_launch's; keys and rows a tile powers of two from 16, warps a
-    power of two up to 16, stages 1-4, the other two positive."""
+    a tile), default attention_launch's; keys and rows a tile powers of two from 16 to
+    MAX_TILE, warps a power of two up to 16, stages 1-4, the other two positive; a launch
+    that would split the keys past CUDA's 65535 programs on that axis is refused."""
     if launch is not None:
         ok = isinstance(launch, tuple) and len(launch) == 6 and all(isinstance(n, int) for n in launch)
         keys_tile, warps, stages, target, min_keys, rows_tile = launch if ok else (0,) * 6
         if not (ok and power_of_two(keys_tile) and keys_tile >= 16 and power_of_two(warps) and warps <= 16
                 and 1 <= stages <= 4 and target >= 1 and min_keys >= 1 and power_of_two(rows_tile)
-                and rows_tile >= 16):
-            raise InputError(f"launch: {launch!r} must be (keys a tile: a power of two >= 16, warps: a power of "
-                             "two <= 16, stages 1-4, target programs >= 1, fewest keys a split >= 1, rows a "
-                             "tile: a power of two >= 16)")
+                and 16 <= rows_tile <= MAX_TILE and keys_tile <= MAX_TILE):
+            raise InputError(f"launch: {launch!r} must be (keys a tile: a power of two 16-{MAX_TILE}, warps: a "
+                             "power of two <= 16, stages 1-4, target programs >= 1, fewest keys a split >= 1, "
+                             f"rows a tile: a power of two 16-{MAX_TILE})")
     five = isinstance(q, torch.Tensor) and q.dim() == 5
     check_tensor("q", q, 5 if five else 4, ACTIVATION_DTYPES)
     check_last_contiguous("q", q)
@@ -247,6 +251,10 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     keys_tile, warps, stages, target, min_keys, br = launch or attention_launch(bsz, hkv, rows)
     row_blocks = triton.cdiv(rows, br)
     splits = attention_splits(bsz, hkv, row_blocks, max(max_keys, 1), target, min_keys)
+    if max(splits, row_blocks) > MAX_GRID_AXIS or (splits > 1 and bsz * hkv > MAX_GRID_AXIS):
+        raise InputError(f"launch: {splits} key chunks, {row_blocks} row tiles and {bsz * hkv} (request, KV head) "
+                         f"pairs: past CUDA's {MAX_GRID_AXIS} programs on a grid axis (raise the fewest keys a "
+                         "split or the rows a tile)")
     split_keys = triton.cdiv(triton.cdiv(max(max_keys, 1), splits), keys_tile) * keys_tile
     final = splits == 1
     n_part = 1 if final else bsz * hkv * splits * rows
@@ -264,7 +272,7 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         v_cache.stride(2), *strides, tree_t, *tb_strides, H=hkv, D=d, BD=bd, BR=br, BL=keys_tile, FINAL=final,
         TREE=tree_bias is not None, SIZES=tree_cu is not None, num_warps=warps, num_stages=stages)
     if not final:
-        _cache_attention_merge[(bsz * hkv, rows)](
+        _cache_attention_merge[(rows, bsz * hkv)](
             o_part, m_part, l_part, out, lse, slots, n_slots, rows, splits, *strides, H=hkv, D=d, BD=bd,
             NSP=triton.next_power_of_2(splits), SB=MERGE_CHUNKS, num_warps=4)
     return out, lse
