@@ -320,7 +320,7 @@ _A_MERGE_SERIAL = (
      '    tl.store(op, o.to(out.dtype.element_ty), mask=rmask[:, None] & (offs_d < D)[None, :])\n'
      '    ls = tl.where(has, safe_mx + tl.log(tl.where(has, total, 1.0)), float("-inf")) + poison\n'
      '    tl.store(lse + b.to(tl.int64) * s_lb + h * s_lh + offs_r, ls, mask=rmask)\n'),
-    ("        _cache_attention_merge[(bsz * hkv, rows)](\n",
+    ("        _cache_attention_merge[(rows, bsz * hkv)](\n",
      "        _cache_attention_merge[(bsz * hkv, row_blocks)](\n"),
     ("            NSP=triton.next_power_of_2(splits), SB=MERGE_CHUNKS, num_warps=4)",
      "            BR=br, num_warps=4)"),
