@@ -186,7 +186,7 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
     hv, dk, dv = s.gdn_value_heads, s.gdn_key_dim, s.gdn_value_dim
     out = []
     vp = 1 << (dv - 1).bit_length()
-    kernels = {name: load_variant(name) for name in variants}
+    contenders = [(None, None)] + [(name, load_variant(name)) for name in variants]  # None: the shipped kernel
 
     def ours(t, launch):
         return decode_call(ops, s, t, launch)
@@ -221,36 +221,28 @@ def gdn_decode_rows(torch, spec, batches, device, dtype, rotate: int, rotate_byt
         layers = max(rotate, -(-int(rotate_bytes) // (b * hv * dk * dv * fdt.itemsize)))
         sets = [decode_layer(torch, s, b, device, dtype) for _ in range(layers)]
         ok = [ln for ln in launches if vp // ln[0] >= 8]
-        # every launch's step (and SGLang's) from the same states, before any timing moves them
-        steps = {launch: after_one_step(sets[0], lambda c, launch=launch: ours(c, launch)) for launch in ok}
-        if sglang is not None:
-            steps["sglang"] = after_one_step(sets[0], theirs)
-        for name in variants:
-            with kernel_in_place(DECODE, kernels[name]):
+        # every contender's step (and SGLang's) from the same states, before any timing moves them
+        steps = {}
+        for name, kernel in contenders:
+            with kernel_in_place(DECODE, kernel) if name else contextlib.nullcontext():
                 for launch in ok:
                     steps[name, launch] = after_one_step(sets[0], lambda c, launch=launch: ours(c, launch))
-        ref_state, ref_out = steps[ok[0]]
-        for launch in ok:
-            state, o = steps[launch]
-            fns = [ours(t, launch) for t in sets]
-            fns[0]()  # compile (and the split counters) outside the graph
-            row = {"batch": b, "impl": "bole", "value_split": launch[0], "num_warps": launch[1], "layers": layers,
-                   "us": time_us(torch, fns, cuda, layers), "max_rel_state": rel(state, ref_state),
-                   "max_rel_out": rel(o, ref_out)}
-            out.append(row)
-            print(f"gdn decode b {b:3d} split {launch[0]:2d} warps {launch[1]}: {row['us']:7.2f} us", flush=True)
-        for name in variants:
-            with kernel_in_place(DECODE, kernels[name]):
+        if sglang is not None:
+            steps["sglang"] = after_one_step(sets[0], theirs)
+        ref_state, ref_out = steps[None, ok[0]]
+        for name, kernel in contenders:  # the shipped kernel against its first launch, a variant its own
+            with kernel_in_place(DECODE, kernel) if name else contextlib.nullcontext():
                 for launch in ok:
-                    (state, o), (want_state, want_out) = steps[name, launch], steps[launch]
+                    (state, o), (want_state, want_out) = steps[name, launch], steps[None, launch if name else ok[0]]
                     fns = [ours(t, launch) for t in sets]
-                    fns[0]()
-                    row = {"batch": b, "impl": "bole", "variant": name, "value_split": launch[0],
-                           "num_warps": launch[1], "layers": layers, "us": time_us(torch, fns, cuda, layers),
-                           "max_rel_state": rel(state, want_state), "max_rel_out": rel(o, want_out)}
+                    fns[0]()  # compile (and the split counters) outside the graph
+                    row = {"batch": b, "impl": "bole", **({"variant": name} if name else {}),
+                           "value_split": launch[0], "num_warps": launch[1], "layers": layers,
+                           "us": time_us(torch, fns, cuda, layers), "max_rel_state": rel(state, want_state),
+                           "max_rel_out": rel(o, want_out)}
                     out.append(row)
-                    print(f"gdn decode b {b:3d} split {launch[0]:2d} warps {launch[1]} {name}: {row['us']:7.2f} us",
-                          flush=True)
+                    print(f"gdn decode b {b:3d} split {launch[0]:2d} warps {launch[1]} {name or ''}: "
+                          f"{row['us']:7.2f} us", flush=True)
         if sglang is not None:
             state, _ = steps["sglang"]
             fns = [theirs(t) for t in sets]
@@ -386,6 +378,8 @@ def main(argv=None) -> None:
     import torch
 
     from bole_cli.catalog.hardware import resolve_gpu
+    from kernel_variants import ATTENTION, DECODE, VARIANTS
+
     from bole_cli.catalog.models import resolve_model, tiny_spec
 
     spec = tiny_spec() if args.smoke else resolve_model(args.model)
@@ -393,8 +387,6 @@ def main(argv=None) -> None:
     attention_launches = [tuple(int(n) for n in launch.split("x")) for launch in
                           filter(None, args.attention_launches.split(","))] or [None]
     variants = [v for v in args.decode_variants.split(",") if v]
-    from kernel_variants import ATTENTION, DECODE, VARIANTS
-
     attention_variants = [v for v in args.attention_variants.split(",") if v]
     for option, names, site in (("--decode-variants", variants, DECODE),
                                 ("--attention-variants", attention_variants, ATTENTION)):

@@ -41,7 +41,7 @@ states after one step agree (bf16), and the fused kernel matches its float64 ref
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
 import json
 import os
 import platform
@@ -90,22 +90,18 @@ def set_variant(timer, name: str) -> None:
     timer.reset_graphs()  # graphs of the previous variant, and a fresh pool for the next
 
 
-def set_kernels(variant) -> None:
-    """The shipped kernels, and kernel_variants' `variant` (None: none) in its site's place
-    (main() puts the shipped ones back at its end)."""
-    shipped = set_kernels.__dict__.setdefault("shipped", {})
-    if not variant and not shipped:  # nothing in place, nothing asked
-        return
-    from kernel_variants import VARIANTS as EDITS
-    from kernel_variants import load_variant
+_PLACED = contextlib.ExitStack()  # the kernel variant in place (kernel_variants.kernel_in_place)
 
-    for (launcher, attr), kernel in shipped.items():
-        setattr(importlib.import_module(launcher), attr, kernel)
+
+def set_kernels(variant) -> None:
+    """The shipped kernels back, then kernel_variants' `variant` (None: none) in its site's
+    place (main() puts the shipped ones back at its end)."""
+    _PLACED.close()
     if variant:
-        site = EDITS[variant].site
-        module = importlib.import_module(site.launcher)
-        shipped.setdefault((site.launcher, site.attr), getattr(module, site.attr))
-        setattr(module, site.attr, load_variant(variant))
+        from kernel_variants import VARIANTS as EDITS
+        from kernel_variants import kernel_in_place, load_variant
+
+        _PLACED.enter_context(kernel_in_place(EDITS[variant].site, load_variant(variant)))
 
 
 def median_ms(fn, repeats: int) -> float:

@@ -26,23 +26,20 @@ import types
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
+# SGLang's utils helpers (srt/utils and srt/utils/common provide the same ones); the last four
+# are the gated RMSNorm module's (fla/layernorm_gated.py)
+_UTILS = ("is_cpu", "is_npu", "is_xpu", "is_cuda", "is_hip", "get_device_sm", "is_gfx95_supported",
+          "is_sm90_supported", "get_device_core_count", "torch_release",
+          "cdiv", "next_power_of_2", "cpu_has_amx_support", "device_context")
 # Stubbed helper modules -> the names they provide (see `_helper_functions`).
 _STUB_MODULES = {
-    "sglang.srt.utils": (
-        "is_cpu", "is_npu", "is_xpu", "is_cuda", "is_hip", "get_device_sm",
-        "is_gfx95_supported", "is_sm90_supported", "get_device_core_count", "torch_release",
-    ),
-    "sglang.srt.utils.common": (
-        "is_cpu", "is_npu", "is_xpu", "is_cuda", "is_hip", "get_device_sm",
-        "is_gfx95_supported", "is_sm90_supported", "get_device_core_count", "torch_release",
-    ),
+    "sglang.srt.utils": _UTILS,
+    "sglang.srt.utils.common": _UTILS,
     "sglang.kernels.jit.utils": ("is_arch_support_pdl",),
-    # the gated RMSNorm's module (fla/layernorm_gated.py) asks these of the serving stack
+    # the gated RMSNorm's module asks these of the serving stack
     "sglang.srt.batch_invariant_ops": ("is_batch_invariant_mode_enabled",),
     "sglang.srt.model_executor.cuda_graph_config": ("Backend", "Phase", "check_cuda_graph_backend"),
 }
-# helpers every stubbed utils module also provides (the norm module's)
-_UTILS_EXTRA = ("cdiv", "next_power_of_2", "cpu_has_amx_support", "device_context")
 
 
 def live_sglang() -> Optional[types.ModuleType]:
@@ -184,8 +181,7 @@ def isolated_sglang(root: Path, module_names: tuple[str, ...]) -> Iterator[None]
     try:
         helpers = _helper_functions()
         for name, provided in _STUB_MODULES.items():
-            extra = _UTILS_EXTRA if name.startswith("sglang.srt.utils") else ()
-            attrs = {k: helpers[k] for k in (*provided, *extra)}
+            attrs = {k: helpers[k] for k in provided}
             is_pkg = name in ("sglang.srt.utils",)
             sys.modules[name] = _stub_module(name, attrs, [] if is_pkg else None)
         packages: set[str] = set()
