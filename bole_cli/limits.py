@@ -62,11 +62,12 @@ REPLAY_GATES_FIRST_PMAX = 64
 #: tiles are reused enough for cuBLAS. A verify must stream as fast as the decode it is priced
 #: against, so the kernel covers both.
 SKINNY_MM_MAX_ROWS = 64
-#: Rows up to which the runtime's default takes in_proj and the LM head through the skinny
-#: GEMM with the add + RMSNorm before them fused (runtime.model.SKINNY_DEFAULT): a one-row
-#: decode 0.1-0.2 ms faster at 4B and 27B (9B within noise), at 16 rows slower at 9B and 27B
-#: and a 32-token verify 1.3 ms slower at 9B (experiments/README.md R-13 to R-15; rows 2-15
-#: unmeasured).
+#: Rows up to which the runtime's default takes its projections through the skinny GEMM
+#: (runtime.model.SKINNY_DEFAULT): in_proj and the LM head with the add + RMSNorm before them
+#: fused, a one-row decode 0.1-0.2 ms faster at 4B and 27B (9B within noise), at 16 rows
+#: slower at 9B and 27B and a 32-token verify 1.3 ms slower at 9B (R-13 to R-15); out_proj,
+#: o_proj and down with the 32-row rule of R-12's grid, 0.03-0.1 ms more off a one-row decode
+#: (S10-b, an H100). experiments/README.md; rows 2-15 unmeasured.
 SKINNY_DEFAULT_MAX_ROWS = 1
 
 #: The fused GDN decode's launch (kernels.gdn_decode) by the value heads a step updates

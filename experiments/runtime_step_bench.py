@@ -11,17 +11,20 @@
 - cublas:   attn-pieces with that input in one launch (kernels.attention_in), every
             projection through cuBLAS (R-11 to R-14's "production");
 - production: the runtime's default on CUDA: cublas, and in_proj and the LM head of one-row
-            steps through kernels.skinny_mm with the add + RMSNorm before them fused
-            (runtime.model.SKINNY_DEFAULT, limits.SKINNY_DEFAULT_MAX_ROWS);
+            steps through kernels.skinny_mm with the add + RMSNorm before them fused, and
+            out_proj, o_proj and down too (runtime.model.SKINNY_DEFAULT,
+            limits.SKINNY_DEFAULT_MAX_ROWS; the last three since S10-b);
+- production-s9: production as shipped from R-14 to S9, in_proj and the LM head alone;
 - skinny:   cublas, and steps of at most 64 rows project through kernels.skinny_mm
             instead of cuBLAS, the residual adds, RMSNorms and SwiGLU fused in
             (HybridModel(skinny_mm=True); experiments/skinny_mm_bench.py times the GEMMs alone);
 - skinny-normed: cublas, and in_proj and the LM head of steps of at most 64 rows through
             kernels.skinny_mm with the add + RMSNorm fused (R-14);
 - skinny-io: skinny-normed, and out_proj and o_proj (the attention gate fused) too.
-- skinny-down1: production, and out_proj, o_proj and the MLP's down projection of one-row
+- skinny-down1: production-s9, and out_proj, o_proj and the MLP's down projection of one-row
             steps too (the rule's 32 weight rows a program: R-12's grid put those shapes at
-            16.7 / 16.7 / 33.3 us against cuBLAS's 17.5 / 17.5 / 35.0 at 9B).
+            16.7 / 16.7 / 33.3 us against cuBLAS's 17.5 / 17.5 / 35.0 at 9B); the
+            production default since S10-b, named as S10-b's record names it.
 - decode-SxW: production with every fused GDN decode launched S programs a head of W warps
             (limits.GDN_DECODE_LAUNCH replaced for the variant; component_bench times the
             kernel alone).
@@ -61,6 +64,7 @@ VARIANTS = {"before": ("tree", False, False, False, False), "fused": ("fused", F
             "skinny-normed": ("fused", True, True, "in_proj,lm_head", True),
             "skinny-io": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj", True),
             "skinny-down1": ("fused", True, True, "in_proj,lm_head,out_proj,o_proj,down", True, 1),
+            "production-s9": ("fused", True, True, "in_proj,lm_head", True, 1),
             **{f"decode-{launch}": ("fused", True, True, None, True) for launch in ("1x8", "4x2", "8x2", "16x1")}}
 SHIPPED_LAUNCH = limits.GDN_DECODE_LAUNCH  # as shipped: what "production" and the others run
 # variants that run production with a kernel variant of experiments/kernel_variants.py in place

@@ -680,7 +680,9 @@ def test_skinny_mm_default_and_its_row_limit():
     assert calls and set(calls) == {1}  # warm_cache decodes one request a step
     calls.clear()
     torch.testing.assert_close(one.decode(b, [4], [1]), plain.decode(a, [4], [1]), atol=2e-4, rtol=2e-4)
-    assert len(calls) == 1 + sum(l.kind == "gdn" for l in plain.layers)  # the LM head, each in_proj
+    gdn = sum(l.kind == "gdn" for l in plain.layers)
+    # the LM head; each GDN layer's in_proj and out_proj, each attention's o_proj, each down
+    assert len(calls) == 1 + 2 * gdn + (len(plain.layers) - gdn) + len(plain.layers)
     calls.clear()
     torch.testing.assert_close(one.decode(b, [1, 2]), plain.decode(a, [1, 2]), atol=2e-4, rtol=2e-4)
     forest = pack_forest([tree([-1, 0, 1, 0]), chain_tree(3)])
@@ -706,7 +708,7 @@ def test_skinny_defaults_by_device_and_dtype():
     from bole_cli.runtime.model import SKINNY_DEFAULT, skinny_defaults
 
     assert skinny_defaults("cuda", torch.bfloat16) == (SKINNY_DEFAULT, SKINNY_DEFAULT_MAX_ROWS) == (
-        ("in_proj", "lm_head"), 1)
+        ("in_proj", "out_proj", "o_proj", "down", "lm_head"), 1)
     for dev, dt in (("cuda", torch.float16), ("cuda", torch.float32), ("cpu", torch.bfloat16)):
         assert skinny_defaults(dev, dt) == ((), SKINNY_MM_MAX_ROWS)
 

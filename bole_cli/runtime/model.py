@@ -42,8 +42,8 @@ from bole_cli.limits import MAX_TREE_NODES, SKINNY_DEFAULT_MAX_ROWS, SKINNY_MM_M
 # site passes; "fc" is the drafter's input projection.
 SKINNY_PROJECTIONS = ("in_proj", "out_proj", "qkv", "o_proj", "gate_up", "down", "lm_head", "fc")
 # The ones the runtime takes through it by default on CUDA with bf16 activations, at up to
-# limits.SKINNY_DEFAULT_MAX_ROWS rows (why: there).
-SKINNY_DEFAULT = ("in_proj", "lm_head")
+# limits.SKINNY_DEFAULT_MAX_ROWS rows (why: there); in SKINNY_PROJECTIONS' order.
+SKINNY_DEFAULT = ("in_proj", "out_proj", "o_proj", "down", "lm_head")
 
 
 def skinny_defaults(device_type: str, dtype: torch.dtype) -> tuple[tuple[str, ...], int]:
