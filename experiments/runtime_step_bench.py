@@ -30,9 +30,6 @@
             kernel alone).
 - attention-s8: production with the attention over the cache as shipped before S9-b
             (kernel_variants' a-before-s9: the merge a chunk at a time, three stages always).
-- pdl:      production with its Triton kernels (the skinny GEMM, the GDN decode, the
-            attention's input and its cache attention) launched dependent (kernels.pdl);
-- pdl-all:  pdl, and torch.compile's kernels of the step too (inductor's triton.enable_pdl).
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
 graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
@@ -73,10 +70,6 @@ SHIPPED_LAUNCH = limits.GDN_DECODE_LAUNCH  # as shipped: what "production" and t
 # variants that run production with a kernel variant of experiments/kernel_variants.py in place
 KERNEL_VARIANTS = {"attention-s8": "a-before-s9"}
 VARIANTS.update({name: VARIANTS["production"] for name in KERNEL_VARIANTS})
-# variants that run production with its Triton kernels launched dependent (kernels.pdl), and
-# with torch.compile's kernels too (inductor's triton.enable_pdl; True here)
-PDL_VARIANTS = {"pdl": False, "pdl-all": True}
-VARIANTS.update({name: VARIANTS["production"] for name in PDL_VARIANTS})
 
 
 def launch_table(name: str) -> tuple:
@@ -93,32 +86,12 @@ def set_variant(timer, name: str) -> None:
     decode, compiled, cache_kernel, skinny, attention_in, *rows = VARIANTS[name]
     limits.GDN_DECODE_LAUNCH = launch_table(name)  # main() puts the shipped table back at its end
     set_kernels(KERNEL_VARIANTS.get(name))
-    set_pdl(name)
     timer.model.gdn_decode = decode
     timer.model.fuse = Fusion(compiled)
     timer.model.cache_kernel = cache_kernel
     timer.model.set_skinny(skinny, *rows)
     timer.model.attention_in_kernel = attention_in
     timer.reset_graphs()  # graphs of the previous variant, and a fresh pool for the next
-
-
-def set_pdl(name: str) -> None:
-    """kernels.pdl on for the pdl variants (off for the rest); inductor's PDL codegen with it
-    for pdl-all, its compiled pieces dropped whenever that setting changes so they compile
-    again under it (main() turns both off at its end)."""
-    import torch
-
-    from bole_cli.kernels import pdl
-
-    pdl.ENABLED = name in PDL_VARIANTS
-    inductor = PDL_VARIANTS.get(name, False)
-    if not hasattr(torch._inductor.config.triton, "enable_pdl"):
-        if inductor:
-            raise SystemExit(f"{name}: this torch's inductor has no triton.enable_pdl")
-        return
-    if torch._inductor.config.triton.enable_pdl != inductor:
-        torch._inductor.config.triton.enable_pdl = inductor
-        torch._dynamo.reset()
 
 
 _PLACED = contextlib.ExitStack()  # the kernel variant in place (kernel_variants.kernel_in_place)
@@ -233,10 +206,9 @@ def kernel_vs_reference(torch, spec, device) -> dict:
 def main(argv=None) -> None:
     try:
         run(argv)
-    finally:  # a decode-SxW, attention or PDL variant leaves nothing patched behind it
+    finally:  # a decode-SxW or attention variant leaves nothing patched behind it
         limits.GDN_DECODE_LAUNCH = SHIPPED_LAUNCH
         set_kernels(None)
-        set_pdl("production")
 
 
 def run(argv=None) -> None:

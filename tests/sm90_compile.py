@@ -25,8 +25,6 @@ def compile_sm90(kernel, pointers: dict, scalars: dict, constexprs: dict, num_wa
     Pointers, strides (s_*) and the `divisible` ints carry the 16-divisibility a real launch's
     arguments get, so the loads pipeline and the shared memory is what the device allocates."""
     params = [p.name for p in kernel.params]
-    if "PDL" in params:  # launched dependent or not (bole_cli.kernels.pdl): not unless a case says
-        constexprs = {"PDL": False, **constexprs}
     sig, attrs = {}, {}
     for i, p in enumerate(kernel.params):
         if p.is_constexpr:
@@ -141,20 +139,9 @@ def cases():
            dict(shape, PRECISION="tf32x3"), 4, 1)
 
 
-# one launch of each decode-step kernel again, launched dependent (bole_cli.kernels.pdl)
-PDL_CASES = ("gdn_decode value_split=4 warps=2", "skinny_mm bf16 M=1 N=12352", "attention_in HQ=16",
-             "cache_attention_part tree=False", "cache_attention_merge")
-
-
-def pdl_cases():
-    for name, kernel, ptr, scalars, consts, *rest in cases():
-        if name.startswith(PDL_CASES):
-            yield (f"{name} PDL", kernel, ptr, scalars, dict(consts, PDL=True), *rest)
-
-
 def main() -> int:
     failed = 0
-    for name, kernel, ptr, scalars, consts, warps, stages, *divisible in (*cases(), *pdl_cases()):
+    for name, kernel, ptr, scalars, consts, warps, stages, *divisible in cases():
         try:
             out = compile_sm90(kernel, ptr, scalars, consts, warps, stages, *divisible)
             if out.metadata.shared > SHARED_LIMIT:

@@ -713,43 +713,6 @@ def test_skinny_defaults_by_device_and_dtype():
         assert skinny_defaults(dev, dt) == ((), SKINNY_MM_MAX_ROWS)
 
 
-def test_dependent_launch_stays_off_where_it_cannot_run(monkeypatch):
-    """kernels.pdl: a CPU tensor never launches dependent, even with PDL on (a kernel launched
-    so must run griddepcontrol, which only sm_90 and later have); off, no tensor does."""
-    from bole_cli.kernels import pdl
-
-    monkeypatch.setattr(pdl, "ENABLED", True)
-    assert pdl.launch_options(torch.zeros(1)) == {"PDL": False}
-    monkeypatch.setattr(pdl, "ENABLED", False)
-    assert pdl.launch_options(torch.zeros(1)) == {"PDL": False}
-
-
-@pytest.mark.gpu
-def test_dependent_launches_give_the_same_steps(monkeypatch):
-    """The decode step's kernels launched dependent (kernels.pdl: the skinny GEMM at one row,
-    the GDN decode and its norm's counters, the attention's input and cache attention) give
-    the very same logits and committed state as launched plainly, one row and two."""
-    from bole_cli.kernels import pdl
-
-    if torch.cuda.get_device_capability()[0] < pdl.MIN_CAPABILITY:
-        pytest.skip("dependent launch needs sm_90 or later")
-    model = HybridModel(tiny_spec(layers=4), "cuda", torch.bfloat16, seed=0, compile=False)
-    warm = warm_cache(model, prefix=(3, 2), max_len=16)
-    runs = []
-    for on in (False, True):
-        monkeypatch.setattr(pdl, "ENABLED", on)
-        assert pdl.launch_options(warm.gdn_state) == ({"PDL": True, "launch_pdl": True} if on else {"PDL": False})
-        cache = warm.clone()
-        logits = [model.decode(cache, [4], [1]), model.decode(cache, [1, 2]), model.decode(cache, [7], [0])]
-        torch.cuda.synchronize()
-        runs.append((logits, cache))
-    (plain, a), (dependent, b) = runs
-    for x, y in zip(plain, dependent):
-        assert torch.equal(x, y)
-    for name in ("gdn_state", "conv_state", "k_cache", "v_cache"):
-        assert torch.equal(getattr(a, name), getattr(b, name)), name
-
-
 @pytest.mark.gpu
 def test_skinny_default_on_cuda_agrees_with_cublas():
     """The CUDA bf16 default (in_proj and the LM head of one-row steps through the skinny

@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.pdl import launch_options, wait_for_prior
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, check_index_vector, check_last_contiguous, check_tensor)
 
 
@@ -53,9 +52,8 @@ def _normed_rope(row, w, cos_row, sin_row, eps, DH: tl.constexpr, DP: tl.constex
 def _attention_in_kernel(proj, q_norm, k_norm, cos, sin, slots, positions, q_out, k_cache, v_cache, k_out,
                          n_slots, max_len, s_pn, s_qn, s_qh, s_cn, s_sn, s_ks, s_kh, s_kl, s_vs, s_vh, s_vl,
                          s_on, s_oh, eps, HQ: tl.constexpr, HK: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-                         HALF: tl.constexpr, K_OUT: tl.constexpr, PDL: tl.constexpr):
+                         HALF: tl.constexpr, K_OUT: tl.constexpr):
     """Program (row n, head c): query head c for c < HQ, else key/value head c - HQ."""
-    wait_for_prior(PDL)
     n = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     row = proj + n * s_pn
@@ -136,7 +134,6 @@ def attention_in(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
         k_cache.shape[2], proj.stride(0), q.stride(0), q.stride(1), cos.stride(0), sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), ko.stride(0), ko.stride(1), float(eps), HQ=heads, HK=kv_heads, DH=d,
-        DP=triton.next_power_of_2(d), HALF=half, K_OUT=k is not None, num_warps=1 if d <= 128 else 2,
-        **launch_options(proj))
+        DP=triton.next_power_of_2(d), HALF=half, K_OUT=k is not None, num_warps=1 if d <= 128 else 2)
     return q, gate, k, v
 

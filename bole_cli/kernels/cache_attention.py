@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.pdl import launch_options, wait_for_prior
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, check_index_vector, check_last_contiguous, check_tensor,
                                        power_of_two)
 
@@ -54,8 +53,7 @@ def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_pa
                           n_slots, l_max, rows, split_keys, scale, s_qb, s_qh, s_qt, s_qg, s_kn, s_kh, s_kl, s_vn,
                           s_vh, s_vl, s_ob, s_oh, s_ot, s_og, s_lb, s_lh, group, tree_t, s_tb, s_th, s_tr,
                           H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, BL: tl.constexpr,
-                          FINAL: tl.constexpr, TREE: tl.constexpr, SIZES: tl.constexpr, PDL: tl.constexpr):
-    wait_for_prior(PDL)
+                          FINAL: tl.constexpr, TREE: tl.constexpr, SIZES: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // H
@@ -119,12 +117,10 @@ def _cache_attention_part(q, k_cache, v_cache, slots, used, o_part, m_part, l_pa
 @triton.jit
 def _cache_attention_merge(o_part, m_part, l_part, out, lse, slots, n_slots, rows, n_splits,
                            s_ob, s_oh, s_ot, s_og, s_lb, s_lh, group,
-                           H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NSP: tl.constexpr, SB: tl.constexpr,
-                           PDL: tl.constexpr):
+                           H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, NSP: tl.constexpr, SB: tl.constexpr):
     """Row r of (request, KV head) bh: its chunks' partial results merged exactly. Every
     chunk's max and sum load at once (NSP >= n_splits), the weighted values SB chunks at a
     time: a long cache's 64 chunks cost a few dependent loads, not one each."""
-    wait_for_prior(PDL)
     r = tl.program_id(0)  # rows on the first axis: CUDA's others stop at 65535
     bh = tl.program_id(1)
     b = bh // H
@@ -274,10 +270,9 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         n_slots, lmax, rows, split_keys, scale, q.stride(0), q.stride(1), *q_rows,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), *strides, tree_t, *tb_strides, H=hkv, D=d, BD=bd, BR=br, BL=keys_tile, FINAL=final,
-        TREE=tree_bias is not None, SIZES=tree_cu is not None, num_warps=warps, num_stages=stages,
-        **launch_options(q))
+        TREE=tree_bias is not None, SIZES=tree_cu is not None, num_warps=warps, num_stages=stages)
     if not final:
         _cache_attention_merge[(rows, bsz * hkv)](
             o_part, m_part, l_part, out, lse, slots, n_slots, rows, splits, *strides, H=hkv, D=d, BD=bd,
-            NSP=triton.next_power_of_2(splits), SB=MERGE_CHUNKS, num_warps=4, **launch_options(q))
+            NSP=triton.next_power_of_2(splits), SB=MERGE_CHUNKS, num_warps=4)
     return out, lse

@@ -37,7 +37,6 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.jit_math import softplus, unit_scales
-from bole_cli.kernels.pdl import launch_options, wait_for_prior
 from bole_cli.kernels.skinny_mm import COUNTERS, reserve_counters
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, STATE_DTYPES, check_index_vector, check_last_contiguous,
                                        check_nonempty, check_scale, check_shape, check_tensor, contiguous_vector,
@@ -70,11 +69,10 @@ def _conv_channels(x_row, win, w, ch, cmask, s_cd, s_cw, s_wd, b_conv,
 @triton.jit(do_not_specialize=["n_slots"])
 def _qk_kernel(x, conv_state, conv_w, conv_b, state_idx, qk, n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, scale,
                H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, W: tl.constexpr, WP: tl.constexpr,
-               HAS_BIAS: tl.constexpr, USE_L2NORM: tl.constexpr, PDL: tl.constexpr):
+               HAS_BIAS: tl.constexpr, USE_L2NORM: tl.constexpr):
     """q or k of one key head (program (request, c): q head c for c < H, else k head c - H):
     conv, SiLU, the L2 norm (and q's scale), into qk [B, 2H, K] float32; then the slide of
     those channels' window, which only this program reads."""
-    wait_for_prior(PDL)
     req = tl.program_id(0)
     c = tl.program_id(1)
     slot = tl.load(state_idx + req).to(tl.int64)
@@ -100,13 +98,12 @@ def _gdn_decode_kernel(
     n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_an, s_bn, s_sn, s_sh, s_sv, s_zn, s_on, eps,
     H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, VS: tl.constexpr, VSP: tl.constexpr,
-    W: tl.constexpr, WP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
+    W: tl.constexpr, WP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
 ):
     """BV value rows of one value head of one request (program (request, hv, value tile)):
     their v channels' conv and window slide (only this program reads them), the gates, the
     recurrence on those rows of the state in place, o and the gated norm (over the head's
     VS tiles: the last to arrive applies it)."""
-    wait_for_prior(PDL)
     req = tl.program_id(0)
     hv = tl.program_id(1)
     iv = tl.program_id(2)
@@ -266,7 +263,7 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
         bk = triton.next_power_of_2(kdim)
         _qk_kernel[(bsz, 2 * key_heads)](
             *common, state_indices, qk, n_slots, *strides, scale,
-            H=key_heads, K=kdim, BK=bk, USE_L2NORM=bool(use_qk_l2norm), num_warps=4, **conv, **launch_options(x))
+            H=key_heads, K=kdim, BK=bk, USE_L2NORM=bool(use_qk_l2norm), num_warps=4, **conv)
         if normed_split:  # the heads' partial sums of squares and their arrival counters
             ss_part = torch.empty(bsz * hv * split, device=dev, dtype=torch.float32)
             counters = reserve_counters(dev)
@@ -277,5 +274,5 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
             norm_w if norm_w is not None else x, out, ss_part, counters, n_slots, *strides, a.stride(0), b.stride(0),
             state.stride(0), state.stride(1), state.stride(2), z.stride(0) if z is not None else 0, out.stride(0),
             float(eps), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk, BV=bv, VP=vp, VS=split,
-            VSP=triton.next_power_of_2(split), NORM=z is not None, num_warps=warps, **conv, **launch_options(x))
+            VSP=triton.next_power_of_2(split), NORM=z is not None, num_warps=warps, **conv)
     return out

@@ -36,7 +36,6 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.pdl import launch_options, wait_for_prior
 from bole_cli.kernels.validate import check_tensor
 from bole_cli.limits import SKINNY_MM_MAX_ROWS
 
@@ -49,11 +48,9 @@ _COUNTERS: dict[str, torch.Tensor] = {}  # per device, allocated once, zeros bet
 def _skinny_mm_kernel(x, w, y, part, counters, res, norm_w, x_sum, ss_part, aux, M, N, K, s_xm, s_wn, s_ym, s_rm,
                       s_sm, s_am, s_ah, k_slice, eps, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                       SPLIT: tl.constexpr, IEEE: tl.constexpr, NORM: tl.constexpr, RESID: tl.constexpr,
-                      GLU: tl.constexpr, GATE: tl.constexpr, HEAD: tl.constexpr, G: tl.constexpr,
-                      PDL: tl.constexpr):
+                      GLU: tl.constexpr, GATE: tl.constexpr, HEAD: tl.constexpr, G: tl.constexpr):
     """N is y's columns; with GLU the weight has 2N rows (gate rows, then up rows). GATE, HEAD:
     aux [M, K / G, G] (heads s_ah apart) is the gate, or z of the per-head norm."""
-    wait_for_prior(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BM).to(tl.int64)
@@ -271,7 +268,6 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
         w.stride(0), out.stride(0), resid.stride(0), total.stride(0), heads.stride(0), heads.stride(1), k_slice,
         float(eps or 0.0), BM=bm, BN=bn, BK=bk, SPLIT=split, IEEE=x.dtype == torch.float32, NORM=norm is not None,
         RESID=residual is not None, GLU=bool(glu), GATE=gate is not None, HEAD=head_norm is not None, G=group,
-        **launch_options(x),
         num_warps=cfg["num_warps"], num_stages=_stages(cfg["num_stages"], bm, bn * (2 if glu else 1), bk,
                                                        x.element_size(), 1 + (residual is not None) + (aux is not None)))
     return out
