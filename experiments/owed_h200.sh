@@ -20,7 +20,10 @@
 # rule, pytest -m gpu; all still owed on the H200. Done since on the H200 (S9-f to S9-h, ninth
 # session): decode (9B; 27B at batch 1-16), the cache attention's launch sweep (its rule), the
 # step bench's production at batch 1 / 16 and the 9B verify. Still owed: knee (its attention rows
-# now at S9-f's rule), the GPU suite with that rule, and the rest below. Run the rest in this order (a
+# now at S9-f's rule), the GPU suite with that rule, and the rest below. Tenth session: every call
+# came on an H100 (S10-a to S10-c: the GPU suite with the rule, 67 passed; the one-row default
+# now takes out_proj, o_proj and down too). Still owed on the H200, first: steps (production
+# against production-s9), calibrate --measure for 4B, 9B and 27B on that default, knee for 9B. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
@@ -28,7 +31,8 @@
 #                                          #   SGLang's decode beside it: 9B, 27B (decides limits.GDN_DECODE_LAUNCH)
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
-#   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / skinny-down1
+#   bash experiments/owed_h200.sh profiles # ~7 min: bole calibrate --measure, 4B, 9B, 27B (ship to profiles/h200/)
+#   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / production-s9
 #   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
 #   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write's GPU test on the H200 (its bench: S7-c)
 #   bash experiments/owed_h200.sh gemm     # ~9 min: the skinny GEMM against cuBLAS, 9B, 27B and 4B
@@ -48,7 +52,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh decode|tests|gemm|steps|knee|kernels|split|deferred|tune}
+job=${1:?usage: bash experiments/owed_h200.sh decode|tests|gemm|steps|knee|profiles|kernels|split|deferred|tune}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -69,7 +73,7 @@ case "$job" in
       --out "$dir/skinny-$gpu.json" ;;
   steps)
     run timeout 540 $PY experiments/runtime_step_bench.py --models 4b,9b,27b --batch 1,16 \
-      --variants cublas,production,skinny-down1 --out "$dir/steps-$gpu.json" ;;
+      --variants cublas,production,production-s9 --out "$dir/steps-$gpu.json" ;;
   decode)
     run timeout 200 $PY experiments/component_bench.py --model 9b --parts gdn_decode --sglang \
       --decode-batch 1,2,4,8,16,32,64 --out "$dir/$gpu-9b-decode.json"
@@ -87,6 +91,11 @@ case "$job" in
       --tag chains-served-$gpu-c12 --out-dir "$dir"
     run timeout 130 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,16,64 --nodes 128,256 \
       --no-sglang --tag chains-big-$gpu-c12 --out-dir "$dir" ;;
+  profiles)  # bole calibrate --measure as R-15 / R-16 ran it; refuses on any card but the H200
+    for m in 4B 9B 27B; do
+      run timeout 190 $PY -m bole_cli calibrate --gpu h200 --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
+        --measure --repeats 3 --warmup 2 --no-plot --out "$dir/Qwen3.5-$m.yaml"
+    done ;;
   split)
     run timeout 360 $PY experiments/split_bench.py --out "$dir/split-$gpu.json"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_precision_contract.py -p no:cacheprovider ;;
