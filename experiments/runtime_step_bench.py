@@ -30,8 +30,6 @@
             kernel alone).
 - attention-s8: production with the attention over the cache as shipped before S9-b
             (kernel_variants' a-before-s9: the merge a chunk at a time, three stages always).
-- norm-in-out-proj: production with a one-row decode's gated RMSNorm moved from the fused
-            GDN decode into out_proj's skinny GEMM (HybridModel(decode_norm_in_out_proj=True)).
 
 Each step is timed two ways, as `bole calibrate` does (runtime.timer): back-to-back CUDA
 graph replays, and the serving step (host metadata, replay, eager commit, between syncs);
@@ -72,8 +70,6 @@ SHIPPED_LAUNCH = limits.GDN_DECODE_LAUNCH  # as shipped: what "production" and t
 # variants that run production with a kernel variant of experiments/kernel_variants.py in place
 KERNEL_VARIANTS = {"attention-s8": "a-before-s9"}
 VARIANTS.update({name: VARIANTS["production"] for name in KERNEL_VARIANTS})
-NORM_IN_OUT_PROJ = "norm-in-out-proj"  # production with HybridModel(decode_norm_in_out_proj=True)
-VARIANTS[NORM_IN_OUT_PROJ] = VARIANTS["production"]
 
 
 def launch_table(name: str) -> tuple:
@@ -95,7 +91,6 @@ def set_variant(timer, name: str) -> None:
     timer.model.cache_kernel = cache_kernel
     timer.model.set_skinny(skinny, *rows)
     timer.model.attention_in_kernel = attention_in
-    timer.model.decode_norm_in_out_proj = name == NORM_IN_OUT_PROJ
     timer.reset_graphs()  # graphs of the previous variant, and a fresh pool for the next
 
 

@@ -701,45 +701,6 @@ def test_skinny_mm_default_and_its_row_limit():
     assert one.skinny_mm == () and one._skinny is None
 
 
-def test_decode_norm_in_out_proj_moves_the_gated_norm():
-    """decode_norm_in_out_proj: a one-row fused decode calls the decode kernel without z and
-    out_proj's skinny GEMM with the head norm, and gives the plain default's logits and state;
-    a two-row decode (past skinny_max_rows) keeps the norm in the decode kernel."""
-    from bole_cli.runtime.model import SKINNY_DEFAULT
-
-    spec = tiny_spec(layers=4)
-    kw = dict(seed=0, gdn_backend="kernels", compile=False, skinny_mm=SKINNY_DEFAULT, skinny_max_rows=1)
-    plain = HybridModel(spec, "cpu", torch.float32, **kw)
-    moved = HybridModel(spec, "cpu", torch.float32, decode_norm_in_out_proj=True, **kw)
-    assert plain.gdn_decode == moved.gdn_decode == "fused"
-    a, b = warm_cache(plain, prefix=(3, 2), max_len=16), warm_cache(moved, prefix=(3, 2), max_len=16)
-    zs, normed = [], []
-    decode, skinny = moved.ops.decode, moved._skinny
-    moved.ops.decode = lambda *args, **k: (zs.append(k["z"] is None), decode(*args, **k))[1]
-    moved._skinny = lambda x, w, **k: (normed.append("head_norm" in k), skinny(x, w, **k))[1]
-    gdn = sum(l.kind == "gdn" for l in plain.layers)
-    torch.testing.assert_close(moved.decode(b, [4], [1]), plain.decode(a, [4], [1]), atol=2e-4, rtol=2e-4)
-    assert zs == [True] * gdn and normed.count(True) == gdn
-    zs.clear()
-    torch.testing.assert_close(moved.decode(b, [1, 2]), plain.decode(a, [1, 2]), atol=2e-4, rtol=2e-4)
-    assert zs == [False] * gdn
-    torch.testing.assert_close(b.gdn_state, a.gdn_state, atol=2e-4, rtol=2e-4)
-
-
-@pytest.mark.gpu
-def test_decode_norm_in_out_proj_on_cuda():
-    """decode_norm_in_out_proj on CUDA bf16 (the variant runtime_step_bench times): a one-row
-    decode's logits and committed state as the default's, to bf16 rounding."""
-    model = HybridModel(tiny_spec(layers=4), "cuda", torch.bfloat16, seed=0, compile=False)
-    warm = warm_cache(model, prefix=(3, 2), max_len=16)
-    a, b = warm.clone(), warm.clone()
-    want = model.decode(a, [4], [1]).float()
-    model.decode_norm_in_out_proj = True
-    got = model.decode(b, [4], [1]).float()
-    assert float((got - want).norm() / want.norm()) < 2e-2
-    torch.testing.assert_close(b.gdn_state, a.gdn_state, atol=1e-5, rtol=1e-5)
-
-
 def test_skinny_defaults_by_device_and_dtype():
     """The CUDA default with bf16 activations is SKINNY_DEFAULT at one row; anything else
     takes no projection through the skinny GEMM."""

@@ -204,9 +204,6 @@ class HybridModel:
     False for none, or some of SKINNY_PROJECTIONS by name; skinny_max_rows: up to how many rows
     (default limits.SKINNY_MM_MAX_ROWS). Default (None): skinny_defaults (with every projection
     a 9B decode took 6.06 ms against 5.06 without, experiments/README.md R-13).
-    decode_norm_in_out_proj: where a fused decode's out_proj takes the skinny GEMM, the gated
-    RMSNorm runs as that GEMM loads its operand instead of in the decode kernel (no split
-    counters, no last program's pass); off unless measured to win (experiments/README.md S10-e).
     """
 
     def __init__(self, spec: ModelSpec, device="cpu", dtype: torch.dtype = torch.bfloat16, *,
@@ -216,7 +213,7 @@ class HybridModel:
                  compile: Optional[bool] = None, cache_kernel: Optional[bool] = None,
                  attention_in_kernel: Optional[bool] = None, kv_compact_kernel: Optional[bool] = None,
                  skinny_mm: Union[None, bool, str, Iterable[str]] = None,
-                 skinny_max_rows: Optional[int] = None, decode_norm_in_out_proj: bool = False):
+                 skinny_max_rows: Optional[int] = None):
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = dtype
@@ -246,7 +243,6 @@ class HybridModel:
         self.attention_in_kernel = gpu_16bit if attention_in_kernel is None else attention_in_kernel
         self.kv_compact_kernel = self.device.type == "cuda" if kv_compact_kernel is None else kv_compact_kernel
         self.set_skinny(skinny_mm, skinny_max_rows)
-        self.decode_norm_in_out_proj = decode_norm_in_out_proj
         if self.device.type == "cuda":  # the fused decode's split counters (256 KiB), before any capture
             from bole_cli.kernels.skinny_mm import reserve_counters
 
@@ -540,20 +536,9 @@ class HybridModel:
         operand is the normed heads when it takes the rows, else the compiled norm first."""
         n, hv, dv = o.shape
         rows = o.reshape(n, hv * dv)
-        if self._out_proj_norms(rows):
-            return self._normed_out_proj(w, rows, z)
+        if self._skinny_takes(rows, "out_proj") and self.fdtype == torch.float32 and not dv & (dv - 1):
+            return self._skinny(rows, w.out_proj, head_norm=w.norm_w, z=z.reshape(n, hv, dv), eps=RMS_EPS)
         return self.project(self.fuse.gated_norm(o, z, w.norm_w, self.fdtype), w.out_proj, "out_proj")
-
-    def _out_proj_norms(self, rows: torch.Tensor) -> bool:
-        """Whether out_proj of these GDN output rows takes the skinny GEMM with the gated norm
-        fused into its operand (a K tile holds whole heads: a power-of-two head size)."""
-        dv = self.spec.gdn_value_dim
-        return self._skinny_takes(rows, "out_proj") and self.fdtype == torch.float32 and not dv & (dv - 1)
-
-    def _normed_out_proj(self, w: _Weights, rows: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        n = rows.shape[0]
-        return self._skinny(rows, w.out_proj, head_norm=w.norm_w,
-                            z=z.reshape(n, self.spec.gdn_value_heads, self.spec.gdn_value_dim), eps=RMS_EPS)
 
     def project_gated(self, o: torch.Tensor, gate: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """An attention output (any shape of N x heads x head_dim) times sigmoid(gate) [N,
@@ -603,11 +588,10 @@ class HybridModel:
             w, l = layer.mixer, layer.index
             x, z, b, a = self._gdn_in(w, h)
             if self.gdn_decode == "fused":
-                normed = self.decode_norm_in_out_proj and self._out_proj_norms(x)  # o has x's rows and dtype
                 o = self.ops.decode(x, cache.conv_state[l], w.conv_w, w.conv_b, a, b, w.A_log, w.dt_bias,
-                                    cache.gdn_state[l], db.slots, key_heads=s.gdn_key_heads,
-                                    z=None if normed else z, norm_w=None if normed else w.norm_w, eps=RMS_EPS)
-                return self._normed_out_proj(w, o, z) if normed else self.project(o, w.out_proj, "out_proj")
+                                    cache.gdn_state[l], db.slots, key_heads=s.gdn_key_heads, z=z,
+                                    norm_w=w.norm_w, eps=RMS_EPS)
+                return self.project(o, w.out_proj, "out_proj")
             y = gdn_ops.conv_decode(x, cache.conv_state[l], w.conv_w, w.conv_b, db.slots)
             q, k, v = self._qkv(y)
             state = cache.gdn_state[l]
