@@ -371,6 +371,11 @@ _D_STATE_LAST = (
      "        tl.store(o_row + offs_v, out + poison, mask=vmask)\n" + _D_WRITES),
 )
 _D_NO_NORM = (("    if NORM and VS > 1:", "    if False:"), ("        if NORM:\n", "        if False:\n"))
+# The state's rows addressed with the constexpr K as their stride (the pool's layout, [slots,
+# HV, V, K] contiguous in its last two dimensions) instead of the runtime s_sv: in the sm_90
+# compile each thread then keeps one base address and fixed offsets, not 16 64-bit addresses
+# alive from the load to the store (4 x 2: 168 -> 127 registers, 6 -> 8 programs an SM).
+_D_CONST_ROW = (("offs_v[:, None] * s_sv + offs_k[None, :]", "offs_v[:, None] * K + offs_k[None, :]"),)
 
 VARIANTS: dict[str, Variant] = {
     "a-merge-serial": Variant(ATTENTION, "the merge a chunk at a time, 16 rows a program (shipped before S9-b)",
@@ -391,6 +396,8 @@ VARIANTS: dict[str, Variant] = {
         _D_EVICT[1])),
     "d-no-conv": Variant(DECODE, "ablation: v as it comes (no conv), the window left in place", _D_NO_CONV),
     "d-no-norm": Variant(DECODE, "ablation: o without the gated norm (no split counters)", _D_NO_NORM),
+    "d-const-row": Variant(DECODE, "the state's row stride the constexpr K (needs state.stride(2) == K; "
+                           "fewer registers: sm_90 compile, tenth session)", _D_CONST_ROW),
     "r-fold-norm": Variant(REPLAY, "c11 with the k norm and the decay folded into the step's vectors (one "
                            "dependent reduction a node, no decay pass; S7-a: 0.96-1.13x)", _R_FOLD_NORM),
     "r-pairs": Variant(REPLAY, "c11 two path nodes a step (the pair's 2 x 2 system, one update; S7-a: 0.86x "

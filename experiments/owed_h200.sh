@@ -23,12 +23,15 @@
 # now at S9-f's rule), the GPU suite with that rule, and the rest below. Tenth session: every call
 # came on an H100 (S10-a to S10-c: the GPU suite with the rule, 67 passed; the one-row default
 # now takes out_proj, o_proj and down too). Still owed on the H200, first: steps (production
-# against production-s9), calibrate --measure for 4B, 9B and 27B on that default, knee for 9B. Run the rest in this order (a
+# against production-s9), calibrate --measure for 4B, 9B and 27B on that default, knee for 9B;
+# then decode for the d-const-row variant (the GDN decode's registers; it could close SGLang's
+# lead at batch 64). Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
 #   bash experiments/owed_h200.sh decode   # ~5 min: the fused GDN decode by launch (split x warps) and batch,
-#                                          #   SGLang's decode beside it: 9B, 27B (decides limits.GDN_DECODE_LAUNCH)
+#                                          #   SGLang's decode beside it, and d-const-row (the state's row
+#                                          #   stride constexpr): 9B, 27B (NOTES "The one-row projections...")
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
 #   bash experiments/owed_h200.sh profiles # ~7 min: bole calibrate --measure, 4B, 9B, 27B (ship to profiles/h200/)
@@ -76,9 +79,11 @@ case "$job" in
       --variants cublas,production,production-s9 --out "$dir/steps-$gpu.json" ;;
   decode)
     run timeout 200 $PY experiments/component_bench.py --model 9b --parts gdn_decode --sglang \
-      --decode-batch 1,2,4,8,16,32,64 --out "$dir/$gpu-9b-decode.json"
+      --decode-batch 1,4,16,64 --decode-launches 4x1,4x2,8x2 --decode-variants d-const-row \
+      --out "$dir/$gpu-9b-decode.json"
     run timeout 150 $PY experiments/component_bench.py --model 27b --parts gdn_decode --sglang \
-      --decode-batch 1,4,16,64 --out "$dir/$gpu-27b-decode.json" ;;
+      --decode-batch 1,4,16,64 --decode-launches 4x1,4x2,8x2 --decode-variants d-const-row \
+      --out "$dir/$gpu-27b-decode.json" ;;
   knee)
     for m in 9b 27b; do
       run timeout 260 $PY experiments/component_bench.py --model "$m" --decode-launches 1x8,4x2,8x2 \

@@ -147,11 +147,12 @@ def test_the_component_bench_times_kernel_variants_and_launches(tmp_path):
     import json
 
     doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke", "--decode-launches", "1x8",
-                       "--parts", "gdn_decode,attention", "--decode-variants", "d-state-last,d-no-norm",
+                       "--parts", "gdn_decode,attention", "--decode-variants", "d-state-last,d-const-row,d-no-norm",
                        "--attention-variants", "a-merge-serial", "--attention-launches",
                        "64x4x3x264x256x16,16x4x1x264x16x32")
     variants = {r["variant"]: r for r in doc["gdn_decode"] if r.get("variant") and r["batch"] == 1}
-    assert variants["d-state-last"]["max_rel_out"] == 0 and variants["d-state-last"]["max_rel_state"] == 0
+    for exact in ("d-state-last", "d-const-row"):
+        assert variants[exact]["max_rel_out"] == 0 and variants[exact]["max_rel_state"] == 0, exact
     assert variants["d-no-norm"]["max_rel_out"] > 0.1  # the ablation's output is not the layer's
     decode = [r for r in doc["attention"] if r["form"] == "decode" and r["batch"] == 1]
     assert [r.get("variant") or tuple(r["launch"]) for r in decode] == [
