@@ -551,19 +551,16 @@ def test_presets_are_fitted_to_the_papers_accepted_lengths():
 def test_h200_factors_derive_from_the_component_records():
     """The H200's efficiency factors in the code are the committed component and step
     records' (calibrate.components), to their rounding, and physically plausible."""
-    import dataclasses
     from pathlib import Path
 
-    from bole_cli.calibrate.components import factors
-    from bole_cli.calibrate.costmodel import EFFICIENCY
+    from bole_cli.calibrate.components import FACTOR_NAMES, H200_RECORDS, code_factors, factors
 
     root = Path(__file__).resolve().parents[1] / "experiments" / "results"
-    steps = [json.loads((root / "runtime" / "r15" / "steps-h200.json").read_text())]
-    got = factors(json.loads((root / "components" / "h200-9b-r14.json").read_text()), steps,
-                  json.loads((root / "components" / "h200-9b-gdn-grid.json").read_text()),
-                  resolve_gpu("h200").bf16_flops)
-    eff = EFFICIENCY["h200"]
-    code = {**dataclasses.asdict(eff.runtime), **dataclasses.asdict(eff)}
+    read = lambda rel: json.loads((root / rel).read_text())  # noqa: E731
+    got = factors(read(H200_RECORDS["components"]), [read(rel) for rel in H200_RECORDS["steps"]],
+                  read(H200_RECORDS["tree_kernels"]), resolve_gpu("h200").bf16_flops)
+    code = code_factors()
+    assert tuple(got) == FACTOR_NAMES == tuple(code)
     flat = lambda v: [x for cell in v for x in cell] if isinstance(v, (tuple, list)) else [v]  # noqa: E731
     for name, value in got.items():
         assert flat(code[name]) == pytest.approx(flat(value), rel=0.02), name

@@ -379,3 +379,21 @@ def test_the_l2_prefetch_plan_names_every_byte_once(n_bytes, address, mode, prog
     assert (lanes - 1) * step < n_bytes <= lanes * step
     assert lanes <= grid * steps * bench.BLOCK < lanes + grid * bench.BLOCK
     assert programs is None and steps == 1 or grid <= programs
+
+
+def test_derive_factors_reproduces_the_codes_factors_from_their_records(tmp_path):
+    """experiments/derive_factors.py on its defaults (the records the code's H200 factors
+    come from) derives every factor the code holds, each within 2% of it (the code's rounding);
+    a record that is not there is refused by its option, exit 2."""
+    from bole_cli.calibrate.components import FACTOR_NAMES
+
+    doc = smoke_record(tmp_path, "derive_factors.py")
+    assert tuple(doc["factors"]) == FACTOR_NAMES == tuple(doc["code"])
+    derive = experiment_module("derive_factors")
+    for name in FACTOR_NAMES:
+        moved = derive.change(doc["code"][name], doc["factors"][name])
+        assert moved != "shape" and float(moved.rstrip("%")) <= 2.0, (name, moved)
+    bad = subprocess.run([sys.executable, str(EXPERIMENTS / "derive_factors.py"), "--components", "none.json"],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent)))
+    assert bad.returncode == 2 and "--components none.json" in bad.stderr

@@ -29,6 +29,15 @@ STREAMING_ROWS = 64  # weight streaming: GEMMs up to this many rows
 COMPUTE_ROWS = 1024  # GEMM rate: from this many rows
 PRODUCTION = "production"  # runtime_step_bench's name for the runtime as calibrate runs it
 CUBLAS = "cublas"  # ... and for it with every projection through cuBLAS
+# The committed records costmodel.EFFICIENCY["h200"] comes from, under experiments/results/
+# (`factors`' three arguments); experiments/derive_factors.py prints the factors of these or
+# of newer records, and a test holds the code to these.
+H200_RECORDS = {"components": "components/h200-9b-r14.json", "steps": ("runtime/r15/steps-h200.json",),
+                "tree_kernels": "components/h200-9b-gdn-grid.json"}
+# what `factors` returns, in its order (Efficiency's and RuntimeLaunches' fields of those names)
+FACTOR_NAMES = ("bw", "flops", "kernel_floor_s", "host_step_s", "gdn_tree_cells", "gdn_decode_cells",
+                "attention_cells", "draft_attention_cells", "gemm_knee", "gap_s", "decode_launches_per_layer",
+                "rows_decode_launches_per_layer", "verify_launches_per_layer", "decode_host_s", "verify_host_s")
 
 
 def _bare_roofline(model: str, **cleared):
@@ -226,3 +235,15 @@ def factors(components: Mapping[str, Any], steps: Sequence[Mapping[str, Any]],
             "verify_launches_per_layer": statistics.median(launches["verify"]),
             "decode_host_s": statistics.median(host["decode"]),
             "verify_host_s": statistics.median(host["verify"])}
+
+
+def code_factors() -> dict[str, Any]:
+    """The factors as costmodel.EFFICIENCY["h200"] holds them (the one GPU whose factors are
+    measured), by `factors`' names."""
+    import dataclasses
+
+    from bole_cli.calibrate.costmodel import EFFICIENCY
+
+    eff = EFFICIENCY["h200"]
+    held = {**dataclasses.asdict(eff.runtime), **dataclasses.asdict(eff)}
+    return {name: held[name] for name in FACTOR_NAMES}
