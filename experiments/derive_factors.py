@@ -5,10 +5,11 @@ how much each moves. Defaults: the records the code comes from (components.H200_
 a run without arguments shows every factor unchanged.
 
     python experiments/derive_factors.py
-    python experiments/derive_factors.py --components results/components/h200-9b-s11.json \\
-        --steps results/runtime/s11/steps-h200.json --out /tmp/factors.json
+    python experiments/derive_factors.py --components components/h200-9b-s11.json \\
+        --steps runtime/s11/steps-h200.json --out /tmp/factors.json
 
-Paths are relative to experiments/results/ unless absolute. Index: experiments/README.md.
+A record path is taken as given where that file exists, else under experiments/results/.
+Index: experiments/README.md.
 """
 
 from __future__ import annotations
@@ -52,10 +53,9 @@ def main(argv=None) -> None:
     from bole_cli.catalog.hardware import resolve_gpu
 
     def read(option: str, path: str):
-        full = Path(path) if os.path.isabs(path) else RESULTS / path
+        full = Path(path) if Path(path).is_file() else RESULTS / path
         if not full.is_file():
-            print(f"error: {option} {path}: no such record (relative paths are under {RESULTS})",
-                  file=sys.stderr)
+            print(f"error: {option} {path}: no such record, here or under {RESULTS}", file=sys.stderr)
             raise SystemExit(2)
         return json.loads(full.read_text())
 
