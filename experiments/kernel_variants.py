@@ -374,7 +374,8 @@ _D_NO_NORM = (("    if NORM and VS > 1:", "    if False:"), ("        if NORM:\n
 # The state's rows addressed with the constexpr K as their stride (the pool's layout, [slots,
 # HV, V, K] contiguous in its last two dimensions) instead of the runtime s_sv: in the sm_90
 # compile each thread then keeps one base address and fixed offsets, not 16 64-bit addresses
-# alive from the load to the store (4 x 2: 168 -> 127 registers, 6 -> 8 programs an SM).
+# alive from the load to the store (the decode's 4 x 2: 168 -> 127 registers, 6 -> 8 programs
+# an SM; the replay commit's text is the same, r-const-row).
 _D_CONST_ROW = (("offs_v[:, None] * s_sv + offs_k[None, :]", "offs_v[:, None] * K + offs_k[None, :]"),)
 
 VARIANTS: dict[str, Variant] = {
@@ -412,6 +413,9 @@ VARIANTS: dict[str, Variant] = {
     "r-quads": Variant(REPLAY, "c11 four path nodes a step (the 4 x 4 system, one update; no prefetch; "
                        "S7-a: 1.10-1.84x)",
                        _R_QUADS),
+    "r-const-row": Variant(REPLAY, "c11 with the state's row stride the constexpr K (needs state.stride(-2) "
+                           "== K; sm_90 compile: BV 16 from 168 to 128 registers, 12 to 16 programs an SM; "
+                           "tenth session)", _D_CONST_ROW),
     "r-state-first": Variant(REPLAY, "c11 with the state tile loaded before the walk (on c10: 0-7% slower, "
                              "P-11)", _R_STATE_FIRST),
     "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",

@@ -32,7 +32,8 @@
 #
 #   bash experiments/owed_h200.sh decode   # ~5 min: the fused GDN decode by launch (split x warps) and batch,
 #                                          #   SGLang's decode beside it, and d-const-row (the state's row
-#                                          #   stride constexpr): 9B, 27B (NOTES "The one-row projections...")
+#                                          #   stride constexpr): 9B, 27B, and r-const-row, the replay
+#                                          #   commit's same edit (NOTES "The one-row projections...")
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
 #   bash experiments/owed_h200.sh profiles # ~7 min: bole calibrate --measure, 4B, 9B, 27B (ship to profiles/h200/)
@@ -84,7 +85,11 @@ case "$job" in
       --out "$dir/$gpu-9b-decode.json"
     run timeout 150 $PY experiments/component_bench.py --model 27b --parts gdn_decode --sglang \
       --decode-batch 1,4,16,64 --decode-launches 4x1,4x2,8x2 --decode-variants d-const-row \
-      --out "$dir/$gpu-27b-decode.json" ;;
+      --out "$dir/$gpu-27b-decode.json"
+    for layers in 1 24; do  # the replay commit's same edit (NOTES "SGLang's lead at batch 64")
+      run timeout 150 $PY experiments/ab_kernels.py replay r-const-row --layers "$layers" \
+        --out "$dir/$gpu-replay-const-row-$layers.json"
+    done ;;
   knee)
     for m in 9b 27b; do
       run timeout 260 $PY experiments/component_bench.py --model "$m" --decode-launches 1x8,4x2,8x2 \

@@ -292,7 +292,7 @@ def test_the_tf32_emulation_contract_rows(tmp_path):
 
 
 @pytest.mark.parametrize("shape", ["any", "chain"])
-@pytest.mark.parametrize("name", ["r-state-first", "r-fold-norm", "r-pairs", "r-quads", "r-passes-4"])
+@pytest.mark.parametrize("name", ["r-state-first", "r-fold-norm", "r-pairs", "r-quads", "r-passes-4", "r-const-row"])
 def test_the_replay_commit_variants_stay_exact(name, shape):
     """The replay variants kept for A/Bs (kernel_variants.py) are rewrites of the
     same arithmetic, not ablations: plain and gated, they commit what the reference does
