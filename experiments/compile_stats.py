@@ -9,6 +9,12 @@ commit measured"); a code move that keeps every row here unchanged owes no re-ti
     python experiments/compile_stats.py chain-scan 256,64,32,16,4,1     # also chain-factors,
     python experiments/compile_stats.py levels 256,32,64,0,8,1          # levels-gram, commit
     python experiments/compile_stats.py replay 64,32,0,16,4,1 [--wdot ieee]  # TP: the path walk, VT: DP
+    python experiments/compile_stats.py replay 16,16,0,16,1,1 --variant r-const-row   # replay, commit too
+
+Strides are arguments as a launch passes them (a 1 a constant, multiples of 16 marked so);
+`--constant-strides` compiles them as constants, as every record before the tenth session was
+(experiments/NOTES.md "The one-row projections and dependent launch": the replay commit 168
+registers as launched, 96-128 with constant strides).
 
 A spec is TP,BV,BK,VT,warps,stages (the other kernels: BC in VT's place); the shapes are a catalogue
 model's GDN layer (--model, default 9b), bf16 activations, float32 state, gated, L2 norms.
@@ -28,6 +34,8 @@ import sys
 import tempfile
 
 from kernel_variants import SITES, VARIANTS, load_variant
+
+from bole_cli.limits import REPLAY_GATES_FIRST_PMAX
 
 POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
             "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
@@ -70,8 +78,11 @@ def ptxas_path() -> str:
 
 
 def compile_stats(kernel, spec: tuple[int, ...], blocked: bool, model: str = "9b",
-                  knobs: dict | None = None) -> dict:
-    """knobs: a launch-knob variant's constexprs (e.g. SPLIT)."""
+                  knobs: dict | None = None, constant_strides: bool = False) -> dict:
+    """knobs: a launch-knob variant's constexprs (e.g. SPLIT). The strides are arguments, as a
+    launch passes them (Triton specialises a 1 to a constant and marks multiples of 16), unless
+    constant_strides: every stride a constant, as this script compiled until the tenth session
+    (the records before it; register counts then lower where a kernel keeps addresses)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -85,16 +96,22 @@ def compile_stats(kernel, spec: tuple[int, ...], blocked: bool, model: str = "9b
                       STORE_FACTORS=bool(knobs.get("STORE_FACTORS", 1)))
     constexprs.update(dict(DP=16, DW=8, RB=64, BR=64, BG=64, ROLES=7))  # (the commit's, the level kernels', the parts')
     # the replay commit: TP is its path walk's width, VT its pass (DP), WDOT a knob
-    constexprs.update(dict(PMAX=tp, EXACT_KEYS=True, WDOT=knobs.get("WDOT", "split"), RELOAD=bool(knobs.get("RELOAD", 1))))
+    constexprs.update(dict(PMAX=tp, EXACT_KEYS=True, WDOT=knobs.get("WDOT", "split"), RELOAD=bool(knobs.get("RELOAD", 1)),
+                           WALK=tp, GATES_FIRST=tp >= REPLAY_GATES_FIRST_PMAX))  # (its launcher's, one kernel)
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
                       else dict(VT=vt))
     params = [p.name for p in kernel.params]
     const = {p.name for p in kernel.params if p.is_constexpr}
     strides.update({f"s_{x}l": 0 for x in "skulvgba"}, s_sl=0)  # (the commits' layer strides)
-    signature = {p: "constexpr" if p in const else ("i32" if p in strides else POINTERS[p]) for p in params}
-    values = dict(constexprs, **strides)
+    fixed = strides if constant_strides else {n: v for n, v in strides.items() if v == 1}
+    signature = {p: "constexpr" if p in const or p in fixed else ("i32" if p in strides else POINTERS[p])
+                 for p in params}
+    values = dict(constexprs, **fixed)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
+             if p not in const and p not in fixed and (p in POINTERS and POINTERS[p].startswith("*")
+                                                       or p in strides and strides[p] % 16 == 0)}
     src = ASTSource(fn=kernel, signature=signature,
-                    constexprs={(params.index(n),): v for n, v in values.items() if n in params})
+                    constexprs={(params.index(n),): v for n, v in values.items() if n in params}, attrs=attrs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     ptx = out.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,13 +138,15 @@ def main(argv=None) -> None:
     ap.add_argument("--wdot", default="split", help="the replay commit's WDOT knob")
     ap.add_argument("--reload", type=int, default=1, help="the replay commit's RELOAD knob")
     ap.add_argument("--split-state", action="store_true", help="the one-tile verify at the split precision")
+    ap.add_argument("--constant-strides", action="store_true",
+                    help="every stride a compile-time constant (the records before the tenth session)")
     args = ap.parse_args(argv)
     if args.split_state and args.kernel != "tile":
         raise SystemExit("--split-state: only the tile kernel has the split precision")
-    site = SITES["verify" if args.kernel == "tile" else "blocked"] if args.kernel in ("tile", "blocked") else None
+    site = SITES.get({"tile": "verify"}.get(args.kernel, args.kernel))  # a kernel with variants, or None
     if args.variant and (args.variant not in VARIANTS or VARIANTS[args.variant].site != site):
         names = sorted(n for n, v in VARIANTS.items() if v.site == site)
-        raise SystemExit(f"--variant: {args.variant!r} is not a {args.kernel} variant ({', '.join(names)})")
+        raise SystemExit(f"--variant: {args.variant!r} is not a {args.kernel} variant ({', '.join(names) or 'none'})")
     try:
         specs = [tuple(int(x) for x in s.split(",")) for s in args.specs]
     except ValueError:
@@ -143,7 +162,8 @@ def main(argv=None) -> None:
     for spec in specs:
         stats = compile_stats(kernel, spec, args.kernel != "tile", args.model,
                               VARIANTS[args.variant].config if args.variant else
-                              {"WDOT": args.wdot, "RELOAD": args.reload, "SPLIT_STATE": args.split_state})
+                              {"WDOT": args.wdot, "RELOAD": args.reload, "SPLIT_STATE": args.split_state},
+                              args.constant_strides)
         name = args.variant or ("split-state" if args.split_state else "shipped")
         table.append(dict(kernel=args.kernel, variant=name, model=args.model, spec=list(spec), **stats))
         print(f"{args.kernel} {name} {','.join(map(str, spec))}: "
@@ -155,6 +175,7 @@ def main(argv=None) -> None:
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"target": "sm_90a (compiled, not run)", "triton": triton.__version__, "ptxas": ptxas_path(),
+                       "strides": "constant" if args.constant_strides else "arguments",
                        "command": "python " + " ".join(sys.argv), "rows": table}, f, indent=1)
         os.replace(tmp, args.out)
 

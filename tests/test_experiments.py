@@ -75,6 +75,15 @@ def test_compile_stats_reads_the_sm90_compile(tmp_path):
     assert rows[1]["registers"] > rows[0]["registers"]  # four times the value tile
     bad = subprocess.run([sys.executable, script, "tile", "16,32"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "six numbers" in bad.stderr
+    # the replay commit as launched (its strides arguments) against every stride a constant
+    # and against its constexpr-row variant: the addresses a runtime row stride keeps alive
+    regs = {}
+    for flags in ((), ("--constant-strides",), ("--variant", "r-const-row")):
+        run = subprocess.run([sys.executable, script, "replay", "16,16,0,16,1,1", *flags, "--out", str(out)],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+        regs[flags] = json.loads(out.read_text())["rows"][0]["registers"]
+    assert regs[()] > max(regs[("--constant-strides",)], regs[("--variant", "r-const-row")])
 
 
 def smoke_record(tmp_path, script: str, *args: str, timeout: int = 300) -> dict:
