@@ -25,8 +25,9 @@
 # now takes out_proj, o_proj and down too). Still owed on the H200, first: steps (production
 # against production-s9), calibrate --measure for 4B, 9B and 27B on that default, knee for 9B;
 # experiments/derive_factors.py then shows the new factors to write into costmodel.py (and
-# calibrate.components.H200_RECORDS names the new records); then decode for the d-const-row variant (the GDN decode's registers; it could close SGLang's
-# lead at batch 64). Run the rest in this order (a
+# calibrate.components.H200_RECORDS names the new records); then decode for the d-const-row
+# variant (the GDN decode's registers; it could close SGLang's lead at batch 64). Run the rest
+# in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
