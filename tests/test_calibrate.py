@@ -415,9 +415,11 @@ def test_unknown_gpu_or_model(no_gpu, gpu, model, needle):
     assert r.exit_code == 2 and needle in r.stderr
 
 
-def test_measure_without_the_gpu_is_a_runtime_error(no_gpu):
-    r = _invoke("calibrate", "--gpu", "h200", "--model", "9b", "--measure", "--no-plot")
-    assert r.exit_code == 1 and "--measure: no H200 present" in r.stderr
+def test_measure_without_the_gpu_is_bad_input(no_gpu, tmp_path):
+    r = _invoke("calibrate", "--gpu", "h200", "--model", "9b", "--measure", "--no-plot",
+                "--out", str(tmp_path / "x.yaml"))
+    assert r.exit_code == 2 and "--measure: no H200 present" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "x.yaml").exists()
 
 
 def _present(monkeypatch, key="h200"):

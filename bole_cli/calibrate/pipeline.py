@@ -85,8 +85,8 @@ def device_for(gpu_spec: Any, measure: bool, estimate: bool) -> tuple[Any, str]:
         return detected, ""
     reason = (f"no {gpu_spec.key.upper()} present; "
               + (f"found {detected.name}" if detected else "no CUDA device"))
-    if measure:
-        raise BoleError(f"--measure: {reason}")
+    if measure:  # an option this machine cannot honour, as --device cuda without one (exit 2)
+        raise InputError(f"--measure: {reason} (leave it out for the estimate)")
     return None, reason
 
 
