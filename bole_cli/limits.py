@@ -57,6 +57,12 @@ REPLAY_STEP_PATH = 64
 #: H200, slower at 16-32 (experiments/NOTES.md "The replay commit's gates by walk size").
 REPLAY_GATES_FIRST_PMAX = 64
 
+#: The replay commit takes the state's row stride as a compile-time constant when no accepted
+#: path can be longer than this: fewer registers, more programs an SM; with every GDN layer in
+#: one launch faster at paths of 2-32 nodes, slower at 64-node chains, which keep it a launch
+#: argument (experiments/NOTES.md "The state's row stride a constant").
+REPLAY_CONST_ROW_PATH = 32
+
 #: Rows of x the skinny GEMM (kernels/skinny_mm.py) takes: a decode step's batch or a small
 #: verify's tree tokens, all in one register tile (padded to 16-64); past it a GEMM's weight
 #: tiles are reused enough for cuBLAS. A verify must stream as fast as the decode it is priced

@@ -9,7 +9,7 @@ commit measured"); a code move that keeps every row here unchanged owes no re-ti
     python experiments/compile_stats.py chain-scan 256,64,32,16,4,1     # also chain-factors,
     python experiments/compile_stats.py levels 256,32,64,0,8,1          # levels-gram, commit
     python experiments/compile_stats.py replay 64,32,0,16,4,1 [--wdot ieee]  # TP: the path walk, VT: DP
-    python experiments/compile_stats.py replay 16,16,0,16,1,1 --variant r-const-row   # replay, commit too
+    python experiments/compile_stats.py replay 16,16,0,16,1,1 [--row-stride arg]   # replay, commit too
 
 Strides are arguments as a launch passes them (a 1 a constant, multiples of 16 marked so);
 `--constant-strides` compiles them as constants, as every record before the tenth session was
@@ -35,7 +35,7 @@ import tempfile
 
 from kernel_variants import SITES, VARIANTS, load_variant
 
-from bole_cli.limits import REPLAY_GATES_FIRST_PMAX
+from bole_cli.limits import REPLAY_CONST_ROW_PATH, REPLAY_GATES_FIRST_PMAX
 
 POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
             "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
@@ -97,7 +97,9 @@ def compile_stats(kernel, spec: tuple[int, ...], blocked: bool, model: str = "9b
     constexprs.update(dict(DP=16, DW=8, RB=64, BR=64, BG=64, ROLES=7))  # (the commit's, the level kernels', the parts')
     # the replay commit: TP is its path walk's width, VT its pass (DP), WDOT a knob
     constexprs.update(dict(PMAX=tp, EXACT_KEYS=True, WDOT=knobs.get("WDOT", "split"), RELOAD=bool(knobs.get("RELOAD", 1)),
-                           WALK=tp, GATES_FIRST=tp >= REPLAY_GATES_FIRST_PMAX))  # (its launcher's, one kernel)
+                           WALK=tp, GATES_FIRST=tp >= REPLAY_GATES_FIRST_PMAX,  # (its launcher's, one kernel)
+                           # its row stride a constant for walks within REPLAY_CONST_ROW_PATH, as launched
+                           SV=0 if knobs.get("ROW_STRIDE") == "arg" or tp > REPLAY_CONST_ROW_PATH else strides["s_sv"]))
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
                       else dict(VT=vt))
     params = [p.name for p in kernel.params]
@@ -138,6 +140,9 @@ def main(argv=None) -> None:
     ap.add_argument("--wdot", default="split", help="the replay commit's WDOT knob")
     ap.add_argument("--reload", type=int, default=1, help="the replay commit's RELOAD knob")
     ap.add_argument("--split-state", action="store_true", help="the one-tile verify at the split precision")
+    ap.add_argument("--row-stride", choices=("launch", "arg"), default="launch",
+                    help="the replay commit's state row stride: as launched for a TP-node walk (a constant "
+                         "up to limits.REPLAY_CONST_ROW_PATH), or an argument at every walk")
     ap.add_argument("--constant-strides", action="store_true",
                     help="every stride a compile-time constant (the records before the tenth session)")
     args = ap.parse_args(argv)
@@ -162,7 +167,8 @@ def main(argv=None) -> None:
     for spec in specs:
         stats = compile_stats(kernel, spec, args.kernel != "tile", args.model,
                               VARIANTS[args.variant].config if args.variant else
-                              {"WDOT": args.wdot, "RELOAD": args.reload, "SPLIT_STATE": args.split_state},
+                              {"WDOT": args.wdot, "RELOAD": args.reload, "SPLIT_STATE": args.split_state,
+                               "ROW_STRIDE": args.row_stride},
                               args.constant_strides)
         name = args.variant or ("split-state" if args.split_state else "shipped")
         table.append(dict(kernel=args.kernel, variant=name, model=args.model, spec=list(spec), **stats))

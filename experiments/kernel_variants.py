@@ -96,7 +96,8 @@ _R_TILE = """        offs_k = tl.arange(0, KP)
         kmask = offs_k < K
         offs_v = iv * BV + tl.arange(0, BV)
         vmask = offs_v < V
-        s_ptr = state + layer * s_sl + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]
+        row_stride = SV if SV else s_sv  # SV: the launch's constant row stride, where it sets one
+        s_ptr = state + layer * s_sl + slot * s_sn + hv * s_sh + offs_v[:, None] * row_stride + offs_k[None, :]
         s = tl.load(s_ptr, mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
 """
 _R_STATE_FIRST = (
@@ -328,14 +329,14 @@ _A_MERGE_SERIAL = (
 
 # --- GDN decode (kernels.gdn_decode; timed by experiments/component_bench.py --decode-variants) --
 
-_D_LOAD = ("    ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]\n"
+_D_LOAD = ("    ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * S_SV + offs_k[None, :]\n"
            "    s = tl.load(ptr, mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32) * tl.exp(g)\n")
 # The state tile's load issued first, before the q/k rows, the conv and the gates (SGLang's
 # order): one memory round trip a program instead of two, the tile live across the conv.
 _D_STATE_FIRST = (
     (_D_LOAD, "    s = s0.to(tl.float32) * tl.exp(g)\n"),
     ("    row = qk + req.to(tl.int64) * 2 * H * K\n",
-     "    ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]\n"
+     "    ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * S_SV + offs_k[None, :]\n"
      "    s0 = tl.load(ptr, mask=vmask[:, None] & kmask[None, :], other=0.0)\n"
      "    row = qk + req.to(tl.int64) * 2 * H * K\n"),
 )
@@ -371,12 +372,11 @@ _D_STATE_LAST = (
      "        tl.store(o_row + offs_v, out + poison, mask=vmask)\n" + _D_WRITES),
 )
 _D_NO_NORM = (("    if NORM and VS > 1:", "    if False:"), ("        if NORM:\n", "        if False:\n"))
-# The state's rows addressed with the constexpr K as their stride (the pool's layout, [slots,
-# HV, V, K] contiguous in its last two dimensions) instead of the runtime s_sv: in the sm_90
-# compile each thread then keeps one base address and fixed offsets, not 16 64-bit addresses
-# alive from the load to the store (the decode's 4 x 2: 168 -> 127 registers, 6 -> 8 programs
-# an SM; the replay commit's text is the same, r-const-row).
-_D_CONST_ROW = (("offs_v[:, None] * s_sv + offs_k[None, :]", "offs_v[:, None] * K + offs_k[None, :]"),)
+# The replay commit's state row stride: a compile-time constant up to
+# limits.REPLAY_CONST_ROW_PATH path nodes, an argument past it (the launcher's rule); these
+# take one form at every length (the decode takes it as a constant always; NOTES "The state's
+# row stride a constant").
+_SV_RULE = "SV=st.stride(2) if longest <= REPLAY_CONST_ROW_PATH else 0,"
 
 VARIANTS: dict[str, Variant] = {
     "a-merge-serial": Variant(ATTENTION, "the merge a chunk at a time, 16 rows a program (shipped before S9-b)",
@@ -397,8 +397,6 @@ VARIANTS: dict[str, Variant] = {
         _D_EVICT[1])),
     "d-no-conv": Variant(DECODE, "ablation: v as it comes (no conv), the window left in place", _D_NO_CONV),
     "d-no-norm": Variant(DECODE, "ablation: o without the gated norm (no split counters)", _D_NO_NORM),
-    "d-const-row": Variant(DECODE, "the state's row stride the constexpr K (needs state.stride(2) == K; "
-                           "fewer registers: sm_90 compile, tenth session)", _D_CONST_ROW),
     "r-fold-norm": Variant(REPLAY, "c11 with the k norm and the decay folded into the step's vectors (one "
                            "dependent reduction a node, no decay pass; S7-a: 0.96-1.13x)", _R_FOLD_NORM),
     "r-pairs": Variant(REPLAY, "c11 two path nodes a step (the pair's 2 x 2 system, one update; S7-a: 0.86x "
@@ -413,9 +411,10 @@ VARIANTS: dict[str, Variant] = {
     "r-quads": Variant(REPLAY, "c11 four path nodes a step (the 4 x 4 system, one update; no prefetch; "
                        "S7-a: 1.10-1.84x)",
                        _R_QUADS),
-    "r-const-row": Variant(REPLAY, "c11 with the state's row stride the constexpr K (needs state.stride(-2) "
-                           "== K; sm_90 compile: BV 16 from 168 to 128 registers, 12 to 16 programs an SM; "
-                           "tenth session)", _D_CONST_ROW),
+    "r-row-arg": Variant(REPLAY_ROUTE, "the state's row stride a launch argument at every path length (as "
+                         "before the eleventh session)", ((_SV_RULE, "SV=0,"),)),
+    "r-row-const": Variant(REPLAY_ROUTE, "the state's row stride a compile-time constant at every path length "
+                           "(S11-a, an H100: slower at 64-node chains)", ((_SV_RULE, "SV=st.stride(2),"),)),
     "r-state-first": Variant(REPLAY, "c11 with the state tile loaded before the walk (on c10: 0-7% slower, "
                              "P-11)", _R_STATE_FIRST),
     "c8": Variant(COMMIT, "c7 with the request's parents in registers, the walk a reduction a level (run 22)",

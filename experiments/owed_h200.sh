@@ -25,16 +25,16 @@
 # now takes out_proj, o_proj and down too). Still owed on the H200, first: steps (production
 # against production-s9), calibrate --measure for 4B, 9B and 27B on that default, knee for 9B;
 # experiments/derive_factors.py then shows the new factors to write into costmodel.py (and
-# calibrate.components.H200_RECORDS names the new records); then decode for the d-const-row
-# variant (the GDN decode's registers; it could close SGLang's lead at batch 64). Run the rest
-# in this order (a
+# calibrate.components.H200_RECORDS names the new records). Eleventh session, an H100 (S11-a):
+# the state's row stride a constant, shipped (the decode always, the replay commit up to 32 path
+# nodes); decode now times the rule's bound on the H200. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
 #   bash experiments/owed_h200.sh decode   # ~5 min: the fused GDN decode by launch (split x warps) and batch,
-#                                          #   SGLang's decode beside it, and d-const-row (the state's row
-#                                          #   stride constexpr): 9B, 27B, and r-const-row, the replay
-#                                          #   commit's same edit (NOTES "The one-row projections...")
+#                                          #   SGLang's decode beside it: 9B, 27B; the replay commit's row
+#                                          #   stride an argument / a constant / the rule, chains of 2-64
+#                                          #   (NOTES "The state's row stride a constant")
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
 #   bash experiments/owed_h200.sh profiles # ~7 min: bole calibrate --measure, 4B, 9B, 27B (ship to profiles/h200/)
@@ -71,6 +71,9 @@ if ls .whl/py/*.whl >/dev/null 2>&1 && ! $PY -c "import optuna" 2>/dev/null; the
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/py/*.whl \
     && export PYTHONPATH=.:/tmp/site
 fi
+# the replay commit's row-stride rule on both sides of its bound (32 path nodes)
+ROW_CASES=1x2:chain,1x8:chain,1x16:chain,1x32:chain,1x64:chain,16x4:chain,16x8:chain,16x16:chain,16x32:chain
+ROW_CASES=$ROW_CASES,16x64:chain,64x2:chain,64x8:chain,1x16,16x16,16x64,64x64
 case "$job" in
   tests)
     run timeout 330 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
@@ -82,14 +85,12 @@ case "$job" in
       --variants cublas,production,production-s9 --out "$dir/steps-$gpu.json" ;;
   decode)
     run timeout 200 $PY experiments/component_bench.py --model 9b --parts gdn_decode --sglang \
-      --decode-batch 1,4,16,64 --decode-launches 4x1,4x2,8x2 --decode-variants d-const-row \
-      --out "$dir/$gpu-9b-decode.json"
+      --decode-batch 1,4,16,64 --decode-launches 4x1,4x2,8x2 --out "$dir/$gpu-9b-decode.json"
     run timeout 150 $PY experiments/component_bench.py --model 27b --parts gdn_decode --sglang \
-      --decode-batch 1,4,16,64 --decode-launches 4x1,4x2,8x2 --decode-variants d-const-row \
-      --out "$dir/$gpu-27b-decode.json"
-    for layers in 1 24; do  # the replay commit's same edit (NOTES "SGLang's lead at batch 64")
-      run timeout 150 $PY experiments/ab_kernels.py replay r-const-row --layers "$layers" \
-        --out "$dir/$gpu-replay-const-row-$layers.json"
+      --decode-batch 1,4,16,64 --decode-launches 4x1,4x2,8x2 --out "$dir/$gpu-27b-decode.json"
+    for layers in 1 24; do  # the replay commit's row stride by path length (limits.REPLAY_CONST_ROW_PATH)
+      run timeout 150 $PY experiments/ab_kernels.py replay r-row-arg r-row-const --layers "$layers" \
+        --cases "$ROW_CASES" --out "$dir/$gpu-replay-row-stride-$layers.json"
     done ;;
   knee)
     for m in 9b 27b; do

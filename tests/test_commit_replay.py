@@ -19,6 +19,7 @@ from bole_cli.errors import InputError
 from bole_cli.limits import REPLAY_GATES_FIRST_PMAX
 from bole_cli.kernels import tree_commit_replay
 from bole_cli.kernels.reference import tree_commit_replay_ref, tree_verify_sequential_ref
+from strided_pools import clone_strided, pad_of, state_of
 from test_kernels import make_case, rel_err
 
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -167,6 +168,55 @@ def test_short_trees_take_one_launch(monkeypatch):
     check(case, forest, random_accepted(forest.sizes, 14), max_nodes=64)
     small, forest = make_case(15, [10, 20], h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="chain")
     check(small, forest, torch.tensor([9, 19], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("layout", ["padded", "heads-inner"])
+@pytest.mark.parametrize("sizes, shape", [([9, 30, 5], "chain"), ([9, 40, 5], "chain")])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_replay_in_a_pool_of_another_row_stride(layout, sizes, shape, layers):
+    """A pool whose rows are not K apart: paths within REPLAY_CONST_ROW_PATH nodes (the row
+    stride a compile-time constant) and longer ones (an argument) commit the reference's state,
+    one layer or two in one launch; the padded pool's gaps stay NaN."""
+    cases = [make_case(40 + l, sizes, h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape=shape)[0]
+             for l in range(layers)]
+    stack = {x: torch.stack([c[x] for c in cases]) if layers > 1 else cases[0][x]
+             for x in ("k", "v", "g", "beta", "state")}
+    common = cases[0]
+    accepted = torch.tensor([s - 1 for s in sizes], dtype=torch.int32)  # the deepest node of each
+    tree = (common["parents"], common["cu_seqlens"], accepted)
+    pool = clone_strided(state_of(stack["state"], layout))
+    tree_commit_replay(pool, common["state_indices"], stack["k"], stack["v"], stack["g"], stack["beta"], *tree,
+                       max_nodes=max(sizes))
+    want = tree_commit_replay_ref(stack["state"], common["state_indices"], stack["k"], stack["v"], stack["g"],
+                                  stack["beta"], *tree)
+    assert rel_err(pool, want) <= 1e-6
+    if layout == "padded":
+        assert pad_of(pool).isnan().all()
+
+
+@pytest.mark.parametrize("sizes, max_depth, constant", [([9, 32, 5], None, True), ([9, 33, 5], None, False),
+                                                        ([9, 40, 5], 31, True), ([9, 40, 5], 32, False)])
+def test_short_paths_take_the_row_stride_as_a_constant(monkeypatch, sizes, max_depth, constant):
+    """The launch passes the state's row stride as a compile-time constant when no promised
+    path exceeds REPLAY_CONST_ROW_PATH nodes (max_nodes, or max_depth + 1), else 0 (the stride
+    an argument)."""
+    from bole_cli.limits import REPLAY_CONST_ROW_PATH
+
+    module = importlib.import_module("bole_cli.kernels.tree_commit_replay")
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append(kw["SV"])
+
+    monkeypatch.setattr(module, "_tree_commit_replay_kernel", Recorder())
+    assert REPLAY_CONST_ROW_PATH == 32  # the cases' sizes sit either side of it
+    case, _ = make_case(5, sizes, h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01))
+    pool = state_of(case["state"], "padded")
+    tree_commit_replay(pool, case["state_indices"], case["k"], case["v"], case["g"], case["beta"],
+                       case["parents"], case["cu_seqlens"], torch.zeros(len(sizes), dtype=torch.int32),
+                       max_nodes=max(sizes), max_depth=max_depth)
+    assert seen == [pool.stride(2) if constant else 0] and pool.stride(2) == 16 + 8
 
 
 def test_replay_equals_the_sequential_recurrence():

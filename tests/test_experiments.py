@@ -75,15 +75,15 @@ def test_compile_stats_reads_the_sm90_compile(tmp_path):
     assert rows[1]["registers"] > rows[0]["registers"]  # four times the value tile
     bad = subprocess.run([sys.executable, script, "tile", "16,32"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "six numbers" in bad.stderr
-    # the replay commit as launched (its strides arguments) against every stride a constant
-    # and against its constexpr-row variant: the addresses a runtime row stride keeps alive
+    # the replay commit as launched for a 16-node walk (its row stride a constant, the other
+    # strides arguments) against its row stride an argument and against every stride a constant
     regs = {}
-    for flags in ((), ("--constant-strides",), ("--variant", "r-const-row")):
+    for flags in ((), ("--constant-strides",), ("--row-stride", "arg")):
         run = subprocess.run([sys.executable, script, "replay", "16,16,0,16,1,1", *flags, "--out", str(out)],
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stdout + run.stderr
         regs[flags] = json.loads(out.read_text())["rows"][0]["registers"]
-    assert regs[()] > max(regs[("--constant-strides",)], regs[("--variant", "r-const-row")])
+    assert regs[("--row-stride", "arg")] > regs[()] >= regs[("--constant-strides",)]
 
 
 def smoke_record(tmp_path, script: str, *args: str, timeout: int = 300) -> dict:
@@ -156,11 +156,11 @@ def test_the_component_bench_times_kernel_variants_and_launches(tmp_path):
     import json
 
     doc = smoke_record(tmp_path, "component_bench.py", "--device", "cpu", "--smoke", "--decode-launches", "1x8",
-                       "--parts", "gdn_decode,attention", "--decode-variants", "d-state-last,d-const-row,d-no-norm",
+                       "--parts", "gdn_decode,attention", "--decode-variants", "d-state-last,d-evict,d-no-norm",
                        "--attention-variants", "a-merge-serial", "--attention-launches",
                        "64x4x3x264x256x16,16x4x1x264x16x32")
     variants = {r["variant"]: r for r in doc["gdn_decode"] if r.get("variant") and r["batch"] == 1}
-    for exact in ("d-state-last", "d-const-row"):
+    for exact in ("d-state-last", "d-evict"):
         assert variants[exact]["max_rel_out"] == 0 and variants[exact]["max_rel_state"] == 0, exact
     assert variants["d-no-norm"]["max_rel_out"] > 0.1  # the ablation's output is not the layer's
     decode = [r for r in doc["attention"] if r["form"] == "decode" and r["batch"] == 1]
@@ -301,7 +301,8 @@ def test_the_tf32_emulation_contract_rows(tmp_path):
 
 
 @pytest.mark.parametrize("shape", ["any", "chain"])
-@pytest.mark.parametrize("name", ["r-state-first", "r-fold-norm", "r-pairs", "r-quads", "r-passes-4", "r-const-row"])
+@pytest.mark.parametrize("name", ["r-state-first", "r-fold-norm", "r-pairs", "r-quads", "r-passes-4",
+                                  "r-row-arg", "r-row-const"])
 def test_the_replay_commit_variants_stay_exact(name, shape):
     """The replay variants kept for A/Bs (kernel_variants.py) are rewrites of the
     same arithmetic, not ablations: plain and gated, they commit what the reference does

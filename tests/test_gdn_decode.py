@@ -17,13 +17,14 @@ from bole_cli.errors import InputError
 from bole_cli.kernels.gdn_decode import gdn_decode
 from bole_cli.kernels.reference import gdn_decode_ref
 from shuffled_grid import shuffled_grid
+from strided_pools import LAYOUTS, clone_strided, pad_of, state_of
 
 SETTINGS = settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 F32 = torch.float32
 
 
 def make(seed, bsz=3, hk=2, group=2, kdim=16, vdim=8, width=4, slots=6, decay=(-2.0, 0.0), bias=False,
-         norm=True, dtype=F32, conv_layout="sdw"):
+         norm=True, dtype=F32, conv_layout="sdw", state_layout="dense"):
     gen = torch.Generator().manual_seed(seed)
     hv = hk * group
     dim = 2 * hk * kdim + hv * vdim
@@ -42,7 +43,8 @@ def make(seed, bsz=3, hk=2, group=2, kdim=16, vdim=8, width=4, slots=6, decay=(-
         x=r(bsz, dim), conv_state=conv, conv_w=r(dim, width, std=width ** -0.5),
         conv_b=r(dim, std=0.1) if bias else None, a=a_raw, b=r(bsz, hv),
         A_log=torch.empty(hv).uniform_(max(-hi, 1e-6), -lo, generator=gen).log().to(dtype),
-        dt_bias=r(hv, std=0.5), state=r(slots, hv, vdim, kdim, std=0.1), state_indices=perm,
+        dt_bias=r(hv, std=0.5), state=state_of(r(slots, hv, vdim, kdim, std=0.1), state_layout),
+        state_indices=perm,
         key_heads=hk)
     if norm:
         case.update(z=r(bsz, hv * vdim), norm_w=r(vdim).abs().add_(0.5))
@@ -50,8 +52,8 @@ def make(seed, bsz=3, hk=2, group=2, kdim=16, vdim=8, width=4, slots=6, decay=(-
 
 
 def run(case, **kw):
-    c = {k: (v.clone() if isinstance(v, torch.Tensor) and k in ("state", "conv_state") else v)
-         for k, v in case.items()}
+    c = {k: (v.clone() if isinstance(v, torch.Tensor) and k == "conv_state" else v) for k, v in case.items()}
+    c["state"] = clone_strided(case["state"])
     out = gdn_decode(**c, **kw)
     return out, c["state"], c["conv_state"]
 
@@ -64,14 +66,21 @@ def rel(a, b):
 @given(seed=st.integers(0, 2**31 - 1), bsz=st.integers(1, 4), group=st.sampled_from([1, 2, 4]),
        kdim=st.sampled_from([16, 32]), vdim=st.sampled_from([8, 16]), width=st.sampled_from([2, 4]),
        decay=st.sampled_from([(-1e-4, -1e-6), (-2.0, -0.01), (-30.0, -1e-4)]),
-       bias=st.booleans(), norm=st.booleans(), layout=st.sampled_from(["sdw", "swd"]))
+       bias=st.booleans(), norm=st.booleans(), layout=st.sampled_from(["sdw", "swd"]),
+       state_layout=st.sampled_from(LAYOUTS))
 @example(seed=3, bsz=2, group=4, kdim=32, vdim=16, width=4, decay=(-30.0, -1e-4), bias=True, norm=True,
-         layout="swd")
-def test_decode_matches_float64_reference(seed, bsz, group, kdim, vdim, width, decay, bias, norm, layout):
+         layout="swd", state_layout="padded")
+@example(seed=6, bsz=3, group=2, kdim=16, vdim=8, width=4, decay=(-2.0, -0.01), bias=False, norm=True,
+         layout="sdw", state_layout="heads-inner")
+def test_decode_matches_float64_reference(seed, bsz, group, kdim, vdim, width, decay, bias, norm, layout,
+                                          state_layout):
     case = make(seed, bsz=bsz, group=group, kdim=kdim, vdim=vdim, width=width, decay=decay, bias=bias,
-                norm=norm, conv_layout=layout)
+                norm=norm, conv_layout=layout, state_layout=state_layout)
     out, state, conv = run(case)
-    want, want_state, want_conv = gdn_decode_ref(**case)
+    assert state.stride() == case["state"].stride()
+    if state_layout == "padded":
+        assert pad_of(state).isnan().all()  # the pool's gaps are never written
+    want, want_state, want_conv = gdn_decode_ref(**{**case, "state": case["state"].contiguous()})
     assert rel(out, want) < 2e-5
     assert rel(state, want_state) < 2e-5
     torch.testing.assert_close(conv, want_conv, rtol=0, atol=0)  # the slide is a copy

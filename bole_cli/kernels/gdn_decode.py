@@ -95,8 +95,8 @@ def _qk_kernel(x, conv_state, conv_w, conv_b, state_idx, qk, n_slots, s_xn, s_cn
 @triton.jit(do_not_specialize=["n_slots"])
 def _gdn_decode_kernel(
     x, conv_state, conv_w, conv_b, a, b, A_log, dt_bias, state, state_idx, qk, z, norm_w, o, ss_part, counters,
-    n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_an, s_bn, s_sn, s_sh, s_sv, s_zn, s_on, eps,
-    H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_an, s_bn, s_sn, s_sh, s_zn, s_on, eps,
+    S_SV: tl.constexpr, H: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, VP: tl.constexpr, VS: tl.constexpr, VSP: tl.constexpr,
     W: tl.constexpr, WP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
 ):
@@ -128,7 +128,7 @@ def _gdn_decode_kernel(
     g = -tl.exp(tl.load(A_log + hv).to(tl.float32)) * softplus(
         tl.load(a + req * s_an + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32))
     beta = tl.sigmoid(tl.load(b + req * s_bn + hv).to(tl.float32))
-    ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]
+    ptr = state + safe * s_sn + hv * s_sh + offs_v[:, None] * S_SV + offs_k[None, :]
     s = tl.load(ptr, mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32) * tl.exp(g)
     u = beta * (v - tl.sum(s * k[None, :], axis=1))
     s = s + u[:, None] * k[None, :]
@@ -272,7 +272,11 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
         _gdn_decode_kernel[(bsz, hv, split)](
             *common, a, b, A_log, dt_bias, state, state_indices, qk, z if z is not None else x,
             norm_w if norm_w is not None else x, out, ss_part, counters, n_slots, *strides, a.stride(0), b.stride(0),
-            state.stride(0), state.stride(1), state.stride(2), z.stride(0) if z is not None else 0, out.stride(0),
-            float(eps), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk, BV=bv, VP=vp, VS=split,
+            state.stride(0), state.stride(1), z.stride(0) if z is not None else 0, out.stride(0),
+            # the state's row stride a constant: fixed offsets from one base, not a 64-bit address a
+            # row held from load to store (fewer registers, more programs an SM: experiments/NOTES.md
+            # "The state's row stride a constant"); a pool of another stride compiles its own
+            float(eps), S_SV=state.stride(2), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk, BV=bv,
+            VP=vp, VS=split,
             VSP=triton.next_power_of_2(split), NORM=z is not None, num_warps=warps, **conv)
     return out

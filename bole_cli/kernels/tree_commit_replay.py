@@ -42,7 +42,7 @@ from bole_cli.errors import InputError
 from bole_cli.kernels.validate import (ACTIVATION_DTYPES, GATE_DTYPES, check_commit, check_config, check_last_contiguous,
                                        check_max_depth, check_max_nodes, check_shape, check_tensor)
 from bole_cli.kernels.tree_commit_replay_passes import launch_passes
-from bole_cli.limits import MAX_TREE_NODES, REPLAY_GATES_FIRST_PMAX, REPLAY_STEP_PATH
+from bole_cli.limits import MAX_TREE_NODES, REPLAY_CONST_ROW_PATH, REPLAY_GATES_FIRST_PMAX, REPLAY_STEP_PATH
 
 
 @triton.jit(do_not_specialize=["n_slots"])
@@ -52,7 +52,7 @@ def _tree_commit_replay_kernel(
     s_sl, s_sn, s_sh, s_sv, s_kl, s_kn, s_kh, s_vl, s_vn, s_vh, s_gl, s_gn, s_bl, s_bn, s_al,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     PMAX: tl.constexpr, WALK: tl.constexpr, USE_L2NORM: tl.constexpr, GATED: tl.constexpr,
-    GATES_FIRST: tl.constexpr,
+    GATES_FIRST: tl.constexpr, SV: tl.constexpr,
 ):
     layer, b, hv, iv, a = commit_program(accepted, n_req)
     if a >= 0:
@@ -81,7 +81,8 @@ def _tree_commit_replay_kernel(
         kmask = offs_k < K
         offs_v = iv * BV + tl.arange(0, BV)
         vmask = offs_v < V
-        s_ptr = state + layer * s_sl + slot * s_sn + hv * s_sh + offs_v[:, None] * s_sv + offs_k[None, :]
+        row_stride = SV if SV else s_sv  # SV: the launch's constant row stride, where it sets one
+        s_ptr = state + layer * s_sl + slot * s_sn + hv * s_sh + offs_v[:, None] * row_stride + offs_k[None, :]
         s = tl.load(s_ptr, mask=vmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
         k_base = k + layer * s_kl + h * s_kh + offs_k
         v_base = v + layer * s_vl + hv * s_vh + offs_v
@@ -230,6 +231,9 @@ def _replay(state, state_indices, k, v, g, beta, A_log, dt_bias, parents, cu_seq
         *args, GROUP=c.hv // c.h, K=c.kdim, V=c.vdim, KP=max(16, triton.next_power_of_2(c.kdim)), BV=bv,
         PMAX=pmax, WALK=REPLAY_STEP_PATH if both else pmax, USE_L2NORM=use_qk_l2norm, GATED=gated,
         GATES_FIRST=pmax >= REPLAY_GATES_FIRST_PMAX,
+        # short paths: the row stride a constant (fewer registers, more programs an SM); long
+        # paths keep it an argument, faster for them (limits.REPLAY_CONST_ROW_PATH)
+        SV=st.stride(2) if longest <= REPLAY_CONST_ROW_PATH else 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if both:
         launch_passes(args, n_layers=n_layers, bsz=c.bsz, hv=c.hv, group=c.hv // c.h, kdim=c.kdim, vdim=c.vdim,
