@@ -50,8 +50,8 @@ def cases():
                counters="*i32")
     for split, warps in ((1, 8), (4, 2), (8, 2), (16, 1)):  # a head over 1-16 programs (the rule's 4 x 2, 8 x 2)
         yield (f"gdn_decode value_split={split} warps={warps}", _gdn_decode_kernel, ptr, {"eps": "fp32"},
-               dict(H=16, GROUP=2, K=128, V=128, BK=128, BV=128 // split, VP=128, VS=split, VSP=split, W=4, WP=4,
-                    HAS_BIAS=False, NORM=True), warps, 1)
+               dict(S_SV=128, H=16, GROUP=2, K=128, V=128, BK=128, BV=128 // split, VP=128, VS=split, VSP=split,
+                    W=4, WP=4, HAS_BIAS=False, NORM=True), warps, 1)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
     import l2_prefetch_bench as l2  # an experiment's inline PTX must assemble before a device call
 
