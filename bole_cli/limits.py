@@ -59,8 +59,8 @@ REPLAY_GATES_FIRST_PMAX = 64
 
 #: The replay commit takes the state's row stride as a compile-time constant when no accepted
 #: path can be longer than this: fewer registers, more programs an SM; with every GDN layer in
-#: one launch faster at paths of 2-32 nodes, slower at 64-node chains, which keep it a launch
-#: argument (experiments/NOTES.md "The state's row stride a constant").
+#: one launch faster at paths of 4-32 nodes (level at 2), slower at 64-node chains, which keep it
+#: a launch argument (experiments/NOTES.md "The state's row stride a constant").
 REPLAY_CONST_ROW_PATH = 32
 
 #: Rows of x the skinny GEMM (kernels/skinny_mm.py) takes: a decode step's batch or a small

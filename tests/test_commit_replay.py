@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
-from bole_cli.limits import REPLAY_GATES_FIRST_PMAX
+from bole_cli.limits import REPLAY_CONST_ROW_PATH, REPLAY_GATES_FIRST_PMAX
 from bole_cli.kernels import tree_commit_replay
 from bole_cli.kernels.reference import tree_commit_replay_ref, tree_verify_sequential_ref
 from strided_pools import clone_strided, pad_of, state_of
@@ -171,13 +171,13 @@ def test_short_trees_take_one_launch(monkeypatch):
 
 
 @pytest.mark.parametrize("layout", ["padded", "heads-inner"])
-@pytest.mark.parametrize("sizes, shape", [([9, 30, 5], "chain"), ([9, 40, 5], "chain")])
+@pytest.mark.parametrize("sizes", [[9, REPLAY_CONST_ROW_PATH - 2, 5], [9, REPLAY_CONST_ROW_PATH + 8, 5]])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_replay_in_a_pool_of_another_row_stride(layout, sizes, shape, layers):
+def test_replay_in_a_pool_of_another_row_stride(layout, sizes, layers):
     """A pool whose rows are not K apart: paths within REPLAY_CONST_ROW_PATH nodes (the row
     stride a compile-time constant) and longer ones (an argument) commit the reference's state,
     one layer or two in one launch; the padded pool's gaps stay NaN."""
-    cases = [make_case(40 + l, sizes, h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape=shape)[0]
+    cases = [make_case(40 + l, sizes, h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01), shape="chain")[0]
              for l in range(layers)]
     stack = {x: torch.stack([c[x] for c in cases]) if layers > 1 else cases[0][x]
              for x in ("k", "v", "g", "beta", "state")}
@@ -194,14 +194,14 @@ def test_replay_in_a_pool_of_another_row_stride(layout, sizes, shape, layers):
         assert pad_of(pool).isnan().all()
 
 
-@pytest.mark.parametrize("sizes, max_depth, constant", [([9, 32, 5], None, True), ([9, 33, 5], None, False),
-                                                        ([9, 40, 5], 31, True), ([9, 40, 5], 32, False)])
+@pytest.mark.parametrize("sizes, max_depth, constant", [
+    ([9, REPLAY_CONST_ROW_PATH, 5], None, True), ([9, REPLAY_CONST_ROW_PATH + 1, 5], None, False),
+    ([9, REPLAY_CONST_ROW_PATH + 8, 5], REPLAY_CONST_ROW_PATH - 1, True),
+    ([9, REPLAY_CONST_ROW_PATH + 8, 5], REPLAY_CONST_ROW_PATH, False)])
 def test_short_paths_take_the_row_stride_as_a_constant(monkeypatch, sizes, max_depth, constant):
     """The launch passes the state's row stride as a compile-time constant when no promised
     path exceeds REPLAY_CONST_ROW_PATH nodes (max_nodes, or max_depth + 1), else 0 (the stride
     an argument)."""
-    from bole_cli.limits import REPLAY_CONST_ROW_PATH
-
     module = importlib.import_module("bole_cli.kernels.tree_commit_replay")
     seen = []
 
@@ -210,7 +210,6 @@ def test_short_paths_take_the_row_stride_as_a_constant(monkeypatch, sizes, max_d
             return lambda *a, **kw: seen.append(kw["SV"])
 
     monkeypatch.setattr(module, "_tree_commit_replay_kernel", Recorder())
-    assert REPLAY_CONST_ROW_PATH == 32  # the cases' sizes sit either side of it
     case, _ = make_case(5, sizes, h=2, group=2, kdim=16, vdim=16, decay=(-2.0, -0.01))
     pool = state_of(case["state"], "padded")
     tree_commit_replay(pool, case["state_indices"], case["k"], case["v"], case["g"], case["beta"],
@@ -305,14 +304,17 @@ def test_replay_errors_name_the_argument():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sizes,shape", [([64] * 16, "any"), ([256, 256], "chain"), ([256, 100, 3], "wide")])
-def test_gpu_replay_real_shapes(sizes, shape):
+@pytest.mark.parametrize("sizes,shape,max_nodes", [([64] * 16, "any", None), ([256, 256], "chain", None),
+                                                   ([256, 100, 3], "wide", None), ([16] * 16, "any", 16),
+                                                   ([REPLAY_CONST_ROW_PATH] * 8, "chain", REPLAY_CONST_ROW_PATH)])
+def test_gpu_replay_real_shapes(sizes, shape, max_nodes):
     """The 9B GDN shape (H 16, HV 32, K = V = 128), bf16 inputs, on the GPU: float32
-    elementwise arithmetic stays within 1e-6 of float64 (no tf32 on this path)."""
+    elementwise arithmetic stays within 1e-6 of float64 (no tf32 on this path); with
+    max_nodes within REPLAY_CONST_ROW_PATH, the row stride a compile-time constant."""
     case, forest = make_case(3, sizes, h=16, group=2, kdim=128, vdim=128, decay=(-3.0, -1e-4),
                              dtype=torch.bfloat16, device="cuda", shape=shape)
     accepted = random_accepted(forest.sizes, 3).cuda()
-    got = replay(case, accepted, check_trees=False)
+    got = replay(case, accepted, check_trees=False, max_nodes=max_nodes)
     want = replay_ref({x: t.double() if t.is_floating_point() and x != "state" else t for x, t in case.items()},
                       accepted)
     assert rel_err(got, want) <= 1e-6

@@ -275,8 +275,9 @@ def gdn_decode(x: torch.Tensor, conv_state: torch.Tensor, conv_w: torch.Tensor, 
             state.stride(0), state.stride(1), z.stride(0) if z is not None else 0, out.stride(0),
             # the state's row stride a constant: fixed offsets from one base, not a 64-bit address a
             # row held from load to store (fewer registers, more programs an SM: experiments/NOTES.md
-            # "The state's row stride a constant"); a pool of another stride compiles its own
-            float(eps), S_SV=state.stride(2), H=key_heads, GROUP=hv // key_heads, K=kdim, V=vdim, BK=bk, BV=bv,
-            VP=vp, VS=split,
-            VSP=triton.next_power_of_2(split), NORM=z is not None, num_warps=warps, **conv)
+            # "The state's row stride a constant"); a pool of another stride compiles its own (one
+            # value row: any stride reads the same, so one kernel)
+            float(eps), S_SV=state.stride(2) if vdim > 1 else kdim, H=key_heads, GROUP=hv // key_heads, K=kdim,
+            V=vdim, BK=bk, BV=bv, VP=vp, VS=split, VSP=triton.next_power_of_2(split), NORM=z is not None,
+            num_warps=warps, **conv)
     return out
