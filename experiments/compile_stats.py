@@ -35,7 +35,7 @@ import tempfile
 
 from kernel_variants import SITES, VARIANTS, load_variant
 
-from bole_cli.limits import REPLAY_CONST_ROW_PATH, REPLAY_GATES_FIRST_PMAX
+from bole_cli.limits import REPLAY_GATES_FIRST_PMAX
 
 POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
             "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
@@ -87,6 +87,8 @@ def compile_stats(kernel, spec: tuple[int, ...], blocked: bool, model: str = "9b
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from bole_cli.kernels.tree_commit_replay import const_row_stride  # (after main's TRITON_INTERPRET=0)
+
     tp, bv, bk, vt, warps, stages = spec
     shape, strides = layer_shape(model)
     knobs = knobs or {}
@@ -98,8 +100,8 @@ def compile_stats(kernel, spec: tuple[int, ...], blocked: bool, model: str = "9b
     # the replay commit: TP is its path walk's width, VT its pass (DP), WDOT a knob
     constexprs.update(dict(PMAX=tp, EXACT_KEYS=True, WDOT=knobs.get("WDOT", "split"), RELOAD=bool(knobs.get("RELOAD", 1)),
                            WALK=tp, GATES_FIRST=tp >= REPLAY_GATES_FIRST_PMAX,  # (its launcher's, one kernel)
-                           # its row stride a constant for walks within REPLAY_CONST_ROW_PATH, as launched
-                           SV=0 if knobs.get("ROW_STRIDE") == "arg" or tp > REPLAY_CONST_ROW_PATH else strides["s_sv"]))
+                           # its row stride as launched for a TP-node walk, or an argument
+                           SV=0 if knobs.get("ROW_STRIDE") == "arg" else const_row_stride(tp, strides["s_sv"])))
     constexprs.update(dict(BC=vt, NW=tp // 64, DS=16, REMAINDER=False, SPLIT=bool(knobs.get("SPLIT", 0))) if blocked
                       else dict(VT=vt))
     params = [p.name for p in kernel.params]

@@ -373,10 +373,10 @@ _D_STATE_LAST = (
 )
 _D_NO_NORM = (("    if NORM and VS > 1:", "    if False:"), ("        if NORM:\n", "        if False:\n"))
 # The replay commit's state row stride: a compile-time constant up to
-# limits.REPLAY_CONST_ROW_PATH path nodes, an argument past it (the launcher's rule); these
-# take one form at every length (the decode takes it as a constant always; NOTES "The state's
-# row stride a constant").
-_SV_RULE = "SV=st.stride(2) if longest <= REPLAY_CONST_ROW_PATH else 0,"
+# limits.REPLAY_CONST_ROW_PATH path nodes, an argument past it (the launcher's rule,
+# const_row_stride); these take one form at every length (the decode takes it as a constant
+# always; NOTES "The state's row stride a constant").
+_SV_RULE = "SV=const_row_stride(longest, st.stride(2)),"
 
 VARIANTS: dict[str, Variant] = {
     "a-merge-serial": Variant(ATTENTION, "the merge a chunk at a time, 16 rows a program (shipped before S9-b)",

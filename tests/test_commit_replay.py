@@ -19,7 +19,7 @@ from bole_cli.errors import InputError
 from bole_cli.limits import REPLAY_CONST_ROW_PATH, REPLAY_GATES_FIRST_PMAX
 from bole_cli.kernels import tree_commit_replay
 from bole_cli.kernels.reference import tree_commit_replay_ref, tree_verify_sequential_ref
-from strided_pools import clone_strided, pad_of, state_of
+from strided_pools import PAD, clone_strided, pad_of, state_of
 from test_kernels import make_case, rel_err
 
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -215,7 +215,7 @@ def test_short_paths_take_the_row_stride_as_a_constant(monkeypatch, sizes, max_d
     tree_commit_replay(pool, case["state_indices"], case["k"], case["v"], case["g"], case["beta"],
                        case["parents"], case["cu_seqlens"], torch.zeros(len(sizes), dtype=torch.int32),
                        max_nodes=max(sizes), max_depth=max_depth)
-    assert seen == [pool.stride(2) if constant else 0] and pool.stride(2) == 16 + 8
+    assert seen == [pool.stride(2) if constant else 0] and pool.stride(2) == 16 + PAD
 
 
 def test_replay_equals_the_sequential_recurrence():

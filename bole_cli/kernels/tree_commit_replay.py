@@ -201,6 +201,14 @@ def tree_commit_replay_gated(
                    use_qk_l2norm, check_trees, max_nodes, max_depth, config)
 
 
+def const_row_stride(longest: int, row_stride: int) -> int:
+    """The kernel's SV: the state's row stride as a compile-time constant where no path can
+    exceed limits.REPLAY_CONST_ROW_PATH nodes (fewer registers, more programs an SM), else 0,
+    the stride then an argument (faster for long paths; experiments/NOTES.md "The state's row
+    stride a constant")."""
+    return row_stride if longest <= REPLAY_CONST_ROW_PATH else 0
+
+
 def _replay(state, state_indices, k, v, g, beta, A_log, dt_bias, parents, cu_seqlens, accepted, rows,
             use_qk_l2norm, check_trees, max_nodes, max_depth, config) -> torch.Tensor:
     c = check_commit(state, state_indices, k, rows, parents, cu_seqlens, accepted, use_qk_l2norm, check_trees)
@@ -231,9 +239,7 @@ def _replay(state, state_indices, k, v, g, beta, A_log, dt_bias, parents, cu_seq
         *args, GROUP=c.hv // c.h, K=c.kdim, V=c.vdim, KP=max(16, triton.next_power_of_2(c.kdim)), BV=bv,
         PMAX=pmax, WALK=REPLAY_STEP_PATH if both else pmax, USE_L2NORM=use_qk_l2norm, GATED=gated,
         GATES_FIRST=pmax >= REPLAY_GATES_FIRST_PMAX,
-        # short paths: the row stride a constant (fewer registers, more programs an SM); long
-        # paths keep it an argument, faster for them (limits.REPLAY_CONST_ROW_PATH)
-        SV=st.stride(2) if longest <= REPLAY_CONST_ROW_PATH else 0,
+        SV=const_row_stride(longest, st.stride(2)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if both:
         launch_passes(args, n_layers=n_layers, bsz=c.bsz, hv=c.hv, group=c.hv // c.h, kdim=c.kdim, vdim=c.vdim,
