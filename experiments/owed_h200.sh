@@ -104,10 +104,11 @@ case "$job" in
       --tag chains-served-$gpu-c12 --out-dir "$dir"
     run timeout 130 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,16,64 --nodes 128,256 \
       --no-sglang --tag chains-big-$gpu-c12 --out-dir "$dir" ;;
-  profiles)  # bole calibrate --measure as ran it; refuses on any card but the H200
+  profiles)  # bole calibrate --measure as ran it, on the card the call got (profiles/<gpu>/)
+    mkdir -p "$dir/$gpu"
     for m in 4B 9B 27B; do
-      run timeout 190 $PY -m bole_cli calibrate --gpu h200 --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
-        --measure --repeats 3 --warmup 2 --no-plot --out "$dir/Qwen3.5-$m.yaml"
+      run timeout 190 $PY -m bole_cli calibrate --gpu "$gpu" --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
+        --measure --repeats 3 --warmup 2 --no-plot --out "$dir/$gpu/Qwen3.5-$m.yaml"
     done ;;
   split)
     run timeout 360 $PY experiments/split_bench.py --out "$dir/split-$gpu.json"

@@ -253,3 +253,26 @@ def test_decode_bf16_on_gpu_near_the_rounding_floor(split, warps):
     assert o_rel <= 4 * floor, (o_rel, floor)
     assert s_rel <= 1e-3, s_rel
     assert torch.equal(conv, want_conv)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay != "dense"])
+def test_decode_on_gpu_in_any_pool_layout_matches_the_dense_pool(layout):
+    """Each row stride compiles its own kernel (the stride a constant): on the device, a pool
+    whose rows are not K apart gives the dense pool's o and state bit for bit at a 9B layer's
+    shapes and the rule's launch, and its pad columns stay unwritten."""
+    from bole_cli.catalog.models import resolve_model
+
+    s = resolve_model("9b")
+    case = make(12, bsz=4, hk=s.gdn_key_heads, group=s.gdn_value_heads // s.gdn_key_heads, kdim=s.gdn_key_dim,
+                vdim=s.gdn_value_dim, width=s.conv_kernel, slots=8, dtype=torch.bfloat16)
+    case = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    for name in ("A_log", "dt_bias", "state"):
+        case[name] = case[name].float()
+    other = dict(case, state=state_of(case["state"], layout))
+    out, state, conv = run(case)
+    got, got_state, got_conv = run(other)
+    assert got_state.stride() != state.stride()
+    assert torch.equal(got, out) and torch.equal(got_state, state) and torch.equal(got_conv, conv)
+    if layout == "padded":
+        assert pad_of(got_state).isnan().all()
