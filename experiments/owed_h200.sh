@@ -27,7 +27,8 @@
 # experiments/derive_factors.py then shows the new factors to write into costmodel.py (and
 # calibrate.components.H200_RECORDS names the new records). Eleventh session, an H100 (S11-a):
 # the state's row stride a constant, shipped (the decode always, the replay commit up to 32 path
-# nodes); decode now times the rule's bound on the H200. Run the rest in this order (a
+# nodes); decode now times the rule's bound on the H200. Twelfth session, an H100 (S12-a): profiles
+# on the card the call got, shipped as profiles/h100/; the H200's still owed. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #

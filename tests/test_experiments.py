@@ -407,3 +407,34 @@ def test_derive_factors_reproduces_the_codes_factors_from_their_records(tmp_path
                          capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent)))
     assert bad.returncode == 2 and "--components none.json" in bad.stderr
+
+
+def test_batch_ratio_bound_floors_and_4bs_contradiction():
+    """experiments/batch_ratio_bound.py: the weight-read floors it computes are FACTS' (4B 1.97
+    ms, 9B 3.72, 27B 12.0 at the H200's copy rate), and at 4B's batch-1 target the copy rate
+    alone puts batch 16 / batch 1 above 1.15 (the two decode targets contradict), at 9B's not."""
+    bound = experiment_module("batch_ratio_bound").bound
+    rows = {n: bound(n) for n in ("4b", "9b", "27b")}
+    for name, floor in (("4b", 1.97), ("9b", 3.72), ("27b", 12.0)):
+        assert rows[name]["floor_ms"] == pytest.approx(floor, rel=0.01)
+    assert rows["4b"]["bound_at_target"] > 1.15 > rows["9b"]["bound_at_target"]
+    assert rows["4b"]["slowest_batch1_for_ratio_ms"] > rows["4b"]["target_ms"]
+
+
+def test_estimate_against_profiles_covers_each_measured_cell(tmp_path):
+    """experiments/estimate_against_profiles.py compares every cell of a measured profile once
+    (the H100's), and a GPU without measured profiles is refused by its option, exit 2."""
+    out = tmp_path / "h100.json"
+    env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent))
+    run = subprocess.run([sys.executable, str(EXPERIMENTS / "estimate_against_profiles.py"), "--gpu", "h100",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    import json
+
+    doc = json.loads(out.read_text())
+    cells = {(r["model"], r["batch"], r["kv"]) for r in doc["rows"]}
+    assert doc["cells"] == len(doc["rows"]) == len(cells) == 27
+    assert set(doc["misses"]) == {"t_dec", "tok_s", "mode"}
+    bad = subprocess.run([sys.executable, str(EXPERIMENTS / "estimate_against_profiles.py"), "--gpu", "a100"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "--gpu a100: no measured profile" in bad.stderr

@@ -215,7 +215,7 @@ def test_profile_path_layout():
 
 
 # ---- shipped profiles ---------------------------------------------------------------------------
-SHIPPED = [(g, m) for g in ("a100", "gb10", "h200") for m in ("Qwen3.5-4B", "Qwen3.5-9B", "Qwen3.5-27B")]
+SHIPPED = [(g, m) for g in ("a100", "gb10", "h100", "h200") for m in ("Qwen3.5-4B", "Qwen3.5-9B", "Qwen3.5-27B")]
 
 
 @pytest.mark.parametrize("gpu, model", SHIPPED)
@@ -230,7 +230,7 @@ def test_shipped_profiles_are_valid_and_labelled(gpu, model):
         if gpu == "h200":
             assert "placeholder" in prov["note"]
     else:
-        assert gpu == "h200"  # only H200 profiles are measured
+        assert gpu in ("h100", "h200")  # only the Hopper profiles are measured
     grid = {(c["batch"], c["kv_len"]) for c in data["configs"]}
     if prov["kind"] == "estimated":
         assert grid == {(b, kv) for b in BATCHES for kv in KVS}
