@@ -33,10 +33,8 @@ def estimated(gpu: str, model: str, batches: list[int], kvs: list[int]) -> dict:
         return run_calibration(plan, plot=False).profile
 
 
-def compare(gpu: str, model: str) -> list[dict]:
-    from bole_cli.profiles import load_profile, profile_path, shipped_profiles_dir
-
-    measured = load_profile(profile_path(shipped_profiles_dir(), gpu, model))
+def compare(gpu: str, model: str, measured: dict) -> list[dict]:
+    """One row a cell of the measured profile `measured`, its estimate beside it."""
     cells = measured["configs"]
     est = estimated(gpu, model, sorted({c["batch"] for c in cells}), sorted({c["kv_len"] for c in cells}))
     by_cell = {(c["batch"], c["kv_len"]): c for c in est["configs"]}
@@ -60,26 +58,25 @@ def main() -> None:
     args = ap.parse_args()
     from bole_cli.calibrate import costmodel
     from bole_cli.catalog.hardware import resolve_gpu
-
     from bole_cli.profiles import load_profile, profile_path, shipped_profiles_dir
 
     gpu = resolve_gpu(args.gpu).key
+    profiles = {}
     for model in MODELS:
         path = profile_path(shipped_profiles_dir(), gpu, model)
-        if not path.is_file() or load_profile(path)["provenance"]["kind"] != "measured":
+        profiles[model] = load_profile(path) if path.is_file() else None
+        if profiles[model] is None or profiles[model]["provenance"]["kind"] != "measured":
             ap.error(f"--gpu {args.gpu}: no measured profile profiles/{gpu}/{model}.yaml")
     if args.efficiency_from:
         donor = resolve_gpu(args.efficiency_from).key
         own = costmodel.efficiency_for(resolve_gpu(gpu))
         costmodel.EFFICIENCY[gpu] = dataclasses.replace(costmodel.EFFICIENCY[donor], l2_bytes=own.l2_bytes)
-    rows = [r for m in MODELS for r in compare(gpu, m)]
+    rows = [r for m in MODELS for r in compare(gpu, m, profiles[m])]
     misses = {"t_dec": sum(abs(r["t_dec_err"]) > T_DEC_TOL for r in rows),
               "tok_s": sum(abs(r["tok_s_err"]) > TOK_S_TOL for r in rows),
               "mode": sum(not r["same_mode"] for r in rows)}
     if args.out:
-        from bole_cli.profiles import load_profile, profile_path, shipped_profiles_dir
-
-        measured_on = {m: {k: load_profile(profile_path(shipped_profiles_dir(), gpu, m))["provenance"][k]
+        measured_on = {m: {k: profiles[m]["provenance"][k]
                            for k in ("device_name", "torch_version", "triton_version", "date", "command")}
                        for m in MODELS}
         args.out.write_text(json.dumps({"gpu": gpu, "efficiency_from": args.efficiency_from,

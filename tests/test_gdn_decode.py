@@ -229,6 +229,20 @@ def test_bad_input_names_the_argument(change, message):
         gdn_decode(**case)
 
 
+def gpu_9b_case(seed):
+    """A 9B layer's decode on the GPU: bf16 activations, the gates' parameters and the state
+    in float32 (as the runtime holds them)."""
+    from bole_cli.catalog.models import resolve_model
+
+    s = resolve_model("9b")
+    case = make(seed, bsz=4, hk=s.gdn_key_heads, group=s.gdn_value_heads // s.gdn_key_heads, kdim=s.gdn_key_dim,
+                vdim=s.gdn_value_dim, width=s.conv_kernel, slots=8, dtype=torch.bfloat16)
+    case = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    for name in ("A_log", "dt_bias", "state"):
+        case[name] = case[name].float()
+    return case
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("split,warps", [(1, 8), (4, 2), (8, 2), (16, 1), (None, None)])
 def test_decode_bf16_on_gpu_near_the_rounding_floor(split, warps):
@@ -237,14 +251,7 @@ def test_decode_bf16_on_gpu_near_the_rounding_floor(split, warps):
     the state close to float32; whole heads, heads split over 4-16 programs (the last one
     normalising the head after the others' rows: ordering on the device) and the rule's
     default launch."""
-    from bole_cli.catalog.models import resolve_model
-
-    s = resolve_model("9b")
-    case = make(11, bsz=4, hk=s.gdn_key_heads, group=s.gdn_value_heads // s.gdn_key_heads, kdim=s.gdn_key_dim,
-                vdim=s.gdn_value_dim, width=s.conv_kernel, slots=8, dtype=torch.bfloat16)
-    case = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
-    for name in ("A_log", "dt_bias", "state"):
-        case[name] = case[name].float()
+    case = gpu_9b_case(11)
     out, state, conv = run(case, value_split=split, num_warps=warps)
     want, want_state, want_conv = gdn_decode_ref(**case)
     floor = float((want.to(torch.bfloat16).double() - want).norm() / want.norm())
@@ -261,14 +268,7 @@ def test_decode_on_gpu_in_any_pool_layout_matches_the_dense_pool(layout):
     """Each row stride compiles its own kernel (the stride a constant): on the device, a pool
     whose rows are not K apart gives the dense pool's o and state bit for bit at a 9B layer's
     shapes and the rule's launch, and its pad columns stay unwritten."""
-    from bole_cli.catalog.models import resolve_model
-
-    s = resolve_model("9b")
-    case = make(12, bsz=4, hk=s.gdn_key_heads, group=s.gdn_value_heads // s.gdn_key_heads, kdim=s.gdn_key_dim,
-                vdim=s.gdn_value_dim, width=s.conv_kernel, slots=8, dtype=torch.bfloat16)
-    case = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
-    for name in ("A_log", "dt_bias", "state"):
-        case[name] = case[name].float()
+    case = gpu_9b_case(12)
     other = dict(case, state=state_of(case["state"], layout))
     out, state, conv = run(case)
     got, got_state, got_conv = run(other)
