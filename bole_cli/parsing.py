@@ -44,7 +44,8 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
     values = []
     for x in items:
         if not x:
-            continue
+            raise InputError(f"{option}: an empty item in {_shown(str(text))}; expected a comma-separated "
+                             "list of positive integers")
         if len(x) > 24:  # int() of thousands of digits is slow or refused outright
             raise InputError(f"{expected_int(option, 1, cap)}, got {_shown(x)}")
         try:
@@ -55,3 +56,14 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
         check_int(v, option, minimum=1, maximum=cap)
         values.append(v)
     return sorted(set(values))
+
+
+def parse_name_list(text: str, option: str) -> list[str]:
+    """'a,b' -> ['a', 'b']: names in the order given, repeats dropped; InputError names the
+    option on an empty list or item (a stray comma is a typo, not a default)."""
+    items = [x.strip() for x in str(text).split(",")]
+    if not any(items):
+        raise InputError(f"{option}: expected a comma-separated list")
+    if not all(items):
+        raise InputError(f"{option}: an empty item in {_shown(str(text))}; expected a comma-separated list")
+    return list(dict.fromkeys(items))

@@ -1,5 +1,5 @@
 """Where Bole keeps its per-user files: profiles, tuning studies, locks, unpacked wheels,
-bench results."""
+bench results, measured acceptance."""
 
 from __future__ import annotations
 
@@ -16,6 +16,12 @@ def cache_dir() -> Path:
         return Path(env_dir).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "bole"
+
+
+def acceptance_dir() -> Path:
+    """Where `bole acceptance` writes a measured acceptance file unless --out says
+    otherwise: the cache, never the working directory (as results_dir)."""
+    return cache_dir() / "acceptance"
 
 
 def results_dir() -> Path:

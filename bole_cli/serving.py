@@ -365,7 +365,13 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
         gpu_note = f"detected {detected.name}"
     if profile_file is not None:
         path = Path(profile_file)
-        profile = load_profile(path)
+        try:
+            profile = load_profile(path)
+        except InputError as exc:
+            raise InputError(f"--profile: {exc}") from None
+        if not profile.get("configs"):
+            raise InputError(f"--profile: {path} holds no budget configurations (a kernels table?); "
+                             "give a calibration profile that `bole calibrate` wrote")
     else:
         path = find_profile(gpu_spec, model_spec)
         if path is None:

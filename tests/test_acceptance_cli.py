@@ -188,6 +188,26 @@ def test_bad_input_is_one_line(case, expect, ckpt, tmp_path):
     assert not list(tmp_path.glob("acceptance-*.yaml"))
 
 
+def test_the_default_file_goes_to_the_cache_not_the_working_directory(ckpt, tmp_path, monkeypatch):
+    """A run without --out in a checkout must not write into the repository."""
+    cache, cwd = tmp_path / "cache", tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.setenv("BOLE_CACHE_DIR", str(cache))
+    monkeypatch.chdir(cwd)
+    prompts = write_prompts(tmp_path / "p.jsonl", ["Hello there"])
+    r = invoke("acceptance", "--model", ckpt, "--prompts", prompts, "--depth", 2, "--topk", 2,
+               "--max-new", 4, "--device", "cpu", "--no-plot", "--json")
+    assert r.exit_code == 0, r.stderr
+    path = Path(json.loads(r.stdout)["path"])
+    assert path.parent == cache / "acceptance" and path.is_file()
+    assert not list(cwd.iterdir())
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("BOLE_CACHE_DIR", str(blocker))
+    r = invoke("acceptance", "--model", ckpt, "--prompts", prompts, "--device", "cpu")
+    assert r.exit_code == 2 and "the default acceptance file" in one_line(r)
+
+
 def test_without_transformers_it_names_the_extra(ckpt, tmp_path, monkeypatch):
     import importlib.util
 

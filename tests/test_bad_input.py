@@ -350,3 +350,76 @@ def test_no_stray_files(tmp_path):
     check_writable(tmp_path / "a" / "b.yaml", "--out")
     assert list(tmp_path.iterdir()) == []
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# ---- lists, combinations, defaults (the CLI sweep of 2026-12-06) --------------------------
+E2E_TINY = ("bench", "e2e", "--tiny", "--device", "cpu")
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (("calibrate", "--gpu", "a100", "--model", "9b", "--batch", "1,,4"), "--batch: an empty item"),
+    (("calibrate", "--gpu", "a100", "--model", "9b", "--kv", "1024,"), "--kv: an empty item"),
+    (("tune-kernels", "--dry-run", "--model", "9b,,27b"), "--model: an empty item"),
+    (("tune-kernels", "--dry-run", "--nodes", ",16"), "--nodes: an empty item"),
+    (E2E_TINY + ("--decoders", "ar,,bole"), "--decoders: an empty item"),
+    (("bench", "kernels", "--trees", "random,"), "--trees: an empty item"),
+])
+def test_a_stray_comma_is_refused_naming_the_option(tmp_path, args, culprit):
+    bad(*args, culprit=culprit, env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+@pytest.mark.parametrize("extra, culprit", [
+    (("--model", "27b"), "--model 27b: --tiny builds its own"),
+    (("--tree-budgets", "8", "--budget", "16"), "--budget: --tree-budgets sweeps"),
+    (("--no-max-batch", "--max-batch", "8"), "--no-max-batch"),
+    (("--no-max-batch", "--probe-nodes", "8"), "--no-max-batch"),
+    (("--decoders", "ar,bole-chain", "--chain-depths", "5", "--depth", "3"), "--chain-depths: 5 is outside 1..3"),
+    (("--tree-budgets", "1"), "--tree-budgets: 1 is smaller than batch 2"),
+    (("--budget", "1"), "--budget: 1 is smaller than batch 2"),
+])
+def test_bench_e2e_combinations_are_refused_before_any_model(tmp_path, monkeypatch, extra, culprit):
+    import bole_cli.bench.e2e.sweep as sweep
+
+    monkeypatch.setattr(sweep, "run_e2e", lambda *a, **k: (_ for _ in ()).throw(AssertionError("it ran")))
+    bad(*E2E_TINY, *extra, culprit=culprit, env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+def test_bench_e2e_chain_depths_need_a_chain_decoder_to_matter():
+    from bole_cli.bench.e2e.options import check_options
+
+    opts = dict(model="9b", tiny=True, batch=None, context=None, depth=3, topk=None, steps=None, warmup=None,
+                chain_depths="5", budget="profile", acceptance="paper-mbpp", tree_budgets=None,
+                tree_shapes=None, draft_vocab=None, snapshot_engine="auto", max_batch=256, max_probes=8,
+                probe_nodes=None, search=True, dtype="auto", device="cpu", graphs=True, seed=0)
+    assert check_options(decoders="ar,bole", **opts).chain_depths == (5,)
+    with pytest.raises(InputError, match="--chain-depths"):
+        check_options(decoders="ar,chain", **opts)
+
+
+@pytest.mark.parametrize("extra, culprit", [
+    (("--dry-run", "--fresh"), "--fresh: only a real tuning run"),
+    (("--dry-run", "--max-minutes", "3"), "--max-minutes: only a real tuning run"),
+    (("--dry-run", "--profile", "k.yaml"), "--profile: only a real tuning run"),
+    (("--dry-run", "--study-db", "s.db"), "--study-db: only a real tuning run"),
+    (("--sample", "3"), "--sample: only a dry run"),
+    (("--study-db", "/proc/x.db"), "--study-db: cannot write"),
+])
+def test_tune_kernels_options_that_do_not_apply_are_refused(tmp_path, extra, culprit):
+    if "/proc/x.db" in extra and not os.path.isdir("/proc/self"):
+        extra = ("--study-db", str(tmp_path))  # a folder where a file goes
+        culprit = "--study-db"
+    bad("tune-kernels", *extra, culprit=culprit, env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+def test_the_default_results_folder_is_named_when_the_cache_cannot_take_it(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    line = bad(*E2E_TINY, env={"BOLE_CACHE_DIR": str(blocker)}, culprit="the default results folder")
+    assert "--out-dir" not in line
+
+
+def test_a_users_file_is_named_by_its_option(tmp_path):
+    kernels = Path(__file__).resolve().parents[1] / "profiles" / "h200" / "kernels.yaml"
+    bad("serve", "--model", "9b", "--profile", str(kernels), "--dry-run", culprit="--profile: ")
+    bad("serve", "--model", "9b", "--profile", str(tmp_path), "--dry-run", culprit="--profile: ")
+    bad("calibrate", "--gpu", "a100", "--model", "9b", "--acceptance", str(tmp_path), culprit="--acceptance: ")

@@ -35,7 +35,7 @@ def test_synthetic_json_with_budget_and_memory():
                               "requests": 1}
     (req,) = data["requests"]
     assert req["nodes"] == beam_tree_size(8, 4) == 117
-    assert req["depth"] == 9 and req["widths"] == [1, 4] + [16] * 7
+    assert req["depth"] == 8 and req["widths"] == [1, 4] + [16] * 7
     assert sum(req["kept"]) == req["kept_nodes"] == 32
     assert req["ancestor_mask"] is None  # > 32 nodes
     assert req["expected_accepted_budget"] <= req["expected_accepted"]

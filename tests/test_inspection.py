@@ -33,7 +33,9 @@ def test_tidy_layout_of_a_forest_of_roots_and_a_chain():
 def test_build_report_of_one_tree_without_budget_or_memory():
     report = build_report([SMALL], {"kind": "file", "path": "t.json"})
     (req,) = report["requests"]
-    assert req["nodes"] == 5 and req["depth"] == SMALL.depth and req["kept"] is None
+    assert req["nodes"] == 5 and req["depth"] == SMALL.draft_depth and req["kept"] is None
+    assert req["depths"][0] == 0 and max(req["depths"]) == req["depth"]  # levels as the text shows them
+    assert len(req["widths"]) == req["depth"] + 1
     assert req["ancestor_mask"] == SMALL.ancestor_mask()  # small enough to show
     assert report["summary"]["requests"] == 1 and report["summary"]["nodes"] == 5
     assert report["summary"]["expected_accepted"] == pytest.approx(SMALL.expected_accepted())
@@ -43,7 +45,7 @@ def test_build_report_of_one_tree_without_budget_or_memory():
 def test_build_report_sums_widths_over_the_batch():
     trees = [beam_tree(2, 2, 0), beam_tree(3, 2, 1)]
     s = build_report(trees, {"kind": "synthetic"})["summary"]
-    assert s["depth"] == max(t.depth for t in trees)
+    assert s["depth"] == max(t.draft_depth for t in trees)
     assert sum(s["widths"]) == s["nodes"] == sum(t.n_nodes for t in trees)
     big = beam_tree(8, 4, 0)
     assert big.n_nodes > MASK_MAX_NODES

@@ -248,6 +248,18 @@ def test_shipped_9b_budgets_follow_the_paper():
     assert gb10["n_star"] > a100["n_star"]
 
 
+def test_every_shipped_profile_folder_travels_in_the_wheel():
+    """A folder of profiles/ missing from pyproject's data-files ships in a checkout only: a
+    pip install would fall back to the estimate for that GPU."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1] / "profiles"  # the checkout's, whatever is installed
+    data_files = tomllib.loads((root.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
+    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
+    assert folders and all(data_files.get(f"share/bole/profiles/{g}") == [f"profiles/{g}/*.yaml"]
+                           for g in folders), (folders, data_files)
+
+
 def test_no_stray_files_in_shipped_profiles():
     files = sorted(p.relative_to(shipped_profiles_dir()).as_posix()
                    for p in shipped_profiles_dir().rglob("*") if p.is_file())

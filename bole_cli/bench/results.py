@@ -35,7 +35,8 @@ def check_outputs(out_dir: Optional[Path], tag: Optional[str]) -> Path:
     folder = results_dir() if out_dir is None else Path(out_dir)
     if tag is not None:
         check_name_lengths(Path(tag + _SUFFIX), "--tag")
-    check_writable(folder / f"{tag or 'results'}{_SUFFIX}", "--out-dir")
+    check_writable(folder / f"{tag or 'results'}{_SUFFIX}", "--out-dir" if out_dir is not None else
+                   "the default results folder (under $BOLE_CACHE_DIR or $XDG_CACHE_HOME)")
     return folder
 
 

@@ -436,4 +436,8 @@ def load_acceptance(spec: str) -> AcceptanceModel:
     # a binary or oversized file, and a hostile YAML fail as one line naming the file
     from bole_cli.files import load_structured
 
-    return from_data(load_structured(path), spec)
+    try:
+        data = load_structured(path)
+    except InputError as exc:
+        raise InputError(f"--acceptance: {exc}") from None
+    return from_data(data, spec)

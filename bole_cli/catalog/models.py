@@ -232,9 +232,9 @@ def resolve_model(name_or_path: "str | os.PathLike[str]") -> ModelSpec:
 
     if text.endswith(".json") or text.startswith((".", "/", "~")):
         raise InputError(f"model config not found: {brief(text, 200)}")
-    aliases = ", ".join(f"{s.short_name} ({'/'.join(s.aliases)})" for s in CATALOGUE)
-    raise InputError(f"unknown model {brief(text)}; known: {aliases}; "
-                     "or give the path of a Hugging Face config.json")
+    aliases = ", ".join(s.aliases[0] for s in CATALOGUE)  # the shortest names; `bole models` has the rest
+    raise InputError(f"unknown model {brief(text)}; known: {aliases} (`bole models`), "
+                     "or a Hugging Face config.json")
 
 
 # ---- Hugging Face config.json ----------------------------------------------------------

@@ -81,7 +81,7 @@ def acceptance(
     device: Optional[str] = typer.Option(None, "--device",
                                          help="cuda or cpu (default: cuda when present)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Acceptance file to write "
-                                       "(.yaml or .json; default ./acceptance-<model>.yaml)."),
+                                       "(.yaml or .json; default: the cache's acceptance/acceptance-<model>.yaml)."),
     no_plot: bool = typer.Option(False, "--no-plot", help="Save no PNG next to the file."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:

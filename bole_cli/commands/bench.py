@@ -19,11 +19,11 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
 from bole_cli.errors import BoleError, InputError
 from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES, VERIFY_PRECISIONS
-from bole_cli.parsing import parse_int_list
+from bole_cli.parsing import parse_int_list, parse_name_list
 
 bench_app = typer.Typer(help="Benchmarks: kernels (CUDA) and end to end (CUDA, or a CPU smoke "
                              "run with --device cpu --tiny).", no_args_is_help=True)
-OUT_DIR_HELP = ("Where the JSON and PNG go [the cache: ~/.cache/bole/results]; the "
+OUT_DIR_HELP = ("Where the JSON and PNG go \\[the cache: ~/.cache/bole/results]; the "
                 "repository's records: experiments/results.")
 
 
@@ -72,9 +72,8 @@ def kernels_cmd(
     spec = resolve_model(model)
     batches = parse_int_list(batch, "--batch")
     node_list = parse_int_list(nodes, "--nodes", maximum=MAX_TREE_NODES)
-    tree_kinds = [t.strip() for t in trees.split(",") if t.strip()]
-    bad = [t for t in tree_kinds if t not in ("random", "chain")]
-    if bad or not tree_kinds:
+    tree_kinds = parse_name_list(trees, "--trees")
+    if [t for t in tree_kinds if t not in ("random", "chain")]:
         raise InputError(f"--trees: expected random and/or chain, got {trees!r}")
     for name, value, allowed in (("--dtype", dtype, tuple(FLOAT_DTYPES)),
                                  ("--state-dtype", state_dtype, KERNEL_STATE_DTYPES)):

@@ -18,16 +18,10 @@ import typer
 
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_TREE_NODES
-from bole_cli.parsing import check_int, parse_int_list
+from bole_cli.parsing import check_int, parse_int_list, parse_name_list
 
 DEFAULT_KERNELS = "tree_verify,tree_commit_replay,tree_conv"  # the served kernels (tree_commit: opt-in)
-
-
-def _names(text: str, option: str) -> list[str]:
-    names = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not names:
-        raise InputError(f"{option}: expected a comma-separated list")
-    return list(dict.fromkeys(names))
+DRY_RUN_SAMPLE = 4  # candidates a dry run checks per kernel
 
 
 def _render_dry_run(dry, json_out: bool) -> None:
@@ -71,7 +65,8 @@ def tune_kernels(
     seed: int = typer.Option(0, "--seed", help="Seed of the samplers and the random inputs."),
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print the search space and check sampled candidates on a tiny shape (no GPU)."),
-    sample: int = typer.Option(4, "--sample", help="Dry run: candidates checked per kernel."),
+    sample: Optional[int] = typer.Option(None, "--sample",
+                                         help=f"Dry run: candidates checked per kernel \\[{DRY_RUN_SAMPLE}]."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write the JSON results to this file."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -79,8 +74,8 @@ def tune_kernels(
     from bole_cli.catalog.models import resolve_model
     from bole_cli.tuning.space import KERNELS
 
-    specs = [resolve_model(m) for m in _names(model, "--model")]
-    kernel_list = _names(kernels, "--kernels")
+    specs = [resolve_model(m) for m in parse_name_list(model, "--model")]
+    kernel_list = parse_name_list(kernels, "--kernels")
     bad = [k for k in kernel_list if k not in KERNELS]
     if bad:
         raise InputError(f"--kernels: unknown {', '.join(bad)}; tunable: {', '.join(KERNELS)}")
@@ -95,16 +90,21 @@ def tune_kernels(
     if not dry_run:
         from bole_cli.console import check_writable
 
-        for flag, path in (("--profile", profile), ("--report", report)):
+        if sample is not None:
+            raise InputError("--sample: only a dry run checks sampled candidates; add --dry-run or drop it")
+        for flag, path in (("--profile", profile), ("--report", report), ("--study-db", study_db)):
             if path is not None:
                 check_writable(path, flag)
     if dry_run:
-        if report is not None:
-            raise InputError("--report: only a real tuning run writes a report; drop it with --dry-run")
+        for flag, given in (("--report", report is not None), ("--profile", profile is not None),
+                            ("--study-db", study_db is not None), ("--fresh", fresh),
+                            ("--max-minutes", max_minutes is not None)):
+            if given:
+                raise InputError(f"{flag}: only a real tuning run uses it; drop it with --dry-run")
         from bole_cli.tuning.run import dry_run as run_dry
 
-        _render_dry_run(run_dry(specs, kernel_list, batches, node_list, sample=sample, seed=seed, trials=trials,
-                                sampler=sampler), json_out)
+        _render_dry_run(run_dry(specs, kernel_list, batches, node_list, sample=sample or DRY_RUN_SAMPLE, seed=seed,
+                                trials=trials, sampler=sampler), json_out)
         return
     _tune(specs, kernel_list, batches, node_list, dict(trials=trials, sampler=sampler, seed=seed, profile=profile,
                                                         study_db=study_db, fresh=fresh, max_minutes=max_minutes),
@@ -147,14 +147,16 @@ def _tune(specs, kernels, batches, nodes, settings: dict, json_out: bool, report
         run = tune(specs, kernels, batches, nodes, **settings, on_start=on_start, on_trial=on_trial,
                    on_bucket=on_bucket)
     except KeyboardInterrupt:
-        progress.stop()
+        if "task" in state:
+            progress.stop()
         run = state.get("run")
         if run is not None:
             err.print(escape(f"interrupted: {len(run.saved)} of {len(run.buckets)} buckets saved to "
                              f"{run.profile_path}; run the same command again to resume"), soft_wrap=True)
         raise
     finally:
-        progress.stop()
+        if "task" in state:  # started: a never-started Progress prints a stray newline on stop
+            progress.stop()
     data = run.to_dict()
     if report is not None:
         atomic_write_text(report, dumps_json(data) + "\n")

@@ -113,14 +113,14 @@ def build_report(trees: Sequence, source: dict, selection: Any = None,
         reqs.append({
             "index": b,
             "nodes": t.n_nodes,
-            "depth": t.depth,
-            "widths": list(t.widths),
+            "depth": t.draft_depth,  # draft levels below the root (the text's d, --depth)
+            "widths": list(t.widths),  # nodes on each level, the root's (0) first
             "parents": list(t.parents),
             "log_probs": list(t.log_probs),
             "probs": list(t.probs),
             "log_rho": list(t.log_rho),
             "rho": list(t.rho),
-            "depths": list(t.depths),
+            "depths": [d - 1 for d in t.depths],  # each node's level (the root, the verified token: 0)
             "tokens": None if t.tokens is None else list(t.tokens),
             "expected_accepted": t.expected_accepted(),
             "kept": kept,
@@ -136,7 +136,7 @@ def build_report(trees: Sequence, source: dict, selection: Any = None,
     summary = {
         "requests": len(trees),
         "nodes": sum(t.n_nodes for t in trees),
-        "depth": max_depth,
+        "depth": max_depth - 1,
         "widths": widths,
         "expected_accepted": sum(r["expected_accepted"] for r in reqs),
         "kept_nodes": selection.n_kept if selection else None,

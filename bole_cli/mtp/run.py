@@ -39,7 +39,7 @@ class AcceptanceOptions:
     topk: int = DEFAULT_TOPK
     max_new: int = DEFAULT_MAX_NEW
     device: Optional[str] = None  # default: cuda when present, else cpu
-    out: Optional[Path] = None  # default: ./acceptance-<checkpoint>.yaml
+    out: Optional[Path] = None  # default: paths.acceptance_dir() / acceptance-<checkpoint>.yaml
     plot: bool = True
 
 
@@ -130,10 +130,16 @@ def run_acceptance(opts: AcceptanceOptions, progress: Optional[Callable] = None,
     require_transformers()
     ckpt = inspect_checkpoint(opts.model)
     device = _device(opts.device)
-    out = Path(opts.out) if opts.out is not None else Path(f"acceptance-{ckpt.path.name}.yaml")
+    if opts.out is not None:
+        out = Path(opts.out)
+    else:
+        from bole_cli.paths import acceptance_dir
+
+        out = acceptance_dir() / f"acceptance-{ckpt.path.name}.yaml"
     from bole_cli.console import check_writable
 
-    check_writable(out, "--out")
+    check_writable(out, "--out" if opts.out is not None else
+                   "the default acceptance file (under $BOLE_CACHE_DIR or $XDG_CACHE_HOME)")
 
     import torch
 

@@ -18,7 +18,7 @@ from bole_cli.catalog.models import ModelSpec, resolve_model, tiny_spec
 from bole_cli.errors import InputError, brief
 from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import MAX_TREE_NODES
-from bole_cli.parsing import check_int, parse_int_list
+from bole_cli.parsing import check_int, parse_int_list, parse_name_list
 from bole_cli.trees.generators import beam_tree_size
 
 # `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores);
@@ -37,6 +37,8 @@ SNAPSHOT_ENGINES = ("auto", "sglang", "torch")
 # every decoder --decoders takes, in the registry's order (decoders.DECODERS: the test of the
 # registry holds the two equal; this copy keeps the check torch-free)
 DECODER_NAMES = ("ar", "snapshot", "bole", "chain", "bole-chain")
+TREE_DECODERS = ("snapshot", "bole")  # the ones that verify a tree under the batch budget
+CHAIN_DECODERS = ("chain", "bole-chain")  # the ones whose depth --chain-depths sweeps
 # what --decoders' help says of some of them (after the name, or after the last of a group)
 DECODER_NOTES = {"chain": "SGLang's ReplaySSM chain"}
 
@@ -134,7 +136,7 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
     batches = tuple(parse_int_list(use["batch"], "--batch"))
     chains = tuple(parse_int_list(
         use["chain_depths"] or ",".join(map(str, range(1, use["depth"] + 1))), "--chain-depths"))
-    names = tuple(d.strip() for d in use["decoders"].split(",") if d.strip())
+    names = tuple(parse_name_list(use["decoders"], "--decoders"))
     if acceptance == "greedy" and len(names) < 2:
         raise InputError("--acceptance greedy compares the decoders' token streams: give at least two "
                          "--decoders")
@@ -156,6 +158,10 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
     spec = tiny_spec() if tiny else resolve_model(model)
     if [d for d in names if d not in DECODER_NAMES] or not names:
         raise InputError(f"--decoders: expected some of {', '.join(DECODER_NAMES)}, got {','.join(names)!r}")
+    _check_combinations(model=model, tiny=tiny, budget=budget, budgets=budgets or (budget_policy,),
+                        tree_budgets=tree_budgets, batches=batches, names=names, chains=chains,
+                        depth=use["depth"], search=search, max_batch=max_batch, max_probes=max_probes,
+                        probe_nodes=probe_nodes)
     if draft_vocab is not None and not 1 <= draft_vocab <= spec.vocab:
         raise InputError(f"--draft-vocab: expected 1..{spec.vocab} (the model's vocabulary), got {draft_vocab}")
     if snapshot_engine not in SNAPSHOT_ENGINES:
@@ -168,3 +174,25 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
                      use_graphs=None if graphs else False, max_batch=max_batch, max_probes=max_probes,
                      probe_nodes=probe_nodes, search=search, command=command, chain_depths=chains,
                      draft_vocab=draft_vocab, tree_budgets=budgets, tree_shapes=shapes)
+
+
+def _check_combinations(*, model: str, tiny: bool, budget: str, budgets: tuple, tree_budgets: Optional[str],
+                        batches: tuple[int, ...], names: tuple[str, ...], chains: tuple[int, ...], depth: int,
+                        search: bool, max_batch: int, max_probes: int, probe_nodes: Optional[int]) -> None:
+    """Options that contradict each other or the run, refused before any model is built."""
+    if tiny and model != MODEL:
+        raise InputError(f"--model {model}: --tiny builds its own tiny model; give one or the other")
+    if tree_budgets and str(budget).strip().lower() != BUDGET:
+        raise InputError("--budget: --tree-budgets sweeps the budgets instead; give one or the other")
+    if not search and (max_batch != MAX_BATCH or max_probes != MAX_PROBES or probe_nodes is not None):
+        raise InputError("--no-max-batch: skips the largest-batch search that --max-batch, --max-probes "
+                         "and --probe-nodes set up; give one or the others")
+    if any(d in CHAIN_DECODERS for d in names):
+        over = [d for d in chains if d > depth]
+        if over:
+            raise InputError(f"--chain-depths: {over[0]} is outside 1..{depth} (--depth)")
+    n = min((b for b in budgets if isinstance(b, int)), default=None)
+    if n is not None and n < batches[-1] and any(d in TREE_DECODERS for d in names):
+        option = "--tree-budgets" if tree_budgets else "--budget"
+        raise InputError(f"{option}: {n} is smaller than batch {batches[-1]}: every request verifies "
+                         "at least its root")
