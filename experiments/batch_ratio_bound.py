@@ -6,7 +6,8 @@ attention layer). At the H200's measured copy rate that extra traffic takes a fi
 batch 16 / batch 1 >= 1 + extra / T1 whatever the kernels do. A batch-1 step made faster
 (T1 smaller) makes the ratio's bound larger: the two decode targets (batch 1 at a share of the
 weight-read floor, batch 16 within a ratio of batch 1) can contradict each other. Prints the
-bound at the floor, at the batch-1 target and at the last measured batch 1, and the largest
+bound at the floor, at the batch-1 target and at the batch 1 of the shipped measured H200
+profile (profiles/h200/), and the largest
 batch-1 time the ratio target allows; experiments/NOTES.md "What the copy rate leaves the
 batch-16 ratio" reads it.
 
@@ -24,8 +25,7 @@ from bole_cli.catalog.models import resolve_model
 KV = 1024  # the decode targets' context
 BATCH = 16
 RATIO_TARGET = 1.15
-# batch-1 targets (ms) and the last H200 measurement of the runtime's decode (S9-h, ms)
-TARGETS = {"4b": (2.8, 3.182), "9b": (4.65, 4.841), "27b": (15.0, 14.298)}
+TARGETS = {"4b": 2.8, "9b": 4.65, "27b": 15.0}  # batch-1 targets (ms)
 
 
 def weight_bytes(m) -> float:
@@ -36,16 +36,25 @@ def weight_bytes(m) -> float:
     return (per + m.hidden * m.vocab) * BF16
 
 
+def measured_batch1_s(m) -> float:
+    """T_dec at batch 1, kv KV of the shipped measured H200 profile (its serving step)."""
+    from bole_cli.profiles import load_profile, profile_path, shipped_profiles_dir
+
+    configs = load_profile(profile_path(shipped_profiles_dir(), "h200", m.name))["configs"]
+    return next(c["t_dec"] for c in configs if (c["batch"], c["kv_len"]) == (1, KV))
+
+
 def bound(name: str) -> dict:
     m, gpu = resolve_model(name), resolve_gpu("h200")
     rate = gpu.measured_mem_bandwidth
     per_request = 2 * m.gdn_state_bytes() + KV * m.kv_bytes_per_token()  # state r + w, KV read
     extra_s = (BATCH - 1) * per_request / rate
     floor_s = weight_bytes(m) / rate
-    target_s, measured_s = (t / 1e3 for t in TARGETS[name])
+    target_s, measured_s = TARGETS[name] / 1e3, measured_batch1_s(m)
     return {"model": m.name, "floor_ms": floor_s * 1e3, "extra_ms": extra_s * 1e3,
             "bound_at_floor": 1 + extra_s / floor_s, "bound_at_target": 1 + extra_s / target_s,
             "bound_at_measured": 1 + extra_s / measured_s, "target_ms": target_s * 1e3,
+            "measured_ms": measured_s * 1e3,
             "slowest_batch1_for_ratio_ms": extra_s / (RATIO_TARGET - 1) * 1e3}
 
 

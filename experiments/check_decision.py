@@ -1,4 +1,4 @@
-"""The decision check on the H200: does `bole calibrate`'s decision pick (within 5%) the
+"""The decision check on the GPU it runs on: does `bole calibrate`'s decision pick (within 5%) the
 fastest configuration `bole bench e2e` measures when it sweeps the same choices, and does
 it predict its tokens/s (within 15%)?
 
@@ -150,7 +150,8 @@ def main() -> int:
     ap.add_argument("--calibrate-timeout", type=int, default=200)
     ap.add_argument("--e2e-timeout", type=int, default=150)
     ap.add_argument("--profile", type=Path, help="a measured profile to check instead of "
-                    "calibrating here (copied into the run's cache folder)")
+                    "calibrating here (copied into the run's cache folder, under its own GPU)")
+    ap.add_argument("--gpu", default="h200", help="the catalogue GPU calibrate measures as (without --profile)")
     args = ap.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +160,7 @@ def main() -> int:
     bole = [sys.executable, "-m", "bole_cli"]
     batches = [int(b) for b in args.batch.split(",")]
     cal_json = out / "calibrate.json"
-    cal = bole + ["calibrate", "--gpu", "h200", "--model", args.model, "--measure",
+    cal = bole + ["calibrate", "--gpu", args.gpu, "--model", args.model, "--measure",
                   "--batch", args.batch, "--kv", str(args.context), "--repeats", "5",
                   "--warmup", "2", "--acceptance", args.acceptance.split(",")[0], "--no-plot", "--json"]
     if args.profile is not None:
@@ -168,7 +169,7 @@ def main() -> int:
         import yaml
 
         profile = yaml.safe_load(args.profile.read_text())
-        dest = out / "cache" / "profiles" / "h200" / args.profile.name
+        dest = out / "cache" / "profiles" / str(profile["gpu"]) / args.profile.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(args.profile, dest)
         cal = ["(given)", str(args.profile)]

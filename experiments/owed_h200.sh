@@ -28,7 +28,9 @@
 # calibrate.components.H200_RECORDS names the new records). Eleventh session, an H100 (S11-a):
 # the state's row stride a constant, shipped (the decode always, the replay commit up to 32 path
 # nodes); decode now times the rule's bound on the H200. Twelfth session, an H100 (S12-a): profiles
-# on the card the call got, shipped as profiles/h100/; the H200's still owed. Run the rest in this order (a
+# on the card the call got, shipped as profiles/h100/. Thirteenth session, the H200 (S13-a): profiles,
+# shipped as profiles/h200/ (a fresh machine compiles for minutes first, so a call holds two models
+# at their 250 s timeouts: PROFILE_MODELS="4B 9B", then "27B"). Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
@@ -38,7 +40,8 @@
 #                                          #   (NOTES "The state's row stride a constant")
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
-#   bash experiments/owed_h200.sh profiles # ~7 min: bole calibrate --measure, 4B, 9B, 27B (ship to profiles/h200/)
+#   bash experiments/owed_h200.sh profiles # ~9 min: bole calibrate --measure, 4B, 9B, 27B (ship to profiles/h200/;
+#                                          #   done S13-a: again only after a change to the step)
 #   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / production-s9
 #   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
 #   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write's GPU test on the H200 (its bench: S7-c)
@@ -107,8 +110,8 @@ case "$job" in
       --no-sglang --tag chains-big-$gpu-c12 --out-dir "$dir" ;;
   profiles)  # bole calibrate --measure as R-15 / R-16 ran it, on the card the call got (profiles/<gpu>/)
     mkdir -p "$dir/$gpu"
-    for m in 4B 9B 27B; do
-      run timeout 190 $PY -m bole_cli calibrate --gpu "$gpu" --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
+    for m in ${PROFILE_MODELS:-4B 9B 27B}; do
+      run timeout -s INT 250 $PY -m bole_cli calibrate --gpu "$gpu" --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
         --measure --repeats 3 --warmup 2 --no-plot --out "$dir/$gpu/Qwen3.5-$m.yaml"
     done ;;
   split)
