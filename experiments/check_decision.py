@@ -52,6 +52,20 @@ def run(cmd: list[str], env: dict, log: Path, timeout: int) -> int:
             return 124
 
 
+def gpu_here() -> str:
+    """The catalogue key of the CUDA device present, else what it is ('no CUDA GPU', or its
+    name, not in the catalogue)."""
+    import torch
+
+    from bole_cli.catalog.hardware import match_gpu
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    name = torch.cuda.get_device_name()
+    gpu = match_gpu(name)
+    return gpu.key if gpu is not None else f"{name} (not in the catalogue)"
+
+
 def budgets_around(n: int, batch: int, per_request: int, factors=(0.5, 2.0)) -> list[int]:
     """The decided budget and its neighbours at `factors` times it, within what a batch
     of these trees can hold."""
@@ -169,6 +183,10 @@ def main() -> int:
         import yaml
 
         profile = yaml.safe_load(args.profile.read_text())
+        here = gpu_here()
+        if here != profile["gpu"]:  # bench e2e prices its runs with the profile of the card it runs on
+            print(f"error: --profile: a profile of {profile['gpu']}, and this machine has {here}")
+            return 2
         dest = out / "cache" / "profiles" / str(profile["gpu"]) / args.profile.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(args.profile, dest)

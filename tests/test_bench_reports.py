@@ -158,6 +158,9 @@ def test_options_know_the_registry_names():
     from bole_cli.bench.e2e import options
 
     assert options.DECODER_NAMES == decoders.DECODERS
+    classes = decoders.DECODER_CLASSES
+    assert options.CHAIN_DECODERS == tuple(n for n, c in classes.items() if c.chain)
+    assert options.TREE_DECODERS == tuple(n for n, c in classes.items() if c.drafts and not c.chain)
 
 
 # ---- the one CUDA-graph cache ---------------------------------------------------------------------

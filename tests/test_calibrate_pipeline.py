@@ -111,7 +111,8 @@ def test_an_estimate_says_which_profile_serve_takes(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     served = _json.loads(r.stdout)["served"]
     assert "profiles/h200/Qwen3.5-9B.yaml; `bole serve` uses that one" in served
-    assert str(tmp_path) in served  # how to serve the estimate instead
+    assert str(tmp_path) in served  # how to serve the estimate instead, a command that pastes
+    assert "(to use this: bole serve --model Qwen3.5-9B --profile " in served
     r = CliRunner().invoke(cli.app, ["calibrate", "--gpu", "a100", "--model", "9b", "--batch",
                                      "8", "--kv", "4096", "--no-plot", "--json"])
     assert r.exit_code == 0 and _json.loads(r.stdout)["served"] is None  # nothing measured

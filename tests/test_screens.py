@@ -221,6 +221,15 @@ def test_serve_command_is_printed_outside_the_panel_to_paste(tmp_path):
     assert "launch_server" not in text[:text.rindex("╰")]
 
 
+def test_inspect_tree_summary_depth_is_the_drafts_depth():
+    """The Summary's depth column is --depth (draft levels below the verified token), as the
+    header and the JSON say, for each request and for all."""
+    text = show("inspect-tree", "--synthetic", "--depth", "8", "--topk", "4", "--requests", "2")
+    rows = [ln.split("│") for ln in text.split("Summary")[1].splitlines() if "│" in ln]
+    assert [r[0].strip() for r in rows] == ["0", "1", "all"]
+    assert all(r[2].strip() == "8" for r in rows), rows
+
+
 def test_inspect_tree_header_keeps_its_pairs_on_one_line():
     text = show("inspect-tree", "--synthetic", "--depth", "8", "--topk", "4", "--seed", "0")
     head = text.splitlines()[:2]

@@ -437,7 +437,6 @@ def load_acceptance(spec: str) -> AcceptanceModel:
     from bole_cli.files import load_structured
 
     try:
-        data = load_structured(path)
+        return from_data(load_structured(path), spec)
     except InputError as exc:
         raise InputError(f"--acceptance: {exc}") from None
-    return from_data(data, spec)

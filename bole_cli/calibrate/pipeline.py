@@ -12,6 +12,7 @@ imported at module level; the measured path imports bole_cli.runtime when it is 
 from __future__ import annotations
 
 import math
+import shlex
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,8 +158,8 @@ def served_instead(plan: "CalibrationPlan") -> Optional[str]:
     kind = load_profile(found)["provenance"]["kind"]
     return (f"a {kind} profile for {plan.model_spec.name} on {plan.gpu_spec.name} is in "
             f"{found}; `bole serve` uses that one, not this "
-            f"{'estimate' if not plan.measured else 'profile'} (serve --profile "
-            f"{plan.path} to use this)")
+            f"{'estimate' if not plan.measured else 'profile'} (to use this: bole serve --model "
+            f"{shlex.quote(plan.model_spec.short_name)} --profile {shlex.quote(str(plan.path))})")
 
 
 def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int],

@@ -134,13 +134,13 @@ def _render(trees, report, selection, memory) -> None:
         table.add_column("kept exp. acc.", justify="right")
     rows = list(report["requests"])
     for r in rows:
-        cells = [str(r["index"]), str(r["nodes"]), str(r["depth"] - 1),
+        cells = [str(r["index"]), str(r["nodes"]), str(r["depth"]),
                  " ".join(map(str, r["widths"])), f"{r['expected_accepted']:.3f}"]
         if selection:
             cells += [str(r["kept_nodes"]), f"{r['expected_accepted_budget']:.3f}"]
         table.add_row(*cells)
     if len(rows) > 1:
-        cells = ["all", str(s["nodes"]), str(s["depth"] - 1), " ".join(map(str, s["widths"])),
+        cells = ["all", str(s["nodes"]), str(s["depth"]), " ".join(map(str, s["widths"])),
                  f"{s['expected_accepted']:.3f}"]
         if selection:
             cells += [str(s["kept_nodes"]), f"{s['expected_accepted_budget']:.3f}"]

@@ -160,7 +160,7 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
         raise InputError(f"--decoders: expected some of {', '.join(DECODER_NAMES)}, got {','.join(names)!r}")
     _check_combinations(model=model, tiny=tiny, budget=budget, budgets=budgets or (budget_policy,),
                         tree_budgets=tree_budgets, batches=batches, names=names, chains=chains,
-                        depth=use["depth"], search=search, max_batch=max_batch, max_probes=max_probes,
+                        chain_depths_given=chain_depths is not None, depth=use["depth"], search=search, max_batch=max_batch, max_probes=max_probes,
                         probe_nodes=probe_nodes)
     if draft_vocab is not None and not 1 <= draft_vocab <= spec.vocab:
         raise InputError(f"--draft-vocab: expected 1..{spec.vocab} (the model's vocabulary), got {draft_vocab}")
@@ -177,10 +177,11 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
 
 
 def _check_combinations(*, model: str, tiny: bool, budget: str, budgets: tuple, tree_budgets: Optional[str],
-                        batches: tuple[int, ...], names: tuple[str, ...], chains: tuple[int, ...], depth: int,
+                        batches: tuple[int, ...], names: tuple[str, ...], chains: tuple[int, ...],
+                        chain_depths_given: bool, depth: int,
                         search: bool, max_batch: int, max_probes: int, probe_nodes: Optional[int]) -> None:
     """Options that contradict each other or the run, refused before any model is built."""
-    if tiny and model != MODEL:
+    if tiny and model.strip().lower() != MODEL:
         raise InputError(f"--model {model}: --tiny builds its own tiny model; give one or the other")
     if tree_budgets and str(budget).strip().lower() != BUDGET:
         raise InputError("--budget: --tree-budgets sweeps the budgets instead; give one or the other")
@@ -190,9 +191,15 @@ def _check_combinations(*, model: str, tiny: bool, budget: str, budgets: tuple, 
     if any(d in CHAIN_DECODERS for d in names):
         over = [d for d in chains if d > depth]
         if over:
-            raise InputError(f"--chain-depths: {over[0]} is outside 1..{depth} (--depth)")
+            whose = "" if chain_depths_given else (" (--tiny's default --chain-depths)" if tiny else "")
+            raise InputError(f"--chain-depths: {over[0]}{whose} is outside 1..{depth} (--depth)")
     n = min((b for b in budgets if isinstance(b, int)), default=None)
-    if n is not None and n < batches[-1] and any(d in TREE_DECODERS for d in names):
-        option = "--tree-budgets" if tree_budgets else "--budget"
-        raise InputError(f"{option}: {n} is smaller than batch {batches[-1]}: every request verifies "
+    if n is not None and any(d in TREE_DECODERS for d in names):
+        check_budget_covers_batch(n, batches[-1], "--tree-budgets" if tree_budgets else "--budget")
+
+
+def check_budget_covers_batch(budget: int, batch: int, option: str = "--budget") -> None:
+    """A batch budget verifies at least every request's root: InputError naming `option`."""
+    if budget < batch:
+        raise InputError(f"{option}: {budget} is smaller than batch {batch}: every request verifies "
                          "at least its root")

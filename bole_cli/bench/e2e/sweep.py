@@ -69,7 +69,8 @@ def run_sweep(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None]) 
     shapes = tuple(cfg.tree_shapes) or ((cfg.depth, cfg.topk),)
     trees = [(shape, n) for shape in shapes for n in budgets]
     for b in cfg.batches:  # budget, shape and depth errors before any timing
-        for shape, budget in trees if any(decoder_class(d).drafts for d in cfg.decoders) else ():
+        for shape, budget in trees if any(decoder_class(d).drafts and not decoder_class(d).chain
+                                          for d in cfg.decoders) else ():
             bench.use_shape(*shape)
             bench.budget_policy = budget
             bench.plan(b)

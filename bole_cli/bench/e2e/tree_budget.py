@@ -13,19 +13,17 @@ import math
 from dataclasses import dataclass
 
 from bole_cli.bench.drafter import DraftLayout
+from bole_cli.bench.e2e.options import check_budget_covers_batch
 from bole_cli.budget import BudgetSelection, select_budget
 from bole_cli.calibrate.acceptance import PAPER_BUDGET
 from bole_cli.catalog.models import ModelSpec
-from bole_cli.errors import InputError
 
 
 def resolve_budget(policy: "str | int", spec: ModelSpec, device_name: str, batch: int, context: int,
                    per_request_cap: int) -> tuple[int, str]:
     """(N, where it came from): tree tokens verified per step over the whole batch."""
     if isinstance(policy, int):
-        if policy < batch:
-            raise InputError(f"--budget {policy} is smaller than batch {batch}: every request "
-                             "verifies at least its root")
+        check_budget_covers_batch(policy, batch)
         n, src = policy, f"--budget {policy}"
     else:
         from bole_cli.catalog.hardware import match_gpu
