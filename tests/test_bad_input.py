@@ -423,3 +423,9 @@ def test_a_users_file_is_named_by_its_option(tmp_path):
     bad("serve", "--model", "9b", "--profile", str(kernels), "--dry-run", culprit="--profile: ")
     bad("serve", "--model", "9b", "--profile", str(tmp_path), "--dry-run", culprit="--profile: ")
     bad("calibrate", "--gpu", "a100", "--model", "9b", "--acceptance", str(tmp_path), culprit="--acceptance: ")
+
+
+@pytest.mark.parametrize("flag, value", [("--repeats", "5"), ("--warmup", "1"), ("--layers-sample", "2")])
+def test_calibrate_estimate_refuses_the_measurements_options(tmp_path, flag, value):
+    bad("calibrate", "--gpu", "a100", "--model", "9b", "--estimate", flag, value,
+        culprit=f"{flag}: only a measurement uses it", env={"BOLE_CACHE_DIR": str(tmp_path)})

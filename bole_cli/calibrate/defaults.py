@@ -8,6 +8,7 @@ DEFAULT_KV_LENS = (1024, 4096, 16384)
 # and a 2x step would move B_ver by a factor 2.
 DEFAULT_GRID = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 DEFAULT_EPS = 0.05
+DEFAULT_REPEATS, DEFAULT_WARMUP = 10, 3  # timed and untimed runs per point (the measured path)
 
 # Sanity caps on the sweep's options, checked before any work (a typo such as a 400-digit
 # --kv must fail at once, not after the sweep).

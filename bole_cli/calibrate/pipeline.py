@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
-from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID,
-                                        DEFAULT_KV_LENS, MAX_EPS)
+from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS,
+                                        DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_EPS)
 from bole_cli.errors import BoleError, InputError
 from bole_cli.parsing import check_int
 
@@ -165,7 +165,8 @@ def served_instead(plan: "CalibrationPlan") -> Optional[str]:
 def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int],
                      points: list[int], eps: float, out: Optional[Path] = None,
                      measure: bool = False, estimate: bool = False,
-                     acceptance: str = DEFAULT_PRESET, repeats: int = 10, warmup: int = 3,
+                     acceptance: str = DEFAULT_PRESET, repeats: int = DEFAULT_REPEATS,
+                     warmup: int = DEFAULT_WARMUP,
                      layers_sample: Optional[int] = None, note: str = "",
                      plot: bool = False) -> CalibrationPlan:
     """Check the request and choose the StepTimer: the runtime on the named GPU when it is
@@ -184,6 +185,11 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     if repeats < 1 or warmup < 0:
         raise InputError("--repeats must be >= 1 and --warmup >= 0")
     check_int(layers_sample, "--layers-sample")
+    if estimate:  # options of the measured path, asked for with --estimate: a contradiction
+        for flag, given in (("--repeats", repeats != DEFAULT_REPEATS), ("--warmup", warmup != DEFAULT_WARMUP),
+                            ("--layers-sample", layers_sample is not None)):
+            if given:
+                raise InputError(f"{flag}: only a measurement uses it; drop it with --estimate")
     gpu_spec = resolve_gpu(gpu)
     model_spec = resolve_model(model)
     acc = load_acceptance(acceptance)

@@ -16,8 +16,9 @@ from typing import ContextManager, Optional
 import typer
 
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
-from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID,
-                                        DEFAULT_KV_LENS, MAX_BATCH, MAX_GRID_POINT, MAX_KV_LEN)
+from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS,
+                                        DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_BATCH, MAX_GRID_POINT,
+                                        MAX_KV_LEN)
 from bole_cli.calibrate.pipeline import int_list_text
 from bole_cli.parsing import parse_int_list
 
@@ -98,8 +99,8 @@ def calibrate(
         help=f"Acceptance statistics for the decision: a preset ({', '.join(PRESET_TARGETS)}), "
              "or a YAML/JSON file: per-depth acceptance, `bole acceptance`'s measurement, or "
              "an accepted-length histogram a server reported."),
-    repeats: int = typer.Option(10, "--repeats", help="Timed runs per point (measured path)."),
-    warmup: int = typer.Option(3, "--warmup", help="Untimed runs per point (measured path)."),
+    repeats: int = typer.Option(DEFAULT_REPEATS, "--repeats", help="Timed runs per point (measured path)."),
+    warmup: int = typer.Option(DEFAULT_WARMUP, "--warmup", help="Untimed runs per point (measured path)."),
     layers_sample: Optional[int] = typer.Option(
         None, "--layers-sample", metavar="K",
         help="Measured path: time K blocks of four layers and scale to the full depth."),
