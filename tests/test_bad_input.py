@@ -429,3 +429,10 @@ def test_a_users_file_is_named_by_its_option(tmp_path):
 def test_calibrate_estimate_refuses_the_measurements_options(tmp_path, flag, value):
     bad("calibrate", "--gpu", "a100", "--model", "9b", "--estimate", flag, value,
         culprit=f"{flag}: only a measurement uses it", env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+def test_serve_takes_sglangs_arguments_only_after_the_separator():
+    bad("serve", "--model", "9b", "--gpu", "a100", "--dry-run", "extra", culprit="'extra': SGLang's launch_server "
+        "arguments go after `--`")
+    r = runner.invoke(cli.app, ["serve", "--model", "9b", "--gpu", "a100", "--dry-run", "--json", "--", "--foo", "1"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["command"][-2:] == ["--foo", "1"]

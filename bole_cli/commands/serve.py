@@ -20,8 +20,24 @@ import typer
 from bole_cli.serving import CHAIN_VERIFIERS, DEFAULT_BATCH, DEFAULT_KV_LEN, DEFAULT_PORT, ServeSettings
 
 
+_DASHDASH = "bole.serve.dashdash"  # ctx.meta: whether `--` came on the command line
+
+
+def _serve_command_class():
+    """Typer's command, noting whether `--` was given: click keeps no trace of it, and SGLang's
+    arguments must come after it (a stray word before is a typo, not a launch_server flag)."""
+    from typer.core import TyperCommand
+
+    class ServeCommand(TyperCommand):
+        def parse_args(self, ctx, args):
+            ctx.meta[_DASHDASH] = "--" in args
+            return super().parse_args(ctx, args)
+
+    return ServeCommand
+
+
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve", cls=_serve_command_class())(serve)
 
 
 def _panel(result: dict, s: ServeSettings) -> Any:
@@ -102,6 +118,7 @@ def _launch(argv: list[str], env: dict) -> None:  # replaced in tests
 
 
 def serve(
+    ctx: typer.Context,
     model: str = typer.Option(..., "--model", help="Model to serve: a catalogue name (9b, "
                               "Qwen/Qwen3.5-27B, ...) or a local checkpoint/Hugging Face id "
                               "(then with --profile)."),
@@ -134,8 +151,12 @@ def serve(
 ) -> None:
     """Serve a model with SGLang 0.5.23 as the profile decides: a Bole tree, a chain, or none."""
     from bole_cli.console import emit_json, err, out
+    from bole_cli.errors import InputError
     from bole_cli.serving import plan_serve
 
+    if extra and not ctx.meta.get(_DASHDASH, True):
+        raise InputError(f"{extra[0]!r}: SGLang's launch_server arguments go after `--` "
+                         f"(bole serve ... -- {extra[0]} ...)")
     plan = plan_serve(model, profile=profile, gpu=gpu, batch=batch, kv_len=kv_len,
                       draft_model=draft_model, steps=steps, topk=topk, draft_tokens=draft_tokens,
                       host=host, port=port, dry_run=dry_run, extra=extra,
