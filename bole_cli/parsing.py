@@ -38,14 +38,8 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
     """'1,2,4' -> [1, 2, 4]: positive, distinct, sorted, at most `maximum` (default
     INT_OPTION_MAX); InputError names the option and the value."""
     cap = INT_OPTION_MAX if maximum is None else maximum
-    items = [x.strip() for x in str(text).split(",")]
-    if not any(items):
-        raise InputError(f"{option}: expected a comma-separated list of positive integers")
     values = []
-    for x in items:
-        if not x:
-            raise InputError(f"{option}: an empty item in {_shown(str(text))}; expected a comma-separated "
-                             "list of positive integers")
+    for x in _items(text, option, "list of positive integers"):
         if len(x) > 24:  # int() of thousands of digits is slow or refused outright
             raise InputError(f"{expected_int(option, 1, cap)}, got {_shown(x)}")
         try:
@@ -60,10 +54,16 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
 
 def parse_name_list(text: str, option: str) -> list[str]:
     """'a,b' -> ['a', 'b']: names in the order given, repeats dropped; InputError names the
-    option on an empty list or item (a stray comma is a typo, not a default)."""
+    option on an empty list or item."""
+    return list(dict.fromkeys(_items(text, option, "list")))
+
+
+def _items(text: str, option: str, what: str) -> list[str]:
+    """A list option's comma-separated items, stripped; none empty (a stray comma is a typo,
+    not a default): InputError naming the option."""
     items = [x.strip() for x in str(text).split(",")]
     if not any(items):
-        raise InputError(f"{option}: expected a comma-separated list")
+        raise InputError(f"{option}: expected a comma-separated {what}")
     if not all(items):
-        raise InputError(f"{option}: an empty item in {_shown(str(text))}; expected a comma-separated list")
-    return list(dict.fromkeys(items))
+        raise InputError(f"{option}: an empty item in {_shown(str(text))}; expected a comma-separated {what}")
+    return items

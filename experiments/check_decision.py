@@ -167,6 +167,15 @@ def main() -> int:
                     "calibrating here (copied into the run's cache folder, under its own GPU)")
     ap.add_argument("--gpu", default="h200", help="the catalogue GPU calibrate measures as (without --profile)")
     args = ap.parse_args()
+    profile = None
+    if args.profile is not None:
+        import yaml
+
+        profile = yaml.safe_load(args.profile.read_text())
+        here = gpu_here()
+        if here != profile["gpu"]:  # bench e2e prices its runs with the profile of the card it runs on
+            print(f"error: --profile: a profile of {profile['gpu']}, and this machine has {here}")
+            return 2
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     log = out / "check.log"
@@ -177,16 +186,9 @@ def main() -> int:
     cal = bole + ["calibrate", "--gpu", args.gpu, "--model", args.model, "--measure",
                   "--batch", args.batch, "--kv", str(args.context), "--repeats", "5",
                   "--warmup", "2", "--acceptance", args.acceptance.split(",")[0], "--no-plot", "--json"]
-    if args.profile is not None:
+    if profile is not None:
         import shutil
 
-        import yaml
-
-        profile = yaml.safe_load(args.profile.read_text())
-        here = gpu_here()
-        if here != profile["gpu"]:  # bench e2e prices its runs with the profile of the card it runs on
-            print(f"error: --profile: a profile of {profile['gpu']}, and this machine has {here}")
-            return 2
         dest = out / "cache" / "profiles" / str(profile["gpu"]) / args.profile.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(args.profile, dest)

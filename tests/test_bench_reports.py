@@ -160,7 +160,7 @@ def test_options_know_the_registry_names():
     assert options.DECODER_NAMES == decoders.DECODERS
     classes = decoders.DECODER_CLASSES
     assert options.CHAIN_DECODERS == tuple(n for n, c in classes.items() if c.chain)
-    assert options.TREE_DECODERS == tuple(n for n, c in classes.items() if c.drafts and not c.chain)
+    assert options.TREE_DECODERS == tuple(n for n, c in classes.items() if c.verifies_tree())
 
 
 # ---- the one CUDA-graph cache ---------------------------------------------------------------------

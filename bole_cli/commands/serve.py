@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from bole_cli.serving import CHAIN_VERIFIERS, DEFAULT_BATCH, DEFAULT_KV_LEN, DEFAULT_PORT, ServeSettings
 
@@ -23,21 +24,17 @@ from bole_cli.serving import CHAIN_VERIFIERS, DEFAULT_BATCH, DEFAULT_KV_LEN, DEF
 _DASHDASH = "bole.serve.dashdash"  # ctx.meta: whether `--` came on the command line
 
 
-def _serve_command_class():
+class ServeCommand(TyperCommand):
     """Typer's command, noting whether `--` was given: click keeps no trace of it, and SGLang's
     arguments must come after it (a stray word before is a typo, not a launch_server flag)."""
-    from typer.core import TyperCommand
 
-    class ServeCommand(TyperCommand):
-        def parse_args(self, ctx, args):
-            ctx.meta[_DASHDASH] = "--" in args
-            return super().parse_args(ctx, args)
-
-    return ServeCommand
+    def parse_args(self, ctx, args):
+        ctx.meta[_DASHDASH] = "--" in args
+        return super().parse_args(ctx, args)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve", cls=_serve_command_class())(serve)
+    app.command("serve", cls=ServeCommand)(serve)
 
 
 def _panel(result: dict, s: ServeSettings) -> Any:

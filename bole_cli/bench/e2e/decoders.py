@@ -74,6 +74,11 @@ class Decoder:
     drafts = False  # drafts a tree: has a budget plan and an expected acceptance above 1
     chain = False  # a top-1 chain whose depth the harness sweeps (bench.chain_depth)
 
+    @classmethod
+    def verifies_tree(cls) -> bool:
+        """Drafts a tree verified under the batch budget (its shape and budget swept)."""
+        return cls.drafts and not cls.chain
+
     def __init__(self, bench, batch: int, max_steps: int):
         self.bench, self.model = bench, bench.model
         self.batch = batch

@@ -160,8 +160,8 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
         raise InputError(f"--decoders: expected some of {', '.join(DECODER_NAMES)}, got {','.join(names)!r}")
     _check_combinations(model=model, tiny=tiny, budget=budget, budgets=budgets or (budget_policy,),
                         tree_budgets=tree_budgets, batches=batches, names=names, chains=chains,
-                        chain_depths_given=chain_depths is not None, depth=use["depth"], search=search, max_batch=max_batch, max_probes=max_probes,
-                        probe_nodes=probe_nodes)
+                        chain_depths_given=chain_depths is not None, depth=use["depth"], search=search,
+                        max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes)
     if draft_vocab is not None and not 1 <= draft_vocab <= spec.vocab:
         raise InputError(f"--draft-vocab: expected 1..{spec.vocab} (the model's vocabulary), got {draft_vocab}")
     if snapshot_engine not in SNAPSHOT_ENGINES:
@@ -178,8 +178,8 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
 
 def _check_combinations(*, model: str, tiny: bool, budget: str, budgets: tuple, tree_budgets: Optional[str],
                         batches: tuple[int, ...], names: tuple[str, ...], chains: tuple[int, ...],
-                        chain_depths_given: bool, depth: int,
-                        search: bool, max_batch: int, max_probes: int, probe_nodes: Optional[int]) -> None:
+                        chain_depths_given: bool, depth: int, search: bool, max_batch: int, max_probes: int,
+                        probe_nodes: Optional[int]) -> None:
     """Options that contradict each other or the run, refused before any model is built."""
     if tiny and model.strip().lower() != MODEL:
         raise InputError(f"--model {model}: --tiny builds its own tiny model; give one or the other")

@@ -69,8 +69,7 @@ def run_sweep(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None]) 
     shapes = tuple(cfg.tree_shapes) or ((cfg.depth, cfg.topk),)
     trees = [(shape, n) for shape in shapes for n in budgets]
     for b in cfg.batches:  # budget, shape and depth errors before any timing
-        for shape, budget in trees if any(decoder_class(d).drafts and not decoder_class(d).chain
-                                          for d in cfg.decoders) else ():
+        for shape, budget in trees if any(decoder_class(d).verifies_tree() for d in cfg.decoders) else ():
             bench.use_shape(*shape)
             bench.budget_policy = budget
             bench.plan(b)
@@ -113,7 +112,7 @@ def _sweep_runs(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None]
                     results.append(RunResult(name, b, chain_depth=depth, error=replayssm_error))
                     continue
                 r = bench.run(name, b)
-                r.chain_depth, r.tree_shape = depth, shape if kind.drafts and not kind.chain else None
+                r.chain_depth, r.tree_shape = depth, shape if kind.verifies_tree() else None
                 r.predicted_tok_s = pricer(r)
                 results.append(r)
 
@@ -125,7 +124,7 @@ def search_batches(cfg: E2EConfig, bench: E2EBench, comparison: list[dict],
     nodes = cfg.probe_nodes
     if nodes is None:
         nodes = max(bench.plan(min(cfg.batches)).sizes) if any(
-            decoder_class(d).drafts and not decoder_class(d).chain for d in cfg.decoders) else 1
+            decoder_class(d).verifies_tree() for d in cfg.decoders) else 1
     nodes = max(1, min(int(nodes), bench.layout.n_nodes))
     found: dict[str, Any] = {}
     skipped = ""
