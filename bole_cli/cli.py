@@ -4,7 +4,7 @@ Conventions every command follows (see tests/test_cli_conventions.py):
 - `--json` on every command that prints data; stable keys.
 - Bad input (InputError, a usage error) -> one red line on stderr, exit 2; runtime
   failure (BoleError, any other exception) -> exit 1; the traceback only with
-  `bole --debug ...`.
+  `--debug` (anywhere before a `--`).
 - No torch/triton/sglang import on the `--help` path: command modules import them
   inside the command function. A command that prints no data names itself in its
   module's `JSON_EXEMPT = {"name": "why"}`.
@@ -121,6 +121,16 @@ def _report_interrupted() -> None:
     _report(interrupts.reason(), interrupts.exit_code())
 
 
+def _debug_first(args: list[str]) -> list[str]:
+    """`--debug` is the root's option, but a user adds it where the error showed up, after
+    the sub-command: move it to the front. Not past `--`, where the words are another
+    program's (`bole serve -- ...`)."""
+    cut = args.index("--") if "--" in args else len(args)
+    if "--debug" not in args[:cut]:
+        return args
+    return ["--debug", *(a for a in args[:cut] if a != "--debug"), *args[cut:]]
+
+
 class BoleGroup(TyperGroup):
     """Turns Bole's errors into one red line and the right exit code."""
 
@@ -130,6 +140,7 @@ class BoleGroup(TyperGroup):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if ctx.parent is None:
             _state["debug"] = False  # set again by the root callback
+            args = _debug_first(args)
         try:
             return super().parse_args(ctx, args)
         except KeyboardInterrupt:
@@ -175,7 +186,7 @@ def _root(
     version: Optional[bool] = typer.Option(
         None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors (here or after the command)."),
 ) -> None:
     """Bole: fast, exact tree speculative decoding for hybrid-attention (Gated DeltaNet) models."""
     _state["debug"] = debug

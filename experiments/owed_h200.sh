@@ -42,6 +42,8 @@
 #                                          #   (target and drafter forms): 9B, 27B
 #   bash experiments/owed_h200.sh profiles # ~9 min: bole calibrate --measure, 4B, 9B, 27B (ship to profiles/h200/;
 #                                          #   done S13-a: again only after a change to the step)
+#   bash experiments/owed_h200.sh check    # ~10 min: check_decision.py on profiles/<gpu>/ (R-8's form; CHECK_MODEL=9B,
+#                                          #   CHECK_PRESET=paper-mbpp; then cnndm, then 27B)
 #   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / production-s9
 #   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
 #   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write's GPU test on the H200 (its bench: S7-c)
@@ -62,7 +64,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh decode|tests|gemm|steps|knee|profiles|kernels|split|deferred|tune}
+job=${1:?usage: bash experiments/owed_h200.sh decode|tests|gemm|steps|knee|profiles|check|kernels|split|deferred|tune}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -114,6 +116,13 @@ case "$job" in
       run timeout -s INT 250 $PY -m bole_cli calibrate --gpu "$gpu" --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
         --measure --repeats 3 --warmup 2 --no-plot --out "$dir/$gpu/Qwen3.5-$m.yaml"
     done ;;
+  check)  # the decision check (R-8's form) on the shipped profile of the card the call got; a fresh
+           # machine compiles first, so one model and one preset a call
+    m=${CHECK_MODEL:-9B}; a=${CHECK_PRESET:-paper-mbpp}
+    run timeout 560 $PY experiments/check_decision.py --model "$m" --batch 1,4,16 --context 4096 \
+      --profile "profiles/$gpu/Qwen3.5-$m.yaml" --acceptance "$a" --tree-shapes 3x2,4x4,6x2,6x4,8x4 \
+      --e2e-timeout 165 --out "$dir/$gpu-$m-$a"
+    cp "$dir/$gpu-$m-$a/check.json" "$OUT/check-$gpu-$m-$a.json" 2>/dev/null ;;
   split)
     run timeout 360 $PY experiments/split_bench.py --out "$dir/split-$gpu.json"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_precision_contract.py -p no:cacheprovider ;;

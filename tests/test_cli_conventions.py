@@ -257,6 +257,19 @@ def test_debug_shows_the_traceback(boom_app):
     assert "Traceback" not in r.stderr and r.exit_code == 1
 
 
+@pytest.mark.parametrize("argv", [["boom", "--debug", "input"], ["boom", "input", "--debug"]])
+def test_debug_after_the_command_shows_the_traceback(boom_app, argv):
+    r = runner.invoke(boom_app, argv)
+    assert r.exit_code == 2
+    assert r.stderr.startswith("Traceback (most recent call last):")
+
+
+def test_debug_past_the_separator_is_left_to_the_other_program():
+    assert cli._debug_first(["serve", "--", "--debug"]) == ["serve", "--", "--debug"]
+    assert cli._debug_first(["serve", "--debug", "--", "--debug"]) == [
+        "--debug", "serve", "--", "--debug"]
+
+
 @pytest.mark.parametrize("argv,text", [
     (["--bogus"], "No such option: --bogus (see 'bole --help')"),
     (["nosuch"], "No such command 'nosuch'"),

@@ -362,7 +362,7 @@ class HybridModel:
         largest = max((cu[b + 1] - cu[b] for b in range(len(cu) - 1)), default=0)
         if self.ops.uses_kernel("tree_verify") and largest > MAX_TREE_NODES:
             raise InputError(f"a request's tree has {largest} nodes; the tree kernels take at most "
-                             f"{MAX_TREE_NODES} (MAX_TREE_NODES)")
+                             f"{MAX_TREE_NODES} (the kernels' limit)")
         return prepare_tree((parents, cu), tokens, slots, cache.kv_lens, rope=self.rope, dtype=self.dtype,
                             device=self.device, n_slots=cache.n_slots, max_len=cache.max_len,
                             gqa_group=self.gqa_group, n_gdn_layers=self.n_gdn, kv_bucket=kv_bucket,

@@ -240,7 +240,7 @@ class HybridForwardTimer:
         sizes = tree_sizes(batch, n_tree_tokens)
         if sizes[0] > MAX_TREE_NODES:
             raise InputError(f"{n_tree_tokens} tree tokens over batch {batch} gives {sizes[0]}-node trees; "
-                             f"a request's tree holds at most {MAX_TREE_NODES} (MAX_TREE_NODES)")
+                             f"a request's tree holds at most {MAX_TREE_NODES} (the kernels' limit)")
         cache = self._cache_for(batch, kv_len + sizes[0], kv_len, n_tree_tokens)
         key = ("verify", self.path, batch, kv_len, n_tree_tokens)
 

@@ -115,7 +115,7 @@ def beam_tree(depth: int, topk: int, seed: RngLike = 0,
     size = beam_tree_size(depth, topk)
     if size > MAX_TREE_NODES:
         raise InputError(f"depth {depth} with topk {topk} gives {size} nodes; at most "
-                         f"{MAX_TREE_NODES} (MAX_TREE_NODES)")
+                         f"{MAX_TREE_NODES} (the kernels' limit)")
     if level_probs is not None:
         logs = [[math.log(p) for p in row] for row in _check_level_probs(level_probs, depth, topk)]
         draft = logs.__getitem__

@@ -65,7 +65,7 @@ def retrieve_parent_token(retrive_next_token: Any, retrive_next_sibling: Any) ->
         raise InputError(f"'retrive_next_sibling' has {len(ns)} entries but "
                          f"'retrive_next_token' has {n}")
     if n > MAX_TREE_NODES:
-        raise InputError(f"tree has {n} nodes; at most {MAX_TREE_NODES} (MAX_TREE_NODES)")
+        raise InputError(f"tree has {n} nodes; at most {MAX_TREE_NODES} (the kernels' limit)")
     for name, arr in (("retrive_next_token", nt), ("retrive_next_sibling", ns)):
         for i, x in enumerate(arr):
             if not is_int(x):

@@ -49,7 +49,7 @@ class ProposalTree:
         if n == 0:
             raise InputError("tree is empty: 'parents' has no nodes")
         if n > MAX_TREE_NODES:
-            raise InputError(f"tree has {n} nodes; at most {MAX_TREE_NODES} (MAX_TREE_NODES)")
+            raise InputError(f"tree has {n} nodes; at most {MAX_TREE_NODES} (the kernels' limit)")
         if len(log_probs) != n:
             raise InputError(f"'log_probs' has {len(log_probs)} entries but 'parents' has {n}")
         for i, p in enumerate(parents):
