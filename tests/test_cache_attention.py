@@ -3,7 +3,7 @@ reference: any lengths (none, short, past the cache), several key chunks merged,
 slots outside the pool; a tree verify's own keys after the committed ones under its tree
 mask (rows that see nothing, trees past the cache's end, chunks of tree keys only), against
 the reference and against the runtime's split tree attention. CPU: Triton's interpreter,
-float32."""
+float32, and bfloat16 with the interpreter's bf16 dot made the GPU's (gpu_like_bf16_dots)."""
 
 from __future__ import annotations
 
@@ -288,3 +288,48 @@ def test_bf16_tree_on_gpu(bsz, keys, nodes):
     want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
     assert float((out.cpu().double() - want).norm() / want.norm()) < 1e-2
     torch.testing.assert_close(lse.cpu().double(), want_lse, atol=2e-2, rtol=1e-3)
+
+
+@pytest.fixture
+def gpu_like_bf16_dots(monkeypatch):
+    """Under Triton's interpreter, tl.dot of bfloat16 operands multiplies their raw uint16
+    bits (the interpreter stores bf16 as uint16 and hands them to numpy's matmul: outputs off
+    by ~1e9), where the GPU multiplies the values and sums in float32. The interpreter-only
+    fix SGLang's kernels already take (sglang/triton_interpreter.fix_interpreted_bf16_dot:
+    the operands upcast to float32, exact for bf16) makes it do what the GPU does; applied
+    for this test alone (monkeypatch puts the interpreter back). The kernel is unchanged."""
+    from triton.runtime import interpreter
+
+    from bole_cli.sglang.triton_interpreter import fix_interpreted_bf16_dot
+
+    builder = interpreter.InterpreterBuilder
+    monkeypatch.setattr(builder, "create_dot", builder.create_dot)
+    monkeypatch.setattr(builder, "__bole_bf16_dot_fix__",
+                        getattr(builder, "__bole_bf16_dot_fix__", False), raising=False)
+    if not fix_interpreted_bf16_dot():
+        pytest.skip("an interpreter test (TRITON_INTERPRET=1)")
+
+
+@pytest.mark.parametrize("seed, lengths, launch, tree", [
+    (1, [100, 37, 0], None, False),  # one chunk, normalised in place; a request with no key
+    (2, [600, 300], (16, 4, 1, 264, 16, 16), False),  # 38 chunks merged
+    (3, [513, 60], None, True),  # a tree's keys after the cache, under its mask
+])
+def test_bf16_matches_float64_reference_near_the_rounding_floor(gpu_like_bf16_dots, seed, lengths,
+                                                                launch, tree):
+    """bfloat16 q, k, v (the serving dtype) against float64 on the same rounded inputs: out
+    within a few times what rounding the exact output to bf16 costs (the kernel rounds the
+    softmax weights to bf16 for the P V dot, as on the GPU, so about 2-3x that floor), lse
+    (float32 throughout) near float32's. Scores, softmax and sums stay float32."""
+    g = torch.Generator().manual_seed(seed)
+    nodes, group = (5, 4) if tree else (1, 4)
+    q, k, v, slots, used = case(seed, len(lengths), 2, nodes * group, 32, 640, lengths,
+                                dtype=torch.bfloat16)
+    bias = tree_mask(g, len(lengths), 1, nodes, group, nodes) if tree else None
+    out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias, launch=launch)
+    want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
+    assert out.dtype == torch.bfloat16
+    floor = float((want.to(torch.bfloat16).double() - want).norm() / want.norm())
+    err = float((out.double() - want).norm() / want.norm())
+    assert err < 4 * floor, (err, floor)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
