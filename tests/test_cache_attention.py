@@ -290,26 +290,6 @@ def test_bf16_tree_on_gpu(bsz, keys, nodes):
     torch.testing.assert_close(lse.cpu().double(), want_lse, atol=2e-2, rtol=1e-3)
 
 
-@pytest.fixture
-def gpu_like_bf16_dots(monkeypatch):
-    """Under Triton's interpreter, tl.dot of bfloat16 operands multiplies their raw uint16
-    bits (the interpreter stores bf16 as uint16 and hands them to numpy's matmul: outputs off
-    by ~1e9), where the GPU multiplies the values and sums in float32. The interpreter-only
-    fix SGLang's kernels already take (sglang/triton_interpreter.fix_interpreted_bf16_dot:
-    the operands upcast to float32, exact for bf16) makes it do what the GPU does; applied
-    for this test alone (monkeypatch puts the interpreter back). The kernel is unchanged."""
-    from triton.runtime import interpreter
-
-    from bole_cli.sglang.triton_interpreter import fix_interpreted_bf16_dot
-
-    builder = interpreter.InterpreterBuilder
-    monkeypatch.setattr(builder, "create_dot", builder.create_dot)
-    monkeypatch.setattr(builder, "__bole_bf16_dot_fix__",
-                        getattr(builder, "__bole_bf16_dot_fix__", False), raising=False)
-    if not fix_interpreted_bf16_dot():
-        pytest.skip("an interpreter test (TRITON_INTERPRET=1)")
-
-
 @pytest.mark.parametrize("seed, lengths, launch, tree", [
     (1, [100, 37, 0], None, False),  # one chunk, normalised in place; a request with no key
     (2, [600, 300], (16, 4, 1, 264, 16, 16), False),  # 38 chunks merged
@@ -319,7 +299,8 @@ def test_bf16_matches_float64_reference_near_the_rounding_floor(gpu_like_bf16_do
                                                                 launch, tree):
     """bfloat16 q, k, v (the serving dtype) against float64 on the same rounded inputs: out
     within a few times what rounding the exact output to bf16 costs (the kernel rounds the
-    softmax weights to bf16 for the P V dot, as on the GPU, so about 2-3x that floor), lse
+    softmax weights to bf16 for the P V dot, as on the GPU, and the interpreter casts to bf16
+    toward zero where the GPU rounds to nearest: about 2-3x that floor), lse
     (float32 throughout) near float32's. Scores, softmax and sums stay float32."""
     g = torch.Generator().manual_seed(seed)
     nodes, group = (5, 4) if tree else (1, 4)

@@ -4,7 +4,7 @@ and resets its counter), strided rows, out=, its bounds and its refusals; the fu
 add + RMSNorm before the product and SwiGLU after it against the same in float64.
 
 CPU: Triton's interpreter; float32 inputs take IEEE dots there, so the float64 product
-applies at float32 tolerance. On the GPU: bf16 against cuBLAS at the decode shapes.
+applies at float32 tolerance; bf16 with the interpreter's bf16 dot made the GPU's. On the GPU: bf16 against cuBLAS at the decode shapes.
 """
 
 from __future__ import annotations
@@ -56,6 +56,22 @@ def test_matches_the_float64_product(m, n, k, bn, bk, split, seed):
     assert y.shape == (m, n) and y.dtype == x.dtype
     assert_product(y, x, w)
     assert (module._COUNTERS.get("cpu", torch.zeros(1, dtype=torch.int32)) == 0).all()  # reset for the next
+
+
+@pytest.mark.parametrize("m, n, k, split", [(1, 48, 300, 1), (7, 33, 520, 4), (64, 20, 96, 2)])
+def test_bf16_matches_the_float64_product(gpu_like_bf16_dots, m, n, k, split):
+    """bfloat16 operands (the serving dtype), products summed in float32 as on the GPU
+    (tests/conftest.py: gpu_like_bf16_dots): each output within one bf16 unit of the exact
+    product on the same rounded inputs (the interpreter casts float32 to bf16 toward zero,
+    the GPU to nearest), plus float32's summation bound."""
+    gen = torch.Generator().manual_seed(m * n + k)
+    x, w = rand(gen, m, k).bfloat16(), rand(gen, n, k).bfloat16()
+    with shuffled_grid(k):
+        y = skinny_mm(x, w, config={"BN": 16, "BK": 64, "SPLIT_K": split})
+    assert y.dtype == torch.bfloat16
+    want = x.double() @ w.double().T
+    scale = x.double().abs() @ w.double().abs().T
+    assert ((y.double() - want).abs() <= 2 ** -7 * want.abs() + 1e-6 * scale + 1e-6).all()
 
 
 def fused_reference(x, w, residual, norm, eps, glu):
