@@ -186,7 +186,8 @@ def _root(
     version: Optional[bool] = typer.Option(
         None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors (here or after the command)."),
+    debug: bool = typer.Option(False, "--debug",
+                               help="Show full tracebacks on errors (here or after the command)."),
 ) -> None:
     """Bole: fast, exact tree speculative decoding for hybrid-attention (Gated DeltaNet) models."""
     _state["debug"] = debug
