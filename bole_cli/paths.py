@@ -18,6 +18,12 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "bole"
 
 
+def default_named(what: str) -> str:
+    """How an error names a default output under cache_dir() that the user gave no option
+    for: `what` and where it lives."""
+    return f"the default {what} (under ${env.CACHE_DIR} or $XDG_CACHE_HOME)"
+
+
 def acceptance_dir() -> Path:
     """Where `bole acceptance` writes a measured acceptance file unless --out says
     otherwise: the cache, never the working directory (as results_dir)."""

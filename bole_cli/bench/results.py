@@ -29,14 +29,14 @@ def check_outputs(out_dir: Optional[Path], tag: Optional[str]) -> Path:
     """The folder the results go to (--out-dir, else the cache's results/), checked with
     the tag's file names before any work: InputError names --tag or --out-dir."""
     from bole_cli.console import check_name_lengths, check_writable
-    from bole_cli.paths import results_dir
+    from bole_cli.paths import default_named, results_dir
 
     check_tag(tag)
     folder = results_dir() if out_dir is None else Path(out_dir)
     if tag is not None:
         check_name_lengths(Path(tag + _SUFFIX), "--tag")
     check_writable(folder / f"{tag or 'results'}{_SUFFIX}", "--out-dir" if out_dir is not None else
-                   "the default results folder (under $BOLE_CACHE_DIR or $XDG_CACHE_HOME)")
+                   default_named("results folder"))
     return folder
 
 

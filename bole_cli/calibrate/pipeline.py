@@ -175,6 +175,7 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     from bole_cli.calibrate.sweep import EXACT, Timing
     from bole_cli.catalog.hardware import resolve_gpu
     from bole_cli.catalog.models import resolve_model
+    from bole_cli.paths import default_named
     from bole_cli.profiles.io import profile_path, user_profiles_dir
 
     if not (math.isfinite(eps) and 0 < eps <= MAX_EPS):
@@ -200,7 +201,7 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     path = Path(out) if out is not None else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name)
     check_out_path(path, gpu_spec.key, model_spec.name, plot=plot,
                    what="--out" if out is not None else
-                   "the default profile (under $BOLE_CACHE_DIR or $XDG_CACHE_HOME)")
+                   default_named("profile"))
 
     detected, reason = device_for(gpu_spec, measure, estimate)
     if detected is not None:

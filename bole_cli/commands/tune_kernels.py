@@ -143,20 +143,22 @@ def _tune(specs, kernels, batches, nodes, settings: dict, json_out: bool, report
         state["buckets"] += 1
         progress.update(state["task"], completed=state["buckets"] * trials)
 
+    def stop():
+        if state.pop("task", None) is not None:  # started, once: a never-started Progress
+            progress.stop()                      # prints a stray newline on stop
+
     try:
         run = tune(specs, kernels, batches, nodes, **settings, on_start=on_start, on_trial=on_trial,
                    on_bucket=on_bucket)
     except KeyboardInterrupt:
-        if "task" in state:
-            progress.stop()
+        stop()
         run = state.get("run")
         if run is not None:
             err.print(escape(f"interrupted: {len(run.saved)} of {len(run.buckets)} buckets saved to "
                              f"{run.profile_path}; run the same command again to resume"), soft_wrap=True)
         raise
     finally:
-        if "task" in state:  # started: a never-started Progress prints a stray newline on stop
-            progress.stop()
+        stop()
     data = run.to_dict()
     if report is not None:
         atomic_write_text(report, dumps_json(data) + "\n")

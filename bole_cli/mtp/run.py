@@ -130,16 +130,11 @@ def run_acceptance(opts: AcceptanceOptions, progress: Optional[Callable] = None,
     require_transformers()
     ckpt = inspect_checkpoint(opts.model)
     device = _device(opts.device)
-    if opts.out is not None:
-        out = Path(opts.out)
-    else:
-        from bole_cli.paths import acceptance_dir
-
-        out = acceptance_dir() / f"acceptance-{ckpt.path.name}.yaml"
     from bole_cli.console import check_writable
+    from bole_cli.paths import acceptance_dir, default_named
 
-    check_writable(out, "--out" if opts.out is not None else
-                   "the default acceptance file (under $BOLE_CACHE_DIR or $XDG_CACHE_HOME)")
+    out = Path(opts.out) if opts.out is not None else acceptance_dir() / f"acceptance-{ckpt.path.name}.yaml"
+    check_writable(out, "--out" if opts.out is not None else default_named("acceptance file"))
 
     import torch
 

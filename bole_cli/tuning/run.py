@@ -127,6 +127,7 @@ def tune(specs: Sequence, kernels: Sequence[str], batches: Sequence[int], nodes:
 
     from bole_cli.console import check_writable
     from bole_cli.kernels.tuned_tables import gpu_key_for, kernels_profile_path, table_paths
+    from bole_cli.paths import default_named
     from bole_cli.profiles.io import user_profiles_dir
     from bole_cli.timing import warm_gpu
     from bole_cli.tuning.gpu import GpuEvaluator
@@ -139,7 +140,7 @@ def tune(specs: Sequence, kernels: Sequence[str], batches: Sequence[int], nodes:
     gpu_key = gpu_key_for(device_name)
     profile_path = Path(profile) if profile is not None else kernels_profile_path(user_profiles_dir(), gpu_key)
     check_writable(profile_path, "--profile" if profile is not None else
-                   "the default kernels profile (under $BOLE_CACHE_DIR or $XDG_CACHE_HOME)")
+                   default_named("kernels profile"))
     storage, storage_path, storage_kind = open_storage(optuna, study_db or default_storage_path())
     run = TuneRun(device_name, gpu_key, triton.__version__, str(torch.__version__), profile_path, storage_path,
                   storage_kind, TuneSettings(trials=trials, sampler=sampler, seed=seed), buckets,
