@@ -55,15 +55,12 @@ def run(cmd: list[str], env: dict, log: Path, timeout: int) -> int:
 def gpu_here() -> str:
     """The catalogue key of the CUDA device present, else what it is ('no CUDA GPU', or its
     name, not in the catalogue)."""
-    import torch
+    from bole_cli.catalog.hardware import detect_gpu
 
-    from bole_cli.catalog.hardware import match_gpu
-
-    if not torch.cuda.is_available():
+    gpu = detect_gpu()
+    if gpu is None:
         return "no CUDA GPU"
-    name = torch.cuda.get_device_name()
-    gpu = match_gpu(name)
-    return gpu.key if gpu is not None else f"{name} (not in the catalogue)"
+    return gpu.spec.key if gpu.spec is not None else f"{gpu.name} (not in the catalogue)"
 
 
 def budgets_around(n: int, batch: int, per_request: int, factors=(0.5, 2.0)) -> list[int]:
