@@ -30,7 +30,8 @@
 # nodes); decode now times the rule's bound on the H200. Twelfth session, an H100 (S12-a): profiles
 # on the card the call got, shipped as profiles/h100/. Thirteenth session, the H200 (S13-a): profiles,
 # shipped as profiles/h200/ (a fresh machine compiles for minutes first, so a call holds two models
-# at their 250 s timeouts: PROFILE_MODELS="4B 9B", then "27B"). Run the rest in this order (a
+# at their 250 s timeouts: PROFILE_MODELS="4B 9B", then "27B"). Fourteenth and fifteenth sessions, an H100
+# (S14-a, S15-a): check for 9B and 27B, both presets, and the GPU suite (71 passed). Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
