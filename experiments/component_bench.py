@@ -349,7 +349,8 @@ def host_step(torch, device, reps: int) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="9b")
-    ap.add_argument("--gpu", default="h200", help="catalogue GPU whose datasheet peak the fractions use")
+    ap.add_argument("--gpu", default=None, help="catalogue GPU whose datasheet peak the fractions use "
+                    "(default: the CUDA device's, else h200)")
     ap.add_argument("--rows", default="1,2,4,8,16,32,64,128,256,512,1024,4096")
     ap.add_argument("--rotate", type=int, default=4, help="weight sets timed together (L2 never holds one)")
     ap.add_argument("--decode-batch", default="1,2,4,8,16,32,64", help="batches of the GDN decode rows")
@@ -377,7 +378,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from bole_cli.catalog.hardware import resolve_gpu
+    from bole_cli.catalog.hardware import detect_gpu, resolve_gpu
     from kernel_variants import ATTENTION, DECODE, VARIANTS
 
     from bole_cli.catalog.models import resolve_model, tiny_spec
@@ -406,7 +407,8 @@ def main(argv=None) -> None:
         sglang = load_sglang_kernels(with_norm=True)
     rows = [1, 4] if args.smoke else [int(r) for r in args.rows.split(",")]
     cuda = args.device == "cuda"
-    gpu = resolve_gpu(args.gpu)
+    detected = detect_gpu() if args.gpu is None and cuda else None
+    gpu = detected.spec if detected is not None and detected.spec is not None else resolve_gpu(args.gpu or "h200")
     if cuda:
         from bole_cli.timing import measure_copy_bandwidth, warm_gpu
 

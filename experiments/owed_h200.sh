@@ -31,10 +31,14 @@
 # on the card the call got, shipped as profiles/h100/. Thirteenth session, the H200 (S13-a): profiles,
 # shipped as profiles/h200/ (a fresh machine compiles for minutes first, so a call holds two models
 # at their 250 s timeouts: PROFILE_MODELS="4B 9B", then "27B"). Fourteenth and fifteenth sessions, an H100
-# (S14-a, S15-a): check for 9B and 27B, both presets, and the GPU suite (71 passed). Run the rest in this order (a
+# (S14-a, S15-a): check for 9B and 27B, both presets, and the GPU suite (71 passed). Fifteenth session,
+# an H100 (S15-b): the cache attention's one-tile rule for 17-64 rows over many keys, a change
+# to the step at batch 4-16 and long contexts: on the H200 the attention sweep first, then
+# profiles (all three models), knee, check. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
+#   bash experiments/owed_h200.sh attention # ~6 min: the cache attention's rows a tile (S15-b's sweep), 27B, 9B
 #   bash experiments/owed_h200.sh decode   # ~5 min: the fused GDN decode by launch (split x warps) and batch,
 #                                          #   SGLang's decode beside it: 9B, 27B; the replay commit's row
 #                                          #   stride an argument / a constant / the rule, chains of 2-64
@@ -65,7 +69,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh decode|tests|gemm|steps|knee|profiles|check|kernels|split|deferred|tune}
+job=${1:?usage: bash experiments/owed_h200.sh attention|decode|tests|gemm|steps|knee|profiles|check|kernels|split|deferred|tune}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -81,7 +85,16 @@ fi
 # the replay commit's row-stride rule on both sides of its bound (32 path nodes)
 ROW_CASES=1x2:chain,1x8:chain,1x16:chain,1x32:chain,1x64:chain,16x4:chain,16x8:chain,16x16:chain,16x32:chain
 ROW_CASES=$ROW_CASES,16x64:chain,64x2:chain,64x8:chain,1x16,16x16,16x64,64x64
+# the cache attention's launches of S15-b's sweep (the rule's 16-row ones first: the reference)
+ATTN_LAUNCHES=64x4x3x128x128x16,64x4x2x132x128x16,64x8x2x128x128x32,32x4x3x128x128x32,32x8x3x128x128x64
+ATTN_LAUNCHES=$ATTN_LAUNCHES,32x8x3x264x256x64,64x8x2x264x256x32
 case "$job" in
+  attention)
+    for m in 27b 9b; do
+      run timeout 190 $PY experiments/component_bench.py --model "$m" --parts attention --attention-batch 1,4,16 \
+        --attention-kv 1024,4096,16384 --attention-tokens 1,4,8 --attention-launches "$ATTN_LAUNCHES" \
+        --out "$dir/$gpu-$m-attention-rows-tile.json"
+    done ;;
   tests)
     run timeout 330 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
   gemm)

@@ -104,14 +104,18 @@ def cases():
         yield (f"attention_in HQ={hq} HK={hk} D={dh} k_out={k_out}", _attention_in_kernel, ptr, {"eps": "fp32"},
                consts, 2, 1)
     from bole_cli.kernels.cache_attention import (FEW_ROWS_LAUNCH, FULL_LAUNCH, MANY_ROWS_LAUNCH,
-                                                  _cache_attention_merge, _cache_attention_part)
+                                                  ONE_TILE_ROWS_LAUNCHES, _cache_attention_merge,
+                                                  _cache_attention_part)
 
     ptr = dict(q="*bf16", k_cache="*bf16", v_cache="*bf16", slots="*i64", used="*i64", o_part="*fp32",
                m_part="*fp32", l_part="*fp32", out="*bf16", lse="*fp32", tree_bias="*fp32", tree_cu="*i32")
     for tree, final, (keys, warps, stages, _, _, rows) in ((True, False, FEW_ROWS_LAUNCH), (True, True, FEW_ROWS_LAUNCH),
                                                            (False, False, FEW_ROWS_LAUNCH),
                                                            (True, False, MANY_ROWS_LAUNCH),
-                                                           (True, False, FULL_LAUNCH)):  # the rule's launches
+                                                           (True, False, FULL_LAUNCH),
+                                                           *((True, False, one) for _, one in ONE_TILE_ROWS_LAUNCHES),
+                                                           (False, False, ONE_TILE_ROWS_LAUNCHES[0][1])):
+        # the rule's launches (a drafter level takes no tree)
         yield (f"cache_attention_part tree={tree} final={final} BL={keys} BR={rows} warps={warps} stages={stages}",
                _cache_attention_part, ptr, {"scale": "fp32"},
                dict(H=4, D=256, BD=256, BR=rows, BL=keys, FINAL=final, TREE=tree, SIZES=True), warps, stages)

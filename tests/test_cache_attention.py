@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.cache_attention import (FEW_PROGRAMS, FEW_ROWS_LAUNCH, MANY_ROWS_LAUNCH, TARGET_PROGRAMS,
-                                              FULL_LAUNCH, attention_launch, attention_splits, cache_attention)
+from bole_cli.kernels.cache_attention import (FEW_PROGRAMS, FEW_ROWS_LAUNCH, MANY_ROWS_LAUNCH, ONE_TILE_MIN_KEYS,
+                                              ONE_TILE_ROWS_LAUNCHES, TARGET_PROGRAMS, FULL_LAUNCH, attention_launch,
+                                              attention_splits, cache_attention)
 from bole_cli.kernels.reference_attention import cache_attention_ref
 
 # the default; chunks of 16 keys (up to 40 of them: the merge's chunk loop runs three times
@@ -89,15 +90,54 @@ def test_the_default_launch_follows_the_rows_and_their_programs():
     assert attention_launch(64, 4, 48) == MANY_ROWS_LAUNCH  # 768 tiles of 33-63 rows: FULL's tiles would idle
 
 
-@pytest.mark.parametrize("nodes", [9, 17])  # 36 rows (one part-masked tile of 64); 68 (a second tile of 4)
-def test_the_default_launches_compute_the_same_attention(nodes):
-    """Each of the rule's launches (rows a tile 16 or 64, several key chunks) against the
-    float64 reference: a tree of `nodes` tokens at a group of 4."""
-    g = torch.Generator().manual_seed(8)
-    q, k, v, slots, used = case(8, 2, 2, nodes * 4, 16, 640, [600, 70])
-    bias = tree_mask(g, 2, 1, nodes, 4, nodes)
+def test_many_keys_take_one_tile_for_17_to_64_rows():
+    """From ONE_TILE_MIN_KEYS keys over the batch, 17-32 rows (a tree of 8 tokens at a group
+    of 4, of 4 at 27B's 6) and 33-64 (8 tokens at 6) each take the launch whose one tile holds
+    them all; 16 rows or fewer, more than 64, or fewer keys: the rule as before."""
+    (most32, rows32), (most64, rows64) = ONE_TILE_ROWS_LAUNCHES
+    assert (most32, rows32[5], most64, rows64[5]) == (32, 32, 64, 64)
+    many = ONE_TILE_MIN_KEYS // 16
+    for rows in (17, 24, 32):
+        assert attention_launch(16, 4, rows, many) == rows32
+        assert attention_launch(16, 4, rows, many - 1) == attention_launch(16, 4, rows)
+    for rows in (33, 48, 64):
+        assert attention_launch(16, 4, rows, many) == rows64
+        assert attention_launch(1, 4, rows, ONE_TILE_MIN_KEYS - 1) == attention_launch(1, 4, rows)
+    assert attention_launch(1, 4, 48, ONE_TILE_MIN_KEYS) == rows64  # batch 1 over as many keys
+    assert attention_launch(16, 4, 16, 10**6) == FEW_ROWS_LAUNCH
+    assert attention_launch(16, 4, 128, 10**6) == FULL_LAUNCH
+    assert attention_launch(4, 4, 128, 10**6) == MANY_ROWS_LAUNCH
+
+
+def test_the_one_tile_launch_is_the_default_over_many_keys(monkeypatch):
+    """The default launch itself (no launch given) takes the one-tile rule where the keys
+    pass ONE_TILE_MIN_KEYS (lowered here to this small cache's): 27B's 4-token tree, 24 rows,
+    against the float64 reference and the explicit launch, bit for bit."""
+    import bole_cli.kernels.cache_attention as kernel
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v, slots, used = case(12, 2, 2, 24, 16, 640, [600, 70])
+    bias = tree_mask(g, 2, 1, 4, 6, 4)
     want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
-    for launch in (FEW_ROWS_LAUNCH, MANY_ROWS_LAUNCH, FULL_LAUNCH):
+    monkeypatch.setattr(kernel, "ONE_TILE_MIN_KEYS", 2 * 640)
+    assert kernel.attention_launch(2, 2, 24, 640) == ONE_TILE_ROWS_LAUNCHES[0][1]
+    out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
+    one, one_lse = cache_attention(q, k, v, slots, used, tree_bias=bias, launch=ONE_TILE_ROWS_LAUNCHES[0][1])
+    assert torch.equal(out, one) and torch.equal(lse, one_lse)
+
+
+@pytest.mark.parametrize("nodes, group", [(9, 4), (17, 4), (4, 6), (7, 6)])
+def test_the_default_launches_compute_the_same_attention(nodes, group):
+    """Each of the rule's launches (rows a tile 16, 32 or 64, several key chunks) against the
+    float64 reference: a tree of `nodes` tokens at a GQA group of 4 (36 rows: one part-masked
+    tile of 64; 68: a second tile of 4) or 27B's 6 (24 rows, 42)."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v, slots, used = case(8, 2, 2, nodes * group, 16, 640, [600, 70])
+    bias = tree_mask(g, 2, 1, nodes, group, nodes)
+    want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
+    for launch in (FEW_ROWS_LAUNCH, MANY_ROWS_LAUNCH, FULL_LAUNCH, *(one for _, one in ONE_TILE_ROWS_LAUNCHES)):
         out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias, launch=launch)
         torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
         torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
@@ -275,15 +315,17 @@ def test_bf16_on_gpu(bsz, keys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bsz, keys, nodes", [(1, 4096, 32), (16, 1024, 16), (16, 1024, 17)])
-def test_bf16_tree_on_gpu(bsz, keys, nodes):
-    """A 9B verify's attention (4 KV heads, groups of 4, head 256): the committed keys and the
-    tree's after them under its mask, against float64. The rule's three launches: few rows
-    at batch 1, many at 16 x 16 tokens, full tiles (64 rows, the second of 4) at 16 x 17."""
+@pytest.mark.parametrize("bsz, keys, nodes, group", [(1, 4096, 32, 4), (16, 1024, 16, 4), (16, 1024, 17, 4),
+                                                     (16, 4096, 8, 4), (4, 16384, 4, 6), (16, 4096, 8, 6)])
+def test_bf16_tree_on_gpu(bsz, keys, nodes, group):
+    """A 9B verify's attention (4 KV heads, groups of 4, head 256) or 27B's (groups of 6): the
+    committed keys and the tree's after them under its mask, against float64. The rule's
+    launches: few rows at batch 1, many at 16 x 16 tokens, full tiles (64 rows, the second of
+    4) at 16 x 17; over many keys one tile of 32 rows (9B's 8 tokens, 27B's 4) or 64 (27B's 8)."""
     g = torch.Generator().manual_seed(6)
-    q, k, v, slots, used = case(6, bsz, 4, nodes * 4, 256, keys + nodes, [keys - b for b in range(bsz)],
+    q, k, v, slots, used = case(6, bsz, 4, nodes * group, 256, keys + nodes, [keys - b for b in range(bsz)],
                                 dtype=torch.bfloat16)
-    bias = tree_mask(g, bsz, 1, nodes, 4, nodes)
+    bias = tree_mask(g, bsz, 1, nodes, group, nodes)
     out, lse = cache_attention(*(t.cuda() for t in (q, k, v, slots, used)), tree_bias=bias.cuda())
     want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
     assert float((out.cpu().double() - want).norm() / want.norm()) < 1e-2
@@ -294,6 +336,7 @@ def test_bf16_tree_on_gpu(bsz, keys, nodes):
     (1, [100, 37, 0], None, False),  # one chunk, normalised in place; a request with no key
     (2, [600, 300], (16, 4, 1, 264, 16, 16), False),  # 38 chunks merged
     (3, [513, 60], None, True),  # a tree's keys after the cache, under its mask
+    (4, [600, 300], ONE_TILE_ROWS_LAUNCHES[0][1], True),  # the tree's 20 rows in one 32-row tile
 ])
 def test_bf16_matches_float64_reference_near_the_rounding_floor(gpu_like_bf16_dots, seed, lengths,
                                                                 launch, tree):

@@ -46,6 +46,15 @@ FEW_PROGRAMS = 64
 FEW_ROWS_LAUNCH = (64, 4, 3, 128, 128, 16)  # and any launch of fewer than FEW_PROGRAMS tiles
 MANY_ROWS_LAUNCH = (64, 4, 2, TARGET_PROGRAMS // 2, 128, 16)  # many rows (a verify of 32 tokens at batch 4)
 FULL_LAUNCH = (32, 8, 3, TARGET_PROGRAMS, MIN_SPLIT_KEYS, 64)  # many rows whose tiles fill the GPU (batch 16)
+# 17-64 rows over many keys: one tile holds all of a (request, KV head)'s rows, so its keys
+# are read once, not once a 16-row tile (a tree or drafter level of 5-8 tokens at a GQA
+# group of 4, 3-10 at Qwen3.5-27B's 6), from an H100's sweep (experiments/README.md S15-b:
+# geomean 0.94 of the rule before over every 2-8-token cell of 9B and 27B, 0.45-1.05 a cell)
+ONE_TILE_ROWS_LAUNCHES = ((32, (32, 4, 3, 128, 128, 32)), (64, (32, 8, 3, 128, 128, 64)))  # (most rows, launch)
+ONE_TILE_MIN_KEYS = 32768  # batch x keys a request (max_keys) from which one tile pays; below, more programs do
+# the rule's name in a measured profile's provenance (runtime.timer), so a profile measured
+# under an earlier rule says so
+LAUNCH_RULE = "rows and programs (S9-f); one tile for 17-64 rows from 32768 keys (S15-b)"
 
 
 @triton.jit(do_not_specialize=["tree_t"])
@@ -160,11 +169,17 @@ def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int,
     return max(1, min(want, -(-max_keys // min_keys)))
 
 
-def attention_launch(batch: int, kv_heads: int, rows: int) -> tuple[int, int, int, int, int, int]:
-    """The default launch for `rows` query rows a (request, KV head): FEW_ROWS_LAUNCH for few
-    rows or few programs, else FULL_LAUNCH where at least 64 rows' 16-row tiles alone make
+def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int = 0) -> tuple[int, int, int, int, int, int]:
+    """The default launch for `rows` query rows a (request, KV head) over up to `max_keys`
+    keys a request: for 17-64 rows where the batch reads at least ONE_TILE_MIN_KEYS keys,
+    the ONE_TILE_ROWS_LAUNCHES launch that holds them all in one tile; else FEW_ROWS_LAUNCH
+    for few rows or few programs, FULL_LAUNCH where at least 64 rows' 16-row tiles alone make
     TARGET_PROGRAMS programs (it takes 64 rows a tile, so a quarter as many programs, and
     splits the keys to fill the GPU), else MANY_ROWS_LAUNCH."""
+    if batch * max_keys >= ONE_TILE_MIN_KEYS:
+        for most, launch in ONE_TILE_ROWS_LAUNCHES:
+            if FEW_ROWS_LAUNCH[5] < rows <= most:
+                return launch
     tiles = batch * kv_heads * -(-rows // 16)
     if rows <= FEW_ROWS or tiles < FEW_PROGRAMS:
         return FEW_ROWS_LAUNCH
@@ -248,7 +263,7 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if bsz == 0 or rows == 0:
         return out, lse
     bd = triton.next_power_of_2(d)
-    keys_tile, warps, stages, target, min_keys, br = launch or attention_launch(bsz, hkv, rows)
+    keys_tile, warps, stages, target, min_keys, br = launch or attention_launch(bsz, hkv, rows, max_keys)
     row_blocks = triton.cdiv(rows, br)
     splits = attention_splits(bsz, hkv, row_blocks, max(max_keys, 1), target, min_keys)
     if max(splits, row_blocks) > MAX_GRID_AXIS or (splits > 1 and bsz * hkv > MAX_GRID_AXIS):

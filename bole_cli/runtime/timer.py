@@ -320,6 +320,8 @@ class HybridForwardTimer:
         return torch.randint(self.spec.vocab, (n,), generator=gen)
 
     def info(self) -> dict[str, Any]:
+        from bole_cli.kernels.cache_attention import LAUNCH_RULE
+
         m = self.model
         return {"runtime": "bole_cli.runtime", "model": self.spec.name, "dtype": str(self.dtype).replace("torch.", ""),
                 "device": self.device_name, "path": self.path, "gdn_ops": m.ops.describe(),
@@ -331,6 +333,7 @@ class HybridForwardTimer:
                 "gdn_decode": m.gdn_decode, "skinny_mm": list(m.skinny_mm),
                 "skinny_max_rows": m.skinny_max_rows if m.skinny_mm else None,
                 "attention_in_kernel": m.attention_in_kernel,
+                "cache_attention_launch": LAUNCH_RULE if m.cache_kernel else None,
                 "moe_grouped_mm": m.grouped_mm if self.spec.is_moe else None,
                 "cuda_graphs": self.use_graphs, "eager_reason": self.eager_reason or None,
                 "sampled": self.layers_sample is not None,
