@@ -18,7 +18,7 @@ costmodel.Efficiency), measured on the GPU and never fitted to a profile's end r
   roofline for a decode's GDN layer by batch (calibrate.components.gdn_decode_cells);
 - a full-attention layer's attention over the KV cache (kernels.cache_attention, as the
   runtime's decode and verify call it) at each batch, cache length and tokens a request:
-  the estimate's attention share by keys read and tokens (components.attention_cells); and
+  the estimate's attention share by keys read and query rows (components.attention_cells); and
   at 2-8 tokens also as the drafter's level calls it (its rows stacked with the query
   group, no tree mask: components.attention_cells(..., drafter=True)).
 
@@ -270,7 +270,7 @@ def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int
     `launches`: cache_attention's launch knobs to time (None: its default), each row checked
     against the first launch's output; `variants`: experiments/kernel_variants.py's attention
     variants, each at the default launch (rows with "variant"), checked likewise.
-    The estimate's attention shares by keys read and tokens a request
+    The estimate's attention shares by keys read and query rows (tokens x group)
     (calibrate.components.attention_cells)."""
     import functools
 

@@ -739,7 +739,7 @@ def test_attention_share_derives_from_its_rows_and_prices_the_attention():
                                 (16, 1024, 1, 1.0), (16, 1024, 32, 2.0))]
     swept = [{**rows[0], "us": 1.0, "launch": [64, 4, 2, 264, 256]}, {**rows[0], "us": 1.0, "variant": "a-before-s9"}]
     cells = attention_cells({"model": spec.name, "attention": rows + swept})  # a sweep's other launches: not used
-    assert cells == ((1024.0, 1.0, 0.5), (1024.0, 32.0, 0.5), (16384.0, 1.0, 0.625), (16384.0, 32.0, 0.375))
+    assert cells == ((1024.0, 4.0, 0.5), (1024.0, 128.0, 0.5), (16384.0, 4.0, 0.625), (16384.0, 128.0, 0.375))
     assert attention_cells({"model": spec.name}) == ()
     shared = RooflineForward(spec, gpu, dataclasses.replace(bare, attention_cells=cells))
     for b, kv, n, share in ((1, 1024, 32, 0.5), (16, 1024, 1, 0.625), (1, 16384, 32, 0.375)):
@@ -753,6 +753,22 @@ def test_attention_share_derives_from_its_rows_and_prices_the_attention():
     drafted, bare_draft = (f.draft_components(1, 16384, 1) for f in (shared, roof))  # the drafter's own cache read
     assert drafted["attention"] == pytest.approx(bare_draft["attention"] / 0.625)
     assert drafted["matmul"] == bare_draft["matmul"]
+
+
+def test_attention_cells_are_keyed_by_rows_so_they_carry_across_groups():
+    """The kernel tiles query rows, tokens x the GQA group: 27B (group 6) at 4 tokens takes
+    the share of 24 rows, as 9B (group 4) does at 6 tokens, from the same cells."""
+    import dataclasses
+
+    from bole_cli.calibrate.costmodel import EFFICIENCY
+
+    cells = tuple((keys, rows, share) for keys in (1024.0, 65536.0)
+                  for rows, share in ((4.0, 1.0), (16.0, 0.8), (32.0, 0.4), (128.0, 0.2)))
+    eff = dataclasses.replace(EFFICIENCY["h200"], attention_cells=cells)
+    nine, twenty_seven = (RooflineForward(resolve_model(m), resolve_gpu("h200"), eff) for m in ("9b", "27b"))
+    assert twenty_seven._attention_share(16, 4096, 4) == pytest.approx(nine._attention_share(16, 4096, 6))
+    assert nine._attention_share(16, 4096, 8) == pytest.approx(0.4)  # 32 rows
+    assert twenty_seven._attention_share(16, 4096, 8) < 0.4  # 48 rows, between 32 and 128
 
 
 def test_the_drafter_attention_takes_its_own_rows_where_measured():
@@ -774,7 +790,7 @@ def test_the_drafter_attention_takes_its_own_rows_where_measured():
               "us": 4e6 * roof.draft_components(b, kv, 4)["attention"]} for b in (1, 4) for kv in (1024, 4096)]
     record = {"model": spec.name, "attention": target + draft}
     cells, drafted = attention_cells(record), attention_cells(record, drafter=True)
-    assert {c[2] for c in cells} == {0.5} and {c[2] for c in drafted if c[1] == 4.0} == {0.25}
+    assert {c[2] for c in cells} == {0.5} and {c[2] for c in drafted if c[1] == 16.0} == {0.25}  # 4 tokens x 4
     assert attention_cells({"model": spec.name, "attention": target}, drafter=True) == ()
     both = RooflineForward(spec, gpu, dataclasses.replace(bare, attention_cells=cells, draft_attention_cells=drafted))
     alone = RooflineForward(spec, gpu, dataclasses.replace(bare, attention_cells=cells))

@@ -123,9 +123,10 @@ def test_the_component_bench_smoke_run_writes_its_record(tmp_path):
         (1, 1, "decode"), (1, 4, "drafter"), (1, 4, "tree"), (2, 1, "decode"), (2, 4, "drafter"), (2, 4, "tree")]
     assert all(r["us"] > 0 for r in doc["attention"])
     cells = attention_cells(dict(doc, model="9b"))  # priced at a catalogue shape: the grid, not the shares
-    assert [(keys, n) for keys, n, _ in cells] == [(16.0, 1.0), (16.0, 4.0), (32.0, 1.0), (32.0, 4.0)]
+    grid = [(16.0, 4.0), (16.0, 16.0), (32.0, 4.0), (32.0, 16.0)]  # keys, rows: 1 and 4 tokens x 9B's group of 4
+    assert [(keys, rows) for keys, rows, _ in cells] == grid
     drafted = attention_cells(dict(doc, model="9b"), drafter=True)
-    assert [(keys, n) for keys, n, _ in drafted] == [(16.0, 1.0), (16.0, 4.0), (32.0, 1.0), (32.0, 4.0)]
+    assert [(keys, rows) for keys, rows, _ in drafted] == grid
     no_drafter = [r for r in doc["attention"] if r["form"] != "drafter"]
     assert attention_cells(dict(doc, model="9b", attention=no_drafter), drafter=True) == ()
     assert {r["gemm"] for r in doc["gemms"]} == {"gdn_in_proj", "lm_head", "mlp_gate_up", "mlp_down"}

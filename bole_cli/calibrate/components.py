@@ -137,16 +137,20 @@ def gdn_decode_launch_rows(records: Sequence[Mapping[str, Any]]) -> tuple[tuple[
 
 def attention_cells(components: Mapping[str, Any], *, drafter: bool = False
                     ) -> tuple[tuple[float, float, float], ...]:
-    """(keys a layer reads = batch x cache length, tokens a request, share) for the record's
-    attention rows: the roofline's price of one full-attention layer's attention (the cache
-    read, the tree's rows) over the measured time, the median over the (batch, cache length)
-    pairs that read as many keys, rounded to 3 digits; () when the record has none. The
+    """(keys a layer reads = batch x cache length, query rows a (request, KV head) = tokens x
+    the GQA group, share) for the record's attention rows: the roofline's price of one
+    full-attention layer's attention (the cache read, the tree's rows) over the measured
+    time, the median over the (batch, cache length) pairs that read as many keys, rounded to
+    3 digits; () when the record has none. Rows, not tokens, because the kernel tiles rows:
+    one model's cells then price another's group (experiments/NOTES.md "27B's attention
+    reads its keys two or three times"). The
     target's cells from its decode and tree rows; with `drafter`, the drafter level's from
     its own rows (no tree mask, priced as draft_components prices them) and the decode rows
     (its one-row level is the same call), () without drafter rows. Rows of a sweep's launches
     or variants (component_bench.py --attention-launches, --attention-variants) are left out:
     they are not the runtime's call."""
     spec, roof = _bare_roofline(components["model"], attention_cells=(), draft_attention_cells=())
+    group = spec.attn_heads // spec.attn_kv_heads
     rows = list(components.get("attention", ()))
     forms = ("decode", "drafter") if drafter else ("decode", "tree")
     if drafter and not any(row.get("form") == "drafter" for row in rows):
@@ -160,8 +164,9 @@ def attention_cells(components: Mapping[str, Any], *, drafter: bool = False
             layer = roof.draft_components(b, kv, n)["attention"]
         else:
             layer = roof.components(b, kv, b * n, verify=n > 1)["attention"] / spec.n_attention_layers
-        shares.setdefault((b * kv, n), []).append(layer / (row["us"] * 1e-6))
-    return tuple((float(keys), float(n), round(statistics.median(v), 3)) for (keys, n), v in sorted(shares.items()))
+        shares.setdefault((b * kv, n * group), []).append(layer / (row["us"] * 1e-6))
+    return tuple((float(keys), float(q_rows), round(statistics.median(v), 3))
+                 for (keys, q_rows), v in sorted(shares.items()))
 
 
 def gemm_knee(components: Mapping[str, Any], bw: float, flops: float,

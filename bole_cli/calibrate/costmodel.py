@@ -18,7 +18,8 @@ Components (bf16 weights and activations, fp32 recurrent state and logits):
   bytes per token and layer), the new K/V written, q/o traffic; FLOPs 4 * T * heads *
   head_dim * (kv_len + tokens per request) (QK^T and PV, tree mask block included); where
   the attention was measured as a component (eff.attention_cells), over its share of that
-  roofline's speed by keys read and tokens a request.
+  roofline's speed by keys read and query rows a (request, KV head): tokens a request times
+  the GQA group, what the kernel tiles, so one model's cells price another's group.
 - GDN core: decode reads and writes the fp32 state (HV * dk * dv per request and layer);
   a Bole tree verify reads it once (closed form) and the commit reads and writes it once
   more, plus the per-node rows (k, u, log_p; the replay commit's k, v, g, beta) written and
@@ -99,7 +100,8 @@ class Efficiency:
     # and written): (batch, share) where measured, interpolated in log batch, clamped; () = 1
     gdn_decode_cells: tuple[tuple[float, float], ...] = ()
     # a full-attention layer's attention over the KV cache: (keys read = batch x cache length,
-    # tokens a request, share of its roofline's speed) where measured, a full grid,
+    # query rows a (request, KV head) = tokens x GQA group, share of its roofline's speed)
+    # where measured, a full grid,
     # interpolated in log of both, clamped; () = 1 everywhere
     attention_cells: tuple[tuple[float, float, float], ...] = ()
     # the drafter level's attention (its rows stacked with the query group, no tree mask),
@@ -337,11 +339,12 @@ class RooflineForward:
 
     def _attention_share(self, batch: int, kv_len: int, tokens: float, *, drafter: bool = False) -> float:
         """The attention over the KV cache's share of its roofline's speed (eff.attention_cells,
-        by keys read and tokens a request; 1 where unmeasured); the drafter's level by its own
-        cells (its rows unmasked) where measured, else the target's: both read their caches
-        through the same kernel."""
+        by keys read and query rows a (request, KV head); 1 where unmeasured); the drafter's
+        level by its own cells (its rows unmasked) where measured, else the target's: both
+        read their caches through the same kernel."""
         cells = (drafter and self.eff.draft_attention_cells) or self.eff.attention_cells
-        return _interp_log2d(cells, batch * kv_len, tokens) if cells else 1.0
+        group = self.model.attn_heads // self.model.attn_kv_heads
+        return _interp_log2d(cells, batch * kv_len, tokens * group) if cells else 1.0
 
     def _priced_kernels(self, verify: bool) -> int:
         """The kernels `components` prices a roofline each (matmuls, attention, GDN core and
