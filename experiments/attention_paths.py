@@ -30,7 +30,7 @@ from bole_cli.timing import time_graph, warm_gpu
 
 
 def case(spec, bsz, t, committed, bucket, dev, dt):
-    g = spec.attn_heads // spec.attn_kv_heads
+    g = spec.attn_group
     hkv, d = spec.attn_kv_heads, spec.attn_head_dim
     gen = torch.Generator(device=dev).manual_seed(bsz * 1000 + t)
     lmax = bucket + 8

@@ -280,7 +280,7 @@ def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int
 
     contenders = [(launch, None, None) for launch in launches] + [
         (None, name, load_variant(name)) for name in variants]
-    hkv, grp, d = spec.attn_kv_heads, spec.attn_heads // spec.attn_kv_heads, spec.attn_head_dim
+    hkv, grp, d = spec.attn_kv_heads, spec.attn_group, spec.attn_head_dim
     out = []
     for b in batches:
         for kv in kvs:
@@ -408,6 +408,9 @@ def main(argv=None) -> None:
     rows = [1, 4] if args.smoke else [int(r) for r in args.rows.split(",")]
     cuda = args.device == "cuda"
     detected = detect_gpu() if args.gpu is None and cuda else None
+    if detected is not None and detected.spec is None:
+        print(f"warning: {detected.name} is not in the GPU catalogue: its fractions use the H200's datasheet "
+              "(--gpu names another)", file=sys.stderr)
     gpu = detected.spec if detected is not None and detected.spec is not None else resolve_gpu(args.gpu or "h200")
     if cuda:
         from bole_cli.timing import measure_copy_bandwidth, warm_gpu

@@ -114,8 +114,9 @@ def cases():
                                                            (True, False, MANY_ROWS_LAUNCH),
                                                            (True, False, FULL_LAUNCH),
                                                            *((True, False, one) for _, one in ONE_TILE_ROWS_LAUNCHES),
-                                                           (False, False, ONE_TILE_ROWS_LAUNCHES[0][1])):
-        # the rule's launches (a drafter level takes no tree)
+                                                           *((False, False, one) for _, one in ONE_TILE_ROWS_LAUNCHES),
+                                                           *((True, True, one) for _, one in ONE_TILE_ROWS_LAUNCHES)):
+        # the rule's launches (a drafter level takes no tree; one chunk is final)
         yield (f"cache_attention_part tree={tree} final={final} BL={keys} BR={rows} warps={warps} stages={stages}",
                _cache_attention_part, ptr, {"scale": "fp32"},
                dict(H=4, D=256, BD=256, BR=rows, BL=keys, FINAL=final, TREE=tree, SIZES=True), warps, stages)

@@ -73,21 +73,23 @@ def test_many_chunks_are_merged_in_several_passes():
 
 
 def test_the_default_launch_follows_the_rows_and_their_programs():
-    """At 4 KV heads and a GQA group of 4: a decode (4 rows), a drafter level or a tree of 8
-    tokens (32 rows) take the few-rows launch at any batch; a verify of 32 tokens (128 rows,
-    8 tiles of 16) at batch 1 too (32 programs), at batch 4 the split launch (128), at batch
-    16 the full one (512 tiles of 16 rows; it takes 64 a tile and splits the keys in 3)."""
-    assert all(attention_launch(b, 4, rows) == FEW_ROWS_LAUNCH for b in (1, 4, 16, 64) for rows in (4, 32))
-    assert attention_launch(1, 4, 128) == FEW_ROWS_LAUNCH
-    assert attention_launch(4, 4, 128) == MANY_ROWS_LAUNCH
-    assert attention_launch(16, 4, 128) == FULL_LAUNCH
+    """Over few keys (the batch's under ONE_TILE_MIN_KEYS), at 4 KV heads and a GQA group of
+    4: a decode (4 rows), a drafter level or a tree of 8 tokens (32 rows) take the few-rows
+    launch at any batch; a verify of 32 tokens (128 rows, 8 tiles of 16) at batch 1 too (32
+    programs), at batch 4 the split launch (128), at batch 16 the full one (512 tiles of 16
+    rows; it takes 64 a tile and splits the keys in 3)."""
+    few = 256  # keys a request: 64 x 256 is under ONE_TILE_MIN_KEYS
+    assert all(attention_launch(b, 4, rows, few) == FEW_ROWS_LAUNCH for b in (1, 4, 16, 64) for rows in (4, 32))
+    assert attention_launch(1, 4, 128, few) == FEW_ROWS_LAUNCH
+    assert attention_launch(4, 4, 128, few) == MANY_ROWS_LAUNCH
+    assert attention_launch(16, 4, 128, few) == FULL_LAUNCH
     assert attention_splits(16, 4, 128 // FULL_LAUNCH[5], 4096, *FULL_LAUNCH[3:5]) == 3
     # the thresholds: more than FEW_ROWS rows, FEW_PROGRAMS and TARGET_PROGRAMS tiles
-    assert attention_launch(1, 1, 16 * (FEW_PROGRAMS - 1)) == FEW_ROWS_LAUNCH
-    assert attention_launch(1, 1, 16 * FEW_PROGRAMS) == MANY_ROWS_LAUNCH
-    assert attention_launch(1, 1, 16 * TARGET_PROGRAMS) == FULL_LAUNCH
-    assert attention_launch(64, 4, 32) == FEW_ROWS_LAUNCH  # 512 tiles, but few rows
-    assert attention_launch(64, 4, 48) == MANY_ROWS_LAUNCH  # 768 tiles of 33-63 rows: FULL's tiles would idle
+    assert attention_launch(1, 1, 16 * (FEW_PROGRAMS - 1), few) == FEW_ROWS_LAUNCH
+    assert attention_launch(1, 1, 16 * FEW_PROGRAMS, few) == MANY_ROWS_LAUNCH
+    assert attention_launch(1, 1, 16 * TARGET_PROGRAMS, few) == FULL_LAUNCH
+    assert attention_launch(64, 4, 32, few) == FEW_ROWS_LAUNCH  # 512 tiles, but few rows
+    assert attention_launch(64, 4, 48, few) == MANY_ROWS_LAUNCH  # 768 tiles of 33-63 rows: FULL's tiles would idle
 
 
 def test_many_keys_take_one_tile_for_17_to_64_rows():
@@ -99,33 +101,52 @@ def test_many_keys_take_one_tile_for_17_to_64_rows():
     many = ONE_TILE_MIN_KEYS // 16
     for rows in (17, 24, 32):
         assert attention_launch(16, 4, rows, many) == rows32
-        assert attention_launch(16, 4, rows, many - 1) == attention_launch(16, 4, rows)
+        assert attention_launch(16, 4, rows, many - 1) == FEW_ROWS_LAUNCH
     for rows in (33, 48, 64):
         assert attention_launch(16, 4, rows, many) == rows64
-        assert attention_launch(1, 4, rows, ONE_TILE_MIN_KEYS - 1) == attention_launch(1, 4, rows)
+        assert attention_launch(16, 4, rows, many - 1) == MANY_ROWS_LAUNCH
+        assert attention_launch(1, 4, rows, ONE_TILE_MIN_KEYS - 1) == FEW_ROWS_LAUNCH
     assert attention_launch(1, 4, 48, ONE_TILE_MIN_KEYS) == rows64  # batch 1 over as many keys
     assert attention_launch(16, 4, 16, 10**6) == FEW_ROWS_LAUNCH
+    assert attention_launch(4, 4, 65, 10**6) == MANY_ROWS_LAUNCH  # 65 rows: past one tile's 64
     assert attention_launch(16, 4, 128, 10**6) == FULL_LAUNCH
     assert attention_launch(4, 4, 128, 10**6) == MANY_ROWS_LAUNCH
 
 
+def test_the_launch_rule_names_its_constants():
+    """A profile's provenance names the rule (runtime.timer): the name follows the constants."""
+    import bole_cli.kernels.cache_attention as kernel
+
+    assert kernel.LAUNCH_RULE == (f"rows and programs (S9-f); one tile for 17-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
+                                  f"rows from {ONE_TILE_MIN_KEYS} keys (S15-b)")
+
+
 def test_the_one_tile_launch_is_the_default_over_many_keys(monkeypatch):
-    """The default launch itself (no launch given) takes the one-tile rule where the keys
-    pass ONE_TILE_MIN_KEYS (lowered here to this small cache's): 27B's 4-token tree, 24 rows,
-    against the float64 reference and the explicit launch, bit for bit."""
+    """The default launch itself (no launch given) follows the rule on the max_keys it is
+    given, not the cache's length: 27B's 4-token tree (24 rows) over a 640-key cache with
+    ONE_TILE_MIN_KEYS lowered to 2 x 600 keys takes one tile at max_keys 600 and the 16-row
+    tiles at 599, each against the float64 reference (the one tile bit for bit its explicit
+    launch)."""
     import bole_cli.kernels.cache_attention as kernel
 
     g = torch.Generator().manual_seed(11)
-    q, k, v, slots, used = case(12, 2, 2, 24, 16, 640, [600, 70])
+    q, k, v, slots, used = case(12, 2, 2, 24, 16, 640, [590, 70])
     bias = tree_mask(g, 2, 1, 4, 6, 4)
     want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
-    monkeypatch.setattr(kernel, "ONE_TILE_MIN_KEYS", 2 * 640)
-    assert kernel.attention_launch(2, 2, 24, 640) == ONE_TILE_ROWS_LAUNCHES[0][1]
-    out, lse = cache_attention(q, k, v, slots, used, tree_bias=bias)
-    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
-    torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
-    one, one_lse = cache_attention(q, k, v, slots, used, tree_bias=bias, launch=ONE_TILE_ROWS_LAUNCHES[0][1])
-    assert torch.equal(out, one) and torch.equal(lse, one_lse)
+    monkeypatch.setattr(kernel, "ONE_TILE_MIN_KEYS", 2 * 600)
+    chosen = []
+    rule = kernel.attention_launch
+    monkeypatch.setattr(kernel, "attention_launch", lambda *a: chosen.append(rule(*a)) or chosen[-1])
+    outs = {}
+    for max_keys, launch in ((600, ONE_TILE_ROWS_LAUNCHES[0][1]), (599, FEW_ROWS_LAUNCH)):
+        out, lse = cache_attention(q, k, v, slots, used, max_keys=max_keys, tree_bias=bias)
+        assert chosen[-1] == launch
+        torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
+        outs[max_keys] = out, lse
+    one, one_lse = cache_attention(q, k, v, slots, used, max_keys=600, tree_bias=bias,
+                                   launch=ONE_TILE_ROWS_LAUNCHES[0][1])
+    assert torch.equal(outs[600][0], one) and torch.equal(outs[600][1], one_lse)
 
 
 @pytest.mark.parametrize("nodes, group", [(9, 4), (17, 4), (4, 6), (7, 6)])

@@ -372,6 +372,11 @@ def test_timer_runs_and_samples_on_cpu():
     assert full.time_decode(2, 16) > 0
     assert full.time_verify(2, 16, 9) > 0
     assert not full.info()["sampled"] and full.info()["cuda_graphs"] is False
+    assert full.info()["cache_attention_launch_rule"] is None  # float32 on CPU: no cache kernel, no launch rule
+    full.model.cache_kernel = True
+    from bole_cli.kernels.cache_attention import LAUNCH_RULE
+
+    assert full.info()["cache_attention_launch_rule"] == LAUNCH_RULE
     sampled = HybridForwardTimer(spec, "cpu", torch.float32, layers_sample=1, inner=1, path="snapshot")
     assert sampled.model.spec.layers == 4 and sampled.info()["sampled"]
     assert sampled.time_verify(3, 8, 7) > 0

@@ -5,8 +5,8 @@ committed records (experiments/README.md rows R-*):
 - `experiments/component_bench.py`'s JSON: GEMMs at a model's projection shapes against
   rows (weight streaming, weighted by how often one decode step streams each shape; GEMM
   rate), the runtime's small kernels at decode rows (the per-kernel floor), the fused GDN
-  decode by batch and the attention over the KV cache by keys and tokens (their shares of
-  their rooflines' speed);
+  decode by batch and the attention over the KV cache by keys and query rows (their shares
+  of their rooflines' speed);
 - `experiments/runtime_step_bench.py`'s JSONs: a step's graph replay against the sum and
   count of its kernels (the gap per launch, the launches per layer of a decode and of a
   verify step) and the serving step against the bare replay (the host's share of a step);
@@ -150,7 +150,6 @@ def attention_cells(components: Mapping[str, Any], *, drafter: bool = False
     or variants (component_bench.py --attention-launches, --attention-variants) are left out:
     they are not the runtime's call."""
     spec, roof = _bare_roofline(components["model"], attention_cells=(), draft_attention_cells=())
-    group = spec.attn_heads // spec.attn_kv_heads
     rows = list(components.get("attention", ()))
     forms = ("decode", "drafter") if drafter else ("decode", "tree")
     if drafter and not any(row.get("form") == "drafter" for row in rows):
@@ -164,7 +163,7 @@ def attention_cells(components: Mapping[str, Any], *, drafter: bool = False
             layer = roof.draft_components(b, kv, n)["attention"]
         else:
             layer = roof.components(b, kv, b * n, verify=n > 1)["attention"] / spec.n_attention_layers
-        shares.setdefault((b * kv, n * group), []).append(layer / (row["us"] * 1e-6))
+        shares.setdefault((b * kv, n * spec.attn_group), []).append(layer / (row["us"] * 1e-6))
     return tuple((float(keys), float(q_rows), round(statistics.median(v), 3))
                  for (keys, q_rows), v in sorted(shares.items()))
 

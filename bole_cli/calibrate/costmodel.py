@@ -343,8 +343,7 @@ class RooflineForward:
         level by its own cells (its rows unmasked) where measured, else the target's: both
         read their caches through the same kernel."""
         cells = (drafter and self.eff.draft_attention_cells) or self.eff.attention_cells
-        group = self.model.attn_heads // self.model.attn_kv_heads
-        return _interp_log2d(cells, batch * kv_len, tokens * group) if cells else 1.0
+        return _interp_log2d(cells, batch * kv_len, tokens * self.model.attn_group) if cells else 1.0
 
     def _priced_kernels(self, verify: bool) -> int:
         """The kernels `components` prices a roofline each (matmuls, attention, GDN core and

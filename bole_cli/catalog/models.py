@@ -83,6 +83,11 @@ class ModelSpec:
         return self.gdn_value_heads // self.gdn_key_heads
 
     @property
+    def attn_group(self) -> int:
+        """Full-attention query heads per KV head: a query token's rows a (request, KV head)."""
+        return self.attn_heads // self.attn_kv_heads
+
+    @property
     def conv_dim(self) -> int:
         """Channels of the depthwise conv: q|k|v."""
         return 2 * self.gdn_key_heads * self.gdn_key_dim + self.gdn_value_heads * self.gdn_value_dim

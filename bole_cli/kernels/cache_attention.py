@@ -43,7 +43,7 @@ MAX_GRID_AXIS = 65535  # CUDA's programs on a grid's second and third axes (the 
 # (experiments/README.md S9-f; geomean 0.81 of the launch before it, none slower than 1.03):
 FEW_ROWS = 32  # a decode's, a drafter level's, a tree's of up to 8 tokens at a GQA group of 4
 FEW_PROGRAMS = 64
-FEW_ROWS_LAUNCH = (64, 4, 3, 128, 128, 16)  # and any launch of fewer than FEW_PROGRAMS tiles
+FEW_ROWS_LAUNCH = (64, 4, 3, 128, 128, 16)  # and fewer than FEW_PROGRAMS tiles (over few keys)
 MANY_ROWS_LAUNCH = (64, 4, 2, TARGET_PROGRAMS // 2, 128, 16)  # many rows (a verify of 32 tokens at batch 4)
 FULL_LAUNCH = (32, 8, 3, TARGET_PROGRAMS, MIN_SPLIT_KEYS, 64)  # many rows whose tiles fill the GPU (batch 16)
 # 17-64 rows over many keys: one tile holds all of a (request, KV head)'s rows, so its keys
@@ -51,10 +51,14 @@ FULL_LAUNCH = (32, 8, 3, TARGET_PROGRAMS, MIN_SPLIT_KEYS, 64)  # many rows whose
 # group of 4, 3-10 at Qwen3.5-27B's 6), from an H100's sweep (experiments/README.md S15-b:
 # geomean 0.94 of the rule before over every 2-8-token cell of 9B and 27B, 0.45-1.05 a cell)
 ONE_TILE_ROWS_LAUNCHES = ((32, (32, 4, 3, 128, 128, 32)), (64, (32, 8, 3, 128, 128, 64)))  # (most rows, launch)
-ONE_TILE_MIN_KEYS = 32768  # batch x keys a request (max_keys) from which one tile pays; below, more programs do
+# batch x keys a request from which one tile pays (below it, more programs do): judged on
+# max_keys, the bound a caller gives (a step's bucket), so a bucket well above the keys
+# actually read takes one tile a little early
+ONE_TILE_MIN_KEYS = 32768
 # the rule's name in a measured profile's provenance (runtime.timer), so a profile measured
 # under an earlier rule says so
-LAUNCH_RULE = "rows and programs (S9-f); one tile for 17-64 rows from 32768 keys (S15-b)"
+LAUNCH_RULE = (f"rows and programs (S9-f); one tile for {FEW_ROWS_LAUNCH[5] + 1}-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
+               f"rows from {ONE_TILE_MIN_KEYS} keys (S15-b)")
 
 
 @triton.jit(do_not_specialize=["tree_t"])
@@ -169,7 +173,7 @@ def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int,
     return max(1, min(want, -(-max_keys // min_keys)))
 
 
-def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int = 0) -> tuple[int, int, int, int, int, int]:
+def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int) -> tuple[int, int, int, int, int, int]:
     """The default launch for `rows` query rows a (request, KV head) over up to `max_keys`
     keys a request: for 17-64 rows where the batch reads at least ONE_TILE_MIN_KEYS keys,
     the ONE_TILE_ROWS_LAUNCHES launch that holds them all in one tile; else FEW_ROWS_LAUNCH
@@ -193,7 +197,8 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     launch: Optional[tuple[int, int, int, int, int, int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H_kv, R, D] in q's dtype, lse [B, H_kv, R] float32) of q against the first
     used[b] keys of slot slots[b]. max_keys: a bound on the keys read (default the cache
-    length), which sets the number of key chunks (give the step's bucket so a graph holds it).
+    length), which sets the number of key chunks and the default launch (give the step's
+    bucket so a graph holds them).
     tree_bias [B, 1|H_kv, R, T] (last dimension contiguous): keys used[b] .. used[b] + T - 1
     too, tree_bias[b, ., r, c] added to row r's score of key used[b] + c; with tree_cu [B + 1]
     (the packed forest's offsets) only request b's own tree_cu[b + 1] - tree_cu[b] of them

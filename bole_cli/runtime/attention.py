@@ -43,7 +43,8 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """(out, lse) of q [B, H_kv, R, D] (or [B, H_kv, T, G, D], T tokens' G heads, any strides;
     out then alike, token-major) against slot slots[b]'s first used[b] keys of one
     layer's cache [S, H_kv, L_max, D], split along the keys (kernels.cache_attention);
-    max_keys bounds the keys read (the step's bucket) and fixes the number of key chunks.
+    max_keys bounds the keys read (the step's bucket) and fixes the number of key chunks and
+    the kernel's default launch.
     tree_bias: a verify's tree keys too (its scratch right after used[b]) under that mask;
     tree_cu: the forest's offsets, so each request reads its own tree's keys only. launch: the
     kernel's launch knobs (None: its default; experiments/component_bench.py sweeps them)."""

@@ -231,7 +231,7 @@ class HybridModel:
         self.grouped_mm = grouped_mm_works(self.device.type, dtype) if grouped_mm is None else grouped_mm
         if spec.attn_heads % spec.attn_kv_heads or spec.gdn_value_heads % spec.gdn_key_heads:
             raise InputError(f"{spec.name}: query heads must be a multiple of KV heads (attention and GDN)")
-        self.gqa_group = spec.attn_heads // spec.attn_kv_heads
+        self.gqa_group = spec.attn_group
         self.split_attention = (split_attention_works(self.device.type, dtype, spec.attn_head_dim)
                                 if split_attention is None else split_attention)
         self.varlen_attention = (varlen_attention_works(self.device.type, dtype, spec.attn_head_dim)

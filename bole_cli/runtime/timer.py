@@ -76,7 +76,7 @@ def estimate_memory(spec: ModelSpec, dtype: torch.dtype, *, batch: int, kv_len: 
             out["verify_factors"] = conv_in + n_gdn * n * spec.conv_dim * e + n * (hv * dv + hv) * f
         else:
             out["verify_snapshots"] = conv_in + n_gdn * batch * (t_max + 1) * hv * dv * dk * f
-        out["attention_bias"] = batch * t_max * (spec.attn_heads // spec.attn_kv_heads) * kv_limit * e
+        out["attention_bias"] = batch * t_max * spec.attn_group * kv_limit * e
     width = max(spec.conv_dim + hv * dv + 2 * hv, 2 * (spec.attn_heads + spec.attn_kv_heads) * spec.attn_head_dim,
                 2 * spec.ffn, 2 * spec.shared_expert_ffn,
                 spec.experts_top_k * (2 * spec.hidden + 3 * spec.expert_ffn) if spec.is_moe else 0)
@@ -333,7 +333,7 @@ class HybridForwardTimer:
                 "gdn_decode": m.gdn_decode, "skinny_mm": list(m.skinny_mm),
                 "skinny_max_rows": m.skinny_max_rows if m.skinny_mm else None,
                 "attention_in_kernel": m.attention_in_kernel,
-                "cache_attention_launch": LAUNCH_RULE if m.cache_kernel else None,
+                "cache_attention_launch_rule": LAUNCH_RULE if m.cache_kernel else None,
                 "moe_grouped_mm": m.grouped_mm if self.spec.is_moe else None,
                 "cuda_graphs": self.use_graphs, "eager_reason": self.eager_reason or None,
                 "sampled": self.layers_sample is not None,
