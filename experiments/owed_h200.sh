@@ -38,7 +38,8 @@
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
-#   bash experiments/owed_h200.sh attention # ~6 min: the cache attention's rows a tile (S15-b's sweep), 27B, 9B
+#   bash experiments/owed_h200.sh attention # ~8 min: the cache attention's rows a tile (S15-b's sweep), 27B, 9B;
+#                                          #   27B's 16-48-token trees by target programs
 #   bash experiments/owed_h200.sh decode   # ~5 min: the fused GDN decode by launch (split x warps) and batch,
 #                                          #   SGLang's decode beside it: 9B, 27B; the replay commit's row
 #                                          #   stride an argument / a constant / the rule, chains of 2-64
@@ -94,7 +95,13 @@ case "$job" in
       run timeout 190 $PY experiments/component_bench.py --model "$m" --parts attention --attention-batch 1,4,16 \
         --attention-kv 1024,4096,16384 --attention-tokens 1,4,8 --attention-launches "$ATTN_LAUNCHES" \
         --out "$dir/$gpu-$m-attention-rows-tile.json"
-    done ;;
+    done
+    # 27B's bigger trees (96-288 rows): the 16-row launch's 144 programs on 132 SMs at batch 1
+    # (two waves, experiments/NOTES.md "27B's attention reads its keys"): fewer target programs
+    run timeout 150 $PY experiments/component_bench.py --model 27b --parts attention --attention-batch 1,4,16 \
+      --attention-kv 1024,4096,16384 --attention-tokens 16,32,48 \
+      --attention-launches 64x4x3x128x128x16,64x4x3x96x128x16,64x4x3x66x128x16,64x4x2x132x128x16,32x8x3x264x256x64 \
+      --out "$dir/$gpu-27b-attention-big-trees.json" ;;
   tests)
     run timeout 330 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
   gemm)
