@@ -231,7 +231,6 @@ class HybridModel:
         self.grouped_mm = grouped_mm_works(self.device.type, dtype) if grouped_mm is None else grouped_mm
         if spec.attn_heads % spec.attn_kv_heads or spec.gdn_value_heads % spec.gdn_key_heads:
             raise InputError(f"{spec.name}: query heads must be a multiple of KV heads (attention and GDN)")
-        self.gqa_group = spec.attn_group
         self.split_attention = (split_attention_works(self.device.type, dtype, spec.attn_head_dim)
                                 if split_attention is None else split_attention)
         self.varlen_attention = (varlen_attention_works(self.device.type, dtype, spec.attn_head_dim)
@@ -365,7 +364,7 @@ class HybridModel:
                              f"{MAX_TREE_NODES} (the kernels' limit)")
         return prepare_tree((parents, cu), tokens, slots, cache.kv_lens, rope=self.rope, dtype=self.dtype,
                             device=self.device, n_slots=cache.n_slots, max_len=cache.max_len,
-                            gqa_group=self.gqa_group, n_gdn_layers=self.n_gdn, kv_bucket=kv_bucket,
+                            gqa_group=self.spec.attn_group, n_gdn_layers=self.n_gdn, kv_bucket=kv_bucket,
                             split=self.split_attention and kv_bucket == 1, varlen=self.varlen_attention,
                             bias_dtype=self.fdtype)
 
@@ -612,12 +611,12 @@ class HybridModel:
         def attn(layer: Layer, h):
             w, l = layer.mixer, layer.index
             q, gate, _, _ = self._attn_in(w, h, db.cos, db.sin, cache, l, db.slots, db.positions, False)
-            qf = q.view(bsz, s.attn_kv_heads, self.gqa_group, s.attn_head_dim)
+            qf = q.view(bsz, s.attn_kv_heads, s.attn_group, s.attn_head_dim)
             if self.cache_kernel:
                 o = cache_attention(qf, cache.k_cache[l], cache.v_cache[l], db.slots, used, db.kv_limit)[0]
             elif db.kv_used is not None:
                 o = varlen_cache_attention(qf, cache.k_cache[l], cache.v_cache[l], db.slots, db.kv_used,
-                                           group=self.gqa_group)[0]
+                                           group=self.spec.attn_group)[0]
             else:
                 keys, vals = self._kv(cache, l, db.slots, db.slot_start, db.kv_limit)
                 o = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=db.attn_bias)
@@ -633,7 +632,7 @@ class HybridModel:
         if path not in PATHS:
             raise InputError(f"path {path!r}: expected one of {', '.join(PATHS)}")
         s = self.spec
-        n, bsz, t_max, grp = tb.n_nodes, tb.batch, tb.max_nodes, self.gqa_group
+        n, bsz, t_max, grp = tb.n_nodes, tb.batch, tb.max_nodes, self.spec.attn_group
         kw = dict(device=self.device)
         proj = torch.empty(self.n_gdn, n, gdn_proj_width(s), dtype=self.dtype, **kw)  # in_proj outputs
         out = VerifyOutput(None, tb, path, proj[..., :s.conv_dim])
