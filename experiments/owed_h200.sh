@@ -34,7 +34,13 @@
 # (S14-a, S15-a): check for 9B and 27B, both presets, and the GPU suite (71 passed). Fifteenth session,
 # an H100 (S15-b): the cache attention's one-tile rule for 17-64 rows over many keys, a change
 # to the step at batch 4-16 and long contexts: on the H200 the attention sweep first, then
-# profiles (all three models), knee, check. Run the rest in this order (a
+# profiles (all three models), knee, check. Sixteenth session, an H100 again (S16-a to S16-c):
+# the attention job's big-tree part, the one-tile threshold on the keys read again and 64-row
+# tiles for big trees over long caches (both rule changes), the GPU suite (74 passed), and
+# profiles/h100/ re-measured for 9B and 27B (4B still owed there). On the H200, first the
+# attention job, then `python experiments/attention_rule.py` on its records (the rule against
+# S9-f's and the fastest launch, per cell: retune if it loses there), then profiles, knee,
+# check, tests. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #

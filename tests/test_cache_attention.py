@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.cache_attention import (FEW_PROGRAMS, FEW_ROWS_LAUNCH, MANY_ROWS_LAUNCH, ONE_TILE_MIN_KEYS,
-                                              ONE_TILE_ROWS_LAUNCHES, TARGET_PROGRAMS, FULL_LAUNCH, attention_launch,
+from bole_cli.kernels.cache_attention import (FEW_PROGRAMS, FEW_ROWS_LAUNCH, FULL_LAUNCH, FULL_MIN_KEYS,
+                                              FULL_MIN_ROW_TILES, MANY_ROWS_LAUNCH, ONE_TILE_MIN_KEYS,
+                                              ONE_TILE_ROWS_LAUNCHES, TARGET_PROGRAMS, attention_launch,
                                               attention_splits, cache_attention)
 from bole_cli.kernels.reference_attention import cache_attention_ref
 
@@ -73,40 +74,70 @@ def test_many_chunks_are_merged_in_several_passes():
 
 
 def test_the_default_launch_follows_the_rows_and_their_programs():
-    """Over few keys (the batch's under ONE_TILE_MIN_KEYS), at 4 KV heads and a GQA group of
-    4: a decode (4 rows), a drafter level or a tree of 8 tokens (32 rows) take the few-rows
-    launch at any batch; a verify of 32 tokens (128 rows, 8 tiles of 16) at batch 1 too (32
-    programs), at batch 4 the split launch (128), at batch 16 the full one (512 tiles of 16
-    rows; it takes 64 a tile and splits the keys in 3)."""
-    few = 256  # keys a request: 64 x 256 is under ONE_TILE_MIN_KEYS
+    """Over few keys (read again under ONE_TILE_MIN_KEYS times, fewer than FULL_MIN_KEYS a
+    request), at 4 KV heads and a GQA group of 4: a decode (4
+    rows), a drafter level or a tree of 8 tokens (32 rows) take the few-rows launch at any
+    batch; a verify of 32 tokens (128 rows, 8 tiles of 16) at batch 1 too (32 programs), at
+    batch 4 the split launch (128), at batch 16 the full one (512 tiles of 16 rows; it takes
+    64 a tile and splits the keys in 3)."""
+    few = 128  # keys a request: 48 rows' two tiles past the first at batch 64 read 2 x 64 x 128 again
     assert all(attention_launch(b, 4, rows, few) == FEW_ROWS_LAUNCH for b in (1, 4, 16, 64) for rows in (4, 32))
     assert attention_launch(1, 4, 128, few) == FEW_ROWS_LAUNCH
     assert attention_launch(4, 4, 128, few) == MANY_ROWS_LAUNCH
     assert attention_launch(16, 4, 128, few) == FULL_LAUNCH
     assert attention_splits(16, 4, 128 // FULL_LAUNCH[5], 4096, *FULL_LAUNCH[3:5]) == 3
-    # the thresholds: more than FEW_ROWS rows, FEW_PROGRAMS and TARGET_PROGRAMS tiles
-    assert attention_launch(1, 1, 16 * (FEW_PROGRAMS - 1), few) == FEW_ROWS_LAUNCH
-    assert attention_launch(1, 1, 16 * FEW_PROGRAMS, few) == MANY_ROWS_LAUNCH
-    assert attention_launch(1, 1, 16 * TARGET_PROGRAMS, few) == FULL_LAUNCH
+    # the thresholds: more than FEW_ROWS rows, FEW_PROGRAMS and TARGET_PROGRAMS tiles (8 of
+    # 16 rows a pair: under FULL_MIN_ROW_TILES)
+    assert attention_launch(1, FEW_PROGRAMS // 8 - 1, 128, few) == FEW_ROWS_LAUNCH
+    assert attention_launch(1, FEW_PROGRAMS // 8, 128, few) == MANY_ROWS_LAUNCH
+    assert attention_launch(1, -(-TARGET_PROGRAMS // 8), 128, few) == FULL_LAUNCH
+    assert attention_launch(1, -(-TARGET_PROGRAMS // 8) - 1, 128, few) == MANY_ROWS_LAUNCH
     assert attention_launch(64, 4, 32, few) == FEW_ROWS_LAUNCH  # 512 tiles, but few rows
     assert attention_launch(64, 4, 48, few) == MANY_ROWS_LAUNCH  # 768 tiles of 33-63 rows: FULL's tiles would idle
 
 
+def test_64_rows_or_more_take_64_row_tiles_over_many_keys():
+    """FULL_LAUNCH's 64-row tiles beyond the programs rule, over FULL_MIN_KEYS keys or more:
+    from FULL_MIN_ROW_TILES 16-row tiles a pair (27B's 32-token tree, 192 rows) and where the
+    16-row tiles make fewer than FEW_PROGRAMS programs (a tree of 16-32 tokens at batch 1);
+    neither over fewer keys, nor for fewer than 64 rows."""
+    assert FULL_MIN_ROW_TILES == 12 and FULL_MIN_KEYS == 4096
+    for b in (1, 4):
+        assert attention_launch(b, 4, 16 * FULL_MIN_ROW_TILES, FULL_MIN_KEYS) == FULL_LAUNCH
+        assert attention_launch(b, 4, 16 * FULL_MIN_ROW_TILES, FULL_MIN_KEYS - 1) == (FEW_ROWS_LAUNCH if b == 1 else
+                                                                                     MANY_ROWS_LAUNCH)
+    assert attention_launch(4, 4, 16 * FULL_MIN_ROW_TILES - 16, 10**6) == MANY_ROWS_LAUNCH  # 11 tiles, 176 programs
+    assert attention_launch(1, 4, 96, 1024) == FEW_ROWS_LAUNCH  # 27B's 16 tokens at batch 1, kv 1024
+    assert attention_launch(1, 4, 96, FULL_MIN_KEYS) == FULL_LAUNCH  # ... kv 4096: 24 programs
+    assert attention_launch(4, 4, 96, 16384) == MANY_ROWS_LAUNCH  # 96 programs: not few
+    assert attention_launch(4, 4, 128, 16384) == MANY_ROWS_LAUNCH  # 9B's 32 tokens at batch 4
+    assert attention_launch(4, 4, 256, 1024) == MANY_ROWS_LAUNCH  # 9B's 64 tokens at batch 4 over a 1k cache
+    assert attention_launch(1, 1, 63, 10**6) == ONE_TILE_ROWS_LAUNCHES[-1][1]  # under 64 rows: one tile
+    assert attention_launch(1, 1, 63, 100) == FEW_ROWS_LAUNCH  # ... over few keys the 16-row tiles
+
+
 def test_many_keys_take_one_tile_for_17_to_64_rows():
-    """From ONE_TILE_MIN_KEYS keys over the batch, 17-32 rows (a tree of 8 tokens at a group
-    of 4, of 4 at 27B's 6) and 33-64 (8 tokens at 6) each take the launch whose one tile holds
-    them all; 16 rows or fewer, more than 64, or fewer keys: the rule as before."""
+    """Where 16-row tiles would read ONE_TILE_MIN_KEYS keys again over the batch ((tiles - 1)
+    x batch x keys a request), 17-32 rows (a tree of 8 tokens at a group of 4, of 4 at 27B's
+    6: two tiles) and 33-64 (8 tokens at 6: three tiles, so from half the keys; 49-64: four)
+    each take the launch whose one tile holds them all; 16 rows or fewer, more than 64, or
+    fewer keys: the rule as before."""
     (most32, rows32), (most64, rows64) = ONE_TILE_ROWS_LAUNCHES
     assert (most32, rows32[5], most64, rows64[5]) == (32, 32, 64, 64)
     many = ONE_TILE_MIN_KEYS // 16
     for rows in (17, 24, 32):
         assert attention_launch(16, 4, rows, many) == rows32
         assert attention_launch(16, 4, rows, many - 1) == FEW_ROWS_LAUNCH
-    for rows in (33, 48, 64):
-        assert attention_launch(16, 4, rows, many) == rows64
-        assert attention_launch(16, 4, rows, many - 1) == MANY_ROWS_LAUNCH
         assert attention_launch(1, 4, rows, ONE_TILE_MIN_KEYS - 1) == FEW_ROWS_LAUNCH
-    assert attention_launch(1, 4, 48, ONE_TILE_MIN_KEYS) == rows64  # batch 1 over as many keys
+    for rows, row_tiles in ((33, 3), (48, 3), (49, 4), (64, 4)):
+        enough = -(-many // (row_tiles - 1))
+        assert attention_launch(16, 4, rows, enough) == rows64
+        assert attention_launch(16, 4, rows, enough - 1) == MANY_ROWS_LAUNCH
+        below = -(-ONE_TILE_MIN_KEYS // (row_tiles - 1)) - 1  # at batch 1; 64 rows: few programs over many keys
+        assert attention_launch(1, 4, rows, below) == (FULL_LAUNCH if rows == 64 else FEW_ROWS_LAUNCH)
+    assert attention_launch(1, 4, 48, ONE_TILE_MIN_KEYS // 2) == rows64  # batch 1 over as many keys
+    assert attention_launch(4, 4, 48, 4096) == rows64  # 27B's 8-token level at batch 4, kv 4096 (S16-a)
+    assert attention_launch(4, 4, 32, 4096) == FEW_ROWS_LAUNCH  # 9B's: two tiles, under the threshold
     assert attention_launch(16, 4, 16, 10**6) == FEW_ROWS_LAUNCH
     assert attention_launch(4, 4, 65, 10**6) == MANY_ROWS_LAUNCH  # 65 rows: past one tile's 64
     assert attention_launch(16, 4, 128, 10**6) == FULL_LAUNCH
@@ -118,7 +149,9 @@ def test_the_launch_rule_names_its_constants():
     import bole_cli.kernels.cache_attention as kernel
 
     assert kernel.LAUNCH_RULE == (f"rows and programs (S9-f); one tile for 17-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
-                                  f"rows from {ONE_TILE_MIN_KEYS} keys (S15-b)")
+                                  f"rows from {ONE_TILE_MIN_KEYS} keys read again (S15-b, S16-a); 64-row tiles from "
+                                  f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs, over {FULL_MIN_KEYS} keys "
+                                  "(S16-b)")
 
 
 def test_the_one_tile_launch_is_the_default_over_many_keys(monkeypatch):

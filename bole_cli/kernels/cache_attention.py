@@ -51,14 +51,26 @@ FULL_LAUNCH = (32, 8, 3, TARGET_PROGRAMS, MIN_SPLIT_KEYS, 64)  # many rows whose
 # group of 4, 3-10 at Qwen3.5-27B's 6), from an H100's sweep (experiments/README.md S15-b:
 # geomean 0.94 of the rule before over every 2-8-token cell of 9B and 27B, 0.45-1.05 a cell)
 ONE_TILE_ROWS_LAUNCHES = ((32, (32, 4, 3, 128, 128, 32)), (64, (32, 8, 3, 128, 128, 64)))  # (most rows, launch)
-# batch x keys a request from which one tile pays (below it, more programs do): judged on
-# max_keys, the bound a caller gives (a step's bucket), so a bucket well above the keys
-# actually read takes one tile a little early
+# keys the 16-row tiles past a pair's first read again over the batch ((tiles - 1) x batch x
+# keys a request) from which one tile pays (below it, more programs do): 32768 for 17-32 rows
+# (two tiles), half that for 33-48 (27B's 8-token drafter level and tree read keys three
+# times; experiments/README.md S16-a). Judged on max_keys, the bound a caller gives (a step's
+# bucket), so a bucket well above the keys actually read takes one tile a little early
 ONE_TILE_MIN_KEYS = 32768
+# 64 rows or more over FULL_MIN_KEYS keys or more take FULL_LAUNCH's 64-row tiles (keys read
+# a quarter as often) beyond the programs rule: where a pair has FULL_MIN_ROW_TILES 16-row
+# tiles (27B's tree of 32 tokens, 192 rows: 0.77-0.83 of the rule before at batch 4; 96 and
+# 128 rows stay, where the rule before wins by 5-11%) or its tiles make fewer than
+# FEW_PROGRAMS programs (batch 1: 0.47-0.91 at kv 4096 and 16384, 9B on the H200 and an H100,
+# 27B on an H100). Over a 1k cache the split's merge costs more than the reads it saves (up to
+# 1.49x at 128 rows, batch 1; 1.17x at 256 rows, batch 4). experiments/README.md S16-b
+FULL_MIN_ROW_TILES = 12
+FULL_MIN_KEYS = 4096
 # the rule's name in a measured profile's provenance (runtime.timer), so a profile measured
 # under an earlier rule says so
 LAUNCH_RULE = (f"rows and programs (S9-f); one tile for {FEW_ROWS_LAUNCH[5] + 1}-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
-               f"rows from {ONE_TILE_MIN_KEYS} keys (S15-b)")
+               f"rows from {ONE_TILE_MIN_KEYS} keys read again (S15-b, S16-a); 64-row tiles from "
+               f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs, over {FULL_MIN_KEYS} keys (S16-b)")
 
 
 @triton.jit(do_not_specialize=["tree_t"])
@@ -175,20 +187,23 @@ def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int,
 
 def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int) -> tuple[int, int, int, int, int, int]:
     """The default launch for `rows` query rows a (request, KV head) over up to `max_keys`
-    keys a request: for 17-64 rows where the batch reads at least ONE_TILE_MIN_KEYS keys,
-    the ONE_TILE_ROWS_LAUNCHES launch that holds them all in one tile; else FEW_ROWS_LAUNCH
-    for few rows or few programs, FULL_LAUNCH where at least 64 rows' 16-row tiles alone make
-    TARGET_PROGRAMS programs (it takes 64 rows a tile, so a quarter as many programs, and
-    splits the keys to fill the GPU), else MANY_ROWS_LAUNCH."""
-    if batch * max_keys >= ONE_TILE_MIN_KEYS:
+    keys a request. 17-64 rows where 16-row tiles would read at least ONE_TILE_MIN_KEYS keys
+    again over the batch: the ONE_TILE_ROWS_LAUNCHES launch that holds them all in one tile.
+    64 rows or more: FULL_LAUNCH (64 rows a tile, the keys split to fill the GPU) where the
+    16-row tiles alone make TARGET_PROGRAMS programs, or over FULL_MIN_KEYS keys where a pair
+    has FULL_MIN_ROW_TILES of them or they make fewer than FEW_PROGRAMS programs.
+    Else FEW_ROWS_LAUNCH for few rows or few programs, MANY_ROWS_LAUNCH for the rest."""
+    row_tiles = -(-rows // 16)
+    if (row_tiles - 1) * batch * max_keys >= ONE_TILE_MIN_KEYS:
         for most, launch in ONE_TILE_ROWS_LAUNCHES:
             if FEW_ROWS_LAUNCH[5] < rows <= most:
                 return launch
-    tiles = batch * kv_heads * -(-rows // 16)
-    if rows <= FEW_ROWS or tiles < FEW_PROGRAMS:
-        return FEW_ROWS_LAUNCH
-    # FULL's 64-row tiles only where they fill (33-63 rows were not timed: S9-f)
-    return FULL_LAUNCH if tiles >= TARGET_PROGRAMS and rows >= FULL_LAUNCH[5] else MANY_ROWS_LAUNCH
+    tiles = batch * kv_heads * row_tiles
+    # FULL's 64-row tiles only where one fills (33-63 rows idle part of it: S9-f)
+    if rows >= FULL_LAUNCH[5] and (tiles >= TARGET_PROGRAMS or (
+            max_keys >= FULL_MIN_KEYS and (row_tiles >= FULL_MIN_ROW_TILES or tiles < FEW_PROGRAMS))):
+        return FULL_LAUNCH
+    return FEW_ROWS_LAUNCH if rows <= FEW_ROWS or tiles < FEW_PROGRAMS else MANY_ROWS_LAUNCH
 
 
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
