@@ -3,7 +3,8 @@ launch sweep: component_bench.py's attention records with --attention-launches, 
 files (a model each). For each (model, batch, kv, tokens, form) cell it prices the rule's
 launch, the rule before S15-b (S9-f's, frozen here) and the fastest launch swept, and prints
 the cells where the rule is more than --slack slower than the fastest or S9-f's, then the
-geomeans. A cell whose rule launch was not swept is counted as missing, never guessed.
+geomeans. A cell whose rule's or S9-f's launch was not swept is counted as missing, never
+guessed.
 
     python experiments/attention_rule.py experiments/results/components/h100-27b-attention-rows-tile-s15.json \
         experiments/results/components/h100-9b-attention-rows-tile-s15.json
@@ -24,17 +25,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bole_cli.catalog.models import resolve_model  # noqa: E402
+from bole_cli.console import atomic_write_text  # noqa: E402
 from bole_cli.kernels import cache_attention as ca  # noqa: E402
 
 
-def rule_before(batch: int, kv_heads: int, rows: int, max_keys: int) -> tuple[int, ...]:
-    """The S9-f rule, the one before S15-b and S16 (experiments/README.md), kept here frozen
-    as what the rule's later branches are judged against: 16-row tiles but where 64 rows'
-    tiles alone fill the GPU."""
+# The S9-f rule (experiments/README.md S9-f), the one before S15-b and S16, frozen here as
+# what the rule's later branches are judged against: its launches and thresholds as they were
+S9F_FEW_ROWS, S9F_FEW_PROGRAMS, S9F_TARGET_PROGRAMS = 32, 64, 264
+S9F_FEW_ROWS_LAUNCH = (64, 4, 3, 128, 128, 16)
+S9F_MANY_ROWS_LAUNCH = (64, 4, 2, 132, 128, 16)
+S9F_FULL_LAUNCH = (32, 8, 3, 264, 256, 64)
+
+
+def rule_before(batch: int, kv_heads: int, rows: int) -> tuple[int, ...]:
+    """S9-f's launch: 16-row tiles but where 64 rows' tiles alone fill the GPU."""
     tiles = batch * kv_heads * -(-rows // 16)
-    if rows <= ca.FEW_ROWS or tiles < ca.FEW_PROGRAMS:
-        return ca.FEW_ROWS_LAUNCH
-    return ca.FULL_LAUNCH if tiles >= ca.TARGET_PROGRAMS and rows >= ca.FULL_LAUNCH[5] else ca.MANY_ROWS_LAUNCH
+    if rows <= S9F_FEW_ROWS or tiles < S9F_FEW_PROGRAMS:
+        return S9F_FEW_ROWS_LAUNCH
+    return S9F_FULL_LAUNCH if tiles >= S9F_TARGET_PROGRAMS and rows >= 64 else S9F_MANY_ROWS_LAUNCH
 
 
 def max_keys(kv: int, tokens: int, form: str) -> int:
@@ -43,16 +51,48 @@ def max_keys(kv: int, tokens: int, form: str) -> int:
     return kv if form == "decode" else kv + tokens
 
 
+ROW_FIELDS = (("batch", int), ("kv", int), ("tokens", int), ("form", str))
+
+
 def cells(records: list[dict]) -> dict[tuple, dict[tuple, float]]:
-    """{(model, batch, kv, tokens, form): {launch: us}} over the launch rows of each record."""
+    """{(model, batch, kv, tokens, form): {launch: us}} over the launch rows of each record
+    (checked by load_record)."""
     out: dict[tuple, dict[tuple, float]] = {}
     for rec in records:
-        for row in rec.get("attention", []):
+        for row in rec["attention"]:
             if "launch" not in row or "variant" in row:
                 continue
             key = (rec["model"], row["batch"], row["kv"], row["tokens"], row["form"])
             out.setdefault(key, {})[tuple(row["launch"])] = row["us"]
     return out
+
+
+def load_record(path: Path) -> dict:
+    """A component_bench record with launch rows, every field the judgement reads checked:
+    ValueError (one line) otherwise."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(record, dict) or not isinstance(record.get("model"), str):
+        raise ValueError("not a component_bench record (no model)")
+    resolve_model(record["model"])
+    rows = record.get("attention")
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise ValueError("no attention rows")
+    launched = [row for row in rows if "launch" in row and "variant" not in row]
+    if not launched:
+        raise ValueError("no launch rows (run component_bench.py with --attention-launches)")
+    for i, row in enumerate(launched):
+        for name, kind in ROW_FIELDS:
+            if not isinstance(row.get(name), kind) or isinstance(row.get(name), bool):
+                raise ValueError(f"attention row {i}: {name} missing or not {kind.__name__}")
+        launch, us = row["launch"], row.get("us")
+        if not (isinstance(launch, list) and len(launch) == 6 and all(isinstance(x, int) for x in launch)):
+            raise ValueError(f"attention row {i}: launch is not six integers")
+        if not isinstance(us, (int, float)) or isinstance(us, bool) or not 0 < us < math.inf:
+            raise ValueError(f"attention row {i}: us is not a positive time")
+    return record
 
 
 def judge(records: list[dict], slack: float) -> dict:
@@ -63,7 +103,7 @@ def judge(records: list[dict], slack: float) -> dict:
         rows = n * spec.attn_group
         mk = max_keys(kv, n, form)
         now = ca.attention_launch(b, spec.attn_kv_heads, rows, mk)
-        before = rule_before(b, spec.attn_kv_heads, rows, mk)
+        before = rule_before(b, spec.attn_kv_heads, rows)
         best = min(times, key=times.get)
         if now not in times or before not in times:
             missing.append((model, b, kv, n, form))
@@ -95,14 +135,13 @@ def main(argv=None) -> None:
     records = []
     for path in args.records:
         try:
-            record = json.loads(path.read_text())
-            if not isinstance(record, dict) or "model" not in record:
-                raise ValueError("not a component_bench record (no model)")
-            resolve_model(record["model"])
-        except (OSError, ValueError) as exc:
+            records.append(load_record(path))
+        except ValueError as exc:
             print(f"error: records {path}: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
-        records.append(record)
+    if args.json and not args.json.parent.is_dir():
+        print(f"error: --json {args.json}: no such folder", file=sys.stderr)
+        raise SystemExit(2)
     res = judge(records, args.slack)
     print(textwrap.fill(f"rule: {res['rule']}", 80, subsequent_indent="  "))
     print(f"{'model':9s} {'b':>2s} {'kv':>5s} {'n':>2s} {'form':7s} {'rule':>8s} {'S9-f':>8s} {'best':>8s}  "
@@ -117,9 +156,7 @@ def main(argv=None) -> None:
     low, high = res["range_rule_over_before"]
     print(f"rule / S9-f's: geomean {res['geomean_rule_over_before']:.3f}, {low:.3f}-{high:.3f}")
     if args.json:
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(res, indent=1))
-        tmp.replace(args.json)
+        atomic_write_text(args.json, json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@
 #
 #   bash experiments/owed_h200.sh attention # ~8 min: the cache attention's rows a tile (S15-b's sweep), 27B, 9B;
 #                                          #   27B's 16-48-token trees by target programs
+#   bash experiments/owed_h200.sh attention64 # ~5 min: 49-64 rows (27B's 10 tokens, 9B's 16), the rule's launches
 #   bash experiments/owed_h200.sh decode   # ~5 min: the fused GDN decode by launch (split x warps) and batch,
 #                                          #   SGLang's decode beside it: 9B, 27B; the replay commit's row
 #                                          #   stride an argument / a constant / the rule, chains of 2-64
@@ -53,7 +54,8 @@
 #   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
 #   bash experiments/owed_h200.sh profiles # ~9 min: bole calibrate --measure, 4B, 9B, 27B (ship to profiles/h200/;
-#                                          #   done S13-a: again only after a change to the step)
+#                                          #   done S13-a: again only after a change to the step); two calls:
+#                                          #   PROFILE_MODELS="4B 9B", then PROFILE_MODELS=27B (up to 450 s)
 #   bash experiments/owed_h200.sh check    # ~10 min: check_decision.py on profiles/<gpu>/ (R-8's form; CHECK_MODEL=9B,
 #                                          #   CHECK_PRESET=paper-mbpp; then cnndm, then 27B)
 #   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / production-s9
@@ -76,7 +78,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh attention|decode|tests|gemm|steps|knee|profiles|check|kernels|split|deferred|tune}
+job=${1:?usage: bash experiments/owed_h200.sh attention|attention64|decode|tests|gemm|steps|knee|profiles|check|kernels|split|deferred|tune}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -108,6 +110,14 @@ case "$job" in
       --attention-kv 1024,4096,16384 --attention-tokens 16,32,48 \
       --attention-launches 64x4x3x128x128x16,64x4x3x96x128x16,64x4x3x66x128x16,64x4x2x132x128x16,32x8x3x264x256x64 \
       --out "$dir/$gpu-27b-attention-big-trees.json" ;;
+  attention64)  # the 49-64 rows no sweep has timed (27B's 10 tokens, 9B's 16), where S16-a's formula takes
+                # one tile from a third of the keys: the rule's four launches
+    for mt in 27b:10 9b:16; do
+      run timeout 150 $PY experiments/component_bench.py --model "${mt%%:*}" --parts attention --attention-batch 1,4,16 \
+        --attention-kv 1024,4096,16384 --attention-tokens "${mt#*:}" \
+        --attention-launches 64x4x3x128x128x16,64x4x2x132x128x16,32x8x3x128x128x64,32x8x3x264x256x64 \
+        --out "$dir/$gpu-${mt%%:*}-attention-rows64.json"
+    done ;;
   tests)
     run timeout 330 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
   gemm)
@@ -140,7 +150,10 @@ case "$job" in
   profiles)  # bole calibrate --measure as R-15 / R-16 ran it, on the card the call got (profiles/<gpu>/)
     mkdir -p "$dir/$gpu"
     for m in ${PROFILE_MODELS:-4B 9B 27B}; do
-      run timeout -s INT 250 $PY -m bole_cli calibrate --gpu "$gpu" --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
+      # 27B took 257 s with its kernels compiled on an H100 and ran past 250 s on a fresh one (S16-c):
+      # give it a call of its own (PROFILE_MODELS=27B)
+      limit=250; [ "$m" = 27B ] && limit=450
+      run timeout -s INT $limit $PY -m bole_cli calibrate --gpu "$gpu" --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
         --measure --repeats 3 --warmup 2 --no-plot --out "$dir/$gpu/Qwen3.5-$m.yaml"
     done ;;
   check)  # the decision check (R-8's form) on the shipped profile of the card the call got; a fresh

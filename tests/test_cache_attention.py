@@ -74,12 +74,12 @@ def test_many_chunks_are_merged_in_several_passes():
 
 
 def test_the_default_launch_follows_the_rows_and_their_programs():
-    """Over few keys (read again under ONE_TILE_MIN_KEYS times, fewer than FULL_MIN_KEYS a
-    request), at 4 KV heads and a GQA group of 4: a decode (4
-    rows), a drafter level or a tree of 8 tokens (32 rows) take the few-rows launch at any
-    batch; a verify of 32 tokens (128 rows, 8 tiles of 16) at batch 1 too (32 programs), at
-    batch 4 the split launch (128), at batch 16 the full one (512 tiles of 16 rows; it takes
-    64 a tile and splits the keys in 3)."""
+    """Over few keys (fewer than ONE_TILE_MIN_KEYS read again, fewer than FULL_MIN_KEYS a
+    request), at 4 KV heads and a GQA group of 4: a decode (4 rows), a drafter level or a
+    tree of 8 tokens (32 rows) take the few-rows launch at any batch; a verify of 32 tokens
+    (128 rows, 8 tiles of 16) at batch 1 too (32 programs), at batch 4 the split launch
+    (128), at batch 16 the full one (512 tiles of 16 rows; it takes 64 a tile and splits the
+    keys in 3)."""
     few = 128  # keys a request: 48 rows' two tiles past the first at batch 64 read 2 x 64 x 128 again
     assert all(attention_launch(b, 4, rows, few) == FEW_ROWS_LAUNCH for b in (1, 4, 16, 64) for rows in (4, 32))
     assert attention_launch(1, 4, 128, few) == FEW_ROWS_LAUNCH
@@ -112,6 +112,9 @@ def test_64_rows_or_more_take_64_row_tiles_over_many_keys():
     assert attention_launch(4, 4, 96, 16384) == MANY_ROWS_LAUNCH  # 96 programs: not few
     assert attention_launch(4, 4, 128, 16384) == MANY_ROWS_LAUNCH  # 9B's 32 tokens at batch 4
     assert attention_launch(4, 4, 256, 1024) == MANY_ROWS_LAUNCH  # 9B's 64 tokens at batch 4 over a 1k cache
+    # few programs: fewer than FEW_PROGRAMS 16-row tiles (8 a pair at 128 rows)
+    assert attention_launch(1, FEW_PROGRAMS // 8 - 1, 128, FULL_MIN_KEYS) == FULL_LAUNCH
+    assert attention_launch(1, FEW_PROGRAMS // 8, 128, FULL_MIN_KEYS) == MANY_ROWS_LAUNCH
     assert attention_launch(1, 1, 63, 10**6) == ONE_TILE_ROWS_LAUNCHES[-1][1]  # under 64 rows: one tile
     assert attention_launch(1, 1, 63, 100) == FEW_ROWS_LAUNCH  # ... over few keys the 16-row tiles
 

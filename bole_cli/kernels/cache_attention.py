@@ -54,11 +54,13 @@ ONE_TILE_ROWS_LAUNCHES = ((32, (32, 4, 3, 128, 128, 32)), (64, (32, 8, 3, 128, 1
 # keys the 16-row tiles past a pair's first read again over the batch ((tiles - 1) x batch x
 # keys a request) from which one tile pays (below it, more programs do): 32768 for 17-32 rows
 # (two tiles), half that for 33-48 (27B's 8-token drafter level and tree read keys three
-# times; experiments/README.md S16-a). Judged on max_keys, the bound a caller gives (a step's
+# times; experiments/README.md S16-a), a third for 49-64 (9B's trees of 13-16 tokens, 27B's
+# of 9-10: timed under neither rule). Judged on max_keys, the bound a caller gives (a step's
 # bucket), so a bucket well above the keys actually read takes one tile a little early
 ONE_TILE_MIN_KEYS = 32768
 # 64 rows or more over FULL_MIN_KEYS keys or more take FULL_LAUNCH's 64-row tiles (keys read
-# a quarter as often) beyond the programs rule: where a pair has FULL_MIN_ROW_TILES 16-row
+# a quarter as often; exactly 64 rows take one tile first, where it applies) beyond the
+# programs rule: where a pair has FULL_MIN_ROW_TILES 16-row
 # tiles (27B's tree of 32 tokens, 192 rows: 0.77-0.83 of the rule before at batch 4; 96 and
 # 128 rows stay, where the rule before wins by 5-11%) or its tiles make fewer than
 # FEW_PROGRAMS programs (batch 1: 0.47-0.91 at kv 4096 and 16384, 9B on the H200 and an H100,
@@ -199,7 +201,7 @@ def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int) -> tup
             if FEW_ROWS_LAUNCH[5] < rows <= most:
                 return launch
     tiles = batch * kv_heads * row_tiles
-    # FULL's 64-row tiles only where one fills (33-63 rows idle part of it: S9-f)
+    # FULL's 64-row tiles only where one fills (33-63 rows: one tile above, else 16-row tiles)
     if rows >= FULL_LAUNCH[5] and (tiles >= TARGET_PROGRAMS or (
             max_keys >= FULL_MIN_KEYS and (row_tiles >= FULL_MIN_ROW_TILES or tiles < FEW_PROGRAMS))):
         return FULL_LAUNCH
