@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bole_cli.catalog.models import resolve_model  # noqa: E402
 from bole_cli.console import atomic_write_text  # noqa: E402
 from bole_cli.kernels import cache_attention as ca  # noqa: E402
+from component_bench import attention_max_keys  # noqa: E402 (experiments/, the script's folder)
 
 
 # The S9-f rule (experiments/README.md S9-f), the one before S15-b and S16, frozen here as
@@ -42,13 +43,7 @@ def rule_before(batch: int, kv_heads: int, rows: int) -> tuple[int, ...]:
     tiles = batch * kv_heads * -(-rows // 16)
     if rows <= S9F_FEW_ROWS or tiles < S9F_FEW_PROGRAMS:
         return S9F_FEW_ROWS_LAUNCH
-    return S9F_FULL_LAUNCH if tiles >= S9F_TARGET_PROGRAMS and rows >= 64 else S9F_MANY_ROWS_LAUNCH
-
-
-def max_keys(kv: int, tokens: int, form: str) -> int:
-    """The bound component_bench gives the kernel (the runtime's): the cache, plus a tree's or
-    drafter level's own keys."""
-    return kv if form == "decode" else kv + tokens
+    return S9F_FULL_LAUNCH if tiles >= S9F_TARGET_PROGRAMS and rows >= S9F_FULL_LAUNCH[5] else S9F_MANY_ROWS_LAUNCH
 
 
 ROW_FIELDS = (("batch", int), ("kv", int), ("tokens", int), ("form", str))
@@ -101,8 +96,7 @@ def judge(records: list[dict], slack: float) -> dict:
     for (model, b, kv, n, form), times in sorted(cells(records).items()):
         spec = resolve_model(model)
         rows = n * spec.attn_group
-        mk = max_keys(kv, n, form)
-        now = ca.attention_launch(b, spec.attn_kv_heads, rows, mk)
+        now = ca.attention_launch(b, spec.attn_kv_heads, rows, attention_max_keys(kv, n, form))
         before = rule_before(b, spec.attn_kv_heads, rows)
         best = min(times, key=times.get)
         if now not in times or before not in times:

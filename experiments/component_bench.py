@@ -317,23 +317,31 @@ def attention_rows(torch, spec, batches, kvs, tokens, device, dtype, rotate: int
 DRAFTER_TOKENS = 8  # the most rows a request a drafter level takes (its top-k beam)
 
 
+def attention_max_keys(kv: int, tokens: int, form: str) -> int:
+    """The bound on the keys read that a `form` call gives cache_attention (the runtime's, so
+    the default launch is the runtime's): the cache, plus a tree's or drafter level's own
+    keys (experiments/attention_rule.py judges the rule on it)."""
+    return kv if form == "decode" else kv + tokens
+
+
 def _attention_call(torch, cache_attention, form, b, n, hkv, grp, d, kv, length, slots, used, device, dtype):
     """One layer's cache_attention call of `form` on a fresh random cache (attention_rows)."""
     import functools
 
     k_cache, v_cache = (torch.randn(b, hkv, length, d, device=device, dtype=dtype) for _ in range(2))
+    bound = attention_max_keys(kv, n, form)
     if form == "decode":
         q = torch.randn(b, hkv, grp, d, device=device, dtype=dtype)
-        return functools.partial(cache_attention, q, k_cache, v_cache, slots, used, kv)
+        return functools.partial(cache_attention, q, k_cache, v_cache, slots, used, bound)
     if form == "drafter":  # bench/drafter.py's level: [b, hkv, rows x grp, d], no mask
         q = torch.randn(b, hkv, n * grp, d, device=device, dtype=dtype)
-        return functools.partial(cache_attention, q, k_cache, v_cache, slots, used, length)
+        return functools.partial(cache_attention, q, k_cache, v_cache, slots, used, bound)
     q = torch.randn(b, n, hkv, grp, d, device=device, dtype=dtype).transpose(1, 2)
     seen = torch.arange(n, device=device)[:, None] >= torch.arange(n, device=device)[None, :]
     bias = torch.zeros(n, n, device=device).masked_fill_(~seen, float("-inf"))
     bias = bias.repeat_interleave(grp, 0)[None, None].expand(b, 1, n * grp, n).contiguous()
     cu = torch.arange(0, b * n + 1, n, device=device, dtype=torch.int32)
-    return functools.partial(cache_attention, q, k_cache, v_cache, slots, used, length, tree_bias=bias, tree_cu=cu)
+    return functools.partial(cache_attention, q, k_cache, v_cache, slots, used, bound, tree_bias=bias, tree_cu=cu)
 
 
 def host_step(torch, device, reps: int) -> dict:
