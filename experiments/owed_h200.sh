@@ -37,7 +37,10 @@
 # profiles (all three models), knee, check. Sixteenth session, an H100 again (S16-a to S16-c):
 # the attention job's big-tree part, the one-tile threshold on the keys read again and 64-row
 # tiles for big trees over long caches (both rule changes), the GPU suite (74 passed), and
-# profiles/h100/ re-measured for 9B and 27B (4B still owed there). On the H200, first the
+# profiles/h100/ re-measured for 9B and 27B. Seventeenth session, an H100 again (S17-a to
+# S17-d): attention64 (the rule retuned at exactly 64 rows and 64 tiles), the GPU suite with
+# S16-b (past 330 s on a fresh machine: its job now prints durations), the 4B profile on the
+# H100, check for 9B (both presets) and 27B (mbpp) on the new H100 profiles. On the H200, first the
 # attention job, then `python experiments/attention_rule.py` on its records (the rule against
 # S9-f's and the fastest launch, per cell: retune if it loses there), then profiles, knee,
 # check, tests. Run the rest in this order (a
@@ -62,7 +65,7 @@
 #   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
 #   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write's GPU test on the H200 (its bench: S7-c)
 #   bash experiments/owed_h200.sh gemm     # ~9 min: the skinny GEMM against cuBLAS, 9B, 27B and 4B
-#   bash experiments/owed_h200.sh tests    # ~6 min: python -m pytest -m gpu (after any kernel change)
+#   bash experiments/owed_h200.sh tests    # ~7 min: python -m pytest -m gpu (after any kernel change)
 #   bash experiments/owed_h200.sh tune     # ~9 min: bole tune-kernels as served (the verify without its
 #                                          #   factors, the replay commit): the H200 table again
 #
@@ -119,7 +122,8 @@ case "$job" in
         --out "$dir/$gpu-${mt%%:*}-attention-rows64.json"
     done ;;
   tests)
-    run timeout 330 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider ;;
+    # the durations say what to cut: a fresh H100 ran past 330 s (S17-b), a warm one took 267 s
+    run timeout 420 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider --durations=25 ;;
   gemm)
     run timeout 520 $PY experiments/skinny_mm_bench.py --models 9b,27b,4b --grid-rows 1,64 \
       --out "$dir/skinny-$gpu.json" ;;

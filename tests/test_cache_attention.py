@@ -86,10 +86,12 @@ def test_the_default_launch_follows_the_rows_and_their_programs():
     assert attention_launch(4, 4, 128, few) == MANY_ROWS_LAUNCH
     assert attention_launch(16, 4, 128, few) == FULL_LAUNCH
     assert attention_splits(16, 4, 128 // FULL_LAUNCH[5], 4096, *FULL_LAUNCH[3:5]) == 3
-    # the thresholds: more than FEW_ROWS rows, FEW_PROGRAMS and TARGET_PROGRAMS tiles (8 of
-    # 16 rows a pair: under FULL_MIN_ROW_TILES)
-    assert attention_launch(1, FEW_PROGRAMS // 8 - 1, 128, few) == FEW_ROWS_LAUNCH
-    assert attention_launch(1, FEW_PROGRAMS // 8, 128, few) == MANY_ROWS_LAUNCH
+    # the thresholds: more than FEW_ROWS rows, more than FEW_PROGRAMS tiles, TARGET_PROGRAMS
+    # tiles (8 of 16 rows a pair: under FULL_MIN_ROW_TILES)
+    assert attention_launch(1, FEW_PROGRAMS // 8, 128, few) == FEW_ROWS_LAUNCH
+    assert attention_launch(1, FEW_PROGRAMS // 8 + 1, 128, few) == MANY_ROWS_LAUNCH
+    # exactly FEW_PROGRAMS tiles are few (S17-a: 27B's 10 tokens and 9B's 16 at batch 4, kv 1024)
+    assert attention_launch(4, 4, 60, 1024) == attention_launch(4, 4, 64, 1024) == FEW_ROWS_LAUNCH
     assert attention_launch(1, -(-TARGET_PROGRAMS // 8), 128, few) == FULL_LAUNCH
     assert attention_launch(1, -(-TARGET_PROGRAMS // 8) - 1, 128, few) == MANY_ROWS_LAUNCH
     assert attention_launch(64, 4, 32, few) == FEW_ROWS_LAUNCH  # 512 tiles, but few rows
@@ -112,9 +114,12 @@ def test_64_rows_or_more_take_64_row_tiles_over_many_keys():
     assert attention_launch(4, 4, 96, 16384) == MANY_ROWS_LAUNCH  # 96 programs: not few
     assert attention_launch(4, 4, 128, 16384) == MANY_ROWS_LAUNCH  # 9B's 32 tokens at batch 4
     assert attention_launch(4, 4, 256, 1024) == MANY_ROWS_LAUNCH  # 9B's 64 tokens at batch 4 over a 1k cache
-    # few programs: fewer than FEW_PROGRAMS 16-row tiles (8 a pair at 128 rows)
-    assert attention_launch(1, FEW_PROGRAMS // 8 - 1, 128, FULL_MIN_KEYS) == FULL_LAUNCH
-    assert attention_launch(1, FEW_PROGRAMS // 8, 128, FULL_MIN_KEYS) == MANY_ROWS_LAUNCH
+    # few programs: at most FEW_PROGRAMS 16-row tiles (8 a pair at 128 rows), past one 64-row
+    # tile (exactly 64 rows lost 1.27x at batch 1, kv 4096: 9B's 16 tokens, S17-a)
+    assert attention_launch(1, FEW_PROGRAMS // 8, 128, FULL_MIN_KEYS) == FULL_LAUNCH
+    assert attention_launch(1, FEW_PROGRAMS // 8 + 1, 128, FULL_MIN_KEYS) == MANY_ROWS_LAUNCH
+    assert attention_launch(1, 4, 64, FULL_MIN_KEYS) == FEW_ROWS_LAUNCH
+    assert attention_launch(1, 4, 65, FULL_MIN_KEYS) == FULL_LAUNCH
     assert attention_launch(1, 1, 63, 10**6) == ONE_TILE_ROWS_LAUNCHES[-1][1]  # under 64 rows: one tile
     assert attention_launch(1, 1, 63, 100) == FEW_ROWS_LAUNCH  # ... over few keys the 16-row tiles
 
@@ -136,8 +141,8 @@ def test_many_keys_take_one_tile_for_17_to_64_rows():
         enough = -(-many // (row_tiles - 1))
         assert attention_launch(16, 4, rows, enough) == rows64
         assert attention_launch(16, 4, rows, enough - 1) == MANY_ROWS_LAUNCH
-        below = -(-ONE_TILE_MIN_KEYS // (row_tiles - 1)) - 1  # at batch 1; 64 rows: few programs over many keys
-        assert attention_launch(1, 4, rows, below) == (FULL_LAUNCH if rows == 64 else FEW_ROWS_LAUNCH)
+        below = -(-ONE_TILE_MIN_KEYS // (row_tiles - 1)) - 1  # at batch 1 (64 rows: one 64-row tile, S17-a)
+        assert attention_launch(1, 4, rows, below) == FEW_ROWS_LAUNCH
     assert attention_launch(1, 4, 48, ONE_TILE_MIN_KEYS // 2) == rows64  # batch 1 over as many keys
     assert attention_launch(4, 4, 48, 4096) == rows64  # 27B's 8-token level at batch 4, kv 4096 (S16-a)
     assert attention_launch(4, 4, 32, 4096) == FEW_ROWS_LAUNCH  # 9B's: two tiles, under the threshold
@@ -153,8 +158,8 @@ def test_the_launch_rule_names_its_constants():
 
     assert kernel.LAUNCH_RULE == (f"rows and programs (S9-f); one tile for 17-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
                                   f"rows from {ONE_TILE_MIN_KEYS} keys read again (S15-b, S16-a); 64-row tiles from "
-                                  f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs, over {FULL_MIN_KEYS} keys "
-                                  "(S16-b)")
+                                  f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs past 64 rows, over "
+                                  f"{FULL_MIN_KEYS} keys (S16-b, S17-a); at most {FEW_PROGRAMS} tiles few (S17-a)")
 
 
 def test_the_one_tile_launch_is_the_default_over_many_keys(monkeypatch):

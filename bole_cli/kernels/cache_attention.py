@@ -42,8 +42,8 @@ MAX_GRID_AXIS = 65535  # CUDA's programs on a grid's second and third axes (the 
 # programs their 16-row tiles make before any split, from the H200's sweep
 # (experiments/README.md S9-f; geomean 0.81 of the launch before it, none slower than 1.03):
 FEW_ROWS = 32  # a decode's, a drafter level's, a tree's of up to 8 tokens at a GQA group of 4
-FEW_PROGRAMS = 64
-FEW_ROWS_LAUNCH = (64, 4, 3, 128, 128, 16)  # and fewer than FEW_PROGRAMS tiles (over few keys)
+FEW_PROGRAMS = 64  # at most this many 16-row tiles (S9-f: fewer; 64 itself timed in S17-a: 0.83-0.89)
+FEW_ROWS_LAUNCH = (64, 4, 3, 128, 128, 16)  # and at most FEW_PROGRAMS tiles (over few keys)
 MANY_ROWS_LAUNCH = (64, 4, 2, TARGET_PROGRAMS // 2, 128, 16)  # many rows (a verify of 32 tokens at batch 4)
 FULL_LAUNCH = (32, 8, 3, TARGET_PROGRAMS, MIN_SPLIT_KEYS, 64)  # many rows whose tiles fill the GPU (batch 16)
 # 17-64 rows over many keys: one tile holds all of a (request, KV head)'s rows, so its keys
@@ -55,24 +55,27 @@ ONE_TILE_ROWS_LAUNCHES = ((32, (32, 4, 3, 128, 128, 32)), (64, (32, 8, 3, 128, 1
 # keys a request) from which one tile pays (below it, more programs do): 32768 for 17-32 rows
 # (two tiles), half that for 33-48 (27B's 8-token drafter level and tree read keys three
 # times; experiments/README.md S16-a), a third for 49-64 (9B's trees of 13-16 tokens, 27B's
-# of 9-10: timed under neither rule). Judged on max_keys, the bound a caller gives (a step's
-# bucket), so a bucket well above the keys actually read takes one tile a little early
+# of 9-10; S17-a: the fastest launch swept wherever it takes one tile, 0.56-0.87 of S9-f's
+# rule). Judged on max_keys, the bound a caller gives (a step's bucket), so a bucket well
+# above the keys actually read takes one tile a little early
 ONE_TILE_MIN_KEYS = 32768
 # 64 rows or more over FULL_MIN_KEYS keys or more take FULL_LAUNCH's 64-row tiles (keys read
 # a quarter as often; exactly 64 rows take one tile first, where it applies) beyond the
 # programs rule: where a pair has FULL_MIN_ROW_TILES 16-row
 # tiles (27B's tree of 32 tokens, 192 rows: 0.77-0.83 of the rule before at batch 4; 96 and
-# 128 rows stay, where the rule before wins by 5-11%) or its tiles make fewer than
-# FEW_PROGRAMS programs (batch 1: 0.47-0.91 at kv 4096 and 16384, 9B on the H200 and an H100,
-# 27B on an H100). Over a 1k cache the split's merge costs more than the reads it saves (up to
-# 1.49x at 128 rows, batch 1; 1.17x at 256 rows, batch 4). experiments/README.md S16-b
+# 128 rows stay, where the rule before wins by 5-11%) or, past one 64-row tile, its tiles
+# make at most FEW_PROGRAMS programs (batch 1: 0.47-0.91 at kv 4096 and 16384, 9B on the H200
+# and an H100, 27B on an H100; exactly 64 rows lost 1.27x at kv 4096, S17-a). Over a 1k cache
+# the split's merge costs more than the reads it saves (up to 1.49x at 128 rows, batch 1;
+# 1.17x at 256 rows, batch 4). experiments/README.md S16-b
 FULL_MIN_ROW_TILES = 12
 FULL_MIN_KEYS = 4096
 # the rule's name in a measured profile's provenance (runtime.timer), so a profile measured
 # under an earlier rule says so
 LAUNCH_RULE = (f"rows and programs (S9-f); one tile for {FEW_ROWS_LAUNCH[5] + 1}-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
                f"rows from {ONE_TILE_MIN_KEYS} keys read again (S15-b, S16-a); 64-row tiles from "
-               f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs, over {FULL_MIN_KEYS} keys (S16-b)")
+               f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs past 64 rows, over {FULL_MIN_KEYS} keys "
+               f"(S16-b, S17-a); at most {FEW_PROGRAMS} tiles few (S17-a)")
 
 
 @triton.jit(do_not_specialize=["tree_t"])
@@ -193,8 +196,9 @@ def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int) -> tup
     again over the batch: the ONE_TILE_ROWS_LAUNCHES launch that holds them all in one tile.
     64 rows or more: FULL_LAUNCH (64 rows a tile, the keys split to fill the GPU) where the
     16-row tiles alone make TARGET_PROGRAMS programs, or over FULL_MIN_KEYS keys where a pair
-    has FULL_MIN_ROW_TILES of them or they make fewer than FEW_PROGRAMS programs.
-    Else FEW_ROWS_LAUNCH for few rows or few programs, MANY_ROWS_LAUNCH for the rest."""
+    has FULL_MIN_ROW_TILES of them or, past 64 rows, they make at most FEW_PROGRAMS programs.
+    Else FEW_ROWS_LAUNCH for few rows or at most FEW_PROGRAMS programs, MANY_ROWS_LAUNCH for
+    the rest."""
     row_tiles = -(-rows // 16)
     if (row_tiles - 1) * batch * max_keys >= ONE_TILE_MIN_KEYS:
         for most, launch in ONE_TILE_ROWS_LAUNCHES:
@@ -202,10 +206,11 @@ def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int) -> tup
                 return launch
     tiles = batch * kv_heads * row_tiles
     # FULL's 64-row tiles only where one fills (33-63 rows: one tile above, else 16-row tiles)
-    if rows >= FULL_LAUNCH[5] and (tiles >= TARGET_PROGRAMS or (
-            max_keys >= FULL_MIN_KEYS and (row_tiles >= FULL_MIN_ROW_TILES or tiles < FEW_PROGRAMS))):
+    few_programs = tiles <= FEW_PROGRAMS
+    if rows >= FULL_LAUNCH[5] and (tiles >= TARGET_PROGRAMS or (max_keys >= FULL_MIN_KEYS and (
+            row_tiles >= FULL_MIN_ROW_TILES or (few_programs and rows > FULL_LAUNCH[5])))):
         return FULL_LAUNCH
-    return FEW_ROWS_LAUNCH if rows <= FEW_ROWS or tiles < FEW_PROGRAMS else MANY_ROWS_LAUNCH
+    return FEW_ROWS_LAUNCH if rows <= FEW_ROWS or few_programs else MANY_ROWS_LAUNCH
 
 
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
