@@ -35,7 +35,8 @@ except ValueError:  # imported from another thread: signals are the main thread'
     _previous_sigint = _previous_sigterm = None
     _MAIN_THREAD = False
 
-import importlib  # noqa: E402 - after the handler above, on purpose
+import atexit  # noqa: E402 - after the handler above, on purpose
+import importlib  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any, Optional  # noqa: E402
@@ -43,7 +44,7 @@ from typing import Any, Optional  # noqa: E402
 import typer  # noqa: E402
 from typer.core import TyperGroup  # noqa: E402
 
-from bole_cli import __version__, streams  # noqa: E402
+from bole_cli import __version__, interrupts, streams  # noqa: E402 - interrupts: main() installs it first thing
 from bole_cli.errors import BoleError  # noqa: E402
 from bole_cli.streams import OutputClosed, OutputFailed  # noqa: E402
 
@@ -116,8 +117,6 @@ def _report_usage(exc: Exception) -> None:
 
 
 def _report_interrupted() -> None:
-    from bole_cli import interrupts
-
     _report(interrupts.reason(), interrupts.exit_code())
 
 
@@ -204,8 +203,6 @@ if _MAIN_THREAD:  # loaded: give the signals back (a library importer keeps its 
 
 
 def _exit_interrupted() -> None:
-    from bole_cli import interrupts
-
     interrupts.ignore_further()
     try:
         sys.stdout.flush()
@@ -235,9 +232,9 @@ def _run_app() -> int:
 def main() -> None:
     """The `bole` entry point: Ctrl-C (SIGTERM) anywhere ends with one line and exit code
     130 (143); a closed stdout pipe ends quietly with 141, any other failed write with one
-    line."""
-    from bole_cli import interrupts
-
+    line. Its handlers go in before anything else runs: the module is loaded with the
+    command line (under _leave_now), so no import opens a window for Python's own handler
+    and its traceback."""
     try:
         interrupts.install()
         streams.install()
@@ -259,7 +256,21 @@ def main() -> None:
     if _MAIN_THREAD:  # done and flushed: a signal from here on (shutdown) leaves at once
         signal.signal(signal.SIGINT, _leave_now)
         signal.signal(signal.SIGTERM, _leave_now)
+        _state["finished"] = True
     raise SystemExit(code)
+
+
+def _ignore_signals_last() -> None:
+    """The last exit hook of a finished run (registered when the command line loads, before
+    any library's, so run after theirs, while _leave_now still lets Ctrl-C cut a hung one):
+    past it Python's finalization hands a Python handler back to SIG_DFL, and a signal
+    there would end a finished run as killed by it, with no line; ignored, its code stands."""
+    if _state.get("finished"):
+        interrupts.ignore_further()
+
+
+if _MAIN_THREAD:
+    atexit.register(_ignore_signals_last)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -113,8 +113,8 @@ case "$job" in
       --attention-kv 1024,4096,16384 --attention-tokens 16,32,48 \
       --attention-launches 64x4x3x128x128x16,64x4x3x96x128x16,64x4x3x66x128x16,64x4x2x132x128x16,32x8x3x264x256x64 \
       --out "$dir/$gpu-27b-attention-big-trees.json" ;;
-  attention64)  # the 49-64 rows no sweep has timed (27B's 10 tokens, 9B's 16), where S16-a's formula takes
-                # one tile from a third of the keys: the rule's four launches
+  attention64)  # the 49-64 rows (27B's 10 tokens, 9B's 16), where S16-a's formula takes one tile from a
+                # third of the keys: the rule's four launches (an H100 timed them, S17-a; the H200 owed)
     for mt in 27b:10 9b:16; do
       run timeout 150 $PY experiments/component_bench.py --model "${mt%%:*}" --parts attention --attention-batch 1,4,16 \
         --attention-kv 1024,4096,16384 --attention-tokens "${mt#*:}" \
@@ -157,7 +157,9 @@ case "$job" in
       # 27B took 257 s with its kernels compiled on an H100 and ran past 250 s on a fresh one (S16-c):
       # give it a call of its own (PROFILE_MODELS=27B)
       limit=250; [ "$m" = 27B ] && limit=450
-      run timeout -s INT $limit $PY -m bole_cli calibrate --gpu "$gpu" --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
+      # -k: a 27B run once stopped by INT on a fresh machine left no line at all (S16-c): if it
+      # hangs, KILL follows, so the log still says rc and the next model runs
+      run timeout -k 30 -s INT $limit $PY -m bole_cli calibrate --gpu "$gpu" --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
         --measure --repeats 3 --warmup 2 --no-plot --out "$dir/$gpu/Qwen3.5-$m.yaml"
     done ;;
   check)  # the decision check (R-8's form) on the shipped profile of the card the call got; a fresh

@@ -100,9 +100,10 @@ def test_the_default_launch_follows_the_rows_and_their_programs():
 
 def test_64_rows_or_more_take_64_row_tiles_over_many_keys():
     """FULL_LAUNCH's 64-row tiles beyond the programs rule, over FULL_MIN_KEYS keys or more:
-    from FULL_MIN_ROW_TILES 16-row tiles a pair (27B's 32-token tree, 192 rows) and where the
-    16-row tiles make fewer than FEW_PROGRAMS programs (a tree of 16-32 tokens at batch 1);
-    neither over fewer keys, nor for fewer than 64 rows."""
+    from FULL_MIN_ROW_TILES 16-row tiles a pair (27B's 32-token tree, 192 rows) and, past 64
+    rows, where the 16-row tiles make at most FEW_PROGRAMS programs (27B's 16-token tree and
+    9B's 32 at batch 1); neither over fewer keys, nor for 64 rows or fewer (9B's 16-token
+    tree at batch 1, kv 4096, takes the 16-row tiles: S17-a)."""
     assert FULL_MIN_ROW_TILES == 12 and FULL_MIN_KEYS == 4096
     for b in (1, 4):
         assert attention_launch(b, 4, 16 * FULL_MIN_ROW_TILES, FULL_MIN_KEYS) == FULL_LAUNCH

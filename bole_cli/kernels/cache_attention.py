@@ -59,9 +59,9 @@ ONE_TILE_ROWS_LAUNCHES = ((32, (32, 4, 3, 128, 128, 32)), (64, (32, 8, 3, 128, 1
 # rule). Judged on max_keys, the bound a caller gives (a step's bucket), so a bucket well
 # above the keys actually read takes one tile a little early
 ONE_TILE_MIN_KEYS = 32768
-# 64 rows or more over FULL_MIN_KEYS keys or more take FULL_LAUNCH's 64-row tiles (keys read
-# a quarter as often; exactly 64 rows take one tile first, where it applies) beyond the
-# programs rule: where a pair has FULL_MIN_ROW_TILES 16-row
+# Over FULL_MIN_KEYS keys or more, FULL_LAUNCH's 64-row tiles (keys read a quarter as often;
+# 33-64 rows take one tile first, where it applies) beyond the programs rule: where a pair
+# has FULL_MIN_ROW_TILES 16-row
 # tiles (27B's tree of 32 tokens, 192 rows: 0.77-0.83 of the rule before at batch 4; 96 and
 # 128 rows stay, where the rule before wins by 5-11%) or, past one 64-row tile, its tiles
 # make at most FEW_PROGRAMS programs (batch 1: 0.47-0.91 at kv 4096 and 16384, 9B on the H200
