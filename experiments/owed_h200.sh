@@ -41,9 +41,9 @@
 # S17-d): attention64 (the rule retuned at exactly 64 rows and 64 tiles), the GPU suite with
 # S16-b (past 330 s on a fresh machine: its job now prints durations), the 4B profile on the
 # H100, check for 9B (both presets) and 27B (mbpp) on the new H100 profiles. On the H200, first the
-# attention job, then `python experiments/attention_rule.py` on its records (the rule against
-# S9-f's and the fastest launch, per cell: retune if it loses there), then profiles, knee,
-# check, tests. Run the rest in this order (a
+# attention job and attention64 (each ends with `experiments/attention_rule.py` on its records in
+# its log: the rule against S9-f's and the fastest launch, per cell: retune if it loses there),
+# then profiles, knee, check, tests. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
@@ -180,6 +180,10 @@ case "$job" in
     run timeout 560 $PY -m bole_cli tune-kernels --model 4b,9b,27b --nodes 16,32,64 --trials 10 --max-minutes 8 \
       --profile "$dir/kernels.yaml" --report "$dir/tune-kernels-$gpu.json" ;;
   *) echo "unknown job $job" >&2; exit 2 ;;
+esac
+case "$job" in  # the launch rule judged on the sweep just made (the cells where it loses, then geomeans)
+  attention|attention64)
+    for f in "$dir"/$gpu-*-attention-*.json; do run $PY experiments/attention_rule.py "$f"; done ;;
 esac
 cp "$log" "$OUT/$job.log"
 tar -C /tmp/owed -czf "$OUT/$job.tar.gz" "$job" && echo "wrote $OUT/$job.tar.gz"
