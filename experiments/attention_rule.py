@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import textwrap
 from pathlib import Path
@@ -49,14 +50,17 @@ def rule_before(batch: int, kv_heads: int, rows: int) -> tuple[int, ...]:
 ROW_FIELDS = (("batch", int), ("kv", int), ("tokens", int), ("form", str))
 
 
+def launch_rows(rows: list[dict]) -> list[dict]:
+    """A sweep's rows at an explicit launch (not a kernel variant's, not the default's)."""
+    return [row for row in rows if "launch" in row and "variant" not in row]
+
+
 def cells(records: list[dict]) -> dict[tuple, dict[tuple, float]]:
     """{(model, batch, kv, tokens, form): {launch: us}} over the launch rows of each record
     (checked by load_record)."""
     out: dict[tuple, dict[tuple, float]] = {}
     for rec in records:
-        for row in rec["attention"]:
-            if "launch" not in row or "variant" in row:
-                continue
+        for row in launch_rows(rec["attention"]):
             key = (rec["model"], row["batch"], row["kv"], row["tokens"], row["form"])
             out.setdefault(key, {})[tuple(row["launch"])] = row["us"]
     return out
@@ -75,7 +79,7 @@ def load_record(path: Path) -> dict:
     rows = record.get("attention")
     if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
         raise ValueError("no attention rows")
-    launched = [row for row in rows if "launch" in row and "variant" not in row]
+    launched = launch_rows(rows)
     if not launched:
         raise ValueError("no launch rows (run component_bench.py with --attention-launches)")
     for i, row in enumerate(launched):
@@ -107,17 +111,13 @@ def judge(records: list[dict], slack: float) -> dict:
                          "before_us": times[before], "best": list(best), "best_us": times[best],
                          "rule_over_best": times[now] / times[best],
                          "rule_over_before": times[now] / times[before]})
-
-    def geomean(xs):
-        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-    return {"cells": rows_out, "missing": missing, "slack": slack,
-            "rule": ca.LAUNCH_RULE,
-            "geomean_rule_over_best": geomean([r["rule_over_best"] for r in rows_out]),
-            "geomean_rule_over_before": geomean([r["rule_over_before"] for r in rows_out]),
-            "worst_rule_over_best": max((r["rule_over_best"] for r in rows_out), default=float("nan")),
-            "range_rule_over_before": [min((r["rule_over_before"] for r in rows_out), default=float("nan")),
-                                       max((r["rule_over_before"] for r in rows_out), default=float("nan"))]}
+    over_best = [r["rule_over_best"] for r in rows_out] or [math.nan]
+    over_before = [r["rule_over_before"] for r in rows_out] or [math.nan]
+    return {"cells": rows_out, "missing": missing, "slack": slack, "rule": ca.LAUNCH_RULE,
+            "geomean_rule_over_best": statistics.geometric_mean(over_best),
+            "geomean_rule_over_before": statistics.geometric_mean(over_before),
+            "worst_rule_over_best": max(over_best),
+            "range_rule_over_before": [min(over_before), max(over_before)]}
 
 
 def main(argv=None) -> None:

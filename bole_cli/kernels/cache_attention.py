@@ -205,10 +205,13 @@ def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int) -> tup
             if FEW_ROWS_LAUNCH[5] < rows <= most:
                 return launch
     tiles = batch * kv_heads * row_tiles
-    # FULL's 64-row tiles only where one fills (33-63 rows: one tile above, else 16-row tiles)
     few_programs = tiles <= FEW_PROGRAMS
-    if rows >= FULL_LAUNCH[5] and (tiles >= TARGET_PROGRAMS or (max_keys >= FULL_MIN_KEYS and (
-            row_tiles >= FULL_MIN_ROW_TILES or (few_programs and rows > FULL_LAUNCH[5])))):
+    # FULL's 64-row tiles only where one fills (33-63 rows: one tile above, else 16-row tiles)
+    fills = rows >= FULL_LAUNCH[5] and tiles >= TARGET_PROGRAMS
+    # ... or, past one of them, where they cut the keys a long cache reads again
+    saves_reads = (rows > FULL_LAUNCH[5] and max_keys >= FULL_MIN_KEYS
+                   and (row_tiles >= FULL_MIN_ROW_TILES or few_programs))
+    if fills or saves_reads:
         return FULL_LAUNCH
     return FEW_ROWS_LAUNCH if rows <= FEW_ROWS or few_programs else MANY_ROWS_LAUNCH
 
