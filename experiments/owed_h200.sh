@@ -40,7 +40,8 @@
 # profiles/h100/ re-measured for 9B and 27B. Seventeenth session, an H100 again (S17-a to
 # S17-d): attention64 (the rule retuned at exactly 64 rows and 64 tiles), the GPU suite with
 # S16-b (past 330 s on a fresh machine: its job now prints durations), the 4B profile on the
-# H100, check for 9B (both presets) and 27B (mbpp) on the new H100 profiles. On the H200, first the
+# H100, check for 9B (both presets) and 27B (mbpp) on the new H100 profiles. Eighteenth session, an
+# H100 (S18-a, S18-b): the GPU suite with S17-a (184 s from cold), check for 27B paper-cnndm. On the H200, first the
 # attention job and attention64 (each ends with `experiments/attention_rule.py` on its records in
 # its log: the rule against S9-f's and the fastest launch, per cell: retune if it loses there),
 # then profiles, knee, check, tests. Run the rest in this order (a
@@ -122,7 +123,7 @@ case "$job" in
         --out "$dir/$gpu-${mt%%:*}-attention-rows64.json"
     done ;;
   tests)
-    # the durations say what to cut: a fresh H100 ran past 330 s (S17-b), a warm one took 267 s
+    # the durations say what to cut if it grows: a fresh H100 ran past 330 s (S17-b), another 184 s (S18-a)
     run timeout 420 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider --durations=25 ;;
   gemm)
     run timeout 520 $PY experiments/skinny_mm_bench.py --models 9b,27b,4b --grid-rows 1,64 \
