@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from rich.console import Console
 
@@ -126,6 +126,65 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def shown_text(text: str) -> str:
+    """A string from a user's file (a config's _name_or_path, a path) for a Rich print:
+    markup escaped, and repr'd when it holds a control character (ESC as \\x1b), so a
+    downloaded config.json cannot drive the terminal."""
+    from rich.markup import escape
+
+    from bole_cli.errors import brief
+
+    return escape(text if text.isprintable() else brief(text, 200))
+
+
+def shell_lines(argv: list[str], env: Optional[dict] = None, *, width: Optional[int] = None) -> list[str]:
+    """A command as lines that paste into a shell, every word quoted: on one line when it
+    fits `width` columns, else the environment, the program, then one flag (with its value)
+    a line, each but the last ending in a backslash (`width` None: always so). Printed
+    outside any panel, so a copy picks up no border."""
+    import shlex
+
+    head = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    one = " ".join(head + [shlex.join(argv)])
+    if width is not None and len(one) <= width:
+        return [one]
+    groups: list[list[str]] = []
+    for arg in argv:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    lines = [" ".join(head)] if head else []
+    lines += [("  " if head else "") + shlex.join(groups[0])]  # the program and its subcommand
+    lines += ["  " + shlex.join(g) for g in groups[1:]]
+    lines = [line + " \\" for line in lines[:-1]] + lines[-1:]
+    return [part for line in lines for part in _fold(line, width or 80)]
+
+
+def _fold(line: str, width: int) -> list[str]:
+    """A line of quoted words cut into lines of at most `width` columns where it is longer
+    (a long path), each cut a backslash-newline, which the shell removes: inside a single-
+    quoted word the quote is closed before it and opened again after. The '"'"' that
+    shlex.quote writes for a quote is never cut."""
+    out: list[str] = []
+    while len(line) > width:
+        single = double = False
+        cut = None
+        for i, ch in enumerate(line[:width - 2]):  # room for a closing quote and the backslash
+            if ch == "'" and not double:
+                single = not single
+            elif ch == '"' and not single:
+                double = not double
+            if i > 0 and not double:
+                cut, cut_single = i + 1, single
+        if cut is None:
+            break
+        head, line = line[:cut], line[cut:]
+        out.append(head + ("'\\" if cut_single else "\\"))
+        line = ("'" if cut_single else "") + line
+    return out + [line]
 
 
 @contextlib.contextmanager

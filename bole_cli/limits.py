@@ -28,6 +28,11 @@ CHAIN_KERNEL_DEPTH = 16
 #: batch): far above any server's running requests, low enough that a typo fails at once.
 MAX_BATCH_REQUESTS = 4096
 
+#: Committed tokens one request's KV cache holds that any command accepts (a calibration's
+#: --kv, a benchmark's --context): 16M, far past any model's context window, low enough
+#: that a typo fails at once instead of at an allocation.
+MAX_CONTEXT_TOKENS = 1 << 24
+
 #: The verify's dot precisions (Triton's input_precision, and "split": the readout at tf32,
 #: the products that make u exact to about float32 (~2^-21 relative), for trees of one
 #: tile, tf32x3 elsewhere; docs/design.md §9): the kernels' config= key and `bole bench

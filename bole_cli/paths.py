@@ -20,8 +20,8 @@ def cache_dir() -> Path:
 
 def default_named(what: str) -> str:
     """How an error names a default output under cache_dir() that the user gave no option
-    for: `what` and where it lives."""
-    return f"the default {what} (under ${env.CACHE_DIR} or $XDG_CACHE_HOME)"
+    for: `what`, the cache it lives in, and the variable that moves it."""
+    return f"the default {what} (under {cache_dir()}; ${env.CACHE_DIR} moves it)"
 
 
 def acceptance_dir() -> Path:

@@ -107,10 +107,11 @@ class ServeSettings:
 def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Optional[str] = None,
                     steps: Optional[int] = None, topk: Optional[int] = None,
                     draft_tokens: Optional[int] = None,
-                    chain_verify: Optional[str] = None) -> ServeSettings:
+                    chain_verify: Optional[str] = None, source: str = "the profile") -> ServeSettings:
     """How to serve `batch` concurrent requests at context `kv_len`: the profile's decision
     for that bucket (docs/design.md §8: no speculation, a chain or a Bole tree, drafting
-    counted), or the tree or chain that --steps / --topk / --draft-tokens ask for."""
+    counted), or the tree or chain that --steps / --topk / --draft-tokens ask for. `source`
+    names the profile in an error."""
     from bole_cli.profiles import lookup_budget
 
     from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_DRAFTS
@@ -132,8 +133,8 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     decision = entry.get("decision")
     manual = any(v is not None for v in (steps, topk, draft_tokens))
     if decision is None and not manual:
-        raise BoleError(
-            f"the profile has no decision for batch {entry['batch']}, kv {entry['kv_len']} "
+        raise InputError(
+            f"{source} has no decision for batch {entry['batch']}, kv {entry['kv_len']} "
             "(made without drafter costs or an acceptance model, or by an older bole): re-run "
             "`bole calibrate`, or give --steps, --topk and --draft-tokens")
     chosen = decision["chosen"] if decision else None
@@ -401,23 +402,23 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
                topk: Optional[int] = None, draft_tokens: Optional[int] = None,
                host: Optional[str] = None, port: int = DEFAULT_PORT, dry_run: bool = False,
                extra: Optional[list[str]] = None, chain_verify: Optional[str] = None) -> ServePlan:
-    """Settings, command line and environment for serving `model`; checks SGLang first
-    unless `dry_run` (without SGLang: one error naming the install)."""
+    """Settings, command line and environment for serving `model`. Every option is checked
+    before SGLang is (unless `dry_run`, without SGLang: one error naming the install), so a
+    typo is named as a typo on a machine without SGLang too."""
     if not 0 < port < 65536:
         raise InputError(f"--port: {port} is not a TCP port")
     status = sglang_status()
-    if not dry_run:
-        check_can_launch(status)
     gpu_spec, model_spec, path, prof, gpu_note = resolve_profile(model, profile, gpu)
     notes: list[str] = []
-    if model_spec is not None and prof.get("model") != model_spec.name:
-        notes.append(f"the profile is for {prof.get('model')}, not {model_spec.name}")
+    if model_spec is not None and prof.get("model") != model_spec.name:  # only a --profile can
+        raise InputError(f"--profile: {path} is a profile of {prof.get('model')}, not of "
+                         f"{model_spec.name}: its decisions do not hold for this model")
     if gpu_spec is not None and prof.get("gpu") != gpu_spec.key:
         notes.append(f"the profile is for GPU {prof.get('gpu')}, not {gpu_spec.key}")
     if model_spec is not None and not draft_model and getattr(model_spec, "mtp_layers", 1) < 1:
         raise InputError(f"{model_spec.name} has no MTP head for NEXTN; pass --draft-model PATH (EAGLE)")
     settings = derive_settings(prof, batch, kv_len, draft_model=draft_model, steps=steps, topk=topk,
-                               draft_tokens=draft_tokens, chain_verify=chain_verify)
+                               draft_tokens=draft_tokens, chain_verify=chain_verify, source=str(path))
     # A catalogue alias (9b) becomes its Hugging Face id; a path or unknown id goes as given.
     model_path = (model_spec.name if model_spec is not None and model_spec.source == "catalogue"
                   else model)
@@ -434,6 +435,8 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         memory = memory_summary(model_spec, settings, state_dtype)
     except (KeyError, ValueError):
         memory = None
+    if not dry_run:
+        check_can_launch(status)
     report = {
         "dry_run": dry_run,
         "model": model_path,

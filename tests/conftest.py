@@ -6,6 +6,7 @@
   (`-m gpu` fits one device call of 5 minutes; `-m "gpu or gpu_slow"` runs them all).
 - `sglang_source` / `sglang_kernels`: SGLang 0.5.23's source and kernels, or a skip.
 - Under pytest-xdist each worker's torch takes its share of the cores.
+- bole_cli.console's consoles are made with no COLUMNS set, so each CLI call's COLUMNS holds.
 - Hypothesis profiles: "default" (no deadline: the interpreter and first-call compiles
   are slow), "ci" (fewer examples, derandomised) and "thorough". Pick one with
   HYPOTHESIS_PROFILE=name; CI=true selects "ci".
@@ -38,6 +39,12 @@ if not CUDA_AVAILABLE:
         warnings.warn("triton was imported before tests/conftest.py could set "
                       "TRITON_INTERPRET=1; kernels may not run on CPU", stacklevel=1)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Rich fixes a Console's width when COLUMNS is set as it is made: bole_cli.console's consoles
+# made here, with none set, read each CliRunner call's COLUMNS (the 80-column tests), whichever
+# test happens to import them first in a worker
+os.environ.pop("COLUMNS", None)
+import bole_cli.console  # noqa: E402,F401
 
 try:
     from hypothesis import HealthCheck, settings

@@ -385,15 +385,41 @@ def test_bench_e2e_combinations_are_refused_before_any_model(tmp_path, monkeypat
 
 
 def test_bench_e2e_chain_depths_need_a_chain_decoder_to_matter():
+    """--chain-depths sets the chain decoders' depths: given without one, it would be
+    ignored without a word, so it is refused; with one, a depth past --depth is refused."""
     from bole_cli.bench.e2e.options import check_options
 
     opts = dict(model="9b", tiny=True, batch=None, context=None, depth=3, topk=None, steps=None, warmup=None,
                 chain_depths="5", budget="profile", acceptance="paper-mbpp", tree_budgets=None,
                 tree_shapes=None, draft_vocab=None, snapshot_engine="auto", max_batch=256, max_probes=8,
                 probe_nodes=None, search=True, dtype="auto", device="cpu", graphs=True, seed=0)
-    assert check_options(decoders="ar,bole", **opts).chain_depths == (5,)
-    with pytest.raises(InputError, match="--chain-depths"):
+    with pytest.raises(InputError, match="--chain-depths: only chain and bole-chain draft chains"):
+        check_options(decoders="ar,bole", **opts)
+    with pytest.raises(InputError, match="--chain-depths: 5 is outside 1..3"):
         check_options(decoders="ar,chain", **opts)
+    assert check_options(decoders="ar,bole-chain", **{**opts, "chain_depths": "2,3"}).chain_depths == (2, 3)
+    assert check_options(decoders="ar,bole", **{**opts, "chain_depths": None}).decoders == ("ar", "bole")
+
+
+@pytest.mark.parametrize("option, value, culprit", [
+    ("--context", 1 << 24, None), ("--context", (1 << 24) + 1, "--context: expected an integer from 1 to"),
+    ("--context", 0, "--context"), ("--batch", "4097", "--batch"), ("--batch", "4096", None)])
+def test_bench_e2e_context_and_batch_are_bounded(option, value, culprit):
+    """A --context past any model's window (a typo) fails naming it, not as every
+    decoder's allocation error in a run that exits 0 (found by a bad-input sweep)."""
+    from bole_cli.bench.e2e.options import check_options
+
+    opts = dict(model="9b", tiny=True, batch=None, context=None, depth=None, topk=None, steps=None,
+                warmup=None, chain_depths=None, decoders=None, budget="profile", acceptance="paper-mbpp",
+                tree_budgets=None, tree_shapes=None, draft_vocab=None, snapshot_engine="auto",
+                max_batch=256, max_probes=8, probe_nodes=None, search=True, dtype="auto", device="cpu",
+                graphs=True, seed=0)
+    opts[option.lstrip("-")] = value
+    if culprit is None:
+        check_options(**opts)
+    else:
+        with pytest.raises(InputError, match=culprit):
+            check_options(**opts)
 
 
 @pytest.mark.parametrize("extra, culprit", [

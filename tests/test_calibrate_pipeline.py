@@ -49,6 +49,23 @@ def test_check_out_path(tmp_path):
     with pytest.raises(InputError, match="plot's name"):
         check_out_path(tmp_path / "p.png", "h200", "Qwen/Qwen3.5-9B")
     check_out_path(tmp_path / "new.yaml", "h200", "Qwen/Qwen3.5-9B")  # a new file is fine
+    check_out_path(tmp_path / "new.YML", "h200", "Qwen/Qwen3.5-9B")
+    for name in ("p.json", "p.txt", "p"):  # the writer writes YAML whatever the name says
+        with pytest.raises(InputError, match=r"--out: .*a profile is YAML"):
+            check_out_path(tmp_path / name, "h200", "Qwen/Qwen3.5-9B")
+
+
+def test_check_out_path_refuses_the_shipped_profiles(tmp_path):
+    """A user's run never lands over the repository's records: an estimate written over a
+    shipped measured profile would replace it silently (found by a bad-input sweep)."""
+    from bole_cli.profiles import shipped_profiles_dir
+
+    shipped = shipped_profiles_dir()
+    for path in (shipped / "h100" / "Qwen3.5-9B.yaml", shipped / "new-gpu" / "m.yaml",
+                 shipped / "h100" / ".." / "h200" / "x.yml"):
+        with pytest.raises(InputError, match="shipped profiles"):
+            check_out_path(path, "h100", "Qwen/Qwen3.5-9B")
+    check_out_path(tmp_path / "profiles" / "h100" / "Qwen3.5-9B.yaml", "h100", "Qwen/Qwen3.5-9B")
 
 
 def test_plan_checks_before_any_sweep(tmp_path):
@@ -97,6 +114,7 @@ def test_an_estimate_says_which_profile_serve_takes(tmp_path, monkeypatch):
     """Without an H200, an ESTIMATED H200 table is not what `bole serve` uses when a
     measured profile ships: the run says so, and names both files."""
     import json as _json
+    import shlex
 
     from typer.testing import CliRunner
 
@@ -109,10 +127,19 @@ def test_an_estimate_says_which_profile_serve_takes(tmp_path, monkeypatch):
             "--no-plot"]
     r = CliRunner().invoke(cli.app, argv + ["--json"])
     assert r.exit_code == 0, r.output
-    served = _json.loads(r.stdout)["served"]
-    assert "profiles/h200/Qwen3.5-9B.yaml; `bole serve` uses that one" in served
-    assert str(tmp_path) in served  # how to serve the estimate instead, a command that pastes
-    assert "(to use this: bole serve --model Qwen3.5-9B --profile " in served
+    doc = _json.loads(r.stdout)
+    assert "profiles/h200/Qwen3.5-9B.yaml; `bole serve` uses that one" in doc["served"]
+    # how to serve the estimate instead, a command that pastes
+    assert shlex.split(doc["serve_command"]) == ["bole", "serve", "--model", "Qwen3.5-9B",
+                                                 "--profile", doc["path"]]
+    # on screen at 80 columns: the command a flag a line, each but the last continued
+    wide = CliRunner().invoke(cli.app, argv, env={"COLUMNS": "80"}, terminal_width=80)
+    lines = wide.stdout.splitlines()
+    at = lines.index("bole serve \\")
+    assert lines[at + 1] == "  --model Qwen3.5-9B \\"
+    end = next(i for i in range(at, len(lines)) if not lines[i].endswith("\\"))
+    assert all(len(line) <= 80 for line in lines[at:end + 1])
+    assert shlex.split("\n".join(lines[at:end + 1]).replace("\\\n", "")) == shlex.split(doc["serve_command"])
     r = CliRunner().invoke(cli.app, ["calibrate", "--gpu", "a100", "--model", "9b", "--batch",
                                      "8", "--kv", "4096", "--no-plot", "--json"])
     assert r.exit_code == 0 and _json.loads(r.stdout)["served"] is None  # nothing measured

@@ -497,3 +497,36 @@ def test_hardware_table():
     h200 = next(line for line in r.stdout.splitlines() if line.startswith("h200"))
     assert re.search(r"989 +4\.8 TB/s +141 GB +206 +790 +4\.27 TB/s$", h200), h200
 
+
+
+def test_models_escapes_control_characters_and_markup_of_a_config(tmp_path):
+    """A downloaded config's strings reach the terminal inert: ESC and other control
+    characters shown as repr shows them, Rich markup printed as text."""
+    data = _q35()
+    data["_name_or_path"] = "evil\x1b]0;pwned\x07\x1b[31m[bold]red[/bold]\x08\u202e"
+    folder = tmp_path / "cfg\x1b[2J"
+    folder.mkdir()
+    path = _write(folder, data)
+    r = runner.invoke(app, ["models", str(path)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.stderr
+    assert not any(c in r.stdout for c in "\x1b\x07\x08\u202e")
+    assert "'evil\\x1b]0;pwned\\x07\\x1b[31m[bold]red[/bold]\\x08\\u202e'" in r.stdout
+    assert "cfg\\x1b[2J" in r.stdout  # the source path too
+    assert json.loads(runner.invoke(app, ["models", str(path), "--json"]).stdout)["name"] == data["_name_or_path"]
+
+
+def test_models_prints_a_printable_name_as_is(tmp_path):
+    data = _q35()
+    data["_name_or_path"] = "org/[bold]name[/]"
+    r = runner.invoke(app, ["models", str(_write(tmp_path, data))], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines()[0].strip() == "org/[bold]name[/]"
+
+
+def test_a_control_character_in_model_type_stays_out_of_the_error(tmp_path):
+    data = {"model_type": "x\x1b[2J", "num_hidden_layers": 4}
+    r = runner.invoke(app, ["models", str(_write(tmp_path, data))])
+    assert r.exit_code == 2 and "\x1b" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'config.json'}: not a hybrid GDN model: it has no Gated DeltaNet "
+        "(linear_attention) layers"]

@@ -366,3 +366,31 @@ def test_gpu_markers_are_registered():
 def test_hypothesis_profile_has_no_deadline():
     hypothesis = pytest.importorskip("hypothesis")
     assert hypothesis.settings.default.deadline is None
+
+
+LONG = "/tmp/" + "deep/" * 30 + "it's a name.yaml"
+
+
+@pytest.mark.parametrize("path", ["/tmp/t/a b.yaml", "/tmp/t/my prof's.yaml", "/tmp/p.yaml", LONG,
+                                  LONG.replace("'", "").replace(" ", "_"), "/x/" + "'" * 60])
+@pytest.mark.parametrize("width", [None, 24, 80, 400])
+def test_shell_lines_paste_back_to_the_same_command(path, width):
+    """A command shown for pasting (serve's launch, calibrate's and acceptance's hints):
+    read back as a shell reads it (a backslash-newline removed), it is the same argv,
+    whatever the width, quotes and spaces; every line fits the width (80 when none), a
+    path longer than that cut inside its word; on one line only where it fits."""
+    import shlex
+
+    from bole_cli.console import shell_lines
+
+    argv = ["bole", "calibrate", "--gpu", "GPU", "--model", "M", "--acceptance", path]
+    lines = shell_lines(argv, width=width)
+    assert shlex.split("\n".join(lines).replace("\\\n", "")) == argv
+    assert all(len(ln) <= (width or 80) for ln in lines)
+    assert all(ln.endswith("\\") for ln in lines[:-1]) and not lines[-1].endswith("\\")
+    one_fits = len(shlex.join(argv)) <= (width or -1)
+    assert (len(lines) == 1) == one_fits
+    if not one_fits:
+        assert lines[0] == "bole calibrate \\" and lines[1] == "  --gpu GPU \\"
+    env_lines = shell_lines(["python", "-m", "x", "--a", "1"], {"K": "v w"})
+    assert env_lines == ["K='v w' \\", "  python -m x \\", "  --a 1"]

@@ -162,3 +162,26 @@ def test_help_path_stays_light():
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_bad_state_dtype_names_the_option_and_what_it_takes():
+    """Refused before the trees load (a missing file is not reached), naming --state-dtype
+    and every dtype it accepts."""
+    from bole_cli.memory import FLOAT_DTYPES
+
+    result = run(DATA / "missing.yaml", "--model", "9b", "--state-dtype", "float64")
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert line.startswith("error: --state-dtype: ") and "'float64'" in line
+    assert line.endswith("expected one of " + ", ".join(FLOAT_DTYPES))
+
+
+def test_state_dtype_help_lists_exactly_what_is_accepted():
+    from bole_cli.memory import FLOAT_DTYPES
+
+    help_text = " ".join(runner.invoke(app, ["inspect-tree", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    assert f"recurrent state dtype, one of {', '.join(FLOAT_DTYPES)}." in help_text
+    for name, alias in zip(FLOAT_DTYPES, ("fp32", "bf16", "fp16")):
+        for given in (name, alias):
+            data = run_json("--synthetic", "--model", "9b", "--state-dtype", given)
+            assert data["memory"]["state_dtype"] == name

@@ -96,6 +96,38 @@ def test_plan_serve_dry_run(monkeypatch):
     assert plan.report["settings"]["max_running_requests"] == 4
     assert plan.report["settings"] == plan.settings.to_dict()
     with pytest.raises(BoleError, match="not installed"):
-        serving.plan_serve("9b", gpu="h200")  # not a dry run: SGLang is checked first
+        serving.plan_serve("9b", gpu="h200")  # not a dry run: SGLang is checked, after the options
+    # a bad option is named as such without SGLang too, not blamed on the missing install
+    for kwargs, needle in ((dict(batch=0), "--batch"), (dict(gpu="nosuch"), "nosuch"),
+                           (dict(kv_len=-1), "--kv-len")):
+        with pytest.raises(InputError, match=needle):
+            serving.plan_serve("9b", **{"gpu": "h200", **kwargs})
     with pytest.raises(InputError, match="--port"):
         serving.plan_serve("9b", gpu="h200", port=0, dry_run=True)
+
+
+def test_plan_serve_refuses_another_models_profile(tmp_path, monkeypatch):
+    """A --profile measured for another model is an input error naming the file: its
+    decisions (tree or chain, budgets) are another model's (a bad-input sweep found it
+    served as a note)."""
+    from bole_cli.profiles import profile_path, shipped_profiles_dir
+
+    monkeypatch.setattr(serving, "sglang_status", lambda: {
+        "installed": False, "version": None, "pinned": "0.5.23", "plugin_registered": False})
+    nine = profile_path(shipped_profiles_dir(), "h100", "Qwen/Qwen3.5-9B")
+    with pytest.raises(InputError, match=r"--profile: .*Qwen3.5-9B.*not of Qwen/Qwen3.5-27B"):
+        serving.plan_serve("27b", profile=nine, dry_run=True)
+    assert serving.plan_serve("9b", profile=nine, dry_run=True).report["profile"] == str(nine)
+
+
+def test_a_profile_without_a_decision_is_named(tmp_path):
+    """An old or hand-made profile without decisions: an input error naming the file."""
+    import yaml
+
+    from bole_cli.profiles import profile_path, shipped_profiles_dir
+
+    prof = yaml.safe_load(profile_path(shipped_profiles_dir(), "h100", "Qwen/Qwen3.5-9B").read_text())
+    for entry in prof["configs"]:
+        entry.pop("decision")
+    with pytest.raises(InputError, match=r"my\.yaml has no decision for batch"):
+        serving.derive_settings(prof, 4, 4096, source="my.yaml")

@@ -1044,3 +1044,34 @@ def test_kernel_sources_follow_the_kernels_imports():
         assert name in verify
     assert {"tree_commit.py", "configs.py"} <= set(kernel_sources("tree_commit"))
     assert "tree_conv.py" in kernel_sources("tree_conv") and "tree_verify.py" not in kernel_sources("tree_conv")
+
+
+@pytest.mark.parametrize("dry", [["--dry-run"], []])
+def test_sample_has_an_upper_bound_checked_before_any_work(monkeypatch, dry):
+    """A huge --sample would check every candidate in the Triton interpreter for minutes:
+    refused at once, naming --sample and its bound (given in --help), before any check."""
+    import bole_cli.tuning.run as run_mod
+    from bole_cli.commands.tune_kernels import MAX_DRY_RUN_SAMPLE
+
+    monkeypatch.setattr(run_mod, "dry_run", lambda *a, **k: pytest.fail("ran past a bad --sample"))
+    r = runner.invoke(cli.app, ["tune-kernels", *dry, "--sample", "100000"])
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: --sample: expected an integer from 1 to {MAX_DRY_RUN_SAMPLE}, got 100,000"]
+    r = runner.invoke(cli.app, ["tune-kernels", "--help"], env={"COLUMNS": "200"})
+    assert f"at most {MAX_DRY_RUN_SAMPLE}" in r.stdout
+
+
+def test_sample_at_its_bound_is_accepted(monkeypatch):
+    import bole_cli.tuning.run as run_mod
+    from bole_cli.commands.tune_kernels import MAX_DRY_RUN_SAMPLE
+
+    seen = {}
+
+    def fake(*a, sample, **k):
+        seen["sample"] = sample
+        raise InputError("stop here")
+
+    monkeypatch.setattr(run_mod, "dry_run", fake)
+    r = runner.invoke(cli.app, ["tune-kernels", "--dry-run", "--sample", str(MAX_DRY_RUN_SAMPLE)])
+    assert r.exit_code == 2 and seen == {"sample": MAX_DRY_RUN_SAMPLE}

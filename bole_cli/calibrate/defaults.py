@@ -1,6 +1,6 @@
 """Sweep defaults (kept import-free so the CLI's --help path stays fast)."""
 
-from bole_cli.limits import MAX_BATCH_REQUESTS  # import-free itself
+from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS  # import-free itself
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 DEFAULT_KV_LENS = (1024, 4096, 16384)
@@ -13,6 +13,6 @@ DEFAULT_REPEATS, DEFAULT_WARMUP = 10, 3  # timed and untimed runs per point (the
 # Sanity caps on the sweep's options, checked before any work (a typo such as a 400-digit
 # --kv must fail at once, not after the sweep).
 MAX_BATCH = MAX_BATCH_REQUESTS
-MAX_KV_LEN = 1 << 24
+MAX_KV_LEN = MAX_CONTEXT_TOKENS
 MAX_GRID_POINT = 1 << 20
 MAX_EPS = 10.0

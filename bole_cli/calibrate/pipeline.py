@@ -12,7 +12,6 @@ imported at module level; the measured path imports bole_cli.runtime when it is 
 from __future__ import annotations
 
 import math
-import shlex
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,17 +32,31 @@ def int_list_text(values: Sequence[int]) -> str:
     return ",".join(map(str, values))
 
 
+#: the names a profile file may take (a profile is YAML)
+PROFILE_SUFFIXES = (".yaml", ".yml")
+
+
 def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--out",
                    plot: bool = False) -> None:
     """Refuse an --out that cannot take this profile (or its plot) before a sweep is spent
-    on it: a folder, the plot's name, an unwritable place, another model's profile."""
+    on it: a folder, the plot's name, a name that says another format, a shipped profile
+    (the repository's records: a user's run goes to the user's space, and a shipped profile
+    is replaced by hand after review, docs/design.md §5), an unwritable place, another
+    model's profile."""
     from bole_cli.console import check_name_lengths, check_writable
+    from bole_cli.profiles import shipped_profiles_dir
 
     check_name_lengths(path, what)
     if path.is_dir():
         raise InputError(f"{what}: {path} is a directory; give a .yaml file path")
     if path.suffix.lower() == ".png":
         raise InputError(f"{what}: {path} is the plot's name; give a .yaml file path")
+    if path.suffix.lower() not in PROFILE_SUFFIXES:
+        raise InputError(f"{what}: {path}: a profile is YAML; give a .yaml or .yml file path")
+    shipped = shipped_profiles_dir().resolve()
+    if path.resolve().is_relative_to(shipped):
+        raise InputError(f"{what}: {path} is in the shipped profiles ({shipped}); write the "
+                         "profile elsewhere and copy it there by hand once reviewed")
     check_writable(path, what)
     if plot:
         from bole_cli.calibrate.plot import plot_path_for
@@ -52,9 +65,12 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
     if path.exists():
         from bole_cli.profiles import load_profile
 
-        old = load_profile(path)
+        try:
+            old = load_profile(path)
+        except InputError as exc:
+            raise InputError(f"{what}: {exc}; it is not overwritten") from None
         if (old.get("gpu"), old.get("model")) != (gpu_key, model_name):
-            raise InputError(f"--out: {path} holds {old.get('model')} on {old.get('gpu')}, "
+            raise InputError(f"{what}: {path} holds {old.get('model')} on {old.get('gpu')}, "
                              f"not {model_name} on {gpu_key}")
 
 
@@ -144,22 +160,25 @@ class CalibrationResult:
     interrupted: bool
     #: which profile `bole serve` takes for this GPU and model, when it is not this one
     served: Optional[str] = None
+    #: then the command that serves this one instead (argv)
+    serve_command: Optional[list[str]] = None
 
 
-def served_instead(plan: "CalibrationPlan") -> Optional[str]:
-    """One line when `bole serve` would take another profile than the one just written:
-    a measured profile of the same GPU and model (shipped, or in the cache) wins over an
-    estimate (bole_cli/profiles/lookup.py), so an ESTIMATED table is not what is served."""
+def served_instead(plan: "CalibrationPlan") -> tuple[Optional[str], Optional[list[str]]]:
+    """When `bole serve` would take another profile than the one just written (a measured
+    profile of the same GPU and model, shipped or in the cache, wins over an estimate:
+    bole_cli/profiles/lookup.py, so an ESTIMATED table is not what is served): one line
+    saying so, and the command that serves this one instead; else (None, None)."""
     from bole_cli.profiles import find_profile, load_profile
 
     found = find_profile(plan.gpu_spec, plan.model_spec)
     if found is None or found.resolve() == plan.path.resolve():
-        return None
+        return None, None
     kind = load_profile(found)["provenance"]["kind"]
     return (f"a {kind} profile for {plan.model_spec.name} on {plan.gpu_spec.name} is in "
             f"{found}; `bole serve` uses that one, not this "
-            f"{'estimate' if not plan.measured else 'profile'} (to use this: bole serve --model "
-            f"{shlex.quote(plan.model_spec.short_name)} --profile {shlex.quote(str(plan.path))})")
+            f"{'estimate' if not plan.measured else 'profile'}. To use this one:",
+            ["bole", "serve", "--model", plan.model_spec.short_name, "--profile", str(plan.path)])
 
 
 def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int],
@@ -302,6 +321,7 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             plot_path = plot_profile(profile, plot_path_for(plan.path))
         except KeyboardInterrupt:  # the profile is written; only the picture is lost
             interrupted = True
+    served, serve_command = served_instead(plan)
     return CalibrationResult(path=plan.path, plot_path=plot_path, label=plan.label,
                              warnings=warnings, profile=profile, interrupted=interrupted,
-                             served=served_instead(plan))
+                             served=served, serve_command=serve_command)

@@ -263,7 +263,8 @@ def _check_hybrid(f: "_Fields", file: Path) -> None:
     if found and isinstance(types, list) and "linear_attention" in types:
         return
     kind = f.top.get("model_type")
-    what = f" ({kind})" if isinstance(kind, str) and len(kind) < 40 else ""
+    # shown only when short and printable: an ESC in a downloaded config must not reach the terminal
+    what = f" ({kind})" if isinstance(kind, str) and len(kind) < 40 and kind.isprintable() else ""
     raise InputError(f"{file}: not a hybrid GDN model{what}: it has no Gated DeltaNet "
                      "(linear_attention) layers")
 

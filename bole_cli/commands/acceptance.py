@@ -90,7 +90,7 @@ def acceptance(
     Writes the acceptance file that calibrate and bench e2e read (--acceptance FILE)."""
     from rich.markup import escape
 
-    from bole_cli.console import emit_json, err, out as console
+    from bole_cli.console import emit_json, err, out as console, shell_lines
     from bole_cli.mtp.run import AcceptanceOptions, run_acceptance
 
     opts = AcceptanceOptions(model=model, prompts=prompts, depth=depth, topk=topk,
@@ -111,8 +111,10 @@ def acceptance(
         console.print(f"acceptance: {escape(str(result.path))}")
         if result.plot_path:
             console.print(f"plot:       {escape(str(result.plot_path))}")
-        console.print(f"next: bole calibrate --gpu GPU --model M --acceptance "
-                      f"{escape(str(result.path))}")
+        lines = shell_lines(["bole", "calibrate", "--gpu", "GPU", "--model", "M", "--acceptance",
+                             str(result.path)], width=console.width - len("next: "))
+        for line in ["next: " + lines[0]] if len(lines) == 1 else ["next:", *lines]:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     if result.interrupted:
         from bole_cli.interrupts import exit_code, reason
 

@@ -28,10 +28,11 @@ OUT_DIR_HELP = ("Where the JSON and PNG go \\[the cache: ~/.cache/bole/results];
 
 
 def _say_written(json_path: Path, json_out: bool) -> None:
-    """Where the results went: on stderr under --json (stdout holds the data)."""
+    """Where the results went, a path a line (a path is never broken, so a line holds one
+    whole path and no more): on stderr under --json (stdout holds the data)."""
     from bole_cli.console import err, out
 
-    (err if json_out else out).print(f"wrote {json_path} and {json_path.with_suffix('.png')}",
+    (err if json_out else out).print(f"wrote {json_path}\n  and {json_path.with_suffix('.png')}",
                                      markup=False, soft_wrap=True)
 
 

@@ -112,7 +112,9 @@ def calibrate(
     from rich.markup import escape
 
     from bole_cli.calibrate.pipeline import plan_calibration, run_calibration
-    from bole_cli.console import emit_json, err, out as console
+    import shlex
+
+    from bole_cli.console import emit_json, err, out as console, shell_lines
 
     plan = plan_calibration(
         gpu=gpu, model=model, batches=parse_int_list(batch, "--batch", maximum=MAX_BATCH),
@@ -132,7 +134,8 @@ def calibrate(
         emit_json({"path": str(result.path),
                    "plot": str(result.plot_path) if result.plot_path else None,
                    "label": result.label, "warnings": result.warnings, "profile": result.profile,
-                   "served": result.served})
+                   "served": result.served,
+                   "serve_command": shlex.join(result.serve_command) if result.serve_command else None})
     else:
         title = f"{plan.model_spec.name} on {plan.gpu_spec.name}, bf16"
         console.print(_table(result.profile, escape(title)))
@@ -145,6 +148,8 @@ def calibrate(
         console.print(f"profile: {escape(str(result.path))}")
         if result.served:
             console.print(f"[yellow]note:[/] {escape(result.served)}", soft_wrap=False)
+            for line in shell_lines(result.serve_command, width=console.width):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
         if result.plot_path:
             console.print(f"plot:    {escape(str(result.plot_path))}")
     if result.interrupted:

@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from bole_cli.inspection.report import MIN_PER_REQUEST, STATE_DTYPE, SYNTHETIC_DEFAULTS
+from bole_cli.memory import FLOAT_DTYPES
 
 
 def register(app: typer.Typer) -> None:
@@ -63,7 +64,8 @@ def inspect_tree(
              "verifies, after the budget]"),
     state_dtype: Optional[str] = typer.Option(
         None, "--state-dtype", show_default=False,
-        help=f"With --model: recurrent state dtype, float32 or bfloat16. \\[default: {STATE_DTYPE}]"),
+        help=f"With --model: recurrent state dtype, one of {', '.join(FLOAT_DTYPES)}. "
+             f"\\[default: {STATE_DTYPE}]"),
     plot: Optional[str] = typer.Option(
         None, "--plot", metavar="FILE.png", show_default=False,
         help="Draw the tree(s) to FILE (.png, .svg or .pdf); pruned nodes are grey."),
@@ -172,10 +174,10 @@ def _render(trees, report, selection, memory) -> None:
 def _render_memory(m) -> None:
     from rich.table import Table
 
-    from bole_cli.console import out
+    from bole_cli.console import out, shown_text
     from bole_cli.memory import format_bytes
 
-    out.print(f"[bold]Transient verify memory[/]: {m.model}")
+    out.print(f"[bold]Transient verify memory[/]: {shown_text(m.model)}")
     out.print(f"{m.batch} request{'s' if m.batch != 1 else ''} in flight, each verifying "
               f"up to {m.nodes} node{'s' if m.nodes != 1 else ''} (SGLang sizes every "
               f"slot for that many), {m.state_dtype} state, {m.gdn_layers} GDN layers")

@@ -34,8 +34,9 @@ def _mib_number(n: int) -> str:
 
 def _table(specs: tuple[ModelSpec, ...]):
     from rich import box
-    from rich.markup import escape
     from rich.table import Table
+
+    from bole_cli.console import shown_text
 
     # Sized to fit 80 columns: one space between columns, details in `bole models NAME`.
     t = Table(title="Hybrid GDN models", title_justify="left", caption_justify="left",
@@ -56,17 +57,18 @@ def _table(specs: tuple[ModelSpec, ...]):
     for s in specs:
         # one column: a snapshot is the whole state (s.snapshot_bytes_per_node() equals
         # s.gdn_state_bytes() for every model; tests/test_catalog.py holds them equal)
-        t.add_row(escape(s.short_name), f"{s.layers} ({s.n_attention_layers})",
+        t.add_row(shown_text(s.short_name), f"{s.layers} ({s.n_attention_layers})",
                   str(s.hidden), _gdn_shape(s), f"{s.attn_heads}/{s.attn_kv_heads}", _ffn(s),
                   _mib_number(s.gdn_state_bytes()))
     return t
 
 
 def _detail(s: ModelSpec):
-    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=escape(s.name), title_justify="left", show_header=False, box=None,
+    from bole_cli.console import shown_text
+
+    t = Table(title=shown_text(s.name), title_justify="left", show_header=False, box=None,
               padding=(0, 2))
     t.add_column("field", style="bold")
     t.add_column("value")
@@ -74,8 +76,8 @@ def _detail(s: ModelSpec):
     pattern = (f"every {s.full_attention_interval}th" if s.full_attention_interval
                else "irregular")
     rows = [
-        ("source", escape(s.source)),
-        ("aliases", ", ".join(s.aliases) or "-"),
+        ("source", shown_text(s.source)),
+        ("aliases", ", ".join(map(shown_text, s.aliases)) or "-"),
         ("layers", f"{s.layers}: {s.n_gdn_layers} GDN + {s.n_attention_layers} full attention "
                    f"({pattern}: {', '.join(map(str, ids)) or 'none'})"),
         ("hidden", str(s.hidden)),

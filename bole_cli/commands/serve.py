@@ -89,25 +89,6 @@ def _panel(result: dict, s: ServeSettings) -> Any:
     return Panel(Group(*parts), title=title, title_align="left", expand=False)
 
 
-def shell_lines(env: dict, argv: list[str]) -> list[str]:
-    """The launch command as lines that paste into a shell: the environment, the program,
-    then one flag (with its value) a line, each but the last ending in a backslash.
-    Printed outside the panel, so a copy picks up no border."""
-    import shlex
-
-    head = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
-    groups: list[list[str]] = []
-    for arg in argv:
-        if arg.startswith("--") or not groups:
-            groups.append([arg])
-        else:
-            groups[-1].append(arg)
-    lines = [" ".join(head)] if head else []
-    lines += [("  " if head else "") + shlex.join(groups[0])]  # python -m sglang.launch_server
-    lines += ["  " + shlex.join(g) for g in groups[1:]]
-    return [line + " \\" for line in lines[:-1]] + lines[-1:]
-
-
 def _launch(argv: list[str], env: dict) -> None:  # replaced in tests
     sys.stdout.flush()
     sys.stderr.flush()
@@ -147,7 +128,7 @@ def serve(
         help="Further launch_server arguments after `--`; a flag given here overrides Bole's."),
 ) -> None:
     """Serve a model with SGLang 0.5.23 as the profile decides: a Bole tree, a chain, or none."""
-    from bole_cli.console import emit_json, err, out
+    from bole_cli.console import emit_json, err, out, shell_lines
     from bole_cli.errors import InputError
     from bole_cli.serving import plan_serve
 
@@ -162,7 +143,7 @@ def serve(
         emit_json(plan.report)
     else:
         out.print(_panel(plan.report, plan.settings))
-        for line in shell_lines(plan.report["env"], plan.report["command"]):
+        for line in shell_lines(plan.report["command"], plan.report["env"]):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
     if dry_run:
         return

@@ -22,6 +22,10 @@ from bole_cli.parsing import check_int, parse_int_list, parse_name_list
 
 DEFAULT_KERNELS = "tree_verify,tree_commit_replay,tree_conv"  # the served kernels (tree_commit: opt-in)
 DRY_RUN_SAMPLE = 4  # candidates a dry run checks per kernel
+#: The most --sample takes: a dry run is a smoke test in the Triton interpreter, about 0.5 s a
+#: candidate on a CPU (tree_verify), so 16 a kernel stays well under a minute for all four;
+#: a real run checks every candidate it times.
+MAX_DRY_RUN_SAMPLE = 16
 
 
 def _render_dry_run(dry, json_out: bool) -> None:
@@ -66,7 +70,9 @@ def tune_kernels(
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print the search space and check sampled candidates on a tiny shape (no GPU)."),
     sample: Optional[int] = typer.Option(None, "--sample",
-                                         help=f"Dry run: candidates checked per kernel \\[{DRY_RUN_SAMPLE}]."),
+                                         help=f"Dry run: candidates checked per kernel, at most {MAX_DRY_RUN_SAMPLE} "
+                                              "(each takes about 0.5 s in the Triton interpreter) "
+                                              f"\\[{DRY_RUN_SAMPLE}]."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write the JSON results to this file."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -86,7 +92,7 @@ def tune_kernels(
         raise InputError(f"--sampler: expected tpe or grid, got {sampler!r}")
     if max_minutes is not None and not max_minutes > 0:
         raise InputError(f"--max-minutes: must be > 0, got {max_minutes:g}")
-    check_int(sample, "--sample")
+    check_int(sample, "--sample", maximum=MAX_DRY_RUN_SAMPLE)
     if not dry_run:
         from bole_cli.console import check_writable
 

@@ -77,6 +77,13 @@ def check_options(*, tree_file: Optional[Path], sglang: Optional[Path], syntheti
     check_int(budget_options.get("--max-per-request"), "--max-per-request")
     check_int(model_options.get("--batch"), "--batch", maximum=MAX_BATCH_REQUESTS)
     check_int(model_options.get("--nodes"), "--nodes", maximum=MAX_TREE_NODES)
+    if model_options.get("--state-dtype") is not None:  # before the trees load, named as the option
+        from bole_cli.memory import dtype_bytes
+
+        try:
+            dtype_bytes(model_options["--state-dtype"])
+        except InputError as exc:
+            raise InputError(f"--state-dtype: {exc}") from None
     if plot is not None:
         from bole_cli.console import check_writable
 

@@ -17,7 +17,7 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec, resolve_model, tiny_spec
 from bole_cli.errors import InputError, brief
 from bole_cli.memory import FLOAT_DTYPES
-from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, MAX_TREE_NODES
 from bole_cli.parsing import check_int, parse_int_list, parse_name_list
 from bole_cli.trees.generators import beam_tree_size
 
@@ -133,7 +133,7 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
     given = dict(batch=batch, context=context, depth=depth, topk=topk, steps=steps, warmup=warmup,
                  chain_depths=chain_depths, decoders=decoders)
     use = {k: v if v is not None else (SMOKE_DEFAULTS if tiny else E2E_DEFAULTS)[k] for k, v in given.items()}
-    batches = tuple(parse_int_list(use["batch"], "--batch"))
+    batches = tuple(parse_int_list(use["batch"], "--batch", maximum=MAX_BATCH_REQUESTS))
     chains = tuple(parse_int_list(
         use["chain_depths"] or ",".join(map(str, range(1, use["depth"] + 1))), "--chain-depths"))
     names = tuple(parse_name_list(use["decoders"], "--decoders"))
@@ -148,7 +148,8 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
         raise InputError("--device cpu runs only with --tiny (a smoke run: CPU timings mean nothing)")
     if dtype not in DTYPES:
         raise InputError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-    for name, value, low in (("--context", use["context"], 1), ("--steps", use["steps"], 1),
+    check_int(use["context"], "--context", maximum=MAX_CONTEXT_TOKENS)
+    for name, value, low in (("--steps", use["steps"], 1),
                              ("--warmup", use["warmup"], 0), ("--max-batch", max_batch, 1),
                              ("--max-probes", max_probes, 1)):
         if value < low:
@@ -188,6 +189,9 @@ def _check_combinations(*, model: str, tiny: bool, budget: str, budgets: tuple, 
     if not search and (max_batch != MAX_BATCH or max_probes != MAX_PROBES or probe_nodes is not None):
         raise InputError("--no-max-batch: skips the largest-batch search that --max-batch, --max-probes "
                          "and --probe-nodes set up; give one or the others")
+    if chain_depths_given and not any(d in CHAIN_DECODERS for d in names):
+        raise InputError(f"--chain-depths: only {' and '.join(CHAIN_DECODERS)} draft chains, and "
+                         "--decoders names neither; add one or drop --chain-depths")
     if any(d in CHAIN_DECODERS for d in names):
         over = [d for d in chains if d > depth]
         if over:
