@@ -145,6 +145,7 @@ def _copy_without(ckpt, tmp_path, *names):
     ("cuda", "--device cuda: no CUDA device"),
     ("out_suffix", "--out"),
     ("out_unwritable", "--out: cannot write"),
+    ("out_foreign", "it is not an acceptance file, so it is not overwritten"),
     ("messages_no_template", "p.jsonl:1: cannot tokenize"),
 ])
 def test_bad_input_is_one_line(case, expect, ckpt, tmp_path):
@@ -180,12 +181,17 @@ def test_bad_input_is_one_line(case, expect, ckpt, tmp_path):
         extra += ["--out", str(tmp_path / "a.txt")]
     elif case == "out_unwritable":
         extra += ["--out", "/proc/bole/a.yaml"]
+    elif case == "out_foreign":  # a user's other YAML file is left alone
+        (tmp_path / "notes.yaml").write_text("shopping: [milk]\n")
+        extra += ["--out", str(tmp_path / "notes.yaml")]
     elif case == "messages_no_template":  # the tiny tokenizer has no chat template
         prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     r = invoke("acceptance", "--model", model, "--prompts", prompts, *extra)
     assert r.exit_code == 2, (r.stdout, r.stderr)
     assert expect in one_line(r)
     assert not list(tmp_path.glob("acceptance-*.yaml"))
+    if case == "out_foreign":
+        assert (tmp_path / "notes.yaml").read_text() == "shopping: [milk]\n"
 
 
 def test_the_default_file_goes_to_the_cache_not_the_working_directory(ckpt, tmp_path, monkeypatch):

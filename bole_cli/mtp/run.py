@@ -134,7 +134,16 @@ def run_acceptance(opts: AcceptanceOptions, progress: Optional[Callable] = None,
     from bole_cli.paths import acceptance_dir, default_named
 
     out = Path(opts.out) if opts.out is not None else acceptance_dir() / f"acceptance-{ckpt.path.name}.yaml"
-    check_writable(out, "--out" if opts.out is not None else default_named("acceptance file"))
+    what = "--out" if opts.out is not None else default_named("acceptance file")
+    check_writable(out, what)
+    if out.exists():  # replace an acceptance file, never some other file of the user's
+        from bole_cli.calibrate.acceptance import load_acceptance
+
+        try:
+            load_acceptance(str(out))
+        except InputError as exc:
+            raise InputError(f"{what}: {exc}; it is not an acceptance file, so it is not "
+                             "overwritten") from None
 
     import torch
 
