@@ -75,6 +75,13 @@ def test_plan_checks_before_any_sweep(tmp_path):
         _plan(tmp_path, measure=True)
     with pytest.raises(InputError, match="no point reaches batch 64"):
         _plan(tmp_path, batches=[64])
+    # a point past the largest batch's 256 tokens a request is never timed: named, not dropped
+    with pytest.raises(InputError, match="--grid: 100000 would never be timed: batch 1"):
+        _plan(tmp_path, batches=[1], points=[8, 100000])
+    _plan(tmp_path, batches=[1], points=[8, 256])
+    from bole_cli.calibrate.defaults import DEFAULT_GRID
+
+    _plan(tmp_path, batches=[1], points=list(DEFAULT_GRID))  # its big points are for big batches
     plan = _plan(tmp_path)
     assert not plan.measured and plan.label == "ESTIMATED (roofline model, --estimate)"
     assert plan.command.endswith("--estimate") and plan.path == tmp_path / "p.yaml"

@@ -21,6 +21,7 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS,
                                         DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_EPS)
 from bole_cli.errors import BoleError, InputError
+from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.parsing import check_int
 
 #: progress(total steps) -> a context whose value is called with each step's description.
@@ -217,6 +218,11 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     if unreachable:
         raise InputError(f"--grid: no point reaches batch {unreachable[0]} (largest N is {max(points)}); "
                          "N counts tree tokens of the whole batch, at least one per request")
+    cap = max(batches) * MAX_TREE_NODES  # the default grid's big points serve big batches only
+    never = [n for n in points if n > cap]
+    if never and tuple(points) != DEFAULT_GRID:
+        raise InputError(f"--grid: {never[0]} would never be timed: batch {max(batches)}, the largest, "
+                         f"verifies at most {cap} tree tokens ({MAX_TREE_NODES} a request)")
     path = Path(out) if out is not None else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name)
     check_out_path(path, gpu_spec.key, model_spec.name, plot=plot,
                    what="--out" if out is not None else
