@@ -13,8 +13,10 @@ from rich.console import Console
 
 from bole_cli.errors import BoleError, InputError
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# no emoji: Rich would print a path's ":smile:" as a picture, even with markup off, and a
+# command shown for pasting must paste back as it was
+out = Console(highlight=False, emoji=False)
+err = Console(stderr=True, highlight=False, emoji=False)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -139,16 +141,19 @@ def shown_text(text: str) -> str:
     return escape(text if text.isprintable() else brief(text, 200))
 
 
-def shell_lines(argv: list[str], env: Optional[dict] = None, *, width: Optional[int] = None) -> list[str]:
+def shell_lines(argv: list[str], env: Optional[dict] = None, *, width: int = 80,
+                one_line: bool = True) -> list[str]:
     """A command as lines that paste into a shell, every word quoted: on one line when it
-    fits `width` columns, else the environment, the program, then one flag (with its value)
-    a line, each but the last ending in a backslash (`width` None: always so). Printed
-    outside any panel, so a copy picks up no border."""
+    fits `width` columns (and `one_line`), else the environment, the program, then one flag
+    (with its value) a line, each but the last ending in a backslash; a longer line (a long
+    path) cut to fit. Printed outside any panel, so a copy picks up no border."""
     import shlex
+
+    from rich.cells import cell_len
 
     head = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
     one = " ".join(head + [shlex.join(argv)])
-    if width is not None and len(one) <= width:
+    if one_line and cell_len(one) <= width:
         return [one]
     groups: list[list[str]] = []
     for arg in argv:
@@ -160,19 +165,24 @@ def shell_lines(argv: list[str], env: Optional[dict] = None, *, width: Optional[
     lines += [("  " if head else "") + shlex.join(groups[0])]  # the program and its subcommand
     lines += ["  " + shlex.join(g) for g in groups[1:]]
     lines = [line + " \\" for line in lines[:-1]] + lines[-1:]
-    return [part for line in lines for part in _fold(line, width or 80)]
+    return [part for line in lines for part in _fold(line, width)]
 
 
 def _fold(line: str, width: int) -> list[str]:
-    """A line of quoted words cut into lines of at most `width` columns where it is longer
-    (a long path), each cut a backslash-newline, which the shell removes: inside a single-
-    quoted word the quote is closed before it and opened again after. The '"'"' that
-    shlex.quote writes for a quote is never cut."""
+    """A line of quoted words cut into lines of at most `width` columns (a wide character
+    counts two) where it is longer, each cut a backslash-newline, which the shell removes:
+    inside a single-quoted word the quote is closed before it and opened again after; never
+    inside the double quotes of the '"'"' that shlex.quote writes for a quote."""
+    from rich.cells import cell_len
+
     out: list[str] = []
-    while len(line) > width:
+    while cell_len(line) > width:
         single = double = False
-        cut = None
-        for i, ch in enumerate(line[:width - 2]):  # room for a closing quote and the backslash
+        cut, used = None, 0
+        for i, ch in enumerate(line):
+            used += cell_len(ch)
+            if used > width - 2:  # room for a closing quote and the backslash
+                break
             if ch == "'" and not double:
                 single = not single
             elif ch == '"' and not single:

@@ -385,6 +385,21 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
     return gpu_spec, model_spec, path, profile, gpu_note
 
 
+def _catalogue_name(name: Any) -> Optional[str]:
+    """The catalogue's name for a profile's model (its own, or a config's that names a
+    catalogue model), None for a model the catalogue does not know (a fine-tune, a config
+    folder): only two known models that differ are known to be different models."""
+    from bole_cli.catalog.models import resolve_model
+
+    if not isinstance(name, str):
+        return None
+    try:
+        spec = resolve_model(name)
+    except BoleError:
+        return None
+    return spec.name if spec.source == "catalogue" else None
+
+
 @dataclass(frozen=True)
 class ServePlan:
     """What `bole serve` shows (`report`, its JSON, and `settings`, typed) and what it execs
@@ -410,9 +425,12 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     status = sglang_status()
     gpu_spec, model_spec, path, prof, gpu_note = resolve_profile(model, profile, gpu)
     notes: list[str] = []
-    if model_spec is not None and prof.get("model") != model_spec.name:  # only a --profile can
-        raise InputError(f"--profile: {path} is a profile of {prof.get('model')}, not of "
-                         f"{model_spec.name}: its decisions do not hold for this model")
+    if model_spec is not None and prof.get("model") != model_spec.name:
+        other = _catalogue_name(prof.get("model"))
+        if profile is not None and model_spec.source == "catalogue" and other not in (None, model_spec.name):
+            raise InputError(f"--profile: {path} is a profile of {other}, not of {model_spec.name}: "
+                             "its decisions do not hold for this model")
+        notes.append(f"the profile is for {prof.get('model')}, not {model_spec.name}")
     if gpu_spec is not None and prof.get("gpu") != gpu_spec.key:
         notes.append(f"the profile is for GPU {prof.get('gpu')}, not {gpu_spec.key}")
     if model_spec is not None and not draft_model and getattr(model_spec, "mtp_layers", 1) < 1:

@@ -145,7 +145,8 @@ def _copy_without(ckpt, tmp_path, *names):
     ("cuda", "--device cuda: no CUDA device"),
     ("out_suffix", "--out"),
     ("out_unwritable", "--out: cannot write"),
-    ("out_foreign", "it is not an acceptance file, so it is not overwritten"),
+    ("out_foreign", "is not an acceptance file that `bole acceptance` measured, so it is not overwritten"),
+    ("out_histogram", "is not an acceptance file that `bole acceptance` measured"),
     ("messages_no_template", "p.jsonl:1: cannot tokenize"),
 ])
 def test_bad_input_is_one_line(case, expect, ckpt, tmp_path):
@@ -184,14 +185,20 @@ def test_bad_input_is_one_line(case, expect, ckpt, tmp_path):
     elif case == "out_foreign":  # a user's other YAML file is left alone
         (tmp_path / "notes.yaml").write_text("shopping: [milk]\n")
         extra += ["--out", str(tmp_path / "notes.yaml")]
+    elif case == "out_histogram":  # a server's histogram reads as acceptance, but it is input data
+        (tmp_path / "notes.yaml").write_text("shopping: [milk]\n")
+        (tmp_path / "hist.yaml").write_text("accepted_length_histogram: [10, 20, 30]\n")
+        extra += ["--out", str(tmp_path / "hist.yaml")]
     elif case == "messages_no_template":  # the tiny tokenizer has no chat template
         prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     r = invoke("acceptance", "--model", model, "--prompts", prompts, *extra)
     assert r.exit_code == 2, (r.stdout, r.stderr)
     assert expect in one_line(r)
     assert not list(tmp_path.glob("acceptance-*.yaml"))
-    if case == "out_foreign":
+    if case in ("out_foreign", "out_histogram"):
         assert (tmp_path / "notes.yaml").read_text() == "shopping: [milk]\n"
+    if case == "out_histogram":
+        assert (tmp_path / "hist.yaml").read_text() == "accepted_length_histogram: [10, 20, 30]\n"
 
 
 def test_the_default_file_goes_to_the_cache_not_the_working_directory(ckpt, tmp_path, monkeypatch):

@@ -68,6 +68,17 @@ def test_check_out_path_refuses_the_shipped_profiles(tmp_path):
     check_out_path(tmp_path / "profiles" / "h100" / "Qwen3.5-9B.yaml", "h100", "Qwen/Qwen3.5-9B")
 
 
+def test_check_out_path_names_a_symlink_loop(tmp_path):
+    """A loop of links in --out's folders: one line naming --out (Python 3.11-3.12 raise
+    RuntimeError from resolve())."""
+    (tmp_path / "d1").symlink_to(tmp_path / "d2")
+    (tmp_path / "d2").symlink_to(tmp_path / "d1")
+    (tmp_path / "loop.yaml").symlink_to(tmp_path / "loop.yaml")
+    for path in (tmp_path / "d1" / "x.yaml", tmp_path / "loop.yaml"):
+        with pytest.raises(InputError, match="--out"):
+            check_out_path(path, "h100", "Qwen/Qwen3.5-9B")
+
+
 def test_plan_checks_before_any_sweep(tmp_path):
     with pytest.raises(InputError, match="--eps"):
         _plan(tmp_path, eps=0)

@@ -372,25 +372,49 @@ LONG = "/tmp/" + "deep/" * 30 + "it's a name.yaml"
 
 
 @pytest.mark.parametrize("path", ["/tmp/t/a b.yaml", "/tmp/t/my prof's.yaml", "/tmp/p.yaml", LONG,
-                                  LONG.replace("'", "").replace(" ", "_"), "/x/" + "'" * 60])
-@pytest.mark.parametrize("width", [None, 24, 80, 400])
-def test_shell_lines_paste_back_to_the_same_command(path, width):
+                                  LONG.replace("'", "").replace(" ", "_"), "/x/" + "'" * 60,
+                                  "/tmp/" + "模型" * 30 + ".yaml"])
+@pytest.mark.parametrize("width, one_line", [(24, True), (80, True), (400, True), (80, False)])
+def test_shell_lines_paste_back_to_the_same_command(path, width, one_line):
     """A command shown for pasting (serve's launch, calibrate's and acceptance's hints):
     read back as a shell reads it (a backslash-newline removed), it is the same argv,
-    whatever the width, quotes and spaces; every line fits the width (80 when none), a
-    path longer than that cut inside its word; on one line only where it fits."""
+    whatever the width, quotes and spaces; every line fits the width in cells (a wide
+    character two), a path longer than that cut inside its word; on one line only where
+    it fits and is allowed to."""
     import shlex
+
+    from rich.cells import cell_len
 
     from bole_cli.console import shell_lines
 
     argv = ["bole", "calibrate", "--gpu", "GPU", "--model", "M", "--acceptance", path]
-    lines = shell_lines(argv, width=width)
+    lines = shell_lines(argv, width=width, one_line=one_line)
     assert shlex.split("\n".join(lines).replace("\\\n", "")) == argv
-    assert all(len(ln) <= (width or 80) for ln in lines)
+    assert all(cell_len(ln) <= width for ln in lines)
     assert all(ln.endswith("\\") for ln in lines[:-1]) and not lines[-1].endswith("\\")
-    one_fits = len(shlex.join(argv)) <= (width or -1)
+    one_fits = one_line and cell_len(shlex.join(argv)) <= width
     assert (len(lines) == 1) == one_fits
     if not one_fits:
         assert lines[0] == "bole calibrate \\" and lines[1] == "  --gpu GPU \\"
-    env_lines = shell_lines(["python", "-m", "x", "--a", "1"], {"K": "v w"})
+    env_lines = shell_lines(["python", "-m", "x", "--a", "1"], {"K": "v w"}, one_line=False)
     assert env_lines == ["K='v w' \\", "  python -m x \\", "  --a 1"]
+
+
+def test_a_path_shown_for_pasting_keeps_its_emoji_codes(tmp_path, monkeypatch):
+    """Rich prints ':smile:' as a picture unless told not to, markup off or not: the
+    calibrate hint's path must print as it is (found by a review)."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from bole_cli import cli
+    from bole_cli.catalog import hardware as hw
+
+    monkeypatch.setattr(hw, "detect_gpu", lambda index=None: None)
+    out = tmp_path / ":smile:" / "it's a.yaml"
+    r = CliRunner().invoke(cli.app, ["calibrate", "--gpu", "h200", "--model", "9b", "--batch", "8",
+                                     "--kv", "4096", "--no-plot", "--out", str(out)],
+                           env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("bole serve "))
+    assert shlex.split(line)[-1] == str(out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pathlib import Path
+
 import pytest
 
 from bole_cli import serving
@@ -107,9 +109,13 @@ def test_plan_serve_dry_run(monkeypatch):
 
 
 def test_plan_serve_refuses_another_models_profile(tmp_path, monkeypatch):
-    """A --profile measured for another model is an input error naming the file: its
-    decisions (tree or chain, budgets) are another model's (a bad-input sweep found it
-    served as a note)."""
+    """A --profile measured for another catalogue model is an input error naming the file:
+    its decisions (tree or chain, budgets) are another model's (a bad-input sweep found it
+    served as a note). A model the catalogue cannot name (a config folder, a fine-tune) is
+    served with a note: only two known models are known to differ."""
+    import json
+    import shutil
+
     from bole_cli.profiles import profile_path, shipped_profiles_dir
 
     monkeypatch.setattr(serving, "sglang_status", lambda: {
@@ -118,6 +124,22 @@ def test_plan_serve_refuses_another_models_profile(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"--profile: .*Qwen3.5-9B.*not of Qwen/Qwen3.5-27B"):
         serving.plan_serve("27b", profile=nine, dry_run=True)
     assert serving.plan_serve("9b", profile=nine, dry_run=True).report["profile"] == str(nine)
+    # the 9B's own checkpoint folder (a config.json with no _name_or_path), its profile found
+    # by its name or given: served, the names' difference a note
+    folder = tmp_path / "Qwen3.5-9B"
+    folder.mkdir()
+    config = json.loads((Path(__file__).parent / "data" / "configs" / "qwen3_5_9b.json").read_text())
+    config.pop("_name_or_path", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    for given in (None, nine):
+        plan = serving.plan_serve(str(folder), gpu="h100", profile=given, dry_run=True)
+        assert plan.report["profile"].endswith("Qwen3.5-9B.yaml")
+    # a profile calibrated from that folder (its model the config's name) serves the 9B
+    theirs = tmp_path / "theirs.yaml"
+    shutil.copy(nine, theirs)
+    theirs.write_text(theirs.read_text().replace("model: Qwen/Qwen3.5-9B", "model: Qwen3.5-9B"))
+    assert "model: Qwen3.5-9B\n" in theirs.read_text()
+    serving.plan_serve("Qwen3.5-9B", profile=theirs, dry_run=True)
 
 
 def test_a_profile_without_a_decision_is_named(tmp_path):

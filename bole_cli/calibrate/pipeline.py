@@ -55,7 +55,11 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
     if path.suffix.lower() not in PROFILE_SUFFIXES:
         raise InputError(f"{what}: {path}: a profile is YAML; give a .yaml or .yml file path")
     shipped = shipped_profiles_dir().resolve()
-    if path.resolve().is_relative_to(shipped):
+    try:
+        inside = path.resolve().is_relative_to(shipped)
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise InputError(f"{what}: cannot resolve {path} ({exc})") from None
+    if inside:
         raise InputError(f"{what}: {path} is in the shipped profiles ({shipped}); write the "
                          "profile elsewhere and copy it there by hand once reviewed")
     check_writable(path, what)

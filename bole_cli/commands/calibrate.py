@@ -114,7 +114,7 @@ def calibrate(
     from bole_cli.calibrate.pipeline import plan_calibration, run_calibration
     import shlex
 
-    from bole_cli.console import emit_json, err, out as console, shell_lines
+    from bole_cli.console import emit_json, err, out as console, shell_lines, shown_text
 
     plan = plan_calibration(
         gpu=gpu, model=model, batches=parse_int_list(batch, "--batch", maximum=MAX_BATCH),
@@ -137,8 +137,8 @@ def calibrate(
                    "served": result.served,
                    "serve_command": shlex.join(result.serve_command) if result.serve_command else None})
     else:
-        title = f"{plan.model_spec.name} on {plan.gpu_spec.name}, bf16"
-        console.print(_table(result.profile, escape(title)))
+        title = f"{shown_text(plan.model_spec.name)} on {escape(plan.gpu_spec.name)}, bf16"
+        console.print(_table(result.profile, title))
         measured = (result.profile.get("acceptance") or {}).get("measured") or {}
         if measured.get("verdict"):  # an observed histogram's fit: say how good it is
             console.print(f"acceptance: {escape(measured.get('what', ''))}: "

@@ -143,7 +143,7 @@ def serve(
         emit_json(plan.report)
     else:
         out.print(_panel(plan.report, plan.settings))
-        for line in shell_lines(plan.report["command"], plan.report["env"]):
+        for line in shell_lines(plan.report["command"], plan.report["env"], width=out.width, one_line=False):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
     if dry_run:
         return

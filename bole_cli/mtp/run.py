@@ -136,14 +136,16 @@ def run_acceptance(opts: AcceptanceOptions, progress: Optional[Callable] = None,
     out = Path(opts.out) if opts.out is not None else acceptance_dir() / f"acceptance-{ckpt.path.name}.yaml"
     what = "--out" if opts.out is not None else default_named("acceptance file")
     check_writable(out, what)
-    if out.exists():  # replace an acceptance file, never some other file of the user's
-        from bole_cli.calibrate.acceptance import load_acceptance
+    if out.exists():  # replace a measured acceptance file, never some other file of the user's
+        from bole_cli.files import load_structured
 
         try:
-            load_acceptance(str(out))
-        except InputError as exc:
-            raise InputError(f"{what}: {exc}; it is not an acceptance file, so it is not "
-                             "overwritten") from None
+            old = load_structured(out)
+        except InputError:
+            old = None
+        if not (isinstance(old, dict) and isinstance(old.get("measurement"), dict)):
+            raise InputError(f"{what}: {out} is not an acceptance file that `bole acceptance` "
+                             "measured, so it is not overwritten")
 
     import torch
 
