@@ -138,6 +138,7 @@ def _copy_without(ckpt, tmp_path, *names):
     ("missing_model", "not found"),
     ("empty_prompts", "no prompts"),
     ("bad_json", "p.jsonl:2: not valid JSON"),
+    ("missing_prompts", "--prompts: "),
     ("bad_field", "p.jsonl:1: expected an object with 'prompt'"),
     ("prompts_dir", "is a directory"),
     ("depth", "--depth"),
@@ -162,6 +163,8 @@ def test_bad_input_is_one_line(case, expect, ckpt, tmp_path):
         model = tmp_path / "nowhere"
     elif case == "empty_prompts":
         prompts.write_text("\n  \n")
+    elif case == "missing_prompts":
+        prompts = tmp_path / "nowhere.jsonl"
     elif case == "bad_json":
         prompts.write_text('{"prompt": "ok"}\n{"prompt": \n')
     elif case == "bad_field":

@@ -402,11 +402,14 @@ def test_bench_e2e_chain_depths_need_a_chain_decoder_to_matter():
 
 
 @pytest.mark.parametrize("option, value, culprit", [
+    ("--depth", 300, "--depth 300 with --topk 2 drafts 1199 nodes"), ("--depth", 0, "--depth"),
+    ("--topk", 0, "--topk"), ("--depth", 64, None), ("--depth", 65, "drafts 259 nodes"),
     ("--context", 1 << 24, None), ("--context", (1 << 24) + 1, "--context: expected an integer from 1 to"),
     ("--context", 0, "--context"), ("--batch", "4097", "--batch"), ("--batch", "4096", None)])
-def test_bench_e2e_context_and_batch_are_bounded(option, value, culprit):
+def test_bench_e2e_context_batch_and_tree_are_bounded(option, value, culprit):
     """A --context past any model's window (a typo) fails naming it, not as every
-    decoder's allocation error in a run that exits 0 (found by a bad-input sweep)."""
+    decoder's allocation error in a run that exits 0; a tree past the kernels' 256 nodes
+    names --depth and --topk before any model is built (found by a bad-input sweep)."""
     from bole_cli.bench.e2e.options import check_options
 
     opts = dict(model="9b", tiny=True, batch=None, context=None, depth=None, topk=None, steps=None,

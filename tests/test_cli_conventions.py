@@ -140,7 +140,7 @@ _HELP_SCRIPT = textwrap.dedent("""
             yield list(path)
 
     paths = list(leaves(root))
-    for argv in [["--help"], ["--version"]] + [p + ["--help"] for p in paths]:
+    for argv in [["--help"], ["-h"], ["--version"]] + [p + [h] for p in paths for h in ("--help", "-h")]:
         with contextlib.redirect_stdout(io.StringIO()) as buf:
             root.main(argv, prog_name="bole", standalone_mode=False)
         assert buf.getvalue().strip(), argv

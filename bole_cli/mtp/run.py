@@ -126,7 +126,10 @@ def run_acceptance(opts: AcceptanceOptions, progress: Optional[Callable] = None,
     from bole_cli.mtp.prompts import read_prompts
 
     _check_options(opts)
-    prompts = read_prompts(opts.prompts)
+    try:
+        prompts = read_prompts(opts.prompts)
+    except InputError as exc:
+        raise InputError(f"--prompts: {exc}") from None
     require_transformers()
     ckpt = inspect_checkpoint(opts.model)
     device = _device(opts.device)

@@ -149,6 +149,12 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
     if dtype not in DTYPES:
         raise InputError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     check_int(use["context"], "--context", maximum=MAX_CONTEXT_TOKENS)
+    check_int(use["depth"], "--depth")
+    check_int(use["topk"], "--topk")
+    size = beam_tree_size(use["depth"], use["topk"])
+    if size > MAX_TREE_NODES:
+        raise InputError(f"--depth {use['depth']} with --topk {use['topk']} drafts {size} nodes per request; "
+                         f"the tree kernels take at most {MAX_TREE_NODES}")
     for name, value, low in (("--steps", use["steps"], 1),
                              ("--warmup", use["warmup"], 0), ("--max-batch", max_batch, 1),
                              ("--max-probes", max_probes, 1)):
