@@ -319,16 +319,17 @@ def build_profile(*, gpu_key: str, model_name: str, kind: str, sweep: SweepResul
 
     warnings: list[str] = []
     configs = []
+    fallbacks = 0
     for curve in sweep.curves:
         entry, fallback = curve.summary or summarise(curve, eps, acceptance)
         configs.append(entry)
-        if fallback:
-            warnings.append(
-                f"batch {curve.batch}, kv {curve.kv_len}: no grid point is within "
-                f"(1 + {eps:g}) x T_dec; B_ver is the smallest point, {entry['b_ver']}")
+        fallbacks += bool(fallback)
         if entry.get("noisy") or entry.get("t_dec_noisy"):
             warnings.append(f"batch {curve.batch}, kv {curve.kv_len}: noisy timings kept at "
                             f"{', '.join(map(str, entry.get('noisy', []))) or 'the decode step'}")
+    if fallbacks:  # one line, not one a cell: the table marks each (!), the profile says which
+        warnings.insert(0, f"{fallbacks} of {len(configs)} cells (!): no grid point within "
+                           f"(1 + {eps:g}) x T_dec")
     provenance: dict[str, Any] = {
         "kind": kind,
         "partial": bool(sweep.interrupted),
