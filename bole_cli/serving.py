@@ -199,6 +199,9 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     if steps is None and steps_v > d - 1:
         notes.append(f"draft depth {steps_v} -> {d - 1}: a tree of {d} tokens is at most that deep")
         steps_v = d - 1
+    elif steps_v > d - 1:  # the user's --steps kept, but its deepest levels cannot be verified
+        notes.append(f"--steps {steps_v}: a tree of {d} tokens verifies at most {d - 1} levels; "
+                     "the drafter's deeper levels are wasted (raise --draft-tokens)")
     return replace(base, algorithm=algorithm, num_steps=steps_v, eagle_topk=topk_v,
                    num_draft_tokens=d, plugin=True, notes=tuple(notes))
 
@@ -422,6 +425,8 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     typo is named as a typo on a machine without SGLang too."""
     if not 0 < port < 65536:
         raise InputError(f"--port: {port} is not a TCP port")
+    if host is not None and not host.strip():
+        raise InputError("--host: an empty address; leave --host out for SGLang's default")
     status = sglang_status()
     gpu_spec, model_spec, path, prof, gpu_note = resolve_profile(model, profile, gpu)
     notes: list[str] = []

@@ -153,3 +153,18 @@ def test_a_profile_without_a_decision_is_named(tmp_path):
         entry.pop("decision")
     with pytest.raises(InputError, match=r"my\.yaml has no decision for batch"):
         serving.derive_settings(prof, 4, 4096, source="my.yaml")
+
+
+def test_serve_names_an_empty_host_and_a_depth_past_the_tree(monkeypatch):
+    """--host '' was dropped without a word; --steps deeper than --draft-tokens can verify
+    was passed on without one (a bad-input sweep)."""
+    monkeypatch.setattr(serving, "sglang_status", lambda: {
+        "installed": False, "version": None, "pinned": "0.5.23", "plugin_registered": False})
+    with pytest.raises(InputError, match="--host: an empty address"):
+        serving.plan_serve("9b", gpu="h200", host=" ", dry_run=True)
+    plan = serving.plan_serve("9b", gpu="h200", steps=100, topk=2, draft_tokens=16, dry_run=True)
+    assert plan.settings.num_steps == 100
+    assert any("--steps 100: a tree of 16 tokens verifies at most 15 levels" in n
+               for n in plan.settings.notes)
+    plan = serving.plan_serve("9b", gpu="h200", steps=4, topk=2, draft_tokens=16, dry_run=True)
+    assert not any(n.startswith("--steps") for n in plan.settings.notes)
