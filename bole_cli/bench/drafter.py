@@ -44,12 +44,11 @@ import torch
 import torch.nn.functional as F
 
 from bole_cli.errors import InputError
-from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.runtime.attention import cache_attention
 from bole_cli.runtime.batch import Rope
 from bole_cli.runtime.fusion import RMS_EPS, NormedRows
 from bole_cli.runtime.model import HybridModel
-from bole_cli.trees import ProposalTree, beam_tree_size
+from bole_cli.trees import ProposalTree, check_beam_tree_size
 
 
 @dataclass(frozen=True)
@@ -84,10 +83,7 @@ def build_layout(depth: int, topk: int, level_probs: Sequence[Sequence[float]]) 
         raise InputError(f"--depth must be a positive integer, got {depth!r}")
     if not isinstance(topk, int) or topk < 1:
         raise InputError(f"--topk must be a positive integer, got {topk!r}")
-    size = beam_tree_size(depth, topk)
-    if size > MAX_TREE_NODES:
-        raise InputError(f"depth {depth} with top-k {topk} drafts {size} nodes per request; "
-                         f"the tree kernels take at most {MAX_TREE_NODES}")
+    check_beam_tree_size(depth, topk, f"depth {depth} with top-k {topk}")
     if len(level_probs) < depth or any(len(r) < topk for r in level_probs[:depth]):
         raise InputError(f"the acceptance model gives {len(level_probs)} depths; "
                          f"depth {depth} and top-k {topk} need {depth} depths of {topk} ranks")

@@ -109,11 +109,11 @@ def calibrate(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Decide how to speculate per batch size and KV length; write a profile and a plot."""
+    import shlex
+
     from rich.markup import escape
 
     from bole_cli.calibrate.pipeline import plan_calibration, run_calibration
-    import shlex
-
     from bole_cli.console import emit_json, err, out as console, shell_lines, shown_text
 
     plan = plan_calibration(

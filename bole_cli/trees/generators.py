@@ -38,6 +38,16 @@ def beam_tree_size(depth: int, topk: int) -> int:
     return 1 + topk + (depth - 1) * topk * topk
 
 
+def check_beam_tree_size(depth: int, topk: int, what: str) -> int:
+    """beam_tree_size(depth, topk), or InputError naming `what` (the options that asked for
+    it) when the tree kernels cannot take that many nodes a request."""
+    size = beam_tree_size(depth, topk)
+    if size > MAX_TREE_NODES:
+        raise InputError(f"{what} drafts {size} nodes per request; the tree kernels take at most "
+                         f"{MAX_TREE_NODES}")
+    return size
+
+
 def _check_level_probs(level_probs: Any, depth: int, topk: int) -> list[list[float]]:
     rows = as_list(level_probs, "level_probs")
     if rows and not isinstance(rows[0], (list, tuple)) and not hasattr(rows[0], "tolist"):

@@ -17,9 +17,9 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec, resolve_model, tiny_spec
 from bole_cli.errors import InputError, brief
 from bole_cli.memory import FLOAT_DTYPES
-from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, MAX_TREE_NODES
+from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS
 from bole_cli.parsing import check_int, parse_int_list, parse_name_list
-from bole_cli.trees.generators import beam_tree_size
+from bole_cli.trees.generators import check_beam_tree_size
 
 # `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores);
 # chain_depths None: 1..depth.
@@ -112,10 +112,7 @@ def parse_tree_shapes(text: Optional[str]) -> tuple[tuple[int, int], ...]:
         topk = parse_int_list(k, "--tree-shapes (top-k)")
         if len(depth) != 1 or len(topk) != 1 or topk[0] < 2:
             raise InputError(f"--tree-shapes: {brief(part)} is not DEPTHxTOPK with top-k >= 2")
-        size = beam_tree_size(depth[0], topk[0])
-        if size > MAX_TREE_NODES:
-            raise InputError(f"--tree-shapes: {depth[0]}x{topk[0]} drafts {size} nodes per "
-                             f"request; the tree kernels take at most {MAX_TREE_NODES}")
+        check_beam_tree_size(depth[0], topk[0], f"--tree-shapes: {depth[0]}x{topk[0]}")
         shapes.append((depth[0], topk[0]))
     return tuple(dict.fromkeys(shapes))
 
@@ -149,17 +146,11 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
     if dtype not in DTYPES:
         raise InputError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     check_int(use["context"], "--context", maximum=MAX_CONTEXT_TOKENS)
-    check_int(use["depth"], "--depth")
-    check_int(use["topk"], "--topk")
-    size = beam_tree_size(use["depth"], use["topk"])
-    if size > MAX_TREE_NODES:
-        raise InputError(f"--depth {use['depth']} with --topk {use['topk']} drafts {size} nodes per request; "
-                         f"the tree kernels take at most {MAX_TREE_NODES}")
-    for name, value, low in (("--steps", use["steps"], 1),
-                             ("--warmup", use["warmup"], 0), ("--max-batch", max_batch, 1),
-                             ("--max-probes", max_probes, 1)):
-        if value < low:
-            raise InputError(f"{name}: expected an integer >= {low}, got {value}")
+    for name, value, low in (("--depth", use["depth"], 1), ("--topk", use["topk"], 1),
+                             ("--steps", use["steps"], 1), ("--warmup", use["warmup"], 0),
+                             ("--max-batch", max_batch, 1), ("--max-probes", max_probes, 1)):
+        check_int(value, name, minimum=low)
+    check_beam_tree_size(use["depth"], use["topk"], f"--depth {use['depth']} with --topk {use['topk']}")
     check_int(probe_nodes, "--probe-nodes")
     budget_policy = parse_budget(budget)
     spec = tiny_spec() if tiny else resolve_model(model)
