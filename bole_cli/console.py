@@ -147,12 +147,10 @@ def shell_lines(argv: list[str], env: Optional[dict] = None, *, width: int = 80,
     fits `width` columns (and `one_line`), else the environment, the program, then one flag
     (with its value) a line, each but the last ending in a backslash; a longer line (a long
     path) cut to fit. Printed outside any panel, so a copy picks up no border."""
-    import shlex
-
     from rich.cells import cell_len
 
-    head = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
-    one = " ".join(head + [shlex.join(argv)])
+    head = [f"{k}={shell_quote(v)}" for k, v in (env or {}).items()]
+    one = " ".join(head + [_join(argv)])
     if one_line and cell_len(one) <= width:
         return [one]
     groups: list[list[str]] = []
@@ -162,38 +160,71 @@ def shell_lines(argv: list[str], env: Optional[dict] = None, *, width: int = 80,
         else:
             groups[-1].append(arg)
     lines = [" ".join(head)] if head else []
-    lines += [("  " if head else "") + shlex.join(groups[0])]  # the program and its subcommand
-    lines += ["  " + shlex.join(g) for g in groups[1:]]
+    lines += [("  " if head else "") + _join(groups[0])]  # the program and its subcommand
+    lines += ["  " + _join(g) for g in groups[1:]]
     lines = [line + " \\" for line in lines[:-1]] + lines[-1:]
     return [part for line in lines for part in _fold(line, width)]
+
+
+def shell_quote(word: str) -> str:
+    """One word for a shell: shlex.quote's, or where the word holds a character that does not
+    print (a newline, ESC), bash's $'...' with every such character, the backslash and the
+    quote written as an escape, so the terminal shows it and the shell reads it back."""
+    import shlex
+
+    if word.isprintable():
+        return shlex.quote(word)
+    return "$'" + "".join(_ansi_c(ch) for ch in word) + "'"
+
+
+def _ansi_c(ch: str) -> str:
+    if ch.isprintable() and ch not in "\\'":
+        return ch
+    if ch in "\n\t":
+        return repr(ch)[1:-1]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def _join(words: list[str]) -> str:
+    return " ".join(shell_quote(w) for w in words)
+
+
+_ESCAPE_LEN = {"x": 4, "u": 6, "U": 10}  # _ansi_c's escapes: \xHH, \uHHHH, \UHHHHHHHH
 
 
 def _fold(line: str, width: int) -> list[str]:
     """A line of quoted words cut into lines of at most `width` columns (a wide character
     counts two) where it is longer, each cut a backslash-newline, which the shell removes:
-    inside a single-quoted word the quote is closed before it and opened again after; never
-    inside the double quotes of the '"'"' that shlex.quote writes for a quote."""
+    inside a single-quoted word the quote is closed before it and opened again after (a $'...'
+    word opened again as one, never cut inside an escape); never inside the double quotes of
+    the '"'"' that shlex.quote writes for a quote."""
     from rich.cells import cell_len
 
     out: list[str] = []
     while cell_len(line) > width:
-        single = double = False
-        cut, used = None, 0
+        single = double = ansi = False
+        cut, used, skip = None, 0, 0
         for i, ch in enumerate(line):
             used += cell_len(ch)
             if used > width - 2:  # room for a closing quote and the backslash
                 break
-            if ch == "'" and not double:
+            if skip:
+                skip -= 1
+            elif ansi and ch == "\\":
+                skip = _ESCAPE_LEN.get(line[i + 1:i + 2], 2) - 1
+            elif ch == "'" and not double:
+                ansi = not single and i > 0 and line[i - 1] == "$"
                 single = not single
             elif ch == '"' and not single:
                 double = not double
-            if i > 0 and not double:
-                cut, cut_single = i + 1, single
+            if i > 0 and not double and not skip and not (ch == "$" and line[i + 1:i + 2] == "'"):
+                cut, cut_single, cut_ansi = i + 1, single, ansi
         if cut is None:
             break
         head, line = line[:cut], line[cut:]
         out.append(head + ("'\\" if cut_single else "\\"))
-        line = ("'" if cut_single else "") + line
+        line = ("$'" if cut_ansi else "'" if cut_single else "") + line
     return out + [line]
 
 

@@ -63,6 +63,21 @@ def gpu_here() -> str:
     return gpu.spec.key if gpu.spec is not None else f"{gpu.name} (not in the catalogue)"
 
 
+def e2e_args(args, preset: str, b: int, shapes: set, budgets: list[int], tag: str) -> list[str]:
+    """`bole bench e2e`'s arguments for one (preset, batch): chain depths 1-8 where --decoders
+    has a chain decoder (the command refuses them otherwise)."""
+    from bole_cli.bench.e2e.options import CHAIN_DECODERS
+
+    chains = any(d.strip() in CHAIN_DECODERS for d in args.decoders.split(","))
+    return (["bench", "e2e", "--model", args.model, "--batch", str(b), "--context", str(args.context),
+             "--acceptance", preset, "--decoders", args.decoders]
+            + (["--chain-depths", "1,2,3,4,5,6,7,8"] if chains else [])
+            + ["--tree-shapes", ",".join(f"{x}x{y}" for x, y in sorted(shapes)),
+               "--tree-budgets", ",".join(map(str, budgets)),
+               "--steps", str(max(args.steps, -(-args.samples // b))),
+               "--warmup", "2", "--no-max-batch", "--out-dir", str(args.out), "--tag", tag])
+
+
 def budgets_around(n: int, batch: int, per_request: int, factors=(0.5, 2.0)) -> list[int]:
     """The decided budget and its neighbours at `factors` times it, within what a batch
     of these trees can hold."""
@@ -99,13 +114,7 @@ def check_one(args, env: dict, log: Path, bole: list[str], profile: dict, preset
     n = tree["budget"] if tree else 8 * b
     budgets = budgets_around(n, b, per_request, [float(f) for f in args.budget_factors.split(",")])
     tag = f"e2e-{preset}-b{b}"
-    e2e = bole + ["bench", "e2e", "--model", args.model, "--batch", str(b), "--context",
-                  str(args.context), "--acceptance", preset,
-                  "--decoders", args.decoders, "--chain-depths", "1,2,3,4,5,6,7,8",
-                  "--tree-shapes", ",".join(f"{x}x{y}" for x, y in sorted(shapes)),
-                  "--tree-budgets", ",".join(map(str, budgets)),
-                  "--steps", str(max(args.steps, -(-args.samples // b))),
-                  "--warmup", "2", "--no-max-batch", "--out-dir", str(args.out), "--tag", tag]
+    e2e = bole + e2e_args(args, preset, b, shapes, budgets, tag)
     rc = run(e2e, env, log, args.e2e_timeout)
     path = args.out / f"{tag}.json"
     data = json.loads(path.read_text()) if path.exists() else {}

@@ -96,7 +96,8 @@ def test_5000_digit_integers(tmp_path):
     cfg["text_config"]["hidden_size"] = huge  # JSON text below, not a Python int
     text = json.dumps(cfg).replace(f'"{huge}"', huge)
     (tmp_path / "config.json").write_text(text)
-    bad("models", str(tmp_path / "config.json"), culprit="hidden_size")
+    bad("models", str(tmp_path / "config.json"), culprit="'text_config.hidden_size' must be an integer, got a "
+                                                          "number too large (over 20 digits)")
 
 
 def test_400_digit_log_prob_and_profile_numbers(tmp_path):
@@ -373,6 +374,9 @@ def test_a_stray_comma_is_refused_naming_the_option(tmp_path, args, culprit):
     (("--tree-budgets", "8", "--budget", "16"), "--budget: --tree-budgets sweeps"),
     (("--no-max-batch", "--max-batch", "8"), "--no-max-batch"),
     (("--no-max-batch", "--probe-nodes", "8"), "--no-max-batch"),
+    (("--max-batch", "8"), "--max-batch: the largest-batch search it sets up runs on CUDA only"),
+    (("--max-probes", "3", "--probe-nodes", "8"), "--max-probes: the largest-batch search"),
+    (("--probe-nodes", "8"), "--probe-nodes: the largest-batch search"),
     (("--decoders", "ar,bole-chain", "--chain-depths", "5", "--depth", "3"), "--chain-depths: 5 is outside 1..3"),
     (("--tree-budgets", "1"), "--tree-budgets: 1 is smaller than batch 2"),
     (("--budget", "1"), "--budget: 1 is smaller than batch 2"),

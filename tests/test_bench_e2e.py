@@ -410,6 +410,25 @@ def test_interrupted_e2e_writes_what_it_measured(runs, tmp_path, monkeypatch):
     assert [x["decoder"] for x in data["results"]] == ["ar", "snapshot", "bole"][:runs]
     assert (tmp_path / "cut.png").exists() == (runs > 0)
     assert f"the {runs} run(s) measured before it" in r.stderr
+    assert ("cut.png" in r.output) == (runs > 0)
+
+
+def test_e2e_where_no_run_was_measured_fails_and_draws_nothing(tmp_path, monkeypatch):
+    """Every decoder failing (not for memory) is a failed command: exit 1 naming the first
+    error and the JSON that keeps them all; no picture, and an older one of the stem is gone."""
+    def decoder(self, name, batch, n):
+        raise RuntimeError(f"broken {name}")
+
+    monkeypatch.setattr(harness.E2EBench, "decoder", decoder)
+    (tmp_path / "gone.png").write_bytes(b"an older run's picture")
+    r = runner.invoke(cli.app, ["bench", "e2e", "--device", "cpu", "--tiny", "--batch", "1", "--context", "8",
+                                "--steps", "2", "--warmup", "1", "--depth", "3", "--topk", "2",
+                                "--out-dir", str(tmp_path), "--tag", "gone"])
+    assert r.exit_code == 1, r.output
+    assert "no run was measured: 3 failed (first: RuntimeError: broken ar)" in r.stderr
+    data = json.loads((tmp_path / "gone.json").read_text())
+    assert [x["error"] for x in data["results"]] == [f"RuntimeError: broken {d}" for d in ("ar", "snapshot", "bole")]
+    assert not (tmp_path / "gone.png").exists() and "gone.png" not in r.output
 
 
 def test_check_options_returns_the_checked_run_config():

@@ -373,6 +373,32 @@ def test_check_decision_budgets_stay_within_the_trees():
     assert check.budgets_around(8, 4, 41, (0.5,)) == [8]  # 4 is one node a request: not a tree
 
 
+@pytest.mark.parametrize("decoders, chains", [("ar,bole,bole-chain", True), ("ar,chain", True), ("ar,bole", False)])
+def test_check_decision_sweeps_chain_depths_only_with_a_chain_decoder(decoders, chains, tmp_path, monkeypatch):
+    """bench e2e refuses --chain-depths without a chain decoder: the check passes them only
+    where --decoders has one, and its arguments pass the command's own option check."""
+    from types import SimpleNamespace
+
+    import typer
+    from typer.testing import CliRunner
+
+    from bole_cli import cli
+    from bole_cli.commands import bench
+
+    def checked(why):  # the options passed; stop before any GPU work
+        raise typer.Exit(42)
+
+    monkeypatch.setattr(bench, "_need_cuda", checked)
+
+    check = _check_decision()
+    args = SimpleNamespace(model="9b", context=4096, decoders=decoders, steps=8, samples=64, out=tmp_path)
+    argv = check.e2e_args(args, "paper-mbpp", 4, {(6, 4), (3, 2)}, [64, 128], "t")
+    assert ("--chain-depths" in argv) == chains
+    assert argv[argv.index("--tree-shapes") + 1] == "3x2,6x4" and argv[argv.index("--steps") + 1] == "16"
+    r = CliRunner().invoke(cli.app, argv)
+    assert r.exit_code == 42, r.output
+
+
 @pytest.mark.parametrize("n_bytes,address,mode,programs", [(4096 * 4096 * 2, 0, "bulk", None), (65536 + 16, 256, "bulk", 16),
                                                           (65536 + 2, 256, "bulk", 16), (1000, 8, "bulk", None),
                                                           (3 * 128 * 128 + 1, 0, "line", 2), (1, 0, "line", 32),

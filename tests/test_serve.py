@@ -48,7 +48,7 @@ def fake_sglang(monkeypatch):
     status = {"installed": True, "version": "0.5.23", "pinned": "0.5.23", "plugin_registered": True}
     monkeypatch.setattr(serving, "sglang_status", lambda: dict(status))
     launched = []
-    monkeypatch.setattr(serve_cmd, "_launch", lambda argv, env: launched.append((argv, env)))
+    monkeypatch.setattr(serve_cmd, "_launch", lambda argv, env, stdout_to_stderr=False: launched.append((argv, env)))
     return status, launched
 
 
@@ -297,6 +297,22 @@ def test_launch_replaces_the_process_with_the_plugin_enabled(fake_sglang, monkey
     assert flag(argv, "--model-path") == "Qwen/Qwen3.5-27B"
     assert env["SGLANG_PLUGINS"] == "other,bole"
     assert "sglang.launch_server" in r.stdout and "starting SGLang" in r.stderr
+
+
+def test_launch_under_json_leaves_stdout_to_the_json(fake_sglang, monkeypatch):
+    """`bole serve --json` without --dry-run: the JSON on stdout, then SGLang's own output on
+    stderr (a real exec in a child process), so stdout parses as the JSON alone."""
+    import subprocess
+
+    kept = []
+    monkeypatch.setattr(serve_cmd, "_launch", lambda argv, env, stdout_to_stderr=False: kept.append(stdout_to_stderr))
+    r = invoke("--model", "9b", "--gpu", "h200", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["command"][:3] == [sys.executable, "-m", "sglang.launch_server"] and kept == [True]
+    child = ("import sys; from bole_cli.commands import serve; print('{}', flush=True); "
+             "serve._launch([sys.executable, '-c', 'print(\\'server log\\')'], {}, stdout_to_stderr=True)")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "{}\n" and done.stderr == "server log\n", done
 
 
 def test_plugin_env_keeps_other_plugins():

@@ -49,7 +49,8 @@ def result_stem(tag: Optional[str], kind: str, device: str, model: str) -> str:
 
 
 def write_results(data: dict, plot: Optional[Callable[[Path], None]], out_dir: Path, stem: str) -> Path:
-    """STEM.json (atomic) and STEM.png (plot(path); none when plot is None: nothing to draw)
+    """STEM.json (atomic) and STEM.png (plot(path); none when plot is None: nothing to draw,
+    and an older STEM.png is removed, so no picture of another run sits beside the JSON)
     under out_dir; returns the JSON path.
 
     Both are written with Ctrl-C and SIGTERM held (bole_cli/interrupts.py), so a signal
@@ -62,6 +63,7 @@ def write_results(data: dict, plot: Optional[Callable[[Path], None]], out_dir: P
         json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
         png_path = out_dir / f"{stem}.png"
         if plot is None:
+            png_path.unlink(missing_ok=True)
             return json_path
         try:
             plot(png_path)

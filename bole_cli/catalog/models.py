@@ -301,7 +301,7 @@ class _Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
             raise InputError(f"{self.path}: field '{where}' must be an integer, "
-                             f"got {json.dumps(value)}")
+                             f"got {_shown_json(value)}")
         if value < minimum:
             raise InputError(f"{self.path}: field '{where}' must be >= {minimum}, got {value}")
         if value > maximum:
@@ -315,7 +315,7 @@ class _Fields:
             return default
         if not isinstance(value, bool):
             raise InputError(f"{self.path}: field '{where}' must be true or false, "
-                             f"got {json.dumps(value)}")
+                             f"got {_shown_json(value)}")
         return value
 
     def layer_types(self, n_layers: int) -> Optional[tuple[int, ...]]:
@@ -333,6 +333,18 @@ class _Fields:
             raise InputError(f"{self.path}: field '{where}' lists {len(value)} layers "
                              f"but num_hidden_layers is {n_layers}")
         return tuple(i for i, v in enumerate(value) if v == "full_attention")
+
+
+def _shown_json(value: object) -> str:
+    """A config value for an error: as JSON, but an integer too long to read (files.py reads
+    one as a float, inf past the float range) said so, not as 'Infinity'."""
+    import math
+
+    from bole_cli.files import MAX_INT_DIGITS
+
+    if isinstance(value, float) and math.isinf(value):
+        return f"a number too large (over {MAX_INT_DIGITS} digits)"
+    return json.dumps(value)
 
 
 def _config_file(path: Path) -> Path:

@@ -29,10 +29,12 @@ OUT_DIR_HELP = ("Where the JSON and PNG go \\[the cache: ~/.cache/bole/results];
 
 def _say_written(json_path: Path, json_out: bool) -> None:
     """Where the results went, a path a line (a path is never broken, so a line holds one
-    whole path and no more): on stderr under --json (stdout holds the data)."""
+    whole path and no more), the plot only where one was drawn: on stderr under --json
+    (stdout holds the data)."""
     from bole_cli.console import err, out
 
-    (err if json_out else out).print(f"wrote {json_path}\n  and {json_path.with_suffix('.png')}",
+    png = json_path.with_suffix(".png")
+    (err if json_out else out).print(f"wrote {json_path}" + (f"\n  and {png}" if png.exists() else ""),
                                      markup=False, soft_wrap=True)
 
 
@@ -198,8 +200,9 @@ def e2e_cmd(
 
     with err.status("bole bench e2e") as status:
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
+    measured = [r for r in data["results"] if not r["error"]]
     with held() as section:  # a Ctrl-C now waits until the results are written
-        json_path = write_results(data, (lambda path: plot(data, path)) if data["results"] else None, out_dir,
+        json_path = write_results(data, (lambda path: plot(data, path)) if measured else None, out_dir,
                                   result_stem(tag, "e2e", data["device"], "tiny" if tiny else cfg.spec.name))
     interrupted = data["interrupted"] or section.interrupted
     if json_out:
@@ -214,6 +217,9 @@ def e2e_cmd(
         err.print(f"interrupted: the {len(data['results'])} run(s) measured before it are in {json_path}",
                   markup=False)
         raise KeyboardInterrupt
+    if data["results"] and not measured:
+        raise BoleError(f"no run was measured: {len(data['results'])} failed (first: "
+                        f"{data['results'][0]['error']}); see {json_path}")
     exact = data.get("greedy_exact")
     if exact is not None and not exact["identical"]:
         why = (exact["mismatches"] or exact["failed"] or ["no two decoders ran to compare"])[0]

@@ -89,9 +89,13 @@ def _panel(result: dict, s: ServeSettings) -> Any:
     return Panel(Group(*parts), title=title, title_align="left", expand=False)
 
 
-def _launch(argv: list[str], env: dict) -> None:  # replaced in tests
+def _launch(argv: list[str], env: dict, *, stdout_to_stderr: bool = False) -> None:  # replaced in tests
+    """Become SGLang's launch_server; under --json its output goes to stderr, so stdout holds
+    the JSON alone (a `| jq` reads it while the server runs)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    if stdout_to_stderr:
+        os.dup2(2, 1)
     os.execvpe(argv[0], argv, env)
 
 
@@ -149,4 +153,4 @@ def serve(
         return
     if not json_out:
         err.print("starting SGLang ...", highlight=False)
-    _launch(plan.argv, plan.env)
+    _launch(plan.argv, plan.env, stdout_to_stderr=json_out)

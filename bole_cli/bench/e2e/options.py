@@ -159,7 +159,7 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
     _check_combinations(model=model, tiny=tiny, budget=budget, budgets=budgets or (budget_policy,),
                         tree_budgets=tree_budgets, batches=batches, names=names, chains=chains,
                         chain_depths_given=chain_depths is not None, depth=use["depth"], search=search,
-                        max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes)
+                        max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes, device=device)
     if draft_vocab is not None and not 1 <= draft_vocab <= spec.vocab:
         raise InputError(f"--draft-vocab: expected 1..{spec.vocab} (the model's vocabulary), got {draft_vocab}")
     if snapshot_engine not in SNAPSHOT_ENGINES:
@@ -177,7 +177,7 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
 def _check_combinations(*, model: str, tiny: bool, budget: str, budgets: tuple, tree_budgets: Optional[str],
                         batches: tuple[int, ...], names: tuple[str, ...], chains: tuple[int, ...],
                         chain_depths_given: bool, depth: int, search: bool, max_batch: int, max_probes: int,
-                        probe_nodes: Optional[int]) -> None:
+                        probe_nodes: Optional[int], device: str = DEVICE) -> None:
     """Options that contradict each other or the run, refused before any model is built."""
     if tiny and model.strip().lower() != MODEL:
         raise InputError(f"--model {model}: --tiny builds its own tiny model; give one or the other")
@@ -186,6 +186,12 @@ def _check_combinations(*, model: str, tiny: bool, budget: str, budgets: tuple, 
     if not search and (max_batch != MAX_BATCH or max_probes != MAX_PROBES or probe_nodes is not None):
         raise InputError("--no-max-batch: skips the largest-batch search that --max-batch, --max-probes "
                          "and --probe-nodes set up; give one or the others")
+    search_options = [name for name, given in (("--max-batch", max_batch != MAX_BATCH),
+                                               ("--max-probes", max_probes != MAX_PROBES),
+                                               ("--probe-nodes", probe_nodes is not None)) if given]
+    if device == "cpu" and search_options:
+        raise InputError(f"{search_options[0]}: the largest-batch search it sets up runs on CUDA only (on CPU "
+                         "an allocation failure means host RAM); drop it with --device cpu")
     if chain_depths_given and not any(d in CHAIN_DECODERS for d in names):
         raise InputError(f"--chain-depths: only {' and '.join(CHAIN_DECODERS)} draft chains, and "
                          "--decoders names neither; add one or drop --chain-depths")
