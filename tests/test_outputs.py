@@ -34,7 +34,7 @@ LONG = "x" * 300
 def fake_e2e(monkeypatch):
     """bench e2e with its run and report replaced: what is left is where files go."""
     calls = []
-    measured = {"device": "cpu", "results": [{"decoder": "ar"}], "interrupted": False}
+    measured = {"device": "cpu", "results": [{"decoder": "ar", "error": ""}], "interrupted": False}
     monkeypatch.setattr(sweep, "run_e2e",
                         lambda cfg, progress=None: calls.append(cfg) or measured)
     monkeypatch.setattr(report, "tables", lambda data, width: [])
