@@ -117,8 +117,8 @@ def select_budget(trees: Sequence[ProposalTree], budget: int, *, min_per_request
             kept[b].add(i)
     used = sum(len(k) for k in keep)
     if used > budget:
-        raise InputError(f"budget {budget} cannot cover the minimum of {m} nodes per request "
-                         f"for {len(trees)} requests (needs {used})")
+        raise InputError(f"budget {budget} cannot cover the minimum of {m} node{'s' * (m != 1)} per request "
+                         f"for {len(trees)} request{'s' * (len(trees) != 1)} (needs {used})")
 
     owner: list[int] = []
     node: list[int] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -150,7 +151,7 @@ def shell_lines(argv: list[str], env: Optional[dict] = None, *, width: int = 80,
     from rich.cells import cell_len
 
     head = [f"{k}={shell_quote(v)}" for k, v in (env or {}).items()]
-    one = " ".join(head + [_join(argv)])
+    one = " ".join(head + [shell_join(argv)])
     if one_line and cell_len(one) <= width:
         return [one]
     groups: list[list[str]] = []
@@ -160,8 +161,8 @@ def shell_lines(argv: list[str], env: Optional[dict] = None, *, width: int = 80,
         else:
             groups[-1].append(arg)
     lines = [" ".join(head)] if head else []
-    lines += [("  " if head else "") + _join(groups[0])]  # the program and its subcommand
-    lines += ["  " + _join(g) for g in groups[1:]]
+    lines += [("  " if head else "") + shell_join(groups[0])]  # the program and its subcommand
+    lines += ["  " + shell_join(g) for g in groups[1:]]
     lines = [line + " \\" for line in lines[:-1]] + lines[-1:]
     return [part for line in lines for part in _fold(line, width)]
 
@@ -186,8 +187,14 @@ def _ansi_c(ch: str) -> str:
     return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
-def _join(words: list[str]) -> str:
+def shell_join(words: list[str]) -> str:
+    """Words as one shell line (shell_quote each): a recorded command that pastes back."""
     return " ".join(shell_quote(w) for w in words)
+
+
+def invoked_command() -> str:
+    """This run's `bole ...` line as typed, quoted to paste back (results' provenance)."""
+    return shell_join(["bole"] + sys.argv[1:])
 
 
 _ESCAPE_LEN = {"x": 4, "u": 6, "U": 10}  # _ansi_c's escapes: \xHH, \uHHHH, \UHHHHHHHH

@@ -12,6 +12,12 @@ with limits on what a small file can expand to:
   range), so Python's int-to-str limit or an int-to-float OverflowError can never escape a
   validator; the validator then names the field ("log-prob inf is positive").
 - Nesting deeper than MAX_DEPTH levels is refused (no RecursionError later).
+- A mapping that repeats a key is refused: both parsers would keep the last value silently,
+  so a pasted-over field would change the result with no word (YAML merge keys, `<<`, still
+  merge; a key written next to them overrides the merged one, as YAML says).
+- YAML reads 1e-3, 5E+2 and -.5 as floats, as YAML 1.2 and JSON do: PyYAML's YAML 1.1
+  resolver takes only floats with a dot and a signed exponent, and the rest became strings
+  ("probability '1e-3' is not a number"). Integers, 1_000, 0x10 and 1:20 read as before.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, Union
 
 from bole_cli.memory import MiB
-from bole_cli.errors import InputError
+from bole_cli.errors import InputError, brief
 
 #: Largest file Bole reads: trees, profiles and configs are kilobytes; 32 MiB is generous.
 MAX_FILE_BYTES = 32 << 20
@@ -94,7 +101,7 @@ def read_text(path: PathLike, *, max_bytes: int = MAX_FILE_BYTES) -> str:
     if b"\x00" in data:
         raise InputError(f"{path}: is a binary file, not UTF-8 text")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark (Windows editors) is not text
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
 
@@ -118,10 +125,22 @@ def _json_int(text: str) -> Union[int, float]:
     return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else float(text)
 
 
+def _json_object(pairs: list) -> dict:
+    """A JSON object whose keys are all different (json.loads keeps the last silently)."""
+    obj: dict = {}
+    for key, value in pairs:
+        if key in obj:
+            raise InputError(f"key {brief(key)} appears twice")
+        obj[key] = value
+    return obj
+
+
 def parse_json(text: str, source: str) -> Any:
     """JSON with Bole's limits (module docstring); InputError names `source`."""
     try:
-        data = json.loads(text, parse_int=_json_int)
+        data = json.loads(text, parse_int=_json_int, object_pairs_hook=_json_object)
+    except InputError as exc:  # before ValueError, which it is
+        raise InputError(f"{source}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{source}: not valid JSON (invalid JSON at line {exc.lineno} "
                          f"column {exc.colno}: {exc.msg})") from None
@@ -133,13 +152,38 @@ def parse_json(text: str, source: str) -> Any:
     return data
 
 
+#: YAML 1.2's floats that YAML 1.1 (PyYAML) leaves as strings: an exponent where 1.1 wants a
+#: dot and a sign (1e-3, 5E+2, 1.0e3), or a signed leading dot (-.5). An exponent or a dot is
+#: required, so no integer (nor '09', a string today) becomes a float.
+_YAML12_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+"
+                           r"|[-+]?\.[0-9]+)$")
+_YAML_MERGE = "tag:yaml.org,2002:merge"
+
+
 def _safe_loader() -> type:
     import yaml
 
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
 
     class BoleSafeLoader(base):  # type: ignore[misc, valid-type]
-        """SafeLoader whose integers never trip int limits (see the module docstring)."""
+        """SafeLoader whose integers never trip int limits, whose floats are YAML 1.2's and
+        whose mappings repeat no key (see the module docstring)."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            seen: set = set()
+            own = node.value if isinstance(node, yaml.MappingNode) else []  # else base says
+            for key_node, _ in own:  # the node's own keys: merged ones are added later
+                if key_node.tag == _YAML_MERGE:
+                    continue
+                key = self.construct_object(key_node, deep=True)  # as the base does
+                try:
+                    if key in seen:
+                        raise InputError(f"line {key_node.start_mark.line + 1}: key "
+                                         f"{brief(key)} appears twice")
+                    seen.add(key)
+                except TypeError:  # unhashable: the base constructor says so
+                    pass
+            return super().construct_mapping(node, deep=deep)
 
         def construct_yaml_int(self, node: Any) -> Union[int, float]:
             value = self.construct_scalar(node)
@@ -154,6 +198,11 @@ def _safe_loader() -> type:
 
     BoleSafeLoader.add_constructor("tag:yaml.org,2002:int",
                                    BoleSafeLoader.construct_yaml_int)
+    # our own copy of the resolver table, so that yaml.SafeLoader's is never appended to
+    BoleSafeLoader.yaml_implicit_resolvers = {
+        ch: list(rs) for ch, rs in base.yaml_implicit_resolvers.items()}
+    BoleSafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT,
+                                         list("-+0123456789."))
     return BoleSafeLoader
 
 

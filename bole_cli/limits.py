@@ -24,6 +24,11 @@ MAX_TILE_NODES = 64
 #: such chain, so the chain kernel is not launched. Drafters' trees are far shallower.
 CHAIN_KERNEL_DEPTH = 16
 
+#: Smallest GDN key dim SGLang's ReplaySSM ring kernel takes: it tiles K in two halves, each
+#: fed to tl.dot, which needs 16 at least. The ReplaySSM decoder checks it; bench e2e refuses
+#: the decoder before any model is built where the model's key dim is smaller (--tiny's 16).
+REPLAYSSM_MIN_KEY_DIM = 32
+
 #: Requests in one batch that any command accepts (a batch of trees, a calibration or serve
 #: batch): far above any server's running requests, low enough that a typo fails at once.
 MAX_BATCH_REQUESTS = 4096

@@ -114,11 +114,11 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     names the profile in an error."""
     from bole_cli.profiles import lookup_budget
 
-    from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_DRAFTS
+    from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, MAX_TREE_DRAFTS
     from bole_cli.parsing import check_int
 
     check_int(batch, "--batch", maximum=MAX_BATCH_REQUESTS)
-    check_int(kv_len, "--kv-len")
+    check_int(kv_len, "--kv-len", maximum=MAX_CONTEXT_TOKENS)
     # one limit for trees and chains: a request verifies at most MAX_DRAFT_TOKENS tokens,
     # so it drafts at most MAX_TREE_DRAFTS levels (a chain) or candidates (one node); a
     # larger --draft-tokens is clamped below, as the tree's own size clamps it
@@ -200,7 +200,7 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
         notes.append(f"draft depth {steps_v} -> {d - 1}: a tree of {d} tokens is at most that deep")
         steps_v = d - 1
     elif steps_v > d - 1:  # the user's --steps kept, but its deepest levels cannot be verified
-        notes.append(f"--steps {steps_v}: a tree of {d} tokens verifies at most {d - 1} levels; "
+        notes.append(f"--steps {steps_v}: a tree of {d} tokens verifies at most {d - 1} level{'s' * (d != 2)}; "
                      "the drafter's deeper levels are wasted (raise --draft-tokens)")
     return replace(base, algorithm=algorithm, num_steps=steps_v, eagle_topk=topk_v,
                    num_draft_tokens=d, plugin=True, notes=tuple(notes))
@@ -340,7 +340,8 @@ def memory_summary(spec: Any, settings: ServeSettings,
 
 
 def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]):
-    """(gpu spec or None, model spec or None, profile path, profile dict, gpu note)."""
+    """(gpu spec or None, model spec or None, profile path, profile dict, gpu note, notes: the
+    unreadable profiles passed over in the search, a user's own included)."""
     from bole_cli.catalog.hardware import detect_gpu, known_gpu_names, resolve_gpu
     from bole_cli.catalog.models import resolve_model
     from bole_cli.profiles import default_search_dirs, find_profile, load_profile
@@ -353,7 +354,7 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
                 f"--model {model!r} is neither a catalogue model nor a config.json; give its "
                 "calibration profile with --profile FILE (see `bole models`)") from None
         model_spec = None
-    gpu_note = ""
+    gpu_note, skipped = "", []
     if gpu is not None:
         gpu_spec = resolve_gpu(gpu)
         gpu_note = "--gpu"
@@ -377,7 +378,7 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
             raise InputError(f"--profile: {path} holds no budget configurations (a kernels table?); "
                              "give a calibration profile that `bole calibrate` wrote")
     else:
-        path = find_profile(gpu_spec, model_spec)
+        path = find_profile(gpu_spec, model_spec, skipped=skipped)
         if path is None:
             short = model_spec.short_name if hasattr(model_spec, "short_name") else model_spec.name
             dirs = ", ".join(str(d) for d in default_search_dirs())
@@ -385,7 +386,8 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
                 f"no profile for {model_spec.name} on {gpu_spec.key} (looked in {dirs}); make one "
                 f"with `bole calibrate --gpu {gpu_spec.key} --model {short}` or pass --profile FILE")
         profile = load_profile(path)
-    return gpu_spec, model_spec, path, profile, gpu_note
+    return gpu_spec, model_spec, path, profile, gpu_note, [f"passed over an unreadable profile: {why}"
+                                                           for why in skipped]
 
 
 def _catalogue_name(name: Any) -> Optional[str]:
@@ -427,9 +429,11 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         raise InputError(f"--port: {port} is not a TCP port")
     if host is not None and not host.strip():
         raise InputError("--host: an empty address; leave --host out for SGLang's default")
+    if draft_model is not None and not draft_model.strip():
+        raise InputError("--draft-model: an empty path; leave --draft-model out for the model's own MTP "
+                         "head (NEXTN)")
     status = sglang_status()
-    gpu_spec, model_spec, path, prof, gpu_note = resolve_profile(model, profile, gpu)
-    notes: list[str] = []
+    gpu_spec, model_spec, path, prof, gpu_note, notes = resolve_profile(model, profile, gpu)
     if model_spec is not None and prof.get("model") != model_spec.name:
         other = _catalogue_name(prof.get("model"))
         if profile is not None and model_spec.source == "catalogue" and other not in (None, model_spec.name):

@@ -116,7 +116,9 @@ def check_one(args, env: dict, log: Path, bole: list[str], profile: dict, preset
     tag = f"e2e-{preset}-b{b}"
     e2e = bole + e2e_args(args, preset, b, shapes, budgets, tag)
     rc = run(e2e, env, log, args.e2e_timeout)
-    path = args.out / f"{tag}.json"
+    # past its timeout the run is interrupted and writes what it measured as TAG-partial
+    written = [p for p in (args.out / f"{tag}.json", args.out / f"{tag}-partial.json") if p.exists()]
+    path = max(written, key=lambda p: p.stat().st_mtime) if written else args.out / f"{tag}.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     runs = [r for r in data.get("results", []) if r.get("tok_s")]
     if not runs:

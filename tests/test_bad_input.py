@@ -377,6 +377,10 @@ def test_a_stray_comma_is_refused_naming_the_option(tmp_path, args, culprit):
     (("--max-batch", "8"), "--max-batch: the largest-batch search it sets up runs on CUDA only"),
     (("--max-probes", "3", "--probe-nodes", "8"), "--max-probes: the largest-batch search"),
     (("--probe-nodes", "8"), "--probe-nodes: the largest-batch search"),
+    (("--steps", "100000000"), "--steps: expected an integer from 1 to 4,096, got 100,000,000"),
+    (("--warmup", "5000"), "--warmup: expected an integer from 0 to 4,096"),
+    (("--decoders", "ar,chain"), "--decoders chain: SGLang's ReplaySSM kernel needs a GDN key dim of at least 32, "
+                                 "and --tiny's is 16"),
     (("--decoders", "ar,bole-chain", "--chain-depths", "5", "--depth", "3"), "--chain-depths: 5 is outside 1..3"),
     (("--tree-budgets", "1"), "--tree-budgets: 1 is smaller than batch 2"),
     (("--budget", "1"), "--budget: 1 is smaller than batch 2"),
@@ -400,7 +404,7 @@ def test_bench_e2e_chain_depths_need_a_chain_decoder_to_matter():
     with pytest.raises(InputError, match="--chain-depths: only chain and bole-chain draft chains"):
         check_options(decoders="ar,bole", **opts)
     with pytest.raises(InputError, match="--chain-depths: 5 is outside 1..3"):
-        check_options(decoders="ar,chain", **opts)
+        check_options(decoders="ar,bole-chain", **opts)
     assert check_options(decoders="ar,bole-chain", **{**opts, "chain_depths": "2,3"}).chain_depths == (2, 3)
     assert check_options(decoders="ar,bole", **{**opts, "chain_depths": None}).decoders == ("ar", "bole")
 
@@ -462,6 +466,99 @@ def test_a_users_file_is_named_by_its_option(tmp_path):
 def test_calibrate_estimate_refuses_the_measurements_options(tmp_path, flag, value):
     bad("calibrate", "--gpu", "a100", "--model", "9b", "--estimate", flag, value,
         culprit=f"{flag}: only a measurement uses it", env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+@pytest.mark.parametrize("flag, value", [("--repeats", "5"), ("--warmup", "1"), ("--layers-sample", "2")])
+def test_calibrate_without_the_gpu_refuses_the_measurements_options(tmp_path, monkeypatch, flag, value):
+    """Without the named GPU calibrate estimates; an option only a measurement uses would be
+    ignored without a word, so it is refused, naming the reason."""
+    from bole_cli.catalog import hardware as hw
+
+    monkeypatch.setattr(hw, "detect_gpu", lambda index=None: None)
+    bad("calibrate", "--gpu", "a100", "--model", "9b", flag, value,
+        culprit=f"{flag}: only a measurement uses it, and this run is the estimate (no A100 present",
+        env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["default-path", "--out"])
+def test_an_estimate_does_not_replace_a_measured_profile(tmp_path, monkeypatch, explicit):
+    """A measured profile in the user's cache (or at --out) is what serve picks first; an
+    estimate made where that GPU is absent must not replace it without a word."""
+    from bole_cli.catalog import hardware as hw
+
+    monkeypatch.setattr(hw, "detect_gpu", lambda index=None: None)
+    measured = Path(__file__).resolve().parents[1] / "profiles" / "h200" / "Qwen3.5-9B.yaml"
+    target = tmp_path / "profiles" / "h200" / "Qwen3.5-9B.yaml"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(measured.read_bytes())
+    args = ["calibrate", "--gpu", "h200", "--model", "9b", "--no-plot"] + (["--out", str(target)] if explicit else [])
+    line = bad(*args, culprit="holds a profile measured on the GPU, which an estimate would replace",
+               env={"BOLE_CACHE_DIR": str(tmp_path)})
+    assert line.startswith("error: --out:" if explicit else "error: the default profile")
+    assert target.read_bytes() == measured.read_bytes()
+
+
+def test_a_recorded_calibrate_command_pastes_back():
+    import shlex
+
+    from bole_cli.calibrate.pipeline import reproduce_command
+
+    line = reproduce_command("H200 SXM", "9b", [1], [1024], [8, 16], 0.123456789, "my acc's.yaml", "--estimate")
+    assert shlex.split(line) == ["bole", "calibrate", "--gpu", "H200 SXM", "--model", "9b", "--batch", "1",
+                                 "--kv", "1024", "--grid", "8,16", "--eps", "0.123456789",
+                                 "--acceptance", "my acc's.yaml", "--estimate"]
+
+
+@pytest.mark.parametrize("args, flag", [
+    (E2E_TINY + ("--out-dir",), "--out-dir"),
+    (("bench", "kernels", "--out-dir"), "--out-dir"),
+    (("calibrate", "--gpu", "h200", "--model", "9b", "--out"), "--out"),
+    (("serve", "--model", "9b", "--gpu", "h200", "--dry-run", "--profile"), "--profile"),
+    (("acceptance", "--model", "m", "--prompts", "p.jsonl", "--out"), "--out"),
+    (("tune-kernels", "--dry-run", "--report"), "--report"),
+    (("tune-kernels", "--dry-run", "--study-db"), "--study-db"),
+    (("tune-kernels", "--dry-run", "--profile"), "--profile"),
+])
+def test_an_empty_path_is_named_not_read_as_the_working_folder(tmp_path, monkeypatch, args, flag):
+    """'' reaches typer's Path as '.', the working folder (a checkout's root: results were
+    written there): every path option refuses it, naming itself."""
+    monkeypatch.chdir(tmp_path)
+    bad(*args, "", culprit=f"'{flag}': an empty path was given", env={"BOLE_CACHE_DIR": str(tmp_path / "c")})
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("extra, culprit", [
+    (("--draft-model", ""), "--draft-model: an empty path"),
+    (("--kv-len", "99999999999999"), "--kv-len: expected an integer from 1 to 16,777,216"),
+])
+def test_serve_refuses_an_empty_draft_model_and_an_absurd_context(extra, culprit):
+    bad("serve", "--model", "9b", "--gpu", "h200", "--dry-run", *extra, culprit=culprit)
+
+
+def test_serve_names_an_unreadable_profile_it_passed_over(tmp_path):
+    """A user's broken profile in the cache is skipped for the shipped one, and said so."""
+    mine = tmp_path / "profiles" / "a100" / "Qwen3.5-9B.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("bole_profile: [\n")
+    r = runner.invoke(cli.app, ["serve", "--model", "9b", "--gpu", "a100", "--dry-run", "--json"],
+                      env={"BOLE_CACHE_DIR": str(tmp_path)})
+    assert r.exit_code == 0, r.stderr
+    notes = json.loads(r.stdout)["notes"]
+    assert any(n.startswith(f"passed over an unreadable profile: {mine}: not valid YAML") for n in notes), notes
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (("tune-kernels", "--dry-run", "--batch", "99999999"), "--batch: expected"),
+    (("tune-kernels", "--dry-run", "--trials", "100000000"), "--trials: expected an integer from 1 to 1,000"),
+    (("bench", "kernels", "--batch", "99999999"), "--batch: expected"),
+])
+def test_kernel_commands_bound_batch_and_trials(tmp_path, args, culprit):
+    bad(*args, culprit=culprit, env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+def test_inspect_tree_names_the_per_request_options_that_contradict():
+    bad("inspect-tree", "--synthetic", "--requests", "3", "--budget", "40", "--max-per-request", "2",
+        "--min-per-request", "4", culprit="--max-per-request: 2 is smaller than --min-per-request (4)")
 
 
 def test_serve_takes_sglangs_arguments_only_after_the_separator():

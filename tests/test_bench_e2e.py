@@ -401,34 +401,39 @@ def test_interrupted_e2e_writes_what_it_measured(runs, tmp_path, monkeypatch):
         return real_run(self, name, batch)
 
     monkeypatch.setattr(harness.E2EBench, "run", run)
+    (tmp_path / "cut.json").write_text("complete")
     r = runner.invoke(cli.app, ["bench", "e2e", "--device", "cpu", "--tiny", "--batch", "1,2", "--context", "8",
                                 "--steps", "2", "--warmup", "1", "--depth", "3", "--topk", "2",
                                 "--out-dir", str(tmp_path), "--tag", "cut"])
     assert r.exit_code == 130, r.output
-    data = json.loads((tmp_path / "cut.json").read_text())
+    data = json.loads((tmp_path / "cut-partial.json").read_text())
     assert data["interrupted"] is True and len(data["results"]) == runs
     assert [x["decoder"] for x in data["results"]] == ["ar", "snapshot", "bole"][:runs]
-    assert (tmp_path / "cut.png").exists() == (runs > 0)
-    assert f"the {runs} run(s) measured before it" in r.stderr
-    assert ("cut.png" in r.output) == (runs > 0)
+    assert (tmp_path / "cut-partial.png").exists() == (runs > 0)
+    assert f"the {runs} run(s) measured before it are in {tmp_path / 'cut-partial.json'}" in " ".join(r.stderr.split())
+    assert ("cut-partial.png" in r.output) == (runs > 0)
+    assert (tmp_path / "cut.json").read_text() == "complete", "an earlier complete run's results are kept"
 
 
 def test_e2e_where_no_run_was_measured_fails_and_draws_nothing(tmp_path, monkeypatch):
     """Every decoder failing (not for memory) is a failed command: exit 1 naming the first
-    error and the JSON that keeps them all; no picture, and an older one of the stem is gone."""
+    error and the JSON that keeps them all (STEM-failed: an earlier complete run's results and
+    picture are kept); no picture of it."""
     def decoder(self, name, batch, n):
         raise RuntimeError(f"broken {name}")
 
     monkeypatch.setattr(harness.E2EBench, "decoder", decoder)
     (tmp_path / "gone.png").write_bytes(b"an older run's picture")
+    (tmp_path / "gone-failed.png").write_bytes(b"an older failed run's picture")
     r = runner.invoke(cli.app, ["bench", "e2e", "--device", "cpu", "--tiny", "--batch", "1", "--context", "8",
                                 "--steps", "2", "--warmup", "1", "--depth", "3", "--topk", "2",
                                 "--out-dir", str(tmp_path), "--tag", "gone"])
     assert r.exit_code == 1, r.output
     assert "no run was measured: 3 failed (first: RuntimeError: broken ar)" in r.stderr
-    data = json.loads((tmp_path / "gone.json").read_text())
+    data = json.loads((tmp_path / "gone-failed.json").read_text())
     assert [x["error"] for x in data["results"]] == [f"RuntimeError: broken {d}" for d in ("ar", "snapshot", "bole")]
-    assert not (tmp_path / "gone.png").exists() and "gone.png" not in r.output
+    assert not (tmp_path / "gone-failed.png").exists() and ".png" not in r.output
+    assert (tmp_path / "gone.png").read_bytes() == b"an older run's picture"
 
 
 def test_check_options_returns_the_checked_run_config():

@@ -494,6 +494,26 @@ def test_measured_ctrl_c_writes_a_partial_profile(monkeypatch, tmp_path):
     assert 1 <= len(p["configs"]) <= 2
 
 
+def test_a_partial_profile_goes_beside_an_earlier_one(monkeypatch, tmp_path):
+    """Ctrl-C with a profile of an earlier run at --out: the partial sweep is written as
+    NAME-partial.yaml, the earlier profile and its plot kept; --no-plot on a whole run
+    removes an older plot, which would show another run."""
+    _present(monkeypatch)
+    _fake_runtime(monkeypatch)
+    out = tmp_path / "h200.yaml"
+    args = ("calibrate", "--gpu", "h200", "--model", "9b", "--batch", "1,8", "--kv", "1024",
+            "--grid", "8,64,128,256", "--repeats", "1", "--warmup", "0", "--out", str(out))
+    assert _invoke(*args).exit_code == 0 and out.with_suffix(".png").exists()
+    earlier = out.read_bytes()
+    _fake_runtime(monkeypatch, interrupt_after=7)
+    r = _invoke(*args, "--no-plot")
+    assert r.exit_code == 130 and "h200-partial.yaml" in " ".join(r.stderr.split())
+    assert out.read_bytes() == earlier and out.with_suffix(".png").exists()
+    assert load_profile(tmp_path / "h200-partial.yaml")["provenance"]["partial"] is True
+    _fake_runtime(monkeypatch)
+    assert _invoke(*args, "--no-plot").exit_code == 0 and not out.with_suffix(".png").exists()
+
+
 def test_estimate_flag_on_the_present_gpu(monkeypatch, tmp_path):
     _present(monkeypatch)
     monkeypatch.setitem(sys.modules, "bole_cli.runtime", None)

@@ -949,7 +949,7 @@ def test_without_a_gpu_timing_is_a_clear_error():
     (["--kernels", "tree_verify,gdn"], "--kernels: unknown gdn"),
     (["--nodes", "16,300"], "--nodes: expected an integer from 1 to 256, got 300"),
     (["--batch", "0"], "--batch: expected an integer >= 1, got 0"),
-    (["--trials", "0"], "--trials: expected an integer >= 1, got 0"),
+    (["--trials", "0"], "--trials: expected an integer from 1 to 1,000, got 0"),
     (["--model", "nosuch"], "unknown model 'nosuch'"),
 ])
 def test_bad_options_exit_2(args, text):

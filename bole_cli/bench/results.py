@@ -22,6 +22,9 @@ def check_tag(tag: Optional[str]) -> Optional[str]:
     benchmark."""
     if tag is not None and (not tag or "/" in tag or "\\" in tag or tag in (".", "..")):
         raise InputError(f"--tag: {brief(tag)} must be a plain file name stem (no path)")
+    if tag is not None and tag.lower().endswith((".json", ".png")):
+        raise InputError(f"--tag: {brief(tag)} is a file name; give its stem (the command adds .json "
+                         "and .png)")
     return tag
 
 
@@ -40,12 +43,16 @@ def check_outputs(out_dir: Optional[Path], tag: Optional[str]) -> Path:
     return folder
 
 
-def result_stem(tag: Optional[str], kind: str, device: str, model: str) -> str:
-    """--tag (checked by `check_tag`), else KIND-GPU-MODEL."""
+def result_stem(tag: Optional[str], kind: str, device: str, model: str, *, incomplete: str = "") -> str:
+    """--tag (checked by `check_tag`), else KIND-GPU-MODEL; with `incomplete` (an interrupted
+    run's 'partial', a run with nothing measured 'failed') that word after a dash, so such a
+    run never replaces the complete results of an earlier one."""
     if tag is None:
         gpu = device.replace("NVIDIA ", "").replace(" ", "-").lower()
-        return f"{kind}-{gpu}-{model.split('/')[-1].lower()}"
-    return check_tag(tag)
+        stem = f"{kind}-{gpu}-{model.split('/')[-1].lower()}"
+    else:
+        stem = check_tag(tag)
+    return f"{stem}-{incomplete}" if incomplete else stem
 
 
 def write_results(data: dict, plot: Optional[Callable[[Path], None]], out_dir: Path, stem: str) -> Path:

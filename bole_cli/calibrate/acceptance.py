@@ -317,10 +317,32 @@ def check_curve(curve: Any, where: str) -> tuple[list[float], list[float]]:
     return ns, es
 
 
+#: Every top-level key an acceptance file may hold (module docstring): the model, a histogram's
+#: settings (calibrate/histogram_file.py), what `bole acceptance` writes besides the matrix,
+#: and a profile's acceptance block (describe(): source, measured), which reads back as a file.
+ACCEPTANCE_KEYS = ("name", "per_depth", "per_depth_rank", "curve", "accepted_length_histogram",
+                   "top_k", "rank_factor", "speculative", "extrapolate_to", "interval_level",
+                   "bole_acceptance", "measurement", "expected", "source", "measured")
+
+
+def _check_keys(data: dict, source: str) -> None:
+    """Refuse an unknown key: a misspelt one (rank_factr) would leave its default in force
+    and change the decision with no word."""
+    import difflib
+
+    unknown = [k for k in data if k not in ACCEPTANCE_KEYS]
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), ACCEPTANCE_KEYS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise InputError(f"{source}: unknown field {brief(unknown[0])}{hint}; expected "
+                         + ", ".join(ACCEPTANCE_KEYS))
+
+
 def from_data(data: Any, source: str) -> AcceptanceModel:
     """Build a model from a parsed acceptance file (see the module docstring for the keys)."""
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a mapping with per_depth, per_depth_rank or curve")
+    _check_keys(data, source)
     name = str(data.get("name") or Path(source).stem)
     top_k = data.get("top_k", DEFAULT_TOP_K)
     rank_factor = data.get("rank_factor", DEFAULT_RANK_FACTOR)

@@ -38,12 +38,13 @@ PROFILE_SUFFIXES = (".yaml", ".yml")
 
 
 def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--out",
-                   plot: bool = False) -> None:
+                   plot: bool = False, measured: bool = True) -> None:
     """Refuse an --out that cannot take this profile (or its plot) before a sweep is spent
     on it: a folder, the plot's name, a name that says another format, a shipped profile
     (the repository's records: a user's run goes to the user's space, and a shipped profile
     is replaced by hand after review, docs/design.md §5), an unwritable place, another
-    model's profile."""
+    model's profile, and for an estimate (not `measured`) a measured profile, which
+    `bole serve` would otherwise stop using without a word."""
     from bole_cli.console import check_name_lengths, check_writable
     from bole_cli.profiles import shipped_profiles_dir
 
@@ -77,6 +78,9 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
         if (old.get("gpu"), old.get("model")) != (gpu_key, model_name):
             raise InputError(f"{what}: {path} holds {old.get('model')} on {old.get('gpu')}, "
                              f"not {model_name} on {gpu_key}")
+        if not measured and old["provenance"]["kind"] == "measured":
+            raise InputError(f"{what}: {path} holds a profile measured on the GPU, which an estimate "
+                             "would replace; give another --out (or move that file)")
 
 
 def runtime_forward(model: Any, detected: Any, layers_sample: Optional[int]) -> Any:
@@ -114,21 +118,24 @@ def device_for(gpu_spec: Any, measure: bool, estimate: bool) -> tuple[Any, str]:
 
 def reproduce_command(gpu: str, model: str, batches, kvs, grid, eps: float, acceptance: str,
                       mode: str) -> str:
-    """The `bole calibrate` line that makes this profile again (defaults left out)."""
-    parts = ["bole calibrate", f"--gpu {gpu}", f"--model {model}"]
+    """The `bole calibrate` line that makes this profile again (defaults left out), quoted
+    to paste back, --eps at full precision."""
+    from bole_cli.console import shell_join
+
+    words = ["bole", "calibrate", "--gpu", gpu, "--model", model]
     if tuple(batches) != DEFAULT_BATCHES:
-        parts.append(f"--batch {int_list_text(batches)}")
+        words += ["--batch", int_list_text(batches)]
     if tuple(kvs) != DEFAULT_KV_LENS:
-        parts.append(f"--kv {int_list_text(kvs)}")
+        words += ["--kv", int_list_text(kvs)]
     if tuple(grid) != DEFAULT_GRID:
-        parts.append(f"--grid {int_list_text(grid)}")
+        words += ["--grid", int_list_text(grid)]
     if eps != DEFAULT_EPS:
-        parts.append(f"--eps {eps:g}")
+        words += ["--eps", repr(float(eps))]
     if acceptance != DEFAULT_PRESET:
-        parts.append(f"--acceptance {acceptance}")
+        words += ["--acceptance", acceptance]
     if mode:
-        parts.append(mode)
-    return " ".join(parts)
+        words.append(mode)
+    return shell_join(words)
 
 
 @dataclass
@@ -210,11 +217,11 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     if repeats < 1 or warmup < 0:
         raise InputError("--repeats must be >= 1 and --warmup >= 0")
     check_int(layers_sample, "--layers-sample")
-    if estimate:  # options of the measured path, asked for with --estimate: a contradiction
-        for flag, given in (("--repeats", repeats != DEFAULT_REPEATS), ("--warmup", warmup != DEFAULT_WARMUP),
-                            ("--layers-sample", layers_sample is not None)):
-            if given:
-                raise InputError(f"{flag}: only a measurement uses it; drop it with --estimate")
+    measuring_options = [flag for flag, given in (("--repeats", repeats != DEFAULT_REPEATS),
+                                                  ("--warmup", warmup != DEFAULT_WARMUP),
+                                                  ("--layers-sample", layers_sample is not None)) if given]
+    if estimate and measuring_options:  # options of the measured path, with --estimate: a contradiction
+        raise InputError(f"{measuring_options[0]}: only a measurement uses it; drop it with --estimate")
     gpu_spec = resolve_gpu(gpu)
     model_spec = resolve_model(model)
     acc = load_acceptance(acceptance)
@@ -227,12 +234,14 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     if never and tuple(points) != DEFAULT_GRID:
         raise InputError(f"--grid: {never[0]} would never be timed: batch {max(batches)}, the largest, "
                          f"verifies at most {cap} tree tokens ({MAX_TREE_NODES} a request)")
+    detected, reason = device_for(gpu_spec, measure, estimate)
+    if detected is None and measuring_options:  # it would be ignored without a word
+        raise InputError(f"{measuring_options[0]}: only a measurement uses it, and this run is the "
+                         f"estimate ({reason}); drop it, or run on that GPU")
     path = Path(out) if out is not None else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name)
-    check_out_path(path, gpu_spec.key, model_spec.name, plot=plot,
+    check_out_path(path, gpu_spec.key, model_spec.name, plot=plot, measured=detected is not None,
                    what="--out" if out is not None else
                    default_named("profile"))
-
-    detected, reason = device_for(gpu_spec, measure, estimate)
     if detected is not None:
         timing = Timing(warmup=warmup, repeats=repeats)
         label = f"MEASURED on {detected.name}"
@@ -321,17 +330,22 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             note="; ".join(x for x in ((plan.label if not plan.measured else ""), plan.note)
                            if x),
             extra_provenance=_provenance_extra(plan, forward))
-        profile = write_profile(plan.path, profile)  # as written: with the file's kernels
+        path = plan.path
+        if sweep.interrupted and path.exists():  # beside, never over, the profile of an earlier run
+            path = path.with_name(f"{path.stem}-partial{path.suffix}")
+        profile = write_profile(path, profile)  # as written: with the file's kernels
     interrupted = sweep.interrupted or section.interrupted
     plot_path = None
-    if plot and not interrupted:
-        from bole_cli.calibrate.plot import plot_path_for, plot_profile
+    from bole_cli.calibrate.plot import plot_path_for, plot_profile
 
+    if not plot:  # no picture of another run beside this profile
+        plot_path_for(path).unlink(missing_ok=True)
+    elif not interrupted:
         try:
-            plot_path = plot_profile(profile, plot_path_for(plan.path))
+            plot_path = plot_profile(profile, plot_path_for(path))
         except KeyboardInterrupt:  # the profile is written; only the picture is lost
             interrupted = True
     served, serve_command = served_instead(plan)
-    return CalibrationResult(path=plan.path, plot_path=plot_path, label=plan.label,
+    return CalibrationResult(path=path, plot_path=plot_path, label=plan.label,
                              warnings=warnings, profile=profile, interrupted=interrupted,
                              served=served, serve_command=serve_command)

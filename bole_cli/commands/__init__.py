@@ -6,3 +6,17 @@ function so `bole --help` stays instant. A command that prints data takes `--jso
 command that prints none names itself in a module-level `JSON_EXEMPT = {"name": "why"}`
 (tests/test_cli_conventions.py checks both).
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def path_value(text: str) -> Path:
+    """A path option's value (typer's `parser=`): an empty one is refused by name, where
+    typer's Path would read it as '.', the working folder."""
+    import typer
+
+    if not str(text).strip():
+        raise typer.BadParameter("an empty path was given; name a file or folder")
+    return Path(text)

@@ -15,6 +15,7 @@ from typing import ContextManager, Optional
 
 import typer
 
+from bole_cli.commands import path_value
 from bole_cli.mtp.run import DEFAULT_DEPTH, DEFAULT_MAX_NEW, DEFAULT_TOPK
 
 
@@ -80,7 +81,7 @@ def acceptance(
                                 help="Greedy continuation tokens per prompt."),
     device: Optional[str] = typer.Option(None, "--device",
                                          help="cuda or cpu (default: cuda when present)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Acceptance file to write "
+    out: Optional[Path] = typer.Option(None, "--out", parser=path_value, metavar="FILE", help="Acceptance file to write "
                                        "(.yaml or .json; default: the cache's acceptance/acceptance-<model>.yaml)."),
     no_plot: bool = typer.Option(False, "--no-plot", help="Save no PNG next to the file."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -103,7 +104,7 @@ def acceptance(
     else:
         m = result.document["measurement"]
         console.print(f"[bold]{escape(result.document['name'])}[/]: {m['anchors']} positions "
-                      f"from {m['prompts']['used']} prompts, {m['device']}, {m['dtype']}")
+                      f"from {m['prompts']['used']} prompt{'s' * (m['prompts']['used'] != 1)}, {m['device']}, {m['dtype']}")
         console.print(_matrix_table(result))
         console.print(_expected_table(result))
         for note in result.notes:

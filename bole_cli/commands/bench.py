@@ -6,19 +6,19 @@ kernel_report.py (kernels), bole_cli/bench/e2e/ (e2e), bole_cli/bench/results.py
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from bole_cli.commands import path_value
 from bole_cli.bench.e2e import options as e2e
 from bole_cli.bench.results import check_outputs, result_stem, write_results
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
 from bole_cli.errors import BoleError, InputError
 from bole_cli.memory import FLOAT_DTYPES
-from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_TREE_NODES, VERIFY_PRECISIONS
+from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_BATCH_REQUESTS, MAX_TREE_NODES, VERIFY_PRECISIONS
 from bole_cli.parsing import parse_int_list, parse_name_list
 
 bench_app = typer.Typer(help="Benchmarks: kernels (CUDA) and end to end (CUDA, or a CPU smoke "
@@ -63,17 +63,17 @@ def kernels_cmd(
                                        "tf32x3 for float32), tf32, split (u exact, the readout at "
                                        "tf32; unmeasured), tf32x3, ieee."),
     no_sglang: bool = typer.Option(False, "--no-sglang", help="Time Bole alone (no SGLang baseline)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help=OUT_DIR_HELP),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", parser=path_value, metavar="DIR", help=OUT_DIR_HELP),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: kernels-<gpu>-<model>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Time SGLang's serial tree verify + snapshot copy-back against Bole's closed form + commit."""
     from bole_cli.catalog.models import resolve_model
-    from bole_cli.console import emit_json, err, out
+    from bole_cli.console import emit_json, err, invoked_command, out
 
     out_dir = check_outputs(out_dir, tag)
     spec = resolve_model(model)
-    batches = parse_int_list(batch, "--batch")
+    batches = parse_int_list(batch, "--batch", maximum=MAX_BATCH_REQUESTS)
     node_list = parse_int_list(nodes, "--nodes", maximum=MAX_TREE_NODES)
     tree_kinds = parse_name_list(trees, "--trees")
     if [t for t in tree_kinds if t not in ("random", "chain")]:
@@ -97,10 +97,11 @@ def kernels_cmd(
 
     with held() as section:  # a Ctrl-C now waits until the results are written
         data = kernel_report.kernel_document(result, dtype=dtype, state_dtype=state_dtype, precision=precision,
-                                             command=" ".join(["bole"] + sys.argv[1:]),
+                                             command=invoked_command(),
                                              seconds=time.time() - started)
         json_path = write_results(data, lambda path: kernel_report.plot(result, path), out_dir,
-                                  result_stem(tag, "kernels", result.device, spec.name))
+                                  result_stem(tag, "kernels", result.device, spec.name,
+                                              incomplete="partial" if result.interrupted else ""))
     result.interrupted |= section.interrupted
     if json_out:
         emit_json(data)
@@ -115,7 +116,7 @@ def kernels_cmd(
             err.print(f"{len(result.disagreements)} measured cell(s) where SGLang's and Bole's results "
                       f"disagree (first: {result.disagreements[0]})", markup=False)
         err.print(f"interrupted: the {len(result.cases)} cell(s) measured before it are in {json_path}",
-                  markup=False)
+                  markup=False, soft_wrap=True)
         raise KeyboardInterrupt
     if result.disagreements:
         raise BoleError(f"{len(result.disagreements)} cell(s) where SGLang's and Bole's results disagree "
@@ -175,12 +176,12 @@ def e2e_cmd(
     tiny: bool = typer.Option(False, "--tiny", help="A tiny 8-layer hybrid model instead of --model (smoke runs)."),
     no_graphs: bool = typer.Option(False, "--no-graphs", help="Run eagerly (no CUDA graphs)."),
     seed: int = typer.Option(e2e.SEED, "--seed", help="Weights, prompts and the acceptance draws."),
-    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help=OUT_DIR_HELP),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", parser=path_value, metavar="DIR", help=OUT_DIR_HELP),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: e2e-<gpu>-<model>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Autoregressive vs snapshot-tree vs Bole decoding end to end (acceptance simulated, costs measured)."""
-    from bole_cli.console import emit_json, err, out
+    from bole_cli.console import emit_json, err, invoked_command, out
 
     out_dir = check_outputs(out_dir, tag)
     cfg = e2e.check_options(model=model, tiny=tiny, batch=batch, context=context, depth=depth, topk=topk,
@@ -189,7 +190,7 @@ def e2e_cmd(
                         tree_shapes=tree_shapes, draft_vocab=draft_vocab, snapshot_engine=snapshot_engine,
                         max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes,
                         search=not no_max_batch, dtype=dtype, device=device, graphs=not no_graphs, seed=seed,
-                        command=" ".join(["bole"] + sys.argv[1:]))
+                        command=invoked_command())
     if device == "cuda":
         _need_cuda("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
                    "for a smoke run use --device cpu --tiny")
@@ -202,8 +203,10 @@ def e2e_cmd(
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
     measured = [r for r in data["results"] if not r["error"]]
     with held() as section:  # a Ctrl-C now waits until the results are written
+        incomplete = "partial" if data["interrupted"] else "" if measured or not data["results"] else "failed"
         json_path = write_results(data, (lambda path: plot(data, path)) if measured else None, out_dir,
-                                  result_stem(tag, "e2e", data["device"], "tiny" if tiny else cfg.spec.name))
+                                  result_stem(tag, "e2e", data["device"], "tiny" if tiny else cfg.spec.name,
+                                              incomplete=incomplete))
     interrupted = data["interrupted"] or section.interrupted
     if json_out:
         emit_json(data)
@@ -215,7 +218,7 @@ def e2e_cmd(
     _say_written(json_path, json_out)
     if interrupted:
         err.print(f"interrupted: the {len(data['results'])} run(s) measured before it are in {json_path}",
-                  markup=False)
+                  markup=False, soft_wrap=True)
         raise KeyboardInterrupt
     if data["results"] and not measured:
         raise BoleError(f"no run was measured: {len(data['results'])} failed (first: "

@@ -15,6 +15,7 @@ from typing import ContextManager, Optional
 
 import typer
 
+from bole_cli.commands import path_value
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
 from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS,
                                         DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_BATCH, MAX_GRID_POINT,
@@ -87,7 +88,7 @@ def calibrate(
                                   f"\\[default: {', '.join(map(str, DEFAULT_GRID))}]"),
     eps: float = typer.Option(DEFAULT_EPS, "--eps", help="Eq. 12 tolerance: T_ver <= (1+eps) T_dec."),
     out: Optional[Path] = typer.Option(
-        None, "--out",
+        None, "--out", parser=path_value, metavar="FILE",
         help="Profile to write. Default: <gpu>/<model>.yaml in the cache's profiles folder "
              "(the cache: $BOLE_CACHE_DIR, else $XDG_CACHE_HOME/bole, else ~/.cache/bole)."),
     measure_: bool = typer.Option(False, "--measure",

@@ -71,7 +71,7 @@ def _detail(s: ModelSpec):
     t = Table(title=shown_text(s.name), title_justify="left", show_header=False, box=None,
               padding=(0, 2))
     t.add_column("field", style="bold")
-    t.add_column("value")
+    t.add_column("value", overflow="fold")  # a long path goes on over lines, never cut to an ellipsis
     ids = s.attention_layer_ids
     pattern = (f"every {s.full_attention_interval}th" if s.full_attention_interval
                else "irregular")

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperCommand
 
+from bole_cli.commands import path_value
 from bole_cli.serving import CHAIN_VERIFIERS, DEFAULT_BATCH, DEFAULT_KV_LEN, DEFAULT_PORT, ServeSettings
 
 
@@ -104,7 +105,7 @@ def serve(
     model: str = typer.Option(..., "--model", help="Model to serve: a catalogue name (9b, "
                               "Qwen/Qwen3.5-27B, ...) or a local checkpoint/Hugging Face id "
                               "(then with --profile)."),
-    profile: Optional[Path] = typer.Option(None, "--profile", metavar="FILE",
+    profile: Optional[Path] = typer.Option(None, "--profile", parser=path_value, metavar="FILE",
                                            help="Calibration profile to use instead of the search."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU whose profile to use (default: "
                                       "the detected one; needed without a GPU, e.g. --dry-run)."),

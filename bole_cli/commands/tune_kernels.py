@@ -16,8 +16,9 @@ from typing import Optional
 
 import typer
 
+from bole_cli.commands import path_value
 from bole_cli.errors import BoleError, InputError
-from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_NODES
 from bole_cli.parsing import check_int, parse_int_list, parse_name_list
 
 DEFAULT_KERNELS = "tree_verify,tree_commit_replay,tree_conv"  # the served kernels (tree_commit: opt-in)
@@ -26,6 +27,9 @@ DRY_RUN_SAMPLE = 4  # candidates a dry run checks per kernel
 #: candidate on a CPU (tree_verify), so 16 a kernel stays well under a minute for all four;
 #: a real run checks every candidate it times.
 MAX_DRY_RUN_SAMPLE = 16
+#: The most --trials takes, per bucket: past every kernel's whole space (hundreds of
+#: configs), low enough that a typo fails at once.
+MAX_TRIALS = 1000
 
 
 def _render_dry_run(dry, json_out: bool) -> None:
@@ -58,11 +62,11 @@ def tune_kernels(
     sampler: str = typer.Option("tpe", "--sampler", help="tpe (Optuna's TPE) or grid (capped at --trials)."),
     kernels: str = typer.Option(DEFAULT_KERNELS, "--kernels", help="Kernels to tune, comma-separated."),
     profile: Optional[Path] = typer.Option(
-        None, "--profile",
+        None, "--profile", parser=path_value, metavar="FILE",
         help="Profile to write. Default: <gpu>/kernels.yaml in the cache's profiles folder "
              "(the cache: $BOLE_CACHE_DIR, else $XDG_CACHE_HOME/bole, else ~/.cache/bole)."),
     study_db: Optional[Path] = typer.Option(
-        None, "--study-db", help="Optuna storage. Default: tune/studies.sqlite3 in the cache."),
+        None, "--study-db", parser=path_value, metavar="FILE", help="Optuna storage. Default: tune/studies.sqlite3 in the cache."),
     fresh: bool = typer.Option(False, "--fresh", help="Discard earlier studies of these buckets."),
     max_minutes: Optional[float] = typer.Option(
         None, "--max-minutes", help="Time budget; shared out over the buckets (each keeps its default)."),
@@ -73,7 +77,7 @@ def tune_kernels(
                                          help=f"Dry run: candidates checked per kernel, at most {MAX_DRY_RUN_SAMPLE} "
                                               "(each takes about 0.5 s in the Triton interpreter) "
                                               f"\\[{DRY_RUN_SAMPLE}]."),
-    report: Optional[Path] = typer.Option(None, "--report", help="Also write the JSON results to this file."),
+    report: Optional[Path] = typer.Option(None, "--report", parser=path_value, metavar="FILE", help="Also write the JSON results to this file."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Tune the kernels' launch configs (tile widths, warps, stages) per shape bucket on this GPU."""
@@ -85,9 +89,9 @@ def tune_kernels(
     bad = [k for k in kernel_list if k not in KERNELS]
     if bad:
         raise InputError(f"--kernels: unknown {', '.join(bad)}; tunable: {', '.join(KERNELS)}")
-    batches = parse_int_list(batch, "--batch")
+    batches = parse_int_list(batch, "--batch", maximum=MAX_BATCH_REQUESTS)
     node_list = parse_int_list(nodes, "--nodes", maximum=MAX_TREE_NODES)
-    check_int(trials, "--trials")
+    check_int(trials, "--trials", maximum=MAX_TRIALS)
     if sampler not in ("tpe", "grid"):
         raise InputError(f"--sampler: expected tpe or grid, got {sampler!r}")
     if max_minutes is not None and not max_minutes > 0:

@@ -184,9 +184,13 @@ def inspect_trees(*, tree_file: Optional[Path] = None, sglang: Optional[Path] = 
     if budget is not None:
         from bole_cli.budget import select_budget
 
+        least = MIN_PER_REQUEST if min_per_request is None else min_per_request
+        if max_per_request is not None and max_per_request < least:
+            raise InputError(f"--max-per-request: {max_per_request} is smaller than "
+                             f"{'--min-per-request' if min_per_request is not None else 'the minimum'} ({least})")
         try:
             selection = select_budget(
-                trees, budget, min_per_request=MIN_PER_REQUEST if min_per_request is None else min_per_request,
+                trees, budget, min_per_request=least,
                 max_per_request=max_per_request)
         except InputError as exc:
             raise InputError(f"--budget: {exc}") from None

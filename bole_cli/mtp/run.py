@@ -4,7 +4,8 @@ and its MTP layer, measure prompt by prompt with progress, write the acceptance 
 Every check that needs no weights runs first (the options, the prompt file, transformers,
 the checkpoint's config, MTP tensors and tokenizer, the device, the output path), so bad
 input fails in a second. Ctrl-C keeps what was measured: the file is written with
-`measurement.partial: true` and the prompts done so far. The file's format is
+`measurement.partial: true` and the prompts done so far, as NAME-partial beside (never
+over) a complete file of an earlier run. The file's format is
 bole_cli/calibrate/acceptance.py's (measured_document); statistics: stats.py.
 """
 
@@ -229,9 +230,13 @@ def _finish(opts, ckpt, prompts, device, dtype, out, tally, started, interrupted
     doc["expected"] = {"chain": round(model.chain(), 6),
                        "chain_measured": round(tally.chain_committed(), 6),
                        "trees": {str(n): round(e, 6) for n, e in zip(REPORT_BUDGETS, trees)}}
+    if interrupted:  # beside, never over, a complete file of an earlier run
+        out = out.with_name(f"{out.stem}-partial{out.suffix}")
     path = _write(out, doc)
     plot_path = None
-    if opts.plot:
+    if not opts.plot:  # no picture of another run beside this file
+        out.with_suffix(".png").unlink(missing_ok=True)
+    else:
         from bole_cli.mtp.plot import plot_acceptance
 
         plot_path = plot_acceptance(model.q, REPORT_BUDGETS, trees, model.chain(),

@@ -18,13 +18,15 @@ def _names(gpu: Any, model: Any) -> tuple[str, str]:
 
 
 def find_profile(gpu: Any, model: Any,
-                 search_dirs: Optional[Iterable["str | os.PathLike[str]"]] = None) -> Optional[Path]:
+                 search_dirs: Optional[Iterable["str | os.PathLike[str]"]] = None,
+                 skipped: Optional[list[str]] = None) -> Optional[Path]:
     """The best profile for (gpu, model): a GpuSpec or catalogue key, a ModelSpec or name.
 
     Looks for <dir>/<gpu>/<model>.yaml in each search dir (default: the user cache
     directory, then the shipped profiles/). A complete measured profile wins over an
     estimated or partial one; between equals, the earlier directory wins. Unreadable
-    candidates are skipped. None when nothing is found.
+    candidates are skipped, each with its error appended to `skipped` (so a caller can say
+    why a user's own profile was passed over). None when nothing is found.
     """
     gpu_key, model_name = _names(gpu, model)
     dirs = list(search_dirs) if search_dirs is not None else default_search_dirs()
@@ -35,7 +37,9 @@ def find_profile(gpu: Any, model: Any,
             continue
         try:
             prov = load_profile(path)["provenance"]
-        except InputError:
+        except InputError as exc:
+            if skipped is not None:
+                skipped.append(str(exc))
             continue
         rank = 0 if prov["kind"] == "measured" and not prov.get("partial") else 1
         if best is None or (rank, order) < best[:2]:

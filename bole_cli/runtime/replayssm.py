@@ -26,6 +26,7 @@ from typing import Any, Optional
 import torch
 
 from bole_cli.errors import BoleError
+from bole_cli.limits import REPLAYSSM_MIN_KEY_DIM
 
 
 class ReplaySSMGDN:
@@ -53,8 +54,9 @@ class ReplaySSMGDN:
 
         if state.dtype not in (torch.float32, torch.bfloat16):
             raise BoleError(f"ReplaySSM needs a float32 or bfloat16 GDN state pool, not {state.dtype}")
-        if state.shape[-1] < 32:  # SGLang tiles K in two halves, each fed to tl.dot (>= 16)
-            raise BoleError(f"ReplaySSM's ring kernel needs a GDN key dim of at least 32, not {state.shape[-1]}")
+        if state.shape[-1] < REPLAYSSM_MIN_KEY_DIM:
+            raise BoleError(f"ReplaySSM's ring kernel needs a GDN key dim of at least {REPLAYSSM_MIN_KEY_DIM}, "
+                            f"not {state.shape[-1]}")
         length = ring_len_for(tb.max_nodes)
         ring = self._ring_of(state)
         if ring is not None and ring["replayssm_d"].shape[-2] >= length and ring["replayssm_d"].dtype == dtype:

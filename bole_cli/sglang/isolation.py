@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import types
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
@@ -199,7 +200,9 @@ def isolated_sglang(root: Path, module_names: tuple[str, ...]) -> Iterator[None]
             if parent in sys.modules:
                 setattr(sys.modules[parent], child, sys.modules[name])
         importlib.invalidate_caches()
-        yield
+        with warnings.catch_warnings():  # fla's utils warn "no Triton here" under the interpreter: not news
+            warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+            yield
     finally:
         for key in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
             del sys.modules[key]

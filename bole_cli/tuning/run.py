@@ -9,7 +9,6 @@ what it finished and resumes from the studies).
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,7 +124,7 @@ def tune(specs: Sequence, kernels: Sequence[str], batches: Sequence[int], nodes:
                         "`bole tune-kernels --dry-run` prints the search space and checks candidates on the CPU")
     import triton
 
-    from bole_cli.console import check_writable
+    from bole_cli.console import check_writable, invoked_command
     from bole_cli.kernels.tuned_tables import gpu_key_for, kernels_profile_path, table_paths
     from bole_cli.paths import default_named
     from bole_cli.profiles.io import user_profiles_dir
@@ -148,7 +147,7 @@ def tune(specs: Sequence, kernels: Sequence[str], batches: Sequence[int], nodes:
     if on_start is not None:
         on_start(run)
     create = new_kernels_profile(gpu_key, device_name, torch_version=run.torch_version,
-                                 triton_version=run.triton_version, command=" ".join(["bole"] + sys.argv[1:]))
+                                 triton_version=run.triton_version, command=invoked_command())
     # the entries in force now (the table written to first, then the lookup's order)
     incumbents = held_configs([profile_path, *table_paths(device_name)], device_name, run.triton_version)
 

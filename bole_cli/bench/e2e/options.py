@@ -17,7 +17,7 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec, resolve_model, tiny_spec
 from bole_cli.errors import InputError, brief
 from bole_cli.memory import FLOAT_DTYPES
-from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS
+from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, REPLAYSSM_MIN_KEY_DIM
 from bole_cli.parsing import check_int, parse_int_list, parse_name_list
 from bole_cli.trees.generators import check_beam_tree_size
 
@@ -30,6 +30,7 @@ SMOKE_DEFAULTS = dict(batch="1,2", context=16, depth=3, topk=2, steps=2, warmup=
 # the defaults --tiny leaves alone
 MODEL, BUDGET, SNAPSHOT_ENGINE, DEVICE, DTYPE, SEED = "9b", "profile", "auto", "cuda", "auto", 0
 MAX_BATCH, MAX_PROBES = 256, 8  # the largest-batch search: its upper end, its probes per decoder
+MAX_STEPS = 4096  # --steps and --warmup: 128x the default; the runs' caches are sized by them
 AUTO_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}  # what --dtype auto means on each device
 DTYPES = ("auto",) + tuple(FLOAT_DTYPES)
 DEVICES = tuple(AUTO_DTYPE)
@@ -146,16 +147,19 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
     if dtype not in DTYPES:
         raise InputError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     check_int(use["context"], "--context", maximum=MAX_CONTEXT_TOKENS)
-    for name, value, low in (("--depth", use["depth"], 1), ("--topk", use["topk"], 1),
-                             ("--steps", use["steps"], 1), ("--warmup", use["warmup"], 0),
-                             ("--max-batch", max_batch, 1), ("--max-probes", max_probes, 1)):
-        check_int(value, name, minimum=low)
+    for name, value, low, high in (("--depth", use["depth"], 1, None), ("--topk", use["topk"], 1, None),
+                                   ("--steps", use["steps"], 1, MAX_STEPS), ("--warmup", use["warmup"], 0, MAX_STEPS),
+                                   ("--max-batch", max_batch, 1, None), ("--max-probes", max_probes, 1, None)):
+        check_int(value, name, minimum=low, maximum=high)
     check_beam_tree_size(use["depth"], use["topk"], f"--depth {use['depth']} with --topk {use['topk']}")
     check_int(probe_nodes, "--probe-nodes")
     budget_policy = parse_budget(budget)
     spec = tiny_spec() if tiny else resolve_model(model)
     if [d for d in names if d not in DECODER_NAMES] or not names:
         raise InputError(f"--decoders: expected some of {', '.join(DECODER_NAMES)}, got {','.join(names)!r}")
+    if "chain" in names and spec.gdn_key_dim < REPLAYSSM_MIN_KEY_DIM:
+        raise InputError(f"--decoders chain: SGLang's ReplaySSM kernel needs a GDN key dim of at least "
+                         f"{REPLAYSSM_MIN_KEY_DIM}, and {'--tiny' if tiny else spec.name}'s is {spec.gdn_key_dim}")
     _check_combinations(model=model, tiny=tiny, budget=budget, budgets=budgets or (budget_policy,),
                         tree_budgets=tree_budgets, batches=batches, names=names, chains=chains,
                         chain_depths_given=chain_depths is not None, depth=use["depth"], search=search,

@@ -121,9 +121,15 @@ def _cells(data: dict, r: dict) -> dict:
             "vs AR": f"{r['speedup_vs_ar']:.2f}x" if r["speedup_vs_ar"] else "-",
             "acc.": f"{r['mean_accepted']:.2f}", "exp.": f"{r['expected_accepted']:.2f}",
             "N": str(r["budget"]) if r["budget"] else "-",
-            **{p: f"{ph[p]:.2f}" for p in PHASES}, "step": f"{r['step_ms']:.2f}",
+            **{p: _ms(ph[p]) for p in PHASES}, "step": _ms(r["step_ms"]),
             "peak": _bytes_cell(r["peak_transient_bytes"]), "state": _bytes_cell(r["verify_state_bytes"]),
             "max B": mb}
+
+
+def _ms(x: float) -> str:
+    """Milliseconds to about four significant figures (1353.69 -> '1354'), so a slow run's
+    phases fit the narrow table's columns."""
+    return f"{x:.0f}" if x >= 1000 else f"{x:.1f}" if x >= 100 else f"{x:.2f}"
 
 
 def _one_table(data: dict, title: str, cols: tuple, caption: Optional[str], labels: dict, narrow=False):
