@@ -183,8 +183,11 @@ def _ansi_c(ch: str) -> str:
         return ch
     if ch in "\n\t":
         return repr(ch)[1:-1]
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+    try:  # its UTF-8 bytes, as the file system has them (a non-UTF-8 byte is a surrogate here):
+        raw = ch.encode("utf-8", "surrogateescape")  # \xHH reads back in any locale, \u not in C
+    except UnicodeEncodeError:
+        raw = ch.encode("utf-8", "surrogatepass")
+    return "".join(f"\\x{b:02x}" for b in raw)
 
 
 def shell_join(words: list[str]) -> str:
@@ -197,7 +200,7 @@ def invoked_command() -> str:
     return shell_join(["bole"] + sys.argv[1:])
 
 
-_ESCAPE_LEN = {"x": 4, "u": 6, "U": 10}  # _ansi_c's escapes: \xHH, \uHHHH, \UHHHHHHHH
+_ESCAPE_LEN = {"x": 4}  # _ansi_c's escapes: \xHH (a byte), else two characters (\n, \t)
 
 
 def _fold(line: str, width: int) -> list[str]:

@@ -35,3 +35,13 @@ def results_dir() -> Path:
     cache, never the working directory (in a checkout that would overwrite the
     repository's own records in experiments/results/)."""
     return cache_dir() / "results"
+
+
+#: The word a cut run's file takes after a dash (NAME-partial.yaml, e2e-...-partial.json),
+#: so it goes beside, never over, the complete results of an earlier run (docs/design.md §7).
+PARTIAL = "partial"
+
+
+def partial_path(path: Path) -> Path:
+    """Where a cut run writes what it measured instead of `path`: NAME-partial.SUFFIX."""
+    return path.with_name(f"{path.stem}-{PARTIAL}{path.suffix}")

@@ -382,9 +382,10 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
         if path is None:
             short = model_spec.short_name if hasattr(model_spec, "short_name") else model_spec.name
             dirs = ", ".join(str(d) for d in default_search_dirs())
+            unreadable = f"; {skipped[0]} (fix or move it)" if skipped else ""
             raise BoleError(
-                f"no profile for {model_spec.name} on {gpu_spec.key} (looked in {dirs}); make one "
-                f"with `bole calibrate --gpu {gpu_spec.key} --model {short}` or pass --profile FILE")
+                f"no profile for {model_spec.name} on {gpu_spec.key} (looked in {dirs}){unreadable}; make "
+                f"one with `bole calibrate --gpu {gpu_spec.key} --model {short}` or pass --profile FILE")
         profile = load_profile(path)
     return gpu_spec, model_spec, path, profile, gpu_note, [f"passed over an unreadable profile: {why}"
                                                            for why in skipped]

@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -78,6 +79,15 @@ def e2e_args(args, preset: str, b: int, shapes: set, budgets: list[int], tag: st
                "--warmup", "2", "--no-max-batch", "--out-dir", str(args.out), "--tag", tag])
 
 
+def e2e_results(folder: Path, tag: str, since: float) -> "Path | None":
+    """The results this run of `bole bench e2e` wrote: TAG.json, or TAG-partial.json past
+    its timeout (interrupted), or TAG-failed.json when nothing ran; the newest of them
+    written since `since`, never an earlier check's file in the same folder."""
+    written = [p for p in (folder / f"{tag}{end}.json" for end in ("", "-partial", "-failed"))
+               if p.exists() and p.stat().st_mtime >= since - 1]
+    return max(written, key=lambda p: p.stat().st_mtime) if written else None
+
+
 def budgets_around(n: int, batch: int, per_request: int, factors=(0.5, 2.0)) -> list[int]:
     """The decided budget and its neighbours at `factors` times it, within what a batch
     of these trees can hold."""
@@ -115,11 +125,10 @@ def check_one(args, env: dict, log: Path, bole: list[str], profile: dict, preset
     budgets = budgets_around(n, b, per_request, [float(f) for f in args.budget_factors.split(",")])
     tag = f"e2e-{preset}-b{b}"
     e2e = bole + e2e_args(args, preset, b, shapes, budgets, tag)
+    started = time.time()
     rc = run(e2e, env, log, args.e2e_timeout)
-    # past its timeout the run is interrupted and writes what it measured as TAG-partial
-    written = [p for p in (args.out / f"{tag}.json", args.out / f"{tag}-partial.json") if p.exists()]
-    path = max(written, key=lambda p: p.stat().st_mtime) if written else args.out / f"{tag}.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
+    path = e2e_results(args.out, tag, started)
+    data = json.loads(path.read_text()) if path else {}
     runs = [r for r in data.get("results", []) if r.get("tok_s")]
     if not runs:
         return {"acceptance": preset, "batch": b, "error": f"bench e2e exit {rc}, no run measured"}

@@ -399,13 +399,6 @@ def test_interrupt_keeps_what_was_measured(tmp_path, next_ckpt):
     assert (tmp_path / "a.json").read_bytes() == earlier and (tmp_path / "a.png").exists()  # kept whole
 
 
-def test_no_plot_leaves_no_picture_of_an_earlier_run(tmp_path, next_ckpt):
-    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])
-    (tmp_path / "a.png").write_bytes(b"an earlier run's picture")
-    res = run_acceptance(AcceptanceOptions(str(next_ckpt), str(prompts), depth=2, max_new=10,
-                                           device="cpu", out=tmp_path / "a.json", plot=False))
-    assert res.plot_path is None and not (tmp_path / "a.png").exists()
-
 
 def test_a_fifo_named_like_a_weights_file_is_refused_at_once(tmp_path):
     import os

@@ -498,6 +498,17 @@ def test_an_estimate_does_not_replace_a_measured_profile(tmp_path, monkeypatch, 
     assert target.read_bytes() == measured.read_bytes()
 
 
+def test_calibrate_checks_where_a_cut_sweep_would_go_before_it_starts(tmp_path):
+    """With a profile at --out, a cut sweep goes to NAME-partial.yaml: another model's file
+    there is named before any sweep, not after it."""
+    shipped = Path(__file__).resolve().parents[1] / "profiles" / "a100"
+    out = tmp_path / "p.yaml"
+    out.write_bytes((shipped / "Qwen3.5-9B.yaml").read_bytes())
+    (tmp_path / "p-partial.yaml").write_bytes((shipped / "Qwen3.5-27B.yaml").read_bytes())
+    bad("calibrate", "--gpu", "a100", "--model", "9b", "--estimate", "--no-plot", "--out", str(out),
+        culprit=f"--out: {tmp_path / 'p-partial.yaml'}, where a cut sweep would go, holds Qwen/Qwen3.5-27B")
+
+
 def test_a_recorded_calibrate_command_pastes_back():
     import shlex
 
@@ -545,6 +556,11 @@ def test_serve_names_an_unreadable_profile_it_passed_over(tmp_path):
     assert r.exit_code == 0, r.stderr
     notes = json.loads(r.stdout)["notes"]
     assert any(n.startswith(f"passed over an unreadable profile: {mine}: not valid YAML") for n in notes), notes
+    alone = tmp_path / "profiles" / "b200" / "Qwen3.5-9B.yaml"  # no shipped profile to fall back on
+    alone.parent.mkdir()
+    alone.write_text("bole_profile: [\n")
+    bad("serve", "--model", "9b", "--gpu", "b200", "--dry-run", code=1, culprit=f"{alone}: not valid YAML",
+        env={"BOLE_CACHE_DIR": str(tmp_path)})
 
 
 @pytest.mark.parametrize("args, culprit", [

@@ -418,7 +418,8 @@ def test_interrupted_e2e_writes_what_it_measured(runs, tmp_path, monkeypatch):
 def test_e2e_where_no_run_was_measured_fails_and_draws_nothing(tmp_path, monkeypatch):
     """Every decoder failing (not for memory) is a failed command: exit 1 naming the first
     error and the JSON that keeps them all (STEM-failed: an earlier complete run's results and
-    picture are kept); no picture of it."""
+    picture are kept); no picture of it, and none announced (an older one of the stem is not
+    this run's)."""
     def decoder(self, name, batch, n):
         raise RuntimeError(f"broken {name}")
 
@@ -432,7 +433,8 @@ def test_e2e_where_no_run_was_measured_fails_and_draws_nothing(tmp_path, monkeyp
     assert "no run was measured: 3 failed (first: RuntimeError: broken ar)" in r.stderr
     data = json.loads((tmp_path / "gone-failed.json").read_text())
     assert [x["error"] for x in data["results"]] == [f"RuntimeError: broken {d}" for d in ("ar", "snapshot", "bole")]
-    assert not (tmp_path / "gone-failed.png").exists() and ".png" not in r.output
+    assert (tmp_path / "gone-failed.png").read_bytes() == b"an older failed run's picture"
+    assert ".png" not in r.output
     assert (tmp_path / "gone.png").read_bytes() == b"an older run's picture"
 
 

@@ -241,4 +241,13 @@ def test_interrupted_kernel_bench_writes_what_it_measured(cells, kernel_result, 
     assert data["interrupted"] is True and len(data["cases"]) == cells
     # the precision reaches the bench and its record (the plug-in's default, timed as served)
     assert calls[0]["precision"] == "tf32x3" and data["summary"]["precision"] == "tf32x3"
-    assert (tmp_path / "cut-partial.png").exists() == (cells > 0)
+    assert (tmp_path / "cut-partial.png").exists() == (cells > 0) == ("cut-partial.png" in r.output)
+
+
+def test_per_step_milliseconds_keep_about_four_figures():
+    """A slow run's phases (the snapshot verify on CPU: 1353.69 ms) fit the narrow table's
+    columns: four figures, not a cut '1353.…'."""
+    from bole_cli.bench.e2e.report import _ms
+
+    assert [_ms(x) for x in (0.004, 7.416, 99.994, 135.36, 1353.69, 26925.0)] == [
+        "0.00", "7.42", "99.99", "135.4", "1354", "26925"]

@@ -496,8 +496,7 @@ def test_measured_ctrl_c_writes_a_partial_profile(monkeypatch, tmp_path):
 
 def test_a_partial_profile_goes_beside_an_earlier_one(monkeypatch, tmp_path):
     """Ctrl-C with a profile of an earlier run at --out: the partial sweep is written as
-    NAME-partial.yaml, the earlier profile and its plot kept; --no-plot on a whole run
-    removes an older plot, which would show another run."""
+    NAME-partial.yaml, the earlier profile and its plot kept."""
     _present(monkeypatch)
     _fake_runtime(monkeypatch)
     out = tmp_path / "h200.yaml"
@@ -510,8 +509,6 @@ def test_a_partial_profile_goes_beside_an_earlier_one(monkeypatch, tmp_path):
     assert r.exit_code == 130 and "h200-partial.yaml" in " ".join(r.stderr.split())
     assert out.read_bytes() == earlier and out.with_suffix(".png").exists()
     assert load_profile(tmp_path / "h200-partial.yaml")["provenance"]["partial"] is True
-    _fake_runtime(monkeypatch)
-    assert _invoke(*args, "--no-plot").exit_code == 0 and not out.with_suffix(".png").exists()
 
 
 def test_estimate_flag_on_the_present_gpu(monkeypatch, tmp_path):

@@ -448,6 +448,17 @@ def test_models_detail_and_config_path():
     assert json.loads(r.stdout)["derived"]["gdn_state_bytes"] == 72 * MIB
 
 
+def test_models_detail_shows_a_long_config_path_whole(tmp_path):
+    """A config's path longer than the line goes on over lines, never cut to an ellipsis."""
+    deep = tmp_path / ("a-long-folder-name-" * 4) / "checkpoint"
+    deep.mkdir(parents=True)
+    (deep / "config.json").write_bytes((CONFIGS / "qwen3_5_9b.json").read_bytes())
+    r = runner.invoke(app, ["models", str(deep)], env={"COLUMNS": "60"})
+    assert r.exit_code == 0, r.stderr
+    assert "…" not in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 60
+    assert str(deep / "config.json") in "".join(line.strip() for line in r.stdout.splitlines())
+
+
 def test_models_unknown_name_is_one_red_line_exit_2():
     r = runner.invoke(app, ["models", "qwen3.5-10b"])
     assert r.exit_code == 2

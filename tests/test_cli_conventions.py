@@ -401,9 +401,11 @@ def test_shell_lines_paste_back_to_the_same_command(path, width, one_line):
 
 
 @pytest.mark.parametrize("path", ["/tmp/a\nb.yaml", "/tmp/\x1b[31mred\x1b[0m.yaml", "/t/tab\there's\\x41",
-                                  "/t/\x85\u2028\U000e0001" + "模" * 3, "/tmp/" + "\x07é'" * 40])
+                                  "/t/\x85\u2028\U000e0001" + "模" * 3, "/tmp/" + "\x07é'" * 40,
+                                  "/t/latin1-\udce9.yaml"])
 @pytest.mark.parametrize("width, one_line", [(24, True), (80, True), (400, True), (80, False)])
-def test_a_word_that_does_not_print_is_shown_escaped_and_pastes_back(path, width, one_line):
+@pytest.mark.parametrize("locale", ["C.UTF-8", "C"])
+def test_a_word_that_does_not_print_is_shown_escaped_and_pastes_back(path, width, one_line, locale):
     """A path holding a newline or ESC is shown as bash's $'...' (so it cannot drive the
     terminal or break the lines), cut like any word where long; bash reads it back whole."""
     import shutil
@@ -418,8 +420,9 @@ def test_a_word_that_does_not_print_is_shown_escaped_and_pastes_back(path, width
     lines = shell_lines(argv, {"K": path}, width=width, one_line=one_line)
     assert all(ln.isprintable() and cell_len(ln) <= width for ln in lines)
     script = "f() { printf '%s\\0' \"$@\" \"$K\"; }\n" + "\n".join(lines).replace("bole serve", "f bole serve", 1)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
-    got = subprocess.run([bash, "-c", script], capture_output=True, env=env, check=True).stdout.decode("utf-8")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": locale}
+    got = subprocess.run([bash, "-c", script.encode("utf-8", "surrogateescape")], capture_output=True, env=env,
+                         check=True).stdout.decode("utf-8", "surrogateescape")
     assert got.split("\0")[:-1] == argv + [path]
 
 

@@ -399,6 +399,24 @@ def test_check_decision_sweeps_chain_depths_only_with_a_chain_decoder(decoders, 
     assert r.exit_code == 42, r.output
 
 
+def test_check_decision_reads_the_results_its_own_run_wrote(tmp_path):
+    """The e2e run's results: TAG.json, TAG-partial.json (interrupted past its timeout) or
+    TAG-failed.json (nothing ran), whichever this run wrote; an earlier check's file in the
+    same folder is never read as this run's."""
+    import time
+
+    check = _check_decision()
+    old = tmp_path / "t.json"
+    old.write_text("{}")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    since = time.time()
+    assert check.e2e_results(tmp_path, "t", since) is None
+    for end in ("-failed", "-partial", ""):
+        (tmp_path / f"t{end}.json").write_text("{}")
+        assert check.e2e_results(tmp_path, "t", since) == tmp_path / f"t{end}.json"
+        os.utime(tmp_path / f"t{end}.json", (since - 3600, since - 3600))
+
+
 @pytest.mark.parametrize("n_bytes,address,mode,programs", [(4096 * 4096 * 2, 0, "bulk", None), (65536 + 16, 256, "bulk", 16),
                                                           (65536 + 2, 256, "bulk", 16), (1000, 8, "bulk", None),
                                                           (3 * 128 * 128 + 1, 0, "line", 2), (1, 0, "line", 32),

@@ -215,3 +215,25 @@ def test_a_tag_that_is_a_file_name_is_refused():
     with pytest.raises(InputError, match=r"--tag: 'x.json' is a file name; give its stem"):
         check_tag("x.json")
     assert check_tag("x.v2") == "x.v2"
+
+
+@pytest.mark.parametrize("text", ["5e2", "-.5", "1E-3", "1_000", "0x10", "1:20", "yes", "null", "09", ".inf"])
+def test_what_bole_writes_as_yaml_reads_back_the_same(text):
+    """A string that YAML 1.2 reads as a number (an acceptance file named 5e2.yaml gives a
+    profile the name '5e2') is quoted by the writer, so Bole reads its own files back."""
+    data = {"name": text, "rows": [[0.5, 1e-3], [text]]}
+    assert files.parse_yaml(files.dump_yaml(data, sort_keys=False), "x.yaml") == data
+
+
+def test_a_checkpoints_config_with_a_repeated_key_reads_as_its_tools_read_it(tmp_path):
+    """transformers and SGLang keep a repeated key's last value in a checkpoint's config.json;
+    `bole models` reads the same model, not an error."""
+    from bole_cli.catalog.models import load_hf_config
+
+    text = (Path(__file__).parent / "data" / "configs" / "qwen3_5_9b.json").read_text()
+    assert text.lstrip().startswith("{")
+    (tmp_path / "config.json").write_text('{"model_type": "llama", ' + text.lstrip()[1:])
+    assert load_hf_config(tmp_path).vocab == load_hf_config(Path(__file__).parent / "data" / "configs"
+                                                           / "qwen3_5_9b.json").vocab
+    with pytest.raises(InputError, match="key 'model_type' appears twice"):
+        files.parse_json((tmp_path / "config.json").read_text(), "t.json")

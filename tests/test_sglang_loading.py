@@ -445,3 +445,23 @@ def test_replayssm_chain_verify_and_fold_match_reference(sglang_source, cache_di
         assert r["o_err"] < act_tol * max(1.0, r["o_scale"]), (name, r)
         assert r["state_err"] < state_tol * max(1.0, r["state_scale"]), (name, r)
         assert r["ring_g_err"] < 1e-5, (name, r)
+
+
+@pytest.mark.parametrize("interpreting", [True, False])
+def test_sglangs_no_triton_warning_is_quiet_only_under_the_interpreter(tmp_path, monkeypatch, interpreting):
+    """fla's utils warn "Triton is not supported on current platform" when SGLang's kernels
+    load under the interpreter (CPU runs): expected there, so not printed; on a GPU the same
+    warning would be news, so it is left alone."""
+    import importlib
+    import warnings
+
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "warns.py").write_text(
+        "import warnings\nwarnings.warn('Triton is not supported on current platform, roll back to CPU.')\n")
+    monkeypatch.setenv("TRITON_INTERPRET", "1" if interpreting else "0")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with sglang_isolation.isolated_sglang(tmp_path, ("sglang.warns",)):
+            importlib.import_module("sglang.warns")
+    assert [str(w.message) for w in seen] == ([] if interpreting else
+                                              ["Triton is not supported on current platform, roll back to CPU."])

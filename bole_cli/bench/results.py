@@ -12,8 +12,9 @@ from typing import Callable, Optional
 
 from bole_cli.errors import BoleError, InputError, brief
 
-#: The longest suffix a result file gets; a --tag leaves room for it in a file name.
-_SUFFIX = ".json"
+#: The longest ending a result file gets (a cut run's, paths.PARTIAL); a --tag leaves room
+#: for it in a file name.
+_SUFFIX = "-partial.json"
 
 
 def check_tag(tag: Optional[str]) -> Optional[str]:
@@ -52,12 +53,11 @@ def result_stem(tag: Optional[str], kind: str, device: str, model: str, *, incom
         stem = f"{kind}-{gpu}-{model.split('/')[-1].lower()}"
     else:
         stem = check_tag(tag)
-    return f"{stem}-{incomplete}" if incomplete else stem
+    return f"{stem}-{incomplete}" if incomplete else stem  # incomplete: paths.PARTIAL or "failed"
 
 
 def write_results(data: dict, plot: Optional[Callable[[Path], None]], out_dir: Path, stem: str) -> Path:
-    """STEM.json (atomic) and STEM.png (plot(path); none when plot is None: nothing to draw,
-    and an older STEM.png is removed, so no picture of another run sits beside the JSON)
+    """STEM.json (atomic) and STEM.png (plot(path); none when plot is None: nothing to draw)
     under out_dir; returns the JSON path.
 
     Both are written with Ctrl-C and SIGTERM held (bole_cli/interrupts.py), so a signal
@@ -70,7 +70,6 @@ def write_results(data: dict, plot: Optional[Callable[[Path], None]], out_dir: P
         json_path = atomic_write_text(out_dir / f"{stem}.json", dumps_json(data) + "\n")
         png_path = out_dir / f"{stem}.png"
         if plot is None:
-            png_path.unlink(missing_ok=True)
             return json_path
         try:
             plot(png_path)

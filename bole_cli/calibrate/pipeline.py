@@ -46,7 +46,7 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
     model's profile, and for an estimate (not `measured`) a measured profile, which
     `bole serve` would otherwise stop using without a word."""
     from bole_cli.console import check_name_lengths, check_writable
-    from bole_cli.profiles import shipped_profiles_dir
+    from bole_cli.profiles import load_profile, shipped_profiles_dir
 
     check_name_lengths(path, what)
     if path.is_dir():
@@ -64,13 +64,23 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
         raise InputError(f"{what}: {path} is in the shipped profiles ({shipped}); write the "
                          "profile elsewhere and copy it there by hand once reviewed")
     check_writable(path, what)
+    from bole_cli.paths import partial_path
+
+    partial = partial_path(path)  # where a cut sweep goes when this file holds a profile
+    check_name_lengths(partial, what)
+    if path.exists() and partial.exists():
+        try:
+            other = load_profile(partial)
+        except InputError as exc:
+            raise InputError(f"{what}: {exc}; a cut sweep would not overwrite it") from None
+        if (other.get("gpu"), other.get("model")) != (gpu_key, model_name):
+            raise InputError(f"{what}: {partial}, where a cut sweep would go, holds "
+                             f"{other.get('model')} on {other.get('gpu')}")
     if plot:
         from bole_cli.calibrate.plot import plot_path_for
 
         check_writable(plot_path_for(path), f"{what} (its plot)")
     if path.exists():
-        from bole_cli.profiles import load_profile
-
         try:
             old = load_profile(path)
         except InputError as exc:
@@ -298,6 +308,7 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
     and plot it beside the profile."""
     from bole_cli.calibrate.sweep import build_profile, run_sweep, sweep_steps, write_profile
     from bole_cli.interrupts import held, released
+    from bole_cli.paths import partial_path
 
     forward = make_forward(plan)
     if announce is not None:
@@ -332,15 +343,13 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             extra_provenance=_provenance_extra(plan, forward))
         path = plan.path
         if sweep.interrupted and path.exists():  # beside, never over, the profile of an earlier run
-            path = path.with_name(f"{path.stem}-partial{path.suffix}")
+            path = partial_path(path)
         profile = write_profile(path, profile)  # as written: with the file's kernels
     interrupted = sweep.interrupted or section.interrupted
     plot_path = None
-    from bole_cli.calibrate.plot import plot_path_for, plot_profile
+    if plot and not interrupted:
+        from bole_cli.calibrate.plot import plot_path_for, plot_profile
 
-    if not plot:  # no picture of another run beside this profile
-        plot_path_for(path).unlink(missing_ok=True)
-    elif not interrupted:
         try:
             plot_path = plot_profile(profile, plot_path_for(path))
         except KeyboardInterrupt:  # the profile is written; only the picture is lost

@@ -375,7 +375,7 @@ def load_hf_config(path: "str | os.PathLike[str]") -> ModelSpec:
     from bole_cli.files import parse_json, read_text
 
     file = _config_file(Path(path).expanduser())
-    data = parse_json(read_text(file), str(file))
+    data = parse_json(read_text(file), str(file), unique_keys=False)
     if not isinstance(data, dict):
         raise InputError(f"{file}: expected a JSON object, got {type(data).__name__}")
     f = _Fields(data, file)

@@ -12,14 +12,15 @@ from typing import Optional
 
 import typer
 
-from bole_cli.commands import path_value
 from bole_cli.bench.e2e import options as e2e
 from bole_cli.bench.results import check_outputs, result_stem, write_results
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
+from bole_cli.commands import path_value
 from bole_cli.errors import BoleError, InputError
 from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_BATCH_REQUESTS, MAX_TREE_NODES, VERIFY_PRECISIONS
 from bole_cli.parsing import parse_int_list, parse_name_list
+from bole_cli.paths import PARTIAL
 
 bench_app = typer.Typer(help="Benchmarks: kernels (CUDA) and end to end (CUDA, or a CPU smoke "
                              "run with --device cpu --tiny).", no_args_is_help=True)
@@ -27,14 +28,14 @@ OUT_DIR_HELP = ("Where the JSON and PNG go \\[the cache: ~/.cache/bole/results];
                 "repository's records: experiments/results.")
 
 
-def _say_written(json_path: Path, json_out: bool) -> None:
+def _say_written(json_path: Path, json_out: bool, plotted: bool) -> None:
     """Where the results went, a path a line (a path is never broken, so a line holds one
-    whole path and no more), the plot only where one was drawn: on stderr under --json
+    whole path and no more), the plot only where this run drew one: on stderr under --json
     (stdout holds the data)."""
     from bole_cli.console import err, out
 
     png = json_path.with_suffix(".png")
-    (err if json_out else out).print(f"wrote {json_path}" + (f"\n  and {png}" if png.exists() else ""),
+    (err if json_out else out).print(f"wrote {json_path}" + (f"\n  and {png}" if plotted else ""),
                                      markup=False, soft_wrap=True)
 
 
@@ -99,9 +100,10 @@ def kernels_cmd(
         data = kernel_report.kernel_document(result, dtype=dtype, state_dtype=state_dtype, precision=precision,
                                              command=invoked_command(),
                                              seconds=time.time() - started)
-        json_path = write_results(data, lambda path: kernel_report.plot(result, path), out_dir,
+        json_path = write_results(data, (lambda path: kernel_report.plot(result, path)) if result.cases else None,
+                                  out_dir,
                                   result_stem(tag, "kernels", result.device, spec.name,
-                                              incomplete="partial" if result.interrupted else ""))
+                                              incomplete=PARTIAL if result.interrupted else ""))
     result.interrupted |= section.interrupted
     if json_out:
         emit_json(data)
@@ -110,7 +112,7 @@ def kernels_cmd(
             out.print(t)
         for line in kernel_report.notes(result, data):
             out.print(line, markup=False)
-    _say_written(json_path, json_out)
+    _say_written(json_path, json_out, plotted=bool(result.cases))
     if result.interrupted:
         if result.disagreements:
             err.print(f"{len(result.disagreements)} measured cell(s) where SGLang's and Bole's results "
@@ -203,7 +205,7 @@ def e2e_cmd(
         data = run_e2e(cfg, progress=lambda msg: status.update(f"bole bench e2e: {msg}"))
     measured = [r for r in data["results"] if not r["error"]]
     with held() as section:  # a Ctrl-C now waits until the results are written
-        incomplete = "partial" if data["interrupted"] else "" if measured or not data["results"] else "failed"
+        incomplete = PARTIAL if data["interrupted"] else "" if measured or not data["results"] else "failed"
         json_path = write_results(data, (lambda path: plot(data, path)) if measured else None, out_dir,
                                   result_stem(tag, "e2e", data["device"], "tiny" if tiny else cfg.spec.name,
                                               incomplete=incomplete))
@@ -215,7 +217,7 @@ def e2e_cmd(
             out.print(t)
         for line in notes(data):
             out.print(line, markup=False)
-    _say_written(json_path, json_out)
+    _say_written(json_path, json_out, plotted=bool(measured))
     if interrupted:
         err.print(f"interrupted: the {len(data['results'])} run(s) measured before it are in {json_path}",
                   markup=False, soft_wrap=True)

@@ -15,12 +15,12 @@ from typing import ContextManager, Optional
 
 import typer
 
-from bole_cli.commands import path_value
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
 from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS,
                                         DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_BATCH, MAX_GRID_POINT,
                                         MAX_KV_LEN)
 from bole_cli.calibrate.pipeline import int_list_text
+from bole_cli.commands import path_value
 from bole_cli.parsing import parse_int_list
 
 

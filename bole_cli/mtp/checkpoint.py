@@ -91,7 +91,7 @@ def _mtp_files(path: Path) -> dict:
 
     index = path / INDEX_FILE
     if index.is_file():
-        data = parse_json(read_text(index), str(index))
+        data = parse_json(read_text(index), str(index), unique_keys=False)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict):
             raise InputError(f"{index}: expected a 'weight_map' object")
@@ -114,7 +114,7 @@ def inspect_checkpoint(spec: "str | Path") -> Checkpoint:
     path = _directory(spec)
     config = path / "config.json"
     model = load_hf_config(config)  # a GDN hybrid, or one line saying why not
-    data = parse_json(read_text(config), str(config))
+    data = parse_json(read_text(config), str(config), unique_keys=False)
     model_type = data.get("model_type")
     if model_type not in MODEL_TYPES:
         raise InputError(f"{config}: model_type {json.dumps(model_type)[:40]} is not one "

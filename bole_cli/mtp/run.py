@@ -231,12 +231,12 @@ def _finish(opts, ckpt, prompts, device, dtype, out, tally, started, interrupted
                        "chain_measured": round(tally.chain_committed(), 6),
                        "trees": {str(n): round(e, 6) for n, e in zip(REPORT_BUDGETS, trees)}}
     if interrupted:  # beside, never over, a complete file of an earlier run
-        out = out.with_name(f"{out.stem}-partial{out.suffix}")
+        from bole_cli.paths import partial_path
+
+        out = partial_path(out)
     path = _write(out, doc)
     plot_path = None
-    if not opts.plot:  # no picture of another run beside this file
-        out.with_suffix(".png").unlink(missing_ok=True)
-    else:
+    if opts.plot:
         from bole_cli.mtp.plot import plot_acceptance
 
         plot_path = plot_acceptance(model.q, REPORT_BUDGETS, trees, model.chain(),
@@ -249,8 +249,8 @@ def _write(out: Path, doc: dict) -> Path:
 
     if out.suffix.lower() == ".json":
         return atomic_write_text(out, dumps_json(doc) + "\n")
-    import yaml
+    from bole_cli.files import dump_yaml
 
     # rows of numbers in flow style ([0.8, 0.1, ...]): one line per depth
-    return atomic_write_text(out, yaml.safe_dump(doc, sort_keys=False, width=100,
-                                                 default_flow_style=None, allow_unicode=True))
+    return atomic_write_text(out, dump_yaml(doc, sort_keys=False, width=100, default_flow_style=None,
+                                            allow_unicode=True))

@@ -158,8 +158,8 @@ def dump_trees(path: Union[str, os.PathLike], trees: Union[ProposalTree, Sequenc
     if path.suffix.lower() == ".json":
         text = dumps_json(data) + "\n"
     else:
-        import yaml
+        from bole_cli.files import dump_yaml
 
-        text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+        text = dump_yaml(data, sort_keys=False, default_flow_style=None, width=100)
     return atomic_write_text(path, text)
 
