@@ -241,13 +241,14 @@ def _fold(line: str, width: int) -> list[str]:
 @contextlib.contextmanager
 def progress_bar(total: int, description: str) -> Iterator[Callable[[str], None]]:
     """A transient progress bar on stderr for long work; yields a callback that advances
-    it one step and shows the given description."""
+    it one step and shows the given description. None where stderr is not a terminal (a
+    log file gets no bar, nor the empty line Rich leaves)."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=err,
-                  transient=True) as progress:
+                  transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task(description, total=total)
         yield lambda d: progress.update(task, advance=1, description=d)
 

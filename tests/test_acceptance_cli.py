@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,17 @@ def test_the_text_view_fits_80_columns(ckpt, tmp_path):
     assert "q[d][r]" in r.stdout and "chain of 2, measured" in r.stdout
     assert max(len(line) for line in r.stdout.splitlines()) <= 80
     assert not (tmp_path / "a.png").exists()
+    hint = "\n".join(r.stdout.splitlines()[r.stdout.splitlines().index("next:") + 1:])
+    assert shlex.split(hint.replace("\\\n", "")) == [  # the checkpoint named; a CPU run leaves GPU to fill
+        "bole", "calibrate", "--gpu", "GPU", "--model", str(ckpt.resolve()), "--acceptance", str(tmp_path / "a.yaml")]
+
+
+def test_the_next_command_names_the_gpu_it_ran_on():
+    from bole_cli.commands.acceptance import _next_command
+
+    m = {"device": "NVIDIA H200", "checkpoint": "/ck"}
+    assert _next_command(m, "a.yaml")[2:6] == ["--gpu", "h200", "--model", "/ck"]
+    assert _next_command({**m, "device": "Some Unknown GPU"}, "a.yaml")[3] == "GPU"
 
 
 def test_workflow_calibrate_serve_and_bench_read_the_file(measured, tmp_path, monkeypatch):

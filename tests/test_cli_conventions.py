@@ -444,3 +444,13 @@ def test_a_path_shown_for_pasting_keeps_its_emoji_codes(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("bole serve "))
     assert shlex.split(line)[-1] == str(out)
+
+
+def test_a_progress_bar_writes_nothing_where_stderr_is_not_a_terminal():
+    """A log file (stderr redirected) gets no bar and no stray empty line from it."""
+    code = ("from bole_cli.console import progress_bar\n"
+            "with progress_bar(3, 'x') as step:\n"
+            "    for _ in range(3): step('y')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")})
+    assert done.returncode == 0 and done.stderr == "" and done.stdout == "", done

@@ -237,3 +237,19 @@ def test_a_checkpoints_config_with_a_repeated_key_reads_as_its_tools_read_it(tmp
                                                            / "qwen3_5_9b.json").vocab
     with pytest.raises(InputError, match="key 'model_type' appears twice"):
         files.parse_json((tmp_path / "config.json").read_text(), "t.json")
+
+
+@pytest.mark.parametrize("given", [{"per_depth_rank": [[0.8, 0.1], [0.7, 0.1]]},
+                                   {"curve": {"n": [1, 8, 32], "e_acc": [1.0, 3.0, 4.0]}}])
+def test_a_rank_factor_that_would_do_nothing_is_refused(given):
+    """rank_factor spreads per_depth over the ranks; beside per_depth_rank or a curve it would
+    be ignored without a word."""
+    acc.from_data(given, "a.json")
+    with pytest.raises(InputError, match="a.json: rank_factor: not read with"):
+        acc.from_data({**given, "rank_factor": 0.9}, "a.json")
+
+
+def test_an_empty_tree_file_is_called_empty(tmp_path):
+    (tmp_path / "t.yaml").write_text("  \n\n")
+    r = CliRunner().invoke(cli.app, ["inspect-tree", str(tmp_path / "t.yaml")])
+    assert r.exit_code == 2 and "expected a tree (mapping) or a list of trees, got an empty file" in r.output

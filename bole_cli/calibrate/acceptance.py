@@ -357,6 +357,9 @@ def from_data(data: Any, source: str) -> AcceptanceModel:
         raise InputError(f"{source}: give exactly one of per_depth, per_depth_rank, curve, "
                          "accepted_length_histogram")
     key = present[0]
+    if key in ("per_depth_rank", "curve") and "rank_factor" in data:  # it would do nothing, silently
+        raise InputError(f"{source}: rank_factor: not read with {key} (it sets the ranks below the "
+                         "first from per_depth only)")
     if key == "accepted_length_histogram":  # observed per-step histograms: calibrate/observed.py
         from bole_cli.calibrate.observed import fit_observed
 

@@ -112,8 +112,7 @@ def acceptance(
         console.print(f"acceptance: {escape(str(result.path))}")
         if result.plot_path:
             console.print(f"plot:       {escape(str(result.plot_path))}")
-        lines = shell_lines(["bole", "calibrate", "--gpu", "GPU", "--model", "M", "--acceptance",
-                             str(result.path)], width=console.width - len("next: "))
+        lines = shell_lines(_next_command(m, result.path), width=console.width - len("next: "))
         for line in ["next: " + lines[0]] if len(lines) == 1 else ["next:", *lines]:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     if result.interrupted:
@@ -122,6 +121,16 @@ def acceptance(
         err.print(f"[yellow]{reason()}:[/] partial acceptance file written to "
                   f"{escape(str(result.path))}")
         raise typer.Exit(exit_code())
+
+
+def _next_command(measurement: dict, path) -> list[str]:
+    """calibrate with this file, for the checkpoint measured and the GPU it ran on (a GPU
+    the catalogue does not know, or the CPU, is left for the user to name: GPU)."""
+    from bole_cli.catalog.hardware import match_gpu
+
+    gpu = match_gpu(measurement["device"]) if measurement["device"] != "cpu" else None
+    return ["bole", "calibrate", "--gpu", gpu.key if gpu else "GPU", "--model", measurement["checkpoint"],
+            "--acceptance", str(path)]
 
 
 def register(app: typer.Typer) -> None:

@@ -131,7 +131,7 @@ def _tune(specs, kernels, batches, nodes, settings: dict, json_out: bool, report
     from bole_cli.tuning.run import tune
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TimeRemainingColumn(), console=err, transient=True)
+                        TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
     trials = settings["trials"]
     state: dict = {"buckets": 0}
 

@@ -68,8 +68,8 @@ def parse_trees(data: Any, source: str = "input") -> list[ProposalTree]:
             raise InputError(f"{source}: {len(data)} trees; at most {MAX_BATCH_TREES} in a batch")
         return [_prefixed(f"{source}: tree {b}", _tree_from_mapping, d)
                 for b, d in enumerate(data)]
-    raise InputError(f"{source}: expected a tree (mapping) or a list of trees, "
-                     f"got {type(data).__name__}")
+    got = "an empty file" if data is None else type(data).__name__
+    raise InputError(f"{source}: expected a tree (mapping) or a list of trees, got {got}")
 
 
 def _read_structured(path: Union[str, os.PathLike]) -> Any:
