@@ -127,6 +127,20 @@ def _json_int(text: str) -> Union[int, float]:
     return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else float(text)
 
 
+def check_fields(mapping: dict, allowed: tuple, where: str = "", hint: str = "") -> None:
+    """Refuse a key of a file's mapping that is not in `allowed`, naming it, `hint` or the
+    nearest allowed key, and the allowed ones: a misspelt key would leave its default in
+    force with no word."""
+    import difflib
+
+    unknown = [k for k in mapping if k not in allowed]
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), [str(a) for a in allowed], n=1)
+        hint = hint or (f" (did you mean '{close[0]}'?)" if close else "")
+        raise InputError(f"{where + ': ' if where else ''}unknown field {brief(unknown[0])}{hint}; "
+                         "expected " + ", ".join(allowed))
+
+
 def _json_object(pairs: list) -> dict:
     """A JSON object whose keys are all different (json.loads keeps the last silently)."""
     obj: dict = {}

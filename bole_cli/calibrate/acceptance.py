@@ -83,6 +83,7 @@ from typing import Any, Optional, Sequence
 from bole_cli.calibrate.ranks import (DEFAULT_RANK_FACTOR, DEFAULT_TOP_K, DEPTH_DECAY,  # noqa: F401
                                      PAPER_BUDGET, PAPER_DEPTH, rank_matrix)
 from bole_cli.errors import InputError, brief
+from bole_cli.files import check_fields
 from bole_cli.limits import MAX_TREE_DRAFTS, MAX_TREE_NODES
 
 # preset -> the paper's mean accepted tokens (depth 8, top-k 4, budget 128), and the depth-1
@@ -325,24 +326,11 @@ ACCEPTANCE_KEYS = ("name", "per_depth", "per_depth_rank", "curve", "accepted_len
                    "bole_acceptance", "measurement", "expected", "source", "measured")
 
 
-def _check_keys(data: dict, source: str) -> None:
-    """Refuse an unknown key: a misspelt one (rank_factr) would leave its default in force
-    and change the decision with no word."""
-    import difflib
-
-    unknown = [k for k in data if k not in ACCEPTANCE_KEYS]
-    if unknown:
-        close = difflib.get_close_matches(str(unknown[0]), ACCEPTANCE_KEYS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise InputError(f"{source}: unknown field {brief(unknown[0])}{hint}; expected "
-                         + ", ".join(ACCEPTANCE_KEYS))
-
-
 def from_data(data: Any, source: str) -> AcceptanceModel:
     """Build a model from a parsed acceptance file (see the module docstring for the keys)."""
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a mapping with per_depth, per_depth_rank or curve")
-    _check_keys(data, source)
+    check_fields(data, ACCEPTANCE_KEYS, source)
     name = str(data.get("name") or Path(source).stem)
     top_k = data.get("top_k", DEFAULT_TOP_K)
     rank_factor = data.get("rank_factor", DEFAULT_RANK_FACTOR)

@@ -27,6 +27,7 @@ from typing import Any
 
 from bole_cli.calibrate.ranks import PAPER_DEPTH
 from bole_cli.errors import InputError, brief
+from bole_cli.files import check_fields
 from bole_cli.trees.generators import beam_tree_size
 
 MIN_STEPS = 50
@@ -71,6 +72,8 @@ def parse_observation(data: Any, source: str) -> Observation:
         raise InputError(f"{source}: speculative: expected a mapping with num_steps, topk and "
                          "num_draft_tokens (the settings the histogram was observed under)")
     w = f"{source}: speculative"
+    check_fields(spec, ("num_steps", "topk", "num_draft_tokens"), w)
+    check_fields(hist, ("counts", "convention"), f"{source}: accepted_length_histogram")
     d = _int(spec.get("num_steps"), f"{w}.num_steps", 1, MAX_NUM_STEPS)
     k = _int(spec.get("topk"), f"{w}.topk", 1, MAX_TOPK)
     cap = beam_tree_size(d, k)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from bole_cli.errors import InputError
+from bole_cli.files import check_fields
 from bole_cli.limits import MAX_BATCH_REQUESTS
 from bole_cli.trees.sglang_links import from_sglang
 from bole_cli.trees.tree import ProposalTree
@@ -27,11 +28,7 @@ _SGLANG_KEYS = ("retrive_next_token", "retrive_next_sibling", "probs", "log_prob
 def _tree_from_mapping(d: Any) -> ProposalTree:
     if not isinstance(d, dict):
         raise InputError(f"a tree must be a mapping with 'parents', got {type(d).__name__}")
-    unknown = [k for k in d if k not in _TREE_KEYS]
-    if unknown:
-        hint = " (SGLang arrays? use --sglang)" if "retrive_next_token" in d else ""
-        raise InputError(f"unknown field '{unknown[0]}'{hint}; expected "
-                         + ", ".join(_TREE_KEYS))
+    check_fields(d, _TREE_KEYS, hint=" (SGLang arrays? use --sglang)" if "retrive_next_token" in d else "")
     if "parents" not in d:
         raise InputError("missing field 'parents'")
     has_p, has_lp = "probs" in d, "log_probs" in d
@@ -86,9 +83,7 @@ def load_trees(path: Union[str, os.PathLike]) -> list[ProposalTree]:
 def _sglang_from_mapping(d: Any) -> list[ProposalTree]:
     if not isinstance(d, dict):
         raise InputError(f"expected a mapping with 'retrive_next_token', got {type(d).__name__}")
-    unknown = [k for k in d if k not in _SGLANG_KEYS]
-    if unknown:
-        raise InputError(f"unknown field '{unknown[0]}'; expected " + ", ".join(_SGLANG_KEYS))
+    check_fields(d, _SGLANG_KEYS)
     for k in ("retrive_next_token", "retrive_next_sibling"):
         if k not in d:
             raise InputError(f"missing field '{k}'")
