@@ -25,6 +25,7 @@ with limits on what a small file can expand to:
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
@@ -178,6 +179,7 @@ _YAML12_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[
 _YAML_MERGE = "tag:yaml.org,2002:merge"
 
 
+@functools.lru_cache(maxsize=None)
 def _safe_loader() -> type:
     import yaml
 
@@ -228,9 +230,8 @@ def _add_yaml12_floats(cls: type) -> None:
     cls.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789."))
 
 
-def dump_yaml(data: Any, **options: Any) -> str:
-    """YAML text that parse_yaml reads back to `data`: safe, and a string that looks like a
-    YAML 1.2 float ('5e2', an acceptance file's name) quoted. Every YAML writer uses it."""
+@functools.lru_cache(maxsize=None)
+def _safe_dumper() -> type:
     import yaml
 
     base = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: the same text, 2x faster
@@ -239,7 +240,15 @@ def dump_yaml(data: Any, **options: Any) -> str:
         pass
 
     _add_yaml12_floats(BoleSafeDumper)
-    return yaml.dump(data, Dumper=BoleSafeDumper, **options)
+    return BoleSafeDumper
+
+
+def dump_yaml(data: Any, **options: Any) -> str:
+    """YAML text that parse_yaml reads back to `data`: safe, and a string that looks like a
+    YAML 1.2 float ('5e2', an acceptance file's name) quoted. Every YAML writer uses it."""
+    import yaml
+
+    return yaml.dump(data, Dumper=_safe_dumper(), **options)
 
 
 def _check_aliases(root: Any) -> None:

@@ -23,6 +23,7 @@ from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_G
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.parsing import check_int
+from bole_cli.paths import partial_path
 
 #: progress(total steps) -> a context whose value is called with each step's description.
 Progress = Callable[[int], ContextManager[Callable[[str], None]]]
@@ -46,7 +47,7 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
     model's profile, and for an estimate (not `measured`) a measured profile, which
     `bole serve` would otherwise stop using without a word."""
     from bole_cli.console import check_name_lengths, check_writable
-    from bole_cli.profiles import load_profile, shipped_profiles_dir
+    from bole_cli.profiles import shipped_profiles_dir
 
     check_name_lengths(path, what)
     if path.is_dir():
@@ -64,33 +65,34 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
         raise InputError(f"{what}: {path} is in the shipped profiles ({shipped}); write the "
                          "profile elsewhere and copy it there by hand once reviewed")
     check_writable(path, what)
-    from bole_cli.paths import partial_path
-
     partial = partial_path(path)  # where a cut sweep goes when this file holds a profile
     check_name_lengths(partial, what)
     if path.exists() and partial.exists():
-        try:
-            other = load_profile(partial)
-        except InputError as exc:
-            raise InputError(f"{what}: {exc}; a cut sweep would not overwrite it") from None
-        if (other.get("gpu"), other.get("model")) != (gpu_key, model_name):
-            raise InputError(f"{what}: {partial}, where a cut sweep would go, holds "
-                             f"{other.get('model')} on {other.get('gpu')}")
+        _same_profile(partial, gpu_key, model_name, what, ", where a cut sweep would go,")
     if plot:
         from bole_cli.calibrate.plot import plot_path_for
 
         check_writable(plot_path_for(path), f"{what} (its plot)")
     if path.exists():
-        try:
-            old = load_profile(path)
-        except InputError as exc:
-            raise InputError(f"{what}: {exc}; it is not overwritten") from None
-        if (old.get("gpu"), old.get("model")) != (gpu_key, model_name):
-            raise InputError(f"{what}: {path} holds {old.get('model')} on {old.get('gpu')}, "
-                             f"not {model_name} on {gpu_key}")
+        old = _same_profile(path, gpu_key, model_name, what)
         if not measured and old["provenance"]["kind"] == "measured":
             raise InputError(f"{what}: {path} holds a profile measured on the GPU, which an estimate "
                              "would replace; give another --out (or move that file)")
+
+
+def _same_profile(path: Path, gpu_key: str, model_name: str, what: str, where: str = "") -> dict:
+    """The profile at `path`, which a write would replace: InputError unless it is readable
+    and of this gpu and model."""
+    from bole_cli.profiles import load_profile
+
+    try:
+        old = load_profile(path)
+    except InputError as exc:
+        raise InputError(f"{what}: {exc}; it is not overwritten") from None
+    if (old.get("gpu"), old.get("model")) != (gpu_key, model_name):
+        raise InputError(f"{what}: {path}{where} holds {old.get('model')} on {old.get('gpu')}, "
+                         f"not {model_name} on {gpu_key}")
+    return old
 
 
 def runtime_forward(model: Any, detected: Any, layers_sample: Optional[int]) -> Any:
@@ -308,7 +310,6 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
     and plot it beside the profile."""
     from bole_cli.calibrate.sweep import build_profile, run_sweep, sweep_steps, write_profile
     from bole_cli.interrupts import held, released
-    from bole_cli.paths import partial_path
 
     forward = make_forward(plan)
     if announce is not None:
