@@ -38,12 +38,12 @@ def _matrix_table(result):
               title_justify="left",
               caption="+-: half-width of the 95% Wilson interval. n: positions reaching "
                       "depth d (every earlier depth in the top-k).")
-    t.add_column("depth", justify="right")
-    t.add_column("n", justify="right")
+    t.add_column("depth", justify="right", no_wrap=True)
+    t.add_column("n", justify="right", no_wrap=True)
     ranks = min(tally.topk, 4)  # the top-k column sums them all; the file has every rank
     for r in range(ranks):
         t.add_column(f"rank {r + 1}", justify="right", no_wrap=True)
-    t.add_column("top-k", justify="right")
+    t.add_column("top-k", justify="right", no_wrap=True)
     for d, row in enumerate(result.model.q):
         if not tally.trials[d]:
             t.add_row(str(d + 1), "0", *(["-"] * ranks), "-")
@@ -61,8 +61,8 @@ def _expected_table(result):
     e = result.document["expected"]
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, title_justify="left",
               title="expected committed tokens per step (bonus token included)")
-    t.add_column("draft", no_wrap=True)
-    t.add_column("tokens/step", justify="right")
+    t.add_column("draft")  # wraps first, so no figure is cut in a narrow terminal
+    t.add_column("tokens/step", justify="right", no_wrap=True)
     t.add_row(f"chain of {result.tally.depth}, from the matrix", f"{e['chain']:.3f}")
     t.add_row(f"chain of {result.tally.depth}, measured", f"{e['chain_measured']:.3f}")
     for n, v in e["trees"].items():

@@ -135,8 +135,9 @@ def e2e_cmd(
     context: Optional[int] = typer.Option(None, "--context", help="Committed tokens per request (KV cache) "
                                                                   f"{e2e.default_note('context')}."),
     budget: str = typer.Option(e2e.BUDGET, "--budget",
-                               help="Tree tokens verified per step over the whole batch: 'profile' (B_ver of "
-                                    "this GPU and model's calibration profile) or a number."),
+                               help="Tree tokens verified per step over the whole batch: 'profile' (the tree "
+                                    "budget of the decision in this GPU and model's calibration profile; "
+                                    "B_ver where it has none) or a number."),
     acceptance: str = typer.Option(DEFAULT_PRESET, "--acceptance",
                                    help=f"SIMULATED acceptance: {', '.join(PRESET_TARGETS)}, a per-depth "
                                         "acceptance file, or 'greedy' (accept iff the draft equals the target's "

@@ -59,8 +59,8 @@ def _table(profile: dict, title: str):
               caption=escape(" ".join(notes)))
     for name in ("batch", "kv", "T_dec\nms", "B_ver", "decision", "tok\n/step",
                  "step\nms", "vs AR", "runner-up"):
-        t.add_column(name, justify="left" if name in ("decision", "runner-up") else "right",
-                     no_wrap=True)
+        text = name in ("decision", "runner-up")
+        t.add_column(name, justify="left" if text else "right", no_wrap=not text)
     for r in rows:
         b_ver = (str(r["b_ver"]) + ("*" if r["differs"] else "")
                  + (" [yellow]![/]" if r["below_threshold"] else ""))

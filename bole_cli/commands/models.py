@@ -47,12 +47,12 @@ def _table(specs: tuple[ModelSpec, ...]):
                       "state: one request's fp32 GDN state over all GDN layers, which is "
                       "also what a snapshotting tree verifier writes per draft node. "
                       "Details and Bole's per-node factors: `bole models NAME`.")
-    t.add_column("model", no_wrap=True)
+    t.add_column("model", overflow="fold")  # folds first, so no figure is cut when narrow
     t.add_column("layers\n(attn)", justify="right", no_wrap=True)
     t.add_column("hidden", justify="right", no_wrap=True)
     t.add_column("GDN\nH/HV/dk/dv", justify="right", no_wrap=True)
     t.add_column("attn\nq/kv", justify="right", no_wrap=True)
-    t.add_column("FFN\nor MoE", justify="right", no_wrap=True)
+    t.add_column("FFN\nor MoE", justify="right")
     t.add_column("state\nMiB", justify="right", no_wrap=True)
     for s in specs:
         # one column: a snapshot is the whole state (s.snapshot_bytes_per_node() equals
