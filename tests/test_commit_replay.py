@@ -361,6 +361,15 @@ def test_gated_replay_matches_the_gates_reference(layers, max_nodes):
     want = tree_commit_replay_ref(state, case["state_indices"], k, v, g, beta, case["parents"], case["cu_seqlens"],
                                   accepted)
     assert rel_err(pool, want) <= 1e-6
+    # Strided views (a column slice of a wider tensor, every other element) are read as the
+    # values they show: the kernel reads both with one layer stride, A_log's.
+    wide_A, wide_dt = (torch.cat([t, torch.full_like(t, 7.0)], dim=-1) for t in (A_log, dt_bias))
+    for A_view, dt_view in ((A_log, wide_dt[..., :hv]), (wide_A[..., :hv], dt_bias),
+                            (torch.stack([A_log, A_log], -1)[..., 0], dt_bias)):
+        pool = state.clone()
+        tree_commit_replay_gated(pool, case["state_indices"], k, v, a, b, A_view, dt_view, case["parents"],
+                                 case["cu_seqlens"], accepted, max_nodes=max_nodes)
+        assert rel_err(pool, want) <= 1e-6
     with pytest.raises(InputError, match=r"^dt_bias: "):
         tree_commit_replay_gated(pool, case["state_indices"], k, v, a, b, A_log, dt_bias[..., :1],
                                  case["parents"], case["cu_seqlens"], accepted)

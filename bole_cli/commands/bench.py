@@ -18,7 +18,8 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
 from bole_cli.commands import path_value
 from bole_cli.errors import BoleError, InputError
 from bole_cli.memory import FLOAT_DTYPES
-from bole_cli.limits import KERNEL_STATE_DTYPES, MAX_BATCH_REQUESTS, MAX_TREE_NODES, VERIFY_PRECISIONS
+from bole_cli.limits import (KERNEL_STATE_DTYPES, MAX_BATCH_REQUESTS, MAX_TREE_NODES, SERVED_VERIFY_PRECISION,
+                             VERIFY_PRECISIONS)
 from bole_cli.parsing import parse_int_list, parse_name_list
 from bole_cli.paths import PARTIAL
 
@@ -92,7 +93,7 @@ def kernels_cmd(
     started = time.time()
     with err.status("benchmarking") as status:
         result = run_kernel_bench(spec, batches, node_list, tree_kinds, act_dtype=dtype, state_dtype=state_dtype,
-                                  with_sglang=not no_sglang, precision=None if precision == "auto" else precision,
+                                  with_sglang=not no_sglang, precision=SERVED_VERIFY_PRECISION if precision == "auto" else precision,
                                   progress=lambda msg: status.update(f"benchmarking: {msg}"))
     from bole_cli.interrupts import held
 

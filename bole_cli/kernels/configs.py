@@ -62,7 +62,7 @@ def _verify_blocked_rule(shape: dict) -> dict:
     experiments/results/i17-big/, NOTES.md "Big trees, fifth session"): SPLIT, the ancestor
     walk, state products and Gram terms in one wide launch first, then the tree stage on
     chunks of 32 with whole value heads, on 8 warps below 512 request-heads (batch 16 at 9B)
-    and 4 from there: 1.3-1.5x faster than the whole kernel from batch 4, even at batch 1.
+    and 4 from there: 1.28-1.57x faster than the whole kernel from batch 4, 1.02-1.04x at batch 1.
     Smaller trees (size not promised) keep the rule measured on the v3 kernel
     (sweep-verify-v2-v3-h200.json)."""
     lanes = shape.get("B", 1) * shape.get("HV", 1)  # programs per value tile

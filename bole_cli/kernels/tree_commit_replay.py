@@ -39,7 +39,7 @@ import triton.language as tl
 from bole_cli.kernels.configs import launch_config
 from bole_cli.kernels.jit_math import commit_program, commit_target, gate_params, row_gates
 from bole_cli.errors import InputError
-from bole_cli.kernels.validate import (ACTIVATION_DTYPES, GATE_DTYPES, check_commit, check_config, check_last_contiguous,
+from bole_cli.kernels.validate import (ACTIVATION_DTYPES, GATE_DTYPES, check_commit, check_config,
                                        check_max_depth, check_max_nodes, check_shape, check_tensor)
 from bole_cli.kernels.tree_commit_replay_passes import launch_passes
 from bole_cli.limits import MAX_TREE_NODES, REPLAY_CONST_ROW_PATH, REPLAY_GATES_FIRST_PMAX, REPLAY_STEP_PATH
@@ -194,9 +194,11 @@ def tree_commit_replay_gated(
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
         check_tensor(name, t, t.dim(), ACTIVATION_DTYPES, state.device)
         check_shape(name, t, (lead if t.dim() > 1 else ()) + (state.shape[-3],))
-        check_last_contiguous(name, t)
     if A_log.shape != dt_bias.shape:
         raise InputError(f"dt_bias: shape {tuple(dt_bias.shape)} differs from A_log's {tuple(A_log.shape)}")
+    # The kernel reads both as raw memory with A_log's layer stride: a strided view is copied
+    # (on the device, no sync; a no-op for the contiguous tensors the runtime passes).
+    A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()
     return _replay(state, state_indices, k, v, a, b, A_log, dt_bias, parents, cu_seqlens, accepted, rows,
                    use_qk_l2norm, check_trees, max_nodes, max_depth, config)
 

@@ -1,8 +1,7 @@
 """Closed-form tree verify for trees of at most 64 nodes: the whole tree in one tile.
 
 One program per (request, value head, value part). The tree-only work is done once per
-program and shared by every value tile it covers (docs/design.md §2: "shared by a request-head's
-value tiles"):
+program and shared by every value tile it covers (docs/design.md §3, the one-tile kernel):
 
     walk      ancestor-or-self mask M and logP by pointer jumping (log2(depth) steps) over
               the parents held in registers (tl.gather; no dependent global loads)

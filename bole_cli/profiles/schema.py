@@ -2,7 +2,7 @@
 
 A profile is one YAML mapping per (gpu, model):
 
-    bole_profile: 1                  # format version; its absence marks a foreign file
+    bole_profile: 2                  # format version; its absence marks a foreign file
     gpu: a100                        # catalogue key
     model: Qwen/Qwen3.5-9B
     dtype: bf16

@@ -97,7 +97,7 @@ def sampled_spec(spec: ModelSpec, blocks: int) -> ModelSpec:
 class HybridForwardTimer:
     """calibrate.sweep.StepTimer over HybridModel on one device.
 
-    path: GDN verify engine, "bole" (closed form + factorised commit) or "snapshot"
+    path: GDN verify engine, "bole" (closed form + replay commit) or "snapshot"
     (baseline). inner: replays averaged per call. use_graphs: default True on CUDA.
     serving_step: time a step as a serving loop runs it (what `bole calibrate` decides
     with, docs/design.md §8): between host syncs, the step's inputs (tokens, parents,
