@@ -378,6 +378,13 @@ _D_NO_NORM = (("    if NORM and VS > 1:", "    if False:"), ("        if NORM:\n
 # always; NOTES "The state's row stride a constant").
 _SV_RULE = "SV=const_row_stride(longest, st.stride(2)),"
 
+# the request's span as loaded before the twentieth session: no clamp to the N nodes
+_UNCLAMPED = (("    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots, n_rows)\n",
+               "    start = tl.load(cu + b).to(tl.int64)\n"
+               "    n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)\n"
+               "    slot = tl.load(state_idx + b).to(tl.int64)\n"
+               "    in_pool = (slot >= 0) & (slot < n_slots)\n"),)
+
 VARIANTS: dict[str, Variant] = {
     "a-merge-serial": Variant(ATTENTION, "the merge a chunk at a time, 16 rows a program (shipped before S9-b)",
                               _A_MERGE_SERIAL),
@@ -435,6 +442,10 @@ VARIANTS: dict[str, Variant] = {
                          _B_NO_DIAG),
     "b-split": Variant(VERIFY_BLOCKED, "the tree stage of SPLIT (state products and Gram terms read from "
                        "workspaces; I17-k)", config={"SPLIT": 1}),
+    "v-unclamped": Variant(VERIFY_TILE, "the request's offsets as loaded, not clamped to the N nodes (shipped "
+                           "before the twentieth session)", _UNCLAMPED),
+    "b-unclamped": Variant(VERIFY_BLOCKED, "the request's offsets as loaded, not clamped to the N nodes (shipped "
+                           "before the twentieth session)", _UNCLAMPED),
     "no-values": Variant(VERIFY_TILE, "ablation: no value loop (state products, solves' products, stores)",
                          _NO_VALUES),
 }

@@ -142,3 +142,54 @@ def test_seed_slots_needs_contiguous_slots():
     idx = torch.zeros(1, dtype=torch.int32)
     with pytest.raises(BoleError, match="contiguous"):
         seed_slots(state, idx, idx, idx)
+
+
+def test_slots_outside_the_pool_and_nodes_outside_the_tree_touch_nothing():
+    """Without a host check, a slot at or past S (or an accepted node past its request, or
+    offsets past the tokens) is skipped: the pools are views inside bigger tensors and the
+    slots past their end stay as they were; the references skip the same requests."""
+    torch.manual_seed(3)
+    big = torch.randn(2, 6, 3, 4)
+    state = big[:, :4]  # S = 4; slots 4 and 5 lie outside the argument
+    before = big.clone()
+    src = torch.tensor([4, 0, 1, 0], dtype=torch.int32)
+    dst = torch.tensor([1, 5, 2, 3], dtype=torch.int32)  # only request 2 (1 -> 2) and 3 (0 -> 3) copy
+    steps = torch.zeros(4, dtype=torch.int32)
+    want = seed_slots_ref(state, src, dst, steps)
+    seed_slots(state, src, dst, steps)
+    assert torch.equal(state, want) and torch.equal(big[:, 4:], before[:, 4:])
+    assert torch.equal(want[:, :2], before[:, :2])
+
+    conv_big = torch.randn(2, 5, 3, 2)
+    conv = conv_big[:, :3]  # S = 3
+    before = conv_big.clone()
+    x = torch.randn(2, 6, 3)
+    prev = torch.randn(2, 4, 3, 2)
+    parents = torch.tensor([-1, 0, 1, -1, 0, 1], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 6, 6, 9], dtype=torch.int32)  # the last request's offsets past T = 6
+    dst = torch.tensor([3, 0, 1, 2], dtype=torch.int32)  # slot 3 outside the pool
+    accepted = torch.tensor([2, 3, 0, 1], dtype=torch.int32)  # node 3 outside request 1's three
+    want = conv_window_commit_ref(conv, x, prev, dst, parents, cu.clamp(max=6), accepted)
+    conv_window_commit(conv, x, prev, dst, parents, cu, accepted)
+    assert torch.equal(conv, want) and torch.equal(conv_big[:, 3:], before[:, 3:])
+    assert torch.equal(conv[:, :2], before[:, :2])  # requests 0 and 1 commit nothing
+    assert torch.equal(conv[:, 2], before[:, 2])  # the empty-after-clamping request neither
+
+
+def test_factor_kernels_read_strided_index_vectors():
+    """The index vectors are read as raw memory: a strided view is copied first."""
+    torch.manual_seed(5)
+    state = torch.randn(1, 4, 2)
+    every_other = lambda t: torch.stack([t, torch.full_like(t, 99)], -1)[..., 0]  # noqa: E731
+    src, dst, steps = (every_other(torch.tensor(v, dtype=torch.int32)) for v in ([0, 1], [2, 3], [0, 0]))
+    want = seed_slots_ref(state, src, dst, steps)
+    seed_slots(state, src, dst, steps)
+    assert torch.equal(state, want)
+    conv, x, prev = torch.randn(1, 2, 3, 2), torch.randn(1, 4, 3), torch.randn(1, 2, 3, 2)
+    parents, cu = every_other(torch.tensor([-1, 0, -1, 0], dtype=torch.int32)), every_other(
+        torch.tensor([0, 2, 4], dtype=torch.int32))
+    dst, accepted = every_other(torch.tensor([1, 0], dtype=torch.int32)), every_other(
+        torch.tensor([1, 0], dtype=torch.int32))
+    want = conv_window_commit_ref(conv, x, prev, dst, parents, cu, accepted)
+    conv_window_commit(conv, x, prev, dst, parents, cu, accepted)
+    assert torch.equal(conv, want)

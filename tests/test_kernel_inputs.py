@@ -415,6 +415,13 @@ BAD_CALLS = {
     "out o strided": (lambda: _verify_with(out=VerifyResult(torch.zeros(19, 2, 32)[:, :, ::2], torch.zeros(19, 2, 16),
                                                             torch.zeros(19, 2))), r"^out.o: the last dimension"),
     "out short": (lambda: _verify_with(out=(torch.zeros(19, 2, 16),)), r"^out: expected \(o, u, log_p\)"),
+    "out o rows overlap": (lambda: _verify_with(out=VerifyResult(torch.zeros(1, 2, 16).expand(19, 2, 16),
+                                                                 torch.zeros(19, 2, 16), torch.zeros(19, 2))),
+                           r"^out.o: its elements overlap"),
+    "out log_p heads overlap": (lambda: _verify_with(out=VerifyResult(torch.zeros(19, 2, 16), torch.zeros(19, 2, 16),
+                                                                      torch.zeros(20).as_strided((19, 2), (1, 1)))),
+                                r"^out.log_p: its elements overlap"),
+    "conv out rows overlap": (lambda: _conv_with(out=torch.zeros(1, 24).expand(19, 24)), r"^out: its elements overlap"),
 }
 
 

@@ -915,3 +915,71 @@ def test_a_verify_without_factors_writes_o_alone_in_one_tile():
             assert torch.equal(got.u, want.u) and torch.equal(got.log_p, want.log_p)
     with pytest.raises(InputError, match="^factors:"):
         tree_verify(*args, factors=1)
+
+
+def _inside_padding(t, fill, pad=5):
+    """t as a view inside a bigger tensor whose `pad` rows before and after hold `fill`."""
+    big = torch.full((t.shape[0] + 2 * pad,) + tuple(t.shape[1:]), fill, dtype=t.dtype, device=t.device)
+    big[pad:pad + t.shape[0]] = t
+    return big[pad:pad + t.shape[0]], big
+
+
+@pytest.mark.parametrize("trees,call,route", [
+    ([CHAIN_16[:7], BUSH_70[:12]], {"max_nodes": 64}, ["tile"]),
+    ([BUSH_70, CHAIN_16], {"max_depth": 15, "config": {"SPLIT": 0, "LEVELS": 0}}, ["blocked"]),
+    ([BUSH_70, CHAIN_16], {"max_depth": 15, "config": {"SPLIT": 1, "LEVELS": 0}}, ["blocked"]),
+    ([BUSH_70, BUSH_70[:66]], {"max_depth": 8}, ["levels"]),
+    ([CHAIN_100, BUSH_70], {}, ["chain", "blocked"]),
+], ids=["tile", "blocked", "split", "levels", "chain"])
+def test_garbage_offsets_stay_inside_the_arguments(monkeypatch, trees, call, route):
+    """Without checks, cu_seqlens past N or below 0 is clamped to the N nodes in the kernel:
+    the result is the clamped forest's, and nothing before or after the inputs is read (NaN
+    there would show) or after the outputs written (a sentinel there stays). Each route."""
+    spy = LaunchSpy(monkeypatch)
+    case = forest_case(trees)
+    n = case["q"].shape[0]
+    want = tree_verify(*args(case), check_trees=False, **call)
+    spy.take()
+    bad = dict(case, cu_seqlens=case["cu_seqlens"].clone())
+    bad["cu_seqlens"][0], bad["cu_seqlens"][-1] = -3, n + 7
+    bigs = []
+    for name in ("q", "k", "v", "g", "beta"):
+        bad[name], _ = _inside_padding(case[name], float("nan"))
+    outs = []
+    for t in poisoned_out(case):
+        view, big = _inside_padding(t, 1234.5)
+        outs.append(view)
+        bigs.append(big)
+    got = tree_verify(*args(bad), check_trees=False, out=VerifyResult(*outs), **call)
+    assert spy.take() == route
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    for big in bigs:
+        assert (big[:5] == 1234.5).all() and (big[5 + n:] == 1234.5).all()
+
+
+def test_garbage_offsets_stay_inside_the_conv_arguments():
+    """tree_conv and tree_conv_commit without checks: cu_seqlens past N or below 0 is
+    clamped to the N nodes; no read before or after x (NaN there would show), no write after y."""
+    from bole_cli.kernels import tree_conv, tree_conv_commit
+
+    gen = torch.Generator().manual_seed(4)
+    sizes, dim, width = [5, 9], 8, 4
+    n = sum(sizes)
+    parents = torch.tensor([-1, 0, 1, 1, 3] + [-1, 0, 0, 1, 2, 3, 4, 6, 7], dtype=torch.int32)
+    cu = torch.tensor([0, 5, n], dtype=torch.int32)
+    x = torch.randn(n, dim, generator=gen)
+    pool = torch.randn(3, dim, width - 1, generator=gen)
+    weight, bias = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+    slots = torch.tensor([2, 0], dtype=torch.int32)
+    accepted = torch.tensor([4, 8], dtype=torch.int32)
+    want_y = tree_conv(x, pool, weight, bias, slots, parents, cu, check_trees=False)
+    want_pool = tree_conv_commit(pool.clone(), x, slots, parents, cu, accepted, check_trees=False)
+    bad_cu = torch.tensor([-3, 5, n + 7], dtype=torch.int32)
+    x_in, _ = _inside_padding(x, float("nan"))
+    y, y_big = _inside_padding(torch.empty_like(x), 1234.5)
+    tree_conv(x_in, pool, weight, bias, slots, parents, bad_cu, check_trees=False, out=y)
+    assert torch.equal(y, want_y)
+    assert (y_big[:5] == 1234.5).all() and (y_big[5 + n:] == 1234.5).all()
+    got_pool = tree_conv_commit(pool.clone(), x_in, slots, parents, bad_cu, accepted, check_trees=False)
+    assert torch.equal(got_pool, want_pool)

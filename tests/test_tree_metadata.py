@@ -629,3 +629,44 @@ def test_kernel_refill_on_cuda_equals_the_torch_ops(mode):
         refill_tree(tb, *inputs, ROPE, kernel=True)
         for name, t in tb.tensors().items():
             assert torch.equal(t, want[name]), (size, name)
+
+
+def test_kernel_reads_strided_input_vectors_as_their_values():
+    """tree_metadata reads its four input vectors as raw memory: a strided view (every
+    other element of a bigger vector, or an expanded one) is copied first, so the outputs
+    are the contiguous call's and nothing beside the view is read."""
+    from bole_cli.kernels import tree_metadata
+
+    bsz, nodes, depth, half = 2, 4, 4, 2
+    parents = torch.tensor([-1, 0, 1, 0, -1, 0, 1, 2], dtype=torch.int64)
+    tokens = torch.arange(100, 108, dtype=torch.int64)
+    base = torch.tensor([5, 5], dtype=torch.int64)
+    cu = torch.tensor([0, 4, 8], dtype=torch.int32)
+    n = parents.numel()
+    gen = torch.Generator().manual_seed(2)
+    rope_cos, rope_sin = torch.rand(32, half, generator=gen), torch.rand(32, half, generator=gen)
+
+    def run(*inputs):
+        outs = dict(tokens=torch.zeros(n, dtype=torch.int64), parents=torch.zeros(n, dtype=torch.int32),
+                    base=torch.zeros(bsz, dtype=torch.int64), depths=torch.zeros(n, dtype=torch.int64),
+                    positions=torch.zeros(n, dtype=torch.int64), kv_pos=torch.zeros(n, dtype=torch.int64),
+                    cos=torch.zeros(n, half), sin=torch.zeros(n, half),
+                    path_table=torch.zeros(n, depth, dtype=torch.int64),
+                    parent_rows=torch.zeros(nodes, bsz, dtype=torch.int64),
+                    sglang_parents=torch.zeros(bsz, nodes, dtype=torch.int64),
+                    layer_parents=torch.zeros(n, dtype=torch.int32))
+        tree_metadata(*inputs, rope_cos, rope_sin, max_nodes=nodes, max_depth=depth, **outs)
+        return outs
+
+    def every_other(t, fill):
+        return torch.stack([t, torch.full_like(t, fill)], -1)[..., 0]
+
+    want = run(parents, tokens, base, cu)
+    for i, fill in enumerate((7, -999, 1000, 3)):
+        inputs = [parents, tokens, base, cu]
+        inputs[i] = every_other(inputs[i], fill)
+        got = run(*inputs)
+        assert all(torch.equal(got[key], want[key]) for key in want), i
+    beside = torch.tensor([5, 999], dtype=torch.int64)
+    got = run(parents, tokens, beside[:1].expand(bsz), cu)
+    assert all(torch.equal(got[key], want[key]) for key in want)

@@ -275,12 +275,13 @@ def conv_window_commit_ref(conv, x, prev, dst, parents, cu_seqlens, accepted):
     """`conv_window_commit`: every layer's new window in the slots dst[b], from the root path
     of accepted[b] (a walk that stops at a parent that is not an earlier node), then the
     newest columns of the request's pre-verify window prev[:, b]. conv [L, S, D, W-1],
-    x [L, T, D], prev [L, B', D, W-1]; accepted[b] or dst[b] < 0: slot left alone."""
+    x [L, T, D], prev [L, B', D, W-1]; accepted[b] outside the request or dst[b] outside
+    [0, S): slot left alone."""
     new = conv.clone()
     keep = conv.shape[-1]
     for b, start, end in _requests(cu_seqlens):
         node, slot = int(accepted[b]), int(dst[b])
-        if node < 0 or slot < 0:
+        if not (0 <= node < end - start and 0 <= slot < conv.shape[1]):
             continue
         par = [int(p) for p in parents[start:end].tolist()]
         path = []
@@ -297,10 +298,10 @@ def conv_window_commit_ref(conv, x, prev, dst, parents, cu_seqlens, accepted):
 
 def seed_slots_ref(state, src, dst, steps):
     """`seed_slots`: state[:, dst[b]] = state[:, src[b]] (the values before any copy) where
-    steps[b], dst[b] and src[b] are all >= 0."""
+    steps[b] >= 0 and dst[b], src[b] lie in [0, S)."""
     new = state.clone()
     for b in range(steps.shape[0]):
-        if min(int(steps[b]), int(dst[b]), int(src[b])) >= 0:
+        if int(steps[b]) >= 0 and 0 <= int(dst[b]) < state.shape[1] and 0 <= int(src[b]) < state.shape[1]:
             new[:, int(dst[b])] = state[:, int(src[b])]
     return new
 

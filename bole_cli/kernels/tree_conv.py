@@ -20,11 +20,13 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
+from bole_cli.kernels.jit_math import clamp_span
 from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
     check_accepted,
     check_commit_slots,
     check_config,
+    check_distinct_elements,
     check_flag,
     check_forest,
     check_forest_vectors,
@@ -36,18 +38,19 @@ from bole_cli.kernels.validate import (
 )
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def _tree_conv_kernel(
     x, conv_state, weight, bias, state_idx, parents, cu, y,
-    dim, n_slots, s_xn, s_cn, s_cd, s_cw, s_wd, s_yn,
+    dim, n_slots, n_rows, s_xn, s_cn, s_cd, s_cw, s_wd, s_yn,
     W: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
     b = tl.program_id(0)
     offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
     dmask = offs_d < dim
-    start = tl.load(cu + b).to(tl.int64)
-    n_nodes = (tl.load(cu + b + 1) - start).to(tl.int32)
+    # the span clamped to the n_rows nodes: garbage offsets never move a read or write outside
+    start = clamp_span(tl.load(cu + b).to(tl.int64), 0, n_rows)
+    n_nodes = (clamp_span(tl.load(cu + b + 1).to(tl.int64), start, n_rows) - start).to(tl.int32)
     slot = tl.load(state_idx + b).to(tl.int64)
     # A slot outside the pool (no host check): the window is never read, the outputs are NaN.
     in_pool = (slot >= 0) & (slot < n_slots)
@@ -81,21 +84,21 @@ def _tree_conv_kernel(
                  mask=rmask[:, None] & dmask[None, :])
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def _tree_conv_commit_kernel(
     conv_state, x, state_idx, parents, cu, accepted,
-    dim, n_slots, s_xn, s_cn, s_cd, s_cw,
+    dim, n_slots, n_rows, s_xn, s_cn, s_cd, s_cw,
     W: tl.constexpr, WP: tl.constexpr, BD: tl.constexpr,
 ):
     b = tl.program_id(0)
     a = tl.load(accepted + b).to(tl.int32)
     slot = tl.load(state_idx + b).to(tl.int64)
-    n_nodes = tl.load(cu + b + 1) - tl.load(cu + b)
+    start = clamp_span(tl.load(cu + b).to(tl.int64), 0, n_rows)  # inside the n_rows nodes
+    n_nodes = clamp_span(tl.load(cu + b + 1).to(tl.int64), start, n_rows) - start
     # a slot outside the pool or a node outside the tree (no host check): slot untouched
     if (a >= 0) & (a < n_nodes) & (slot >= 0) & (slot < n_slots):
         offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
         dmask = offs_d < dim
-        start = tl.load(cu + b).to(tl.int64)
         cols = tl.arange(0, WP)
         ptrs = conv_state + slot * s_cn + offs_d[:, None] * s_cd + cols[None, :] * s_cw
         tmask = dmask[:, None] & (cols < W - 1)[None, :]
@@ -182,6 +185,7 @@ def tree_conv(
         y = check_tensor("out", out, 2, (x.dtype,), x.device)
         check_shape("out", out, (n, dim))
         _check_channels("out", out)
+        check_distinct_elements("out", out)
         if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             raise InputError("out: shares memory with x (a node's conv reads its ancestors' inputs)")
     if n == 0 or bsz == 0:
@@ -190,7 +194,7 @@ def tree_conv(
     grid = (bsz, triton.cdiv(dim, cfg["BD"]))
     _tree_conv_kernel[grid](
         x, conv_state, weight, bias if bias is not None else weight, state_indices, parents, cu_seqlens, y,
-        dim, conv_state.shape[0], x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        dim, conv_state.shape[0], n, x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         weight.stride(0), y.stride(0),
         W=width, BN=cfg["BN"], BD=cfg["BD"], HAS_BIAS=bias is not None, ACTIVATION=activation,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -229,7 +233,7 @@ def tree_conv_commit(
     grid = (bsz, triton.cdiv(dim, cfg["BD"]))
     _tree_conv_commit_kernel[grid](
         conv_state, x, state_indices, parents, cu_seqlens, accepted,
-        dim, conv_state.shape[0], x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        dim, conv_state.shape[0], n, x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         W=width, WP=triton.next_power_of_2(max(width - 1, 1)), BD=cfg["BD"],
         num_warps=cfg["num_warps"],
     )

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.validate import check_shape, check_tensor
+from bole_cli.kernels.validate import check_shape, check_tensor, contiguous_vector
 
 ROWS = 32  # node rows a program (16 for trees of 128 or more): one request's block
 
@@ -134,6 +134,9 @@ def tree_metadata(parents_in: torch.Tensor, tokens_in: torch.Tensor, base_in: to
                            ("base_in", base_in, (bsz,)), ("cu_seqlens", cu_seqlens, (bsz + 1,))):
         check_tensor(name, t, 1, ints, dev)
         check_shape(name, t, shape)
+    # read as raw memory: a strided view is copied (on the device, no sync)
+    parents_in, tokens_in, base_in, cu_seqlens = (contiguous_vector(t) for t in (parents_in, tokens_in, base_in,
+                                                                                 cu_seqlens))
     if not isinstance(max_nodes, int) or not isinstance(max_depth, int) or max_nodes < 1 or max_depth < 1:
         raise InputError(f"max_nodes, max_depth: positive integers, got {max_nodes!r}, {max_depth!r}")
     half = rope_cos.shape[1] if rope_cos.dim() == 2 else -1

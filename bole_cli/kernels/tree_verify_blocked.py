@@ -71,10 +71,10 @@ def _gram_block(at, rows, cols, n, TP: tl.constexpr):
                    other=0.0)
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def tree_verify_blocked_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    scale, n_slots, n_hv,
+    scale, n_slots, n_rows, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     ys, kk_ws, qk_ws, bits_ws, s_yn, s_yh,
@@ -87,7 +87,7 @@ def tree_verify_blocked_kernel(
     hv = tl.program_id(1)
     iv = tl.program_id(2)
     h = hv // GROUP
-    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots, n_rows)
     if SPLIT:  # the Gram terms of (request, key head): tree_verify_parts.py's Gram role
         kk_at = kk_ws + (b.to(tl.int64) * (n_hv // GROUP) + h) * TP * TP
         qk_at = qk_ws + (b.to(tl.int64) * (n_hv // GROUP) + h) * TP * TP

@@ -47,10 +47,10 @@ def _unit_rows(x, rows_g, rmask, h, s_xn, s_xh, offs_k, kmask, scale, USE_L2NORM
     return xr, inv
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def chain_factors_kernel(
     q, k, g, beta, A_log, dt_bias, state_idx, parents, cu, log_p, fu, fo,
-    scale, n_slots, n_hv,
+    scale, n_slots, n_rows, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_gn, s_gh, s_bn, s_bh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr, TP: tl.constexpr,
     DS: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr, GATED: tl.constexpr,
@@ -60,7 +60,7 @@ def chain_factors_kernel(
     hv = tl.program_id(1)
     c = tl.program_id(2)
     h = hv // GROUP
-    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots, n_rows)
     c0 = c * BC
     n_ok = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     if (c0 < n_ok) & is_long_chain(parents, start, n_ok, TP, DS):
@@ -94,10 +94,10 @@ def chain_factors_kernel(
         tl.store(fo + at, f_o)
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def chain_scan_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, fu, fo,
-    scale, n_slots, n_hv,
+    scale, n_slots, n_rows, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
@@ -110,7 +110,7 @@ def chain_scan_kernel(
     hv = tl.program_id(1)
     iv = tl.program_id(2)
     h = hv // GROUP
-    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots, n_rows)
     n_ok = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     if is_long_chain(parents, start, n_ok, TP, DS):
         neg_a, bias = gate_params(A_log, dt_bias, hv, GATED)
@@ -169,11 +169,11 @@ def launch_chain(args: VerifyArgs, bsz: int, cfg: dict, consts: dict) -> None:
     factors = dict(common, PRECISION="tf32x3" if common["PRECISION"] == "tf32" else common["PRECISION"])
     chain_factors_kernel[(bsz, hv, tp // bc)](
         q, args.k, args.g, args.beta, args.A_log, args.dt_bias, args.state_idx, args.parents, args.cu, args.log_p,
-        fu, fo, args.scale, args.n_slots, hv, args.s_qn, args.s_qh, args.s_kn, args.s_kh, args.s_gn, args.s_gh,
+        fu, fo, args.scale, args.n_slots, args.n_rows, hv, args.s_qn, args.s_qh, args.s_kn, args.s_kh, args.s_gn, args.s_gh,
         args.s_bn, args.s_bh, args.s_ln, BC=bc, num_warps=cfg["factor_warps"], **factors)
     chain_scan_kernel[(bsz, hv, triton.cdiv(consts["V"], cfg["BV"]))](
         q, args.k, args.v, args.g, args.beta, args.A_log, args.dt_bias, args.state, args.state_idx, args.parents,
-        args.cu, args.o, args.u, fu, fo, args.scale, args.n_slots, hv,
+        args.cu, args.o, args.u, fu, fo, args.scale, args.n_slots, args.n_rows, hv,
         args.s_qn, args.s_qh, args.s_kn, args.s_kh, args.s_vn, args.s_vh, args.s_gn, args.s_gh, args.s_bn, args.s_bh,
         args.s_sn, args.s_sh, args.s_sv, args.s_on, args.s_oh, args.s_un, args.s_uh,
         V=consts["V"], BC=bc, BV=cfg["BV"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)

@@ -40,10 +40,10 @@ from bole_cli.kernels.tree_verify_parts import state_products
 from bole_cli.kernels.types import VerifyArgs
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def levels_gram_kernel(
     q, k, state_idx, parents, cu, ancestors, kk, qk,
-    scale, n_slots, n_h,
+    scale, n_slots, n_rows, n_h,
     s_qn, s_qh, s_kn, s_kh,
     K: tl.constexpr, KP: tl.constexpr, TP: tl.constexpr, RB: tl.constexpr, DW: tl.constexpr,
     USE_L2NORM: tl.constexpr,
@@ -52,7 +52,7 @@ def levels_gram_kernel(
     h = tl.program_id(1)
     m = tl.program_id(2) // (TP // RB)  # the distance
     r0 = (tl.program_id(2) % (TP // RB)) * RB
-    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots, n_rows)
     n_ok = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     if r0 < n_ok:
         alln = tl.arange(0, TP)
@@ -87,10 +87,10 @@ def levels_gram_kernel(
             tl.store(qk + hat, dqk, mask=on)
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def tree_levels_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    scale, n_slots, n_hv,
+    scale, n_slots, n_rows, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     ancestors, kk, qk,
@@ -102,7 +102,7 @@ def tree_levels_kernel(
     iv = tl.program_id(2)
     h = hv // GROUP
     n_h = n_hv // GROUP
-    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots, n_rows)
     n_ok = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     rows = tl.arange(0, TP)
     rmask = rows < n_ok
@@ -189,7 +189,7 @@ def launch_levels(args: VerifyArgs, bsz: int, cfg: dict, dw: int, consts: dict) 
     ancestors, (kk, qk) = (torch.empty(shape, device=q.device, dtype=dtype) for shape, dtype in levels_scratch(n, h, dw))
     tp, rb = consts["TP"], min(cfg["RB"], consts["TP"])
     levels_gram_kernel[(bsz, h, dw * (tp // rb))](
-        q, k, args.state_idx, args.parents, args.cu, ancestors, kk, qk, args.scale, args.n_slots, h,
+        q, k, args.state_idx, args.parents, args.cu, ancestors, kk, qk, args.scale, args.n_slots, args.n_rows, h,
         args.s_qn, args.s_qh, args.s_kn, args.s_kh, K=consts["K"], KP=consts["KP"], TP=tp, RB=rb, DW=dw,
         USE_L2NORM=consts["USE_L2NORM"], num_warps=cfg["gram_warps"])
     bv = min(cfg["BV"], triton.next_power_of_2(consts["V"]))

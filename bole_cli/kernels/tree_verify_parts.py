@@ -36,10 +36,10 @@ from bole_cli.kernels.types import VerifyArgs
 
 
 @triton.jit
-def solved_nodes(cu, state_idx, parents, b, n_slots, TP: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr):
+def solved_nodes(cu, state_idx, parents, b, n_slots, n_rows, TP: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr):
     """(first node, nodes the tree stage solves: 0 when it skips the request, slot): as
     the blocked kernel decides it, so the parts cover exactly its requests."""
-    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots, n_rows)
     n_solved = tl.where(in_pool & (n_nodes <= TP), n_nodes, 0)
     if REMAINDER:
         n_solved = tl.where(is_long_chain(parents, start, n_solved, TP, DS), 0, n_solved)
@@ -96,9 +96,9 @@ def state_products(q, k, state, rows_g, rmask, h, hv, slot, offs_v, vmask, s_qn,
 
 
 @triton.jit
-def _walk_role(g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, s_gn, s_gh, s_ln, b, hv,
+def _walk_role(g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, n_rows, s_gn, s_gh, s_ln, b, hv,
                TP: tl.constexpr, NW: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr, GATED: tl.constexpr):
-    start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
+    start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, n_rows, TP, DS, REMAINDER)
     neg_a, bias = gate_params(A_log, dt_bias, hv, GATED)
     if n_solved > 0:
         bits, lp = ancestor_words(parents, g, start, n_solved, hv, s_gn, s_gh, neg_a, bias, TP, NW, GATED)
@@ -111,13 +111,13 @@ def _walk_role(g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slot
 
 
 @triton.jit
-def _state_products_role(q, k, state, state_idx, parents, cu, xs, ys, scale, n_slots,
+def _state_products_role(q, k, state, state_idx, parents, cu, xs, ys, scale, n_slots, n_rows,
                          s_qn, s_qh, s_kn, s_kh, s_sn, s_sh, s_sv, s_xn, s_xh, s_yn, s_yh, b, hv, iv,
                          GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BR: tl.constexpr,
                          BV: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr, DS: tl.constexpr,
                          REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr):
     h = hv // GROUP
-    start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
+    start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, n_rows, TP, DS, REMAINDER)
     offs_v = iv * BV + tl.arange(0, BV)
     vmask = offs_v < V
     for r0 in range(0, n_solved, BR):
@@ -149,13 +149,13 @@ def _row_norms(a, rows_g, rmask, h, s_an, s_ah, K: tl.constexpr, KP: tl.constexp
 
 
 @triton.jit
-def _gram_role(q, k, state_idx, parents, cu, gram_kk, gram_qk, scale, n_slots, n_h, s_qn, s_qh, s_kn, s_kh, b, h, t,
+def _gram_role(q, k, state_idx, parents, cu, gram_kk, gram_qk, scale, n_slots, n_rows, n_h, s_qn, s_qh, s_kn, s_kh, b, h, t,
                K: tl.constexpr, KP: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
                DS: tl.constexpr, REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
                GRAM16: tl.constexpr):
     ci = t // (TP // BG)
     cj = t % (TP // BG)
-    start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, TP, DS, REMAINDER)
+    start, n_solved, slot = solved_nodes(cu, state_idx, parents, b, n_slots, n_rows, TP, DS, REMAINDER)
     if (cj <= ci) & (ci * BG < n_solved):
         rows = ci * BG + tl.arange(0, BG)
         cols = cj * BG + tl.arange(0, BG)
@@ -190,10 +190,10 @@ def _gram_role(q, k, state_idx, parents, cu, gram_kk, gram_qk, scale, n_slots, n
         tl.store(gram_qk + at, qk, mask=tile)
 
 
-@triton.jit(do_not_specialize=["n_slots", "n_req"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows", "n_req"])
 def parts_kernel(
     q, k, g, A_log, dt_bias, state, state_idx, parents, cu, xs, ys, log_p, bits_ws, gram_kk, gram_qk,
-    scale, n_slots, n_req, n_h, n_hv,
+    scale, n_slots, n_rows, n_req, n_h, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_gn, s_gh, s_sn, s_sh, s_sv, s_xn, s_xh, s_yn, s_yh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BR: tl.constexpr,
     BV: tl.constexpr, BK: tl.constexpr, BG: tl.constexpr, TP: tl.constexpr, NW: tl.constexpr, DS: tl.constexpr,
@@ -209,18 +209,18 @@ def parts_kernel(
     if pid < n_p:
         b = pid // (n_hv * n_vt)
         rest = pid % (n_hv * n_vt)
-        _state_products_role(q, k, state, state_idx, parents, cu, xs, ys, scale, n_slots,
+        _state_products_role(q, k, state, state_idx, parents, cu, xs, ys, scale, n_slots, n_rows,
                              s_qn, s_qh, s_kn, s_kh, s_sn, s_sh, s_sv, s_xn, s_xh, s_yn, s_yh, b, rest // n_vt,
                              rest % n_vt, GROUP, K, V, KP, BR, BV, BK, TP, DS, REMAINDER, USE_L2NORM, PRECISION)
     elif pid < n_p + n_g:
         t = pid - n_p
         per = n_h * (TP // BG) * (TP // BG)
-        _gram_role(q, k, state_idx, parents, cu, gram_kk, gram_qk, scale, n_slots, n_h, s_qn, s_qh, s_kn, s_kh,
+        _gram_role(q, k, state_idx, parents, cu, gram_kk, gram_qk, scale, n_slots, n_rows, n_h, s_qn, s_qh, s_kn, s_kh,
                    t // per, (t % per) // ((TP // BG) * (TP // BG)), t % ((TP // BG) * (TP // BG)),
                    K, KP, BG, BK, TP, DS, REMAINDER, USE_L2NORM, PRECISION, GRAM16)
     else:
         t = pid - n_p - n_g
-        _walk_role(g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, s_gn, s_gh, s_ln,
+        _walk_role(g, A_log, dt_bias, state_idx, parents, cu, log_p, bits_ws, n_slots, n_rows, s_gn, s_gh, s_ln,
                    t // n_hv, t % n_hv, TP, NW, DS, REMAINDER, GATED)
 
 
@@ -250,7 +250,7 @@ def launch_parts(args: VerifyArgs, bsz: int, consts: dict) -> tuple:
     bg = min(max(PARTS_LAUNCH["BG"], consts["BC"]), tp)
     parts_kernel[(parts_grid(bsz, h, hv, consts["V"], bv, bg, tp, roles),)](
         q, args.k, args.g, args.A_log, args.dt_bias, state, args.state_idx, args.parents, args.cu, u, ys, log_p,
-        bits, gram[0], gram[1], args.scale, args.n_slots, bsz, h, hv,
+        bits, gram[0], gram[1], args.scale, args.n_slots, args.n_rows, bsz, h, hv,
         args.s_qn, args.s_qh, args.s_kn, args.s_kh, args.s_gn, args.s_gh, args.s_sn, args.s_sh, args.s_sv,
         args.s_un, args.s_uh, ys.stride(0), ys.stride(1), args.s_ln,
         BR=PARTS_LAUNCH["BR"], BV=bv, BK=min(PARTS_LAUNCH["BK"], consts["KP"]), BG=bg, ROLES=roles,

@@ -39,10 +39,10 @@ from bole_cli.kernels.jit_math import (PRODUCT_FORM_DEPTH, gate_params, inverse_
 from bole_cli.kernels.types import VerifyArgs
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def tree_verify_tile_kernel(
     q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-    scale, n_slots, n_hv,
+    scale, n_slots, n_rows, n_hv,
     s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_gn, s_gh, s_bn, s_bh,
     s_sn, s_sh, s_sv, s_on, s_oh, s_un, s_uh, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
@@ -54,7 +54,7 @@ def tree_verify_tile_kernel(
     hv = tl.program_id(1)
     part = tl.program_id(2)
     h = hv // GROUP
-    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots)
+    start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots, n_rows)
 
     if (n_nodes <= TP) & in_pool:
         rows = tl.arange(0, TP)

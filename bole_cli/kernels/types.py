@@ -56,6 +56,7 @@ class VerifyArgs(NamedTuple):
     log_p: torch.Tensor
     scale: float
     n_slots: int
+    n_rows: int
     n_hv: int
     s_qn: int
     s_qh: int
@@ -81,7 +82,7 @@ def verify_args(q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu,
                 scale: float) -> VerifyArgs:
     """VerifyArgs of checked tensors, strides read off them."""
     return VerifyArgs(q, k, v, g, beta, A_log, dt_bias, state, state_idx, parents, cu, o, u, log_p,
-                      scale, state.shape[0], v.shape[1],
+                      scale, state.shape[0], q.shape[0], v.shape[1],
                       q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                       g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
                       state.stride(0), state.stride(1), state.stride(2),

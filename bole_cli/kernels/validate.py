@@ -117,6 +117,18 @@ def check_scale(scale, kdim: int) -> float:
     return float(scale)
 
 
+def check_distinct_elements(name: str, t: torch.Tensor) -> None:
+    """An output whose elements do not overlap (no zero stride, no row inside another: an
+    `expand`ed tensor would be written by several programs at once). Checked the way torch
+    refuses such outputs: by strides, each dimension's step past the reach of the finer ones."""
+    reach = 0
+    for stride, size in sorted((t.stride(d), t.shape[d]) for d in range(t.dim()) if t.shape[d] > 1):
+        if stride <= reach:
+            raise InputError(f"{name}: its elements overlap (strides {t.stride()}); give a tensor "
+                             "that owns each element, e.g. torch.empty")
+        reach += stride * (size - 1)
+
+
 def check_out(out, n: int, hv: int, vdim: int, device) -> tuple:
     """tree_verify's `out=` (o, u, log_p): the kernels write them by row strides with the
     last dimension contiguous, so that is what they must be."""
@@ -129,6 +141,7 @@ def check_out(out, n: int, hv: int, vdim: int, device) -> tuple:
         check_tensor(name, t, len(shape), dtypes, device)
         check_shape(name, t, shape)
         check_last_contiguous(name, t)
+        check_distinct_elements(name, t)
     return o, u, log_p
 
 
