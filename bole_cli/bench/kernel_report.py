@@ -103,8 +103,9 @@ def tables(result, width: int = WIDE_COLUMNS) -> list:
         if not narrow:
             t.caption = "o diff = relative difference of o from SGLang's; floor = bytes / copy bandwidth"
         for col in ("tree", "batch", "nodes") + cols:
-            t.add_column(col, justify="left" if col == "tree" else "right", no_wrap=col != "tree",
-                         overflow="fold")  # the label folds first; a figure is never cut
+            label = col == "tree"  # folds first; a figure that must be cut still shows "…"
+            t.add_column(col, justify="left" if label else "right", no_wrap=not label,
+                         overflow="fold" if label else "ellipsis")
         for c in result.cases:
             cells = kernel_cells(c)
             t.add_row(c.tree, str(c.batch), str(c.nodes), *(cells[k] for k in cols))

@@ -61,7 +61,7 @@ def _expected_table(result):
     e = result.document["expected"]
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, title_justify="left",
               title="expected committed tokens per step (bonus token included)")
-    t.add_column("draft")  # wraps first, so no figure is cut in a narrow terminal
+    t.add_column("draft", overflow="fold")  # wraps first, so no figure is cut when narrow
     t.add_column("tokens/step", justify="right", no_wrap=True)
     t.add_row(f"chain of {result.tally.depth}, from the matrix", f"{e['chain']:.3f}")
     t.add_row(f"chain of {result.tally.depth}, measured", f"{e['chain_measured']:.3f}")

@@ -60,7 +60,8 @@ def _table(profile: dict, title: str):
     for name in ("batch", "kv", "T_dec\nms", "B_ver", "decision", "tok\n/step",
                  "step\nms", "vs AR", "runner-up"):
         text = name in ("decision", "runner-up")
-        t.add_column(name, justify="left" if text else "right", no_wrap=not text)
+        t.add_column(name, justify="left" if text else "right", no_wrap=not text,
+                     overflow="fold" if text else "ellipsis")  # text wraps first; no figure is cut
     for r in rows:
         b_ver = (str(r["b_ver"]) + ("*" if r["differs"] else "")
                  + (" [yellow]![/]" if r["below_threshold"] else ""))

@@ -29,10 +29,10 @@ def _table(detected: Optional[DetectedGpu]):
                       "units). ridge: FLOP per byte where the two balance. measured: our "
                       "own ceilings (large bf16 matmul, device-to-device copy).")
     t.add_column("key", no_wrap=True)
-    t.add_column("GPU")  # the name wraps first, so no figure is cut in a narrow terminal
+    t.add_column("GPU", overflow="fold")  # the name wraps first, so no figure is cut when narrow
     t.add_column("bf16\nTFLOP/s", justify="right", no_wrap=True)
     t.add_column("bandwidth", justify="right", no_wrap=True)
-    t.add_column("memory", justify="right")
+    t.add_column("memory", justify="right", overflow="fold")
     t.add_column("ridge\nFLOP/B", justify="right", no_wrap=True)
     t.add_column("measured\nTFLOP/s", justify="right", no_wrap=True)
     t.add_column("measured\nbandwidth", justify="right", no_wrap=True)

@@ -119,8 +119,9 @@ def check_scale(scale, kdim: int) -> float:
 
 def check_distinct_elements(name: str, t: torch.Tensor) -> None:
     """An output whose elements do not overlap (no zero stride, no row inside another: an
-    `expand`ed tensor would be written by several programs at once). Checked the way torch
-    refuses such outputs: by strides, each dimension's step past the reach of the finer ones."""
+    `expand`ed tensor would be written by several programs at once). Checked by strides, each
+    dimension's step past the reach of the finer ones: stricter than torch, which refuses only
+    zero strides, it also refuses a rare interleaved layout that shares no element."""
     reach = 0
     for stride, size in sorted((t.stride(d), t.shape[d]) for d in range(t.dim()) if t.shape[d] > 1):
         if stride <= reach:

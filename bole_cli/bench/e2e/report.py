@@ -139,8 +139,9 @@ def _one_table(data: dict, title: str, cols: tuple, caption: Optional[str], labe
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
               box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD, pad_edge=not narrow)
     for c in ("decoder", "B" if narrow else "batch") + cols:
-        t.add_column(c, justify="left" if c == "decoder" else "right", no_wrap=c != "decoder",
-                     overflow="fold")  # the label folds first; a figure is never cut
+        label = c == "decoder"  # folds first; a figure that must be cut still shows "…"
+        t.add_column(c, justify="left" if label else "right", no_wrap=not label,
+                     overflow="fold" if label else "ellipsis")
     for r in data["results"]:
         cells = _cells(data, r)
         t.add_row(_label(labels, r), str(r["batch"]), *(cells[c] for c in cols))
@@ -173,7 +174,8 @@ def comparison_table(data: dict):
     t = Table(title="tree vs chain, end to end", title_justify="left", caption=_COMPARE_CAPTION,
               caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for c in _COMPARE:
-        t.add_column(c, justify="left" if c == "wins" else "right", no_wrap=c != "wins", overflow="fold")
+        t.add_column(c, justify="left" if c == "wins" else "right", no_wrap=c != "wins",
+                     overflow="fold" if c == "wins" else "ellipsis")
     for row in rows:
         best = row["best"]
 
