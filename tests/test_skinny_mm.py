@@ -241,9 +241,17 @@ def test_outputs_over_their_own_inputs_are_refused():
         with pytest.raises(InputError, match=f"sum_out: overlaps {name}"):
             skinny_mm(x, w, residual=res, norm=nw, eps=1e-6, sum_out=total)
     total = torch.zeros(2, 8)
-    for out, name in ((x, "x"), (res, "residual"), (total, "sum_out")):
+    for out, name in ((x, "x"), (res, "residual"), (total, "sum_out"), (w[:2], "w")):
         with pytest.raises(InputError, match=f"out: overlaps {name}"):
             skinny_mm(x, w, out=out, residual=res, norm=nw, eps=1e-6, sum_out=total)
+    gates = torch.zeros(2, 2, 4)  # the operand's gate [M, H, G], read while out is written
+    with pytest.raises(InputError, match="out: overlaps gate"):
+        skinny_mm(x, w, gate=gates, out=gates.view(2, 8))
+    z = torch.zeros(2, 2, 4)
+    with pytest.raises(InputError, match="out: overlaps z"):
+        skinny_mm(x, w, head_norm=torch.ones(4), z=z, eps=1e-6, out=z.view(2, 8))
+    with pytest.raises(InputError, match="out: its elements overlap"):
+        skinny_mm(x, w, out=torch.zeros(1, 8).expand(2, 8))
 
 
 @pytest.mark.gpu

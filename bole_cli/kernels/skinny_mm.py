@@ -36,7 +36,7 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.validate import check_tensor
+from bole_cli.kernels.validate import check_distinct_elements, check_tensor
 from bole_cli.limits import SKINNY_MM_MAX_ROWS
 
 COUNTERS = 1 << 16  # column blocks a split launch may have (its counters: 256 KiB a device)
@@ -234,8 +234,10 @@ def skinny_mm(x: torch.Tensor, w: torch.Tensor, *, out: Optional[torch.Tensor] =
         check_tensor("out", out, 2, (x.dtype,), x.device)
         if tuple(out.shape) != (m, n) or out.stride(1) != 1:
             raise InputError(f"out: expected [{m}, {n}] with contiguous columns, got {tuple(out.shape)}")
-        for name, t in (("x", x), ("residual", residual), ("sum_out", sum_out)):
-            if t is not None and out.numel() and _overlap(out, t):
+        check_distinct_elements("out", out)
+        for name, t in (("x", x), ("w", w), ("residual", residual), ("sum_out", sum_out), ("gate", gate),
+                        ("z", z)):
+            if t is not None and out.numel() and t.numel() and _overlap(out, t):
                 raise InputError(f"out: overlaps {name}, which the product reads or writes")
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     cfg = launch_config("skinny_mm", {"M": m, "N": w.shape[0], "K": k, "SMS": sms}, config)
@@ -347,7 +349,7 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors' memory spans intersect (a conservative test on their extents)."""
     def span(t):
         lo = t.data_ptr()
-        return lo, lo + ((t.shape[0] - 1) * t.stride(0) + t.shape[1]) * t.element_size()
+        return lo, lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
     (a0, a1), (b0, b1) = span(a), span(b)
     return a.device == b.device and a0 < b1 and b0 < a1
