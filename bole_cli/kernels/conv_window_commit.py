@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import BoleError
-from bole_cli.kernels.jit_math import clamp_span
+from bole_cli.kernels.jit_math import forest_span
 from bole_cli.kernels.validate import contiguous_vector
 
 BLOCK_CHANNELS = 128
@@ -39,8 +39,7 @@ def _conv_window_commit_kernel(
     b = pid % n_req
     a = tl.load(accepted + b).to(tl.int32)
     slot = tl.load(dst + b).to(tl.int64)
-    start = clamp_span(tl.load(cu + b).to(tl.int64), 0, n_rows)
-    n_nodes = clamp_span(tl.load(cu + b + 1).to(tl.int64), start, n_rows) - start
+    start, n_nodes = forest_span(cu, b, n_rows)
     if (a >= 0) & (a < n_nodes) & (slot >= 0) & (slot < n_slots):
         offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
         dmask = offs_d < dim

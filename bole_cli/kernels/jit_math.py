@@ -68,23 +68,23 @@ def unit_scales(nk, nq, scale, USE_L2NORM: tl.constexpr):
 
 
 @triton.jit
-def clamp_span(x, lo, hi):
-    """x within [lo, hi]: a request's offset inside the packed forest of hi nodes."""
-    return tl.minimum(tl.maximum(x, lo), hi)
+def forest_span(cu, b, n_rows):
+    """Request b of a packed forest of n_rows nodes: (first node, node count), int64, clamped
+    to the forest, so garbage offsets never move a read or write outside the arguments
+    (docs/design.md §3). A min and a max on the two offsets it loads: no load before the work."""
+    start = tl.minimum(tl.maximum(tl.load(cu + b).to(tl.int64), 0), n_rows)
+    end = tl.minimum(tl.maximum(tl.load(cu + b + 1).to(tl.int64), start), n_rows)
+    return start, end - start
 
 
 @triton.jit
 def request_span(cu, state_idx, b, n_slots, n_rows):
     """Request b of a packed forest: (first node, node count, state-pool slot, whether the
     slot is inside the pool of n_slots). One compare per program guards the pool against a
-    bad slot without a host check, and the span is clamped to the n_rows nodes, so garbage
-    offsets never move a read or write outside the arguments (docs/design.md §3); both act
-    on values already loaded, adding no load before the work."""
-    start = clamp_span(tl.load(cu + b).to(tl.int64), 0, n_rows)
-    end = clamp_span(tl.load(cu + b + 1).to(tl.int64), start, n_rows)
-    n_nodes = (end - start).to(tl.int32)
+    bad slot without a host check; the span is forest_span's."""
+    start, n_nodes = forest_span(cu, b, n_rows)
     slot = tl.load(state_idx + b).to(tl.int64)
-    return start, n_nodes, slot, (slot >= 0) & (slot < n_slots)
+    return start, n_nodes.to(tl.int32), slot, (slot >= 0) & (slot < n_slots)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.jit_math import clamp_span
+from bole_cli.kernels.jit_math import forest_span
 from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
     check_accepted,
@@ -48,9 +48,8 @@ def _tree_conv_kernel(
     b = tl.program_id(0)
     offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
     dmask = offs_d < dim
-    # the span clamped to the n_rows nodes: garbage offsets never move a read or write outside
-    start = clamp_span(tl.load(cu + b).to(tl.int64), 0, n_rows)
-    n_nodes = (clamp_span(tl.load(cu + b + 1).to(tl.int64), start, n_rows) - start).to(tl.int32)
+    start, n_nodes = forest_span(cu, b, n_rows)
+    n_nodes = n_nodes.to(tl.int32)
     slot = tl.load(state_idx + b).to(tl.int64)
     # A slot outside the pool (no host check): the window is never read, the outputs are NaN.
     in_pool = (slot >= 0) & (slot < n_slots)
@@ -93,8 +92,7 @@ def _tree_conv_commit_kernel(
     b = tl.program_id(0)
     a = tl.load(accepted + b).to(tl.int32)
     slot = tl.load(state_idx + b).to(tl.int64)
-    start = clamp_span(tl.load(cu + b).to(tl.int64), 0, n_rows)  # inside the n_rows nodes
-    n_nodes = clamp_span(tl.load(cu + b + 1).to(tl.int64), start, n_rows) - start
+    start, n_nodes = forest_span(cu, b, n_rows)
     # a slot outside the pool or a node outside the tree (no host check): slot untouched
     if (a >= 0) & (a < n_nodes) & (slot >= 0) & (slot < n_slots):
         offs_d = tl.program_id(1) * BD + tl.arange(0, BD)
