@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 from bole_cli import env
 
@@ -45,3 +46,16 @@ PARTIAL = "partial"
 def partial_path(path: Path) -> Path:
     """Where a cut run writes what it measured instead of `path`: NAME-partial.SUFFIX."""
     return path.with_name(f"{path.stem}-{PARTIAL}{path.suffix}")
+
+
+def drop_stale_plot(plot: Path, data: Path) -> Optional[str]:
+    """After `data` was written without a new plot (--no-plot, or cut before it): remove the
+    plot an earlier run drew beside it, which would show results that are gone. One line for
+    the user saying so (or why it stays), None when there was none."""
+    if not plot.is_file() or plot.is_symlink():
+        return None
+    try:
+        plot.unlink()
+    except OSError as exc:
+        return f"{plot} shows an earlier run's {data.name}, not this one (not removed: {exc.strerror})"
+    return f"removed {plot}: it showed an earlier run's {data.name}"

@@ -373,6 +373,20 @@ def test_json_output_and_options(no_gpu, tmp_path):
     assert not out.with_suffix(".png").exists()
 
 
+def test_no_plot_removes_the_plot_of_the_profile_it_replaces(no_gpu, tmp_path):
+    """A plot beside a profile shows that profile: rewritten with --no-plot, the older plot
+    goes (said in the warnings), so no picture of results that are gone is left behind."""
+    out = tmp_path / "p.yaml"
+    args = ("calibrate", "--gpu", "a100", "--model", "4b", "--batch", "1", "--kv", "1024", "--out", str(out))
+    assert _invoke(*args).exit_code == 0 and out.with_suffix(".png").exists()
+    r = _invoke(*args, "--no-plot", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert not out.with_suffix(".png").exists()
+    assert any("removed" in w and "p.png" in w for w in json.loads(r.stdout)["warnings"])
+    r = _invoke(*args, "--no-plot", "--json")  # nothing to remove: nothing said
+    assert r.exit_code == 0 and not any("p.png" in w for w in json.loads(r.stdout)["warnings"])
+
+
 def test_rewrite_keeps_the_kernels_section(no_gpu, tmp_path):
     from bole_cli.profiles import merge_section
 

@@ -355,6 +355,12 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             plot_path = plot_profile(profile, plot_path_for(path))
         except KeyboardInterrupt:  # the profile is written; only the picture is lost
             interrupted = True
+    if plot_path is None:
+        from bole_cli.calibrate.plot import plot_path_for
+        from bole_cli.paths import drop_stale_plot
+
+        stale = drop_stale_plot(plot_path_for(path), path)
+        warnings = warnings + [stale] if stale else warnings
     served, serve_command = served_instead(plan)
     return CalibrationResult(path=path, plot_path=plot_path, label=plan.label,
                              warnings=warnings, profile=profile, interrupted=interrupted,

@@ -241,6 +241,11 @@ def _finish(opts, ckpt, prompts, device, dtype, out, tally, started, interrupted
 
         plot_path = plot_acceptance(model.q, REPORT_BUDGETS, trees, model.chain(),
                                     tally.chain_committed(), name, out.with_suffix(".png"))
+    else:
+        from bole_cli.paths import drop_stale_plot
+
+        stale = drop_stale_plot(out.with_suffix(".png"), path)
+        notes = notes + [stale] if stale else notes
     return AcceptanceResult(path, plot_path, doc, model, tally, interrupted, notes)
 
 
