@@ -77,8 +77,8 @@ _STATE_FIRST = (
 _PARENTS_IN_REGISTERS = (
     ("    DP: tl.constexpr, USE_L2NORM: tl.constexpr,\n):",
      "    DP: tl.constexpr, TN: tl.constexpr, USE_L2NORM: tl.constexpr,\n):"),
-    ("        start, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots)\n",
-     "        start, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots)\n"
+    ("        start, _, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)\n",
+     "        start, _, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)\n"
      "        nodes = tl.arange(0, TN)\n"
      "        par = tl.load(parents + start + nodes, mask=nodes < (tl.load(cu + b + 1) - start),"
      " other=-1).to(tl.int32)\n"),
@@ -142,7 +142,7 @@ def _replay_rows(k_base, v_base, g_base, b_base, path, dist, start, at, offs_k, 
     return kr, vr, gr, br
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def _tree_commit_replay_kernel(
 """
 # the shipped walk's steps, from the root's row to the step's hand-over (a span edit: the
@@ -182,7 +182,7 @@ _R_PAIRS_BODY = """        g_all = dist.to(tl.float32) * 0.0
             s = s * (e0 * e1) + (e1 * n0 * u0)[:, None] * k0[None, :] + (n1 * u1)[:, None] * k1[None, :]
             k0, v0, g0, b0, k1, v1, g1, b1 = k2, v2, g2, b2, k3, v3, g3, b3
 """
-_R_PAIRS = (('@triton.jit(do_not_specialize=["n_slots"])\ndef _tree_commit_replay_kernel(\n', _R_ROWS_FN),
+_R_PAIRS = (('@triton.jit(do_not_specialize=["n_slots", "n_rows"])\ndef _tree_commit_replay_kernel(\n', _R_ROWS_FN),
             (*_R_LOOP, _R_PAIRS_BODY))
 # Four path nodes a step (the chain's 4 x 4 system by forward substitution, one update with
 # four rank-1 terms): a quarter of the dependent steps, no prefetch (the four rows' loads
@@ -385,6 +385,18 @@ _UNCLAMPED = (("    start, n_nodes, slot, in_pool = request_span(cu, state_idx, 
                "    slot = tl.load(state_idx + b).to(tl.int64)\n"
                "    in_pool = (slot >= 0) & (slot < n_slots)\n"),)
 
+# the commits' target as loaded before the twenty-first session: the offsets not clamped to
+# the N nodes, the first row not moved to 0 for a request outside the pool or its tree
+_C_UNCLAMPED_HEAD = ("        start = tl.load(cu + b).to(tl.int64)\n"
+                     "        slot = tl.load(state_idx + b).to(tl.int64)\n"
+                     "        in_pool = (slot >= 0) & (slot < n_slots) & (a < tl.load(cu + b + 1) - start)\n"
+                     "        slot = tl.where(in_pool, slot, 0)\n"
+                     "        a = tl.where(in_pool, a, 0)\n")
+_C_UNCLAMPED = (("        start, _, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)\n",
+                 _C_UNCLAMPED_HEAD),)
+_R_UNCLAMPED = (("        start, n_nodes, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)\n",
+                 _C_UNCLAMPED_HEAD + "        n_nodes = tl.load(cu + b + 1) - start\n"),)
+
 VARIANTS: dict[str, Variant] = {
     "a-merge-serial": Variant(ATTENTION, "the merge a chunk at a time, 16 rows a program (shipped before S9-b)",
                               _A_MERGE_SERIAL),
@@ -446,6 +458,10 @@ VARIANTS: dict[str, Variant] = {
                            "before the twentieth session)", _UNCLAMPED),
     "b-unclamped": Variant(VERIFY_BLOCKED, "the request's offsets as loaded, not clamped to the N nodes (shipped "
                            "before the twentieth session)", _UNCLAMPED),
+    "c-unclamped": Variant(COMMIT, "the request's offsets as loaded, not clamped to the N nodes, nor its first "
+                           "row outside the pool or tree (shipped before the twenty-first session)", _C_UNCLAMPED),
+    "r-unclamped": Variant(REPLAY, "the request's offsets as loaded, not clamped to the N nodes, nor its first "
+                           "row outside the pool or tree (shipped before the twenty-first session)", _R_UNCLAMPED),
     "no-values": Variant(VERIFY_TILE, "ablation: no value loop (state products, solves' products, stores)",
                          _NO_VALUES),
 }

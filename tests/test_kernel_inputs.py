@@ -19,7 +19,7 @@ from bole_cli.kernels import VerifyResult, gdn_gates, tree_commit, tree_conv, tr
 from bole_cli.kernels import tree_verify, tree_verify_gated
 from bole_cli.kernels.reference import tree_commit_ref, tree_conv_commit_ref, tree_conv_ref, tree_verify_ref
 from bole_cli.trees import random_forest
-from test_kernels import args, make_case, poisoned_out, rel_err
+from test_kernels import _inside_padding, args, make_case, poisoned_out, rel_err
 
 SIZES = [6, 9, 4]  # request 1 gets the bad slot
 BAD_SLOTS = [-1, -7, 5, 6, 10**9, 2**40]  # the pool has 5 slots (SIZES + 2 spare)
@@ -171,6 +171,43 @@ def test_accepted_node_of_an_empty_request_commits_nothing():
     assert torch.equal(state[spare], before)
     used = case["state_indices"].long()
     assert rel_err(state[used], want[used]) <= 1e-5
+
+
+
+@pytest.mark.parametrize("kernel,sizes,accepted", [
+    ("tree_commit", [9, 12], [5, 11]),
+    ("replay", [9, 12], [5, 11]),
+    ("replay", [70, 9], [69, 8]),  # a 70-node path: the passes kernel
+], ids=["tree_commit", "replay", "replay-passes"])
+def test_garbage_offsets_keep_the_commits_inside_the_rows(kernel, sizes, accepted):
+    """Without checks, the commits clamp cu_seqlens to the N nodes as the verify does: a first
+    offset below 0 commits the clamped forest's path (the same state as the clean offsets), a
+    request pushed past N so that its accepted node leaves the clamped tree is not committed.
+    Every row before and after the inputs holds NaN (-1 for parents): a read there would show."""
+    from bole_cli.kernels import tree_commit_replay
+
+    case, _ = make_case(7, sizes, h=1, group=2, kdim=16, vdim=16, decay=(-0.5, -0.01), shape="chain",
+                        slots_extra=2)
+    n, acc = sum(sizes), torch.tensor(accepted, dtype=torch.int32)
+    bad_cu = torch.tensor([-3, sizes[0] + 3, n + 3], dtype=torch.int32)
+    if kernel == "tree_commit":
+        res = tree_verify(*args(case))
+        rows = [case["k"], res.u, res.log_p]
+
+        def commit(state, rows_, parents, cu, a):
+            return tree_commit(state, case["state_indices"], *rows_, parents, cu, a, check_trees=False)
+    else:
+        rows = [case[x] for x in ("k", "v", "g", "beta")]
+
+        def commit(state, rows_, parents, cu, a):
+            return tree_commit_replay(state, case["state_indices"], *rows_, parents, cu, a, check_trees=False)
+    clean = commit(case["state"].clone(), rows, case["parents"], case["cu_seqlens"], acc)
+    got = commit(case["state"].clone(), [_inside_padding(t, float("nan"))[0] for t in rows],
+                 _inside_padding(case["parents"], -1)[0], bad_cu, acc)
+    first, second = (int(x) for x in case["state_indices"])
+    assert torch.equal(got[first], clean[first])
+    assert torch.equal(got[second], case["state"][second])
+    assert not torch.equal(clean[second], case["state"][second])  # the clean offsets do commit it
 
 
 @FAST

@@ -118,14 +118,17 @@ def commit_program(accepted, n_req):
 
 
 @triton.jit
-def commit_target(cu, state_idx, b, a, n_slots):
-    """(first row, pool slot, accepted node, in_pool) of request b committing node a >= 0:
-    a slot outside the pool or a node outside the request's tree clamps both to 0 for the
-    loads and in_pool False masks the store (no host check: docs/design.md §3)."""
-    start = tl.load(cu + b).to(tl.int64)
+def commit_target(cu, state_idx, b, a, n_slots, n_rows):
+    """(first row, node count, pool slot, accepted node, in_pool) of request b committing node
+    a >= 0, its span forest_span's: a slot outside the pool or a node outside the span clamps
+    the row, the count, the slot and the node to 0 for the loads (row 0 exists: the launchers
+    return before an empty forest) and in_pool False masks the store. ALU on the loads the
+    program already waits for, none added (no host check: docs/design.md §3)."""
+    start, n_nodes = forest_span(cu, b, n_rows)
     slot = tl.load(state_idx + b).to(tl.int64)
-    in_pool = (slot >= 0) & (slot < n_slots) & (a < tl.load(cu + b + 1) - start)
-    return start, tl.where(in_pool, slot, 0), tl.where(in_pool, a, 0), in_pool
+    in_pool = (slot >= 0) & (slot < n_slots) & (a < n_nodes)
+    return (tl.where(in_pool, start, 0), tl.where(in_pool, n_nodes, 0), tl.where(in_pool, slot, 0),
+            tl.where(in_pool, a, 0), in_pool)
 
 
 @triton.jit

@@ -60,10 +60,10 @@ def accepted_path_sum(acc, k, u, lp_base, parents, start, cur, lp_a, h, hv, offs
     return acc
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def _tree_commit_kernel(
     state, state_idx, k, u, log_p, parents, cu, accepted,
-    n_req, n_slots,
+    n_req, n_slots, n_rows,
     s_sl, s_sn, s_sh, s_sv, s_kl, s_kn, s_kh, s_ul, s_un, s_uh, s_ll, s_ln,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     DP: tl.constexpr, USE_L2NORM: tl.constexpr,
@@ -75,7 +75,7 @@ def _tree_commit_kernel(
     # H200, experiments/NOTES.md "commit guard".)
     if a >= 0:
         h = hv // GROUP
-        start, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots)
+        start, _, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)
         offs_k = tl.arange(0, KP)
         kmask = offs_k < K
         offs_v = iv * BV + tl.arange(0, BV)
@@ -131,7 +131,7 @@ def tree_commit(
     lstr, st, kk, uu, ll = layer_views(state, k, u, log_p, bool(c.lead))
     _tree_commit_kernel[(n_layers * c.bsz, c.hv, triton.cdiv(c.vdim, bv))](
         state, c.state_indices, k, u, log_p, c.parents, c.cu_seqlens, c.accepted,
-        c.bsz, c.n_slots, *commit_strides(lstr, st, kk, uu, ll),
+        c.bsz, c.n_slots, c.n, *commit_strides(lstr, st, kk, uu, ll),
         GROUP=c.hv // c.h, K=c.kdim, V=c.vdim, KP=triton.next_power_of_2(c.kdim), BV=bv, DP=cfg["DP"],
         USE_L2NORM=use_qk_l2norm,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

@@ -45,10 +45,10 @@ from bole_cli.kernels.tree_commit_replay_passes import launch_passes
 from bole_cli.limits import MAX_TREE_NODES, REPLAY_CONST_ROW_PATH, REPLAY_GATES_FIRST_PMAX, REPLAY_STEP_PATH
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def _tree_commit_replay_kernel(
     state, state_idx, k, v, g, beta, A_log, dt_bias, parents, cu, accepted,
-    n_req, n_slots,
+    n_req, n_slots, n_rows,
     s_sl, s_sn, s_sh, s_sv, s_kl, s_kn, s_kh, s_vl, s_vn, s_vh, s_gl, s_gn, s_bl, s_bn, s_al,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     PMAX: tl.constexpr, WALK: tl.constexpr, USE_L2NORM: tl.constexpr, GATED: tl.constexpr,
@@ -58,11 +58,10 @@ def _tree_commit_replay_kernel(
     if a >= 0:
         h = hv // GROUP
         neg_a, bias = gate_params(A_log + layer * s_al, dt_bias + layer * s_al, hv, GATED)
-        start, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots)
+        start, n_nodes, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)
         # The accepted path, deepest first, walked in registers over the request's parents
         # (one load of at most PMAX entries, not one dependent load a node)
         dist = tl.arange(0, PMAX)
-        n_nodes = tl.load(cu + b + 1) - start
         par = tl.load(parents + start + dist, mask=dist < n_nodes, other=-1).to(tl.int32)
         path = tl.zeros([PMAX], dtype=tl.int32)
         cur = a
@@ -231,7 +230,7 @@ def _replay(state, state_indices, k, v, g, beta, A_log, dt_bias, parents, cu_seq
     if not gated:
         A_log = dt_bias = g  # never read
     args = (state, c.state_indices, k, v, g, beta, A_log, dt_bias, c.parents, c.cu_seqlens, c.accepted,
-            c.bsz, c.n_slots,
+            c.bsz, c.n_slots, c.n,
             lstr[0], st.stride(0), st.stride(1), st.stride(2), lstr[1], kk.stride(0), kk.stride(1),
             lstr[2], vv.stride(0), vv.stride(1), lstr[3], gg.stride(0), lstr[4], bb.stride(0),
             A_log.stride(0) if gated and A_log.dim() > 1 else 0)

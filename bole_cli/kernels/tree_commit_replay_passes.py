@@ -47,10 +47,10 @@ def split_dot(a, b, SPLIT_A: tl.constexpr, EXACT_KEYS: tl.constexpr):
     return out
 
 
-@triton.jit(do_not_specialize=["n_slots"])
+@triton.jit(do_not_specialize=["n_slots", "n_rows"])
 def _replay_passes_kernel(
     state, state_idx, k, v, g, beta, A_log, dt_bias, parents, cu, accepted,
-    n_req, n_slots,
+    n_req, n_slots, n_rows,
     s_sl, s_sn, s_sh, s_sv, s_kl, s_kn, s_kh, s_vl, s_vn, s_vh, s_gl, s_gn, s_bl, s_bn, s_al,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     DP: tl.constexpr, PMAX: tl.constexpr, USE_L2NORM: tl.constexpr, GATED: tl.constexpr,
@@ -60,7 +60,7 @@ def _replay_passes_kernel(
     if a >= 0:
         h = hv // GROUP
         neg_a, bias = gate_params(A_log + layer * s_al, dt_bias + layer * s_al, hv, GATED)
-        start, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots)
+        start, _, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)
         # The accepted path, deepest first: path[i] is the accepted node's i-th ancestor.
         dist = tl.arange(0, PMAX)
         path = tl.zeros([PMAX], dtype=tl.int32)
