@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The twenty-first session's clamp of the commits' target (docs/design.md §3, experiments/NOTES.md
-# "The commits' offsets clamped"), on whichever card a device call gets: the shipped commits
+# "The commits' target clamped"), on whichever card a device call gets: the shipped commits
 # against the unclamped ones (kernel_variants.py c-unclamped, r-unclamped) in one process, 24
 # layers a launch as the runtime commits, then the GPU suite. One call; the results in $OUT.
 set -uo pipefail
