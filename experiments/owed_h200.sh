@@ -44,7 +44,8 @@
 # H100 (S18-a to S18-c): the GPU suite with S17-a (184 s from cold), check for 27B paper-cnndm, the
 # H100 profiles (4B, 9B, 27B) at S17-a. Nineteenth session, an H100 (S19-a): the GPU suite on the
 # eighteenth session's last commit (237 s from cold). Twentieth session, an H100 (S20-a): the GPU
-# suite on the nineteenth session's last commit (218 s from cold). On the H200, first the
+# suite on the nineteenth session's last commit (218 s from cold). Twenty-first session, an H100 (S21-a):
+# the commits' target clamp against the unclamped commits and the GPU suite (238 s from cold). On the H200, first the
 # attention job and attention64 (each ends with `experiments/attention_rule.py` on its records in
 # its log: the rule against S9-f's and the fastest launch, per cell: retune if it loses there),
 # then profiles, knee, check, tests. Run the rest in this order (a
