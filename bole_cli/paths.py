@@ -48,14 +48,12 @@ def partial_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}-{PARTIAL}{path.suffix}")
 
 
-def drop_stale_plot(plot: Path, data: Path) -> Optional[str]:
-    """After `data` was written without a new plot (--no-plot, or cut before it): remove the
-    plot an earlier run drew beside it, which would show results that are gone. One line for
-    the user saying so (or why it stays), None when there was none."""
-    if not plot.is_file() or plot.is_symlink():
+
+def stale_plot_note(plot: Path, data: Path) -> Optional[str]:
+    """After `data` was written without a new plot (--no-plot, or cut before it): one line
+    saying that the plot beside it, if any, is an earlier run's and shows other results; None
+    when there is none. The plot is left alone: it may be another file's (a.yaml and a.json
+    share a.png), and a user's file is never deleted behind their back."""
+    if not (plot.exists() or plot.is_symlink()):
         return None
-    try:
-        plot.unlink()
-    except OSError as exc:
-        return f"{plot} shows an earlier run's {data.name}, not this one (not removed: {exc.strerror})"
-    return f"removed {plot}: it showed an earlier run's {data.name}"
+    return f"{plot} is an earlier run's plot: it does not show this {data.name}"

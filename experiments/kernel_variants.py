@@ -78,10 +78,9 @@ _PARENTS_IN_REGISTERS = (
     ("    DP: tl.constexpr, USE_L2NORM: tl.constexpr,\n):",
      "    DP: tl.constexpr, TN: tl.constexpr, USE_L2NORM: tl.constexpr,\n):"),
     ("        start, _, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)\n",
-     "        start, _, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)\n"
+     "        start, n_nodes, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)\n"
      "        nodes = tl.arange(0, TN)\n"
-     "        par = tl.load(parents + start + nodes, mask=nodes < (tl.load(cu + b + 1) - start),"
-     " other=-1).to(tl.int32)\n"),
+     "        par = tl.load(parents + start + nodes, mask=nodes < n_nodes, other=-1).to(tl.int32)\n"),
     ("def accepted_path_sum(acc, k, u, lp_base, parents, start, cur,",
      "def accepted_path_sum(acc, k, u, lp_base, parents, start, cur, nodes, par,"),
     ("lp_base, parents, start, a, lp_a,", "lp_base, parents, start, a, nodes, par, lp_a,"),

@@ -90,16 +90,17 @@ def test_the_text_view_fits_80_columns(ckpt, tmp_path):
         "bole", "calibrate", "--gpu", "GPU", "--model", str(ckpt.resolve()), "--acceptance", str(tmp_path / "a.yaml")]
 
 
-def test_no_plot_removes_the_plot_of_the_file_it_replaces(ckpt, tmp_path):
-    """An acceptance file rewritten with --no-plot takes the older plot beside it away, and says so."""
+def test_no_plot_says_the_plot_beside_the_file_is_an_earlier_runs(ckpt, tmp_path):
+    """An acceptance file rewritten with --no-plot: a note says the plot beside it is an
+    earlier run's; the plot is left alone."""
     prompts = write_prompts(tmp_path / "p.jsonl", ["Hello"])
     args = ["acceptance", "--model", str(ckpt), "--prompts", str(prompts), "--depth", "2", "--max-new", "4",
             "--device", "cpu", "--out", str(tmp_path / "a.yaml"), "--json"]
     assert runner.invoke(cli.app, args).exit_code == 0 and (tmp_path / "a.png").exists()
     r = runner.invoke(cli.app, args + ["--no-plot"])
     assert r.exit_code == 0, r.stderr
-    assert not (tmp_path / "a.png").exists()
-    assert any(n.startswith("removed ") and "a.png" in n for n in json.loads(r.stdout)["notes"])
+    assert (tmp_path / "a.png").exists()
+    assert any("a.png is an earlier run's plot" in n for n in json.loads(r.stdout)["notes"])
 
 
 def test_the_next_command_names_the_gpu_it_ran_on():

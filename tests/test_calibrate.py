@@ -373,17 +373,20 @@ def test_json_output_and_options(no_gpu, tmp_path):
     assert not out.with_suffix(".png").exists()
 
 
-def test_no_plot_removes_the_plot_of_the_profile_it_replaces(no_gpu, tmp_path):
-    """A plot beside a profile shows that profile: rewritten with --no-plot, the older plot
-    goes (said in the warnings), so no picture of results that are gone is left behind."""
+def test_no_plot_says_the_plot_beside_the_profile_is_an_earlier_runs(no_gpu, tmp_path):
+    """A plot beside a profile rewritten with --no-plot shows the earlier profile: a warning
+    says so, and the file is left alone (it is the user's)."""
     out = tmp_path / "p.yaml"
     args = ("calibrate", "--gpu", "a100", "--model", "4b", "--batch", "1", "--kv", "1024", "--out", str(out))
     assert _invoke(*args).exit_code == 0 and out.with_suffix(".png").exists()
     r = _invoke(*args, "--no-plot", "--json")
     assert r.exit_code == 0, r.stderr
-    assert not out.with_suffix(".png").exists()
-    assert any("removed" in w and "p.png" in w for w in json.loads(r.stdout)["warnings"])
-    r = _invoke(*args, "--no-plot", "--json")  # nothing to remove: nothing said
+    assert out.with_suffix(".png").exists()
+    assert any("p.png is an earlier run's plot" in w for w in json.loads(r.stdout)["warnings"])
+    r = _invoke(*args, "--no-plot")
+    assert r.exit_code == 0 and "earlier run's plot" in r.stderr
+    out.with_suffix(".png").unlink()
+    r = _invoke(*args, "--no-plot", "--json")  # no plot: nothing said
     assert r.exit_code == 0 and not any("p.png" in w for w in json.loads(r.stdout)["warnings"])
 
 

@@ -7,7 +7,9 @@ or S would land in a canary, so "the pool is untouched" is checked on every byte
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 
 import pytest
 import torch
@@ -172,6 +174,24 @@ def test_accepted_node_of_an_empty_request_commits_nothing():
     used = case["state_indices"].long()
     assert rel_err(state[used], want[used]) <= 1e-5
 
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="PROT_NONE guard pages need a POSIX libc (mprotect)")
+def test_the_kernels_touch_nothing_outside_their_arguments():
+    """Every argument flush against a page the process may not touch (before, then after it),
+    under offsets and accepted nodes no tree of the contract has (an empty last request
+    claiming a node, a request pushed past N, offsets below 0 and huge ones): both commits on
+    the node-by-node and the passes routes, the verify on each route, both conv kernels. A read
+    whose value never reaches an output (a request that stores nothing) faults too, which NaN
+    padding cannot show (tests/guard_pages.py)."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).with_name("guard_pages.py")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    last = (run.stdout.strip().splitlines() or ["(nothing)"])[-1]
+    assert run.returncode == 0 and last == "all cases ran", f"exit {run.returncode} at {last!r}: {run.stderr[-800:]}"
 
 
 @pytest.mark.parametrize("kernel,sizes,accepted", [

@@ -357,9 +357,9 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             interrupted = True
     if plot_path is None:
         from bole_cli.calibrate.plot import plot_path_for
-        from bole_cli.paths import drop_stale_plot
+        from bole_cli.paths import stale_plot_note
 
-        stale = drop_stale_plot(plot_path_for(path), path)
+        stale = stale_plot_note(plot_path_for(path), path)
         warnings = warnings + [stale] if stale else warnings
     served, serve_command = served_instead(plan)
     return CalibrationResult(path=path, plot_path=plot_path, label=plan.label,

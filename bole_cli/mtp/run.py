@@ -242,9 +242,9 @@ def _finish(opts, ckpt, prompts, device, dtype, out, tally, started, interrupted
         plot_path = plot_acceptance(model.q, REPORT_BUDGETS, trees, model.chain(),
                                     tally.chain_committed(), name, out.with_suffix(".png"))
     else:
-        from bole_cli.paths import drop_stale_plot
+        from bole_cli.paths import stale_plot_note
 
-        stale = drop_stale_plot(out.with_suffix(".png"), path)
+        stale = stale_plot_note(out.with_suffix(".png"), path)
         notes = notes + [stale] if stale else notes
     return AcceptanceResult(path, plot_path, doc, model, tally, interrupted, notes)
 

@@ -1,0 +1,131 @@
+"""Tensors flush against a page the process may not touch (PROT_NONE), for the kernels' bounds
+under Triton's CPU interpreter, which reads and writes through raw pointers: any access
+outside an argument, even one whose value never reaches an output (a read for a request that
+then stores nothing), ends the process with SIGSEGV. Run as a script, in a subprocess, so a
+fault fails the calling test and not pytest:
+
+    TRITON_INTERPRET=1 python tests/guard_pages.py   # prints one line a case, then "all cases ran"
+
+Linux (or any POSIX libc with mprotect) only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+
+import torch
+
+PAGE = mmap.PAGESIZE
+_KEEP: list = []  # the mappings behind the tensors: alive as long as the process
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+def guarded(t: torch.Tensor, side: str) -> torch.Tensor:
+    """A contiguous copy of t whose first byte ("before") or last byte ("after") touches a
+    PROT_NONE page."""
+    t = t.contiguous()
+    nbytes = t.numel() * t.element_size()
+    pages = -(-nbytes // PAGE) + 1
+    mm = mmap.mmap(-1, (pages + 1) * PAGE)
+    _KEEP.append(mm)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    if side == "after":
+        offset, guard = pages * PAGE - nbytes, base + pages * PAGE
+    else:
+        offset, guard = PAGE, base
+    out = torch.frombuffer(mm, dtype=t.dtype, count=t.numel(), offset=offset).view(t.shape)
+    out.copy_(t)
+    if _libc().mprotect(guard, PAGE, 0) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect")
+    return out
+
+
+# (name, sizes, cu_seqlens, accepted): without checks, offsets and nodes no tree of the contract has
+COMMIT_CASES = [
+    ("empty-last", [9, 12], lambda n, s: [0, n, n], lambda s: [s[0] - 1, 0]),  # claims node 0 of nothing
+    ("past-n", [9, 12], lambda n, s: [0, s[0], n + 40], lambda s: [s[0] - 1, s[1] - 1]),
+    ("below-0", [9, 12], lambda n, s: [-40, s[0], n], lambda s: [s[0] - 1, s[1] - 1]),
+    ("huge", [9, 12], lambda n, s: [2**40, -2**40, 2**41], lambda s: [3, 5]),
+    ("empty-last-long", [70, 9], lambda n, s: [0, n, n], lambda s: [69, 0]),  # the passes kernel's route
+    ("past-n-long", [9, 70], lambda n, s: [0, s[0], n + 40], lambda s: [8, 69]),
+]
+
+
+def run_commit_cases() -> None:
+    from test_kernels import args, make_case
+
+    from bole_cli.kernels import tree_commit, tree_commit_replay, tree_verify
+
+    for name, sizes, cu_of, acc_of in COMMIT_CASES:
+        case, _ = make_case(7, sizes, h=1, group=2, kdim=16, vdim=16, decay=(-0.5, -0.01), shape="chain",
+                            slots_extra=2)
+        cu = torch.tensor(cu_of(sum(sizes), sizes), dtype=torch.int64)
+        acc = torch.tensor(acc_of(sizes), dtype=torch.int32)
+        res = tree_verify(*args(case))
+        for kernel in ("tree_commit", "replay"):
+            rows = [case["k"], res.u, res.log_p] if kernel == "tree_commit" else \
+                [case[x] for x in ("k", "v", "g", "beta")]
+            commit = tree_commit if kernel == "tree_commit" else tree_commit_replay
+            for side in ("after", "before"):
+                print(f"{kernel} {name} {side}", flush=True)  # the last line before a fault names it
+                g = lambda t: guarded(t, side)  # noqa: E731
+                commit(g(case["state"]), g(case["state_indices"]), *[g(r) for r in rows], g(case["parents"]),
+                       g(cu), g(acc), check_trees=False)
+
+
+# (name, sizes, the verify's promises): each route of the verify (tests/test_kernels.py's routes)
+VERIFY_ROUTES = [
+    ("tile", [9, 12], {"max_nodes": 64}),
+    ("blocked", [70, 9], {"max_depth": 69, "config": {"SPLIT": 0, "LEVELS": 0}}),
+    ("split", [70, 9], {"max_depth": 69, "config": {"SPLIT": 1, "LEVELS": 0}}),
+    ("levels", [70, 9], {"max_depth": 8}),
+    ("chain", [100, 9], {}),
+]
+
+
+def run_verify_and_conv_cases() -> None:
+    """The verify on every route and both conv kernels under the same offsets, outputs guarded too."""
+    from test_kernels import args, make_case, poisoned_out
+
+    from bole_cli.kernels import VerifyResult, tree_conv, tree_conv_commit, tree_verify
+
+    for route, sizes, call in VERIFY_ROUTES:
+        case, _ = make_case(7, sizes, h=1, group=2, kdim=16, vdim=16, decay=(-0.5, -0.01),
+                            shape="chain" if route in ("chain", "blocked", "split") else "any", slots_extra=2)
+        n = sum(sizes)
+        for name, cu in (("empty-last", [0, n, n]), ("past-n", [0, sizes[0], n + 40]),
+                         ("below-0", [-40, sizes[0], n]), ("huge", [2**40, -2**40, 2**41])):
+            for side in ("after", "before"):
+                print(f"verify {route} {name} {side}", flush=True)
+                g = lambda t: guarded(t, side)  # noqa: E731
+                bad = dict(case, cu_seqlens=torch.tensor(cu, dtype=torch.int64))
+                tree_verify(*[g(t) for t in args(bad)], check_trees=False,
+                            out=VerifyResult(*(g(t) for t in poisoned_out(case))), **call)
+                if route != "tile":
+                    continue
+                x = g(case["v"][:, 0, :])
+                pool, weight, bias = g(torch.randn(5, 16, 3)), g(torch.randn(16, 4)), g(torch.randn(16))
+                acc = g(torch.tensor([3, 0], dtype=torch.int32))
+                print(f"tree_conv {name} {side}", flush=True)
+                tree_conv(x, pool, weight, bias, g(case["state_indices"]), g(case["parents"]),
+                          g(bad["cu_seqlens"]), check_trees=False, out=g(torch.empty_like(x)))
+                print(f"tree_conv_commit {name} {side}", flush=True)
+                tree_conv_commit(pool, x, g(case["state_indices"]), g(case["parents"]), g(bad["cu_seqlens"]), acc,
+                                 check_trees=False)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))]
+    run_commit_cases()
+    run_verify_and_conv_cases()
+    print("all cases ran", flush=True)
