@@ -122,10 +122,38 @@ def run_verify_and_conv_cases() -> None:
                                  check_trees=False)
 
 
+def run_plugin_cases() -> None:
+    """The plug-in's conv-window commit and slot seeding under the same offsets and slots past
+    the pool on either side."""
+    from bole_cli.kernels.conv_window_commit import conv_window_commit
+    from bole_cli.kernels.seed_slots import seed_slots
+
+    sizes, layers, dim, w1, slots = [9, 12], 2, 8, 3, 4
+    n = sum(sizes)
+    parents = torch.tensor(list(range(-1, 8)) + list(range(-1, 11)), dtype=torch.int32)
+    for name, cu in (("empty-last", [0, n, n]), ("past-n", [0, sizes[0], n + 40]),
+                     ("below-0", [-40, sizes[0], n]), ("huge", [2**40, -2**40, 2**41])):
+        for dst in ([0, 3], [slots, -1], [2**40, -2**40]):
+            for side in ("after", "before"):
+                print(f"conv_window_commit {name} dst={dst} {side}", flush=True)
+                g = lambda t: guarded(t, side)  # noqa: E731
+                conv_window_commit(g(torch.randn(layers, slots, dim, w1)), g(torch.randn(layers, n, dim)),
+                                   g(torch.randn(layers, 2, dim, w1)), g(torch.tensor(dst, dtype=torch.int64)),
+                                   g(parents), g(torch.tensor(cu, dtype=torch.int64)),
+                                   g(torch.tensor([8, 11], dtype=torch.int32)))
+    for src, dst in (([0, slots], [1, -1]), ([2**40, 1], [-2**40, 2]), ([-1, 3], [slots + 7, 0])):
+        for side in ("after", "before"):
+            print(f"seed_slots src={src} dst={dst} {side}", flush=True)
+            g = lambda t: guarded(t, side)  # noqa: E731
+            seed_slots(g(torch.randn(layers, slots, 3, 5)), g(torch.tensor(src, dtype=torch.int64)),
+                       g(torch.tensor(dst, dtype=torch.int64)), g(torch.tensor([0, 2], dtype=torch.int32)))
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))]
     run_commit_cases()
     run_verify_and_conv_cases()
+    run_plugin_cases()
     print("all cases ran", flush=True)

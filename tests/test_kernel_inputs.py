@@ -181,7 +181,8 @@ def test_the_kernels_touch_nothing_outside_their_arguments():
     """Every argument flush against a page the process may not touch (before, then after it),
     under offsets and accepted nodes no tree of the contract has (an empty last request
     claiming a node, a request pushed past N, offsets below 0 and huge ones): both commits on
-    the node-by-node and the passes routes, the verify on each route, both conv kernels. A read
+    the node-by-node and the passes routes, the verify on each route, both conv kernels, the
+    plug-in's conv-window commit and slot seeding. A read
     whose value never reaches an output (a request that stores nothing) faults too, which NaN
     padding cannot show (tests/guard_pages.py)."""
     import subprocess
