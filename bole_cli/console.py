@@ -20,6 +20,16 @@ out = Console(highlight=False, emoji=False)
 err = Console(stderr=True, highlight=False, emoji=False)
 
 
+def add_columns(table: Any, names, text=()) -> None:
+    """Add `names` to a Rich table: those in `text` (labels, decisions) left-aligned and folding
+    first when the terminal is narrow, the figures right-aligned, never wrapped, and cut with a
+    visible "…" only where the table cannot fit at all (docs/design.md §7)."""
+    for name in names:
+        label = name in text
+        table.add_column(name, justify="left" if label else "right", no_wrap=not label,
+                         overflow="fold" if label else "ellipsis")
+
+
 def _jsonable(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()

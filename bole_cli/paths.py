@@ -48,7 +48,6 @@ def partial_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}-{PARTIAL}{path.suffix}")
 
 
-
 def stale_plot_note(plot: Path, data: Path) -> Optional[str]:
     """After `data` was written without a new plot (--no-plot, or cut before it): one line
     saying that the plot beside it, if any, is an earlier run's and shows other results; None

@@ -39,7 +39,8 @@ from bole_cli.limits import REPLAY_GATES_FIRST_PMAX
 
 POINTERS = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*bf16", "beta": "*bf16", "A_log": "*fp32",
             "dt_bias": "*fp32", "state": "*fp32", "state_idx": "*i32", "parents": "*i32", "cu": "*i32",
-            "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "scale": "fp32", "n_slots": "i32", "n_rows": "i32", "n_hv": "i32",
+            "o": "*bf16", "u": "*fp32", "log_p": "*fp32", "scale": "fp32", "n_slots": "i32", "n_rows": "i32",
+            "n_hv": "i32",
             "ys": "*fp32", "kk_ws": "*fp32", "qk_ws": "*fp32", "bits_ws": "*i64", "fu": "*fp32", "fo": "*fp32",
             "accepted": "*i32", "n_req": "i32", "ancestors": "*i32", "kk": "*fp32", "qk": "*fp32",
             "n_h": "i32", "xs": "*fp32", "gram_kk": "*fp32", "gram_qk": "*fp32"}

@@ -4,17 +4,8 @@
 # against the unclamped ones (kernel_variants.py c-unclamped, r-unclamped) in one process, 24
 # layers a launch as the runtime commits, then the GPU suite. One call; the results in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD  # ab_kernels.py runs from experiments/
-PY=${PYTHON:-python3}
-OUT=$(mkdir -p "${OUT:-out-s21}" && cd "${OUT:-out-s21}" && pwd)
-log="$OUT/s21-commit-clamp.log"
-run() { echo "+ $*" | tee -a "$log"; "$@" >>"$log" 2>&1; echo "rc=$? $(date +%T)" | tee -a "$log"; }
-$PY -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" >>"$log" 2>&1
-if ls .whl/py/*.whl >/dev/null 2>&1 && ! $PY -c "import optuna" 2>/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/py/*.whl \
-    && export PYTHONPATH=$PWD:/tmp/site
-fi
+ab_name=s21 ab_log=s21-commit-clamp.log
+. "$(dirname "$0")/ab_session.sh"
 (cd experiments && run timeout 100 $PY ab_kernels.py commit c-unclamped --layers 24 --cases 1x16,1x64,4x64,16x64,64x64 \
   --out "$OUT/ab-commit-unclamped.json")
 (cd experiments && run timeout 120 $PY ab_kernels.py replay r-unclamped --layers 24 \

@@ -48,37 +48,39 @@ def guarded(t: torch.Tensor, side: str) -> torch.Tensor:
     return out
 
 
-# (name, sizes, cu_seqlens, accepted): without checks, offsets and nodes no tree of the contract has
-COMMIT_CASES = [
-    ("empty-last", [9, 12], lambda n, s: [0, n, n], lambda s: [s[0] - 1, 0]),  # claims node 0 of nothing
-    ("past-n", [9, 12], lambda n, s: [0, s[0], n + 40], lambda s: [s[0] - 1, s[1] - 1]),
-    ("below-0", [9, 12], lambda n, s: [-40, s[0], n], lambda s: [s[0] - 1, s[1] - 1]),
-    ("huge", [9, 12], lambda n, s: [2**40, -2**40, 2**41], lambda s: [3, 5]),
-    ("empty-last-long", [70, 9], lambda n, s: [0, n, n], lambda s: [69, 0]),  # the passes kernel's route
-    ("past-n-long", [9, 70], lambda n, s: [0, s[0], n + 40], lambda s: [8, 69]),
-]
+def garbage_offsets(n: int, first: int) -> list:
+    """(name, cu_seqlens) of two requests over n nodes, the first of `first`, that no forest of
+    the contract has (what a kernel may meet without checks, under CUDA graphs)."""
+    return [("empty-last", [0, n, n]),  # the second request is empty (and may claim a node)
+            ("past-n", [0, first, n + 40]), ("below-0", [-40, first, n]), ("huge", [2**40, -2**40, 2**41])]
+
+
+def guards(label: str):
+    """For each side of the arguments, the case printed (the last line before a fault names
+    it) and the function that guards a tensor on that side."""
+    for side in ("after", "before"):
+        print(f"{label} {side}", flush=True)
+        yield lambda t, side=side: guarded(t, side)
 
 
 def run_commit_cases() -> None:
+    """Both commits; a 70-node path takes the replay's passes kernel."""
     from test_kernels import args, make_case
 
     from bole_cli.kernels import tree_commit, tree_commit_replay, tree_verify
 
-    for name, sizes, cu_of, acc_of in COMMIT_CASES:
+    for sizes in ([9, 12], [70, 9], [9, 70]):
         case, _ = make_case(7, sizes, h=1, group=2, kdim=16, vdim=16, decay=(-0.5, -0.01), shape="chain",
                             slots_extra=2)
-        cu = torch.tensor(cu_of(sum(sizes), sizes), dtype=torch.int64)
-        acc = torch.tensor(acc_of(sizes), dtype=torch.int32)
         res = tree_verify(*args(case))
-        for kernel in ("tree_commit", "replay"):
-            rows = [case["k"], res.u, res.log_p] if kernel == "tree_commit" else \
-                [case[x] for x in ("k", "v", "g", "beta")]
-            commit = tree_commit if kernel == "tree_commit" else tree_commit_replay
-            for side in ("after", "before"):
-                print(f"{kernel} {name} {side}", flush=True)  # the last line before a fault names it
-                g = lambda t: guarded(t, side)  # noqa: E731
-                commit(g(case["state"]), g(case["state_indices"]), *[g(r) for r in rows], g(case["parents"]),
-                       g(cu), g(acc), check_trees=False)
+        commits = {"tree_commit": (tree_commit, [case["k"], res.u, res.log_p]),
+                   "replay": (tree_commit_replay, [case[x] for x in ("k", "v", "g", "beta")])}
+        for name, cu in garbage_offsets(sum(sizes), sizes[0]):
+            acc = torch.tensor([sizes[0] - 1, 0 if name == "empty-last" else sizes[1] - 1], dtype=torch.int32)
+            for kernel, (commit, rows) in commits.items():
+                for g in guards(f"{kernel} {sizes} {name}"):
+                    commit(g(case["state"]), g(case["state_indices"]), *[g(r) for r in rows], g(case["parents"]),
+                           g(torch.tensor(cu)), g(acc), check_trees=False)
 
 
 # (name, sizes, the verify's promises): each route of the verify (tests/test_kernels.py's routes)
@@ -100,26 +102,20 @@ def run_verify_and_conv_cases() -> None:
     for route, sizes, call in VERIFY_ROUTES:
         case, _ = make_case(7, sizes, h=1, group=2, kdim=16, vdim=16, decay=(-0.5, -0.01),
                             shape="chain" if route in ("chain", "blocked", "split") else "any", slots_extra=2)
-        n = sum(sizes)
-        for name, cu in (("empty-last", [0, n, n]), ("past-n", [0, sizes[0], n + 40]),
-                         ("below-0", [-40, sizes[0], n]), ("huge", [2**40, -2**40, 2**41])):
-            for side in ("after", "before"):
-                print(f"verify {route} {name} {side}", flush=True)
-                g = lambda t: guarded(t, side)  # noqa: E731
-                bad = dict(case, cu_seqlens=torch.tensor(cu, dtype=torch.int64))
+        for name, cu in garbage_offsets(sum(sizes), sizes[0]):
+            bad = dict(case, cu_seqlens=torch.tensor(cu))
+            for g in guards(f"verify {route} {name}"):
                 tree_verify(*[g(t) for t in args(bad)], check_trees=False,
                             out=VerifyResult(*(g(t) for t in poisoned_out(case))), **call)
-                if route != "tile":
-                    continue
+            if route != "tile":
+                continue
+            for g in guards(f"tree_conv and tree_conv_commit {name}"):
                 x = g(case["v"][:, 0, :])
-                pool, weight, bias = g(torch.randn(5, 16, 3)), g(torch.randn(16, 4)), g(torch.randn(16))
-                acc = g(torch.tensor([3, 0], dtype=torch.int32))
-                print(f"tree_conv {name} {side}", flush=True)
-                tree_conv(x, pool, weight, bias, g(case["state_indices"]), g(case["parents"]),
-                          g(bad["cu_seqlens"]), check_trees=False, out=g(torch.empty_like(x)))
-                print(f"tree_conv_commit {name} {side}", flush=True)
-                tree_conv_commit(pool, x, g(case["state_indices"]), g(case["parents"]), g(bad["cu_seqlens"]), acc,
-                                 check_trees=False)
+                pool = g(torch.randn(5, 16, 3))
+                tree_conv(x, pool, g(torch.randn(16, 4)), g(torch.randn(16)), g(case["state_indices"]),
+                          g(case["parents"]), g(bad["cu_seqlens"]), check_trees=False, out=g(torch.empty_like(x)))
+                tree_conv_commit(pool, x, g(case["state_indices"]), g(case["parents"]), g(bad["cu_seqlens"]),
+                                 g(torch.tensor([3, 0], dtype=torch.int32)), check_trees=False)
 
 
 def run_plugin_cases() -> None:
@@ -131,22 +127,16 @@ def run_plugin_cases() -> None:
     sizes, layers, dim, w1, slots = [9, 12], 2, 8, 3, 4
     n = sum(sizes)
     parents = torch.tensor(list(range(-1, 8)) + list(range(-1, 11)), dtype=torch.int32)
-    for name, cu in (("empty-last", [0, n, n]), ("past-n", [0, sizes[0], n + 40]),
-                     ("below-0", [-40, sizes[0], n]), ("huge", [2**40, -2**40, 2**41])):
+    for name, cu in garbage_offsets(n, sizes[0]):
         for dst in ([0, 3], [slots, -1], [2**40, -2**40]):
-            for side in ("after", "before"):
-                print(f"conv_window_commit {name} dst={dst} {side}", flush=True)
-                g = lambda t: guarded(t, side)  # noqa: E731
+            for g in guards(f"conv_window_commit {name} dst={dst}"):
                 conv_window_commit(g(torch.randn(layers, slots, dim, w1)), g(torch.randn(layers, n, dim)),
-                                   g(torch.randn(layers, 2, dim, w1)), g(torch.tensor(dst, dtype=torch.int64)),
-                                   g(parents), g(torch.tensor(cu, dtype=torch.int64)),
-                                   g(torch.tensor([8, 11], dtype=torch.int32)))
+                                   g(torch.randn(layers, 2, dim, w1)), g(torch.tensor(dst)), g(parents),
+                                   g(torch.tensor(cu)), g(torch.tensor([8, 11], dtype=torch.int32)))
     for src, dst in (([0, slots], [1, -1]), ([2**40, 1], [-2**40, 2]), ([-1, 3], [slots + 7, 0])):
-        for side in ("after", "before"):
-            print(f"seed_slots src={src} dst={dst} {side}", flush=True)
-            g = lambda t: guarded(t, side)  # noqa: E731
-            seed_slots(g(torch.randn(layers, slots, 3, 5)), g(torch.tensor(src, dtype=torch.int64)),
-                       g(torch.tensor(dst, dtype=torch.int64)), g(torch.tensor([0, 2], dtype=torch.int32)))
+        for g in guards(f"seed_slots src={src} dst={dst}"):
+            seed_slots(g(torch.randn(layers, slots, 3, 5)), g(torch.tensor(src)), g(torch.tensor(dst)),
+                       g(torch.tensor([0, 2], dtype=torch.int32)))
 
 
 if __name__ == "__main__":

@@ -92,6 +92,8 @@ def tables(result, width: int = WIDE_COLUMNS) -> list:
     from rich import box
     from rich.table import Table
 
+    from bole_cli.console import add_columns
+
     title = (f"One GDN layer, {result.model} shape, {result.device} "
              f"(copy bandwidth {result.copy_bandwidth / 1e12:.2f} TB/s)")
     narrow = width < WIDE_COLUMNS
@@ -102,10 +104,7 @@ def tables(result, width: int = WIDE_COLUMNS) -> list:
                   title_justify="left", box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD, pad_edge=not narrow)
         if not narrow:
             t.caption = "o diff = relative difference of o from SGLang's; floor = bytes / copy bandwidth"
-        for col in ("tree", "batch", "nodes") + cols:
-            label = col == "tree"  # folds first; a figure that must be cut still shows "…"
-            t.add_column(col, justify="left" if label else "right", no_wrap=not label,
-                         overflow="fold" if label else "ellipsis")
+        add_columns(t, ("tree", "batch", "nodes") + cols, text=("tree",))
         for c in result.cases:
             cells = kernel_cells(c)
             t.add_row(c.tree, str(c.batch), str(c.nodes), *(cells[k] for k in cols))

@@ -347,16 +347,17 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             path = partial_path(path)
         profile = write_profile(path, profile)  # as written: with the file's kernels
     interrupted = sweep.interrupted or section.interrupted
+    from bole_cli.calibrate.plot import plot_path_for
+
     plot_path = None
     if plot and not interrupted:
-        from bole_cli.calibrate.plot import plot_path_for, plot_profile
+        from bole_cli.calibrate.plot import plot_profile
 
         try:
             plot_path = plot_profile(profile, plot_path_for(path))
         except KeyboardInterrupt:  # the profile is written; only the picture is lost
             interrupted = True
     if plot_path is None:
-        from bole_cli.calibrate.plot import plot_path_for
         from bole_cli.paths import stale_plot_note
 
         stale = stale_plot_note(plot_path_for(path), path)

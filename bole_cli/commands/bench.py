@@ -93,7 +93,8 @@ def kernels_cmd(
     started = time.time()
     with err.status("benchmarking") as status:
         result = run_kernel_bench(spec, batches, node_list, tree_kinds, act_dtype=dtype, state_dtype=state_dtype,
-                                  with_sglang=not no_sglang, precision=SERVED_VERIFY_PRECISION if precision == "auto" else precision,
+                                  with_sglang=not no_sglang,
+                                  precision=SERVED_VERIFY_PRECISION if precision == "auto" else precision,
                                   progress=lambda msg: status.update(f"benchmarking: {msg}"))
     from bole_cli.interrupts import held
 

@@ -42,6 +42,7 @@ def _table(profile: dict, title: str):
     from rich.table import Table
 
     from bole_cli.calibrate.summary import summary_rows
+    from bole_cli.console import add_columns
 
     rows = summary_rows(profile)
     acc = (profile.get("acceptance") or {}).get("name", "none")
@@ -57,11 +58,8 @@ def _table(profile: dict, title: str):
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
               pad_edge=False, collapse_padding=True, caption_justify="left",
               caption=escape(" ".join(notes)))
-    for name in ("batch", "kv", "T_dec\nms", "B_ver", "decision", "tok\n/step",
-                 "step\nms", "vs AR", "runner-up"):
-        text = name in ("decision", "runner-up")
-        t.add_column(name, justify="left" if text else "right", no_wrap=not text,
-                     overflow="fold" if text else "ellipsis")  # text wraps first; no figure is cut
+    add_columns(t, ("batch", "kv", "T_dec\nms", "B_ver", "decision", "tok\n/step", "step\nms", "vs AR",
+                    "runner-up"), text=("decision", "runner-up"))
     for r in rows:
         b_ver = (str(r["b_ver"]) + ("*" if r["differs"] else "")
                  + (" [yellow]![/]" if r["below_threshold"] else ""))

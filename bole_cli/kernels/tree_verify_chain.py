@@ -169,8 +169,8 @@ def launch_chain(args: VerifyArgs, bsz: int, cfg: dict, consts: dict) -> None:
     factors = dict(common, PRECISION="tf32x3" if common["PRECISION"] == "tf32" else common["PRECISION"])
     chain_factors_kernel[(bsz, hv, tp // bc)](
         q, args.k, args.g, args.beta, args.A_log, args.dt_bias, args.state_idx, args.parents, args.cu, args.log_p,
-        fu, fo, args.scale, args.n_slots, args.n_rows, hv, args.s_qn, args.s_qh, args.s_kn, args.s_kh, args.s_gn, args.s_gh,
-        args.s_bn, args.s_bh, args.s_ln, BC=bc, num_warps=cfg["factor_warps"], **factors)
+        fu, fo, args.scale, args.n_slots, args.n_rows, hv, args.s_qn, args.s_qh, args.s_kn, args.s_kh, args.s_gn,
+        args.s_gh, args.s_bn, args.s_bh, args.s_ln, BC=bc, num_warps=cfg["factor_warps"], **factors)
     chain_scan_kernel[(bsz, hv, triton.cdiv(consts["V"], cfg["BV"]))](
         q, args.k, args.v, args.g, args.beta, args.A_log, args.dt_bias, args.state, args.state_idx, args.parents,
         args.cu, args.o, args.u, fu, fo, args.scale, args.n_slots, args.n_rows, hv,

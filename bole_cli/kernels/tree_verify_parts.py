@@ -36,7 +36,8 @@ from bole_cli.kernels.types import VerifyArgs
 
 
 @triton.jit
-def solved_nodes(cu, state_idx, parents, b, n_slots, n_rows, TP: tl.constexpr, DS: tl.constexpr, REMAINDER: tl.constexpr):
+def solved_nodes(cu, state_idx, parents, b, n_slots, n_rows, TP: tl.constexpr, DS: tl.constexpr,
+                 REMAINDER: tl.constexpr):
     """(first node, nodes the tree stage solves: 0 when it skips the request, slot): as
     the blocked kernel decides it, so the parts cover exactly its requests."""
     start, n_nodes, slot, in_pool = request_span(cu, state_idx, b, n_slots, n_rows)
@@ -149,7 +150,8 @@ def _row_norms(a, rows_g, rmask, h, s_an, s_ah, K: tl.constexpr, KP: tl.constexp
 
 
 @triton.jit
-def _gram_role(q, k, state_idx, parents, cu, gram_kk, gram_qk, scale, n_slots, n_rows, n_h, s_qn, s_qh, s_kn, s_kh, b, h, t,
+def _gram_role(q, k, state_idx, parents, cu, gram_kk, gram_qk, scale, n_slots, n_rows, n_h, s_qn, s_qh, s_kn, s_kh,
+               b, h, t,
                K: tl.constexpr, KP: tl.constexpr, BG: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
                DS: tl.constexpr, REMAINDER: tl.constexpr, USE_L2NORM: tl.constexpr, PRECISION: tl.constexpr,
                GRAM16: tl.constexpr):

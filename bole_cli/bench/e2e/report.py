@@ -136,12 +136,11 @@ def _one_table(data: dict, title: str, cols: tuple, caption: Optional[str], labe
     from rich import box
     from rich.table import Table
 
+    from bole_cli.console import add_columns
+
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
               box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD, pad_edge=not narrow)
-    for c in ("decoder", "B" if narrow else "batch") + cols:
-        label = c == "decoder"  # folds first; a figure that must be cut still shows "…"
-        t.add_column(c, justify="left" if label else "right", no_wrap=not label,
-                     overflow="fold" if label else "ellipsis")
+    add_columns(t, ("decoder", "B" if narrow else "batch") + cols, text=("decoder",))
     for r in data["results"]:
         cells = _cells(data, r)
         t.add_row(_label(labels, r), str(r["batch"]), *(cells[c] for c in cols))
@@ -168,14 +167,14 @@ def comparison_table(data: dict):
     from rich import box
     from rich.table import Table
 
+    from bole_cli.console import add_columns
+
     rows = data.get("comparison") or []
     if not any("chain" in row["best"] or "bole-chain" in row["best"] for row in rows):
         return None
     t = Table(title="tree vs chain, end to end", title_justify="left", caption=_COMPARE_CAPTION,
               caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in _COMPARE:
-        t.add_column(c, justify="left" if c == "wins" else "right", no_wrap=c != "wins",
-                     overflow="fold" if c == "wins" else "ellipsis")
+    add_columns(t, _COMPARE, text=("wins",))
     for row in rows:
         best = row["best"]
 
