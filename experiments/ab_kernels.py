@@ -3,7 +3,7 @@
     python experiments/ab_kernels.py verify v8 gram-tf32 [--cases 1x16,16x64,16x64:chain] [--config BV=64,BK=32]
     python experiments/ab_kernels.py blocked b-no-pairs b-no-diag --cases 16x128,16x256
     python experiments/ab_kernels.py commit c8 cA --layers 24 --cases 16x64 [--out FILE.json]
-    python experiments/ab_kernels.py replay r-state-first --layers 24 --cases 16x64
+    python experiments/ab_kernels.py replay r-state-first --layers 24 --cases 16x64 [--accepted int64]
     python experiments/ab_kernels.py --list | --check | --launch-floor | --source v8
     ncu -k regex:tree_ --set full -o OUT python experiments/ab_kernels.py verify --once --cases 16x64,1x16
 
@@ -61,12 +61,14 @@ def rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def case_runner(torch, kernels, kind, spec, batch, nodes, tree, layers):
-    """One case's inputs, built once for all kernels; run(config) -> (launch fn, its outputs)."""
+def case_runner(torch, kernels, kind, spec, batch, nodes, tree, layers, accepted="int32"):
+    """One case's inputs, built once for all kernels; run(config) -> (launch fn, its outputs).
+    The commits take `accepted` in that dtype (the runtime's is int64, SGLang's int32)."""
     from bole_cli.kernels.reference import VerifyResult
     from bole_cli.timing import LayerInputs
 
     s = LayerInputs(torch, spec, batch, nodes, tree, 11, torch.bfloat16, torch.float32, sglang_buffers=False)
+    s.accepted = s.accepted.to(getattr(torch, accepted))
     n, hv, vd = batch * nodes, spec.gdn_value_heads, spec.gdn_value_dim
     if kind in ("verify", "blocked"):
         def run(config):
@@ -131,6 +133,8 @@ def main(argv=None) -> None:
     ap.add_argument("--cases", help=f"BxT[:chain], comma-separated (verify default {VERIFY_CASES}; "
                                     f"blocked {BLOCKED_CASES}; commit {COMMIT_CASES}; replay {REPLAY_CASES})")
     ap.add_argument("--layers", type=int, default=1, help="commit, replay: GDN layers in one launch")
+    ap.add_argument("--accepted", choices=("int32", "int64"), default="int32",
+                    help="commit, replay: accepted's dtype (the runtime's int64, SGLang's int32)")
     ap.add_argument("--config", default="", help="launch knobs for every kernel, e.g. BV=64,BK=32")
     ap.add_argument("--model", default="9b")
     ap.add_argument("--rep-ms", type=int, default=60)
@@ -188,8 +192,9 @@ def main(argv=None) -> None:
     for batch, nodes, tree in parse_cases(args.cases or {"verify": VERIFY_CASES, "blocked": BLOCKED_CASES,
                                                                  "commit": COMMIT_CASES,
                                                                  "replay": REPLAY_CASES}[args.kernel]):
-        run = case_runner(torch, kernels, args.kernel, spec, batch, nodes, tree, args.layers)
-        row, ref = {"batch": batch, "nodes": nodes, "tree": tree, "layers": args.layers}, None
+        run = case_runner(torch, kernels, args.kernel, spec, batch, nodes, tree, args.layers, args.accepted)
+        row, ref = {"batch": batch, "nodes": nodes, "tree": tree, "layers": args.layers,
+                    "accepted": args.accepted}, None
         for name, (at, kern, own) in contenders.items():
             fn, result = run({**config, **own} or None)
             with kernel_in_place(at, kern):

@@ -393,6 +393,12 @@ _C_UNCLAMPED_HEAD = ("        start = tl.load(cu + b).to(tl.int64)\n"
                      "        a = tl.where(in_pool, a, 0)\n")
 _C_UNCLAMPED = (("        start, _, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)\n",
                  _C_UNCLAMPED_HEAD),)
+# accepted[b] truncated to int32 before it is compared (an int64 entry past 2^31 wraps)
+_WRAPPING = (("    layer, b, hv, iv, a = commit_program(accepted, n_req, n_rows)\n",
+              "    pid = tl.program_id(0)\n"
+              "    b = pid % n_req\n"
+              "    layer, hv, iv = (pid // n_req).to(tl.int64), tl.program_id(1), tl.program_id(2)\n"
+              "    a = tl.load(accepted + b).to(tl.int32)\n"),)
 _R_UNCLAMPED = (("        start, n_nodes, slot, a, in_pool = commit_target(cu, state_idx, b, a, n_slots, n_rows)\n",
                  _C_UNCLAMPED_HEAD + "        n_nodes = tl.load(cu + b + 1) - start\n"),)
 
@@ -461,6 +467,10 @@ VARIANTS: dict[str, Variant] = {
                            "row outside the pool or tree (shipped before the twenty-first session)", _C_UNCLAMPED),
     "r-unclamped": Variant(REPLAY, "the request's offsets as loaded, not clamped to the N nodes, nor its first "
                            "row outside the pool or tree (shipped before the twenty-first session)", _R_UNCLAMPED),
+    "c-wrapping": Variant(COMMIT, "accepted truncated to int32 before it is compared (shipped before the "
+                          "twenty-second session)", _WRAPPING),
+    "r-wrapping": Variant(REPLAY, "accepted truncated to int32 before it is compared (shipped before the "
+                          "twenty-second session)", _WRAPPING),
     "no-values": Variant(VERIFY_TILE, "ablation: no value loop (state products, solves' products, stores)",
                          _NO_VALUES),
 }

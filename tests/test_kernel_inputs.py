@@ -255,13 +255,19 @@ def test_conv_bad_slot_without_checks(bad):
     assert torch.equal(buf[0], before[0]) and torch.equal(buf[-1], before[-1])
 
 
-def test_accepted_outside_the_tree_without_checks_leaves_the_slot():
-    """accepted[b] >= the request's node count (no host check): the commits skip it, instead
-    of reading another request's (or no request's) factors."""
+WRAPS = 2 ** 32  # an int64 entry this far out has the low 32 bits of a node inside the tree
+
+
+@pytest.mark.parametrize("accepted,dtype", [([3, 9, 4000], torch.int32), ([3, WRAPS + 2, 1 - WRAPS], torch.int64)],
+                         ids=["past-the-tree", "int64-wrapping-into-the-tree"])
+def test_accepted_outside_the_tree_without_checks_leaves_the_slot(accepted, dtype):
+    """accepted[b] >= the request's node count, or an int64 entry whose low 32 bits name a node
+    of the tree (no host check): the commits skip it, instead of reading another request's (or
+    no request's) factors or committing the node the truncated value names."""
     case, forest = verify_case()
     res = tree_verify(*args(case))
     pool = case["state"].clone()
-    accepted = torch.tensor([3, 9, 4000], dtype=torch.int32)  # request 1 has 9 nodes, request 2 has 4
+    accepted = torch.tensor(accepted, dtype=dtype)  # request 1 has 9 nodes, request 2 has 4
     tree_commit(pool, case["state_indices"], case["k"], res.u, res.log_p, case["parents"], case["cu_seqlens"],
                 accepted, check_trees=False)
     skip = torch.tensor([3, -1, -1], dtype=torch.int32)
@@ -275,6 +281,43 @@ def test_accepted_outside_the_tree_without_checks_leaves_the_slot():
     conv = c["conv_state"].clone()
     tree_conv_commit(conv, c["x"], c["idx"], c["parents"], c["cu"], accepted, check_trees=False)
     assert torch.equal(conv, tree_conv_commit_ref(c["conv_state"], c["x"], c["idx"], c["parents"], c["cu"], skip))
+
+
+@pytest.mark.parametrize("sizes,wrapping,committed", [
+    ([6, 9, 4], [3, WRAPS + 2, 1 - WRAPS], 0),
+    ([70, 9, 4], [WRAPS + 69, 8, 1 - WRAPS], 1),  # node 69 of a 70-node chain: the passes kernel's path
+], ids=["replay", "replay-passes"])
+def test_int64_accepted_past_2_31_commits_nothing(sizes, wrapping, committed):
+    """The replay commit (both routes) and the plug-in's conv-window commit compare accepted at
+    its own width: 2^32 + a and 1 - 2^32 (nodes a and 1 once truncated to int32) leave their
+    slots exactly as accepted = -1 does; the request `committed` commits as usual."""
+    from bole_cli.kernels import tree_commit_replay
+    from bole_cli.kernels.conv_window_commit import conv_window_commit
+
+    case, _ = make_case(11, sizes, h=1, group=2, kdim=16, vdim=16, decay=(-0.5, -0.01), shape="chain",
+                        slots_extra=2)
+    rows = [case[x] for x in ("k", "v", "g", "beta")]
+    skip = torch.tensor([a if b == committed else -1 for b, a in enumerate(wrapping)], dtype=torch.int64)
+    wrapping = torch.tensor(wrapping, dtype=torch.int64)
+
+    def replay(acc):
+        return tree_commit_replay(case["state"].clone(), case["state_indices"], *rows, case["parents"],
+                                  case["cu_seqlens"], acc, check_trees=False)
+    got, want = replay(wrapping), replay(skip)
+    assert torch.equal(got, want)
+    slot = int(case["state_indices"][committed])
+    assert not torch.equal(want[slot], case["state"][slot])
+
+    gen = torch.Generator().manual_seed(2)
+    n, dim, slots = sum(sizes), 8, len(sizes) + 2
+    conv, x, prev = (torch.randn(shape, generator=gen) for shape in ((1, slots, dim, 3), (1, n, dim),
+                                                                      (1, len(sizes), dim, 3)))
+    windows = []
+    for acc in (wrapping, skip):
+        out = conv.clone()
+        conv_window_commit(out, x, prev, case["state_indices"], case["parents"], case["cu_seqlens"], acc)
+        windows.append(out)
+    assert torch.equal(windows[0], windows[1]) and not torch.equal(windows[1], conv)
 
 
 # ---- duplicate commit slots --------------------------------------------------------------

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import BoleError
-from bole_cli.kernels.jit_math import forest_span
+from bole_cli.kernels.jit_math import accepted_node, forest_span
 from bole_cli.kernels.validate import contiguous_vector
 
 BLOCK_CHANNELS = 128
@@ -37,7 +37,7 @@ def _conv_window_commit_kernel(
     pid = tl.program_id(0)
     layer = (pid // n_req).to(tl.int64)
     b = pid % n_req
-    a = tl.load(accepted + b).to(tl.int32)
+    a = accepted_node(accepted, b, n_rows)
     slot = tl.load(dst + b).to(tl.int64)
     start, n_nodes = forest_span(cu, b, n_rows)
     if (a >= 0) & (a < n_nodes) & (slot >= 0) & (slot < n_slots):

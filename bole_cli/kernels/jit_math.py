@@ -109,12 +109,21 @@ def poison_rows(o, u, log_p, first, n_rows, v0, hv, s_on, s_oh, s_un, s_uh, s_ln
 
 
 @triton.jit
-def commit_program(accepted, n_req):
+def accepted_node(accepted, b, n_rows):
+    """accepted[b] as an int32 node, or -1 (commit nothing) where it lies outside [0, n_rows):
+    compared at the vector's own width first, so an int64 entry past 2^31 cannot wrap into
+    the tree (docs/design.md §3)."""
+    a = tl.load(accepted + b)
+    return tl.where((a >= 0) & (a < n_rows), a, -1).to(tl.int32)
+
+
+@triton.jit
+def commit_program(accepted, n_req, n_rows):
     """(layer, request b, value head, value tile, accepted node) of a commit program: one per
     (layer x request, value head, value tile), as both commits launch them."""
     pid = tl.program_id(0)
     b = pid % n_req
-    return (pid // n_req).to(tl.int64), b, tl.program_id(1), tl.program_id(2), tl.load(accepted + b).to(tl.int32)
+    return (pid // n_req).to(tl.int64), b, tl.program_id(1), tl.program_id(2), accepted_node(accepted, b, n_rows)
 
 
 @triton.jit

@@ -68,7 +68,7 @@ def _tree_commit_kernel(
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr,
     DP: tl.constexpr, USE_L2NORM: tl.constexpr,
 ):
-    layer, b, hv, iv, a = commit_program(accepted, n_req)
+    layer, b, hv, iv, a = commit_program(accepted, n_req, n_rows)
     # No host check keeps the pool safe under CUDA graphs: a slot outside the pool, or an
     # accepted node outside the tree, is clamped for the loads and its store masked off. (A
     # branch on the loaded slot instead costs 16%: 527 vs 448 us for 24 layers at batch 16,

@@ -54,7 +54,7 @@ def _tree_commit_replay_kernel(
     PMAX: tl.constexpr, WALK: tl.constexpr, USE_L2NORM: tl.constexpr, GATED: tl.constexpr,
     GATES_FIRST: tl.constexpr, SV: tl.constexpr,
 ):
-    layer, b, hv, iv, a = commit_program(accepted, n_req)
+    layer, b, hv, iv, a = commit_program(accepted, n_req, n_rows)
     if a >= 0:
         h = hv // GROUP
         neg_a, bias = gate_params(A_log + layer * s_al, dt_bias + layer * s_al, hv, GATED)

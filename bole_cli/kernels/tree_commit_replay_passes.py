@@ -56,7 +56,7 @@ def _replay_passes_kernel(
     DP: tl.constexpr, PMAX: tl.constexpr, USE_L2NORM: tl.constexpr, GATED: tl.constexpr,
     EXACT_KEYS: tl.constexpr, SHORTEST: tl.constexpr,
 ):
-    layer, b, hv, iv, a = commit_program(accepted, n_req)
+    layer, b, hv, iv, a = commit_program(accepted, n_req, n_rows)
     if a >= 0:
         h = hv // GROUP
         neg_a, bias = gate_params(A_log + layer * s_al, dt_bias + layer * s_al, hv, GATED)

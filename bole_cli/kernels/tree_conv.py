@@ -20,7 +20,7 @@ import triton.language as tl
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.configs import launch_config
-from bole_cli.kernels.jit_math import forest_span
+from bole_cli.kernels.jit_math import accepted_node, forest_span
 from bole_cli.kernels.validate import (
     ACTIVATION_DTYPES,
     check_accepted,
@@ -90,7 +90,7 @@ def _tree_conv_commit_kernel(
     W: tl.constexpr, WP: tl.constexpr, BD: tl.constexpr,
 ):
     b = tl.program_id(0)
-    a = tl.load(accepted + b).to(tl.int32)
+    a = accepted_node(accepted, b, n_rows)
     slot = tl.load(state_idx + b).to(tl.int64)
     start, n_nodes = forest_span(cu, b, n_rows)
     # a slot outside the pool or a node outside the tree (no host check): slot untouched
