@@ -45,9 +45,11 @@
 # H100 profiles (4B, 9B, 27B) at S17-a. Nineteenth session, an H100 (S19-a): the GPU suite on the
 # eighteenth session's last commit (237 s from cold). Twentieth session, an H100 (S20-a): the GPU
 # suite on the nineteenth session's last commit (218 s from cold). Twenty-first session, an H100 (S21-a):
-# the commits' target clamp against the unclamped commits and the GPU suite (238 s from cold). On the H200, first the
-# attention job and attention64 (each ends with `experiments/attention_rule.py` on its records in
-# its log: the rule against S9-f's and the fastest launch, per cell: retune if it loses there),
+# the commits' target clamp against the unclamped commits and the GPU suite (238 s from cold).
+# Twenty-second session, an H100 (S22-a): accepted compared at its width against the truncating
+# commits and the GPU suite (201 s from cold). On the H200, first the attention job and
+# attention64 (each ends with `experiments/attention_rule.py` on its records in its log: the rule
+# against S9-f's and the fastest launch, per cell: retune if it loses there),
 # then profiles, knee, check, tests. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
