@@ -47,16 +47,20 @@
 # suite on the nineteenth session's last commit (218 s from cold). Twenty-first session, an H100 (S21-a):
 # the commits' target clamp against the unclamped commits and the GPU suite (238 s from cold).
 # Twenty-second session, an H100 (S22-a): accepted compared at its width against the truncating
-# commits and the GPU suite (201 s from cold). On the H200, first the attention job and
-# attention64 (each ends with `experiments/attention_rule.py` on its records in its log: the rule
-# against S9-f's and the fastest launch, per cell: retune if it loses there),
+# commits and the GPU suite (201 s from cold); then the H200 at last, for 300 s (S22-b, S22-c):
+# attention64, and the attention job's 27B rows a tile before the budget ran out. On the H200,
+# first the rest of the attention job (ATTENTION_MODELS=9b: 9B's rows a tile and 27B's big trees;
+# its log ends with `experiments/attention_rule.py` on its records: the rule against S9-f's and
+# the fastest launch, per cell: retune if it loses there; S22-c's 27B cells below 32768 keys read
+# already say a lower one-tile threshold would win, so judge the threshold on both models),
 # then profiles, knee, check, tests. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
-#   bash experiments/owed_h200.sh attention # ~8 min: the cache attention's rows a tile (S15-b's sweep), 27B, 9B;
+#   ATTENTION_MODELS=9b bash experiments/owed_h200.sh attention # ~6 min (2.5 on S22-c's H200): the cache
+#                                          #   attention's rows a tile (S15-b's sweep), 9B (27B's: S22-c);
 #                                          #   27B's 16-48-token trees by target programs
-#   bash experiments/owed_h200.sh attention64 # ~5 min: 49-64 rows (27B's 10 tokens, 9B's 16), the rule's launches
+#   bash experiments/owed_h200.sh attention64 # done on the H200 (S22-b, 80 s): 49-64 rows, the rule's launches
 #   bash experiments/owed_h200.sh decode   # ~5 min: the fused GDN decode by launch (split x warps) and batch,
 #                                          #   SGLang's decode beside it: 9B, 27B; the replay commit's row
 #                                          #   stride an argument / a constant / the rule, chains of 2-64
@@ -109,7 +113,7 @@ ATTN_LAUNCHES=64x4x3x128x128x16,64x4x2x132x128x16,64x8x2x128x128x32,32x4x3x128x1
 ATTN_LAUNCHES=$ATTN_LAUNCHES,32x8x3x264x256x64,64x8x2x264x256x32
 case "$job" in
   attention)
-    for m in 27b 9b; do
+    for m in ${ATTENTION_MODELS:-27b 9b}; do  # S22-c ran 27B's: ATTENTION_MODELS=9b for the rest
       run timeout 190 $PY experiments/component_bench.py --model "$m" --parts attention --attention-batch 1,4,16 \
         --attention-kv 1024,4096,16384 --attention-tokens 1,4,8 --attention-launches "$ATTN_LAUNCHES" \
         --out "$dir/$gpu-$m-attention-rows-tile.json"
@@ -121,7 +125,7 @@ case "$job" in
       --attention-launches 64x4x3x128x128x16,64x4x3x96x128x16,64x4x3x66x128x16,64x4x2x132x128x16,32x8x3x264x256x64 \
       --out "$dir/$gpu-27b-attention-big-trees.json" ;;
   attention64)  # the 49-64 rows (27B's 10 tokens, 9B's 16), where S16-a's formula takes one tile from a
-                # third of the keys: the rule's four launches (an H100 timed them, S17-a; the H200 owed)
+                # third of the keys: the rule's four launches (an H100 timed them, S17-a; the H200, S22-b)
     for mt in 27b:10 9b:16; do
       run timeout 150 $PY experiments/component_bench.py --model "${mt%%:*}" --parts attention --attention-batch 1,4,16 \
         --attention-kv 1024,4096,16384 --attention-tokens "${mt#*:}" \
