@@ -125,7 +125,14 @@ def main(argv=None) -> None:
     ap.add_argument("records", nargs="+", type=Path, help="component_bench attention sweep records (JSON)")
     ap.add_argument("--slack", type=float, default=0.05, help="list cells where the rule is this far off the fastest")
     ap.add_argument("--json", type=Path, default=None, help="write the judgement here too")
+    ap.add_argument("--one-tile-min-keys", type=int, default=None, metavar="KEYS",
+                    help="what if the rule's one-tile threshold were KEYS (kernels.cache_attention."
+                         "ONE_TILE_MIN_KEYS; the shipped value without it)")
     args = ap.parse_args(argv)
+    if args.one_tile_min_keys is not None:
+        if args.one_tile_min_keys < 0:
+            ap.error(f"--one-tile-min-keys: expected keys >= 0, got {args.one_tile_min_keys}")
+        ca.ONE_TILE_MIN_KEYS = args.one_tile_min_keys
     records = []
     for path in args.records:
         try:
@@ -137,6 +144,8 @@ def main(argv=None) -> None:
         print(f"error: --json {args.json}: no such folder", file=sys.stderr)
         raise SystemExit(2)
     res = judge(records, args.slack)
+    if args.one_tile_min_keys is not None:  # LAUNCH_RULE names the shipped threshold
+        res["rule"] += f" (what if: one tile from {args.one_tile_min_keys} keys read again)"
     print(textwrap.fill(f"rule: {res['rule']}", 80, subsequent_indent="  "))
     print(f"{'model':9s} {'b':>2s} {'kv':>5s} {'n':>2s} {'form':7s} {'rule':>8s} {'S9-f':>8s} {'best':>8s}  "
           "best launch")

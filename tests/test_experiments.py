@@ -491,16 +491,22 @@ def test_attention_rule_judges_the_shipped_rule_on_the_sweeps(tmp_path):
     cell's rule launch was swept, the shipped rule is nowhere more than 6% slower than the S9-f
     rule it replaced, and within a bound of the fastest launch swept that the rule before it
     misses (S15-b's rule 1.025 on the first, S9-f's 1.144 on the second, S16-b's 1.032 on the
-    third; undoing either of S17-a's two changes alone gives 1.015 or more there), so a change
-    that undoes a measured gain fails here; a file that is no sweep record is refused by name,
-    exit 2."""
+    third; undoing either of S17-a's two changes alone gives 1.015 or more there), and the
+    H200's S22-b and S22-c the same way, so a change that undoes a measured gain fails here; a
+    file that is no sweep record is refused by name, exit 2."""
     import json
 
     results = EXPERIMENTS / "results" / "components"
     env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent))
-    for names, within in ((("h100-27b-attention-rows-tile-s15.json", "h100-9b-attention-rows-tile-s15.json"), 1.015),
-                          (("h100-27b-attention-big-trees-s16.json",), 1.05),
-                          (("h100-27b-attention-rows64-s17.json", "h100-9b-attention-rows64-s17.json"), 1.01)):
+    # (records, geomean bound against the fastest, worst against S9-f's): the H200's S22-c has
+    # one cell 1.08x S9-f's (27B, batch 1, kv 16384, an 8-token tree: the one tile's fewer
+    # programs), 1.05x on S15-b's H100 (experiments/NOTES.md "The attention's rule on the H200")
+    for names, within, worst in (
+            (("h100-27b-attention-rows-tile-s15.json", "h100-9b-attention-rows-tile-s15.json"), 1.015, 1.06),
+            (("h100-27b-attention-big-trees-s16.json",), 1.05, 1.06),
+            (("h100-27b-attention-rows64-s17.json", "h100-9b-attention-rows64-s17.json"), 1.01, 1.06),
+            (("h200-27b-attention-rows-tile-s22.json",), 1.03, 1.09),
+            (("h200-27b-attention-rows64-s22.json", "h200-9b-attention-rows64-s22.json"), 1.01, 1.06)):
         out = tmp_path / "judged.json"
         run = subprocess.run([sys.executable, str(EXPERIMENTS / "attention_rule.py"),
                               *(str(results / n) for n in names), "--json", str(out)],
@@ -508,7 +514,7 @@ def test_attention_rule_judges_the_shipped_rule_on_the_sweeps(tmp_path):
         assert run.returncode == 0, run.stderr
         doc = json.loads(out.read_text())
         assert doc["cells"] and not doc["missing"]
-        assert doc["range_rule_over_before"][1] <= 1.06 and doc["geomean_rule_over_best"] < within, names
+        assert doc["range_rule_over_before"][1] <= worst and doc["geomean_rule_over_best"] < within, names
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")
     run = subprocess.run([sys.executable, str(EXPERIMENTS / "attention_rule.py"), str(bad)],
