@@ -51,8 +51,8 @@
 # attention64, and the attention job's 27B rows a tile before the budget ran out. On the H200,
 # first the rest of the attention job (ATTENTION_MODELS=9b: 9B's rows a tile and 27B's big trees;
 # its log ends with `experiments/attention_rule.py` on its records: the rule against S9-f's and
-# the fastest launch, per cell: retune if it loses there; S22-c's 27B losses are not the one-tile
-# threshold's, NOTES "The attention's rule on the H200 at last": a retune needs new branches),
+# the fastest launch, per cell: retune if it loses there; S22-c's 27B losses split by form, tree
+# or drafter level, NOTES "The attention's rule on the H200 at last": key the threshold on it),
 # then profiles, knee, check, tests. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
