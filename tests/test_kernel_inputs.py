@@ -283,41 +283,47 @@ def test_accepted_outside_the_tree_without_checks_leaves_the_slot(accepted, dtyp
     assert torch.equal(conv, tree_conv_commit_ref(c["conv_state"], c["x"], c["idx"], c["parents"], c["cu"], skip))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("sizes,wrapping,committed", [
     ([6, 9, 4], [3, WRAPS + 2, 1 - WRAPS], 0),
     ([70, 9, 4], [WRAPS + 69, 8, 1 - WRAPS], 1),  # node 69 of a 70-node chain: the passes kernel's path
 ], ids=["replay", "replay-passes"])
-def test_int64_accepted_past_2_31_commits_nothing(sizes, wrapping, committed):
-    """The replay commit (both routes) and the plug-in's conv-window commit compare accepted at
-    its own width: 2^32 + a and 1 - 2^32 (nodes a and 1 once truncated to int32) leave their
-    slots exactly as accepted = -1 does; the request `committed` commits as usual."""
+def test_int64_accepted_past_2_31_commits_nothing(sizes, wrapping, committed, device):
+    """tree_commit, the replay commit (both routes) and the plug-in's conv-window commit
+    compare accepted at its own width: 2^32 + a and 1 - 2^32 (nodes a and 1 once truncated to
+    int32) leave their slots exactly as accepted = -1 does; the request `committed` commits as
+    usual. On the GPU too: the compiled kernels compare as the interpreter does."""
     from bole_cli.kernels import tree_commit_replay
     from bole_cli.kernels.conv_window_commit import conv_window_commit
 
     case, _ = make_case(11, sizes, h=1, group=2, kdim=16, vdim=16, decay=(-0.5, -0.01), shape="chain",
-                        slots_extra=2)
-    rows = [case[x] for x in ("k", "v", "g", "beta")]
-    skip = torch.tensor([a if b == committed else -1 for b, a in enumerate(wrapping)], dtype=torch.int64)
-    wrapping = torch.tensor(wrapping, dtype=torch.int64)
-
-    def replay(acc):
-        return tree_commit_replay(case["state"].clone(), case["state_indices"], *rows, case["parents"],
-                                  case["cu_seqlens"], acc, check_trees=False)
-    got, want = replay(wrapping), replay(skip)
-    assert torch.equal(got, want)
-    slot = int(case["state_indices"][committed])
-    assert not torch.equal(want[slot], case["state"][slot])
-
+                        slots_extra=2, device=device)
+    idx, parents, cu = case["state_indices"], case["parents"], case["cu_seqlens"]
+    skip = torch.tensor([a if b == committed else -1 for b, a in enumerate(wrapping)], dtype=torch.int64,
+                        device=device)
+    wrapping = torch.tensor(wrapping, dtype=torch.int64, device=device)
     gen = torch.Generator().manual_seed(2)
-    n, dim, slots = sum(sizes), 8, len(sizes) + 2
-    conv, x, prev = (torch.randn(shape, generator=gen) for shape in ((1, slots, dim, 3), (1, n, dim),
-                                                                      (1, len(sizes), dim, 3)))
-    windows = []
-    for acc in (wrapping, skip):
+    n, hv, slots = sum(sizes), case["v"].shape[1], case["state"].shape[0]
+    u, log_p = torch.randn(n, hv, 16, generator=gen).to(device), -torch.rand(n, hv, generator=gen).to(device)
+    conv, x, prev = (torch.randn(shape, generator=gen).to(device)
+                     for shape in ((1, slots, 8, 3), (1, n, 8), (1, len(sizes), 8, 3)))
+    rows = [case[name] for name in ("k", "v", "g", "beta")]
+
+    def window_commit(acc):
         out = conv.clone()
-        conv_window_commit(out, x, prev, case["state_indices"], case["parents"], case["cu_seqlens"], acc)
-        windows.append(out)
-    assert torch.equal(windows[0], windows[1]) and not torch.equal(windows[1], conv)
+        conv_window_commit(out, x, prev, idx, parents, cu, acc)
+        return out
+    slot = int(idx[committed])
+    commits = {  # name: (commit(accepted) -> the pool after it, the pool before, its slot `slot`)
+        "tree_commit": (lambda acc: tree_commit(case["state"].clone(), idx, case["k"], u, log_p, parents, cu, acc,
+                                                check_trees=False), case["state"], lambda t: t[slot]),
+        "replay": (lambda acc: tree_commit_replay(case["state"].clone(), idx, *rows, parents, cu, acc,
+                                                  check_trees=False), case["state"], lambda t: t[slot]),
+        "conv_window_commit": (window_commit, conv, lambda t: t[:, slot])}
+    for name, (commit, before, at_slot) in commits.items():
+        got, want = commit(wrapping), commit(skip)
+        assert torch.equal(got, want), name
+        assert not torch.equal(at_slot(want), at_slot(before)), name  # the request `committed` did commit
 
 
 # ---- duplicate commit slots --------------------------------------------------------------
