@@ -1,5 +1,6 @@
-# Sourced by the one-call kernel A/B scripts (s20_clamp.sh, s21_commit_clamp.sh): the repository
-# root as working folder and on PYTHONPATH (ab_kernels.py runs from experiments/), $PY, $OUT
+# Sourced by the one-call kernel A/B scripts (s20_clamp.sh, s21_commit_clamp.sh,
+# s22_accepted_width.sh): the repository root as working folder and on PYTHONPATH (ab_kernels.py
+# runs from experiments/), $PY, $OUT
 # (absolute; default out-$ab_name), $log (under $OUT, named $ab_log), run (a command logged with
 # its exit code and time), the versions and card first in the log, and Optuna from .whl/py for the
 # GPU suite's tuning test (the device has no network). Set ab_name and ab_log before sourcing.

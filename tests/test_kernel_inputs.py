@@ -287,7 +287,7 @@ def test_accepted_outside_the_tree_without_checks_leaves_the_slot(accepted, dtyp
 @pytest.mark.parametrize("sizes,wrapping,committed", [
     ([6, 9, 4], [3, WRAPS + 2, 1 - WRAPS], 0),
     ([70, 9, 4], [WRAPS + 69, 8, 1 - WRAPS], 1),  # node 69 of a 70-node chain: the passes kernel's path
-], ids=["replay", "replay-passes"])
+], ids=["short-paths", "a-70-node-path"])
 def test_int64_accepted_past_2_31_commits_nothing(sizes, wrapping, committed, device):
     """tree_commit, the replay commit (both routes) and the plug-in's conv-window commit
     compare accepted at its own width: 2^32 + a and 1 - 2^32 (nodes a and 1 once truncated to

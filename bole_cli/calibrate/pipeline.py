@@ -349,18 +349,18 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
     interrupted = sweep.interrupted or section.interrupted
     from bole_cli.calibrate.plot import plot_path_for
 
-    plot_path = None
+    png, plot_path = plot_path_for(path), None
     if plot and not interrupted:
         from bole_cli.calibrate.plot import plot_profile
 
         try:
-            plot_path = plot_profile(profile, plot_path_for(path))
+            plot_path = plot_profile(profile, png)
         except KeyboardInterrupt:  # the profile is written; only the picture is lost
             interrupted = True
     if plot_path is None:
         from bole_cli.paths import stale_plot_note
 
-        stale = stale_plot_note(plot_path_for(path), path)
+        stale = stale_plot_note(png, path)
         warnings = warnings + [stale] if stale else warnings
     served, serve_command = served_instead(plan)
     return CalibrationResult(path=path, plot_path=plot_path, label=plan.label,
