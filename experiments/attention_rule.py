@@ -100,7 +100,7 @@ def judge(records: list[dict], slack: float) -> dict:
     for (model, b, kv, n, form), times in sorted(cells(records).items()):
         spec = resolve_model(model)
         rows = n * spec.attn_group
-        now = ca.attention_launch(b, spec.attn_kv_heads, rows, attention_max_keys(kv, n, form))
+        now = ca.attention_launch(b, spec.attn_kv_heads, rows, attention_max_keys(kv, n, form), form == "tree")
         before = rule_before(b, spec.attn_kv_heads, rows)
         best = min(times, key=times.get)
         if now not in times or before not in times:

@@ -407,7 +407,7 @@ VARIANTS: dict[str, Variant] = {
                               _A_MERGE_SERIAL),
     "a-before-s9": Variant(ATTENTION, "the attention as shipped before S9-b: a-merge-serial, and one launch "
                            "for every shape (64 keys and 16 rows a tile, 4 warps, 3 stages)", _A_MERGE_SERIAL + (
-                               ("launch or attention_launch(bsz, hkv, rows, max_keys)",
+                               ("launch or attention_launch(bsz, hkv, rows, max_keys, tree)",
                                 "launch or (64, 4, 3, TARGET_PROGRAMS, MIN_SPLIT_KEYS, 16)"),)),
     "d-state-first": Variant(DECODE, "the state tile loaded first, before the conv and the gates (SGLang's order)",
                              _D_STATE_FIRST),

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from bole_cli.errors import InputError
 from bole_cli.kernels.cache_attention import (FEW_PROGRAMS, FEW_ROWS_LAUNCH, FULL_LAUNCH, FULL_MIN_KEYS,
-                                              FULL_MIN_ROW_TILES, MANY_ROWS_LAUNCH, ONE_TILE_MIN_KEYS,
-                                              ONE_TILE_ROWS_LAUNCHES, TARGET_PROGRAMS, attention_launch,
+                                              FULL_MIN_ROW_TILES, MANY_ROWS_LAUNCH, ONE_TILE_MIN_BATCH,
+                                              ONE_TILE_MIN_KEYS, ONE_TILE_ROWS_LAUNCHES, TARGET_PROGRAMS, attention_launch,
                                               attention_splits, cache_attention)
 from bole_cli.kernels.reference_attention import cache_attention_ref
 
@@ -80,7 +80,7 @@ def test_the_default_launch_follows_the_rows_and_their_programs():
     (128 rows, 8 tiles of 16) at batch 1 too (32 programs), at batch 4 the split launch
     (128), at batch 16 the full one (512 tiles of 16 rows; it takes 64 a tile and splits the
     keys in 3)."""
-    few = 128  # keys a request: 48 rows' two tiles past the first at batch 64 read 2 x 64 x 128 again
+    few = 32  # keys a request: 48 rows' two tiles past the first at batch 64 read 2 x 64 x 32 again
     assert all(attention_launch(b, 4, rows, few) == FEW_ROWS_LAUNCH for b in (1, 4, 16, 64) for rows in (4, 32))
     assert attention_launch(1, 4, 128, few) == FEW_ROWS_LAUNCH
     assert attention_launch(4, 4, 128, few) == MANY_ROWS_LAUNCH
@@ -90,8 +90,9 @@ def test_the_default_launch_follows_the_rows_and_their_programs():
     # tiles (8 of 16 rows a pair: under FULL_MIN_ROW_TILES)
     assert attention_launch(1, FEW_PROGRAMS // 8, 128, few) == FEW_ROWS_LAUNCH
     assert attention_launch(1, FEW_PROGRAMS // 8 + 1, 128, few) == MANY_ROWS_LAUNCH
-    # exactly FEW_PROGRAMS tiles are few (S17-a: 27B's 10 tokens and 9B's 16 at batch 4, kv 1024)
-    assert attention_launch(4, 4, 60, 1024) == attention_launch(4, 4, 64, 1024) == FEW_ROWS_LAUNCH
+    # exactly FEW_PROGRAMS tiles are few (S17-a: 27B's 10 tokens and 9B's 16 at batch 4, kv 1024,
+    # which take one tile since S23-a; over few keys the 16-row tiles)
+    assert attention_launch(4, 4, 60, few) == attention_launch(4, 4, 64, few) == FEW_ROWS_LAUNCH
     assert attention_launch(1, -(-TARGET_PROGRAMS // 8), 128, few) == FULL_LAUNCH
     assert attention_launch(1, -(-TARGET_PROGRAMS // 8) - 1, 128, few) == MANY_ROWS_LAUNCH
     assert attention_launch(64, 4, 32, few) == FEW_ROWS_LAUNCH  # 512 tiles, but few rows
@@ -126,27 +127,41 @@ def test_64_rows_or_more_take_64_row_tiles_over_many_keys():
 
 
 def test_many_keys_take_one_tile_for_17_to_64_rows():
-    """Where 16-row tiles would read ONE_TILE_MIN_KEYS keys again over the batch ((tiles - 1)
+    """Where 16-row tiles would read one_tile_min_keys keys again over the batch ((tiles - 1)
     x batch x keys a request), 17-32 rows (a tree of 8 tokens at a group of 4, of 4 at 27B's
-    6: two tiles) and 33-64 (8 tokens at 6: three tiles, so from half the keys; 49-64: four)
-    each take the launch whose one tile holds them all; 16 rows or fewer, more than 64, or
-    fewer keys: the rule as before."""
+    6: two tiles) and 33-64 (8 tokens at 6: three tiles; 49-64: four) each take the launch
+    whose one tile holds them all: from ONE_TILE_MIN_KEYS, half for a tree, a quarter for
+    three or four tiles from ONE_TILE_MIN_BATCH requests (the batch of a tree too); 16 rows
+    or fewer, more than 64, or fewer keys: the rule as before."""
     (most32, rows32), (most64, rows64) = ONE_TILE_ROWS_LAUNCHES
     assert (most32, rows32[5], most64, rows64[5]) == (32, 32, 64, 64)
-    many = ONE_TILE_MIN_KEYS // 16
-    for rows in (17, 24, 32):
-        assert attention_launch(16, 4, rows, many) == rows32
-        assert attention_launch(16, 4, rows, many - 1) == FEW_ROWS_LAUNCH
-        assert attention_launch(1, 4, rows, ONE_TILE_MIN_KEYS - 1) == FEW_ROWS_LAUNCH
-    for rows, row_tiles in ((33, 3), (48, 3), (49, 4), (64, 4)):
-        enough = -(-many // (row_tiles - 1))
-        assert attention_launch(16, 4, rows, enough) == rows64
-        assert attention_launch(16, 4, rows, enough - 1) == MANY_ROWS_LAUNCH
-        below = -(-ONE_TILE_MIN_KEYS // (row_tiles - 1)) - 1  # at batch 1 (64 rows: one 64-row tile, S17-a)
-        assert attention_launch(1, 4, rows, below) == FEW_ROWS_LAUNCH
+    assert ONE_TILE_MIN_BATCH == 4
+    for tree, share in ((False, 1), (True, 2)):
+        many = ONE_TILE_MIN_KEYS // share // 16
+        for rows in (17, 24, 32):
+            assert attention_launch(16, 4, rows, many, tree) == rows32
+            assert attention_launch(16, 4, rows, many - 1, tree) == FEW_ROWS_LAUNCH
+            assert attention_launch(1, 4, rows, ONE_TILE_MIN_KEYS // share, tree) == rows32
+            assert attention_launch(1, 4, rows, ONE_TILE_MIN_KEYS // share - 1, tree) == FEW_ROWS_LAUNCH
+        for rows, row_tiles in ((33, 3), (48, 3), (49, 4), (64, 4)):
+            for batch in (ONE_TILE_MIN_BATCH, 16):  # a quarter, tree or not
+                enough = -(-ONE_TILE_MIN_KEYS // 4 // (batch * (row_tiles - 1)))
+                assert attention_launch(batch, 4, rows, enough, tree) == rows64
+                assert attention_launch(batch, 4, rows, enough - 1, tree) != rows64
+            # under ONE_TILE_MIN_BATCH requests the two-tile threshold (64 rows at batch 1: one
+            # 64-row tile, S17-a)
+            batch = ONE_TILE_MIN_BATCH - 1
+            enough = -(-ONE_TILE_MIN_KEYS // share // (batch * (row_tiles - 1)))
+            assert attention_launch(batch, 4, rows, enough, tree) == rows64
+            assert attention_launch(batch, 4, rows, enough - 1, tree) != rows64
+            below = -(-ONE_TILE_MIN_KEYS // share // (row_tiles - 1)) - 1
+            assert attention_launch(1, 4, rows, below, tree) == FEW_ROWS_LAUNCH
+    assert attention_launch(16, 4, 48, 170) == MANY_ROWS_LAUNCH  # 2 x 16 x 170 keys again: under a quarter
     assert attention_launch(1, 4, 48, ONE_TILE_MIN_KEYS // 2) == rows64  # batch 1 over as many keys
-    assert attention_launch(4, 4, 48, 4096) == rows64  # 27B's 8-token level at batch 4, kv 4096 (S16-a)
-    assert attention_launch(4, 4, 32, 4096) == FEW_ROWS_LAUNCH  # 9B's: two tiles, under the threshold
+    assert attention_launch(4, 4, 48, 1034) == rows64  # 27B's 8-token level at batch 4, kv 1024 (S23-a)
+    assert attention_launch(1, 4, 48, 4104) == FEW_ROWS_LAUNCH  # ... at batch 1, kv 4096: no (S23-a)
+    assert attention_launch(4, 4, 32, 4104) == FEW_ROWS_LAUNCH  # 9B's 8-token level: two tiles, under
+    assert attention_launch(4, 4, 32, 4104, tree=True) == rows32  # ... its tree: half (S23-a)
     assert attention_launch(16, 4, 16, 10**6) == FEW_ROWS_LAUNCH
     assert attention_launch(4, 4, 65, 10**6) == MANY_ROWS_LAUNCH  # 65 rows: past one tile's 64
     assert attention_launch(16, 4, 128, 10**6) == FULL_LAUNCH
@@ -158,24 +173,25 @@ def test_the_launch_rule_names_its_constants():
     import bole_cli.kernels.cache_attention as kernel
 
     assert kernel.LAUNCH_RULE == (f"rows and programs (S9-f); one tile for 17-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
-                                  f"rows from {ONE_TILE_MIN_KEYS} keys read again (S15-b, S16-a); 64-row tiles from "
+                                  f"rows from {ONE_TILE_MIN_KEYS} keys read again, half for a tree, a quarter past 32 "
+                                  f"rows at {ONE_TILE_MIN_BATCH} requests or more (S15-b, S16-a, S23-a); 64-row tiles from "
                                   f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs past 64 rows, over "
                                   f"{FULL_MIN_KEYS} keys (S16-b, S17-a); at most {FEW_PROGRAMS} tiles few (S17-a)")
 
 
 def test_the_one_tile_launch_is_the_default_over_many_keys(monkeypatch):
     """The default launch itself (no launch given) follows the rule on the max_keys it is
-    given, not the cache's length: 27B's 4-token tree (24 rows) over a 640-key cache with
-    ONE_TILE_MIN_KEYS lowered to 2 x 600 keys takes one tile at max_keys 600 and the 16-row
-    tiles at 599, each against the float64 reference (the one tile bit for bit its explicit
-    launch)."""
+    given, not the cache's length, and knows a tree from its tree_bias: 27B's 4-token tree
+    (24 rows) over a 640-key cache with ONE_TILE_MIN_KEYS lowered to 4 x 600 keys (a tree's
+    threshold: 2 x 600) takes one tile at max_keys 600 and the 16-row tiles at 599, each
+    against the float64 reference (the one tile bit for bit its explicit launch)."""
     import bole_cli.kernels.cache_attention as kernel
 
     g = torch.Generator().manual_seed(11)
     q, k, v, slots, used = case(12, 2, 2, 24, 16, 640, [590, 70])
     bias = tree_mask(g, 2, 1, 4, 6, 4)
     want, want_lse = cache_attention_ref(q, k, v, slots, used, tree_bias=bias)
-    monkeypatch.setattr(kernel, "ONE_TILE_MIN_KEYS", 2 * 600)
+    monkeypatch.setattr(kernel, "ONE_TILE_MIN_KEYS", 4 * 600)  # a tree's: half
     chosen = []
     rule = kernel.attention_launch
     monkeypatch.setattr(kernel, "attention_launch", lambda *a: chosen.append(rule(*a)) or chosen[-1])

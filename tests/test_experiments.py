@@ -487,25 +487,28 @@ def test_estimate_against_profiles_covers_each_measured_cell(tmp_path):
 
 def test_attention_rule_judges_the_shipped_rule_on_the_sweeps(tmp_path):
     """experiments/attention_rule.py on the committed launch sweeps (S15-b's 2-8-token cells
-    of 9B and 27B, S16-b's 16-48-token trees of 27B, S17-a's 49-64 rows, all H100s): every
-    cell's rule launch was swept, the shipped rule is nowhere more than 6% slower than the S9-f
-    rule it replaced, and within a bound of the fastest launch swept that the rule before it
-    misses (S15-b's rule 1.025 on the first, S9-f's 1.144 on the second, S16-b's 1.032 on the
-    third; undoing either of S17-a's two changes alone gives 1.015 or more there), and the
-    H200's S22-b and S22-c the same way, so a change that undoes a measured gain fails here; a
-    file that is no sweep record is refused by name, exit 2."""
+    of 9B and 27B, S16-b's 16-48-token trees of 27B, S17-a's 49-64 rows, all H100s; the H200's
+    S22-b and S22-c): every cell's rule launch was swept, the shipped rule is nowhere more than
+    a bound slower than the S9-f rule it replaced, and within a bound of the fastest launch
+    swept that the rule before it misses (S23-a's thresholds: 1.003 on S15-b's, against
+    1.0095 before them; 1.009 on S22-c's, against 1.025; S9-f's 1.144 on S16-b's; undoing
+    either of S17-a's two changes alone gives 1.015 or more on its own), so a change that
+    undoes a measured gain fails here; a file that is no sweep record is refused by name,
+    exit 2."""
     import json
 
     results = EXPERIMENTS / "results" / "components"
     env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent))
     # (records, geomean bound against the fastest, worst against S9-f's): the H200's S22-c has
     # one cell 1.08x S9-f's (27B, batch 1, kv 16384, an 8-token tree: the one tile's fewer
-    # programs), 1.05x on S15-b's H100 (experiments/NOTES.md "The attention's rule on the H200")
+    # programs), 1.05x on S15-b's H100 (experiments/NOTES.md "The attention's rule on the H200");
+    # S15-b's H100 one 1.07x (9B, batch 16, kv 1024, an 8-token tree: a tree's half threshold,
+    # NOTES "The one-tile threshold by form and batch")
     for names, within, worst in (
-            (("h100-27b-attention-rows-tile-s15.json", "h100-9b-attention-rows-tile-s15.json"), 1.015, 1.06),
+            (("h100-27b-attention-rows-tile-s15.json", "h100-9b-attention-rows-tile-s15.json"), 1.006, 1.08),
             (("h100-27b-attention-big-trees-s16.json",), 1.05, 1.06),
             (("h100-27b-attention-rows64-s17.json", "h100-9b-attention-rows64-s17.json"), 1.01, 1.06),
-            (("h200-27b-attention-rows-tile-s22.json",), 1.03, 1.09),
+            (("h200-27b-attention-rows-tile-s22.json",), 1.015, 1.09),
             (("h200-27b-attention-rows64-s22.json", "h200-9b-attention-rows64-s22.json"), 1.01, 1.06)):
         out = tmp_path / "judged.json"
         run = subprocess.run([sys.executable, str(EXPERIMENTS / "attention_rule.py"),

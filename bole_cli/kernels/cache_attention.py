@@ -59,6 +59,13 @@ ONE_TILE_ROWS_LAUNCHES = ((32, (32, 4, 3, 128, 128, 32)), (64, (32, 8, 3, 128, 1
 # rule). Judged on max_keys, the bound a caller gives (a step's bucket), so a bucket well
 # above the keys actually read takes one tile a little early
 ONE_TILE_MIN_KEYS = 32768
+# ... from half as many for a tree (each 16-row tile also reads the tree's own keys and its
+# mask: 27B's 4-token and 9B's 8-token trees at 16384-16512 keys read again, 0.92-0.98 of the
+# 16-row tiles, one cell 1.07), a quarter for 33-64 rows over ONE_TILE_MIN_BATCH requests or
+# more (27B's 8-token level and tree at batch 4 over a 1k cache: 0.78-0.85; at batch 1 the one
+# tile splits its few pairs' keys finely and loses, 1.12-1.25 at kv 4096). Judged on the
+# H100's and the H200's sweeps: experiments/README.md S23-a
+ONE_TILE_MIN_BATCH = 4
 # Over FULL_MIN_KEYS keys or more, FULL_LAUNCH's 64-row tiles (keys read a quarter as often;
 # 33-64 rows take one tile first, where it applies) beyond the programs rule: where a pair
 # has FULL_MIN_ROW_TILES 16-row
@@ -73,7 +80,8 @@ FULL_MIN_KEYS = 4096
 # the rule's name in a measured profile's provenance (runtime.timer), so a profile measured
 # under an earlier rule says so
 LAUNCH_RULE = (f"rows and programs (S9-f); one tile for {FEW_ROWS_LAUNCH[5] + 1}-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
-               f"rows from {ONE_TILE_MIN_KEYS} keys read again (S15-b, S16-a); 64-row tiles from "
+               f"rows from {ONE_TILE_MIN_KEYS} keys read again, half for a tree, a quarter past 32 rows at "
+               f"{ONE_TILE_MIN_BATCH} requests or more (S15-b, S16-a, S23-a); 64-row tiles from "
                f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs past 64 rows, over {FULL_MIN_KEYS} keys "
                f"(S16-b, S17-a); at most {FEW_PROGRAMS} tiles few (S17-a)")
 
@@ -190,17 +198,28 @@ def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int,
     return max(1, min(want, -(-max_keys // min_keys)))
 
 
-def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int) -> tuple[int, int, int, int, int, int]:
+def one_tile_min_keys(batch: int, row_tiles: int, tree: bool) -> int:
+    """The keys `row_tiles` 16-row tiles would read again over the batch from which one tile
+    pays: ONE_TILE_MIN_KEYS, a quarter of it for three or four tiles over ONE_TILE_MIN_BATCH
+    requests or more, else half for a tree."""
+    if row_tiles >= 3 and batch >= ONE_TILE_MIN_BATCH:
+        return ONE_TILE_MIN_KEYS // 4
+    return ONE_TILE_MIN_KEYS // 2 if tree else ONE_TILE_MIN_KEYS
+
+
+def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int,
+                     tree: bool = False) -> tuple[int, int, int, int, int, int]:
     """The default launch for `rows` query rows a (request, KV head) over up to `max_keys`
-    keys a request. 17-64 rows where 16-row tiles would read at least ONE_TILE_MIN_KEYS keys
-    again over the batch: the ONE_TILE_ROWS_LAUNCHES launch that holds them all in one tile.
+    keys a request (`tree`: a verify's, its own keys and mask read too). 17-64 rows where
+    16-row tiles would read at least one_tile_min_keys keys again over the batch: the
+    ONE_TILE_ROWS_LAUNCHES launch that holds them all in one tile.
     64 rows or more: FULL_LAUNCH (64 rows a tile, the keys split to fill the GPU) where the
     16-row tiles alone make TARGET_PROGRAMS programs, or over FULL_MIN_KEYS keys where a pair
     has FULL_MIN_ROW_TILES of them or, past 64 rows, they make at most FEW_PROGRAMS programs.
     Else FEW_ROWS_LAUNCH for few rows or at most FEW_PROGRAMS programs, MANY_ROWS_LAUNCH for
     the rest."""
     row_tiles = -(-rows // 16)
-    if (row_tiles - 1) * batch * max_keys >= ONE_TILE_MIN_KEYS:
+    if (row_tiles - 1) * batch * max_keys >= one_tile_min_keys(batch, row_tiles, tree):
         for most, launch in ONE_TILE_ROWS_LAUNCHES:
             if FEW_ROWS_LAUNCH[5] < rows <= most:
                 return launch
@@ -293,7 +312,8 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if bsz == 0 or rows == 0:
         return out, lse
     bd = triton.next_power_of_2(d)
-    keys_tile, warps, stages, target, min_keys, br = launch or attention_launch(bsz, hkv, rows, max_keys)
+    tree = tree_bias is not None
+    keys_tile, warps, stages, target, min_keys, br = launch or attention_launch(bsz, hkv, rows, max_keys, tree)
     row_blocks = triton.cdiv(rows, br)
     splits = attention_splits(bsz, hkv, row_blocks, max(max_keys, 1), target, min_keys)
     if max(splits, row_blocks) > MAX_GRID_AXIS or (splits > 1 and bsz * hkv > MAX_GRID_AXIS):
@@ -315,7 +335,7 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         n_slots, lmax, rows, split_keys, scale, q.stride(0), q.stride(1), *q_rows,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), *strides, tree_t, *tb_strides, H=hkv, D=d, BD=bd, BR=br, BL=keys_tile, FINAL=final,
-        TREE=tree_bias is not None, SIZES=tree_cu is not None, num_warps=warps, num_stages=stages)
+        TREE=tree, SIZES=tree_cu is not None, num_warps=warps, num_stages=stages)
     if not final:
         _cache_attention_merge[(rows, bsz * hkv)](
             o_part, m_part, l_part, out, lse, slots, n_slots, rows, splits, *strides, H=hkv, D=d, BD=bd,
