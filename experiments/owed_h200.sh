@@ -53,7 +53,10 @@
 # its log ends with `experiments/attention_rule.py` on its records: the rule against S9-f's and
 # the fastest launch, per cell: retune if it loses there; S22-c's 27B losses split by form, tree
 # or drafter level, NOTES "The attention's rule on the H200 at last": key the threshold on it),
-# then profiles, knee, check, tests. Run the rest in this order (a
+# then profiles, knee, check, tests. Twenty-third session (S23-a, no machine for its first hour):
+# the threshold keyed on the form and the batch, judged on the committed sweeps; 9B's rows a tile
+# on the H200 is its out-of-sample test (NOTES "The one-tile threshold by form and batch"). Run
+# the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
