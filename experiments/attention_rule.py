@@ -127,7 +127,8 @@ def main(argv=None) -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the judgement here too")
     ap.add_argument("--one-tile-min-keys", type=int, default=None, metavar="KEYS",
                     help="what if the rule's one-tile threshold were KEYS (kernels.cache_attention."
-                         "ONE_TILE_MIN_KEYS; the shipped value without it)")
+                         "ONE_TILE_MIN_KEYS; the shipped value without it; a two-tile tree's half and "
+                         "the batched quarter scale with it)")
     args = ap.parse_args(argv)
     if args.one_tile_min_keys is not None:
         if args.one_tile_min_keys < 0:
@@ -145,7 +146,8 @@ def main(argv=None) -> None:
         raise SystemExit(2)
     res = judge(records, args.slack)
     if args.one_tile_min_keys is not None:  # LAUNCH_RULE names the shipped threshold
-        res["rule"] += f" (what if: one tile from {args.one_tile_min_keys} keys read again)"
+        res["rule"] += (f" (what if: one tile from {args.one_tile_min_keys} keys read again, its half and "
+                        "quarter as above)")
     print(textwrap.fill(f"rule: {res['rule']}", 80, subsequent_indent="  "))
     print(f"{'model':9s} {'b':>2s} {'kv':>5s} {'n':>2s} {'form':7s} {'rule':>8s} {'S9-f':>8s} {'best':>8s}  "
           "best launch")

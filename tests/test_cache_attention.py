@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from bole_cli.errors import InputError
 from bole_cli.kernels.cache_attention import (FEW_PROGRAMS, FEW_ROWS_LAUNCH, FULL_LAUNCH, FULL_MIN_KEYS,
                                               FULL_MIN_ROW_TILES, MANY_ROWS_LAUNCH, ONE_TILE_MIN_BATCH,
-                                              ONE_TILE_MIN_KEYS, ONE_TILE_ROWS_LAUNCHES, TARGET_PROGRAMS, attention_launch,
-                                              attention_splits, cache_attention)
+                                              ONE_TILE_MIN_KEYS, ONE_TILE_ROWS_LAUNCHES, TARGET_PROGRAMS,
+                                              attention_launch, attention_splits, cache_attention)
 from bole_cli.kernels.reference_attention import cache_attention_ref
 
 # the default; chunks of 16 keys (up to 40 of them: the merge's chunk loop runs three times
@@ -130,8 +130,8 @@ def test_many_keys_take_one_tile_for_17_to_64_rows():
     """Where 16-row tiles would read one_tile_min_keys keys again over the batch ((tiles - 1)
     x batch x keys a request), 17-32 rows (a tree of 8 tokens at a group of 4, of 4 at 27B's
     6: two tiles) and 33-64 (8 tokens at 6: three tiles; 49-64: four) each take the launch
-    whose one tile holds them all: from ONE_TILE_MIN_KEYS, half for a tree, a quarter for
-    three or four tiles from ONE_TILE_MIN_BATCH requests (the batch of a tree too); 16 rows
+    whose one tile holds them all: from ONE_TILE_MIN_KEYS, half for a tree of two tiles, a
+    quarter for three or four tiles from ONE_TILE_MIN_BATCH requests (a tree's too); 16 rows
     or fewer, more than 64, or fewer keys: the rule as before."""
     (most32, rows32), (most64, rows64) = ONE_TILE_ROWS_LAUNCHES
     assert (most32, rows32[5], most64, rows64[5]) == (32, 32, 64, 64)
@@ -148,18 +148,19 @@ def test_many_keys_take_one_tile_for_17_to_64_rows():
                 enough = -(-ONE_TILE_MIN_KEYS // 4 // (batch * (row_tiles - 1)))
                 assert attention_launch(batch, 4, rows, enough, tree) == rows64
                 assert attention_launch(batch, 4, rows, enough - 1, tree) != rows64
-            # under ONE_TILE_MIN_BATCH requests the two-tile threshold (64 rows at batch 1: one
-            # 64-row tile, S17-a)
+            # under ONE_TILE_MIN_BATCH requests the whole threshold, a tree's too (64 rows at
+            # batch 1: one 64-row tile, S17-a)
             batch = ONE_TILE_MIN_BATCH - 1
-            enough = -(-ONE_TILE_MIN_KEYS // share // (batch * (row_tiles - 1)))
+            enough = -(-ONE_TILE_MIN_KEYS // (batch * (row_tiles - 1)))
             assert attention_launch(batch, 4, rows, enough, tree) == rows64
             assert attention_launch(batch, 4, rows, enough - 1, tree) != rows64
-            below = -(-ONE_TILE_MIN_KEYS // share // (row_tiles - 1)) - 1
+            below = -(-ONE_TILE_MIN_KEYS // (row_tiles - 1)) - 1
             assert attention_launch(1, 4, rows, below, tree) == FEW_ROWS_LAUNCH
     assert attention_launch(16, 4, 48, 170) == MANY_ROWS_LAUNCH  # 2 x 16 x 170 keys again: under a quarter
     assert attention_launch(1, 4, 48, ONE_TILE_MIN_KEYS // 2) == rows64  # batch 1 over as many keys
     assert attention_launch(4, 4, 48, 1034) == rows64  # 27B's 8-token level at batch 4, kv 1024 (S23-a)
     assert attention_launch(1, 4, 48, 4104) == FEW_ROWS_LAUNCH  # ... at batch 1, kv 4096: no (S23-a)
+    assert attention_launch(1, 4, 48, 12000, tree=True) == FEW_ROWS_LAUNCH  # its tree: no half past 2 tiles
     assert attention_launch(4, 4, 32, 4104) == FEW_ROWS_LAUNCH  # 9B's 8-token level: two tiles, under
     assert attention_launch(4, 4, 32, 4104, tree=True) == rows32  # ... its tree: half (S23-a)
     assert attention_launch(16, 4, 16, 10**6) == FEW_ROWS_LAUNCH
@@ -173,8 +174,9 @@ def test_the_launch_rule_names_its_constants():
     import bole_cli.kernels.cache_attention as kernel
 
     assert kernel.LAUNCH_RULE == (f"rows and programs (S9-f); one tile for 17-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
-                                  f"rows from {ONE_TILE_MIN_KEYS} keys read again, half for a tree, a quarter past 32 "
-                                  f"rows at {ONE_TILE_MIN_BATCH} requests or more (S15-b, S16-a, S23-a); 64-row tiles from "
+                                  f"rows from {ONE_TILE_MIN_KEYS} keys read again, half for a two-tile tree, a "
+                                  f"quarter past 32 rows at {ONE_TILE_MIN_BATCH} requests or more (S15-b, S16-a, "
+                                  f"S23-a); 64-row tiles from "
                                   f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs past 64 rows, over "
                                   f"{FULL_MIN_KEYS} keys (S16-b, S17-a); at most {FEW_PROGRAMS} tiles few (S17-a)")
 

@@ -491,7 +491,8 @@ def test_attention_rule_judges_the_shipped_rule_on_the_sweeps(tmp_path):
     S22-b and S22-c): every cell's rule launch was swept, the shipped rule is nowhere more than
     a bound slower than the S9-f rule it replaced, and within a bound of the fastest launch
     swept that the rule before it misses (S23-a's thresholds: 1.003 on S15-b's, against
-    1.0095 before them; 1.009 on S22-c's, against 1.025; S9-f's 1.144 on S16-b's; undoing
+    1.0095 before them and 1.005 without a tree's half; 1.009 on S22-c's, against 1.025 and
+    1.015; S9-f's 1.144 on S16-b's; undoing
     either of S17-a's two changes alone gives 1.015 or more on its own), so a change that
     undoes a measured gain fails here; a file that is no sweep record is refused by name,
     exit 2."""
@@ -505,10 +506,10 @@ def test_attention_rule_judges_the_shipped_rule_on_the_sweeps(tmp_path):
     # S15-b's H100 one 1.07x (9B, batch 16, kv 1024, an 8-token tree: a tree's half threshold,
     # NOTES "The one-tile threshold by form and batch")
     for names, within, worst in (
-            (("h100-27b-attention-rows-tile-s15.json", "h100-9b-attention-rows-tile-s15.json"), 1.006, 1.08),
+            (("h100-27b-attention-rows-tile-s15.json", "h100-9b-attention-rows-tile-s15.json"), 1.0045, 1.08),
             (("h100-27b-attention-big-trees-s16.json",), 1.05, 1.06),
             (("h100-27b-attention-rows64-s17.json", "h100-9b-attention-rows64-s17.json"), 1.01, 1.06),
-            (("h200-27b-attention-rows-tile-s22.json",), 1.015, 1.09),
+            (("h200-27b-attention-rows-tile-s22.json",), 1.012, 1.09),
             (("h200-27b-attention-rows64-s22.json", "h200-9b-attention-rows64-s22.json"), 1.01, 1.06)):
         out = tmp_path / "judged.json"
         run = subprocess.run([sys.executable, str(EXPERIMENTS / "attention_rule.py"),

@@ -59,12 +59,12 @@ ONE_TILE_ROWS_LAUNCHES = ((32, (32, 4, 3, 128, 128, 32)), (64, (32, 8, 3, 128, 1
 # rule). Judged on max_keys, the bound a caller gives (a step's bucket), so a bucket well
 # above the keys actually read takes one tile a little early
 ONE_TILE_MIN_KEYS = 32768
-# ... from half as many for a tree (each 16-row tile also reads the tree's own keys and its
-# mask: 27B's 4-token and 9B's 8-token trees at 16384-16512 keys read again, 0.92-0.98 of the
-# 16-row tiles, one cell 1.07), a quarter for 33-64 rows over ONE_TILE_MIN_BATCH requests or
-# more (27B's 8-token level and tree at batch 4 over a 1k cache: 0.78-0.85; at batch 1 the one
-# tile splits its few pairs' keys finely and loses, 1.12-1.25 at kv 4096). Judged on the
-# H100's and the H200's sweeps: experiments/README.md S23-a
+# ... from half as many for a tree of two tiles (27B's 4-token and 9B's 8-token trees at
+# 16384-16512 keys read again: 0.90-0.98 of the 16-row tiles, one cell 1.07; drafter levels of
+# the same rows and keys 0.98-1.20, so they keep the whole), a quarter for 33-64 rows over
+# ONE_TILE_MIN_BATCH requests or more (27B's 8-token level and tree at batch 4 over a 1k
+# cache: 0.78-0.85; at batch 1 the one tile loses, 1.12-1.25 at kv 4096). Why trees differ
+# is not measured. Judged on the H100's and the H200's sweeps: experiments/README.md S23-a
 ONE_TILE_MIN_BATCH = 4
 # Over FULL_MIN_KEYS keys or more, FULL_LAUNCH's 64-row tiles (keys read a quarter as often;
 # 33-64 rows take one tile first, where it applies) beyond the programs rule: where a pair
@@ -80,7 +80,7 @@ FULL_MIN_KEYS = 4096
 # the rule's name in a measured profile's provenance (runtime.timer), so a profile measured
 # under an earlier rule says so
 LAUNCH_RULE = (f"rows and programs (S9-f); one tile for {FEW_ROWS_LAUNCH[5] + 1}-{ONE_TILE_ROWS_LAUNCHES[-1][0]} "
-               f"rows from {ONE_TILE_MIN_KEYS} keys read again, half for a tree, a quarter past 32 rows at "
+               f"rows from {ONE_TILE_MIN_KEYS} keys read again, half for a two-tile tree, a quarter past 32 rows at "
                f"{ONE_TILE_MIN_BATCH} requests or more (S15-b, S16-a, S23-a); 64-row tiles from "
                f"{FULL_MIN_ROW_TILES} tiles of 16 or few programs past 64 rows, over {FULL_MIN_KEYS} keys "
                f"(S16-b, S17-a); at most {FEW_PROGRAMS} tiles few (S17-a)")
@@ -201,10 +201,11 @@ def attention_splits(batch: int, kv_heads: int, row_blocks: int, max_keys: int,
 def one_tile_min_keys(batch: int, row_tiles: int, tree: bool) -> int:
     """The keys `row_tiles` 16-row tiles would read again over the batch from which one tile
     pays: ONE_TILE_MIN_KEYS, a quarter of it for three or four tiles over ONE_TILE_MIN_BATCH
-    requests or more, else half for a tree."""
+    requests or more, half for a tree of two tiles (the sweeps' three-tile trees under
+    ONE_TILE_MIN_BATCH lose with one tile on both sides of half: they keep the whole)."""
     if row_tiles >= 3 and batch >= ONE_TILE_MIN_BATCH:
         return ONE_TILE_MIN_KEYS // 4
-    return ONE_TILE_MIN_KEYS // 2 if tree else ONE_TILE_MIN_KEYS
+    return ONE_TILE_MIN_KEYS // 2 if tree and row_tiles == 2 else ONE_TILE_MIN_KEYS
 
 
 def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int,
