@@ -492,10 +492,9 @@ def test_attention_rule_judges_the_shipped_rule_on_the_sweeps(tmp_path):
     a bound slower than the S9-f rule it replaced, and within a bound of the fastest launch
     swept that the rule before it misses (S23-a's thresholds: 1.003 on S15-b's, against
     1.0095 before them and 1.005 without a tree's half; 1.009 on S22-c's, against 1.025 and
-    1.015; S9-f's 1.144 on S16-b's; undoing
-    either of S17-a's two changes alone gives 1.015 or more on its own), so a change that
-    undoes a measured gain fails here; a file that is no sweep record is refused by name,
-    exit 2."""
+    1.015; S9-f's 1.144 on S16-b's; undoing either of S17-a's two changes alone gives 1.015 or
+    more on its own), so a change that undoes a measured gain fails here; a file that is no
+    sweep record is refused by name, exit 2."""
     import json
 
     results = EXPERIMENTS / "results" / "components"

@@ -211,7 +211,7 @@ def one_tile_min_keys(batch: int, row_tiles: int, tree: bool) -> int:
 def attention_launch(batch: int, kv_heads: int, rows: int, max_keys: int,
                      tree: bool = False) -> tuple[int, int, int, int, int, int]:
     """The default launch for `rows` query rows a (request, KV head) over up to `max_keys`
-    keys a request (`tree`: a verify's, its own keys and mask read too). 17-64 rows where
+    keys a request (`tree`: a verify's, with its tree mask). 17-64 rows where
     16-row tiles would read at least one_tile_min_keys keys again over the batch: the
     ONE_TILE_ROWS_LAUNCHES launch that holds them all in one tile.
     64 rows or more: FULL_LAUNCH (64 rows a tile, the keys split to fill the GPU) where the
