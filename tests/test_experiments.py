@@ -19,7 +19,7 @@ def _kernel_variants():
 
 
 def test_every_variant_edit_applies_to_the_shipped_kernels():
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = dict(os.environ, PYTHONPATH=str(EXPERIMENTS.parent), TRITON_INTERPRET="1")  # as on the device
     run = subprocess.run([sys.executable, str(EXPERIMENTS / "ab_kernels.py"), "--check"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
