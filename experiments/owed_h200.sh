@@ -55,12 +55,15 @@
 # or drafter level, NOTES "The attention's rule on the H200 at last": key the threshold on it),
 # then profiles, knee, check, tests. Twenty-third session (S23-a, no machine for its first hour):
 # the threshold keyed on the form and the batch, judged on the committed sweeps; 9B's rows a tile
-# on the H200 is its out-of-sample test (NOTES "The one-tile threshold by form and batch"). Run
-# the rest in this order (a
+# on the H200 is its out-of-sample test (NOTES "The one-tile threshold by form and batch").
+# Twenty-sixth session, the H200 (S26-a to S26-d): attention (9B's rows a tile, 27B's big trees),
+# profiles (shipped), knee (committed; its factors not adopted until `steps` re-derives the
+# launches: NOTES "The H200 profiles, knee and GPU suite on the step as of S23"), tests. Still
+# owed, first: steps, then check, e2e, the drafter's 32k head. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
-#   ATTENTION_MODELS=9b bash experiments/owed_h200.sh attention # ~6 min (2.5 on S22-c's H200): the cache
+#   ATTENTION_MODELS=9b bash experiments/owed_h200.sh attention # done on the H200 (S26-a, 2.5 min): the cache
 #                                          #   attention's rows a tile (S15-b's sweep), 9B (27B's: S22-c);
 #                                          #   27B's 16-48-token trees by target programs
 #   bash experiments/owed_h200.sh attention64 # done on the H200 (S22-b, 80 s): 49-64 rows, the rule's launches
@@ -68,10 +71,10 @@
 #                                          #   SGLang's decode beside it: 9B, 27B; the replay commit's row
 #                                          #   stride an argument / a constant / the rule, chains of 2-64
 #                                          #   (NOTES "The state's row stride a constant")
-#   bash experiments/owed_h200.sh knee     # ~9 min: GEMM knee, GDN decode by value split, cache attention
+#   bash experiments/owed_h200.sh knee     # done S26-c (3.2 min): GEMM knee, GDN decode by value split, cache attention
 #                                          #   (target and drafter forms): 9B, 27B
 #   bash experiments/owed_h200.sh profiles # ~9 min: bole calibrate --measure, 4B, 9B, 27B (ship to profiles/h200/;
-#                                          #   done S13-a: again only after a change to the step); two calls:
+#                                          #   done S26-b: again only after a change to the step); two calls:
 #                                          #   PROFILE_MODELS="4B 9B", then PROFILE_MODELS=27B (up to 450 s)
 #   bash experiments/owed_h200.sh check    # ~10 min: check_decision.py on profiles/<gpu>/ (R-8's form; CHECK_MODEL=9B,
 #                                          #   CHECK_PRESET=paper-mbpp; then cnndm, then 27B)

@@ -1026,7 +1026,10 @@ def test_gpu_small_tuning_run(tmp_path):
     storage = open_storage(optuna, tmp_path / "s.journal")[0]
     buckets = [Bucket("tree_verify", GDN_9B, 4, 16), Bucket("tree_commit_replay", GDN_9B, 4),
                Bucket("tree_conv", (8192, 4), 4, 16)]
-    results = run_tuning(optuna, storage, buckets, GpuEvaluator(), TuneSettings(trials=4))
+    # short timings and one confirm round: the whole GPU suite fits one 5-minute device call
+    # (this test took 42 s of 306 at trials=4 and the default timings, experiments/README.md S26-d)
+    settings = TuneSettings(trials=3, quick_ms=5.0, full_ms=10.0, confirm_rounds=1)
+    results = run_tuning(optuna, storage, buckets, GpuEvaluator(), settings)
     for r in results:
         assert not r.failed, r.failed
         assert 0 < r.us <= r.default_us and r.counts["timed"] >= 1
