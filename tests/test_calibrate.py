@@ -860,9 +860,8 @@ T_DEC_TOLERANCE, TOK_S_TOLERANCE = 0.10, 0.15
 # agreeing fails here until it is taken off the list.
 _NEAR_TIE = ("batch 4: the measurement's chain beats its runner-up tree by under 1% (4B kv 16384: "
              "0.2%; 27B kv 4096: 0.6%, kv 16384: 0.3%); the estimate decides the tree, its tokens/s "
-             "1-8% above the measured chain's "
-             "(the mode of a near tie flips between runs: experiments/NOTES.md \"The H200 profiles "
-             "re-measured\")")
+             "1-8% above the measured chain's (the mode of a near tie flips between runs: "
+             "experiments/NOTES.md \"The H200 profiles re-measured\")")
 KNOWN_GAPS = {key: _NEAR_TIE for key in (("Qwen3.5-4B", 4, 16384), ("Qwen3.5-27B", 4, 4096),
                                          ("Qwen3.5-27B", 4, 16384))}
 
