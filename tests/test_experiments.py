@@ -523,3 +523,20 @@ def test_attention_rule_judges_the_shipped_rule_on_the_sweeps(tmp_path):
     run = subprocess.run([sys.executable, str(EXPERIMENTS / "attention_rule.py"), str(bad)],
                          capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 2 and f"records {bad}" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_whole_step_bench_smoke_run_writes_its_record(tmp_path):
+    """experiments/whole_step_bench.py at a tiny model on CPU: a step row per decoder and
+    batch (the tree decoders' budget per request, every phase timed), and the drafter's
+    levels for the full vocabulary and a hot-token head, one row and top-k rows each."""
+    doc = smoke_record(tmp_path, "whole_step_bench.py", "--smoke", timeout=600)
+    assert [(r["decoder"], r["batch"]) for r in doc["steps"]] == [
+        (d, b) for b in (1, 2) for d in ("ar", "bole", "bole-chain")]
+    trees = [r for r in doc["steps"] if r["decoder"] == "bole"]
+    assert [r["tree_tokens"] for r in trees] == [4, 8]
+    assert all(r["wall_ms"] >= r["span_ms"] > 0 and set(r["phase_ms"]) == {"draft", "verify", "sample", "commit"}
+               for r in doc["steps"])
+    full = doc["draft_levels"][0]["draft_vocab"]
+    assert [(r["batch"], r["draft_vocab"], r["rows"]) for r in doc["draft_levels"]] == [
+        (b, v, k) for b in (1, 2) for v in (full, 64) for k in (1, 2)]
+    assert full > 64

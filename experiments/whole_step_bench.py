@@ -1,0 +1,236 @@
+"""The whole speculative step against the sum of its kernels, and the drafter level against
+its weight-read floor (issue 31's "whole step within 1.10x of its kernels" and "drafter per
+level within 1.2x of its floor, full vocabulary and 32k head"; experiments/README.md).
+
+The step is `bole bench e2e`'s (bole_cli/bench/e2e/decoders.py): draft levels, the budget's
+tree, verify, the device walk (sampling and path compaction), the commit, each a CUDA graph
+after its first run, and the step's one host sync handing back the committed tokens. Per
+decoder it reports, per step (medians over --steps):
+
+- wall: host clock around one whole step, its sync included (what a serving loop pays);
+- span: CUDA events from before the draft to after the commit (the device's timeline);
+- kernels: the sum of the GPU kernels' own time over one step, from torch.profiler over
+  --profile-steps graph-replayed steps (their count too); wall / kernels is the target's ratio.
+
+The drafter level: one level (1 row a request, and the second level's top-k rows) replayed
+as a CUDA graph, for the full vocabulary and each --draft-vocab head; the floor is the bytes
+the level must read (MTPDrafter.level_read_bytes) at the copy rate measured in the same
+process (a 1 GiB device-to-device copy, read + write bytes over its time).
+
+    python experiments/whole_step_bench.py --model 9b --out experiments/results/runtime/F.json
+    python experiments/whole_step_bench.py --smoke --out /tmp/w.json   # CPU, tiny model: no timings to quote
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+
+def kernel_time(torch, steps) -> tuple[float, int]:
+    """(kernel ms, kernel count) of running `steps` (torch.profiler's CUDA activity, graph
+    replays included: CUPTI reports a graph's kernels one by one)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        steps()
+        torch.cuda.synchronize()
+    total, count = 0.0, 0
+    for ev in prof.events():
+        if "CUDA" in str(getattr(ev, "device_type", "")):
+            total += ev.device_time
+            count += 1
+    return total / 1e3, count
+
+
+def copy_rate(torch) -> float:
+    """Bytes a second of a 1 GiB device-to-device copy, read and write counted."""
+    n = 1 << 30
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / statistics.median(times[2:])
+
+
+def whole_steps(torch, bench, name: str, batch: int, args, cuda: bool) -> dict:
+    """One decoder's steps: wall, span and phases per step, then the kernels of
+    --profile-steps more."""
+    from bole_cli.bench.e2e.decoders import PHASES
+
+    warm = max(args.warmup, 2)
+    dec = bench.decoder(name, batch, warm + args.steps + args.profile_steps + 2)
+    for _ in range(warm):
+        dec.step()
+    if cuda:
+        torch.cuda.synchronize()
+    walls, spans, phases, hosts = [], [], {p: [] for p in PHASES}, []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        marks, host = dec.step()  # ends in the step's one sync (the committed tokens)
+        walls.append(time.perf_counter() - t0)
+        hosts.append(host)
+        spans.append(dec.clock.seconds(marks[0], marks[-1]))
+        for i, p in enumerate(PHASES):
+            phases[p].append(dec.clock.seconds(marks[i], marks[i + 1]))
+    row = {"decoder": name, "batch": batch, "steps": args.steps,
+           "wall_ms": 1e3 * statistics.median(walls), "span_ms": 1e3 * statistics.median(spans),
+           "host_ms": 1e3 * statistics.median(hosts),
+           "phase_ms": {p: 1e3 * statistics.median(v) for p, v in phases.items()},
+           "graphs": dec.graphs.enabled,
+           "mean_accepted": sum(map(sum, dec.accepted[warm:])) / (args.steps * batch)}
+    if hasattr(dec, "plan"):
+        row["tree_tokens"] = int(sum(dec.plan.sizes))
+    if cuda:
+        def run():
+            for _ in range(args.profile_steps):
+                dec.step()
+
+        ms, count = kernel_time(torch, run)
+        row["kernel_ms"] = ms / args.profile_steps
+        row["kernels"] = count / args.profile_steps
+        row["wall_over_kernels"] = row["wall_ms"] / row["kernel_ms"]
+        row["span_over_kernels"] = row["span_ms"] / row["kernel_ms"]
+    dec.graphs.clear()
+    return row
+
+
+def draft_levels(torch, bench, batch: int, vocabs: list, rate: float, args, cuda: bool) -> list[dict]:
+    """One drafter level replayed as a graph, against its weight-read floor."""
+    from bole_cli.bench.drafter import MTPDrafter
+    from bole_cli.runtime.graphs import try_capture
+
+    rows_out = []
+    for vocab in vocabs:
+        drafter = MTPDrafter(bench.model, bench.layout, seed=bench.seed + 4321, draft_vocab=vocab)
+        st = drafter.new_state(batch, bench.context)
+        for lvl, rows in ((0, 1), (1, bench.layout.topk)):
+            gen = torch.Generator(device=bench.device).manual_seed(batch * 31 + rows)
+            tokens = torch.randint(drafter.draft_vocab, (batch, rows), generator=gen, device=bench.device)
+            hidden = torch.randn(batch, rows, bench.spec.hidden, generator=gen, device=bench.device,
+                                 dtype=drafter.dtype)
+
+            def level():
+                drafter.level(st, lvl, tokens, hidden, 1 if lvl else 0)
+
+            row = {"batch": batch, "draft_vocab": drafter.draft_vocab, "rows": rows,
+                   "read_bytes": drafter.level_read_bytes(batch, bench.context, rows)}
+            if cuda:
+                graph, why = try_capture(level)
+                fn = graph.replay if graph is not None else level
+                times = []
+                for _ in range(args.steps + 3):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    fn()
+                    b.record()
+                    b.synchronize()
+                    times.append(a.elapsed_time(b))
+                row["ms"] = statistics.median(times[3:])
+                row["graph"] = graph is not None or why
+                row["floor_ms"] = 1e3 * row["read_bytes"] / rate
+                row["over_floor"] = row["ms"] / row["floor_ms"]
+            else:
+                level()
+            rows_out.append(row)
+    return rows_out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="9b")
+    ap.add_argument("--batch", default="1,4")
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--tree-tokens", type=int, default=32, help="tree tokens a request (the budget / batch)")
+    ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--chain-depth", type=int, default=4)
+    ap.add_argument("--decoders", default="ar,bole,bole-chain")
+    ap.add_argument("--draft-vocab", default="32768", help="heads timed beside the full vocabulary")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--acceptance", default="paper-mbpp")
+    ap.add_argument("--smoke", action="store_true", help="tiny model on CPU (a test: no timings)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from bole_cli.bench.e2e.harness import E2EBench
+    from bole_cli.catalog.models import resolve_model, tiny_spec
+
+    cuda = not args.smoke
+    if args.smoke:
+        spec, dtype, device = tiny_spec(layers=4), torch.float32, "cpu"
+        args.context, args.depth, args.topk, args.tree_tokens = 16, 3, 2, 4
+        args.chain_depth, args.steps, args.warmup, args.profile_steps = 2, 2, 1, 1
+    else:
+        spec, dtype, device = resolve_model(args.model), torch.bfloat16, "cuda"
+    vocabs = [None] + [int(v) for v in args.draft_vocab.split(",") if v]
+    if args.smoke:
+        vocabs = [None, 64]
+    doc = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+           "versions": {"torch": torch.__version__, "python": platform.python_version()},
+           "command": "python " + " ".join(sys.argv), "model": spec.name, "context": args.context,
+           "shape": [args.depth, args.topk], "tree_tokens_per_request": args.tree_tokens,
+           "chain_depth": args.chain_depth, "acceptance": args.acceptance,
+           "copy_rate_Bps": None, "steps": [], "draft_levels": []}
+    if cuda:
+        import triton
+
+        doc["versions"]["triton"] = triton.__version__
+        doc["copy_rate_Bps"] = copy_rate(torch)
+
+    def save():
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, args.out)
+
+    batches = [int(b) for b in args.batch.split(",")] if not args.smoke else [1, 2]
+    bench = E2EBench(spec, device=device, dtype=dtype, context=args.context, depth=args.depth,
+                     topk=args.topk, acceptance=args.acceptance, budget=args.tree_tokens * batches[0],
+                     warmup=args.warmup, steps=args.steps)
+    bench.chain_depth = args.chain_depth
+    for batch in batches:
+        bench.budget_policy = args.tree_tokens * batch  # the trees' tokens over the batch
+        with torch.inference_mode():
+            for name in args.decoders.split(","):
+                row = whole_steps(torch, bench, name, batch, args, cuda)
+                doc["steps"].append(row)
+                save()
+                if cuda:
+                    print(f"{spec.name} b{batch:<3d} {name:10s} wall {row['wall_ms']:7.3f}  span "
+                          f"{row['span_ms']:7.3f}  kernels {row['kernel_ms']:7.3f} ms ({row['kernels']:.0f})  "
+                          f"wall/kernels {row['wall_over_kernels']:.3f}  phases "
+                          + " ".join(f"{p} {v:.3f}" for p, v in row["phase_ms"].items()), flush=True)
+            doc["draft_levels"] += draft_levels(torch, bench, batch, vocabs, doc["copy_rate_Bps"] or 1.0,
+                                                args, cuda)
+        save()
+        if cuda:
+            torch.cuda.empty_cache()
+    if cuda:
+        print(f"copy rate {doc['copy_rate_Bps'] / 1e12:.2f} TB/s")
+        for r in doc["draft_levels"]:
+            print(f"drafter b{r['batch']:<3d} vocab {r['draft_vocab']:6d} rows {r['rows']}: {r['ms']:.3f} ms, "
+                  f"floor {r['floor_ms']:.3f} ({r['over_floor']:.2f}x)")
+    save()
+
+
+if __name__ == "__main__":
+    main()
