@@ -58,8 +58,11 @@
 # on the H200 is its out-of-sample test (NOTES "The one-tile threshold by form and batch").
 # Twenty-sixth session, the H200 (S26-a to S26-d): attention (9B's rows a tile, 27B's big trees),
 # profiles (shipped), knee (committed; its factors not adopted until `steps` re-derives the
-# launches: NOTES "The H200 profiles, knee and GPU suite on the step as of S23"), tests. Still
-# owed, first: steps, then check, e2e, the drafter's 32k head. Run the rest in this order (a
+# launches: NOTES "The H200 profiles, knee and GPU suite on the step as of S23"), tests.
+# Twenty-seventh session, an H100 (S27-a, S27-b): steps and tests on the H100; then no machine
+# started. Still owed on the H200, first: whole (the whole step against its kernels, the
+# drafter's levels, full vocabulary and 32k head: issue 31's two targets), steps (its split,
+# then the factors), check, e2e. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
@@ -78,6 +81,7 @@
 #                                          #   PROFILE_MODELS="4B 9B", then PROFILE_MODELS=27B (up to 450 s)
 #   bash experiments/owed_h200.sh check    # ~10 min: check_decision.py on profiles/<gpu>/ (R-8's form; CHECK_MODEL=9B,
 #                                          #   CHECK_PRESET=paper-mbpp; then cnndm, then 27B)
+#   bash experiments/owed_h200.sh whole    # ~5 min: whole_step_bench, 9B at batch 1 and 4, 27B at batch 1
 #   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / production-s9
 #   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
 #   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write's GPU test on the H200 (its bench: S7-c)
@@ -98,7 +102,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh attention|attention64|decode|tests|gemm|steps|knee|profiles|check|kernels|split|deferred|tune}
+job=${1:?usage: bash experiments/owed_h200.sh attention|attention64|decode|tests|gemm|whole|steps|knee|profiles|check|kernels|split|deferred|tune}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -144,6 +148,9 @@ case "$job" in
   gemm)
     run timeout 520 $PY experiments/skinny_mm_bench.py --models 9b,27b,4b --grid-rows 1,64 \
       --out "$dir/skinny-$gpu.json" ;;
+  whole)  # the whole speculative step against its kernels' sum; the drafter's levels against their floor
+    run timeout 280 $PY experiments/whole_step_bench.py --model 9b --batch 1,4 --out "$dir/whole-step-$gpu-9b.json"
+    run timeout 250 $PY experiments/whole_step_bench.py --model 27b --batch 1 --out "$dir/whole-step-$gpu-27b.json" ;;
   steps)
     run timeout 540 $PY experiments/runtime_step_bench.py --models 4b,9b,27b --batch 1,16 \
       --variants cublas,production,production-s9 --out "$dir/steps-$gpu.json" ;;
