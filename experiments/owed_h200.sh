@@ -59,8 +59,8 @@
 # Twenty-sixth session, the H200 (S26-a to S26-d): attention (9B's rows a tile, 27B's big trees),
 # profiles (shipped), knee (committed; its factors not adopted until `steps` re-derives the
 # launches: NOTES "The H200 profiles, knee and GPU suite on the step as of S23"), tests.
-# Twenty-seventh session, an H100 (S27-a, S27-b): steps and tests on the H100; then no machine
-# started. Still owed on the H200, first: whole (the whole step against its kernels, the
+# Twenty-seventh session, an H100 (S27-a to S27-c): steps, tests and whole (9B and 27B at batch
+# 1) on the H100. Still owed on the H200, first: whole (the whole step against its kernels, the
 # drafter's levels, full vocabulary and 32k head: issue 31's two targets), steps (its split,
 # then the factors), check, e2e. Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
