@@ -32,9 +32,10 @@ import sys
 import time
 
 
-def kernel_time(torch, steps) -> tuple[float, int]:
+def kernel_time(torch, steps, by_name: dict | None = None) -> tuple[float, int]:
     """(kernel ms, kernel count) of running `steps` (torch.profiler's CUDA activity, graph
-    replays included: CUPTI reports a graph's kernels one by one)."""
+    replays included: CUPTI reports a graph's kernels one by one); with `by_name`, each
+    kernel's [count, ms] added to it under its name (cut to 60 characters)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -46,7 +47,17 @@ def kernel_time(torch, steps) -> tuple[float, int]:
         if "CUDA" in str(getattr(ev, "device_type", "")):
             total += ev.device_time
             count += 1
+            if by_name is not None:
+                entry = by_name.setdefault(ev.name[:60], [0, 0.0])
+                entry[0] += 1
+                entry[1] += ev.device_time / 1e3
     return total / 1e3, count
+
+
+def per_call(by_name: dict, calls: int) -> list[dict]:
+    """A profile's kernels by time, per call: what a level or a step spends where."""
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][1])
+    return [{"kernel": k, "count": c / calls, "ms": ms / calls} for k, (c, ms) in rows]
 
 
 def copy_rate(torch) -> float:
@@ -100,11 +111,13 @@ def whole_steps(torch, bench, name: str, batch: int, args, cuda: bool) -> dict:
             for _ in range(args.profile_steps):
                 dec.step(eager=eager)
 
-        ms, count = kernel_time(torch, run)
+        by_name: dict = {}
+        ms, count = kernel_time(torch, run, by_name)
         row["profiled"] = "graph replays"
         if count == 0:  # a CUPTI that does not see into graphs: the same kernels, launched eagerly
-            ms, count = kernel_time(torch, lambda: run(eager=True))
+            ms, count = kernel_time(torch, lambda: run(eager=True), by_name)
             row["profiled"] = "eager steps"
+        row["by_kernel"] = per_call(by_name, args.profile_steps)[:30]
         row["kernel_ms"] = ms / args.profile_steps
         row["kernels"] = count / args.profile_steps
         row["wall_over_kernels"] = row["wall_ms"] / row["kernel_ms"]
@@ -146,6 +159,15 @@ def draft_levels(torch, bench, batch: int, vocabs: list, rate: float, args, cuda
                     times.append(a.elapsed_time(b))
                 row["ms"] = statistics.median(times[3:])
                 row["graph"] = graph is not None or why
+                by_name: dict = {}
+
+                def replays():
+                    for _ in range(5):
+                        fn()
+
+                ms, count = kernel_time(torch, replays, by_name)
+                row["kernel_ms"], row["kernels"] = ms / 5, count / 5
+                row["by_kernel"] = per_call(by_name, 5)  # where the level's time over its floor goes
                 row["floor_ms"] = 1e3 * row["read_bytes"] / rate
                 row["over_floor"] = row["ms"] / row["floor_ms"]
             else:
