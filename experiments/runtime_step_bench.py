@@ -112,30 +112,34 @@ def median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(fn() for _ in range(repeats))
 
 
-def kernel_sum(torch, step) -> dict:
-    """Kernel time and count of one eager step (torch.profiler, CUDA activity)."""
+def kernel_profile(torch, run) -> dict:
+    """The GPU kernels of one call of `run` (torch.profiler, CUDA activity; graph replays
+    included: CUPTI reports a graph's kernels one by one): their time and count, the time
+    under their ops, and [count, ms] by kernel name (cut to 90 characters)."""
     from torch.profiler import ProfilerActivity, profile
 
-    step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
+        run()
         torch.cuda.synchronize()
-    total, count = 0.0, 0
+    total, count, names = 0.0, 0, {}
     for ev in prof.events():
         if "CUDA" in str(getattr(ev, "device_type", "")):  # the kernels themselves (Kineto)
             total += ev.device_time
             count += 1
-    by_op = sum(e.self_device_time_total for e in prof.key_averages())  # kernels under their ops
-    names: dict[str, list] = {}
-    for ev in prof.events():
-        if "CUDA" in str(getattr(ev, "device_type", "")):
             entry = names.setdefault(ev.name[:90], [0, 0.0])
             entry[0] += 1
-            entry[1] += ev.device_time
-    top = sorted(names.items(), key=lambda kv: -kv[1][1])[:20]
-    return {"kernel_ms": total / 1e3, "kernels": count, "kernel_ms_by_op": by_op / 1e3,
-            "top": [{"kernel": k, "count": c, "ms": t / 1e3} for k, (c, t) in top]}
+            entry[1] += ev.device_time / 1e3
+    by_op = sum(e.self_device_time_total for e in prof.key_averages())  # kernels under their ops
+    return {"kernel_ms": total / 1e3, "kernels": count, "kernel_ms_by_op": by_op / 1e3, "by_name": names}
+
+
+def kernel_sum(torch, step) -> dict:
+    """Kernel time and count of one eager step after a first one, and its 20 costliest kernels."""
+    step()
+    prof = kernel_profile(torch, step)
+    top = sorted(prof.pop("by_name").items(), key=lambda kv: -kv[1][1])[:20]
+    return {**prof, "top": [{"kernel": k, "count": c, "ms": ms} for k, (c, ms) in top]}
 
 
 def verify_kernels(torch, timer, kv: int, tokens: int) -> dict:

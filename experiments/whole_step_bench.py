@@ -13,9 +13,9 @@ decoder it reports, per step (medians over --steps):
   --profile-steps graph-replayed steps (their count too); wall / kernels is the target's ratio.
 
 The drafter level: one level (1 row a request, and the second level's top-k rows) replayed
-as a CUDA graph, for the full vocabulary and each --draft-vocab head; the floor is the bytes
-the level must read (MTPDrafter.level_read_bytes) at the copy rate measured in the same
-process (a 1 GiB device-to-device copy, read + write bytes over its time).
+as a CUDA graph (median of the replays), for the full vocabulary and each --draft-vocab head;
+the floor is the bytes the level must read (MTPDrafter.level_read_bytes) at the copy rate
+measured in the same process (timing.measure_copy_bandwidth).
 
     python experiments/whole_step_bench.py --model 9b --out experiments/results/runtime/F.json
     python experiments/whole_step_bench.py --smoke --out /tmp/w.json   # CPU, tiny model: no timings to quote
@@ -30,52 +30,16 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from runtime_step_bench import kernel_profile  # noqa: E402 (experiments/, the script's folder)
 
 
-def kernel_time(torch, steps, by_name: dict | None = None) -> tuple[float, int]:
-    """(kernel ms, kernel count) of running `steps` (torch.profiler's CUDA activity, graph
-    replays included: CUPTI reports a graph's kernels one by one); with `by_name`, each
-    kernel's [count, ms] added to it under its name (cut to 60 characters)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        steps()
-        torch.cuda.synchronize()
-    total, count = 0.0, 0
-    for ev in prof.events():
-        if "CUDA" in str(getattr(ev, "device_type", "")):
-            total += ev.device_time
-            count += 1
-            if by_name is not None:
-                entry = by_name.setdefault(ev.name[:60], [0, 0.0])
-                entry[0] += 1
-                entry[1] += ev.device_time / 1e3
-    return total / 1e3, count
-
-
-def per_call(by_name: dict, calls: int) -> list[dict]:
-    """A profile's kernels by time, per call: what a level or a step spends where."""
-    rows = sorted(by_name.items(), key=lambda kv: -kv[1][1])
+def per_call(prof: dict, calls: int) -> list[dict]:
+    """A kernel_profile's kernels by time, per call: what a level or a step spends where."""
+    rows = sorted(prof["by_name"].items(), key=lambda kv: -kv[1][1])
     return [{"kernel": k, "count": c / calls, "ms": ms / calls} for k, (c, ms) in rows]
-
-
-def copy_rate(torch) -> float:
-    """Bytes a second of a 1 GiB device-to-device copy, read and write counted."""
-    n = 1 << 30
-    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * n / statistics.median(times[2:])
 
 
 def whole_steps(torch, bench, name: str, batch: int, args, cuda: bool) -> dict:
@@ -111,15 +75,14 @@ def whole_steps(torch, bench, name: str, batch: int, args, cuda: bool) -> dict:
             for _ in range(args.profile_steps):
                 dec.step(eager=eager)
 
-        by_name: dict = {}
-        ms, count = kernel_time(torch, run, by_name)
+        prof = kernel_profile(torch, run)
         row["profiled"] = "graph replays"
-        if count == 0:  # a CUPTI that does not see into graphs: the same kernels, launched eagerly
-            ms, count = kernel_time(torch, lambda: run(eager=True), by_name)
+        if prof["kernels"] == 0:  # a CUPTI that does not see into graphs: the same kernels, eagerly
+            prof = kernel_profile(torch, lambda: run(eager=True))
             row["profiled"] = "eager steps"
-        row["by_kernel"] = per_call(by_name, args.profile_steps)[:30]
-        row["kernel_ms"] = ms / args.profile_steps
-        row["kernels"] = count / args.profile_steps
+        row["by_kernel"] = per_call(prof, args.profile_steps)[:30]
+        row["kernel_ms"] = prof["kernel_ms"] / args.profile_steps
+        row["kernels"] = prof["kernels"] / args.profile_steps
         row["wall_over_kernels"] = row["wall_ms"] / row["kernel_ms"]
         row["span_over_kernels"] = row["span_ms"] / row["kernel_ms"]
     dec.graphs.clear()
@@ -129,7 +92,7 @@ def whole_steps(torch, bench, name: str, batch: int, args, cuda: bool) -> dict:
 def draft_levels(torch, bench, batch: int, vocabs: list, rate: float, args, cuda: bool) -> list[dict]:
     """One drafter level replayed as a graph, against its weight-read floor."""
     from bole_cli.bench.drafter import MTPDrafter
-    from bole_cli.runtime.graphs import try_capture
+    from bole_cli.timing import capture_graph, replay_ms
 
     rows_out = []
     for vocab in vocabs:
@@ -147,27 +110,16 @@ def draft_levels(torch, bench, batch: int, vocabs: list, rate: float, args, cuda
             row = {"batch": batch, "draft_vocab": drafter.draft_vocab, "rows": rows,
                    "read_bytes": drafter.level_read_bytes(batch, bench.context, rows)}
             if cuda:
-                graph, why = try_capture(level)
-                fn = graph.replay if graph is not None else level
-                times = []
-                for _ in range(args.steps + 3):
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    fn()
-                    b.record()
-                    b.synchronize()
-                    times.append(a.elapsed_time(b))
-                row["ms"] = statistics.median(times[3:])
-                row["graph"] = graph is not None or why
-                by_name: dict = {}
+                graph = capture_graph(torch, [level])
+                row["ms"] = replay_ms(graph, rep_ms=100, warmup_ms=25)
 
                 def replays():
                     for _ in range(5):
-                        fn()
+                        graph.replay()
 
-                ms, count = kernel_time(torch, replays, by_name)
-                row["kernel_ms"], row["kernels"] = ms / 5, count / 5
-                row["by_kernel"] = per_call(by_name, 5)  # where the level's time over its floor goes
+                prof = kernel_profile(torch, replays)
+                row["kernel_ms"], row["kernels"] = prof["kernel_ms"] / 5, prof["kernels"] / 5
+                row["by_kernel"] = per_call(prof, 5)  # where the level's time over its floor goes
                 row["floor_ms"] = 1e3 * row["read_bytes"] / rate
                 row["over_floor"] = row["ms"] / row["floor_ms"]
             else:
@@ -199,6 +151,7 @@ def main(argv=None) -> None:
 
     from bole_cli.bench.e2e.harness import E2EBench
     from bole_cli.catalog.models import resolve_model, tiny_spec
+    from bole_cli.timing import measure_copy_bandwidth
 
     cuda = not args.smoke
     if args.smoke:
@@ -220,7 +173,7 @@ def main(argv=None) -> None:
         import triton
 
         doc["versions"]["triton"] = triton.__version__
-        doc["copy_rate_Bps"] = copy_rate(torch)
+        doc["copy_rate_Bps"] = measure_copy_bandwidth(torch)
 
     def save():
         tmp = args.out + ".tmp"
