@@ -78,6 +78,11 @@ REPLAY_CONST_ROW_PATH = 32
 #: tiles are reused enough for cuBLAS. A verify must stream as fast as the decode it is priced
 #: against, so the kernel covers both.
 SKINNY_MM_MAX_ROWS = 64
+
+#: Drafts per node (top-k) the drafter's top-k kernel (kernels/draft_topk.py) ranks: each of
+#: its passes picks the k largest one by one, unrolled. EAGLE-style drafters take a handful
+#: (SGLang's --speculative-eagle-topk); a wider beam falls back to torch.topk.
+DRAFT_TOPK_MAX_K = 16
 #: Rows up to which the runtime's default takes its projections through the skinny GEMM
 #: (runtime.model.SKINNY_DEFAULT): in_proj and the LM head with the add + RMSNorm before them
 #: fused, a one-row decode 0.1-0.2 ms faster at 4B and 27B (9B within noise), at 16 rows

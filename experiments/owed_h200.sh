@@ -102,7 +102,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh attention|attention64|decode|tests|gemm|whole|steps|knee|profiles|check|kernels|split|deferred|tune}
+job=${1:?usage: bash experiments/owed_h200.sh attention|attention64|decode|tests|gemm|whole|steps|knee|profiles|check|e2e|kernels|split|deferred|tune}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -193,6 +193,11 @@ case "$job" in
       --profile "profiles/$gpu/Qwen3.5-$m.yaml" --acceptance "$a" --tree-shapes 3x2,4x4,6x2,6x4,8x4 \
       --e2e-timeout 165 --out "$dir/$gpu-$m-$a"
     cp "$dir/$gpu-$m-$a/check.json" "$OUT/check-$gpu-$m-$a.json" 2>/dev/null ;;
+  e2e)  # bole bench e2e on the current step, every decoder (README's two e2e tables); one model and
+         # one preset a call (E2E_MODEL=9b|27b, E2E_PRESET=paper-mbpp|paper-cnndm)
+    m=${E2E_MODEL:-9b}; a=${E2E_PRESET:-paper-mbpp}
+    run timeout -k 20 -s INT 540 $PY -m bole_cli bench e2e --model "$m" --batch ${E2E_BATCH:-1,4,16,64} --context 4096 \
+      --acceptance "$a" --steps 16 --warmup 2 --no-max-batch --out-dir "$dir" --tag "e2e-$gpu-$m-${a#paper-}" ;;
   split)
     run timeout 360 $PY experiments/split_bench.py --out "$dir/split-$gpu.json"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_precision_contract.py -p no:cacheprovider ;;

@@ -13,7 +13,9 @@ decoder it reports, per step (medians over --steps):
   --profile-steps graph-replayed steps (their count too); wall / kernels is the target's ratio.
 
 The drafter level: one level (1 row a request, and the second level's top-k rows) replayed
-as a CUDA graph (median of the replays), for the full vocabulary and each --draft-vocab head;
+as a CUDA graph (median of the replays), for the full vocabulary and each --draft-vocab head,
+with its top-k through kernels.draft_topk and, beside it, through torch.topk (the top-k also
+timed alone, --topk-rows);
 the floor is the bytes the level must read (MTPDrafter.level_read_bytes) at the copy rate
 measured in the same process (timing.measure_copy_bandwidth).
 
@@ -110,6 +112,10 @@ def draft_levels(torch, bench, batch: int, vocabs: list, rate: float, args, cuda
             row = {"batch": batch, "draft_vocab": drafter.draft_vocab, "rows": rows,
                    "read_bytes": drafter.level_read_bytes(batch, bench.context, rows)}
             if cuda:
+                if drafter.topk_kernel:  # the baseline: the level with torch.topk, same weights and inputs
+                    drafter.topk_kernel = False
+                    row["ms_torch_topk"] = replay_ms(capture_graph(torch, [level]), rep_ms=100, warmup_ms=25)
+                    drafter.topk_kernel = True
                 graph = capture_graph(torch, [level])
                 row["ms"] = replay_ms(graph, rep_ms=100, warmup_ms=25)
 
@@ -128,6 +134,34 @@ def draft_levels(torch, bench, batch: int, vocabs: list, rate: float, args, cuda
     return rows_out
 
 
+def topk_alone(torch, vocabs: list, rows: list, k: int) -> list[dict]:
+    """The drafter's top-k alone on bf16 logits: kernels.draft_topk (the hot-token map in
+    its merge) against torch.topk and the map's index, as graph replays, checked to agree."""
+    from bole_cli.kernels.draft_topk import draft_topk
+    from bole_cli.kernels.reference import draft_topk_ref
+    from bole_cli.timing import capture_graph, replay_ms
+
+    out = []
+    for vocab in vocabs:
+        for n in rows:
+            gen = torch.Generator(device="cuda").manual_seed(n * 7 + vocab)
+            x = torch.randn(n, vocab, generator=gen, device="cuda").to(torch.bfloat16)
+            hot = torch.randperm(vocab, generator=gen, device="cuda")
+            ours = draft_topk(x, k, token_map=hot)
+            theirs = hot[torch.topk(x, k, dim=-1).indices]
+            row = {"vocab": vocab, "rows": n, "k": k,
+                   "agrees": bool(torch.equal(ours, draft_topk_ref(x, k, hot))
+                                  and torch.equal(x.gather(1, draft_topk(x, k)), torch.topk(x, k).values)),
+                   "same_ids_as_torch": bool(torch.equal(ours, theirs))}
+            row["ms"] = replay_ms(capture_graph(torch, [lambda: draft_topk(x, k, token_map=hot)]), 100, 25)
+            row["ms_torch_topk"] = replay_ms(capture_graph(torch, [lambda: hot[torch.topk(x, k, dim=-1).indices]]),
+                                             100, 25)
+            out.append(row)
+            print(f"top-k alone vocab {vocab:6d} rows {n:3d}: ours {1e3 * row['ms']:6.1f} us, torch.topk "
+                  f"{1e3 * row['ms_torch_topk']:6.1f} us, agrees {row['agrees']}", flush=True)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="9b")
@@ -143,6 +177,7 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--acceptance", default="paper-mbpp")
+    ap.add_argument("--topk-rows", default="1,4,16,64,256", help="rows of the top-k timed alone ('' skips)")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU (a test: no timings)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -181,6 +216,10 @@ def main(argv=None) -> None:
             json.dump(doc, f, indent=1)
         os.replace(tmp, args.out)
 
+    if cuda and args.topk_rows:
+        doc["topk_alone"] = topk_alone(torch, [spec.vocab] + vocabs[1:], [int(r) for r in args.topk_rows.split(",")],
+                                       args.topk)
+        save()
     batches = [int(b) for b in args.batch.split(",")] if not args.smoke else [1, 2]
     bench = E2EBench(spec, device=device, dtype=dtype, context=args.context, depth=args.depth,
                      topk=args.topk, acceptance=args.acceptance, budget=args.tree_tokens * batches[0],
@@ -206,8 +245,9 @@ def main(argv=None) -> None:
     if cuda:
         print(f"copy rate {doc['copy_rate_Bps'] / 1e12:.2f} TB/s")
         for r in doc["draft_levels"]:
+            base = f", torch.topk {r['ms_torch_topk']:.3f}" if "ms_torch_topk" in r else ""
             print(f"drafter b{r['batch']:<3d} vocab {r['draft_vocab']:6d} rows {r['rows']}: {r['ms']:.3f} ms, "
-                  f"floor {r['floor_ms']:.3f} ({r['over_floor']:.2f}x)")
+                  f"floor {r['floor_ms']:.3f} ({r['over_floor']:.2f}x){base}")
     save()
 
 

@@ -139,6 +139,16 @@ def run_plugin_cases() -> None:
                        g(torch.tensor([0, 2], dtype=torch.int32)))
 
 
+def run_draft_topk_cases() -> None:
+    """The drafter's top-k: vocabularies shorter than a chunk and not a whole number of chunks,
+    k up to the vocabulary, the token map guarded too."""
+    from bole_cli.kernels.draft_topk import CHUNK, draft_topk
+
+    for n, vocab, k in ((1, 3, 3), (3, CHUNK + 5, 16), (2, 2 * CHUNK, 4)):
+        for g in guards(f"draft_topk n={n} vocab={vocab} k={k}"):
+            draft_topk(g(torch.randn(n, vocab)), k, token_map=g(torch.randperm(vocab)))
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(
@@ -146,4 +156,5 @@ if __name__ == "__main__":
     run_commit_cases()
     run_verify_and_conv_cases()
     run_plugin_cases()
+    run_draft_topk_cases()
     print("all cases ran", flush=True)

@@ -134,6 +134,11 @@ def cases():
            dict(C=2, W=16, WQK=2048, WV=4096, WG=32, BQK=2048, BV=4096, BG=32), 4, 1)
     yield ("pending_advance", _pending_advance_kernel, dict(pending="*i32", accepted="*i32", fold="*i32"), {},
            dict(C=2, W=16, BLOCK=1024), 4, 1)
+    from bole_cli.kernels.draft_topk import CHUNK, _chunk_topk_kernel, _merge_topk_kernel
+
+    topk = dict(logits="*bf16", cand_val="*fp32", cand_id="*i32", token_map="*i64", out="*i64")
+    yield ("draft_topk chunk k=4", _chunk_topk_kernel, topk, {}, dict(K=4, KP=4, CHUNK=CHUNK), 8, 1)
+    yield ("draft_topk merge k=4 mapped", _merge_topk_kernel, topk, {}, dict(K=4, KP=4, NC=256, MAPPED=True), 4, 1)
     chain = dict(q="*bf16", k="*bf16", v="*bf16", g="*bf16", beta="*bf16", A_log="*fp32", dt_bias="*fp32",
                  state="*fp32", state_idx="*i32", parents="*i32", cu="*i32", o="*bf16", u="*fp32", fu="*fp32",
                  fo="*fp32", log_p="*fp32")

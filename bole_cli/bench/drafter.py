@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from bole_cli.errors import InputError
+from bole_cli.limits import DRAFT_TOPK_MAX_K
 from bole_cli.runtime.attention import cache_attention
 from bole_cli.runtime.batch import Rope
 from bole_cli.runtime.fusion import RMS_EPS, NormedRows
@@ -137,7 +138,10 @@ class MTPDrafter:
     """An MTP-style draft head on a HybridModel (shares its embedding and LM head)."""
 
     def __init__(self, model: HybridModel, layout: DraftLayout, *, seed: int = 4321,
-                 draft_vocab: "int | None" = None):
+                 draft_vocab: "int | None" = None, topk_kernel: "bool | None" = None):
+        """topk_kernel: a level's top-k through kernels.draft_topk (two launches, the hot-token
+        map in the second) instead of torch.topk and an index; default: on CUDA, for beams of
+        up to limits.DRAFT_TOPK_MAX_K."""
         self.model, self.layout = model, layout
         s = model.spec
         if draft_vocab is not None and not 1 <= draft_vocab <= s.vocab:
@@ -148,6 +152,8 @@ class MTPDrafter:
         self.hot_ids = (None if self.draft_vocab == s.vocab
                         else torch.arange(self.draft_vocab, device=model.device, dtype=torch.int64))
         self.device, self.dtype = model.device, model.dtype
+        fits = layout.topk <= min(DRAFT_TOPK_MAX_K, self.draft_vocab)
+        self.topk_kernel = (self.device.type == "cuda" and fits) if topk_kernel is None else topk_kernel and fits
         h, hq, hk, dh = s.hidden, s.attn_heads, s.attn_kv_heads, s.attn_head_dim
         self.ffn = s.ffn or (s.experts_top_k * s.expert_ffn + s.shared_expert_ffn)  # MoE: active width
         gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -255,9 +261,14 @@ class MTPDrafter:
         x = a.total()
         # the top-k of the logits themselves: the softmax is monotonic and only the indices
         # are drafted, so a full-vocabulary float32 softmax would only add bytes
-        top = torch.topk(logits, self.layout.topk, dim=-1).indices  # [n, k]
-        if self.hot_ids is not None:
-            top = self.hot_ids[top]
+        if self.topk_kernel:
+            from bole_cli.kernels.draft_topk import draft_topk
+
+            top = draft_topk(logits, self.layout.topk, token_map=self.hot_ids)  # [n, k]
+        else:
+            top = torch.topk(logits, self.layout.topk, dim=-1).indices
+            if self.hot_ids is not None:
+                top = self.hot_ids[top]
         return x.view(bsz, rows, h), top.view(bsz, rows, self.layout.topk)
 
     def _level_index(self, st: DraftState, rows: int, pos: int) -> tuple[torch.Tensor, ...]:

@@ -13,6 +13,7 @@ follow the kernels' tensor contract exactly and favour clarity over speed:
 - `conv_window_commit_ref` / `seed_slots_ref`: the SGLang plug-in's conv-window commit over
   all layers and its track-slot seeding (copies: exact in any dtype).
 - `pending_place_ref` / `pending_advance_ref`: the deferred write's segment bookkeeping.
+- `draft_topk_ref`: a drafter level's top-k ids (a stable descending sort).
 
 Layouts (SGLang's): q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; state [S, HV, V, K]
 (the transposed state, K contiguous); parents [N] local to each request, -1 = child of the
@@ -304,6 +305,15 @@ def seed_slots_ref(state, src, dst, steps):
         if int(steps[b]) >= 0 and 0 <= int(dst[b]) < state.shape[1] and 0 <= int(src[b]) < state.shape[1]:
             new[:, int(dst[b])] = state[:, int(src[b])]
     return new
+
+
+def draft_topk_ref(logits, k, token_map=None):
+    """`draft_topk`: each row's k largest logits' ids, descending, equal values by the lower
+    id, NaN as +inf; token_map[id] when given."""
+    x = logits.double()
+    x = torch.where(torch.isnan(x), torch.inf, x)
+    ids = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
+    return ids if token_map is None else token_map.long()[ids]
 
 
 def pending_place_ref(segment, draft, pending):
