@@ -36,7 +36,8 @@ def check_int(value: Optional[int], option: str, *, minimum: int = 1,
 
 def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> list[int]:
     """'1,2,4' -> [1, 2, 4]: positive, distinct, sorted, at most `maximum` (default
-    INT_OPTION_MAX); InputError names the option and the value."""
+    INT_OPTION_MAX); InputError names the option and the value (a repeated value too: '1,4,4'
+    is more often a typo for '1,4,16' than a wish to run 4 twice)."""
     cap = INT_OPTION_MAX if maximum is None else maximum
     values = []
     for x in _items(text, option, "list of positive integers"):
@@ -48,8 +49,10 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
             raise InputError(f"{expected_int(option, 1, maximum)}, got {_shown(x)}") from None
         check_int(v, option, minimum=1, maximum=maximum if v >= 1 else None)
         check_int(v, option, minimum=1, maximum=cap)
+        if v in values:
+            raise InputError(f"{option}: {v:,} appears twice in {_shown(str(text))}; give each value once")
         values.append(v)
-    return sorted(set(values))
+    return sorted(values)
 
 
 def parse_name_list(text: str, option: str) -> list[str]:

@@ -45,6 +45,20 @@ def test_an_integer_out_of_range_is_one_wording_naming_the_flag(argv, flag):
     assert match and match.group(1) == flag, line
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["calibrate", "--gpu", "h200", "--model", "9b", "--batch", "1,4,4"], "--batch"),
+    (["bench", "e2e", "--tiny", "--device", "cpu", "--batch", "2,1,2"], "--batch"),
+    (["calibrate", "--gpu", "h200", "--model", "9b", "--kv", "1024,1024"], "--kv"),
+])
+def test_a_repeated_list_value_is_refused_naming_the_flag_and_the_value(argv, flag):
+    """'1,4,4' is more often a typo than a wish: exit 2 before any work, one line."""
+    r = runner.invoke(cli.app, argv)
+    assert r.exit_code == 2, r.stdout + r.stderr
+    line = " ".join(r.stderr.split())
+    assert line.startswith(f"error: {flag}: ") and "appears twice" in line, line
+    assert "Traceback" not in r.stdout + r.stderr
+
+
 def test_a_chain_is_held_to_the_tree_limit():
     """--topk 1 --steps 255 is the longest chain a request can verify (256 tokens)."""
     r = runner.invoke(cli.app, ["serve", "--gpu", "h200", "--model", "9b", "--dry-run",
