@@ -483,6 +483,11 @@ def test_fused_pieces_compile_whole_and_agree():
     want = torch.cat([F.rms_norm(args[1][args[0]], (spec.hidden,), args[3], 1e-6),
                       F.rms_norm(args[2], (spec.hidden,), args[4], 1e-6)], dim=-1)
     torch.testing.assert_close(eager.fuse.mtp_in(*args), want)
+    # a layer's first norm (no residual add) through the compiled norm, one graph
+    from bole_cli.runtime.fusion import NormedRows
+
+    x, w = args[2], args[3]
+    torch.testing.assert_close(NormedRows(x, None, w, traced.fuse).rows(), F.rms_norm(x, (spec.hidden,), w, 1e-6))
 
 
 def assert_step_agrees(model, ref, prefix, tol):

@@ -97,8 +97,8 @@ class NormedRows:
     def rows(self) -> torch.Tensor:
         """The normed rows, computed here the first time (add + RMSNorm, compiled)."""
         if self._rows is None:
-            if self.y is None:
-                self._rows = rms(self.x, self.w)
+            if self.y is None:  # compiled too: eager F.rms_norm took 6 us at one row (experiments/README.md S28-a)
+                self._rows = self.fuse.rms(self.x, self.w)
             else:
                 self.sum, self._rows = self.fuse.add_rms(self.x, self.y, self.w)
         return self._rows
@@ -117,6 +117,7 @@ class Fusion:
         self.compiled = bool(compile)
         wrap = ((lambda f: torch.compile(f, backend=backend, fullgraph=True)) if self.compiled
                 else (lambda f: f))
+        self.rms = wrap(rms)
         self.add_rms = wrap(add_rms)
         self.swiglu = wrap(swiglu)
         self.attn_in = wrap(attn_in)
