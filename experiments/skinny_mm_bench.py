@@ -15,6 +15,7 @@ launch a shape (best_ms): the decode step's saving if the runtime took the kerne
 
     PYTHONPATH=. python experiments/skinny_mm_bench.py --out /tmp/skinny-h200.json
     PYTHONPATH=. python experiments/skinny_mm_bench.py --smoke --out /tmp/s.json   # CPU, interpreter
+    PYTHONPATH=. python experiments/skinny_mm_bench.py --shapes lm_head32k:32768:4096 --rows 1 --out F
 
 Timing: CUDA graph replays (median; bole_cli.timing.time_graph), weights and inputs random,
 --rotate weight sets a call so no replay reads a weight from L2. Index: experiments/README.md.
@@ -187,6 +188,8 @@ def main(argv=None) -> None:
     ap.add_argument("--grid-rows", default="1,16,64", help="rows at which the launch grid is timed too")
     ap.add_argument("--rotate", type=int, default=3)
     ap.add_argument("--rep-ms", type=int, default=60)
+    ap.add_argument("--shapes", default="", help="name:N:K,... instead of --models' projections (e.g. a "
+                    "drafter level's: lm_head32k:32768:4096); no fused rows")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU under the interpreter (a test)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -221,10 +224,15 @@ def main(argv=None) -> None:
             json.dump(doc, f, indent=1)
         os.replace(tmp, args.out)
 
-    for name in (["tiny"] if args.smoke else args.models.split(",")):
-        spec = tiny_spec(layers=4) if args.smoke else resolve_model(name)
-        gemms = decode_gemms(spec)
-        entry = {"model": spec.name, "gemms": {k: list(v) for k, v in gemms.items()}, "rows": [], "step": []}
+    shapes = {}
+    for item in filter(None, args.shapes.split(",")):
+        name, n, k = item.split(":")
+        shapes[name] = (int(n), int(k), 1)
+    for name in (["tiny"] if args.smoke else ["shapes"] if shapes else args.models.split(",")):
+        spec = tiny_spec(layers=4) if args.smoke else None if shapes else resolve_model(name)
+        gemms = shapes or decode_gemms(spec)
+        entry = {"model": "--shapes" if shapes else spec.name, "gemms": {k: list(v) for k, v in gemms.items()},
+                 "rows": [], "step": []}
         doc["models"].append(entry)
         for g, (n, k, _) in gemms.items():
             entry["rows"] += bench_shape(torch, g, n, k, rows, grid_rows, device, dtype,
@@ -232,7 +240,7 @@ def main(argv=None) -> None:
             save()
         entry["fused"] = []
         for g, glu in FUSED.items():
-            if g in gemms:
+            if g in gemms and not shapes:
                 n, k, _ = gemms[g]
                 entry["fused"] += bench_fused(torch, g, n, k, rows, device, dtype, 1 if args.smoke else args.rotate,
                                               args.rep_ms, glu)
