@@ -56,9 +56,13 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
 
 
 def parse_name_list(text: str, option: str) -> list[str]:
-    """'a,b' -> ['a', 'b']: names in the order given, repeats dropped; InputError names the
-    option on an empty list or item."""
-    return list(dict.fromkeys(_items(text, option, "list")))
+    """'a,b' -> ['a', 'b']: names in the order given; InputError names the option on an
+    empty list or item, or a name given twice (as parse_int_list)."""
+    items = _items(text, option, "list")
+    for i, x in enumerate(items):
+        if x in items[:i]:
+            raise InputError(f"{option}: {_shown(x)} appears twice in {_shown(str(text))}; give each value once")
+    return items
 
 
 def _items(text: str, option: str, what: str) -> list[str]:

@@ -216,7 +216,9 @@ def main(argv=None) -> None:
             json.dump(doc, f, indent=1)
         os.replace(tmp, args.out)
 
-    if cuda and args.topk_rows:
+    from bole_cli.limits import DRAFT_TOPK_MAX_K
+
+    if cuda and args.topk_rows and args.topk <= DRAFT_TOPK_MAX_K:  # a wider beam: torch.topk only
         doc["topk_alone"] = topk_alone(torch, [spec.vocab] + vocabs[1:], [int(r) for r in args.topk_rows.split(",")],
                                        args.topk)
         save()

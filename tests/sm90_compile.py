@@ -137,8 +137,10 @@ def cases():
     from bole_cli.kernels.draft_topk import CHUNK, _chunk_topk_kernel, _merge_topk_kernel
 
     topk = dict(logits="*bf16", cand_val="*fp32", cand_id="*i32", token_map="*i64", out="*i64")
-    yield ("draft_topk chunk k=4", _chunk_topk_kernel, topk, {}, dict(K=4, KP=4, CHUNK=CHUNK), 8, 1)
-    yield ("draft_topk merge k=4 mapped", _merge_topk_kernel, topk, {}, dict(K=4, KP=4, NC=256, MAPPED=True), 4, 1)
+    for k, kp, nc in ((1, 1, 64), (5, 8, 512), (16, 16, 1024)):  # 248k logits: 61 chunks' candidates
+        yield (f"draft_topk chunk k={k}", _chunk_topk_kernel, topk, {}, dict(K=k, KP=kp, CHUNK=CHUNK), 8, 1)
+        yield (f"draft_topk merge k={k} mapped", _merge_topk_kernel, topk, {}, dict(K=k, KP=kp, NC=nc, MAPPED=True),
+               4, 1)
     chain = dict(q="*bf16", k="*bf16", v="*bf16", g="*bf16", beta="*bf16", A_log="*fp32", dt_bias="*fp32",
                  state="*fp32", state_idx="*i32", parents="*i32", cu="*i32", o="*bf16", u="*fp32", fu="*fp32",
                  fo="*fp32", log_p="*fp32")

@@ -49,6 +49,8 @@ def test_an_integer_out_of_range_is_one_wording_naming_the_flag(argv, flag):
     (["calibrate", "--gpu", "h200", "--model", "9b", "--batch", "1,4,4"], "--batch"),
     (["bench", "e2e", "--tiny", "--device", "cpu", "--batch", "2,1,2"], "--batch"),
     (["calibrate", "--gpu", "h200", "--model", "9b", "--kv", "1024,1024"], "--kv"),
+    (["bench", "e2e", "--tiny", "--device", "cpu", "--decoders", "ar,bole,ar"], "--decoders"),
+    (["bench", "e2e", "--tiny", "--device", "cpu", "--tree-shapes", "3x2,2x2,3x2"], "--tree-shapes"),
 ])
 def test_a_repeated_list_value_is_refused_naming_the_flag_and_the_value(argv, flag):
     """'1,4,4' is more often a typo than a wish: exit 2 before any work, one line."""

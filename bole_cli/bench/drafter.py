@@ -141,7 +141,7 @@ class MTPDrafter:
                  draft_vocab: "int | None" = None, topk_kernel: "bool | None" = None):
         """topk_kernel: a level's top-k through kernels.draft_topk (two launches, the hot-token
         map in the second) instead of torch.topk and an index; default: on CUDA, for beams of
-        up to limits.DRAFT_TOPK_MAX_K."""
+        up to limits.DRAFT_TOPK_MAX_K (True for a wider beam: InputError)."""
         self.model, self.layout = model, layout
         s = model.spec
         if draft_vocab is not None and not 1 <= draft_vocab <= s.vocab:
@@ -153,7 +153,10 @@ class MTPDrafter:
                         else torch.arange(self.draft_vocab, device=model.device, dtype=torch.int64))
         self.device, self.dtype = model.device, model.dtype
         fits = layout.topk <= min(DRAFT_TOPK_MAX_K, self.draft_vocab)
-        self.topk_kernel = (self.device.type == "cuda" and fits) if topk_kernel is None else topk_kernel and fits
+        if topk_kernel and not fits:
+            raise InputError(f"topk_kernel: the kernel ranks 1..{min(DRAFT_TOPK_MAX_K, self.draft_vocab)} drafts "
+                             f"(limits.DRAFT_TOPK_MAX_K and the draft vocabulary), the beam takes {layout.topk}")
+        self.topk_kernel = (self.device.type == "cuda" and fits) if topk_kernel is None else bool(topk_kernel)
         h, hq, hk, dh = s.hidden, s.attn_heads, s.attn_kv_heads, s.attn_head_dim
         self.ffn = s.ffn or (s.experts_top_k * s.expert_ffn + s.shared_expert_ffn)  # MoE: active width
         gen = torch.Generator(device=self.device).manual_seed(seed)

@@ -1,11 +1,11 @@
 """The top-k token ids of each row of a drafter level's logits, in two launches.
 
-Why: a draft level needs only the ids of its top-k logits (the softmax is monotonic). On one
-row of 248k (or 32k) logits, torch.topk runs a radix select of a dozen launches, 0.03 ms
-on an H100 against a 32k head's 0.26 ms weight-read floor; this kernel is one pass over
-the logits in chunks (each chunk's top k) and one merge of the chunks' candidates per row
-(experiments/NOTES.md "The drafter's top-k in two launches"). The hot-token map of a
-reduced draft vocabulary (SGLang's --speculative-token-map) is applied in the merge.
+Why: a draft level needs only the ids of its top-k logits (the softmax is monotonic), and
+torch.topk on a row of 32k-248k logits is a radix select of about fifteen launches, a
+noticeable share of a 32k head's level (experiments/NOTES.md "The drafter's top-k in two
+launches"). This is one pass over the logits in chunks (each chunk's top k) and one merge
+of the chunks' candidates per row, which applies a reduced draft vocabulary's hot-token map
+(SGLang's --speculative-token-map).
 
 Order: by value, descending; equal values by the lower id (a stable descending sort).
 NaN ranks as +inf. Reference: `reference.draft_topk_ref`.
@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from bole_cli.errors import InputError
-from bole_cli.kernels.validate import ACTIVATION_DTYPES, INDEX_DTYPES, check_shape, check_tensor
+from bole_cli.kernels.validate import (ACTIVATION_DTYPES, INDEX_DTYPES, check_last_contiguous, check_shape,
+                                       check_tensor)
 from bole_cli.limits import DRAFT_TOPK_MAX_K
 
 CHUNK = 4096  # logits one program of the first pass ranks (16 KiB of float32 in registers)
@@ -78,7 +79,8 @@ def _merge_topk_kernel(cand_val, cand_id, n_cand, token_map, out, s_out,
 
 def draft_topk(logits: torch.Tensor, k: int, token_map: Optional[torch.Tensor] = None) -> torch.Tensor:
     """logits [n, vocab] (last dim contiguous) -> int64 ids [n, k] of each row's k largest,
-    in descending order (torch.topk's indices, ties to the lower id); token_map [vocab]
+    in descending order, equal logits by the lower id (torch.topk's ids, where it has no
+    ties; it promises no order among equals); token_map [vocab]
     (int32 or int64): the ids returned are token_map[id] (a reduced draft vocabulary's
     token ids). 1 <= k <= min(vocab, limits.DRAFT_TOPK_MAX_K)."""
     check_tensor("logits", logits, 2, ACTIVATION_DTYPES)
@@ -86,8 +88,7 @@ def draft_topk(logits: torch.Tensor, k: int, token_map: Optional[torch.Tensor] =
     if not isinstance(k, int) or not 1 <= k <= min(vocab, DRAFT_TOPK_MAX_K):
         raise InputError(f"k: expected 1..{min(vocab, DRAFT_TOPK_MAX_K)} (the vocabulary and "
                          f"limits.DRAFT_TOPK_MAX_K), got {k!r}")
-    if vocab and logits.stride(1) != 1:
-        raise InputError(f"logits: the vocabulary dimension must be contiguous, got strides {logits.stride()}")
+    check_last_contiguous("logits", logits)
     if token_map is not None:
         check_tensor("token_map", token_map, 1, INDEX_DTYPES, logits.device)
         check_shape("token_map", token_map, (vocab,))

@@ -114,8 +114,11 @@ def parse_tree_shapes(text: Optional[str]) -> tuple[tuple[int, int], ...]:
         if len(depth) != 1 or len(topk) != 1 or topk[0] < 2:
             raise InputError(f"--tree-shapes: {brief(part)} is not DEPTHxTOPK with top-k >= 2")
         check_beam_tree_size(depth[0], topk[0], f"--tree-shapes: {depth[0]}x{topk[0]}")
+        if (depth[0], topk[0]) in shapes:
+            raise InputError(f"--tree-shapes: {depth[0]}x{topk[0]} appears twice in {brief(str(text))}; "
+                             "give each shape once")
         shapes.append((depth[0], topk[0]))
-    return tuple(dict.fromkeys(shapes))
+    return tuple(shapes)
 
 
 def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Optional[int],
