@@ -60,9 +60,13 @@
 # profiles (shipped), knee (committed; its factors not adopted until `steps` re-derives the
 # launches: NOTES "The H200 profiles, knee and GPU suite on the step as of S23"), tests.
 # Twenty-seventh session, an H100 (S27-a to S27-c): steps, tests and whole (9B and 27B at batch
-# 1) on the H100. Still owed on the H200, first: whole (the whole step against its kernels, the
+# 1) on the H100. Twenty-eighth session, an H100 again (S28-a to S28-f): whole (twice: before
+# and after the drafter's two-launch top-k), e2e (9B and 27B, both presets; the job is new),
+# tests. Still owed on the H200, first: whole (the whole step against its kernels, the
 # drafter's levels, full vocabulary and 32k head: issue 31's two targets), steps (its split,
-# then the factors), check, e2e. Run the rest in this order (a
+# then the factors), check, e2e (README's two tables are an H100's), profiles (the drafter's
+# level is 0.05 ms faster since S28-c: the shipped profiles' drafting is about 5% high).
+# Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
 #
@@ -83,6 +87,9 @@
 #                                          #   CHECK_PRESET=paper-mbpp; then cnndm, then 27B)
 #   bash experiments/owed_h200.sh whole    # ~5 min: whole_step_bench, 9B at batch 1 and 4, 27B at batch 1
 #   bash experiments/owed_h200.sh steps    # ~9 min: runtime_step_bench, cublas / production / production-s9
+#   E2E_MODEL=9b E2E_PRESET=paper-mbpp bash experiments/owed_h200.sh e2e  # ~3 min on an H100 (27B
+#                                          #   2.5 min): bole bench e2e, every decoder, batch 1-64; a call a
+#                                          #   model and preset (README's two e2e tables)
 #   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
 #   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write's GPU test on the H200 (its bench: S7-c)
 #   bash experiments/owed_h200.sh gemm     # ~9 min: the skinny GEMM against cuBLAS, 9B, 27B and 4B
