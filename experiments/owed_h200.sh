@@ -201,10 +201,12 @@ case "$job" in
       --e2e-timeout 165 --out "$dir/$gpu-$m-$a"
     cp "$dir/$gpu-$m-$a/check.json" "$OUT/check-$gpu-$m-$a.json" 2>/dev/null ;;
   e2e)  # bole bench e2e on the current step, every decoder (README's two e2e tables); one model and
-         # one preset a call (E2E_MODEL=9b|27b, E2E_PRESET=paper-mbpp|paper-cnndm)
-    m=${E2E_MODEL:-9b}; a=${E2E_PRESET:-paper-mbpp}
+         # one preset a call (E2E_MODEL=9b|27b, E2E_PRESET=paper-mbpp|paper-cnndm); E2E_DRAFT_VOCAB=32768:
+         # the drafter's 32k hot-token head (its cost only: the acceptance stays the preset's)
+    m=${E2E_MODEL:-9b}; a=${E2E_PRESET:-paper-mbpp}; v=${E2E_DRAFT_VOCAB:-}
     run timeout -k 20 -s INT 540 $PY -m bole_cli bench e2e --model "$m" --batch ${E2E_BATCH:-1,4,16,64} --context 4096 \
-      --acceptance "$a" --steps 16 --warmup 2 --no-max-batch --out-dir "$dir" --tag "e2e-$gpu-$m-${a#paper-}" ;;
+      --acceptance "$a" --steps 16 --warmup 2 --no-max-batch --out-dir "$dir" ${v:+--draft-vocab "$v"} \
+      --tag "e2e-$gpu-$m-${a#paper-}${v:+-vocab$v}" ;;
   split)
     run timeout 360 $PY experiments/split_bench.py --out "$dir/split-$gpu.json"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_precision_contract.py -p no:cacheprovider ;;
