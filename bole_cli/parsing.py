@@ -36,8 +36,7 @@ def check_int(value: Optional[int], option: str, *, minimum: int = 1,
 
 def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> list[int]:
     """'1,2,4' -> [1, 2, 4]: positive, distinct, sorted, at most `maximum` (default
-    INT_OPTION_MAX); InputError names the option and the value (a repeated value too: '1,4,4'
-    is more often a typo for '1,4,16' than a wish to run 4 twice)."""
+    INT_OPTION_MAX); InputError names the option and the value (a repeated one too: check_once)."""
     cap = INT_OPTION_MAX if maximum is None else maximum
     values = []
     for x in _items(text, option, "list of positive integers"):
@@ -49,20 +48,25 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
             raise InputError(f"{expected_int(option, 1, maximum)}, got {_shown(x)}") from None
         check_int(v, option, minimum=1, maximum=maximum if v >= 1 else None)
         check_int(v, option, minimum=1, maximum=cap)
-        if v in values:
-            raise InputError(f"{option}: {v:,} appears twice in {_shown(str(text))}; give each value once")
+        check_once(v, values, option, text, f"{v:,}")
         values.append(v)
     return sorted(values)
 
 
 def parse_name_list(text: str, option: str) -> list[str]:
     """'a,b' -> ['a', 'b']: names in the order given; InputError names the option on an
-    empty list or item, or a name given twice (as parse_int_list)."""
+    empty list or item, or a name given twice (check_once)."""
     items = _items(text, option, "list")
     for i, x in enumerate(items):
-        if x in items[:i]:
-            raise InputError(f"{option}: {_shown(x)} appears twice in {_shown(str(text))}; give each value once")
+        check_once(x, items[:i], option, text, _shown(x))
     return items
+
+
+def check_once(value, earlier, option: str, text, shown: str) -> None:
+    """InputError naming the option when `value` of the list `text` is among `earlier`: a
+    repeat is more often a typo ('1,4,4' for '1,4,16') than a wish to run it twice."""
+    if value in earlier:
+        raise InputError(f"{option}: {shown} appears twice in {_shown(str(text))}; give each value once")
 
 
 def _items(text: str, option: str, what: str) -> list[str]:

@@ -152,10 +152,11 @@ class MTPDrafter:
         self.hot_ids = (None if self.draft_vocab == s.vocab
                         else torch.arange(self.draft_vocab, device=model.device, dtype=torch.int64))
         self.device, self.dtype = model.device, model.dtype
-        fits = layout.topk <= min(DRAFT_TOPK_MAX_K, self.draft_vocab)
+        ranks = min(DRAFT_TOPK_MAX_K, self.draft_vocab)  # the most drafts the kernel ranks here
+        fits = layout.topk <= ranks
         if topk_kernel and not fits:
-            raise InputError(f"topk_kernel: the kernel ranks 1..{min(DRAFT_TOPK_MAX_K, self.draft_vocab)} drafts "
-                             f"(limits.DRAFT_TOPK_MAX_K and the draft vocabulary), the beam takes {layout.topk}")
+            raise InputError(f"topk_kernel: the kernel ranks 1..{ranks} drafts (limits.DRAFT_TOPK_MAX_K and the "
+                             f"draft vocabulary), the beam takes {layout.topk}")
         self.topk_kernel = (self.device.type == "cuda" and fits) if topk_kernel is None else bool(topk_kernel)
         h, hq, hk, dh = s.hidden, s.attn_heads, s.attn_kv_heads, s.attn_head_dim
         self.ffn = s.ffn or (s.experts_top_k * s.expert_ffn + s.shared_expert_ffn)  # MoE: active width

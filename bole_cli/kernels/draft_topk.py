@@ -29,15 +29,9 @@ NO_ID = tl.constexpr(2 ** 31 - 1)  # a candidate slot no logit filled (a chunk s
 
 
 @triton.jit
-def _chunk_topk_kernel(logits, s_row, vocab, cand_val, cand_id, n_chunks,
-                       K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr):
-    """Chunk c of row r: its k largest logits and their ids into cand_*[r, c, :k]."""
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    ids = c * CHUNK + tl.arange(0, CHUNK)
-    live = ids < vocab
-    x = tl.load(logits + row * s_row + ids, mask=live, other=0.0).to(tl.float32)
-    x = tl.where(x == x, x, float("inf"))  # NaN ranks as +inf
+def _take_topk(x, ids, live, K: tl.constexpr, KP: tl.constexpr):
+    """The K largest of x where live, one by one, equal values by the lower id: (values, ids)
+    in slots 0..K-1 of KP, NO_ID where fewer than K were live."""
     slot = tl.arange(0, KP)
     best_val = tl.full([KP], float("-inf"), tl.float32)
     best_id = tl.full([KP], NO_ID, tl.int32)
@@ -47,6 +41,21 @@ def _chunk_topk_kernel(logits, s_row, vocab, cand_val, cand_id, n_chunks,
         best_val = tl.where(slot == j, top, best_val)
         best_id = tl.where(slot == j, pick, best_id)
         live = live & (ids != pick)
+    return best_val, best_id
+
+
+@triton.jit
+def _chunk_topk_kernel(logits, s_row, vocab, cand_val, cand_id, n_chunks,
+                       K: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr):
+    """Chunk c of row r: its k largest logits and their ids into cand_*[r, c, :k]."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    ids = c * CHUNK + tl.arange(0, CHUNK)
+    live = ids < vocab
+    x = tl.load(logits + row * s_row + ids, mask=live, other=0.0).to(tl.float32)
+    x = tl.where(x == x, x, float("inf"))  # NaN ranks as +inf
+    best_val, best_id = _take_topk(x, ids, live, K, KP)
+    slot = tl.arange(0, KP)
     out = (row * n_chunks + c) * K + slot
     tl.store(cand_val + out, best_val, mask=slot < K)
     tl.store(cand_id + out, best_id, mask=slot < K)
@@ -61,13 +70,8 @@ def _merge_topk_kernel(cand_val, cand_id, n_cand, token_map, out, s_out,
     ids = tl.load(cand_id + row * n_cand + i, mask=i < n_cand, other=NO_ID)
     live = ids != NO_ID
     x = tl.load(cand_val + row * n_cand + i, mask=live, other=float("-inf"))
+    _, best_id = _take_topk(x, ids, live, K, KP)
     slot = tl.arange(0, KP)
-    best_id = tl.full([KP], NO_ID, tl.int32)
-    for j in tl.static_range(K):
-        top = tl.max(tl.where(live, x, float("-inf")), 0)
-        pick = tl.min(tl.where(live & (x == top), ids, NO_ID), 0)
-        best_id = tl.where(slot == j, pick, best_id)
-        live = live & (ids != pick)
     keep = slot < K
     if MAPPED:
         # an id no candidate filled (none can be, k <= vocab) reads nothing

@@ -18,7 +18,7 @@ from bole_cli.catalog.models import ModelSpec, resolve_model, tiny_spec
 from bole_cli.errors import InputError, brief
 from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, REPLAYSSM_MIN_KEY_DIM
-from bole_cli.parsing import check_int, parse_int_list, parse_name_list
+from bole_cli.parsing import check_int, check_once, parse_int_list, parse_name_list
 from bole_cli.trees.generators import check_beam_tree_size
 
 # `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores);
@@ -114,9 +114,7 @@ def parse_tree_shapes(text: Optional[str]) -> tuple[tuple[int, int], ...]:
         if len(depth) != 1 or len(topk) != 1 or topk[0] < 2:
             raise InputError(f"--tree-shapes: {brief(part)} is not DEPTHxTOPK with top-k >= 2")
         check_beam_tree_size(depth[0], topk[0], f"--tree-shapes: {depth[0]}x{topk[0]}")
-        if (depth[0], topk[0]) in shapes:
-            raise InputError(f"--tree-shapes: {depth[0]}x{topk[0]} appears twice in {brief(str(text))}; "
-                             "give each shape once")
+        check_once((depth[0], topk[0]), shapes, "--tree-shapes", text, f"{depth[0]}x{topk[0]}")
         shapes.append((depth[0], topk[0]))
     return tuple(shapes)
 
