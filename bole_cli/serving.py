@@ -112,7 +112,7 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     for that bucket (docs/design.md §8: no speculation, a chain or a Bole tree, drafting
     counted), or the tree or chain that --steps / --topk / --draft-tokens ask for. `source`
     names the profile in an error."""
-    from bole_cli.profiles import lookup_budget
+    from bole_cli.profiles import draft_vocab_of, lookup_budget
 
     from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, MAX_TREE_DRAFTS
     from bole_cli.parsing import check_int
@@ -130,6 +130,10 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
                          f"got {chain_verify!r}")
     entry, note = lookup_budget(profile, batch, kv_len)
     notes = [f"budget: {note}"]
+    hot = draft_vocab_of(profile)
+    if hot:  # the decision's drafting is a hot-token head's, not the full vocabulary's
+        notes.append(f"the profile prices a drafter over {hot:,} hot tokens (bole calibrate --draft-vocab): "
+                     "pass SGLang a --speculative-token-map of that many tokens, or calibrate without it")
     decision = entry.get("decision")
     manual = any(v is not None for v in (steps, topk, draft_tokens))
     if decision is None and not manual:

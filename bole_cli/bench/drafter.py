@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from bole_cli.errors import InputError
 from bole_cli.limits import DRAFT_TOPK_MAX_K
+from bole_cli.parsing import check_int
 from bole_cli.runtime.attention import cache_attention
 from bole_cli.runtime.batch import Rope
 from bole_cli.runtime.fusion import RMS_EPS, NormedRows
@@ -144,8 +145,7 @@ class MTPDrafter:
         up to limits.DRAFT_TOPK_MAX_K (True for a wider beam: InputError)."""
         self.model, self.layout = model, layout
         s = model.spec
-        if draft_vocab is not None and not 1 <= draft_vocab <= s.vocab:
-            raise InputError(f"--draft-vocab: expected 1..{s.vocab} (the model's vocabulary), got {draft_vocab}")
+        check_int(draft_vocab, "--draft-vocab", maximum=s.vocab)
         self.draft_vocab = draft_vocab or s.vocab
         # the head's LM head: the target's, or its hot-token rows (a view: no copy, no extra weights)
         self.lm_head = model.lm_head[: self.draft_vocab]

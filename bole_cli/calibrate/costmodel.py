@@ -252,10 +252,13 @@ class Cost:
 class RooflineForward:
     """The cost model behind the `StepTimer` protocol (bole_cli.calibrate.sweep.StepTimer)."""
 
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, eff: Optional[Efficiency] = None):
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, eff: Optional[Efficiency] = None, *,
+                 draft_vocab: Optional[int] = None):
+        """draft_vocab: the drafter's hot tokens (its LM head's rows), None for all."""
         self.model = model
         self.gpu = gpu
         self.eff = eff or efficiency_for(gpu)
+        self.draft_vocab = draft_vocab
         self.device_name = f"{gpu.name} (roofline model)"
 
     # each component is one roofline, and no kernel is shorter than the floor
@@ -383,7 +386,7 @@ class RooflineForward:
         T = batch * rows
         h, hq, hk, dh = m.hidden, m.attn_heads, m.attn_kv_heads, m.attn_head_dim
         ffn = m.ffn or (m.experts_top_k * m.expert_ffn + m.shared_expert_ffn)
-        vocab = draft_vocab or m.vocab
+        vocab = draft_vocab or self.draft_vocab or m.vocab
         t: dict[str, float] = {}
         shapes = [(2 * h, h), (h, 2 * hq * dh + 2 * hk * dh), (hq * dh, h), (h, 2 * ffn),
                   (ffn, h), (h, vocab)]

@@ -12,7 +12,7 @@ tests) the level runs eagerly under the wall clock.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from bole_cli.timing import capture, seconds_per_call
 
@@ -21,9 +21,12 @@ class MeasuredForward:
     """calibrate.sweep.StepTimer on the GPU: `timer` (runtime.timer.HybridForwardTimer)
     times decode and verify; this adds time_draft_level and time_sample."""
 
-    def __init__(self, timer: Any, *, inner: int = 3):
+    def __init__(self, timer: Any, *, inner: int = 3, draft_vocab: Optional[int] = None):
+        """draft_vocab: the drafter's hot tokens (SGLang's --speculative-token-map), None for
+        the full vocabulary."""
         self.timer = timer
         self.inner = inner
+        self.draft_vocab = draft_vocab
         self.device_name = timer.device_name
         self._drafters: dict[int, Any] = {}
         self._graphs: dict[tuple, Any] = {}
@@ -40,7 +43,8 @@ class MeasuredForward:
 
         if rows not in self._drafters:
             probs = [[0.5 / rows] * rows] * 2  # the shape only: depth 2, `rows` wide
-            self._drafters[rows] = MTPDrafter(self.timer.model, build_layout(2, rows, probs))
+            self._drafters[rows] = MTPDrafter(self.timer.model, build_layout(2, rows, probs),
+                                              draft_vocab=self.draft_vocab)
         return self._drafters[rows]
 
     @property
@@ -96,6 +100,7 @@ class MeasuredForward:
     def info(self) -> dict[str, Any]:
         details = dict(self.timer.info())
         details["drafter"] = ("bole bench e2e's MTP-style head (bole_cli/bench/drafter.py), "
-                              "one level timed alone in a CUDA graph")
+                              "one level timed alone in a CUDA graph"
+                              + (f", scoring {self.draft_vocab} hot tokens" if self.draft_vocab else ""))
         details["sample"] = "argmax over the step's logits + the host sync (wall clock)"
         return details

@@ -95,7 +95,8 @@ def _same_profile(path: Path, gpu_key: str, model_name: str, what: str, where: s
     return old
 
 
-def runtime_forward(model: Any, detected: Any, layers_sample: Optional[int]) -> Any:
+def runtime_forward(model: Any, detected: Any, layers_sample: Optional[int],
+                    draft_vocab: Optional[int] = None) -> Any:
     """The runtime's StepTimer on the present device; BoleError when it is unavailable."""
     try:
         import torch
@@ -109,7 +110,7 @@ def runtime_forward(model: Any, detected: Any, layers_sample: Optional[int]) -> 
 
     timer = HybridForwardTimer(model, f"cuda:{detected.index}", torch.bfloat16,
                                layers_sample=layers_sample, serving_step=True)
-    return MeasuredForward(timer)
+    return MeasuredForward(timer, draft_vocab=draft_vocab)
 
 
 def device_for(gpu_spec: Any, measure: bool, estimate: bool) -> tuple[Any, str]:
@@ -129,7 +130,7 @@ def device_for(gpu_spec: Any, measure: bool, estimate: bool) -> tuple[Any, str]:
 
 
 def reproduce_command(gpu: str, model: str, batches, kvs, grid, eps: float, acceptance: str,
-                      mode: str) -> str:
+                      mode: str, draft_vocab: Optional[int] = None) -> str:
     """The `bole calibrate` line that makes this profile again (defaults left out), quoted
     to paste back, --eps at full precision."""
     from bole_cli.console import shell_join
@@ -145,6 +146,8 @@ def reproduce_command(gpu: str, model: str, batches, kvs, grid, eps: float, acce
         words += ["--eps", repr(float(eps))]
     if acceptance != DEFAULT_PRESET:
         words += ["--acceptance", acceptance]
+    if draft_vocab:
+        words += ["--draft-vocab", str(draft_vocab)]
     if mode:
         words.append(mode)
     return shell_join(words)
@@ -168,6 +171,8 @@ class CalibrationPlan:
     label: str
     command: str
     note: str
+    #: the drafter's hot-token vocabulary (SGLang's --speculative-token-map); None: the full one
+    draft_vocab: Optional[int] = None
 
     @property
     def measured(self) -> bool:
@@ -208,8 +213,8 @@ def served_instead(plan: "CalibrationPlan") -> tuple[Optional[str], Optional[lis
 def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int],
                      points: list[int], eps: float, out: Optional[Path] = None,
                      measure: bool = False, estimate: bool = False,
-                     acceptance: str = DEFAULT_PRESET, repeats: int = DEFAULT_REPEATS,
-                     warmup: int = DEFAULT_WARMUP,
+                     acceptance: str = DEFAULT_PRESET, draft_vocab: Optional[int] = None,
+                     repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
                      layers_sample: Optional[int] = None, note: str = "",
                      plot: bool = False) -> CalibrationPlan:
     """Check the request and choose the StepTimer: the runtime on the named GPU when it is
@@ -236,6 +241,9 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
         raise InputError(f"{measuring_options[0]}: only a measurement uses it; drop it with --estimate")
     gpu_spec = resolve_gpu(gpu)
     model_spec = resolve_model(model)
+    check_int(draft_vocab, "--draft-vocab", maximum=model_spec.vocab)
+    if draft_vocab == model_spec.vocab:  # every token hot: the full vocabulary's drafter
+        draft_vocab = None
     acc = load_acceptance(acceptance)
     unreachable = [b for b in batches if b > max(points)]
     if unreachable:
@@ -261,20 +269,20 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
         timing = EXACT
         label = f"ESTIMATED (roofline model, {reason})"
     command = reproduce_command(gpu, model, batches, kvs, points, eps, acceptance,
-                                "--measure" if measure else "--estimate" if estimate else "")
+                                "--measure" if measure else "--estimate" if estimate else "", draft_vocab)
     return CalibrationPlan(gpu_spec=gpu_spec, model_spec=model_spec, acceptance=acc,
                            batches=batches, kvs=kvs, points=points, eps=eps, path=path,
                            detected=detected, timing=timing, layers_sample=layers_sample,
-                           label=label, command=command, note=note)
+                           label=label, command=command, note=note, draft_vocab=draft_vocab)
 
 
 def make_forward(plan: CalibrationPlan) -> Any:
     """The runtime on the detected device when measuring, else the roofline model."""
     if plan.measured:
-        return runtime_forward(plan.model_spec, plan.detected, plan.layers_sample)
+        return runtime_forward(plan.model_spec, plan.detected, plan.layers_sample, plan.draft_vocab)
     from bole_cli.calibrate.costmodel import RooflineForward
 
-    return RooflineForward(plan.model_spec, plan.gpu_spec)
+    return RooflineForward(plan.model_spec, plan.gpu_spec, draft_vocab=plan.draft_vocab)
 
 
 def _provenance_extra(plan: CalibrationPlan, forward: Any) -> dict[str, Any]:
@@ -342,6 +350,9 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             note="; ".join(x for x in ((plan.label if not plan.measured else ""), plan.note)
                            if x),
             extra_provenance=_provenance_extra(plan, forward))
+        # what its draft_level prices (profiles/schema.py); written even when None, so a
+        # full-vocabulary run over a hot-token profile does not keep the old head's field
+        profile["draft_vocab"] = plan.draft_vocab
         path = plan.path
         if sweep.interrupted and path.exists():  # beside, never over, the profile of an earlier run
             path = partial_path(path)

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+#: --draft-vocab's help, one wording for the commands that price or run the drafter
+DRAFT_VOCAB_HELP = ("Score only this many hot tokens per draft level (SGLang's "
+                    "--speculative-token-map); default: the full vocabulary.")
+
 
 def path_value(text: str) -> Path:
     """A path option's value (typer's `parser=`): an empty one is refused by name, where

@@ -15,7 +15,7 @@ import typer
 from bole_cli.bench.e2e import options as e2e
 from bole_cli.bench.results import check_outputs, result_stem, write_results
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
-from bole_cli.commands import path_value
+from bole_cli.commands import DRAFT_VOCAB_HELP, path_value
 from bole_cli.errors import BoleError, InputError
 from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import (KERNEL_STATE_DTYPES, MAX_BATCH_REQUESTS, MAX_TREE_NODES, SERVED_VERIFY_PRECISION,
@@ -162,9 +162,7 @@ def e2e_cmd(
     tree_shapes: Optional[str] = typer.Option(None, "--tree-shapes", metavar="DxK,...",
                                               help="Draft tree shapes (depth x top-k) the tree decoders "
                                                    "sweep, best reported [--depth x --topk]."),
-    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab",
-                                              help="Score only this many hot tokens per draft level "
-                                                   "(SGLang's --speculative-token-map); default: all."),
+    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", help=DRAFT_VOCAB_HELP),
     snapshot_engine: str = typer.Option(e2e.SNAPSHOT_ENGINE, "--snapshot-engine",
                                         help="Snapshot verify: auto (SGLang's kernels where they load), "
                                              "sglang, torch."),

@@ -20,7 +20,7 @@ from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_G
                                         DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_BATCH, MAX_GRID_POINT,
                                         MAX_KV_LEN)
 from bole_cli.calibrate.pipeline import int_list_text
-from bole_cli.commands import path_value
+from bole_cli.commands import DRAFT_VOCAB_HELP, path_value
 from bole_cli.parsing import parse_int_list
 
 
@@ -99,6 +99,7 @@ def calibrate(
         help=f"Acceptance statistics for the decision: a preset ({', '.join(PRESET_TARGETS)}), "
              "or a YAML/JSON file: per-depth acceptance, `bole acceptance`'s measurement, or "
              "an accepted-length histogram a server reported."),
+    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", metavar="N", help=DRAFT_VOCAB_HELP),
     repeats: int = typer.Option(DEFAULT_REPEATS, "--repeats", help="Timed runs per point (measured path)."),
     warmup: int = typer.Option(DEFAULT_WARMUP, "--warmup", help="Untimed runs per point (measured path)."),
     layers_sample: Optional[int] = typer.Option(
@@ -120,7 +121,7 @@ def calibrate(
         gpu=gpu, model=model, batches=parse_int_list(batch, "--batch", maximum=MAX_BATCH),
         kvs=parse_int_list(kv, "--kv", maximum=MAX_KV_LEN),
         points=parse_int_list(grid, "--grid", maximum=MAX_GRID_POINT), eps=eps, out=out,
-        measure=measure_, estimate=estimate, acceptance=acceptance, repeats=repeats,
+        measure=measure_, estimate=estimate, acceptance=acceptance, draft_vocab=draft_vocab, repeats=repeats,
         warmup=warmup, layers_sample=layers_sample, note=note, plot=not no_plot)
     if plan.measured and plan.detected.mismatch:
         err.print(f"[yellow]note:[/] {escape(plan.detected.mismatch)}")
@@ -138,6 +139,8 @@ def calibrate(
                    "serve_command": shlex.join(result.serve_command) if result.serve_command else None})
     else:
         title = f"{shown_text(plan.model_spec.name)} on {escape(plan.gpu_spec.name)}, bf16"
+        if plan.draft_vocab:
+            title += f", drafting over {plan.draft_vocab:,} hot tokens"
         console.print(_table(result.profile, title))
         measured = (result.profile.get("acceptance") or {}).get("measured") or {}
         if measured.get("verdict"):  # an observed histogram's fit: say how good it is

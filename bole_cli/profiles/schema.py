@@ -6,6 +6,8 @@ A profile is one YAML mapping per (gpu, model):
     gpu: a100                        # catalogue key
     model: Qwen/Qwen3.5-9B
     dtype: bf16
+    draft_vocab: null                # draft_level priced a head scoring this many hot tokens
+                                     # (SGLang's --speculative-token-map); null or absent: all
     provenance:
       kind: estimated                # measured | estimated
       partial: false                 # true when a sweep was interrupted
@@ -145,6 +147,11 @@ def _kind(value: Any) -> str:
             int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
 
 
+def draft_vocab_of(profile: dict) -> Optional[int]:
+    """The hot tokens its drafter levels were priced over; None: the full vocabulary."""
+    return profile.get("draft_vocab")
+
+
 def validate_profile(data: Any, source: str = "profile") -> dict:
     """Check a parsed profile; return it unchanged or raise InputError naming the field."""
     c = _Checker(source)
@@ -159,6 +166,8 @@ def validate_profile(data: Any, source: str = "profile") -> dict:
     c.string(c.get(data, "model", "model"), "model")
     if "dtype" in data:
         c.string(data["dtype"], "dtype")
+    if "draft_vocab" in data:
+        c.integer(data["draft_vocab"], "draft_vocab", minimum=1, nullable=True)
 
     prov = c.mapping(c.get(data, "provenance", "provenance"), "provenance")
     kind = c.string(c.get(prov, "kind", "provenance.kind"), "provenance.kind")

@@ -165,8 +165,7 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
                         tree_budgets=tree_budgets, batches=batches, names=names, chains=chains,
                         chain_depths_given=chain_depths is not None, depth=use["depth"], search=search,
                         max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes, device=device)
-    if draft_vocab is not None and not 1 <= draft_vocab <= spec.vocab:
-        raise InputError(f"--draft-vocab: expected 1..{spec.vocab} (the model's vocabulary), got {draft_vocab}")
+    check_int(draft_vocab, "--draft-vocab", maximum=spec.vocab)
     if snapshot_engine not in SNAPSHOT_ENGINES:
         raise InputError(f"--snapshot-engine: expected one of {', '.join(SNAPSHOT_ENGINES)}, "
                          f"got {snapshot_engine!r}")

@@ -51,7 +51,7 @@ def profile_pricer(cfg: Any, bench: Any) -> ProfilePricer:
     from bole_cli.calibrate.decision import BucketCosts
     from bole_cli.catalog.hardware import match_gpu
     from bole_cli.errors import BoleError, InputError
-    from bole_cli.profiles import find_profile, load_profile, lookup_budget
+    from bole_cli.profiles import draft_vocab_of, find_profile, load_profile, lookup_budget
 
     if bench.acceptance.greedy:
         return ProfilePricer({}, None, "greedy acceptance (real tokens): nothing to price", "")
@@ -63,6 +63,14 @@ def profile_pricer(cfg: Any, bench: Any) -> ProfilePricer:
         profile = load_profile(path)
     except (InputError, BoleError) as exc:
         return ProfilePricer({}, None, str(exc), str(path))
+    priced, drafted = draft_vocab_of(profile), (None if cfg.draft_vocab in (None, cfg.spec.vocab)
+                                                else cfg.draft_vocab)
+    if priced != drafted:  # its drafting is another head's: a price would mislead by the draft levels
+        def head(n):
+            return "the full vocabulary" if n is None else f"{n:,} hot tokens"
+
+        return ProfilePricer({}, None, f"the profile prices a drafter over {head(priced)}, this run drafts "
+                             f"over {head(drafted)} (bole calibrate --draft-vocab)", str(path))
     entries = {}
     for b in cfg.batches:
         entry, note = lookup_budget(profile, b, cfg.context)

@@ -1,0 +1,107 @@
+"""--draft-vocab across the commands that price or run the drafter: `bole calibrate` prices
+a hot-token head (SGLang's --speculative-token-map) and its profile says so, `bole bench
+e2e` predicts nothing from a profile of another head, and `bole serve` says what the
+decision assumes (docs/design.md §8)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from typer.testing import CliRunner
+
+from bole_cli import cli
+from bole_cli.calibrate.costmodel import RooflineForward
+from bole_cli.catalog.hardware import resolve_gpu
+from bole_cli.catalog.models import resolve_model
+from bole_cli.profiles import load_profile
+
+runner = CliRunner()
+HOT = 32768
+
+
+def _calibrate(out, *extra: str):
+    return runner.invoke(cli.app, ["calibrate", "--gpu", "h200", "--model", "9b", "--estimate",
+                                   "--batch", "1,4", "--kv", "4096", "--no-plot", "--out", str(out),
+                                   *extra])
+
+
+def test_the_estimate_prices_the_hot_token_head_and_the_profile_says_so(tmp_path):
+    out = tmp_path / "p.yaml"
+    r = _calibrate(out, "--draft-vocab", str(HOT))
+    assert r.exit_code == 0, r.output
+    assert "drafting over 32,768 hot tokens" in r.stdout
+    hot = load_profile(out)
+    assert hot["draft_vocab"] == HOT
+    assert "--draft-vocab 32768" in hot["provenance"]["command"]
+    spec, gpu = resolve_model("9b"), resolve_gpu("h200")
+    for c in hot["configs"]:  # each level as the roofline prices a 32k head, every width
+        for rows, level in enumerate(c["draft_level"], start=1):
+            want = RooflineForward(spec, gpu, draft_vocab=HOT).time_draft_level(c["batch"], c["kv_len"], rows)
+            assert level == pytest.approx(want, rel=1e-3)
+
+    r = _calibrate(out)  # the full vocabulary over the same file: the old head's field goes
+    assert r.exit_code == 0, r.output
+    full = load_profile(out)
+    assert full["draft_vocab"] is None and "--draft-vocab" not in full["provenance"]["command"]
+    for h, f in zip(hot["configs"], full["configs"]):  # 215k fewer LM-head rows a level
+        assert all(a < 0.8 * b for a, b in zip(h["draft_level"], f["draft_level"]))
+
+
+def test_the_whole_vocabulary_named_is_the_full_head(tmp_path):
+    out = tmp_path / "p.yaml"
+    r = _calibrate(out, "--draft-vocab", str(resolve_model("9b").vocab))
+    assert r.exit_code == 0, r.output
+    prof = load_profile(out)
+    assert prof["draft_vocab"] is None and "--draft-vocab" not in prof["provenance"]["command"]
+    assert "hot tokens" not in r.stdout
+
+
+@pytest.mark.parametrize("value", ["0", "248321", "-5"])
+def test_a_draft_vocabulary_outside_the_model_is_refused_in_one_line(tmp_path, value):
+    out = tmp_path / "p.yaml"
+    r = _calibrate(out, f"--draft-vocab={value}")
+    assert r.exit_code == 2 and not out.exists()
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--draft-vocab" in lines[0] and "Traceback" not in r.output
+
+
+def test_a_measured_level_drafts_over_the_hot_tokens_on_cpu():
+    torch = pytest.importorskip("torch")
+    timer_mod = pytest.importorskip("bole_cli.runtime.timer")
+    from bole_cli.calibrate.measured import MeasuredForward
+    from bole_cli.runtime.model import tiny_spec
+
+    fwd = MeasuredForward(timer_mod.HybridForwardTimer(tiny_spec(), "cpu", torch.float32, serving_step=True),
+                          draft_vocab=7, inner=1)
+    assert fwd.time_draft_level(1, 16, 2) > 0
+    drafter = fwd._drafter(2)
+    assert drafter.draft_vocab == 7 and drafter.lm_head.shape[0] == 7
+    assert "scoring 7 hot tokens" in fwd.info()["drafter"]
+
+
+def _pricer(monkeypatch, tmp_path, draft_vocab):
+    """bench e2e's pricer for 9B on an H200 (the shipped profile: the full vocabulary)."""
+    from bole_cli.bench.e2e.prediction import profile_pricer
+    monkeypatch.setenv("BOLE_CACHE_DIR", str(tmp_path))  # no user profile in the way
+    cfg = types.SimpleNamespace(spec=resolve_model("9b"), batches=(1, 4), context=4096, draft_vocab=draft_vocab)
+    bench = types.SimpleNamespace(acceptance=types.SimpleNamespace(greedy=False), device_name="NVIDIA H200")
+    return profile_pricer(cfg, bench)
+
+
+def test_bench_e2e_predicts_only_from_a_profile_of_the_same_head(monkeypatch, tmp_path):
+    full_vocab = resolve_model("9b").vocab
+    for same in (None, full_vocab):
+        assert sorted(_pricer(monkeypatch, tmp_path, same).entries) == [1, 4]
+    other = _pricer(monkeypatch, tmp_path, HOT)
+    assert other.entries == {} and "32,768 hot tokens" in other.why and "full vocabulary" in other.why
+
+
+def test_serve_says_the_decision_assumes_a_hot_token_map():
+    from bole_cli import serving
+    from bole_cli.profiles import profile_path, shipped_profiles_dir
+
+    prof = load_profile(profile_path(shipped_profiles_dir(), "h200", "Qwen/Qwen3.5-9B"))
+    assert not any("hot tokens" in n for n in serving.derive_settings(prof, 1, 4096).notes)
+    notes = serving.derive_settings(dict(prof, draft_vocab=HOT), 1, 4096).notes
+    assert any("32,768 hot tokens" in n and "--speculative-token-map" in n for n in notes)
