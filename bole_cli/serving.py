@@ -112,7 +112,7 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
     for that bucket (docs/design.md §8: no speculation, a chain or a Bole tree, drafting
     counted), or the tree or chain that --steps / --topk / --draft-tokens ask for. `source`
     names the profile in an error."""
-    from bole_cli.profiles import draft_vocab_of, lookup_budget
+    from bole_cli.profiles import lookup_budget
 
     from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, MAX_TREE_DRAFTS
     from bole_cli.parsing import check_int
@@ -130,10 +130,6 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
                          f"got {chain_verify!r}")
     entry, note = lookup_budget(profile, batch, kv_len)
     notes = [f"budget: {note}"]
-    hot = draft_vocab_of(profile)
-    if hot:  # the decision's drafting is a hot-token head's, not the full vocabulary's
-        notes.append(f"the profile prices a drafter over {hot:,} hot tokens (bole calibrate --draft-vocab): "
-                     "pass SGLang a --speculative-token-map of that many tokens, or calibrate without it")
     decision = entry.get("decision")
     manual = any(v is not None for v in (steps, topk, draft_tokens))
     if decision is None and not manual:
@@ -212,6 +208,27 @@ def derive_settings(profile: dict, batch: int, kv_len: int, *, draft_model: Opti
 
 def _flag_in(flag: str, args: list[str]) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+TOKEN_MAP_FLAG = "--speculative-token-map"  # SGLang's hot-token table for the drafter
+
+
+def hot_token_note(profile: dict, mode: str, extra: Optional[list[str]] = None) -> Optional[str]:
+    """When the decision's drafter and the served one differ in their vocabulary: the
+    profile priced a hot-token head (`bole calibrate --draft-vocab`) and no token map is
+    passed to SGLang, or a map is passed and the profile priced the full vocabulary."""
+    from bole_cli.profiles import draft_vocab_of
+
+    if mode == "none":
+        return None
+    hot, mapped = draft_vocab_of(profile), _flag_in(TOKEN_MAP_FLAG, list(extra or []))
+    if hot and not mapped:
+        return (f"the profile prices a drafter over {hot:,} hot tokens (bole calibrate --draft-vocab): "
+                f"pass SGLang that map after `--` ({TOKEN_MAP_FLAG} FILE), or calibrate without it")
+    if mapped and not hot:
+        return (f"{TOKEN_MAP_FLAG}: the profile prices the full vocabulary's drafter; `bole calibrate "
+                "--draft-vocab N` prices one over the map's N tokens")
+    return None
 
 
 def build_command(model: str, settings: ServeSettings, *, port: int, host: Optional[str] = None,
@@ -455,6 +472,9 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     model_path = (model_spec.name if model_spec is not None and model_spec.source == "catalogue"
                   else model)
     argv, overridden = build_command(model_path, settings, port=port, host=host, extra=extra)
+    hot = hot_token_note(prof, settings.mode, extra)
+    if hot:
+        notes.append(hot)
     if overridden:
         notes.append("overridden by the arguments after `--`: " + ", ".join(overridden))
     env = plugin_env()

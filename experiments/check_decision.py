@@ -13,6 +13,7 @@ per (preset, batch).
     python experiments/check_decision.py --model 9b --batch 1,4,16 --context 4096 --out DIR
     python experiments/check_decision.py --model 9b --profile profiles/h200/Qwen3.5-9B.yaml \
         --acceptance paper-mbpp,paper-cnndm --out DIR
+    python experiments/check_decision.py --model 9b --draft-vocab 32768 --out DIR  # a hot-token head
 
 Writes DIR/check.json (the verdicts, the commands) beside the calibrate and e2e outputs;
 prints a table last. GPU only.
@@ -76,7 +77,8 @@ def e2e_args(args, preset: str, b: int, shapes: set, budgets: list[int], tag: st
             + ["--tree-shapes", ",".join(f"{x}x{y}" for x, y in sorted(shapes)),
                "--tree-budgets", ",".join(map(str, budgets)),
                "--steps", str(max(args.steps, -(-args.samples // b))),
-               "--warmup", "2", "--no-max-batch", "--out-dir", str(args.out), "--tag", tag])
+               "--warmup", "2", "--no-max-batch", "--out-dir", str(args.out), "--tag", tag]
+            + (["--draft-vocab", str(args.draft_vocab)] if args.draft_vocab else []))
 
 
 def e2e_results(folder: Path, tag: str, since: float) -> "Path | None":
@@ -183,6 +185,8 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, help="a measured profile to check instead of "
                     "calibrating here (copied into the run's cache folder, under its own GPU)")
     ap.add_argument("--gpu", default="h200", help="the catalogue GPU calibrate measures as (without --profile)")
+    ap.add_argument("--draft-vocab", type=int, help="the drafter's hot tokens (calibrate and bench e2e "
+                    "--draft-vocab); with --profile, the profile's")
     args = ap.parse_args()
     profile = None
     if args.profile is not None:
@@ -193,6 +197,11 @@ def main() -> int:
         if here != profile["gpu"]:  # bench e2e prices its runs with the profile of the card it runs on
             print(f"error: --profile: a profile of {profile['gpu']}, and this machine has {here}")
             return 2
+        priced = profile.get("draft_vocab")
+        if args.draft_vocab is not None and args.draft_vocab != priced:
+            print(f"error: --draft-vocab {args.draft_vocab}: the profile priced {priced or 'the full vocabulary'}")
+            return 2
+        args.draft_vocab = priced  # bench e2e runs the head the profile priced
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     log = out / "check.log"
@@ -203,6 +212,8 @@ def main() -> int:
     cal = bole + ["calibrate", "--gpu", args.gpu, "--model", args.model, "--measure",
                   "--batch", args.batch, "--kv", str(args.context), "--repeats", "5",
                   "--warmup", "2", "--acceptance", args.acceptance.split(",")[0], "--no-plot", "--json"]
+    if args.draft_vocab:
+        cal += ["--draft-vocab", str(args.draft_vocab)]
     if profile is not None:
         import shutil
 

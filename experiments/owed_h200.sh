@@ -66,6 +66,11 @@
 # drafter's levels, full vocabulary and 32k head: issue 31's two targets), steps (its split,
 # then the factors), check, e2e (README's two tables are an H100's), profiles (the drafter's
 # level is 0.05 ms faster since S28-c: the shipped profiles' drafting is about 5% high).
+# Twenty-ninth session, an H100 again (S29-a to S29-e): whole and tests on 8704e39, e2e with the
+# 32k head (9B both presets, 27B mbpp; batch 1-16), profiles/h100/ re-measured and shipped, check
+# at batch 1 (9B mbpp also batch 4) on them. Still owed on the H200: as above; then the 32k
+# head's own profile and check (calibrate --draft-vocab, new: PROFILE_DRAFT_VOCAB=32768 and
+# CHECK_DRAFT_VOCAB=32768; a hot-token profile is not shipped: find_profile keys on gpu and model).
 # Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
@@ -190,16 +195,19 @@ case "$job" in
       limit=250; [ "$m" = 27B ] && limit=450
       # -k: a 27B run once stopped by INT on a fresh machine left no line at all (S16-c): if it
       # hangs, KILL follows, so the log still says rc and the next model runs
+      v=${PROFILE_DRAFT_VOCAB:-}  # a hot-token head's profile: beside, never over, the full one
       run timeout -k 30 -s INT $limit $PY -m bole_cli calibrate --gpu "$gpu" --model "$m" --batch 1,4,16 --kv 1024,4096,16384 \
-        --measure --repeats 3 --warmup 2 --no-plot --out "$dir/$gpu/Qwen3.5-$m.yaml"
+        --measure --repeats 3 --warmup 2 --no-plot ${v:+--draft-vocab "$v"} --out "$dir/$gpu/Qwen3.5-$m${v:+-vocab$v}.yaml"
     done ;;
   check)  # the decision check (R-8's form) on the shipped profile of the card the call got; a fresh
            # machine compiles first, so one model and one preset a call
-    m=${CHECK_MODEL:-9B}; a=${CHECK_PRESET:-paper-mbpp}
-    run timeout 560 $PY experiments/check_decision.py --model "$m" --batch 1,4,16 --context 4096 \
-      --profile "profiles/$gpu/Qwen3.5-$m.yaml" --acceptance "$a" --tree-shapes 3x2,4x4,6x2,6x4,8x4 \
-      --e2e-timeout 165 --out "$dir/$gpu-$m-$a"
-    cp "$dir/$gpu-$m-$a/check.json" "$OUT/check-$gpu-$m-$a.json" 2>/dev/null ;;
+    # CHECK_DRAFT_VOCAB: the hot-token head, calibrated in the check's own run (no shipped profile)
+    m=${CHECK_MODEL:-9B}; a=${CHECK_PRESET:-paper-mbpp}; v=${CHECK_DRAFT_VOCAB:-}
+    if [ -n "$v" ]; then src=(--draft-vocab "$v" --gpu "$gpu"); else src=(--profile "profiles/$gpu/Qwen3.5-$m.yaml"); fi
+    run timeout 560 $PY experiments/check_decision.py --model "$m" --batch ${CHECK_BATCH:-1,4,16} --context 4096 \
+      "${src[@]}" --acceptance "$a" \
+      --tree-shapes 3x2,4x4,6x2,6x4,8x4 --e2e-timeout 165 --out "$dir/$gpu-$m-$a${v:+-vocab$v}"
+    cp "$dir/$gpu-$m-$a${v:+-vocab$v}/check.json" "$OUT/check-$gpu-$m-$a${v:+-vocab$v}.json" 2>/dev/null ;;
   e2e)  # bole bench e2e on the current step, every decoder (README's two e2e tables); one model and
          # one preset a call (E2E_MODEL=9b|27b, E2E_PRESET=paper-mbpp|paper-cnndm); E2E_DRAFT_VOCAB=32768:
          # the drafter's 32k hot-token head (its cost only: the acceptance stays the preset's)

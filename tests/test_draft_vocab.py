@@ -97,11 +97,30 @@ def test_bench_e2e_predicts_only_from_a_profile_of_the_same_head(monkeypatch, tm
     assert other.entries == {} and "32,768 hot tokens" in other.why and "full vocabulary" in other.why
 
 
-def test_serve_says_the_decision_assumes_a_hot_token_map():
+def test_serve_says_when_the_decision_and_the_served_drafter_differ_in_vocabulary():
     from bole_cli import serving
     from bole_cli.profiles import profile_path, shipped_profiles_dir
 
+    full = load_profile(profile_path(shipped_profiles_dir(), "h200", "Qwen/Qwen3.5-9B"))
+    hot = dict(full, draft_vocab=HOT)
+    mapped = ["--speculative-token-map", "hot.pt"]
+    note = serving.hot_token_note
+    assert note(full, "tree") is None and note(hot, "tree", mapped) is None
+    assert note(hot, "none") is None and note(full, "none", mapped) is None  # nothing drafted
+    assert "32,768 hot tokens" in note(hot, "chain") and "--speculative-token-map" in note(hot, "tree", ["--x"])
+    assert "full vocabulary" in note(full, "tree", ["--speculative-token-map=hot.pt"])
+
+
+def test_serve_dry_run_carries_the_hot_token_note(tmp_path):
+    from bole_cli import serving
+    from bole_cli.profiles import profile_path, save_profile, shipped_profiles_dir
+
     prof = load_profile(profile_path(shipped_profiles_dir(), "h200", "Qwen/Qwen3.5-9B"))
-    assert not any("hot tokens" in n for n in serving.derive_settings(prof, 1, 4096).notes)
-    notes = serving.derive_settings(dict(prof, draft_vocab=HOT), 1, 4096).notes
-    assert any("32,768 hot tokens" in n and "--speculative-token-map" in n for n in notes)
+    path = tmp_path / "hot.yaml"
+    save_profile(path, dict(prof, draft_vocab=HOT))
+    plan = serving.plan_serve("9b", profile=path, batch=1, dry_run=True)
+    assert any("32,768 hot tokens" in n for n in plan.report["notes"])
+    plan = serving.plan_serve("9b", profile=path, batch=1, dry_run=True,
+                              extra=["--speculative-token-map", "hot.pt"])
+    assert not any("hot tokens" in n for n in plan.report["notes"])
+    assert plan.argv[-2:] == ["--speculative-token-map", "hot.pt"]

@@ -391,12 +391,15 @@ def test_check_decision_sweeps_chain_depths_only_with_a_chain_decoder(decoders, 
     monkeypatch.setattr(bench, "_need_cuda", checked)
 
     check = _check_decision()
-    args = SimpleNamespace(model="9b", context=4096, decoders=decoders, steps=8, samples=64, out=tmp_path)
-    argv = check.e2e_args(args, "paper-mbpp", 4, {(6, 4), (3, 2)}, [64, 128], "t")
-    assert ("--chain-depths" in argv) == chains
-    assert argv[argv.index("--tree-shapes") + 1] == "3x2,6x4" and argv[argv.index("--steps") + 1] == "16"
-    r = CliRunner().invoke(cli.app, argv)
-    assert r.exit_code == 42, r.output
+    for vocab in (None, 32768):  # a hot-token head's check runs bench e2e with that head
+        args = SimpleNamespace(model="9b", context=4096, decoders=decoders, steps=8, samples=64, out=tmp_path,
+                               draft_vocab=vocab)
+        argv = check.e2e_args(args, "paper-mbpp", 4, {(6, 4), (3, 2)}, [64, 128], "t")
+        assert ("--chain-depths" in argv) == chains
+        assert argv[argv.index("--tree-shapes") + 1] == "3x2,6x4" and argv[argv.index("--steps") + 1] == "16"
+        assert ("--draft-vocab" in argv) == bool(vocab)
+        r = CliRunner().invoke(cli.app, argv)
+        assert r.exit_code == 42, r.output
 
 
 def test_check_decision_reads_the_results_its_own_run_wrote(tmp_path):
