@@ -34,6 +34,14 @@ def check_int(value: Optional[int], option: str, *, minimum: int = 1,
     return value
 
 
+def check_draft_vocab(value: Optional[int], vocab: int, top_k: int = 1) -> Optional[int]:
+    """--draft-vocab: at least the drafter's top-k (a level drafts its top-k of the hot
+    tokens), at most the model's vocabulary; None for the full vocabulary (also when it is
+    named), what profiles record (profiles/schema.py)."""
+    check_int(value, "--draft-vocab", minimum=top_k, maximum=vocab)
+    return None if value == vocab else value
+
+
 def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> list[int]:
     """'1,2,4' -> [1, 2, 4]: positive, distinct, sorted, at most `maximum` (default
     INT_OPTION_MAX); InputError names the option and the value (a repeated one too: check_once)."""

@@ -213,15 +213,17 @@ def _flag_in(flag: str, args: list[str]) -> bool:
 TOKEN_MAP_FLAG = "--speculative-token-map"  # SGLang's hot-token table for the drafter
 
 
-def hot_token_note(profile: dict, mode: str, extra: Optional[list[str]] = None) -> Optional[str]:
+def hot_token_note(profile: dict, mode: str, extra: Optional[list[str]] = None,
+                   vocab: Optional[int] = None) -> Optional[str]:
     """When the decision's drafter and the served one differ in their vocabulary: the
     profile priced a hot-token head (`bole calibrate --draft-vocab`) and no token map is
-    passed to SGLang, or a map is passed and the profile priced the full vocabulary."""
+    passed to SGLang, or a map is passed and the profile priced the full vocabulary (`vocab`:
+    the model's, where known)."""
     from bole_cli.profiles import draft_vocab_of
 
     if mode == "none":
         return None
-    hot, mapped = draft_vocab_of(profile), _flag_in(TOKEN_MAP_FLAG, list(extra or []))
+    hot, mapped = draft_vocab_of(profile, vocab), _flag_in(TOKEN_MAP_FLAG, list(extra or []))
     if hot and not mapped:
         return (f"the profile prices a drafter over {hot:,} hot tokens (bole calibrate --draft-vocab): "
                 f"pass SGLang that map after `--` ({TOKEN_MAP_FLAG} FILE), or calibrate without it")
@@ -472,7 +474,7 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     model_path = (model_spec.name if model_spec is not None and model_spec.source == "catalogue"
                   else model)
     argv, overridden = build_command(model_path, settings, port=port, host=host, extra=extra)
-    hot = hot_token_note(prof, settings.mode, extra)
+    hot = hot_token_note(prof, settings.mode, extra, getattr(model_spec, "vocab", None))
     if hot:
         notes.append(hot)
     if overridden:

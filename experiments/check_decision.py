@@ -78,7 +78,7 @@ def e2e_args(args, preset: str, b: int, shapes: set, budgets: list[int], tag: st
                "--tree-budgets", ",".join(map(str, budgets)),
                "--steps", str(max(args.steps, -(-args.samples // b))),
                "--warmup", "2", "--no-max-batch", "--out-dir", str(args.out), "--tag", tag]
-            + (["--draft-vocab", str(args.draft_vocab)] if args.draft_vocab else []))
+            + (["--draft-vocab", str(args.draft_vocab)] if args.draft_vocab is not None else []))
 
 
 def e2e_results(folder: Path, tag: str, since: float) -> "Path | None":
@@ -197,8 +197,12 @@ def main() -> int:
         if here != profile["gpu"]:  # bench e2e prices its runs with the profile of the card it runs on
             print(f"error: --profile: a profile of {profile['gpu']}, and this machine has {here}")
             return 2
-        priced = profile.get("draft_vocab")
-        if args.draft_vocab is not None and args.draft_vocab != priced:
+        from bole_cli.catalog.models import resolve_model
+        from bole_cli.profiles import draft_vocab_of
+
+        vocab = resolve_model(args.model).vocab
+        priced = draft_vocab_of(profile, vocab)
+        if args.draft_vocab is not None and (None if args.draft_vocab == vocab else args.draft_vocab) != priced:
             print(f"error: --draft-vocab {args.draft_vocab}: the profile priced {priced or 'the full vocabulary'}")
             return 2
         args.draft_vocab = priced  # bench e2e runs the head the profile priced
@@ -212,12 +216,15 @@ def main() -> int:
     cal = bole + ["calibrate", "--gpu", args.gpu, "--model", args.model, "--measure",
                   "--batch", args.batch, "--kv", str(args.context), "--repeats", "5",
                   "--warmup", "2", "--acceptance", args.acceptance.split(",")[0], "--no-plot", "--json"]
-    if args.draft_vocab:
+    if args.draft_vocab is not None:
         cal += ["--draft-vocab", str(args.draft_vocab)]
     if profile is not None:
         import shutil
 
-        dest = out / "cache" / "profiles" / str(profile["gpu"]) / args.profile.name
+        from bole_cli.profiles import profile_path
+
+        # where bench e2e looks for this GPU, model and drafter (a hot-token head's own name)
+        dest = profile_path(out / "cache" / "profiles", str(profile["gpu"]), str(profile["model"]), args.draft_vocab)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(args.profile, dest)
         cal = ["(given)", str(args.profile)]

@@ -70,7 +70,7 @@
 # 32k head (9B both presets, 27B mbpp; batch 1-16), profiles/h100/ re-measured and shipped, check
 # at batch 1 (9B mbpp also batch 4) on them. Still owed on the H200: as above; then the 32k
 # head's own profile and check (calibrate --draft-vocab, new: PROFILE_DRAFT_VOCAB=32768 and
-# CHECK_DRAFT_VOCAB=32768; a hot-token profile is not shipped: find_profile keys on gpu and model).
+# CHECK_DRAFT_VOCAB=32768; a hot-token profile ships beside the full one, Qwen3.5-9B-vocab32768.yaml).
 # Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
@@ -201,10 +201,12 @@ case "$job" in
     done ;;
   check)  # the decision check (R-8's form) on the shipped profile of the card the call got; a fresh
            # machine compiles first, so one model and one preset a call
-    # CHECK_DRAFT_VOCAB: the hot-token head, calibrated in the check's own run (no shipped profile)
+    # CHECK_DRAFT_VOCAB: the hot-token head, calibrated in the check's own run
     m=${CHECK_MODEL:-9B}; a=${CHECK_PRESET:-paper-mbpp}; v=${CHECK_DRAFT_VOCAB:-}
     if [ -n "$v" ]; then src=(--draft-vocab "$v" --gpu "$gpu"); else src=(--profile "profiles/$gpu/Qwen3.5-$m.yaml"); fi
-    run timeout 560 $PY experiments/check_decision.py --model "$m" --batch ${CHECK_BATCH:-1,4,16} --context 4096 \
+    # with v, calibrate runs first (up to 200 s): batch 1 and 4 fit the call, 16 a call of its own
+    b=${CHECK_BATCH:-1,4,16}; [ -n "$v" ] && b=${CHECK_BATCH:-1,4}
+    run timeout 560 $PY experiments/check_decision.py --model "$m" --batch "$b" --context 4096 \
       "${src[@]}" --acceptance "$a" \
       --tree-shapes 3x2,4x4,6x2,6x4,8x4 --e2e-timeout 165 --out "$dir/$gpu-$m-$a${v:+-vocab$v}"
     cp "$dir/$gpu-$m-$a${v:+-vocab$v}/check.json" "$OUT/check-$gpu-$m-$a${v:+-vocab$v}.json" 2>/dev/null ;;

@@ -48,6 +48,24 @@ def test_the_estimate_prices_the_hot_token_head_and_the_profile_says_so(tmp_path
         assert all(a < 0.8 * b for a, b in zip(h["draft_level"], f["draft_level"]))
 
 
+def test_a_hot_token_profile_goes_beside_the_full_one_never_over_it(tmp_path, monkeypatch):
+    """Without --out, calibrate writes to the cache: the hot head's profile under its own
+    name, so the full vocabulary's (what serve and bench e2e read by default) stays."""
+    from bole_cli.profiles import find_profile
+
+    monkeypatch.setenv("BOLE_CACHE_DIR", str(tmp_path))
+    base = ["calibrate", "--gpu", "a100", "--model", "9b", "--estimate", "--batch", "1", "--kv", "4096",
+            "--no-plot"]
+    assert runner.invoke(cli.app, base).exit_code == 0
+    r = runner.invoke(cli.app, base + ["--draft-vocab", str(HOT)])
+    assert r.exit_code == 0, r.output
+    full, hot = find_profile("a100", "Qwen/Qwen3.5-9B"), find_profile("a100", "Qwen/Qwen3.5-9B", draft_vocab=HOT)
+    assert full.name == "Qwen3.5-9B.yaml" and hot.name == "Qwen3.5-9B-vocab32768.yaml"
+    assert load_profile(full)["draft_vocab"] is None and load_profile(hot)["draft_vocab"] == HOT
+    text = hot.read_text()
+    assert text.index("draft_vocab:") < text.index("provenance:")  # the schema's order
+
+
 def test_the_whole_vocabulary_named_is_the_full_head(tmp_path):
     out = tmp_path / "p.yaml"
     r = _calibrate(out, "--draft-vocab", str(resolve_model("9b").vocab))
@@ -57,7 +75,7 @@ def test_the_whole_vocabulary_named_is_the_full_head(tmp_path):
     assert "hot tokens" not in r.stdout
 
 
-@pytest.mark.parametrize("value", ["0", "248321", "-5"])
+@pytest.mark.parametrize("value", ["0", "3", "248321", "-5"])  # 3: under the preset's top-4
 def test_a_draft_vocabulary_outside_the_model_is_refused_in_one_line(tmp_path, value):
     out = tmp_path / "p.yaml"
     r = _calibrate(out, f"--draft-vocab={value}")
@@ -67,12 +85,13 @@ def test_a_draft_vocabulary_outside_the_model_is_refused_in_one_line(tmp_path, v
 
 
 def test_a_measured_level_drafts_over_the_hot_tokens_on_cpu():
-    torch = pytest.importorskip("torch")
-    timer_mod = pytest.importorskip("bole_cli.runtime.timer")
+    import torch
+
     from bole_cli.calibrate.measured import MeasuredForward
     from bole_cli.runtime.model import tiny_spec
+    from bole_cli.runtime.timer import HybridForwardTimer
 
-    fwd = MeasuredForward(timer_mod.HybridForwardTimer(tiny_spec(), "cpu", torch.float32, serving_step=True),
+    fwd = MeasuredForward(HybridForwardTimer(tiny_spec(), "cpu", torch.float32, serving_step=True),
                           draft_vocab=7, inner=1)
     assert fwd.time_draft_level(1, 16, 2) > 0
     drafter = fwd._drafter(2)
@@ -90,11 +109,52 @@ def _pricer(monkeypatch, tmp_path, draft_vocab):
 
 
 def test_bench_e2e_predicts_only_from_a_profile_of_the_same_head(monkeypatch, tmp_path):
-    full_vocab = resolve_model("9b").vocab
-    for same in (None, full_vocab):
-        assert sorted(_pricer(monkeypatch, tmp_path, same).entries) == [1, 4]
+    from bole_cli.profiles import profile_path, save_profile, shipped_profiles_dir
+
+    assert sorted(_pricer(monkeypatch, tmp_path, None).entries) == [1, 4]
+    none = _pricer(monkeypatch, tmp_path, HOT)  # no profile of the hot head yet
+    assert none.entries == {} and "32,768 hot tokens" in none.why
+    r = runner.invoke(cli.app, ["calibrate", "--gpu", "h200", "--model", "9b", "--estimate", "--batch", "1,4",
+                                "--kv", "4096", "--no-plot", "--draft-vocab", str(HOT)],
+                      env={"BOLE_CACHE_DIR": str(tmp_path)})
+    assert r.exit_code == 0, r.output
+    hot = _pricer(monkeypatch, tmp_path, HOT)
+    assert sorted(hot.entries) == [1, 4] and "vocab32768" in hot.source
+    # a profile under the hot name whose field says another head (copied by hand): refused
+    path = profile_path(tmp_path / "profiles", "h200", "Qwen/Qwen3.5-9B", HOT)
+    save_profile(path, load_profile(profile_path(shipped_profiles_dir(), "h200", "Qwen/Qwen3.5-9B")))
     other = _pricer(monkeypatch, tmp_path, HOT)
-    assert other.entries == {} and "32,768 hot tokens" in other.why and "full vocabulary" in other.why
+    assert other.entries == {} and "full vocabulary" in other.why
+
+
+def test_bench_e2e_takes_its_budget_from_the_profile_of_the_head_it_runs(monkeypatch, tmp_path):
+    from bole_cli.bench.e2e.tree_budget import resolve_budget
+    from bole_cli.calibrate.acceptance import PAPER_BUDGET
+
+    monkeypatch.setenv("BOLE_CACHE_DIR", str(tmp_path))
+    spec = resolve_model("9b")
+    n, src = resolve_budget("profile", spec, "NVIDIA H200", 1, 4096, 64)
+    assert "profile h200/Qwen3.5-9B.yaml" in src
+    n, src = resolve_budget("profile", spec, "NVIDIA H200", 1, 4096, 256, HOT)
+    assert n == PAPER_BUDGET and "32768-token draft vocabulary" in src
+
+
+def test_a_level_drafting_more_than_the_hot_tokens_is_refused_before_the_run():
+    from bole_cli.bench.e2e import options as e2e_options
+    from bole_cli.errors import InputError
+    from bole_cli.parsing import check_draft_vocab
+    from bole_cli.profiles import draft_vocab_of
+
+    opts = dict(model="9b", batch=None, context=None, depth=None, topk=None, steps=None, warmup=None,
+                decoders=None, chain_depths=None, budget="96", acceptance="paper-mbpp", tree_budgets=None,
+                tree_shapes="4x2,3x5", draft_vocab=4, snapshot_engine="auto", max_batch=256, max_probes=8,
+                probe_nodes=None, search=False, dtype="auto", device="cpu", graphs=False, seed=0)
+    with pytest.raises(InputError, match="--draft-vocab: expected an integer from 5 to 128"):
+        e2e_options.check_options(tiny=True, **opts)  # the 3x5 shape drafts 5 a node
+    assert e2e_options.check_options(tiny=True, **{**opts, "draft_vocab": 5}).draft_vocab == 5
+    assert e2e_options.check_options(tiny=True, **{**opts, "draft_vocab": 128}).draft_vocab is None
+    assert check_draft_vocab(None, 100) is None and check_draft_vocab(100, 100) is None
+    assert draft_vocab_of({"draft_vocab": 999_999}, 1000) is None and draft_vocab_of({"draft_vocab": 7}, 1000) == 7
 
 
 def test_serve_says_when_the_decision_and_the_served_drafter_differ_in_vocabulary():

@@ -180,6 +180,11 @@ class MTPDrafter:
         self._gen = gen
 
     @property
+    def hot_vocab(self) -> "int | None":
+        """The hot tokens it drafts over, None for the full vocabulary (as profiles record it)."""
+        return None if self.hot_ids is None else self.draft_vocab
+
+    @property
     def param_bytes(self) -> int:
         """The head's own weights (the embedding and LM head are the target's)."""
         return sum(t.numel() * t.element_size() for t in self.w.values())

@@ -101,6 +101,6 @@ class MeasuredForward:
         details = dict(self.timer.info())
         details["drafter"] = ("bole bench e2e's MTP-style head (bole_cli/bench/drafter.py), "
                               "one level timed alone in a CUDA graph"
-                              + (f", scoring {self.draft_vocab} hot tokens" if self.draft_vocab else ""))
+                              + (f", scoring {self.draft_vocab:,} hot tokens" if self.draft_vocab else ""))
         details["sample"] = "argmax over the step's logits + the host sync (wall clock)"
         return details

@@ -22,7 +22,7 @@ from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_G
                                         DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_EPS)
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_TREE_NODES
-from bole_cli.parsing import check_int
+from bole_cli.parsing import check_draft_vocab, check_int
 from bole_cli.paths import partial_path
 
 #: progress(total steps) -> a context whose value is called with each step's description.
@@ -241,10 +241,8 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
         raise InputError(f"{measuring_options[0]}: only a measurement uses it; drop it with --estimate")
     gpu_spec = resolve_gpu(gpu)
     model_spec = resolve_model(model)
-    check_int(draft_vocab, "--draft-vocab", maximum=model_spec.vocab)
-    if draft_vocab == model_spec.vocab:  # every token hot: the full vocabulary's drafter
-        draft_vocab = None
     acc = load_acceptance(acceptance)
+    draft_vocab = check_draft_vocab(draft_vocab, model_spec.vocab, acc.top_k)
     unreachable = [b for b in batches if b > max(points)]
     if unreachable:
         raise InputError(f"--grid: no point reaches batch {unreachable[0]} (largest N is {max(points)}); "
@@ -258,7 +256,8 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     if detected is None and measuring_options:  # it would be ignored without a word
         raise InputError(f"{measuring_options[0]}: only a measurement uses it, and this run is the "
                          f"estimate ({reason}); drop it, or run on that GPU")
-    path = Path(out) if out is not None else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name)
+    path = (Path(out) if out is not None
+            else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name, draft_vocab))
     check_out_path(path, gpu_spec.key, model_spec.name, plot=plot, measured=detected is not None,
                    what="--out" if out is not None else
                    default_named("profile"))

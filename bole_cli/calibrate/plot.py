@@ -101,6 +101,8 @@ def plot_profile(profile: dict, path: "str | os.PathLike[str]") -> Path:
     label = "ESTIMATED (roofline model)" if kind == "estimated" else f"measured on {prov.get('device_name')}"
     if prov.get("partial"):
         label += ", PARTIAL"
+    if profile.get("draft_vocab"):
+        label += f", drafting over {profile['draft_vocab']:,} hot tokens"
     fig.suptitle(f"{profile.get('model')} on {profile.get('gpu')}: {label}", fontsize=10,
                  parse_math=False)
     return save_figure(fig, path)

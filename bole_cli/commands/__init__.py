@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 #: --draft-vocab's help, one wording for the commands that price or run the drafter
-DRAFT_VOCAB_HELP = ("Score only this many hot tokens per draft level (SGLang's "
-                    "--speculative-token-map); default: the full vocabulary.")
+DRAFT_VOCAB_HELP = "Draft over N hot tokens (SGLang's --speculative-token-map); default: all."
 
 
 def path_value(text: str) -> Path:

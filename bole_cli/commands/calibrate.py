@@ -99,7 +99,7 @@ def calibrate(
         help=f"Acceptance statistics for the decision: a preset ({', '.join(PRESET_TARGETS)}), "
              "or a YAML/JSON file: per-depth acceptance, `bole acceptance`'s measurement, or "
              "an accepted-length histogram a server reported."),
-    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", metavar="N", help=DRAFT_VOCAB_HELP),
+    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", help=DRAFT_VOCAB_HELP),
     repeats: int = typer.Option(DEFAULT_REPEATS, "--repeats", help="Timed runs per point (measured path)."),
     warmup: int = typer.Option(DEFAULT_WARMUP, "--warmup", help="Untimed runs per point (measured path)."),
     layers_sample: Optional[int] = typer.Option(

@@ -43,9 +43,13 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "model"
 
 
-def profile_path(directory: "str | os.PathLike[str]", gpu_key: str, model_name: str) -> Path:
-    """<directory>/<gpu>/<model short name>.yaml, e.g. profiles/a100/Qwen3.5-9B.yaml."""
-    return Path(directory) / _slug(gpu_key.lower()) / f"{_slug(model_name.rsplit('/', 1)[-1])}.yaml"
+def profile_path(directory: "str | os.PathLike[str]", gpu_key: str, model_name: str,
+                 draft_vocab: Optional[int] = None) -> Path:
+    """<directory>/<gpu>/<model short name>.yaml, e.g. profiles/a100/Qwen3.5-9B.yaml; a
+    hot-token head's (`draft_vocab`) beside it as Qwen3.5-9B-vocab32768.yaml, so that it never
+    replaces the full vocabulary's profile that `bole serve` reads by default."""
+    tail = f"-vocab{draft_vocab}" if draft_vocab else ""
+    return Path(directory) / _slug(gpu_key.lower()) / f"{_slug(model_name.rsplit('/', 1)[-1])}{tail}.yaml"
 
 
 def _round(obj: Any) -> Any:
@@ -59,7 +63,7 @@ def _round(obj: Any) -> Any:
     return obj
 
 
-_KEY_ORDER = ("bole_profile", "gpu", "model", "dtype", "provenance", "eps", "grid",
+_KEY_ORDER = ("bole_profile", "gpu", "model", "dtype", "draft_vocab", "provenance", "eps", "grid",
               "acceptance", "configs", "kernels")
 
 

@@ -19,20 +19,21 @@ def _names(gpu: Any, model: Any) -> tuple[str, str]:
 
 def find_profile(gpu: Any, model: Any,
                  search_dirs: Optional[Iterable["str | os.PathLike[str]"]] = None,
-                 skipped: Optional[list[str]] = None) -> Optional[Path]:
+                 skipped: Optional[list[str]] = None, draft_vocab: Optional[int] = None) -> Optional[Path]:
     """The best profile for (gpu, model): a GpuSpec or catalogue key, a ModelSpec or name.
 
     Looks for <dir>/<gpu>/<model>.yaml in each search dir (default: the user cache
     directory, then the shipped profiles/). A complete measured profile wins over an
     estimated or partial one; between equals, the earlier directory wins. Unreadable
     candidates are skipped, each with its error appended to `skipped` (so a caller can say
-    why a user's own profile was passed over). None when nothing is found.
+    why a user's own profile was passed over). None when nothing is found. `draft_vocab`:
+    the profile of a drafter over that many hot tokens (profile_path's name for it).
     """
     gpu_key, model_name = _names(gpu, model)
     dirs = list(search_dirs) if search_dirs is not None else default_search_dirs()
     best: Optional[tuple[int, int, Path]] = None
     for order, d in enumerate(dirs):
-        path = profile_path(d, gpu_key, model_name)
+        path = profile_path(d, gpu_key, model_name, draft_vocab)
         if not path.is_file():
             continue
         try:

@@ -147,9 +147,11 @@ def _kind(value: Any) -> str:
             int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
 
 
-def draft_vocab_of(profile: dict) -> Optional[int]:
-    """The hot tokens its drafter levels were priced over; None: the full vocabulary."""
-    return profile.get("draft_vocab")
+def draft_vocab_of(profile: dict, vocab: Optional[int] = None) -> Optional[int]:
+    """The hot tokens its drafter levels were priced over; None: the full vocabulary (also
+    for a hand-edited value of `vocab`, the model's vocabulary, or more)."""
+    n = profile.get("draft_vocab")
+    return None if n is None or (vocab is not None and n >= vocab) else n
 
 
 def validate_profile(data: Any, source: str = "profile") -> dict:

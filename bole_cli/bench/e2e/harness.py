@@ -281,7 +281,7 @@ class E2EBench:
     def plan(self, batch: int, budget: Optional[int] = None, source: str = "") -> TreePlan:
         if budget is None:
             budget, source = resolve_budget(self.budget_policy, self.spec, self.device_name, batch,
-                                            self.context, self.layout.n_nodes)
+                                            self.context, self.layout.n_nodes, self.drafter.hot_vocab)
         key = (batch, budget) + self.shape
         if key not in self._plans:
             self._plans[key] = plan_trees(self.layout, batch, budget, source, q=self.q)

@@ -18,7 +18,7 @@ from bole_cli.catalog.models import ModelSpec, resolve_model, tiny_spec
 from bole_cli.errors import InputError, brief
 from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, REPLAYSSM_MIN_KEY_DIM
-from bole_cli.parsing import check_int, check_once, parse_int_list, parse_name_list
+from bole_cli.parsing import check_draft_vocab, check_int, check_once, parse_int_list, parse_name_list
 from bole_cli.trees.generators import check_beam_tree_size
 
 # `bench e2e`'s defaults, and those of a --tiny smoke run (seconds on 2 CPU cores);
@@ -165,7 +165,8 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
                         tree_budgets=tree_budgets, batches=batches, names=names, chains=chains,
                         chain_depths_given=chain_depths is not None, depth=use["depth"], search=search,
                         max_batch=max_batch, max_probes=max_probes, probe_nodes=probe_nodes, device=device)
-    check_int(draft_vocab, "--draft-vocab", maximum=spec.vocab)
+    widest = max([use["topk"]] + [k for _, k in shapes or ()])  # the most drafts a level takes
+    draft_vocab = check_draft_vocab(draft_vocab, spec.vocab, widest)
     if snapshot_engine not in SNAPSHOT_ENGINES:
         raise InputError(f"--snapshot-engine: expected one of {', '.join(SNAPSHOT_ENGINES)}, "
                          f"got {snapshot_engine!r}")

@@ -56,15 +56,15 @@ def profile_pricer(cfg: Any, bench: Any) -> ProfilePricer:
     if bench.acceptance.greedy:
         return ProfilePricer({}, None, "greedy acceptance (real tokens): nothing to price", "")
     gpu = match_gpu(bench.device_name)
-    path = find_profile(gpu.key, cfg.spec) if gpu is not None else None
+    path = find_profile(gpu.key, cfg.spec, draft_vocab=cfg.draft_vocab) if gpu is not None else None
     if path is None:
-        return ProfilePricer({}, None, f"no calibration profile for {bench.device_name}", "")
+        hot = f" and a drafter over {cfg.draft_vocab:,} hot tokens" if cfg.draft_vocab else ""
+        return ProfilePricer({}, None, f"no calibration profile for {bench.device_name}{hot}", "")
     try:
         profile = load_profile(path)
     except (InputError, BoleError) as exc:
         return ProfilePricer({}, None, str(exc), str(path))
-    priced, drafted = draft_vocab_of(profile), (None if cfg.draft_vocab in (None, cfg.spec.vocab)
-                                                else cfg.draft_vocab)
+    priced, drafted = draft_vocab_of(profile, cfg.spec.vocab), cfg.draft_vocab
     if priced != drafted:  # its drafting is another head's: a price would mislead by the draft levels
         def head(n):
             return "the full vocabulary" if n is None else f"{n:,} hot tokens"

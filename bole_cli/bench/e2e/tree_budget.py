@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from bole_cli.bench.drafter import DraftLayout
 from bole_cli.bench.e2e.options import check_budget_covers_batch
@@ -20,22 +21,25 @@ from bole_cli.catalog.models import ModelSpec
 
 
 def resolve_budget(policy: "str | int", spec: ModelSpec, device_name: str, batch: int, context: int,
-                   per_request_cap: int) -> tuple[int, str]:
-    """(N, where it came from): tree tokens verified per step over the whole batch."""
+                   per_request_cap: int, draft_vocab: Optional[int] = None) -> tuple[int, str]:
+    """(N, where it came from): tree tokens verified per step over the whole batch; from the
+    profile of the drafter that runs (`draft_vocab` hot tokens, None for all)."""
     if isinstance(policy, int):
         check_budget_covers_batch(policy, batch)
         n, src = policy, f"--budget {policy}"
     else:
         from bole_cli.catalog.hardware import match_gpu
-        from bole_cli.profiles import find_profile, load_profile, lookup_budget
+        from bole_cli.profiles import draft_vocab_of, find_profile, load_profile, lookup_budget
 
         gpu = match_gpu(device_name)
-        path = find_profile(gpu.key, spec) if gpu is not None else None
-        if path is None:
+        path = find_profile(gpu.key, spec, draft_vocab=draft_vocab) if gpu is not None else None
+        profile = load_profile(path) if path is not None else None
+        if profile is None or draft_vocab_of(profile, spec.vocab) != draft_vocab:
             n = PAPER_BUDGET
-            src = f"no profile for ({gpu.key if gpu else device_name}, {spec.name}): the paper's {n}"
+            hot = f" with a {draft_vocab}-token draft vocabulary" if draft_vocab else ""
+            src = f"no profile for ({gpu.key if gpu else device_name}, {spec.name}){hot}: the paper's {n}"
         else:
-            entry, note = lookup_budget(load_profile(path), batch, context)
+            entry, note = lookup_budget(profile, batch, context)
             if entry.get("n_star"):  # the best tree's budget under the decision's objective
                 n = int(entry["n_star"])
                 src = f"profile {path.parent.name}/{path.name}: the best tree's N {n} ({note})"
