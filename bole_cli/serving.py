@@ -213,23 +213,48 @@ def _flag_in(flag: str, args: list[str]) -> bool:
 TOKEN_MAP_FLAG = "--speculative-token-map"  # SGLang's hot-token table for the drafter
 
 
+def token_map_size(extra: Optional[list[str]]) -> Optional[int]:
+    """How many hot tokens the --speculative-token-map after `--` holds, read as SGLang reads
+    it (torch.load); None without one, or where it is not a local file (SGLang also fetches
+    one from the Hugging Face hub at launch)."""
+    args, value = list(extra or []), None
+    for i, a in enumerate(args):
+        if a == TOKEN_MAP_FLAG and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(TOKEN_MAP_FLAG + "="):
+            value = a.split("=", 1)[1]
+    if value is None or not Path(value).is_file():
+        return None
+    import torch
+
+    try:
+        return len(torch.load(value, weights_only=True, map_location="cpu"))
+    except Exception as exc:  # whatever the file is, say which one and stop before launching
+        raise InputError(f"{TOKEN_MAP_FLAG}: {value} is not a token map SGLang can load ({type(exc).__name__})") from None
+
+
 def hot_token_note(profile: dict, mode: str, extra: Optional[list[str]] = None,
-                   vocab: Optional[int] = None) -> Optional[str]:
+                   vocab: Optional[int] = None, map_size: Optional[int] = None) -> Optional[str]:
     """When the decision's drafter and the served one differ in their vocabulary: the
     profile priced a hot-token head (`bole calibrate --draft-vocab`) and no token map is
-    passed to SGLang, or a map is passed and the profile priced the full vocabulary (`vocab`:
-    the model's, where known)."""
+    passed to SGLang, or the map passed is not the one it priced (`map_size`: its tokens
+    where token_map_size read it; `vocab`: the model's, where known)."""
     from bole_cli.profiles import draft_vocab_of
 
     if mode == "none":
         return None
     hot, mapped = draft_vocab_of(profile, vocab), _flag_in(TOKEN_MAP_FLAG, list(extra or []))
-    if hot and not mapped:
-        return (f"the profile prices a drafter over {hot:,} hot tokens (bole calibrate --draft-vocab): "
-                f"pass SGLang that map after `--` ({TOKEN_MAP_FLAG} FILE), or calibrate without it")
-    if mapped and not hot:
-        return (f"{TOKEN_MAP_FLAG}: the profile prices the full vocabulary's drafter; `bole calibrate "
-                "--draft-vocab N` prices one over the map's N tokens")
+    if not mapped:
+        return None if not hot else (
+            f"the profile prices a drafter over {hot:,} hot tokens (bole calibrate --draft-vocab): "
+            f"pass SGLang that map after `--` ({TOKEN_MAP_FLAG} FILE), or calibrate without it")
+    if map_size is None:  # a map not read here: only a full-vocabulary profile is known to differ
+        return None if hot else (f"{TOKEN_MAP_FLAG}: the profile prices the full vocabulary's drafter; "
+                                 "`bole calibrate --draft-vocab N` prices one over the map's N tokens")
+    if map_size != (hot or vocab):
+        priced = f"{hot:,} hot tokens" if hot else "the full vocabulary"
+        return (f"{TOKEN_MAP_FLAG} holds {map_size:,} tokens and the profile prices a drafter over "
+                f"{priced}: `bole calibrate --draft-vocab {map_size}` prices the map's")
     return None
 
 
@@ -362,9 +387,11 @@ def memory_summary(spec: Any, settings: ServeSettings,
 # --------------------------------------------------------------------------- the whole plan
 
 
-def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]):
+def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str],
+                    draft_vocab: Optional[int] = None):
     """(gpu spec or None, model spec or None, profile path, profile dict, gpu note, notes: the
-    unreadable profiles passed over in the search, a user's own included)."""
+    unreadable profiles passed over in the search, a user's own included). `draft_vocab`: the
+    served token map's size; the search takes that head's profile first where there is one."""
     from bole_cli.catalog.hardware import detect_gpu, known_gpu_names, resolve_gpu
     from bole_cli.catalog.models import resolve_model
     from bole_cli.profiles import default_search_dirs, find_profile, load_profile
@@ -401,7 +428,10 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
             raise InputError(f"--profile: {path} holds no budget configurations (a kernels table?); "
                              "give a calibration profile that `bole calibrate` wrote")
     else:
-        path = find_profile(gpu_spec, model_spec, skipped=skipped)
+        path = None
+        if draft_vocab and draft_vocab < getattr(model_spec, "vocab", draft_vocab + 1):
+            path = find_profile(gpu_spec, model_spec, skipped=skipped, draft_vocab=draft_vocab)
+        path = path or find_profile(gpu_spec, model_spec, skipped=skipped)
         if path is None:
             short = model_spec.short_name if hasattr(model_spec, "short_name") else model_spec.name
             dirs = ", ".join(str(d) for d in default_search_dirs())
@@ -457,7 +487,8 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         raise InputError("--draft-model: an empty path; leave --draft-model out for the model's own MTP "
                          "head (NEXTN)")
     status = sglang_status()
-    gpu_spec, model_spec, path, prof, gpu_note, notes = resolve_profile(model, profile, gpu)
+    map_size = token_map_size(extra)
+    gpu_spec, model_spec, path, prof, gpu_note, notes = resolve_profile(model, profile, gpu, map_size)
     if model_spec is not None and prof.get("model") != model_spec.name:
         other = _catalogue_name(prof.get("model"))
         if profile is not None and model_spec.source == "catalogue" and other not in (None, model_spec.name):
@@ -474,7 +505,7 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     model_path = (model_spec.name if model_spec is not None and model_spec.source == "catalogue"
                   else model)
     argv, overridden = build_command(model_path, settings, port=port, host=host, extra=extra)
-    hot = hot_token_note(prof, settings.mode, extra, getattr(model_spec, "vocab", None))
+    hot = hot_token_note(prof, settings.mode, extra, getattr(model_spec, "vocab", None), map_size)
     if hot:
         notes.append(hot)
     if overridden:

@@ -14,6 +14,7 @@ from bole_cli import cli
 from bole_cli.calibrate.costmodel import RooflineForward
 from bole_cli.catalog.hardware import resolve_gpu
 from bole_cli.catalog.models import resolve_model
+from bole_cli.errors import InputError
 from bole_cli.profiles import load_profile
 
 runner = CliRunner()
@@ -141,7 +142,6 @@ def test_bench_e2e_takes_its_budget_from_the_profile_of_the_head_it_runs(monkeyp
 
 def test_a_level_drafting_more_than_the_hot_tokens_is_refused_before_the_run():
     from bole_cli.bench.e2e import options as e2e_options
-    from bole_cli.errors import InputError
     from bole_cli.parsing import check_draft_vocab
     from bole_cli.profiles import draft_vocab_of
 
@@ -163,12 +163,41 @@ def test_serve_says_when_the_decision_and_the_served_drafter_differ_in_vocabular
 
     full = load_profile(profile_path(shipped_profiles_dir(), "h200", "Qwen/Qwen3.5-9B"))
     hot = dict(full, draft_vocab=HOT)
-    mapped = ["--speculative-token-map", "hot.pt"]
-    note = serving.hot_token_note
+    mapped = ["--speculative-token-map", "org/repo/hot.pt"]  # not read here (a hub path)
+    note, vocab = serving.hot_token_note, resolve_model("9b").vocab
     assert note(full, "tree") is None and note(hot, "tree", mapped) is None
     assert note(hot, "none") is None and note(full, "none", mapped) is None  # nothing drafted
     assert "32,768 hot tokens" in note(hot, "chain") and "--speculative-token-map" in note(hot, "tree", ["--x"])
     assert "full vocabulary" in note(full, "tree", ["--speculative-token-map=hot.pt"])
+    # a map read here: its size against the profile's
+    assert note(hot, "tree", mapped, vocab, HOT) is None and note(full, "tree", mapped, vocab, vocab) is None
+    assert "holds 16,384 tokens" in note(hot, "tree", mapped, vocab, 16384)
+    assert "--draft-vocab 32768" in note(full, "tree", mapped, vocab, HOT)
+
+
+def test_serve_reads_the_map_and_takes_the_profile_of_its_head(tmp_path, monkeypatch):
+    import torch
+
+    from bole_cli import serving
+
+    monkeypatch.setenv("BOLE_CACHE_DIR", str(tmp_path))
+    hot_map = tmp_path / "hot.pt"
+    torch.save(torch.arange(HOT), hot_map)
+    extra = ["--speculative-token-map", str(hot_map)]
+    assert serving.token_map_size(extra) == HOT and serving.token_map_size(["--x"]) is None
+    plan = serving.plan_serve("9b", gpu="h200", batch=1, dry_run=True, extra=extra)  # none of its head yet
+    assert plan.report["profile"].endswith("Qwen3.5-9B.yaml")
+    assert any("holds 32,768 tokens" in n for n in plan.report["notes"])
+    r = runner.invoke(cli.app, ["calibrate", "--gpu", "h200", "--model", "9b", "--estimate", "--batch", "1",
+                                "--kv", "4096", "--no-plot", "--draft-vocab", str(HOT)])
+    assert r.exit_code == 0, r.output
+    plan = serving.plan_serve("9b", gpu="h200", batch=1, dry_run=True, extra=extra)
+    assert plan.report["profile"].endswith("Qwen3.5-9B-vocab32768.yaml")
+    assert not any("hot tokens" in n or "holds" in n for n in plan.report["notes"])
+    bad = tmp_path / "bad.pt"
+    bad.write_text("not a tensor")
+    with pytest.raises(InputError, match="--speculative-token-map: .*bad.pt is not a token map"):
+        serving.plan_serve("9b", gpu="h200", batch=1, dry_run=True, extra=["--speculative-token-map", str(bad)])
 
 
 def test_serve_dry_run_carries_the_hot_token_note(tmp_path):
