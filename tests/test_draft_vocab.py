@@ -5,6 +5,7 @@ decision assumes (docs/design.md §8)."""
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -65,6 +66,17 @@ def test_a_hot_token_profile_goes_beside_the_full_one_never_over_it(tmp_path, mo
     assert load_profile(full)["draft_vocab"] is None and load_profile(hot)["draft_vocab"] == HOT
     text = hot.read_text()
     assert text.index("draft_vocab:") < text.index("provenance:")  # the schema's order
+    doc = json.loads(runner.invoke(cli.app, base + ["--draft-vocab", str(HOT), "--json"]).stdout)
+    assert "given a map of 32,768 hot tokens" in doc["served"]  # serve takes it with SGLang's map
+    assert doc["serve_command"].endswith("-- --speculative-token-map FILE")
+    doc = json.loads(runner.invoke(cli.app, base + ["--draft-vocab", str(HOT), "--json", "--out",
+                                                    str(tmp_path / "elsewhere.yaml")]).stdout)
+    assert "an estimated profile" in doc["served"] and "vocab32768.yaml; `bole serve` uses that one" in doc["served"]
+    assert "--profile" in doc["serve_command"] and doc["serve_command"].endswith("--speculative-token-map FILE")
+    b200 = [a.replace("a100", "b200") for a in base]  # no profile of that GPU anywhere
+    doc = json.loads(runner.invoke(cli.app, b200 + ["--draft-vocab", str(HOT), "--json", "--out",
+                                                    str(tmp_path / "b200.yaml")]).stdout)
+    assert "no profile of this head" in doc["served"] and "--profile" in doc["serve_command"]
 
 
 def test_the_whole_vocabulary_named_is_the_full_head(tmp_path):

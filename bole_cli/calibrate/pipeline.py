@@ -196,18 +196,31 @@ class CalibrationResult:
 def served_instead(plan: "CalibrationPlan") -> tuple[Optional[str], Optional[list[str]]]:
     """When `bole serve` would take another profile than the one just written (a measured
     profile of the same GPU and model, shipped or in the cache, wins over an estimate:
-    bole_cli/profiles/lookup.py, so an ESTIMATED table is not what is served): one line
-    saying so, and the command that serves this one instead; else (None, None)."""
+    bole_cli/profiles/lookup.py, so an ESTIMATED table is not what is served), or takes it
+    only with SGLang's token map (a hot-token head's, plan.draft_vocab): one line saying so,
+    and the command that serves this one; else (None, None)."""
     from bole_cli.profiles import find_profile, load_profile
 
-    found = find_profile(plan.gpu_spec, plan.model_spec)
-    if found is None or found.resolve() == plan.path.resolve():
+    hot = plan.draft_vocab
+    found = find_profile(plan.gpu_spec, plan.model_spec, draft_vocab=hot)
+    serve = ["bole", "serve", "--model", plan.model_spec.short_name]
+    with_map = ["--", "--speculative-token-map", "FILE"] if hot else []
+    if found is not None and found.resolve() == plan.path.resolve():
+        if not hot:
+            return None, None
+        return (f"`bole serve` takes this profile when SGLang is given a map of {hot:,} hot "
+                "tokens (FILE):", serve + with_map)
+    if found is None and not hot:
         return None, None
+    what = "estimate" if not plan.measured else "profile"
+    if found is None:
+        return (f"`bole serve` finds no profile of this head by itself. To use this {what}:",
+                serve + ["--profile", str(plan.path)] + with_map)
     kind = load_profile(found)["provenance"]["kind"]
-    return (f"a {kind} profile for {plan.model_spec.name} on {plan.gpu_spec.name} is in "
-            f"{found}; `bole serve` uses that one, not this "
-            f"{'estimate' if not plan.measured else 'profile'}. To use this one:",
-            ["bole", "serve", "--model", plan.model_spec.short_name, "--profile", str(plan.path)])
+    return (f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} profile for {plan.model_spec.name} on "
+            f"{plan.gpu_spec.name} is in "
+            f"{found}; `bole serve` uses that one, not this {what}. To use this one:",
+            serve + ["--profile", str(plan.path)] + with_map)
 
 
 def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int],
