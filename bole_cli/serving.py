@@ -213,16 +213,22 @@ def _flag_in(flag: str, args: list[str]) -> bool:
 TOKEN_MAP_FLAG = "--speculative-token-map"  # SGLang's hot-token table for the drafter
 
 
+def _flag_value(flag: str, extra: Optional[list[str]]) -> Optional[str]:
+    """The last value of `flag` among SGLang's extra arguments (`--flag v` or `--flag=v`)."""
+    args, value = list(extra or []), None
+    for i, a in enumerate(args):
+        if a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+        elif a == flag and i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
 def token_map_size(extra: Optional[list[str]]) -> Optional[int]:
     """How many hot tokens the --speculative-token-map after `--` holds, read as SGLang reads
     it (torch.load); None without one, or where it is not a local file (SGLang also fetches
     one from the Hugging Face hub at launch)."""
-    args, value = list(extra or []), None
-    for i, a in enumerate(args):
-        if a == TOKEN_MAP_FLAG and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(TOKEN_MAP_FLAG + "="):
-            value = a.split("=", 1)[1]
+    value = _flag_value(TOKEN_MAP_FLAG, extra)
     if value is None or not Path(value).is_file():
         return None
     import torch
@@ -239,7 +245,7 @@ def hot_token_note(profile: dict, mode: str, extra: Optional[list[str]] = None,
     profile priced a hot-token head (`bole calibrate --draft-vocab`) and no token map is
     passed to SGLang, or the map passed is not the one it priced (`map_size`: its tokens
     where token_map_size read it; `vocab`: the model's, where known)."""
-    from bole_cli.profiles import draft_vocab_of
+    from bole_cli.profiles import draft_vocab_of, drafter_words
 
     if mode == "none":
         return None
@@ -252,9 +258,8 @@ def hot_token_note(profile: dict, mode: str, extra: Optional[list[str]] = None,
         return None if hot else (f"{TOKEN_MAP_FLAG}: the profile prices the full vocabulary's drafter; "
                                  "`bole calibrate --draft-vocab N` prices one over the map's N tokens")
     if map_size != (hot or vocab):
-        priced = f"{hot:,} hot tokens" if hot else "the full vocabulary"
         return (f"{TOKEN_MAP_FLAG} holds {map_size:,} tokens and the profile prices a drafter over "
-                f"{priced}: `bole calibrate --draft-vocab {map_size}` prices the map's")
+                f"{drafter_words(hot)}: `bole calibrate --draft-vocab {map_size}` prices the map's")
     return None
 
 
@@ -308,14 +313,8 @@ def plugin_env(environ: Optional[dict] = None) -> dict:
 
 def state_dtype_from_args(extra: Optional[list[str]], default: str = "float32") -> str:
     """The --mamba-ssm-dtype among SGLang's extra arguments (`--flag v` or `--flag=v`)."""
-    args = list(extra or [])
-    state_dtype = default
-    for i, a in enumerate(args):
-        if a.startswith("--mamba-ssm-dtype="):
-            state_dtype = a.split("=", 1)[1]
-        elif a == "--mamba-ssm-dtype" and i + 1 < len(args):
-            state_dtype = args[i + 1]
-    return state_dtype
+    value = _flag_value("--mamba-ssm-dtype", extra)
+    return default if value is None else value
 
 
 # --------------------------------------------------------------------------- SGLang present?
@@ -428,10 +427,8 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
             raise InputError(f"--profile: {path} holds no budget configurations (a kernels table?); "
                              "give a calibration profile that `bole calibrate` wrote")
     else:
-        path = None
-        if draft_vocab and draft_vocab < getattr(model_spec, "vocab", draft_vocab + 1):
-            path = find_profile(gpu_spec, model_spec, skipped=skipped, draft_vocab=draft_vocab)
-        path = path or find_profile(gpu_spec, model_spec, skipped=skipped)
+        path = ((draft_vocab and find_profile(gpu_spec, model_spec, skipped=skipped, draft_vocab=draft_vocab))
+                or find_profile(gpu_spec, model_spec, skipped=skipped))
         if path is None:
             short = model_spec.short_name if hasattr(model_spec, "short_name") else model_spec.name
             dirs = ", ".join(str(d) for d in default_search_dirs())

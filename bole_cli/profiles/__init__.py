@@ -22,13 +22,14 @@ from bole_cli.profiles.io import (
     default_search_dirs,
 )
 from bole_cli.profiles.lookup import find_profile, lookup_budget
-from bole_cli.profiles.schema import KINDS, PROFILE_VERSION, draft_vocab_of, validate_profile
+from bole_cli.profiles.schema import KINDS, PROFILE_VERSION, draft_vocab_of, drafter_words, validate_profile
 
 __all__ = [
     "KINDS",
     "PROFILE_VERSION",
     "default_search_dirs",
     "draft_vocab_of",
+    "drafter_words",
     "dump_profile",
     "find_profile",
     "load_profile",

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from bole_cli.errors import BoleError, InputError
 from bole_cli.profiles.io import default_search_dirs, load_profile, profile_path
+from bole_cli.profiles.schema import draft_vocab_of, drafter_words
 
 
 def _names(gpu: Any, model: Any) -> tuple[str, str]:
@@ -27,7 +28,8 @@ def find_profile(gpu: Any, model: Any,
     estimated or partial one; between equals, the earlier directory wins. Unreadable
     candidates are skipped, each with its error appended to `skipped` (so a caller can say
     why a user's own profile was passed over). None when nothing is found. `draft_vocab`:
-    the profile of a drafter over that many hot tokens (profile_path's name for it).
+    the profile of a drafter over that many hot tokens (profile_path's name for it); one
+    whose own field names another drafter (a file copied by hand) is skipped the same way.
     """
     gpu_key, model_name = _names(gpu, model)
     dirs = list(search_dirs) if search_dirs is not None else default_search_dirs()
@@ -37,11 +39,16 @@ def find_profile(gpu: Any, model: Any,
         if not path.is_file():
             continue
         try:
-            prov = load_profile(path)["provenance"]
+            data = load_profile(path)
+            recorded = draft_vocab_of(data, getattr(model, "vocab", None))
+            if recorded != draft_vocab:
+                raise InputError(f"{path}: prices a drafter over {drafter_words(recorded)}, "
+                                 f"its name {drafter_words(draft_vocab)}")
         except InputError as exc:
             if skipped is not None:
                 skipped.append(str(exc))
             continue
+        prov = data["provenance"]
         rank = 0 if prov["kind"] == "measured" and not prov.get("partial") else 1
         if best is None or (rank, order) < best[:2]:
             best = (rank, order, path)

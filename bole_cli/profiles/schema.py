@@ -147,6 +147,11 @@ def _kind(value: Any) -> str:
             int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
 
 
+def drafter_words(draft_vocab: Optional[int]) -> str:
+    """How messages name a drafter's vocabulary: 'the full vocabulary' or 'N hot tokens'."""
+    return "the full vocabulary" if draft_vocab is None else f"{draft_vocab:,} hot tokens"
+
+
 def draft_vocab_of(profile: dict, vocab: Optional[int] = None) -> Optional[int]:
     """The hot tokens its drafter levels were priced over; None: the full vocabulary (also
     for a hand-edited value of `vocab`, the model's vocabulary, or more)."""

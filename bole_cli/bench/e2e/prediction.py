@@ -51,26 +51,22 @@ def profile_pricer(cfg: Any, bench: Any) -> ProfilePricer:
     from bole_cli.calibrate.decision import BucketCosts
     from bole_cli.catalog.hardware import match_gpu
     from bole_cli.errors import BoleError, InputError
-    from bole_cli.profiles import draft_vocab_of, find_profile, load_profile, lookup_budget
+    from bole_cli.profiles import drafter_words, find_profile, load_profile, lookup_budget
 
     if bench.acceptance.greedy:
         return ProfilePricer({}, None, "greedy acceptance (real tokens): nothing to price", "")
     gpu = match_gpu(bench.device_name)
-    path = find_profile(gpu.key, cfg.spec, draft_vocab=cfg.draft_vocab) if gpu is not None else None
+    skipped: list[str] = []  # a profile of another drafter is one: its draft levels would mislead
+    path = (find_profile(gpu.key, cfg.spec, skipped=skipped, draft_vocab=cfg.draft_vocab)
+            if gpu is not None else None)
     if path is None:
-        hot = f" and a drafter over {cfg.draft_vocab:,} hot tokens" if cfg.draft_vocab else ""
-        return ProfilePricer({}, None, f"no calibration profile for {bench.device_name}{hot}", "")
+        why = (f"no calibration profile for {bench.device_name} and a drafter over "
+               f"{drafter_words(cfg.draft_vocab)}" + "".join(f" ({s})" for s in skipped[:1]))
+        return ProfilePricer({}, None, why, "")
     try:
         profile = load_profile(path)
     except (InputError, BoleError) as exc:
         return ProfilePricer({}, None, str(exc), str(path))
-    priced, drafted = draft_vocab_of(profile, cfg.spec.vocab), cfg.draft_vocab
-    if priced != drafted:  # its drafting is another head's: a price would mislead by the draft levels
-        def head(n):
-            return "the full vocabulary" if n is None else f"{n:,} hot tokens"
-
-        return ProfilePricer({}, None, f"the profile prices a drafter over {head(priced)}, this run drafts "
-                             f"over {head(drafted)} (bole calibrate --draft-vocab)", str(path))
     entries = {}
     for b in cfg.batches:
         entry, note = lookup_budget(profile, b, cfg.context)
