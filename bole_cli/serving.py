@@ -224,19 +224,37 @@ def _flag_value(flag: str, extra: Optional[list[str]]) -> Optional[str]:
     return value
 
 
+def _token_map_file(value: str) -> Optional[Path]:
+    """Where the map SGLang will load lies on this machine: the path itself, or for a hub path
+    (`org/repo/file`, which SGLang downloads at launch when no such file exists) the file in
+    the local Hugging Face cache, looked up without the network; None where neither is."""
+    if Path(value).is_file():
+        return Path(value)
+    repo, _, name = value.rpartition("/")
+    try:  # huggingface_hub comes with SGLang and transformers, not with Bole
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(repo, name)
+    except Exception:  # not installed, or not a repository id the hub would take
+        return None
+    return Path(hit) if isinstance(hit, str) and Path(hit).is_file() else None
+
+
 def token_map_size(extra: Optional[list[str]]) -> Optional[int]:
     """How many hot tokens the --speculative-token-map after `--` holds, read as SGLang reads
-    it (torch.load); None without one, or where it is not a local file (SGLang also fetches
-    one from the Hugging Face hub at launch)."""
+    it (torch.load); None without one, or where it is neither a local file nor in the local
+    Hugging Face cache (a hub map not downloaded yet: SGLang fetches it at launch)."""
     value = _flag_value(TOKEN_MAP_FLAG, extra)
-    if value is None or not Path(value).is_file():
+    path = None if value is None else _token_map_file(value)
+    if path is None:
         return None
     import torch
 
     try:
-        return len(torch.load(value, weights_only=True, map_location="cpu"))
+        return len(torch.load(path, weights_only=True, map_location="cpu"))
     except Exception as exc:  # whatever the file is, say which one and stop before launching
-        raise InputError(f"{TOKEN_MAP_FLAG}: {value} is not a token map SGLang can load ({type(exc).__name__})") from None
+        where = value if path == Path(value) else f"{value} (cached as {path})"
+        raise InputError(f"{TOKEN_MAP_FLAG}: {where} is not a token map SGLang can load ({type(exc).__name__})") from None
 
 
 def hot_token_note(profile: dict, mode: str, extra: Optional[list[str]] = None,

@@ -212,6 +212,44 @@ def test_serve_reads_the_map_and_takes_the_profile_of_its_head(tmp_path, monkeyp
         serving.plan_serve("9b", gpu="h200", batch=1, dry_run=True, extra=["--speculative-token-map", str(bad)])
 
 
+def test_serve_reads_a_hub_map_from_the_local_cache_only(tmp_path, monkeypatch):
+    """A hub path (`org/repo/file`, downloaded by SGLang at launch) is read where the local
+    Hugging Face cache holds it, never fetched; not cached, or not a repository id, it is
+    not read (None), as a map on no disk."""
+    import sys
+    import types
+
+    import torch
+
+    from bole_cli import serving
+
+    cached = tmp_path / "snapshots" / "freq_32768.pt"
+    cached.parent.mkdir()
+    torch.save(torch.arange(HOT), cached)
+    asked = []
+
+    def try_to_load_from_cache(repo_id, filename):
+        asked.append((repo_id, filename))
+        if repo_id.count("/") != 1:
+            raise ValueError(f"not a repository id: {repo_id}")
+        return str(cached) if (repo_id, filename) == ("org/FR-Spec", "freq_32768.pt") else None
+
+    hub = types.ModuleType("huggingface_hub")
+    hub.try_to_load_from_cache = try_to_load_from_cache
+    monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
+    monkeypatch.chdir(tmp_path)  # no local file of these names
+    flag = "--speculative-token-map"
+    assert serving.token_map_size([flag, "org/FR-Spec/freq_32768.pt"]) == HOT
+    assert serving.token_map_size([flag, "org/FR-Spec/freq_16384.pt"]) is None  # not downloaded
+    assert serving.token_map_size([f"{flag}=a/b/c/freq.pt"]) is None  # the hub refuses the id
+    assert asked == [("org/FR-Spec", "freq_32768.pt"), ("org/FR-Spec", "freq_16384.pt"), ("a/b/c", "freq.pt")]
+    cached.write_text("not a tensor")
+    with pytest.raises(InputError, match=r"org/FR-Spec/freq_32768.pt \(cached as .*freq_32768.pt\) is not a token"):
+        serving.token_map_size([flag, "org/FR-Spec/freq_32768.pt"])
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed: nothing read
+    assert serving.token_map_size([flag, "org/FR-Spec/freq_32768.pt"]) is None
+
+
 def test_serve_dry_run_carries_the_hot_token_note(tmp_path):
     from bole_cli import serving
     from bole_cli.profiles import profile_path, save_profile, shipped_profiles_dir
