@@ -199,12 +199,12 @@ def main() -> int:
             return 2
         from bole_cli.catalog.models import resolve_model
         from bole_cli.parsing import check_draft_vocab
-        from bole_cli.profiles import draft_vocab_of
+        from bole_cli.profiles import draft_vocab_of, drafter_words
 
         vocab = resolve_model(args.model).vocab
         priced = draft_vocab_of(profile, vocab)
         if args.draft_vocab is not None and check_draft_vocab(args.draft_vocab, vocab) != priced:
-            print(f"error: --draft-vocab {args.draft_vocab}: the profile priced {priced or 'the full vocabulary'}")
+            print(f"error: --draft-vocab {args.draft_vocab}: the profile priced {drafter_words(priced)}")
             return 2
         args.draft_vocab = priced  # bench e2e runs the head the profile priced
     out = args.out
