@@ -149,7 +149,7 @@ def test_bench_e2e_takes_its_budget_from_the_profile_of_the_head_it_runs(monkeyp
     n, src = resolve_budget("profile", spec, "NVIDIA H200", 1, 4096, 64)
     assert "profile h200/Qwen3.5-9B.yaml" in src
     n, src = resolve_budget("profile", spec, "NVIDIA H200", 1, 4096, 256, HOT)
-    assert n == PAPER_BUDGET and "32768-token draft vocabulary" in src
+    assert n == PAPER_BUDGET and "drafting over 32,768 hot tokens" in src
 
 
 def test_a_level_drafting_more_than_the_hot_tokens_is_refused_before_the_run():

@@ -29,14 +29,14 @@ def resolve_budget(policy: "str | int", spec: ModelSpec, device_name: str, batch
         n, src = policy, f"--budget {policy}"
     else:
         from bole_cli.catalog.hardware import match_gpu
-        from bole_cli.profiles import find_profile, load_profile, lookup_budget
+        from bole_cli.profiles import drafter_words, find_profile, load_profile, lookup_budget
 
         gpu = match_gpu(device_name)
         path = find_profile(gpu.key, spec, draft_vocab=draft_vocab) if gpu is not None else None
         if path is None:  # none of this drafter's (find_profile skips another's)
             n = PAPER_BUDGET
-            hot = f" with a {draft_vocab}-token draft vocabulary" if draft_vocab else ""
-            src = f"no profile for ({gpu.key if gpu else device_name}, {spec.name}){hot}: the paper's {n}"
+            src = (f"no profile for ({gpu.key if gpu else device_name}, {spec.name}) drafting over "
+                   f"{drafter_words(draft_vocab)}: the paper's {n}")
         else:
             entry, note = lookup_budget(load_profile(path), batch, context)
             if entry.get("n_star"):  # the best tree's budget under the decision's objective
