@@ -72,7 +72,9 @@
 # head's own profile and check (calibrate --draft-vocab, new: PROFILE_DRAFT_VOCAB=32768 and
 # CHECK_DRAFT_VOCAB=32768; a hot-token profile ships beside the full one, Qwen3.5-9B-vocab32768.yaml).
 # Thirtieth session: no command ran (eighteen calls, 1546 s of the budget spent on refused starts);
-# all of the above still owed.
+# all of the above still owed. Thirty-first session, an H100 (S31-a): the 32k head's check for 9B at batch 1
+# (CHECK_DRAFT_VOCAB=32768 CHECK_BATCH=1), its calibrate --measure included; its batch 4 and 16, cnndm,
+# 27B and every H200 figure above still owed.
 # Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
