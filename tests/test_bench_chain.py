@@ -20,6 +20,7 @@ from bole_cli.bench import kernel_report
 from bole_cli.bench.e2e import harness, options, report, sweep, verdicts
 from bole_cli.bench.kernel_bench import KernelBenchResult, KernelCase, check_agreement
 from bole_cli.runtime import tiny_spec
+from bole_cli.trees.generators import beam_tree_size
 from test_bench_e2e import oracle, streams  # the oracle drafter and the stream helper
 
 try:
@@ -300,14 +301,19 @@ def test_measured_replayssm_cells_agree_and_fit_80_columns():
 
 
 def test_tree_budget_sweep_reports_the_best_budget():
-    """--tree-budgets: the tree runs at each budget; the comparison takes its fastest run,
-    and the ceiling that run's expected tokens over the chain's at the same depth."""
+    """--tree-budgets: the tree runs at each budget (once where two keep the same nodes); the
+    comparison takes its fastest run, and the ceiling that run's expected tokens over the
+    chain's at the same depth."""
     cfg = options.E2EConfig(spec=tiny_spec(layers=4), batches=[2], context=8, depth=DEPTH, topk=TOPK, steps=1,
                             warmup=0, device="cpu", dtype="float32", chain_depths=(DEPTH,),
-                            decoders=("ar", "bole", "bole-chain"), tree_budgets=(4, 12))
-    data = sweep.run_e2e(cfg)
+                            decoders=("ar", "snapshot", "bole", "bole-chain"), tree_budgets=(4, 12, 500, 900))
+    said: list[str] = []
+    data = sweep.run_e2e(cfg, said.append)
     trees = [r for r in data["results"] if r["decoder"] == "bole"]
-    assert [r["budget"] for r in trees] == [4, 12] and data["tree_budgets"] == [4, 12]
+    every = 2 * beam_tree_size(DEPTH, TOPK)  # both budgets past it keep every node: one run
+    assert [r["budget"] for r in trees] == [4, 12, every] and data["tree_budgets"] == [4, 12, 500, 900]
+    assert sum("not run again" in line for line in said) == 2  # snapshot's and Bole's
+    assert data["same_acceptance_snapshot_vs_bole"] == {"2": True}  # their runs still pair up
     fastest = max(trees, key=lambda r: r["tok_s"])
     row = data["comparison"][0]
     assert row["best"]["bole"]["budget"] == fastest["budget"]

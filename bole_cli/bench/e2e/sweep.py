@@ -31,7 +31,7 @@ class Sweep:
     results: list[RunResult]
     shapes: tuple[tuple[int, int], ...]  # the tree shapes swept (depth, top-k)
     budgets: tuple  # the tree budgets swept (an int, or the "profile" policy)
-    trees: list[tuple[tuple[int, int], Any]]  # (shape, budget) of each tree run, in run order
+    trees: list[tuple[tuple[int, int], Any]]  # (shape, budget) the tree decoders sweep, in run order
     chains: list[str]  # the chain decoders run
     replayssm: Optional[str]  # where SGLang's ReplaySSM came from, or why it did not run
     pricer: ProfilePricer
@@ -91,7 +91,9 @@ def run_sweep(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None]) 
 
 def _sweep_runs(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None], shapes, budgets, trees,
                 replayssm_error: str, pricer: ProfilePricer, results: list[RunResult]) -> None:
-    """The runs of run_sweep, appended to `results` as each ends."""
+    """The runs of run_sweep, appended to `results` as each ends; a tree whose budget keeps
+    the same nodes as an earlier budget's (both past the shape's nodes) is not run again."""
+    planned: set = set()  # (decoder, batch, shape, nodes a request) of the tree runs made
     for b in cfg.batches:
         for name in cfg.decoders:
             kind = decoder_class(name)
@@ -108,6 +110,12 @@ def _sweep_runs(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None]
                     bench.use_shape(*shape)
                 if budget is not None:
                     bench.budget_policy = budget
+                if shape is not None:
+                    key = (name, b, shape, tuple(kind.plan_for(bench, b).sizes))
+                    if key in planned:
+                        progress(f"{LABELS[name]}{label}, batch {b}: the trees of a smaller budget; not run again")
+                        continue
+                    planned.add(key)
                 if name == "chain" and replayssm_error:
                     results.append(RunResult(name, b, chain_depth=depth, error=replayssm_error))
                     continue
@@ -148,7 +156,7 @@ def run_e2e(cfg: E2EConfig, progress: Callable[[str], None] = lambda _: None) ->
     progress("building the model")
     bench = build_bench(cfg)
     sweep = run_sweep(cfg, bench, progress)
-    judged = verdicts.judge(sweep.results, cfg.batches, bench, cfg.depth, len(sweep.trees))
+    judged = verdicts.judge(sweep.results, cfg.batches, bench, cfg.depth)
     if sweep.interrupted:
         search = BatchSearch({}, "skipped (interrupted)", 0)
     else:

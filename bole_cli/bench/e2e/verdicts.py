@@ -13,8 +13,7 @@ from typing import Any, Optional
 import torch
 
 from bole_cli.bench.e2e.decoders import BOLE_DECODERS
-
-TREE_DECODERS = ("snapshot", "bole")  # same trees, same draws: their accepted nodes must agree
+from bole_cli.bench.e2e.options import TREE_DECODERS
 
 
 @dataclass
@@ -27,11 +26,10 @@ class Verdicts:
     exact: Optional[dict]  # greedy acceptance only
 
 
-def judge(results: list[Any], batches, bench: Any, depth: int, n_trees: int) -> Verdicts:
-    """Every verdict of a sweep; sets each run's speedup over AR at its batch first.
-    `n_trees`: the (shape, budget) pairs each tree decoder ran at, per batch."""
+def judge(results: list[Any], batches, bench: Any, depth: int) -> Verdicts:
+    """Every verdict of a sweep; sets each run's speedup over AR at its batch first."""
     set_speedups(results)
-    return Verdicts(same_acceptance(results, batches, n_trees), compare_decoders(results, batches, bench, depth),
+    return Verdicts(same_acceptance(results, batches), compare_decoders(results, batches, bench, depth),
                     drafter_cost(results, bench), exactness(results) if bench.acceptance.greedy else None)
 
 
@@ -43,15 +41,16 @@ def set_speedups(results: list[Any]) -> None:
             r.speedup_vs_ar = r.tok_s / ar[r.batch]
 
 
-def same_acceptance(results: list[Any], batches, n_trees: int) -> dict[str, bool]:
+def same_acceptance(results: list[Any], batches) -> dict[str, bool]:
     """Per batch where both ran whole: whether snapshot and Bole accepted the same nodes at
-    every (shape, budget), step by step (the same trees and draws: they must)."""
+    every (shape, budget), step by step (the same trees and draws: they must). Both run the
+    sweep's trees in the same order, so their i-th runs pair up."""
     same = {}
     for b in batches:
-        traces = [r.accept_trace for r in results if r.batch == b and r.decoder in TREE_DECODERS
-                  and r.accept_trace is not None]
-        if len(traces) == 2 * n_trees:  # the two decoders at each (shape, budget), in order
-            same[str(b)] = all(traces[i] == traces[i + n_trees] for i in range(n_trees))
+        snapshot, bole = ([r.accept_trace for r in results if r.batch == b and r.decoder == name]
+                          for name in TREE_DECODERS)
+        if snapshot and len(snapshot) == len(bole) and None not in snapshot + bole:
+            same[str(b)] = snapshot == bole
     return same
 
 
