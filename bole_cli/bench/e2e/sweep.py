@@ -113,7 +113,7 @@ def _sweep_runs(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None]
                 if shape is not None:
                     key = (name, b, shape, tuple(kind.plan_for(bench, b).sizes))
                     if key in planned:
-                        progress(f"{LABELS[name]}{label}, batch {b}: the trees of a smaller budget; not run again")
+                        progress(f"{LABELS[name]}{label}, batch {b}: the trees of an earlier budget; not run again")
                         continue
                     planned.add(key)
                 if name == "chain" and replayssm_error:
