@@ -19,6 +19,11 @@ timed alone, --topk-rows);
 the floor is the bytes the level must read (MTPDrafter.level_read_bytes) at the copy rate
 measured in the same process (timing.measure_copy_bandwidth).
 
+The sample phase alone (--walk-shapes): the target's argmax over a tree's logits and the
+accepted path's walk (bench/e2e/device_walk.py), once through kernels.tree_accept (what the
+step runs on CUDA) and once through the torch walk (its reference, what the step ran before),
+as graph replays, checked to agree (experiments/NOTES.md "The sample phase in one launch").
+
     python experiments/whole_step_bench.py --model 9b --out experiments/results/runtime/F.json
     python experiments/whole_step_bench.py --smoke --out /tmp/w.json   # CPU, tiny model: no timings to quote
 """
@@ -162,6 +167,50 @@ def topk_alone(torch, vocabs: list, rows: list, k: int) -> list[dict]:
     return out
 
 
+def walk_alone(torch, spec, shapes: list, batches: list, tree_tokens: int, acceptance: str,
+               cuda: bool) -> list[dict]:
+    """The sample phase alone, argmax + walk, kernel against torch ops (graph replays; on a
+    CPU the agreement only)."""
+    from bole_cli.bench.drafter import build_layout
+    from bole_cli.bench.e2e.device_walk import DeviceWalk, simulated_ranks
+    from bole_cli.bench.e2e.simulated_acceptance import load_e2e_acceptance
+    from bole_cli.bench.e2e.tree_budget import plan_trees
+    from bole_cli.timing import capture_graph, replay_ms
+
+    out = []
+    for depth, topk in shapes:
+        q = load_e2e_acceptance(acceptance).rows(depth, topk)
+        lay = build_layout(depth, topk, q)
+        for batch in batches:
+            plan = plan_trees(lay, batch, tree_tokens * batch, q=q)
+            n = plan.forest.n_nodes
+            dev = torch.device("cuda" if cuda else "cpu")
+            gen = torch.Generator(device=dev).manual_seed(depth * 100 + batch)
+            logits = torch.randn(n, spec.vocab, generator=gen, device=dev).to(torch.bfloat16)
+            tokens = logits.argmax(-1)
+            tokens[torch.rand(n, generator=gen, device=dev) < 0.3] += 1  # some drafts rejected
+            row = {"shape": f"{depth}x{topk}", "batch": batch, "nodes": n}
+            for kind, greedy in (("greedy", True), ("ranked", False)):
+                ranks = None if greedy else simulated_ranks(q, topk, depth, 0, batch, 4)
+                walk = DeviceWalk(plan, dev, greedy=greedy, ranks=ranks)
+                mine = walk.sample(logits.argmax(-1), tokens, kernel=True)
+                ref = walk.sample(logits.argmax(-1), tokens, kernel=False)
+                row[f"{kind}_agrees"] = all(torch.equal(a, b) for a, b in zip(mine, ref))
+                if not cuda:
+                    continue
+                for how, kernel in (("kernel", True), ("torch", False)):
+                    graph = capture_graph(torch, [lambda: walk.sample(logits.argmax(-1), tokens, kernel=kernel)])
+                    row[f"{kind}_{how}_ms"] = replay_ms(graph, 100, 25)
+            out.append(row)
+            if not cuda:
+                continue
+            print(f"sample alone {row['shape']} b{batch:<3d} N {n:4d}: kernel {1e3 * row['greedy_kernel_ms']:6.1f} "
+                  f"us, torch walk {1e3 * row['greedy_torch_ms']:6.1f} us (greedy); ranked "
+                  f"{1e3 * row['ranked_kernel_ms']:6.1f} / {1e3 * row['ranked_torch_ms']:6.1f} us; agrees "
+                  f"{row['greedy_agrees'] and row['ranked_agrees']}", flush=True)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="9b")
@@ -178,6 +227,8 @@ def main(argv=None) -> None:
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--acceptance", default="paper-mbpp")
     ap.add_argument("--topk-rows", default="1,4,16,64,256", help="rows of the top-k timed alone ('' skips)")
+    ap.add_argument("--walk-shapes", default="3x2,6x4,8x4", help="trees whose sample phase is timed alone ('' skips)")
+    ap.add_argument("--walk-batch", default="1,4,16")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU (a test: no timings)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -221,6 +272,13 @@ def main(argv=None) -> None:
     if cuda and args.topk_rows and args.topk <= DRAFT_TOPK_MAX_K:  # a wider beam: torch.topk only
         doc["topk_alone"] = topk_alone(torch, [spec.vocab] + vocabs[1:], [int(r) for r in args.topk_rows.split(",")],
                                        args.topk)
+        save()
+    if args.walk_shapes:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.walk_shapes.split(",")]
+        walk_batches = [int(b) for b in args.walk_batch.split(",")]
+        if args.smoke:
+            shapes, walk_batches = [(3, 2)], [1, 2]
+        doc["sample_alone"] = walk_alone(torch, spec, shapes, walk_batches, args.tree_tokens, args.acceptance, cuda)
         save()
     batches = [int(b) for b in args.batch.split(",")] if not args.smoke else [1, 2]
     bench = E2EBench(spec, device=device, dtype=dtype, context=args.context, depth=args.depth,

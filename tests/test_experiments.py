@@ -531,8 +531,11 @@ def test_attention_rule_judges_the_shipped_rule_on_the_sweeps(tmp_path):
 def test_the_whole_step_bench_smoke_run_writes_its_record(tmp_path):
     """experiments/whole_step_bench.py at a tiny model on CPU: a step row per decoder and
     batch (the tree decoders' budget per request, every phase timed), and the drafter's
-    levels for the full vocabulary and a hot-token head, one row and top-k rows each."""
+    levels for the full vocabulary and a hot-token head, one row and top-k rows each; the
+    sample phase alone, its kernel walk agreeing with the torch walk."""
     doc = smoke_record(tmp_path, "whole_step_bench.py", "--smoke", timeout=600)
+    assert [(r["shape"], r["batch"]) for r in doc["sample_alone"]] == [("3x2", 1), ("3x2", 2)]
+    assert all(r["greedy_agrees"] and r["ranked_agrees"] for r in doc["sample_alone"])
     assert [(r["decoder"], r["batch"]) for r in doc["steps"]] == [
         (d, b) for b in (1, 2) for d in ("ar", "bole", "bole-chain")]
     trees = [r for r in doc["steps"] if r["decoder"] == "bole"]

@@ -1,10 +1,10 @@
 """The accepted path of every request, found on the device (the sample phase of a tree step).
 
 A serving engine samples on the GPU and hands back only the accepted tokens: one host sync
-a step (docs/design.md §8). `DeviceWalk` is that walk for `bole bench e2e`'s trees, with
-fixed-shape torch ops only, so it is captured in a CUDA graph with the commit after it.
-It accepts exactly what simulated_acceptance's host walks accept (a CPU test holds them
-equal):
+a step (docs/design.md §8). `DeviceWalk` is that walk for `bole bench e2e`'s trees: on CUDA
+one launch of kernels.tree_accept, elsewhere fixed-shape torch ops (the kernel's reference,
+twenty to thirty launches a level); either is captured in a CUDA graph. Both accept exactly
+what simulated_acceptance's host walks accept (CPU tests hold the three equal):
 
 - greedy: below each accepted node, the first kept child (by rank) whose drafted token is
   the target's argmax at that node;
@@ -20,7 +20,7 @@ the accepted drafts' tokens and the bonus token (the target's argmax at the acce
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -89,9 +89,17 @@ class DeviceWalk:
         row = self.rows.gather(1, kid.clamp(min=0)[:, None])[:, 0]
         return kid, row, (rank >= 0) & (kid >= 0) & (row >= 0)
 
-    def sample(self, target: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, target: torch.Tensor, tokens: torch.Tensor, *,
+               kernel: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """target [N] the target's argmax at every packed node; tokens [N] the drafted tokens.
-        Returns (accepted [B] local index, tokens [B, depth + 2]: count, drafts, bonus)."""
+        Returns (accepted [B] local index, tokens [B, depth + 2]: count, drafts, bonus).
+        kernel: one launch of kernels.tree_accept (default on CUDA) or the torch ops."""
+        if target.is_cuda if kernel is None else kernel:
+            from bole_cli.kernels.tree_accept import tree_accept
+
+            return tree_accept(target, tokens, self.rows, self.children, self.start, depth=self.depth,
+                               ranks=None if self.greedy else self.ranks,
+                               step=None if self.greedy else self.step)
         bsz, dev = self.batch, target.device
         node = torch.zeros(bsz, dtype=torch.int64, device=dev)  # layout id 0: the root
         row = self.rows[:, 0]
