@@ -74,7 +74,10 @@
 # Thirtieth session: no command ran (eighteen calls, 1546 s of the budget spent on refused starts);
 # all of the above still owed. Thirty-first session, an H100 (S31-a): the 32k head's check for 9B at batch 1
 # (CHECK_DRAFT_VOCAB=32768 CHECK_BATCH=1), its calibrate --measure included; its batch 4 and 16, cnndm,
-# 27B and every H200 figure above still owed.
+# 27B and every H200 figure above still owed. Thirty-second session, an H100 (S32-a, S32-b): the accepted
+# path's walk in one launch (kernels/tree_accept.py; whole_step_bench times the sample phase alone), then the
+# 32k head's check at 9B mbpp batch 1 / 4 / 16, 9B cnndm batch 1 / 4, 27B mbpp batch 1 / 4 (one call each,
+# 126-244 s warm); still owed on an H100: 9B cnndm batch 16, 27B cnndm, 27B batch 16; every H200 figure above.
 # Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
