@@ -163,36 +163,37 @@ def test_kernel_accepts_what_the_torch_and_host_walks_accept(depth, topk, batch,
 
 def test_kernel_stays_inside_its_arguments_whatever_the_tables_say():
     """Children and rows just past the layout and the nodes or below -1, roots outside the
-    nodes, ranks past K: every argument lives inside a larger buffer whose guard entries are
-    never read (no guard value reaches the outputs) and never written."""
+    nodes, ranks past K: every argument lives inside a larger buffer. The token buffers'
+    guard entries are a value no output may hold; the index tables' are valid-looking
+    indices (row 0, child 1, rank 0), so a read past a table changes the walk, which must
+    stay the Python walk's. The outputs start as junk (a reused buffer) and their guard
+    entries must come back untouched."""
     guard = 987654321
 
-    def boxed(values):
+    def boxed(values, fill=guard):
         flat = torch.tensor(values, dtype=torch.int64)
-        box = torch.full((flat.numel() + 64,), guard, dtype=torch.int64)
+        box = torch.full((flat.numel() + 64,), fill, dtype=torch.int64)
         box[32:32 + flat.numel()] = flat.view(-1)
         return box, box[32:32 + flat.numel()].view(flat.shape)
 
     rng = random.Random(5)
-    for trial in range(60):
+    for trial in range(150):
         batch, n_layout, k, n, depth = rng.randint(1, 3), rng.randint(1, 6), rng.randint(1, 3), rng.randint(1, 8), 4
         rows = [[rng.randint(-2, n + 1) for _ in range(n_layout)] for _ in range(batch)]
         children = [[rng.randint(-2, n_layout + 1) for _ in range(k)] for _ in range(n_layout)]
-        target = [rng.randrange(2) for _ in range(n)]
-        args = [boxed(x)[1] for x in (target, [rng.randrange(2) for _ in range(n)], rows, children,
-                                      [rng.randint(0, n) for _ in range(batch)])]
-        draws = boxed([[[rng.randint(-1, k + 1) for _ in range(depth)] for _ in range(batch)]])[1]
-        acc_box, acc = boxed([0] * batch)
-        out_box, out = boxed([[0] * (depth + 2)] * batch)
+        target, tokens = [rng.randrange(2) for _ in range(n)], [rng.randrange(2) for _ in range(n)]
+        start = [rng.randint(0, n) for _ in range(batch)]
+        draws = [[rng.randint(-1, k + 1) for _ in range(depth)] for _ in range(batch)]
+        args = [boxed(target)[1], boxed(tokens)[1], boxed(rows, 0)[1], boxed(children, 1)[1], boxed(start)[1]]
         for greedy in (True, False):
-            tree_accept(*args, depth=depth, ranks=None if greedy else draws,
-                        step=None if greedy else boxed([rng.randint(-2, 2)])[1], accepted=acc, out=out)
-            assert not (acc == guard).any() and not (out == guard).any(), (trial, greedy)
+            acc_box, acc = boxed([77] * batch)
+            out_box, out = boxed([[77] * (depth + 2)] * batch)
+            tree_accept(*args, depth=depth, ranks=None if greedy else boxed([draws], 0)[1],
+                        step=None if greedy else boxed([rng.randint(-2, 2)], 0)[1], accepted=acc, out=out)
             for box in (acc_box, out_box):
                 assert (box[:32] == guard).all() and (box[-32:] == guard).all(), (trial, greedy)
-            bad_root = [not 0 <= r[0] < n for r in rows]
-            assert (out[:, 0] == 0).tolist() == bad_root, (trial, greedy)  # count 0: commits nothing
-            assert all(a == -1 for a, bad in zip(acc.tolist(), bad_root) if bad), (trial, greedy)
+            want = walk_ref(target, tokens, rows, children, start, depth, None if greedy else draws)
+            assert (acc.tolist(), out.tolist()) == want, (trial, greedy)
 
 
 def test_tree_accept_names_the_bad_argument():
@@ -208,8 +209,11 @@ def test_tree_accept_names_the_bad_argument():
         tree_accept(*args, depth=-1)
     with pytest.raises(InputError, match="ranks and step"):
         tree_accept(*args, depth=1, ranks=t([[[0]]]))
-    with pytest.raises(InputError, match="ranks"):
+    with pytest.raises(InputError, match="ranks: expected shape"):
         tree_accept(*args, depth=2, ranks=t([[[0]]]), step=t([0]))
+    with pytest.raises(InputError, match="rows: no layout nodes"):
+        tree_accept(*args[:2], torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, 1, dtype=torch.int64),
+                    args[4], depth=1)
     with pytest.raises(InputError, match="target"):
         tree_accept(args[0].float(), *args[1:], depth=1)
     with pytest.raises(InputError, match="out"):

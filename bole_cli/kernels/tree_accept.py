@@ -18,8 +18,10 @@ a layout node's packed row in the step's nodes, or -1 where the request's budget
 `children` [L, K] a node's child by rank (layout ids), or -1; `start` [B] each request's
 first packed row. Outputs: `accepted` [B] the deepest accepted node's local index (0: the
 root), `out` [B, depth + 2]: column 0 the committed count (accepted drafts + the bonus), then
-the drafts' tokens and the bonus token (the target's at the accepted node); columns past the
-bonus hold the last accepted draft's token, as the reference leaves them.
+the drafts' tokens and the bonus token (the target's at the accepted node). As the reference
+leaves them, the columns past the bonus hold the deepest accepted node's drafted token (the
+root's when none was accepted) and the last column 0; every column is written, so a reused
+buffer keeps nothing of an earlier step.
 
 Whatever the tables say, the kernel reads and writes only inside its arguments: a child
 outside 0..L-1, a row outside 0..N-1 or a rank outside 0..K-1 is no child, and a request
@@ -72,11 +74,12 @@ def _tree_accept_kernel(target, tokens, rows, children, start, ranks, step, acce
         node = tl.where(ok, tl.sum(tl.where(pick, kids, 0), axis=0), node)
         row = tl.where(ok, tl.sum(tl.where(pick, kid_rows, 0), axis=0), row)
         tok = tl.load(tokens + row, mask=root_ok, other=0).to(tl.int64)
-        tl.store(out + b * width + lvl + 1, tok, mask=root_ok)
+        tl.store(out + b * width + lvl + 1, tok)  # 0 for a root outside the nodes
         count += ok.to(tl.int64)
         alive = ok
     bonus = tl.load(target + row, mask=root_ok, other=0).to(tl.int64)
-    tl.store(out + b * width + count + 1, bonus, mask=root_ok)
+    tl.store(out + b * width + depth + 1, tl.where(root_ok & (count == depth), bonus, 0))
+    tl.store(out + b * width + count + 1, bonus, mask=root_ok & (count < depth))
     tl.store(out + b * width, tl.where(root_ok, count + 1, 0))
     first_row = tl.load(start + b).to(tl.int64)
     tl.store(accepted + b, tl.where(root_ok, row - first_row, -1))
@@ -98,6 +101,8 @@ def tree_accept(target: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor, 
     rows = check_tensor("rows", rows, 2, INDEX_DTYPES, dev)
     children = check_tensor("children", children, 2, INDEX_DTYPES, dev)
     bsz, n_layout = rows.shape
+    if n_layout == 0:
+        raise InputError("rows: no layout nodes (node 0 is every request's root)")
     if children.shape[0] != n_layout:
         raise InputError(f"children: {children.shape[0]} layout nodes, rows has {n_layout}")
     start = check_tensor("start", start, 1, INDEX_DTYPES, dev)
