@@ -103,7 +103,9 @@ def _host_walk(plan, b, greedy, target, tokens, seed, step):
 def test_device_walk_accepts_what_the_host_walk_accepts(depth, topk, batch, share, vocab, greedy, seed):
     """The sample phase on the device (device_walk.py) against the host walks, step by step:
     pruned trees (a budget that cuts nodes), token collisions among siblings (a vocabulary of
-    1-4: the first kept match by rank wins), several steps of simulated draws."""
+    1-4: the first kept match by rank wins), several steps of simulated draws; and its two
+    forms, the torch walk and kernels.tree_accept (interpreted here), equal in every output,
+    the columns past the path included."""
     from bole_cli.bench.e2e.device_walk import DeviceWalk, simulated_ranks
 
     q = e2e_acc.load_e2e_acceptance("paper-mbpp").rows(depth, topk)
@@ -119,6 +121,8 @@ def test_device_walk_accepts_what_the_host_walk_accepts(depth, topk, batch, shar
         target = torch.randint(vocab, (n,), generator=gen)
         tokens = torch.randint(vocab, (n,), generator=gen)
         accepted, out = walk.sample(target, tokens)
+        acc_k, out_k = walk.sample(target, tokens, kernel=True)
+        assert torch.equal(acc_k, accepted) and torch.equal(out_k, out), step
         for b in range(batch):
             last, toks = _host_walk(plan, b, greedy, target.tolist(), tokens.tolist(), seed, step)
             assert int(accepted[b]) == last, (step, b)

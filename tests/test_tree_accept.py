@@ -1,6 +1,6 @@
 """kernels.tree_accept (a tree step's accepted paths in one launch) against a plain Python
-walk over the same tables, and against bench e2e's torch walk and the host walks on the
-bench's own budget-selected trees. On CPU the kernel runs under Triton's interpreter."""
+walk over the same tables (against bench e2e's torch walk and the host walks on the bench's
+own trees: tests/test_bench_e2e.py). On CPU the kernel runs under Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -129,36 +129,6 @@ def test_ranked_walk_reads_the_step_on_the_device():
                                ranks=t(draws), step=t([step]))
         want = walk_ref(target, tokens, rows, children, start, 3, draws[min(step, 1)])
         assert (acc.tolist(), out.tolist()) == want
-
-
-@settings(max_examples=25, deadline=None)
-@given(depth=st.integers(1, 6), topk=st.integers(1, 4), batch=st.integers(1, 4),
-       share=st.floats(0.05, 1.0), vocab=st.integers(1, 4), greedy=st.booleans(), seed=st.integers(0, 10**6))
-def test_kernel_accepts_what_the_torch_and_host_walks_accept(depth, topk, batch, share, vocab, greedy, seed):
-    """The bench's own budget-selected trees, several steps: the kernel, the torch walk and
-    the host walks agree on every output, the columns past the path included."""
-    q = e2e_acc.load_e2e_acceptance("paper-mbpp").rows(depth, topk)
-    lay = build_layout(depth, topk, q)
-    plan = e2e_plan.plan_trees(lay, batch, max(batch, round(share * batch * lay.n_nodes)), q=q)
-    steps = 3
-    ranks = None if greedy else simulated_ranks(q, topk, depth, seed, batch, steps)
-    walk = DeviceWalk(plan, torch.device("cpu"), greedy=greedy, ranks=ranks)
-    gen = torch.Generator().manual_seed(seed)
-    n = plan.forest.n_nodes
-    for step in range(steps):
-        target = torch.randint(vocab, (n,), generator=gen)
-        tokens = torch.randint(vocab, (n,), generator=gen)
-        acc_k, out_k = walk.sample(target, tokens, kernel=True)
-        acc_t, out_t = walk.sample(target, tokens, kernel=False)
-        assert torch.equal(acc_k, acc_t) and torch.equal(out_k, out_t), step
-        for b in range(batch):
-            if greedy:
-                path = e2e_acc.walk_greedy(lay, plan.local[b], plan.forest.cu_seqlens[b], target.tolist(),
-                                           tokens.tolist())
-            else:
-                path = e2e_acc.walk_simulated(lay, plan.q, plan.local[b], e2e_acc.step_rng(seed, b, step))
-            assert int(acc_k[b]) == (plan.local[b][path[-1]] if path else 0)
-        walk.advance()
 
 
 def test_kernel_stays_inside_its_arguments_whatever_the_tables_say():
