@@ -177,14 +177,13 @@ def walk_alone(torch, spec, shapes: list, batches: list, tree_tokens: int, accep
     from bole_cli.bench.e2e.tree_budget import plan_trees
     from bole_cli.timing import capture_graph, replay_ms
 
-    out = []
+    out, acc, dev = [], load_e2e_acceptance(acceptance), torch.device("cuda" if cuda else "cpu")
     for depth, topk in shapes:
-        q = load_e2e_acceptance(acceptance).rows(depth, topk)
+        q = acc.rows(depth, topk)
         lay = build_layout(depth, topk, q)
         for batch in batches:
             plan = plan_trees(lay, batch, tree_tokens * batch, q=q)
             n = plan.forest.n_nodes
-            dev = torch.device("cuda" if cuda else "cpu")
             gen = torch.Generator(device=dev).manual_seed(depth * 100 + batch)
             logits = torch.randn(n, spec.vocab, generator=gen, device=dev).to(torch.bfloat16)
             tokens = logits.argmax(-1)
