@@ -105,6 +105,7 @@
 #   bash experiments/owed_h200.sh split    # ~6 min: the split verify on the H200 (S5-c was an H100)
 #   bash experiments/owed_h200.sh deferred # ~8 min: the deferred write's GPU test on the H200 (its bench: S7-c)
 #   bash experiments/owed_h200.sh gemm     # ~9 min: the skinny GEMM against cuBLAS, 9B, 27B and 4B
+#   bash experiments/owed_h200.sh sanitize # ~2 min: tree_accept's GPU tests under compute-sanitizer (memcheck)
 #   bash experiments/owed_h200.sh tests    # ~7 min: python -m pytest -m gpu (after any kernel change)
 #   bash experiments/owed_h200.sh tune     # ~9 min: bole tune-kernels as served (the verify without its
 #                                          #   factors, the replay commit): the H200 table again
@@ -121,7 +122,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh attention|attention64|decode|tests|gemm|whole|steps|knee|profiles|check|e2e|kernels|split|deferred|tune}
+job=${1:?usage: bash experiments/owed_h200.sh attention|attention64|decode|tests|sanitize|gemm|whole|steps|knee|profiles|check|e2e|kernels|split|deferred|tune}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -164,6 +165,9 @@ case "$job" in
   tests)
     # the durations say what to cut if it grows: a fresh H100 ran past 330 s (S17-b), another 184 s (S18-a)
     run timeout 420 $PY -m pytest -q -m gpu tests/ -p no:cacheprovider --durations=25 ;;
+  sanitize)  # the accepted path's walk under compute-sanitizer's memcheck, each tensor its own allocation
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 run timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 \
+      $PY -m pytest -q -m gpu tests/test_tree_accept.py -p no:cacheprovider ;;
   gemm)
     run timeout 520 $PY experiments/skinny_mm_bench.py --models 9b,27b,4b --grid-rows 1,64 \
       --out "$dir/skinny-$gpu.json" ;;

@@ -131,14 +131,26 @@ def test_ranked_walk_reads_the_step_on_the_device():
         assert (acc.tolist(), out.tolist()) == want
 
 
-def test_kernel_stays_inside_its_arguments_whatever_the_tables_say():
+def garbage_tables(rng: random.Random, depth: int = 4):
     """Children and rows just past the layout and the nodes or below -1, roots outside the
-    nodes, ranks past K: every argument lives inside a larger buffer. The token buffers'
-    guard entries are a value no output may hold; the index tables' are valid-looking
-    indices (row 0, child 1, rank 0), so a read past a table changes the walk, which must
-    stay the Python walk's. The outputs start as junk (a reused buffer) and their guard
-    entries must come back untouched."""
-    guard = 987654321
+    nodes, starts anywhere, ranks past K and below 0: (target, tokens, rows, children,
+    start, draws, step) as lists."""
+    batch, n_layout, k, n = rng.randint(1, 3), rng.randint(1, 6), rng.randint(1, 3), rng.randint(1, 8)
+    rows = [[rng.randint(-2, n + 1) for _ in range(n_layout)] for _ in range(batch)]
+    children = [[rng.randint(-2, n_layout + 1) for _ in range(k)] for _ in range(n_layout)]
+    target, tokens = [rng.randrange(2) for _ in range(n)], [rng.randrange(2) for _ in range(n)]
+    start = [rng.randint(0, n) for _ in range(batch)]
+    draws = [[rng.randint(-1, k + 1) for _ in range(depth)] for _ in range(batch)]
+    return target, tokens, rows, children, start, draws, rng.randint(-2, 2)
+
+
+def test_kernel_stays_inside_its_arguments_whatever_the_tables_say():
+    """Garbage tables (garbage_tables), every argument inside a larger buffer. The token
+    buffers' guard entries are a value no output may hold; the index tables' are
+    valid-looking indices (row 0, child 1, rank 0), so a read past a table changes the
+    walk, which must stay the Python walk's. The outputs start as junk (a reused buffer)
+    and their guard entries must come back untouched."""
+    guard, depth = 987654321, 4
 
     def boxed(values, fill=guard):
         flat = torch.tensor(values, dtype=torch.int64)
@@ -148,20 +160,37 @@ def test_kernel_stays_inside_its_arguments_whatever_the_tables_say():
 
     rng = random.Random(5)
     for trial in range(150):
-        batch, n_layout, k, n, depth = rng.randint(1, 3), rng.randint(1, 6), rng.randint(1, 3), rng.randint(1, 8), 4
-        rows = [[rng.randint(-2, n + 1) for _ in range(n_layout)] for _ in range(batch)]
-        children = [[rng.randint(-2, n_layout + 1) for _ in range(k)] for _ in range(n_layout)]
-        target, tokens = [rng.randrange(2) for _ in range(n)], [rng.randrange(2) for _ in range(n)]
-        start = [rng.randint(0, n) for _ in range(batch)]
-        draws = [[rng.randint(-1, k + 1) for _ in range(depth)] for _ in range(batch)]
+        target, tokens, rows, children, start, draws, step = garbage_tables(rng, depth)
+        batch = len(rows)
         args = [boxed(target)[1], boxed(tokens)[1], boxed(rows, 0)[1], boxed(children, 1)[1], boxed(start)[1]]
         for greedy in (True, False):
             acc_box, acc = boxed([77] * batch)
             out_box, out = boxed([[77] * (depth + 2)] * batch)
             tree_accept(*args, depth=depth, ranks=None if greedy else boxed([draws], 0)[1],
-                        step=None if greedy else boxed([rng.randint(-2, 2)], 0)[1], accepted=acc, out=out)
+                        step=None if greedy else boxed([step], 0)[1], accepted=acc, out=out)
             for box in (acc_box, out_box):
                 assert (box[:32] == guard).all() and (box[-32:] == guard).all(), (trial, greedy)
+            want = walk_ref(target, tokens, rows, children, start, depth, None if greedy else draws)
+            assert (acc.tolist(), out.tolist()) == want, (trial, greedy)
+
+
+@pytest.mark.gpu
+def test_kernel_on_garbage_tables_on_the_gpu():
+    """The garbage tables on the GPU, each argument its own exact-size tensor, outputs
+    reused: the walk must be the Python walk's. Run under compute-sanitizer's memcheck with
+    PyTorch's caching allocator off (experiments/owed_h200.sh sanitize), any read or write
+    past an argument is reported, including reads whose value the walk never uses."""
+    dev, depth = torch.device("cuda"), 4
+    rng = random.Random(11)
+    for trial in range(60):
+        target, tokens, rows, children, start, draws, step = garbage_tables(rng, depth)
+        t = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
+        acc = torch.full((len(rows),), 77, dtype=torch.int64, device=dev)
+        out = torch.full((len(rows), depth + 2), 77, dtype=torch.int64, device=dev)
+        for greedy in (True, False):
+            tree_accept(t(target), t(tokens), t(rows), t(children), t(start), depth=depth,
+                        ranks=None if greedy else t([draws]), step=None if greedy else t([step]),
+                        accepted=acc, out=out)
             want = walk_ref(target, tokens, rows, children, start, depth, None if greedy else draws)
             assert (acc.tolist(), out.tolist()) == want, (trial, greedy)
 
