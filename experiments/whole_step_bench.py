@@ -192,8 +192,9 @@ def walk_alone(torch, spec, shapes: list, batches: list, tree_tokens: int, accep
             for kind, greedy in (("greedy", True), ("ranked", False)):
                 ranks = None if greedy else simulated_ranks(q, topk, depth, 0, batch, 4)
                 walk = DeviceWalk(plan, dev, greedy=greedy, ranks=ranks)
-                mine = walk.sample(logits.argmax(-1), tokens, kernel=True)
-                ref = walk.sample(logits.argmax(-1), tokens, kernel=False)
+                target = logits.argmax(-1)
+                mine = walk.sample(target, tokens, kernel=True)
+                ref = walk.sample(target, tokens, kernel=False)
                 row[f"{kind}_agrees"] = all(torch.equal(a, b) for a, b in zip(mine, ref))
                 if not cuda:
                     continue

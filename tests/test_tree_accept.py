@@ -79,11 +79,16 @@ def random_tables(rng: random.Random, batch: int, n_layout: int, k: int, keep: f
     return rows, children, start, packed
 
 
-def _run(target, tokens, rows, children, start, depth, draws=None, steps=1, step=0):
-    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
-    ranks = None if draws is None else t([draws] * steps)
-    acc, out = tree_accept(t(target), t(tokens), t(rows), t(children), t(start), depth=depth,
-                           ranks=ranks, step=None if draws is None else t([step]))
+def int64s(values, device="cpu"):
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def _run(target, tokens, rows, children, start, depth, draws=None, steps=1, step=0, device="cpu",
+         accepted=None, out=None):
+    """tree_accept on lists (a ranked walk: `draws` repeated for `steps` steps), as lists."""
+    tables = (int64s(x, device) for x in (target, tokens, rows, children, start))
+    acc, out = tree_accept(*tables, depth=depth, ranks=None if draws is None else int64s([draws] * steps, device),
+                           step=None if draws is None else int64s([step], device), accepted=accepted, out=out)
     return acc.tolist(), out.tolist()
 
 
@@ -115,18 +120,17 @@ def test_kernel_walks_a_256_node_chain_and_a_wide_tree():
     wide = [list(range(1, n))] + [[-1] * (n - 1) for _ in range(n - 1)]
     tokens = [7] * (n - 1) + [0]
     acc, out = _run(target, tokens, [list(range(n))], wide, [0], 2)
-    assert acc == [n - 1] and out == [[2, 0, 255, 0]]  # the draft, the bonus; column 3 unwritten
+    assert acc == [n - 1] and out == [[2, 0, 255, 0]]  # the draft, the bonus; the last column 0
 
 
 def test_ranked_walk_reads_the_step_on_the_device():
     """Two steps of draws: the step tensor picks the row (and clamps past the table)."""
     rows, children, start, n = random_tables(random.Random(3), 2, 15, 2, 1.0)
     target, tokens = list(range(n)), list(range(100, 100 + n))
-    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
     draws = [[[0, 0, 0], [1, -1, 0]], [[-1, 0, 0], [0, 1, 1]]]
     for step in (0, 1, 5):
-        acc, out = tree_accept(t(target), t(tokens), t(rows), t(children), t(start), depth=3,
-                               ranks=t(draws), step=t([step]))
+        tables = (int64s(x) for x in (target, tokens, rows, children, start))
+        acc, out = tree_accept(*tables, depth=3, ranks=int64s(draws), step=int64s([step]))
         want = walk_ref(target, tokens, rows, children, start, 3, draws[min(step, 1)])
         assert (acc.tolist(), out.tolist()) == want
 
@@ -184,32 +188,29 @@ def test_kernel_on_garbage_tables_on_the_gpu():
     rng = random.Random(11)
     for trial in range(60):
         target, tokens, rows, children, start, draws, step = garbage_tables(rng, depth)
-        t = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)  # noqa: E731
         acc = torch.full((len(rows),), 77, dtype=torch.int64, device=dev)
         out = torch.full((len(rows), depth + 2), 77, dtype=torch.int64, device=dev)
         for greedy in (True, False):
-            tree_accept(t(target), t(tokens), t(rows), t(children), t(start), depth=depth,
-                        ranks=None if greedy else t([draws]), step=None if greedy else t([step]),
-                        accepted=acc, out=out)
-            want = walk_ref(target, tokens, rows, children, start, depth, None if greedy else draws)
-            assert (acc.tolist(), out.tolist()) == want, (trial, greedy)
+            draws_or_none = None if greedy else draws
+            got = _run(target, tokens, rows, children, start, depth, draws_or_none, step=step, device=dev,
+                       accepted=acc, out=out)
+            assert got == walk_ref(target, tokens, rows, children, start, depth, draws_or_none), (trial, greedy)
 
 
 def test_tree_accept_names_the_bad_argument():
-    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
-    args = (t([0, 1]), t([0, 1]), t([[0, 1]]), t([[1], [-1]]), t([0]))
+    args = (int64s([0, 1]), int64s([0, 1]), int64s([[0, 1]]), int64s([[1], [-1]]), int64s([0]))
     acc, out = tree_accept(*args, depth=1)
     assert (acc.tolist(), out.tolist()) == walk_ref([0, 1], [0, 1], [[0, 1]], [[1], [-1]], [0], 1)
     with pytest.raises(InputError, match="tokens"):
-        tree_accept(args[0], t([0]), *args[2:], depth=1)
+        tree_accept(args[0], int64s([0]), *args[2:], depth=1)
     with pytest.raises(InputError, match="children"):
-        tree_accept(*args[:3], t([[1]]), args[4], depth=1)
+        tree_accept(*args[:3], int64s([[1]]), args[4], depth=1)
     with pytest.raises(InputError, match="depth"):
         tree_accept(*args, depth=-1)
     with pytest.raises(InputError, match="ranks and step"):
-        tree_accept(*args, depth=1, ranks=t([[[0]]]))
+        tree_accept(*args, depth=1, ranks=int64s([[[0]]]))
     with pytest.raises(InputError, match="ranks: expected shape"):
-        tree_accept(*args, depth=2, ranks=t([[[0]]]), step=t([0]))
+        tree_accept(*args, depth=2, ranks=int64s([[[0]]]), step=int64s([0]))
     with pytest.raises(InputError, match="rows: no layout nodes"):
         tree_accept(*args[:2], torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, 1, dtype=torch.int64),
                     args[4], depth=1)

@@ -120,8 +120,8 @@ def tree_accept(target: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor, 
         check_shape("step", step, (1,))
     if accepted is None:
         accepted = torch.empty(bsz, dtype=torch.int64, device=dev)
-    if out is None:
-        out = torch.zeros(bsz, depth + 2, dtype=torch.int64, device=dev)
+    if out is None:  # every column is written
+        out = torch.empty(bsz, depth + 2, dtype=torch.int64, device=dev)
     check_tensor("accepted", accepted, 1, (torch.int64,), dev)
     check_shape("accepted", accepted, (bsz,))
     check_tensor("out", out, 2, (torch.int64,), dev)

@@ -94,7 +94,8 @@ class DeviceWalk:
         """target [N] the target's argmax at every packed node; tokens [N] the drafted tokens.
         Returns (accepted [B] local index, tokens [B, depth + 2]: count, drafts, bonus).
         kernel: one launch of kernels.tree_accept (default on CUDA) or the torch ops."""
-        if target.is_cuda if kernel is None else kernel:
+        use_kernel = target.is_cuda if kernel is None else kernel
+        if use_kernel:
             from bole_cli.kernels.tree_accept import tree_accept
 
             return tree_accept(target, tokens, self.rows, self.children, self.start, depth=self.depth,
