@@ -78,9 +78,9 @@
 # path's walk in one launch (kernels/tree_accept.py; whole_step_bench times the sample phase alone), then the
 # 32k head's check at 9B mbpp batch 1 / 4 / 16, 9B cnndm batch 1 / 4, 27B mbpp batch 1 / 4 (one call each,
 # 126-244 s warm); still owed on an H100: 9B cnndm batch 16, 27B cnndm, 27B batch 16; every H200 figure above.
-# Thirty-third session: no command ran (fifteen calls refused, 1486 s of the budget spent on them); new since:
-# sanitize (tree_accept's garbage-table GPU test under compute-sanitizer's memcheck with the
-# caching allocator off: on an H100, with the fixed kernel's GPU test). All of the above still owed.
+# Thirty-third session: fifteen calls refused (1486 s of the budget), then an H100 for the
+# last 314 s (S33-a): tree_accept's GPU tests and the new sanitize job (its garbage-table test
+# under memcheck: clean; S32's surviving mutant caught). Every H200 figure above still owed.
 # Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
