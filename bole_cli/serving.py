@@ -245,6 +245,8 @@ def token_map_size(extra: Optional[list[str]]) -> Optional[int]:
     it (torch.load); None without one, or where it is neither a local file nor in the local
     Hugging Face cache (a hub map not downloaded yet: SGLang fetches it at launch)."""
     value = _flag_value(TOKEN_MAP_FLAG, extra)
+    if not value and _flag_in(TOKEN_MAP_FLAG, list(extra or [])):  # last, or `=` with nothing after
+        raise InputError(f"{TOKEN_MAP_FLAG} after `--` needs a value: the token map's file or hub path")
     path = None if value is None else _token_map_file(value)
     if path is None:
         return None

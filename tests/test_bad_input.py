@@ -320,6 +320,9 @@ def test_a_decision_that_names_a_bad_mode_is_refused_naming_the_field(tmp_path):
         culprit="configs[0].decision.chosen.mode")
     bad("serve", "--model", "9b", "--gpu", "a100", "--dry-run", "--chain-verify", "fold",
         culprit="--chain-verify")
+    for extra in (["--speculative-token-map"], ["--speculative-token-map="]):  # no file after it
+        bad("serve", "--model", "9b", "--gpu", "a100", "--dry-run", "--", *extra,
+            culprit="--speculative-token-map after `--` needs a value")
 
 
 def test_huge_batches_are_refused(tmp_path):
