@@ -47,8 +47,8 @@ __all__ = [
 MiB = 1 << 20
 GiB = 1 << 30
 
-#: The floating dtypes of SGLang's recurrent state (--mamba-ssm-dtype), conv windows and
-#: activations, with their element size.
+#: The floating dtypes of SGLang's recurrent state (--mamba-ssm-dtype: its parser's choices,
+#: exactly these), conv windows and activations, with their element size.
 FLOAT_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: KV-cache dtypes (SGLang --kv-cache-dtype; "auto" means the activation dtype, bf16).
 KV_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}

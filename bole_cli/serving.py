@@ -213,14 +213,25 @@ def _flag_in(flag: str, args: list[str]) -> bool:
 TOKEN_MAP_FLAG = "--speculative-token-map"  # SGLang's hot-token table for the drafter
 
 
-def _flag_value(flag: str, extra: Optional[list[str]]) -> Optional[str]:
-    """The last value of `flag` among SGLang's extra arguments (`--flag v` or `--flag=v`)."""
+# A token map named so (or with no `/`) is a file on this machine, never a hub path: SGLang
+# does not expand `~`
+LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+def _flag_value(flag: str, extra: Optional[list[str]], wanted: str) -> Optional[str]:
+    """The last value of `flag` among SGLang's extra arguments (`--flag v` or `--flag=v`).
+    Given without one (last, `--flag=`, or followed by another flag) it is refused here, as
+    SGLang's parser would refuse it at launch; `wanted` says what the value is."""
     args, value = list(extra or []), None
     for i, a in enumerate(args):
         if a.startswith(flag + "="):
             value = a.split("=", 1)[1]
-        elif a == flag and i + 1 < len(args):
-            value = args[i + 1]
+        elif a == flag:
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else ""
+        else:
+            continue
+        if not value:
+            raise InputError(f"{flag} after `--` needs a value: {wanted}")
     return value
 
 
@@ -244,10 +255,11 @@ def token_map_size(extra: Optional[list[str]]) -> Optional[int]:
     """How many hot tokens the --speculative-token-map after `--` holds, read as SGLang reads
     it (torch.load); None without one, or where it is neither a local file nor in the local
     Hugging Face cache (a hub map not downloaded yet: SGLang fetches it at launch)."""
-    value = _flag_value(TOKEN_MAP_FLAG, extra)
-    if not value and _flag_in(TOKEN_MAP_FLAG, list(extra or [])):  # last, or `=` with nothing after
-        raise InputError(f"{TOKEN_MAP_FLAG} after `--` needs a value: the token map's file or hub path")
+    value = _flag_value(TOKEN_MAP_FLAG, extra, "the token map's file or hub path")
     path = None if value is None else _token_map_file(value)
+    if path is None and value is not None and (value.startswith(LOCAL_PATH_PREFIXES) or "/" not in value):
+        raise InputError(f"{TOKEN_MAP_FLAG}: {value}: no such file (SGLang would take it for a hub "
+                         "path, repo/file, and fail at launch)")
     if path is None:
         return None
     import torch
@@ -332,8 +344,14 @@ def plugin_env(environ: Optional[dict] = None) -> dict:
 
 
 def state_dtype_from_args(extra: Optional[list[str]], default: str = "float32") -> str:
-    """The --mamba-ssm-dtype among SGLang's extra arguments (`--flag v` or `--flag=v`)."""
-    value = _flag_value("--mamba-ssm-dtype", extra)
+    """The --mamba-ssm-dtype among SGLang's extra arguments (`--flag v` or `--flag=v`), one
+    of the dtypes SGLang's parser takes (refused here otherwise, before the launch)."""
+    from bole_cli.memory import FLOAT_DTYPES
+
+    flag, choices = "--mamba-ssm-dtype", ", ".join(FLOAT_DTYPES)
+    value = _flag_value(flag, extra, f"the recurrent state's dtype ({choices})")
+    if value is not None and value not in FLOAT_DTYPES:
+        raise InputError(f"{flag} after `--`: {value!r} is not one SGLang takes ({choices})")
     return default if value is None else value
 
 
@@ -504,7 +522,7 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         raise InputError("--draft-model: an empty path; leave --draft-model out for the model's own MTP "
                          "head (NEXTN)")
     status = sglang_status()
-    map_size = token_map_size(extra)
+    map_size, state_dtype = token_map_size(extra), state_dtype_from_args(extra)
     gpu_spec, model_spec, path, prof, gpu_note, notes = resolve_profile(model, profile, gpu, map_size)
     if model_spec is not None and prof.get("model") != model_spec.name:
         other = _catalogue_name(prof.get("model"))
@@ -532,7 +550,6 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     if settings.chain_verify == "bole":  # a user's BOLE_CHAINS=0 must not undo it
         ours[flags.CHAINS] = env[flags.CHAINS] = "1"
     ours = dict(sorted(ours.items()))  # the order --json prints them in
-    state_dtype = state_dtype_from_args(extra)
     try:
         memory = memory_summary(model_spec, settings, state_dtype)
     except (KeyError, ValueError):

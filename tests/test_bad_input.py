@@ -320,9 +320,15 @@ def test_a_decision_that_names_a_bad_mode_is_refused_naming_the_field(tmp_path):
         culprit="configs[0].decision.chosen.mode")
     bad("serve", "--model", "9b", "--gpu", "a100", "--dry-run", "--chain-verify", "fold",
         culprit="--chain-verify")
-    for extra in (["--speculative-token-map"], ["--speculative-token-map="]):  # no file after it
-        bad("serve", "--model", "9b", "--gpu", "a100", "--dry-run", "--", *extra,
-            culprit="--speculative-token-map after `--` needs a value")
+    # the extra arguments Bole reads, as SGLang's parser would refuse them at launch
+    serve = ("serve", "--model", "9b", "--gpu", "a100", "--dry-run", "--")
+    for extra in (["--speculative-token-map"], ["--speculative-token-map="],
+                  ["--speculative-token-map", "--tp", "2"]):  # no file after it
+        bad(*serve, *extra, culprit="--speculative-token-map after `--` needs a value")
+    for missing in (tmp_path / "none.pt", "./none.pt", "~/none.pt", "none.pt"):  # not a hub path
+        bad(*serve, "--speculative-token-map", str(missing), culprit="none.pt: no such file")
+    bad(*serve, "--mamba-ssm-dtype", culprit="--mamba-ssm-dtype after `--` needs a value")
+    bad(*serve, "--mamba-ssm-dtype=fp8", culprit="--mamba-ssm-dtype after `--`: 'fp8'")
 
 
 def test_huge_batches_are_refused(tmp_path):

@@ -260,6 +260,6 @@ def test_serve_dry_run_carries_the_hot_token_note(tmp_path):
     plan = serving.plan_serve("9b", profile=path, batch=1, dry_run=True)
     assert any("32,768 hot tokens" in n for n in plan.report["notes"])
     plan = serving.plan_serve("9b", profile=path, batch=1, dry_run=True,
-                              extra=["--speculative-token-map", "hot.pt"])
+                              extra=["--speculative-token-map", "org/maps/hot.pt"])  # a hub map not read here
     assert not any("hot tokens" in n for n in plan.report["notes"])
-    assert plan.argv[-2:] == ["--speculative-token-map", "hot.pt"]
+    assert plan.argv[-2:] == ["--speculative-token-map", "org/maps/hot.pt"]

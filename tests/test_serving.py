@@ -53,7 +53,14 @@ def test_state_dtype_from_the_extra_arguments():
     assert serving.state_dtype_from_args(None) == "float32"
     assert serving.state_dtype_from_args(["--mamba-ssm-dtype", "bfloat16"]) == "bfloat16"
     assert serving.state_dtype_from_args(["--mamba-ssm-dtype=float16", "--tp", "2"]) == "float16"
-    assert serving.state_dtype_from_args(["--mamba-ssm-dtype"]) == "float32"  # no value
+    assert serving.state_dtype_from_args(["--tp", "2"]) == "float32"
+    # SGLang's parser refuses these at launch: refused here first, naming the flag
+    for extra in (["--mamba-ssm-dtype"], ["--mamba-ssm-dtype="], ["--mamba-ssm-dtype", "--tp", "2"],
+                  ["--mamba-ssm-dtype", "bfloat16", "--mamba-ssm-dtype"]):
+        with pytest.raises(InputError, match="--mamba-ssm-dtype after `--` needs a value"):
+            serving.state_dtype_from_args(extra)
+    with pytest.raises(InputError, match="'fp8' is not one SGLang takes"):
+        serving.state_dtype_from_args(["--mamba-ssm-dtype", "fp8"])
 
 
 def test_max_tree_tokens_is_sglangs_eagle_tree():
