@@ -81,6 +81,9 @@
 # Thirty-third session: fifteen calls refused (1486 s of the budget), then an H100 for the
 # last 314 s (S33-a): tree_accept's GPU tests and the new sanitize job (its garbage-table test
 # under memcheck: clean; S32's surviving mutant caught). Every H200 figure above still owed.
+# Thirty-fourth session: no command ran (six refused starts, 90-180 s each, and one call turned
+# away in a cooling window, 646 s of the budget in all; then loans were paused for the rest of
+# the session). Everything above still owed, in the order below.
 # Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
