@@ -213,11 +213,6 @@ def _flag_in(flag: str, args: list[str]) -> bool:
 TOKEN_MAP_FLAG = "--speculative-token-map"  # SGLang's hot-token table for the drafter
 
 
-# A token map named so (or with no `/`) is a file on this machine, never a hub path: SGLang
-# does not expand `~`
-LOCAL_PATH_PREFIXES = ("/", "./", "../", "~")
-
-
 def _flag_value(flag: str, extra: Optional[list[str]], wanted: str) -> Optional[str]:
     """The last value of `flag` among SGLang's extra arguments (`--flag v` or `--flag=v`).
     Given without one (last, `--flag=`, or followed by another flag) it is refused here, as
@@ -238,9 +233,14 @@ def _flag_value(flag: str, extra: Optional[list[str]], wanted: str) -> Optional[
 def _token_map_file(value: str) -> Optional[Path]:
     """Where the map SGLang will load lies on this machine: the path itself, or for a hub path
     (`org/repo/file`, which SGLang downloads at launch when no such file exists) the file in
-    the local Hugging Face cache, looked up without the network; None where neither is."""
+    the local Hugging Face cache, looked up without the network; None where neither is. A
+    local path (`/`, `./`, `../`, `~`: SGLang does not expand it) or a name without `/` is
+    no hub path: missing, it is refused, as SGLang would fail on it at launch."""
     if Path(value).is_file():
         return Path(value)
+    if value.startswith(("/", "./", "../", "~")) or "/" not in value:
+        raise InputError(f"{TOKEN_MAP_FLAG}: {value}: no such file (SGLang would take it for a hub "
+                         "path, repo/file, and fail at launch)")
     repo, _, name = value.rpartition("/")
     try:  # huggingface_hub comes with SGLang and transformers, not with Bole
         from huggingface_hub import try_to_load_from_cache
@@ -257,9 +257,6 @@ def token_map_size(extra: Optional[list[str]]) -> Optional[int]:
     Hugging Face cache (a hub map not downloaded yet: SGLang fetches it at launch)."""
     value = _flag_value(TOKEN_MAP_FLAG, extra, "the token map's file or hub path")
     path = None if value is None else _token_map_file(value)
-    if path is None and value is not None and (value.startswith(LOCAL_PATH_PREFIXES) or "/" not in value):
-        raise InputError(f"{TOKEN_MAP_FLAG}: {value}: no such file (SGLang would take it for a hub "
-                         "path, repo/file, and fail at launch)")
     if path is None:
         return None
     import torch
@@ -522,7 +519,8 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         raise InputError("--draft-model: an empty path; leave --draft-model out for the model's own MTP "
                          "head (NEXTN)")
     status = sglang_status()
-    map_size, state_dtype = token_map_size(extra), state_dtype_from_args(extra)
+    state_dtype = state_dtype_from_args(extra)  # the cheap check first: the map is read from disk
+    map_size = token_map_size(extra)
     gpu_spec, model_spec, path, prof, gpu_note, notes = resolve_profile(model, profile, gpu, map_size)
     if model_spec is not None and prof.get("model") != model_spec.name:
         other = _catalogue_name(prof.get("model"))
