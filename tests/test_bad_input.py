@@ -256,6 +256,20 @@ def test_calibrate_options_fail_before_any_work(tmp_path, monkeypatch, flag, val
     assert "got a number" not in line and not out.exists()
 
 
+def test_an_estimate_for_a_model_that_fits_no_cell_of_the_gpu_is_refused(tmp_path, monkeypatch):
+    """397B's weights alone are five H200s: the estimate would price a GPU that cannot hold
+    it, so it is refused naming --model before the sweep."""
+    import bole_cli.calibrate.sweep as sweep
+
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("the sweep ran")))
+    out = tmp_path / "p.yaml"
+    line = bad("calibrate", "--gpu", "h200", "--model", "397b", "--out", str(out), "--estimate",
+               culprit="--model 397b: needs")
+    assert "more than one H200 SXM has (131 GiB); Bole calibrates one GPU" in line and not out.exists()
+    bad("calibrate", "--gpu", "a100", "--model", "80b", "--out", str(out), culprit="--model 80b")
+
+
 # ---- output paths --------------------------------------------------------------------
 def test_unwritable_out_is_refused_first(tmp_path, monkeypatch):
     import bole_cli.calibrate.sweep as sweep

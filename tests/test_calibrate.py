@@ -224,6 +224,34 @@ def test_roofline_moe_reads_only_touched_experts():
     assert 10 < many / one < 256 / 8 + 1
 
 
+def test_the_estimate_reports_a_step_beyond_the_gpus_memory_as_the_runtime_would():
+    """A cell whose step needs more than the datasheet's memory fails in the sweep, as the
+    measured runtime's memory check makes it fail on the GPU, instead of being priced: 27B
+    on an 80 GB A100 at batch 16, kv 16384 decodes (its KV is 16 GiB) but no 768-token tree
+    fits beside it; kv 10M does not even decode."""
+    from bole_cli.calibrate.pipeline import sweep_extras
+    from bole_cli.errors import BoleError
+    from bole_cli.footprint import step_memory
+
+    spec, gpu = resolve_model("27b"), resolve_gpu("a100")
+    f = RooflineForward(spec, gpu, check_memory=True)
+    need = f.memory(16, 16384, 768)
+    assert need["total"] > gpu.memory_bytes > f.memory(16, 16384)["total"]
+    # the verify adds the draft head and its cache to the runtime's own step
+    target = step_memory(spec, 2, 4, batch=16, kv_len=16384, n_tree_tokens=768)["total"]
+    assert need["total"] == target + need["draft_head"] + need["draft_kv"] > target
+    with pytest.raises(BoleError, match=r"does not fit for batch 16, kv_len 16384, 768 tree tokens: needs .*"
+                                        r"available on one A100"):
+        f.time_verify(16, 16384, 768)
+    assert RooflineForward(spec, gpu).time_verify(16, 16384, 768) > 0  # priced where not asked to check
+    acc = preset("paper-mbpp")
+    res = run_sweep(f, [1, 16], [16384, 10_000_000], DEFAULT_GRID, EXACT, extras=sweep_extras(acc))
+    assert [(c.batch, c.kv_len) for c in res.curves] == [(1, 16384), (16, 16384)]
+    assert max(res.curves[1].n) < 768 and res.curves[1].draft_level and res.curves[1].sample
+    assert [f.split(":")[0] for f in res.failures] == ["batch 16, kv 16384, N 768", "batch 1, kv 10000000, decode",
+                                                       "batch 16, kv 10000000, decode"]
+
+
 # ---- the sweep driver with a fake StepTimer ------------------------------------------------------
 class _Fake:
     def __init__(self, dec, ver, interrupt_after=None):

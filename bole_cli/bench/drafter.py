@@ -199,10 +199,9 @@ class MTPDrafter:
 
     @staticmethod
     def param_bytes_for(spec, dtype: torch.dtype) -> int:
-        h, hq, hk, dh = spec.hidden, spec.attn_heads, spec.attn_kv_heads, spec.attn_head_dim
-        ffn = spec.ffn or (spec.experts_top_k * spec.expert_ffn + spec.shared_expert_ffn)
-        n = 5 * h + 2 * dh + 2 * h * h + (2 * hq * dh + 2 * hk * dh) * h + h * hq * dh + 3 * ffn * h
-        return n * torch.empty((), dtype=dtype).element_size()
+        from bole_cli.footprint import drafter_param_bytes
+
+        return drafter_param_bytes(spec, torch.empty((), dtype=dtype).element_size())
 
     def scratch(self) -> int:
         """KV rows one step writes past the context: every level's input rows."""

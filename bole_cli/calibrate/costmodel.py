@@ -253,12 +253,16 @@ class RooflineForward:
     """The cost model behind the `StepTimer` protocol (bole_cli.calibrate.sweep.StepTimer)."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, eff: Optional[Efficiency] = None, *,
-                 draft_vocab: Optional[int] = None):
-        """draft_vocab: the drafter's hot tokens (its LM head's rows), None for all."""
+                 draft_vocab: Optional[int] = None, check_memory: bool = False):
+        """draft_vocab: the drafter's hot tokens (its LM head's rows), None for all.
+        check_memory: a step that does not fit the GPU's memory (the datasheet's) raises
+        BoleError as the measured runtime's does, so the sweep reports the cell instead of
+        pricing it (bole_cli.footprint)."""
         self.model = model
         self.gpu = gpu
         self.eff = eff or efficiency_for(gpu)
         self.draft_vocab = draft_vocab
+        self.check_memory = check_memory
         self.device_name = f"{gpu.name} (roofline model)"
 
     # each component is one roofline, and no kernel is shorter than the floor
@@ -414,11 +418,34 @@ class RooflineForward:
         read = Cost(bytes=tokens * self.model.vocab * BF16)
         return self.eff.host_step_s + self._time(read)
 
+    def memory(self, batch: int, kv_len: int, n_tree_tokens: int = 0) -> dict[str, int]:
+        """Bytes a step holds (bole_cli.footprint, bf16 with a float32 state); a verify also
+        the drafter's weights and cache, which speculation needs beside the target."""
+        from bole_cli.footprint import drafter_memory, step_memory
+
+        need = step_memory(self.model, BF16, FP32, batch=batch, kv_len=kv_len, n_tree_tokens=n_tree_tokens)
+        if n_tree_tokens:
+            need.update(drafter_memory(self.model, BF16, batch=batch, kv_len=kv_len, draft_vocab=self.draft_vocab))
+            need["total"] = sum(v for k, v in need.items() if k != "total")
+        return need
+
+    def _require(self, batch: int, kv_len: int, n_tree_tokens: int = 0) -> None:
+        if not self.check_memory:
+            return
+        need = self.memory(batch, kv_len, n_tree_tokens)
+        if need["total"] > self.gpu.memory_bytes:
+            from bole_cli.footprint import does_not_fit
+
+            what = f"batch {batch}, kv_len {kv_len}" + (f", {n_tree_tokens} tree tokens" if n_tree_tokens else "")
+            raise does_not_fit(self.model.name, what, need, self.gpu.memory_bytes, f"one {self.gpu.name}")
+
     # ---- the StepTimer protocol ----------------------------------------------------------------
     def time_decode(self, batch: int, kv_len: int) -> float:
+        self._require(batch, kv_len)
         return sum(self.components(batch, kv_len, batch, verify=False).values())
 
     def time_verify(self, batch: int, kv_len: int, n_tree_tokens: int) -> float:
+        self._require(batch, kv_len, n_tree_tokens)
         return sum(self.components(batch, kv_len, n_tree_tokens, verify=True).values())
 
     def info(self) -> dict[str, Any]:

@@ -269,6 +269,8 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     if detected is None and measuring_options:  # it would be ignored without a word
         raise InputError(f"{measuring_options[0]}: only a measurement uses it, and this run is the "
                          f"estimate ({reason}); drop it, or run on that GPU")
+    if detected is None:
+        _check_fits_at_all(model, model_spec, gpu_spec, min(batches), min(kvs))
     path = (Path(out) if out is not None
             else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name, draft_vocab))
     check_out_path(path, gpu_spec.key, model_spec.name, plot=plot, measured=detected is not None,
@@ -288,13 +290,27 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
                            label=label, command=command, note=note, draft_vocab=draft_vocab)
 
 
+def _check_fits_at_all(model: str, model_spec: Any, gpu_spec: Any, batch: int, kv_len: int) -> None:
+    """Refuse an estimate none of whose cells fits the GPU's memory (its smallest decode step
+    does not): the weights of a model served across several GPUs, say. Cells that do not
+    fit among ones that do are the sweep's to report (RooflineForward's check_memory)."""
+    from bole_cli.calibrate.costmodel import RooflineForward
+    from bole_cli.memory import format_bytes
+
+    need = RooflineForward(model_spec, gpu_spec).memory(batch, kv_len)
+    if need["total"] > gpu_spec.memory_bytes:
+        raise InputError(f"--model {model}: needs {format_bytes(need['total'])} for batch {batch}, "
+                         f"kv {kv_len} (weights {format_bytes(need['weights'])}), more than one "
+                         f"{gpu_spec.name} has ({format_bytes(gpu_spec.memory_bytes)}); Bole calibrates one GPU")
+
+
 def make_forward(plan: CalibrationPlan) -> Any:
     """The runtime on the detected device when measuring, else the roofline model."""
     if plan.measured:
         return runtime_forward(plan.model_spec, plan.detected, plan.layers_sample, plan.draft_vocab)
     from bole_cli.calibrate.costmodel import RooflineForward
 
-    return RooflineForward(plan.model_spec, plan.gpu_spec, draft_vocab=plan.draft_vocab)
+    return RooflineForward(plan.model_spec, plan.gpu_spec, draft_vocab=plan.draft_vocab, check_memory=True)
 
 
 def _provenance_extra(plan: CalibrationPlan, forward: Any) -> dict[str, Any]:

@@ -26,8 +26,10 @@ from typing import Iterable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from bole_cli import footprint
 from bole_cli.catalog.models import ModelSpec, tiny_spec  # noqa: F401 - runtime's name for it
 from bole_cli.errors import InputError
+from bole_cli.footprint import gdn_proj_width, param_shapes  # noqa: F401 - the runtime's names too
 from bole_cli.kernels.types import VerifyResult
 from bole_cli.runtime import gdn_ops
 from bole_cli.runtime.attention import (cache_attention, split_attention_works, split_tree_attention,
@@ -57,55 +59,10 @@ GDN_DECODE = ("auto", "fused", "recurrent", "tree", "sglang")
 PATHS = ("bole", "snapshot", "replayssm")  # replayssm: chains, bole_cli/runtime/replayssm.py
 
 
-# ---- parameter shapes: the one source for allocation and the memory estimate -----------
-
-def gdn_proj_width(s: ModelSpec) -> int:
-    """in_proj_qkv | in_proj_z | in_proj_b | in_proj_a, fused."""
-    return s.conv_dim + s.gdn_value_heads * s.gdn_value_dim + 2 * s.gdn_value_heads
-
-
-def param_shapes(s: ModelSpec) -> dict[str, dict[str, tuple]]:
-    """Shapes of every weight, grouped: "model" (once), "gdn", "attn", "mlp" (per layer of
-    that kind; "mlp" and "norms" in every layer). Entries ending in "@f" are kept in the
-    factor dtype (float32) whatever the model dtype."""
-    h, hv, dv = s.hidden, s.gdn_value_heads, s.gdn_value_dim
-    dh = s.attn_head_dim
-    model = {"embed": (s.vocab, h), "final_norm": (h,)}
-    if not s.tied_embeddings:
-        model["lm_head"] = (s.vocab, h)
-    gdn = {"in_proj": (gdn_proj_width(s), h), "conv_w": (s.conv_dim, s.conv_kernel),
-           "A_log@f": (hv,), "dt_bias@f": (hv,), "norm_w": (dv,), "out_proj": (h, hv * dv)}
-    attn = {"qkv_proj": (2 * s.attn_heads * dh + 2 * s.attn_kv_heads * dh, h), "q_norm": (dh,),
-            "k_norm": (dh,), "o_proj": (h, s.attn_heads * dh)}
-    if s.is_moe:
-        mlp = {"router": (s.experts, h), "w13": (s.experts, 2 * s.expert_ffn, h),
-               "w2": (s.experts, h, s.expert_ffn)}
-        if s.shared_expert_ffn:
-            mlp.update({"shared_gate_up": (2 * s.shared_expert_ffn, h),
-                        "shared_down": (h, s.shared_expert_ffn), "shared_gate": (1, h)})
-    else:
-        mlp = {"gate_up": (2 * s.ffn, h), "down": (h, s.ffn)}
-    return {"model": model, "gdn": gdn, "attn": attn, "mlp": mlp,
-            "norms": {"input_norm": (h,), "post_norm": (h,)}}
-
-
 def param_bytes(s: ModelSpec, dtype: torch.dtype) -> int:
-    """Exact bytes of HybridModel(s, dtype)'s weights."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    fel = torch.empty((), dtype=gdn_ops.factor_dtype(dtype)).element_size()
-
-    def size(group: dict) -> int:
-        total = 0
-        for name, shape in group.items():
-            n = 1
-            for d in shape:
-                n *= d
-            total += n * (fel if name.endswith("@f") else elem)
-        return total
-
-    g = param_shapes(s)
-    return (size(g["model"]) + s.n_gdn_layers * size(g["gdn"]) + s.n_attention_layers * size(g["attn"])
-            + s.layers * (size(g["mlp"]) + size(g["norms"])))
+    """Exact bytes of HybridModel(s, dtype)'s weights (bole_cli.footprint's count)."""
+    return footprint.param_bytes(s, torch.empty((), dtype=dtype).element_size(),
+                                 torch.empty((), dtype=gdn_ops.factor_dtype(dtype)).element_size())
 
 
 class _Weights:

@@ -31,14 +31,13 @@ import torch
 
 from bole_cli.catalog.models import ModelSpec
 from bole_cli.errors import BoleError, InputError
-from bole_cli.memory import GiB, format_bytes
+from bole_cli.footprint import does_not_fit, step_memory
 from bole_cli.runtime.gdn_ops import factor_dtype
 from bole_cli.runtime.graphs import try_capture
-from bole_cli.runtime.model import HybridModel, gdn_proj_width, param_bytes
+from bole_cli.runtime.model import HybridModel
 from bole_cli.runtime.tree_metadata import DecodeInputs, TreeInputs, refill_decode, refill_tree
 from bole_cli.timing import seconds_per_call
 
-WORKSPACE_BYTES = 1 * GiB  # CUDA context slack, cuBLAS workspaces, allocator fragmentation
 SAMPLE_BLOCK = 4  # layers per sampled block: 3 GDN + 1 full attention
 
 
@@ -57,33 +56,9 @@ def tree_sizes(batch: int, n_tree_tokens: int) -> list[int]:
 
 def estimate_memory(spec: ModelSpec, dtype: torch.dtype, *, batch: int, kv_len: int,
                     n_tree_tokens: int = 0, path: str = "bole") -> dict[str, int]:
-    """Bytes the runtime allocates for one step: weights, KV cache, GDN states and conv
-    windows (per slot), the verify's transient GDN buffers (Bole's factors or the snapshot
-    buffer), the attention bias, activations and logits, and a fixed workspace."""
-    e, f = _elem(dtype), _elem(factor_dtype(dtype))
-    n = max(n_tree_tokens, batch)
-    t_max = -(-n // batch)
-    n_gdn, n_attn = spec.n_gdn_layers, spec.n_attention_layers
-    hv, dk, dv = spec.gdn_value_heads, spec.gdn_key_dim, spec.gdn_value_dim
-    kv_limit = kv_len + t_max
-    out = {"weights": param_bytes(spec, dtype),
-           "kv_cache": n_attn * 2 * spec.attn_kv_heads * spec.attn_head_dim * e * batch * kv_limit,
-           "gdn_states": n_gdn * batch * hv * dv * dk * f,
-           "conv_windows": n_gdn * batch * spec.conv_dim * (spec.conv_kernel - 1) * e}
-    if n_tree_tokens:
-        conv_in = n_gdn * n * gdn_proj_width(spec) * e  # every layer's in_proj outputs (x for the commit)
-        if path == "bole":  # every layer's conv outputs (k, v); one layer's u and log_p
-            out["verify_factors"] = conv_in + n_gdn * n * spec.conv_dim * e + n * (hv * dv + hv) * f
-        else:
-            out["verify_snapshots"] = conv_in + n_gdn * batch * (t_max + 1) * hv * dv * dk * f
-        out["attention_bias"] = batch * t_max * spec.attn_group * kv_limit * e
-    width = max(spec.conv_dim + hv * dv + 2 * hv, 2 * (spec.attn_heads + spec.attn_kv_heads) * spec.attn_head_dim,
-                2 * spec.ffn, 2 * spec.shared_expert_ffn,
-                spec.experts_top_k * (2 * spec.hidden + 3 * spec.expert_ffn) if spec.is_moe else 0)
-    out["activations"] = 4 * n * (width + spec.hidden) * max(e, f) + n * spec.vocab * (e + 4)
-    out["workspace"] = WORKSPACE_BYTES
-    out["total"] = sum(out.values())
-    return out
+    """Bytes the runtime allocates for one step in `dtype` (bole_cli.footprint.step_memory)."""
+    return step_memory(spec, _elem(dtype), _elem(factor_dtype(dtype)), batch=batch, kv_len=kv_len,
+                       n_tree_tokens=n_tree_tokens, path=path)
 
 
 def sampled_spec(spec: ModelSpec, blocks: int) -> ModelSpec:
@@ -147,11 +122,9 @@ class HybridForwardTimer:
         free = self._free()
         if free is None or est["total"] <= free + held:
             return
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in est.items() if k != "total" and v)
         hint = ("" if self.layers_sample is not None else
                 f"; time a sample instead with layers_sample=K (K blocks of {SAMPLE_BLOCK} layers)")
-        raise BoleError(f"{self.timed_spec.name} does not fit for {what}: needs {format_bytes(est['total'])} "
-                        f"({parts}), {format_bytes(free + held)} available on {self.device}{hint}")
+        raise does_not_fit(self.timed_spec.name, what, est, free + held, str(self.device), hint)
 
     def _cache_for(self, batch: int, need_len: int, kv_len: int, n_tree_tokens: int = 0):
         c = self._cache
