@@ -85,8 +85,8 @@
 # away in a cooling window, 646 s of the budget in all; then loans were paused for the rest of
 # the session). Everything above still owed, in the order below. Thirty-fifth session: seven refused
 # starts (901 s of the budget), then an H100 (S35-a): the 32k head's check at 9B cnndm batch 16 and
-# 27B cnndm batch 1 / 4 (185, 248, 178 s); still owed on an H100: 27B mbpp batch 16 (CHECK_MODEL=27B
-# CHECK_PRESET=paper-mbpp CHECK_DRAFT_VOCAB=32768 CHECK_BATCH=16); every H200 figure above.
+# 27B cnndm batch 1 / 4 (185, 248, 178 s); still owed on an H100: 27B batch 16, both presets
+# (CHECK_MODEL=27B CHECK_PRESET=P CHECK_DRAFT_VOCAB=32768 CHECK_BATCH=16); every H200 figure above.
 # Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
