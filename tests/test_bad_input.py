@@ -265,9 +265,14 @@ def test_an_estimate_for_a_model_that_fits_no_cell_of_the_gpu_is_refused(tmp_pat
         AssertionError("the sweep ran")))
     out = tmp_path / "p.yaml"
     line = bad("calibrate", "--gpu", "h200", "--model", "397b", "--out", str(out), "--estimate",
-               culprit="--model 397b: needs")
+               culprit="--model 397b: its weights need")
     assert "more than one H200 SXM has (131 GiB); Bole calibrates one GPU" in line and not out.exists()
     bad("calibrate", "--gpu", "a100", "--model", "80b", "--out", str(out), culprit="--model 80b")
+    # the weights fit; the smallest cell's cache and its smallest verify (a chain of one
+    # draft, 2 tokens) do not: no cell would have an entry, and the cell's options are named
+    line = bad("calibrate", "--gpu", "a100", "--model", "27b", "--batch", "1,4", "--kv", "380000,500000",
+               "--out", str(out), culprit="--batch/--kv: the smallest cell, batch 1 over 380,000 tokens")
+    assert "to verify 2 tree tokens (KV cache" in line and not out.exists()
 
 
 # ---- output paths --------------------------------------------------------------------

@@ -161,3 +161,18 @@ def test_an_estimate_says_which_profile_serve_takes(tmp_path, monkeypatch):
     r = CliRunner().invoke(cli.app, ["calibrate", "--gpu", "a100", "--model", "9b", "--batch",
                                      "8", "--kv", "4096", "--no-plot", "--json"])
     assert r.exit_code == 0 and _json.loads(r.stdout)["served"] is None  # nothing measured
+
+
+def test_the_estimate_lists_a_verify_that_does_not_fit_as_the_measurement_did(tmp_path):
+    """`bole calibrate`'s estimate checks memory (make_forward's RooflineForward): 27B on an
+    80 GB A100 at batch 16 over 16k tokens stops its curve where the H100's measured profile
+    ran out of memory (N 768), and says so in the profile and the warnings."""
+    out = tmp_path / "p.yaml"
+    plan = plan_calibration(gpu="a100", model="27b", batches=[16], kvs=[16384], points=list(DEFAULT_GRID),
+                            eps=DEFAULT_EPS, out=out, estimate=True)
+    result = run_calibration(plan, plot=False)
+    failures = result.profile["provenance"]["failures"]
+    assert len(failures) == 1 and failures[0].startswith("batch 16, kv 16384, N 768: BoleError: ")
+    assert "does not fit" in failures[0] and any("N 768" in w for w in result.warnings)
+    assert max(result.profile["configs"][0]["n"]) == 512
+    assert load_profile(out)["provenance"]["failures"] == failures

@@ -425,7 +425,7 @@ class RooflineForward:
 
         need = step_memory(self.model, BF16, FP32, batch=batch, kv_len=kv_len, n_tree_tokens=n_tree_tokens)
         if n_tree_tokens:
-            need.update(drafter_memory(self.model, BF16, batch=batch, kv_len=kv_len, draft_vocab=self.draft_vocab))
+            need.update(drafter_memory(self.model, BF16, batch=batch, kv_len=kv_len))
             need["total"] = sum(v for k, v in need.items() if k != "total")
         return need
 

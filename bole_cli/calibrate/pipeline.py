@@ -270,7 +270,7 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
         raise InputError(f"{measuring_options[0]}: only a measurement uses it, and this run is the "
                          f"estimate ({reason}); drop it, or run on that GPU")
     if detected is None:
-        _check_fits_at_all(model, model_spec, gpu_spec, min(batches), min(kvs))
+        _check_fits_at_all(model, model_spec, gpu_spec, min(batches), min(kvs), points, acc)
     path = (Path(out) if out is not None
             else profile_path(user_profiles_dir(), gpu_spec.key, model_spec.name, draft_vocab))
     check_out_path(path, gpu_spec.key, model_spec.name, plot=plot, measured=detected is not None,
@@ -290,18 +290,31 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
                            label=label, command=command, note=note, draft_vocab=draft_vocab)
 
 
-def _check_fits_at_all(model: str, model_spec: Any, gpu_spec: Any, batch: int, kv_len: int) -> None:
-    """Refuse an estimate none of whose cells fits the GPU's memory (its smallest decode step
-    does not): the weights of a model served across several GPUs, say. Cells that do not
-    fit among ones that do are the sweep's to report (RooflineForward's check_memory)."""
+def _check_fits_at_all(model: str, model_spec: Any, gpu_spec: Any, batch: int, kv_len: int,
+                       points: Sequence[int], acceptance: Any) -> None:
+    """Refuse an estimate none of whose cells fits the GPU's memory: the smallest cell's
+    smallest verify (the draft head beside it) does not fit, so no cell would have an entry.
+    The weights alone (a model served across several GPUs) blame --model, else the cell's
+    cache blames --batch / --kv. Cells that do not fit among ones that do are the sweep's
+    to report (RooflineForward's check_memory)."""
     from bole_cli.calibrate.costmodel import RooflineForward
+    from bole_cli.calibrate.sweep import feasible_points
     from bole_cli.memory import format_bytes
 
-    need = RooflineForward(model_spec, gpu_spec).memory(batch, kv_len)
-    if need["total"] > gpu_spec.memory_bytes:
-        raise InputError(f"--model {model}: needs {format_bytes(need['total'])} for batch {batch}, "
-                         f"kv {kv_len} (weights {format_bytes(need['weights'])}), more than one "
-                         f"{gpu_spec.name} has ({format_bytes(gpu_spec.memory_bytes)}); Bole calibrates one GPU")
+    roof = RooflineForward(model_spec, gpu_spec)
+    n = min(feasible_points(points, batch, sweep_extras(acceptance)), default=0)
+    need = roof.memory(batch, kv_len, n)
+    has = gpu_spec.memory_bytes
+    if need["total"] <= has:
+        return
+    fixed = need["weights"] + need.get("draft_head", 0) + need["workspace"]
+    gpu = f"one {gpu_spec.name} has ({format_bytes(has)}); Bole calibrates one GPU"
+    if fixed > has:
+        raise InputError(f"--model {model}: its weights need {format_bytes(fixed)} with the draft head, "
+                         f"more than {gpu}")
+    raise InputError(f"--batch/--kv: the smallest cell, batch {batch} over {kv_len:,} tokens, needs "
+                     f"{format_bytes(need['total'])} to verify {n} tree tokens (KV cache "
+                     f"{format_bytes(need['kv_cache'])}, weights {format_bytes(need['weights'])}), more than {gpu}")
 
 
 def make_forward(plan: CalibrationPlan) -> Any:
