@@ -191,6 +191,19 @@ def test_lookup_notes_partial_and_below_threshold(profile):
     assert "batch 16 -> 2" in note and "partial profile" in note and "no grid point" in note
 
 
+def test_lookup_says_when_the_cell_asked_for_failed_in_the_sweep(profile):
+    """A batch (or a batch's KV length) the sweep tried and could not fit falls back like
+    one never swept, and the note says it failed rather than leave it to be guessed."""
+    data = copy.deepcopy(profile)
+    data["provenance"]["failures"] = ["batch 64, kv 1024, decode: BoleError: does not fit",
+                                      "batch 8, kv 65536, decode: BoleError: does not fit"]
+    assert "batch 64 failed when calibrated" in lookup_budget(data, 64, 4096)[1]
+    note = lookup_budget(data, 8, 65536)[1]
+    assert "batch 8, kv_len 65536 failed when calibrated" in note and "kv_len 65536 -> 16384" in note
+    for batch, kv in ((32, 1024), (8, 32768), (8, 4096)):  # not swept, or found
+        assert "failed" not in lookup_budget(data, batch, kv)[1]
+
+
 def test_find_profile_prefers_measured_then_search_order(tmp_path):
     user, shipped = tmp_path / "user", tmp_path / "shipped"
     assert find_profile("a100", "Qwen/Qwen3.5-9B", [user, shipped]) is None

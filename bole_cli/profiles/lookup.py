@@ -89,6 +89,11 @@ def lookup_budget(profile: dict, batch: int, kv_len: int) -> tuple[dict, str]:
         edge = " (outside the profile's range)" if kv_len < kvs[0] or kv_len > kvs[-1] else ""
         parts.append(f"kv_len {kv_len} -> {kv}{edge} (nearest bucket of {', '.join(map(str, kvs))})")
     prov = profile.get("provenance", {})
+    # the batch (or the batch's KV length) asked for was swept and failed (no memory, say)
+    swept = f"batch {batch}, " if b != batch else f"batch {batch}, kv {kv_len}, " if kv != kv_len else None
+    if swept and any(isinstance(f, str) and f.startswith(swept) for f in prov.get("failures") or []):
+        parts.append(f"{swept.rstrip(', ').replace('kv', 'kv_len')} failed when calibrated (the profile's "
+                     "provenance: failures)")
     if prov.get("kind") == "estimated":
         parts.append("estimated profile")
     if prov.get("partial"):
