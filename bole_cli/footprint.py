@@ -123,8 +123,11 @@ def step_memory(s: Any, elem: int, factor_elem: int, *, batch: int, kv_len: int,
 
 def does_not_fit(name: str, what: str, need: dict[str, int], available: int, where: str,
                  hint: str = "") -> BoleError:
-    """The one wording of a step that does not fit: what it needs, part by part, against
-    what `where` has."""
-    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.items() if k != "total" and v)
+    """The one wording of a step that does not fit: what it needs, its largest parts first
+    (three of them; the rest counted), against what `where` has."""
+    sized = sorted(((v, k) for k, v in need.items() if k != "total" and v), reverse=True)
+    parts = ", ".join(f"{k} {format_bytes(v)}" for v, k in sized[:3])
+    if len(sized) > 3:
+        parts += f" and {len(sized) - 3} more"
     return BoleError(f"{name} does not fit for {what}: needs {format_bytes(need['total'])} ({parts}), "
                      f"{format_bytes(available)} available on {where}{hint}")

@@ -172,7 +172,8 @@ def test_the_estimate_lists_a_verify_that_does_not_fit_as_the_measurement_did(tm
                             eps=DEFAULT_EPS, out=out, estimate=True)
     result = run_calibration(plan, plot=False)
     failures = result.profile["provenance"]["failures"]
-    assert len(failures) == 1 and failures[0].startswith("batch 16, kv 16384, N 768: BoleError: ")
-    assert "does not fit" in failures[0] and any("N 768" in w for w in result.warnings)
+    assert len(failures) == 1 and failures[0].startswith("batch 16, kv 16384, N 768: Qwen/Qwen3.5-27B does not fit")
+    assert "(weights 50.1 GiB, kv_cache 16.0 GiB, gdn_states 2.25 GiB and 7 more)" in failures[0]
+    assert any("N 768" in w for w in result.warnings)
     assert max(result.profile["configs"][0]["n"]) == 512
     assert load_profile(out)["provenance"]["failures"] == failures

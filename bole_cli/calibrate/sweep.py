@@ -173,6 +173,14 @@ def _time_extras(forward: Any, curve: ConfigCurve, extras: Extras, timing: "Timi
         curve.sample = (max(0.0, lo - per_token * b), per_token)
 
 
+def _why(exc: BaseException) -> str:
+    """A failed point's reason: Bole's own errors are worded already; others keep their type
+    (OutOfMemoryError, RuntimeError) in front."""
+    from bole_cli.errors import BoleError
+
+    return str(exc) if isinstance(exc, BoleError) else f"{type(exc).__name__}: {exc}"
+
+
 def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int],
               grid: Sequence[int], timing: Timing = Timing(),
               on_step: Optional[Callable[[str], None]] = None,
@@ -200,7 +208,7 @@ def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int]
                 try:
                     dec = measure(lambda: forward.time_decode(b, kv), timing)
                 except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
-                    result.failures.append(f"batch {b}, kv {kv}, decode: {type(exc).__name__}: {exc}")
+                    result.failures.append(f"batch {b}, kv {kv}, decode: {_why(exc)}")
                     for _ in range(1 + len(points) + per_config):
                         step(f"batch {b}, kv {kv}: skipped")
                     continue
@@ -212,7 +220,7 @@ def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int]
                         ver = measure(lambda: forward.time_verify(b, kv, n), timing)
                     except Exception as exc:  # noqa: BLE001
                         result.failures.append(
-                            f"batch {b}, kv {kv}, N {n}: {type(exc).__name__}: {exc}")
+                            f"batch {b}, kv {kv}, N {n}: {_why(exc)}")
                         for _ in points[i:]:
                             step(f"batch {b}, kv {kv}: skipped")
                         break
@@ -235,7 +243,7 @@ def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int]
                     except Exception as exc:  # noqa: BLE001
                         current.draft_level, current.sample = [], None
                         result.failures.append(f"batch {b}, kv {kv}, drafter or sampling: "
-                                               f"{type(exc).__name__}: {exc}")
+                                               f"{_why(exc)}")
                     result.curves.append(current)
                 for _ in range(per_config - done[0]):
                     step(f"batch {b}, kv {kv}: skipped")
