@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from bole_cli.errors import InputError
+from bole_cli.footprint import drafter_param_bytes
 from bole_cli.limits import DRAFT_TOPK_MAX_K
 from bole_cli.parsing import check_int
 from bole_cli.runtime.attention import cache_attention
@@ -199,8 +200,6 @@ class MTPDrafter:
 
     @staticmethod
     def param_bytes_for(spec, dtype: torch.dtype) -> int:
-        from bole_cli.footprint import drafter_param_bytes
-
         return drafter_param_bytes(spec, torch.empty((), dtype=dtype).element_size())
 
     def scratch(self) -> int:

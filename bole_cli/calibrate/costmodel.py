@@ -55,6 +55,7 @@ from typing import Any, Optional
 
 from bole_cli.catalog.hardware import GpuSpec
 from bole_cli.catalog.models import ModelSpec
+from bole_cli.footprint import does_not_fit, drafter_memory, step_memory
 from bole_cli.limits import SKINNY_DEFAULT_MAX_ROWS
 
 BF16 = 2
@@ -421,8 +422,6 @@ class RooflineForward:
     def memory(self, batch: int, kv_len: int, n_tree_tokens: int = 0) -> dict[str, int]:
         """Bytes a step holds (bole_cli.footprint, bf16 with a float32 state); a verify also
         the drafter's weights and cache, which speculation needs beside the target."""
-        from bole_cli.footprint import drafter_memory, step_memory
-
         need = step_memory(self.model, BF16, FP32, batch=batch, kv_len=kv_len, n_tree_tokens=n_tree_tokens)
         if n_tree_tokens:
             need.update(drafter_memory(self.model, BF16, batch=batch, kv_len=kv_len))
@@ -434,8 +433,6 @@ class RooflineForward:
             return
         need = self.memory(batch, kv_len, n_tree_tokens)
         if need["total"] > self.gpu.memory_bytes:
-            from bole_cli.footprint import does_not_fit
-
             what = f"batch {batch}, kv_len {kv_len}" + (f", {n_tree_tokens} tree tokens" if n_tree_tokens else "")
             raise does_not_fit(self.model.name, what, need, self.gpu.memory_bytes, f"one {self.gpu.name}")
 

@@ -16,7 +16,9 @@ from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkabl
 from bole_cli import __version__
 from bole_cli.calibrate.acceptance import AcceptanceModel
 from bole_cli.calibrate.selection import select_b_ver
+from bole_cli.errors import BoleError
 from bole_cli.limits import MAX_TREE_NODES
+from bole_cli.profiles.schema import failure_cell
 
 
 @runtime_checkable
@@ -176,8 +178,6 @@ def _time_extras(forward: Any, curve: ConfigCurve, extras: Extras, timing: "Timi
 def _why(exc: BaseException) -> str:
     """A failed point's reason: Bole's own errors are worded already; others keep their type
     (OutOfMemoryError, RuntimeError) in front."""
-    from bole_cli.errors import BoleError
-
     return str(exc) if isinstance(exc, BoleError) else f"{type(exc).__name__}: {exc}"
 
 
@@ -208,7 +208,7 @@ def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int]
                 try:
                     dec = measure(lambda: forward.time_decode(b, kv), timing)
                 except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
-                    result.failures.append(f"batch {b}, kv {kv}, decode: {_why(exc)}")
+                    result.failures.append(f"{failure_cell(b, kv)}, decode: {_why(exc)}")
                     for _ in range(1 + len(points) + per_config):
                         step(f"batch {b}, kv {kv}: skipped")
                     continue
@@ -220,7 +220,7 @@ def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int]
                         ver = measure(lambda: forward.time_verify(b, kv, n), timing)
                     except Exception as exc:  # noqa: BLE001
                         result.failures.append(
-                            f"batch {b}, kv {kv}, N {n}: {_why(exc)}")
+                            f"{failure_cell(b, kv)}, N {n}: {_why(exc)}")
                         for _ in points[i:]:
                             step(f"batch {b}, kv {kv}: skipped")
                         break
@@ -242,7 +242,7 @@ def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int]
                         raise
                     except Exception as exc:  # noqa: BLE001
                         current.draft_level, current.sample = [], None
-                        result.failures.append(f"batch {b}, kv {kv}, drafter or sampling: "
+                        result.failures.append(f"{failure_cell(b, kv)}, drafter or sampling: "
                                                f"{_why(exc)}")
                     result.curves.append(current)
                 for _ in range(per_config - done[0]):

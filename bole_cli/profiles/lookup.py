@@ -9,7 +9,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from bole_cli.errors import BoleError, InputError
 from bole_cli.profiles.io import default_search_dirs, load_profile, profile_path
-from bole_cli.profiles.schema import draft_vocab_of, drafter_words
+from bole_cli.profiles.schema import draft_vocab_of, drafter_words, failure_cell
 
 
 def _names(gpu: Any, model: Any) -> tuple[str, str]:
@@ -90,10 +90,12 @@ def lookup_budget(profile: dict, batch: int, kv_len: int) -> tuple[dict, str]:
         parts.append(f"kv_len {kv_len} -> {kv}{edge} (nearest bucket of {', '.join(map(str, kvs))})")
     prov = profile.get("provenance", {})
     # the batch (or the batch's KV length) asked for was swept and failed (no memory, say)
-    swept = f"batch {batch}, " if b != batch else f"batch {batch}, kv {kv_len}, " if kv != kv_len else None
-    if swept and any(isinstance(f, str) and f.startswith(swept) for f in prov.get("failures") or []):
-        parts.append(f"{swept.rstrip(', ').replace('kv', 'kv_len')} failed when calibrated (the profile's "
-                     "provenance: failures)")
+    if b != batch or kv != kv_len:
+        whole_batch = b != batch
+        cell = failure_cell(batch, None if whole_batch else kv_len) + ", "
+        if any(isinstance(f, str) and f.startswith(cell) for f in prov.get("failures") or []):
+            asked = f"batch {batch}" + ("" if whole_batch else f", kv_len {kv_len}")
+            parts.append(f"{asked} failed when calibrated (the profile's provenance: failures)")
     if prov.get("kind") == "estimated":
         parts.append("estimated profile")
     if prov.get("partial"):

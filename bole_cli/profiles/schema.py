@@ -152,6 +152,12 @@ def drafter_words(draft_vocab: Optional[int]) -> str:
     return "the full vocabulary" if draft_vocab is None else f"{draft_vocab:,} hot tokens"
 
 
+def failure_cell(batch: int, kv_len: Optional[int] = None) -> str:
+    """How provenance.failures names a cell, the start of each entry ("batch 16, kv 4096");
+    the sweep writes it, a lookup matches the cell asked for against it."""
+    return f"batch {batch}" if kv_len is None else f"batch {batch}, kv {kv_len}"
+
+
 def draft_vocab_of(profile: dict, vocab: Optional[int] = None) -> Optional[int]:
     """The hot tokens its drafter levels were priced over; None: the full vocabulary (also
     for a hand-edited value of `vocab`, the model's vocabulary, or more)."""
