@@ -84,6 +84,26 @@ def check_name_lengths(path: Path, what: str) -> None:
                              f"file name holds at most {limit}")
 
 
+def check_not_a_record(path: Path, what: str) -> None:
+    """Refuse to write over the repository's records (bole_cli.paths.repository_records):
+    anything in its shipped profiles/ (a shipped profile is replaced by hand after review),
+    and an existing file in its experiments/ (a new record there is the team's to add). A
+    user's run goes to the user's space."""
+    from bole_cli.paths import repository_records
+
+    profiles, experiments = repository_records()
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise InputError(f"{what}: cannot resolve {path} ({exc})") from None
+    if profiles is not None and resolved.is_relative_to(profiles):
+        raise InputError(f"{what}: {path} is in the shipped profiles ({profiles}); write it "
+                         "elsewhere and copy it there by hand once reviewed")
+    if experiments is not None and resolved.is_relative_to(experiments) and resolved.exists():
+        raise InputError(f"{what}: {path} is one of the repository's records ({experiments}); "
+                         "write elsewhere, or under a new name")
+
+
 def check_writable(path: str | os.PathLike, what: str) -> Path:
     """Refuse, before any long work, an output file that cannot be written: a name too
     long for the file system, its folder (or the nearest existing one above it) is not a
@@ -96,6 +116,7 @@ def check_writable(path: str | os.PathLike, what: str) -> Path:
     check_name_lengths(path, what)
     if path.is_dir():
         raise InputError(f"{what}: {path} is a directory; give a file path")
+    check_not_a_record(path, what)
     if os.path.lexists(path) and path.exists() and not path.is_file():
         raise InputError(f"{what}: {path} is not a regular file")
     folder = _nearest_existing(path.parent)

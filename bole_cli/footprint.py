@@ -121,13 +121,29 @@ def step_memory(s: Any, elem: int, factor_elem: int, *, batch: int, kv_len: int,
     return out
 
 
+def largest_parts(need: dict[str, int], count: int = 3) -> str:
+    """A step's `count` largest parts, largest first, the rest counted: "kv_cache 31.3 GiB,
+    gdn_states 46.9 GiB and 5 more"."""
+    sized = sorted(((v, k) for k, v in need.items() if k != "total" and v), reverse=True)
+    parts = ", ".join(f"{k} {format_bytes(v)}" for v, k in sized[:count])
+    if len(sized) > count:
+        parts += f" and {len(sized) - count} more"
+    return parts
+
+
+def need_and_available(need: int, available: int) -> tuple[str, str]:
+    """Both sizes formatted, with more digits where the short forms would read equal (a
+    step a few MiB over the GPU must not read "needs 74.5 GiB, 74.5 GiB available")."""
+    a, b = format_bytes(need), format_bytes(available)
+    if a == b:
+        a, b = f"{need / 2**30:.3f} GiB", f"{available / 2**30:.3f} GiB"
+    return a, b
+
+
 def does_not_fit(name: str, what: str, need: dict[str, int], available: int, where: str,
                  hint: str = "") -> BoleError:
     """The one wording of a step that does not fit: what it needs, its largest parts first
     (three of them; the rest counted), against what `where` has."""
-    sized = sorted(((v, k) for k, v in need.items() if k != "total" and v), reverse=True)
-    parts = ", ".join(f"{k} {format_bytes(v)}" for v, k in sized[:3])
-    if len(sized) > 3:
-        parts += f" and {len(sized) - 3} more"
-    return BoleError(f"{name} does not fit for {what}: needs {format_bytes(need['total'])} ({parts}), "
-                     f"{format_bytes(available)} available on {where}{hint}")
+    total, has = need_and_available(need["total"], available)
+    return BoleError(f"{name} does not fit for {what}: needs {total} ({largest_parts(need)}), "
+                     f"{has} available on {where}{hint}")

@@ -3,6 +3,7 @@ wording for a value out of range: `--batch: expected an integer >= 1, got 0`."""
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from bole_cli.errors import InputError
@@ -42,6 +43,10 @@ def check_draft_vocab(value: Optional[int], vocab: int, top_k: int = 1) -> Optio
     return None if value == vocab else value
 
 
+#: An integer as a user types one: ASCII digits, a minus sign at most (refused as below 1).
+_DECIMAL = re.compile(r"-?[0-9]+")
+
+
 def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> list[int]:
     """'1,2,4' -> [1, 2, 4]: positive, distinct, sorted, at most `maximum` (default
     INT_OPTION_MAX); InputError names the option and the value (a repeated one too: check_once)."""
@@ -50,10 +55,9 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
     for x in _items(text, option, "list of positive integers"):
         if len(x) > 24:  # int() of thousands of digits is slow or refused outright
             raise InputError(f"{expected_int(option, 1, cap)}, got {_shown(x)}")
-        try:
-            v = int(x)
-        except ValueError:
-            raise InputError(f"{expected_int(option, 1, maximum)}, got {_shown(x)}") from None
+        if not _DECIMAL.fullmatch(x):  # int() also takes '1_000', '+4' and full-width digits
+            raise InputError(f"{expected_int(option, 1, maximum)}, got {_shown(x)}")
+        v = int(x)
         check_int(v, option, minimum=1, maximum=maximum if v >= 1 else None)
         check_int(v, option, minimum=1, maximum=cap)
         check_once(v, values, option, text, f"{v:,}")

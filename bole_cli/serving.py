@@ -502,6 +502,23 @@ class ServePlan:
     env: dict
 
 
+def sglang_model_path(model: str, model_spec: Any) -> str:
+    """SGLang's --model-path for `--model`: a catalogue alias (9b) becomes its Hugging Face
+    id, a checkpoint's config.json its folder (SGLang loads the folder), a folder or an
+    unknown id goes as given. A config file of another name cannot be loaded: refused."""
+    if model_spec is None:
+        return model
+    if model_spec.source == "catalogue":
+        return model_spec.name
+    given = Path(model).expanduser()
+    if given.is_dir():
+        return model
+    if given.name == "config.json":
+        return str(given.parent)
+    raise InputError(f"--model: {model} is a config file, not a checkpoint; SGLang loads a "
+                     "checkpoint's folder (its config.json beside the weights) or a hub id")
+
+
 def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str] = None,
                batch: int = DEFAULT_BATCH, kv_len: int = DEFAULT_KV_LEN,
                draft_model: Optional[str] = None, steps: Optional[int] = None,
@@ -518,6 +535,10 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
     if draft_model is not None and not draft_model.strip():
         raise InputError("--draft-model: an empty path; leave --draft-model out for the model's own MTP "
                          "head (NEXTN)")
+    if draft_model is not None and draft_model.startswith(("/", "./", "../", "~")) \
+            and not Path(draft_model).expanduser().exists():  # a local path, not a hub id
+        raise InputError(f"--draft-model: {draft_model}: no such folder (a local path; SGLang "
+                         "would fail on it at launch)")
     status = sglang_status()
     state_dtype = state_dtype_from_args(extra)  # the cheap check first: the map is read from disk
     map_size = token_map_size(extra)
@@ -534,9 +555,7 @@ def plan_serve(model: str, *, profile: Optional[Path] = None, gpu: Optional[str]
         raise InputError(f"{model_spec.name} has no MTP head for NEXTN; pass --draft-model PATH (EAGLE)")
     settings = derive_settings(prof, batch, kv_len, draft_model=draft_model, steps=steps, topk=topk,
                                draft_tokens=draft_tokens, chain_verify=chain_verify, source=str(path))
-    # A catalogue alias (9b) becomes its Hugging Face id; a path or unknown id goes as given.
-    model_path = (model_spec.name if model_spec is not None and model_spec.source == "catalogue"
-                  else model)
+    model_path = sglang_model_path(model, model_spec)
     argv, overridden = build_command(model_path, settings, port=port, host=host, extra=extra)
     hot = hot_token_note(prof, settings.mode, extra, getattr(model_spec, "vocab", None), map_size)
     if hot:

@@ -171,6 +171,7 @@ def _copy_without(ckpt, tmp_path, *names):
     ("cuda", "--device cuda: no CUDA device"),
     ("out_suffix", "--out"),
     ("out_unwritable", "--out: cannot write"),
+    ("plot_is_a_folder", "--out (its plot): "),
     ("out_foreign", "is not an acceptance file that `bole acceptance` measured, so it is not overwritten"),
     ("out_histogram", "is not an acceptance file that `bole acceptance` measured"),
     ("messages_no_template", "p.jsonl:1: cannot tokenize"),
@@ -210,6 +211,9 @@ def test_bad_input_is_one_line(case, expect, ckpt, tmp_path):
         extra += ["--out", str(tmp_path / "a.txt")]
     elif case == "out_unwritable":
         extra += ["--out", "/proc/bole/a.yaml"]
+    elif case == "plot_is_a_folder":  # found only after the whole measurement, before
+        (tmp_path / "b.png").mkdir()
+        extra += ["--out", str(tmp_path / "b.yaml")]
     elif case == "out_foreign":  # a user's other YAML file is left alone
         (tmp_path / "notes.yaml").write_text("shopping: [milk]\n")
         extra += ["--out", str(tmp_path / "notes.yaml")]
@@ -222,7 +226,7 @@ def test_bad_input_is_one_line(case, expect, ckpt, tmp_path):
     r = invoke("acceptance", "--model", model, "--prompts", prompts, *extra)
     assert r.exit_code == 2, (r.stdout, r.stderr)
     assert expect in one_line(r)
-    assert not list(tmp_path.glob("acceptance-*.yaml"))
+    assert not list(tmp_path.glob("acceptance-*.yaml")) and not (tmp_path / "b.yaml").exists()
     if case in ("out_foreign", "out_histogram"):
         assert (tmp_path / "notes.yaml").read_text() == "shopping: [milk]\n"
     if case == "out_histogram":

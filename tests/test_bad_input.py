@@ -266,16 +266,102 @@ def test_an_estimate_for_a_model_that_fits_no_cell_of_the_gpu_is_refused(tmp_pat
     out = tmp_path / "p.yaml"
     line = bad("calibrate", "--gpu", "h200", "--model", "397b", "--out", str(out), "--estimate",
                culprit="--model 397b: its weights need")
-    assert "more than one H200 SXM has (131 GiB); Bole calibrates one GPU" in line and not out.exists()
+    assert "; one H200 SXM has 131 GiB, and Bole calibrates one GPU" in line and not out.exists()
     bad("calibrate", "--gpu", "a100", "--model", "80b", "--out", str(out), culprit="--model 80b")
     # the weights fit; the smallest cell's cache and its smallest verify (a chain of one
     # draft, 2 tokens) do not: no cell would have an entry, and the cell's options are named
     line = bad("calibrate", "--gpu", "a100", "--model", "27b", "--batch", "1,4", "--kv", "380000,500000",
-               "--out", str(out), culprit="--batch/--kv: the smallest cell, batch 1 over 380,000 tokens")
-    assert "to verify 2 tree tokens (KV cache" in line and not out.exists()
+               "--out", str(out), culprit="--kv: the smallest cell, batch 1 over 380,000 cached tokens")
+    assert "to verify 2 tree tokens (weights 50.1 GiB, kv_cache 23.2 GiB" in line and not out.exists()
+    line = bad("calibrate", "--gpu", "a100", "--model", "27b", "--batch", "2", "--kv", "380000",
+               "--out", str(out), culprit="--batch/--kv: the smallest cell, batch 2 over 380,000")
+    # the GDN states grow with the batch alone: a cache of one token still does not fit,
+    # and the largest part is named, whatever it is
+    line = bad("calibrate", "--gpu", "h100", "--model", "9b", "--batch", "1500", "--kv", "1",
+               "--grid", "2048", "--out", str(out), culprit="--batch: the smallest cell, batch 1500 over 1 cached token,")
+    assert "(gdn_states 70.3 GiB, weights 16.7 GiB" in line
+    # a few MiB over: the two sizes are told apart
+    line = bad("calibrate", "--gpu", "h100", "--model", "27b", "--kv", "346500", "--batch", "1",
+               "--out", str(out), culprit="--kv")
+    assert "needs 74.519 GiB" in line and "has 74.506 GiB" in line
+
+
+def test_a_gpu_named_as_another_part_of_a_catalogue_family_is_refused(tmp_path):
+    """A 40 GB A100 or a PCIe H100 is not the catalogue's SXM part: priced as it, the
+    estimate's memory check would pass what cannot fit, so the name is refused."""
+    from bole_cli.catalog.hardware import resolve_gpu
+
+    out = str(tmp_path / "p.yaml")
+    line = bad("calibrate", "--estimate", "--gpu", "A100 40GB", "--model", "9b", "--out", out,
+               culprit="--gpu: 'A100 40GB' is a 40 GB card; the catalogue's a100 is the A100 SXM4 80GB")
+    bad("calibrate", "--estimate", "--gpu", "NVIDIA H100 PCIe", "--model", "9b", "--out", out,
+        culprit="is a PCIe card")
+    bad("calibrate", "--estimate", "--gpu", "NVIDIA H200 NVL", "--model", "9b", "--out", out,
+        culprit="is an NVL card")
+    bad("calibrate", "--estimate", "--gpu", "h999", "--model", "9b", "--out", out,
+        culprit="--gpu: unknown GPU 'h999'; known: a100, h100, h200")
+    assert "would not apply" in line and not (tmp_path / "p.yaml").exists()
+    # the names torch reports for the catalogue parts themselves still resolve
+    for name, key in (("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-80GB", "a100"),
+                      ("NVIDIA H200", "h200"), ("NVIDIA GB10", "gb10"), ("h200-sxm", "h200")):
+        assert resolve_gpu(name).key == key
 
 
 # ---- output paths --------------------------------------------------------------------
+def test_no_command_writes_over_the_repositorys_records(tmp_path, monkeypatch):
+    """A user's run goes to the user's space: calibrate's plot, inspect-tree's plot and
+    acceptance's file would each have replaced a committed record in experiments/ (a
+    bad-input sweep found the tracked calibrate PNG overwritten), and anything under the
+    shipped profiles/ is refused, whichever command writes it."""
+    import bole_cli.calibrate.sweep as sweep
+    from bole_cli.paths import repository_records
+
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("the sweep ran")))
+    profiles, experiments = repository_records()
+    assert profiles is not None and experiments is not None  # the tests run in a checkout
+    record = experiments / "results" / "calibrate-h200-qwen3.5-9b.png"
+    assert record.is_file()
+    before = record.read_bytes()
+    # the profile's name is new; its plot beside it is a record
+    fresh = experiments / "results" / "calibrate-h200-qwen3.5-9b.yaml"
+    assert not fresh.exists()
+    bad("calibrate", "--estimate", "--gpu", "h200", "--model", "9b", "--out", str(fresh),
+        culprit="--out (its plot): ")
+    line = bad("inspect-tree", tree_file(tmp_path, "parents: [-1, 0]\nlog_probs: [0, -1]\n"),
+               "--plot", str(record), culprit="--plot: ")
+    assert "is one of the repository's records" in line and record.read_bytes() == before
+    bad("inspect-tree", tree_file(tmp_path, "parents: [-1, 0]\nlog_probs: [0, -1]\n"),
+        "--plot", str(profiles / "tree.png"), culprit="is in the shipped profiles")
+    assert not fresh.exists() and not (profiles / "tree.png").exists()
+    # a new file in experiments/ is the team's to add (bench's --out-dir experiments/results)
+    from bole_cli.console import check_writable
+
+    check_writable(experiments / "results" / "a-new-record.json", "--out-dir")
+
+
+def test_timing_options_and_a_plot_folder_are_named_with_their_value(tmp_path):
+    args = ["calibrate", "--gpu", "h100", "--model", "9b", "--out", str(tmp_path / "p.yaml")]
+    bad(*args, "--repeats", "0", culprit="--repeats: expected an integer >= 1, got 0")
+    bad(*args, "--warmup", "-1", culprit="--warmup: expected an integer >= 0, got -1")
+    bad("inspect-tree", tree_file(tmp_path, "parents: [-1, 0]\nlog_probs: [0, -1]\n"), "--plot",
+        str(tmp_path), culprit=f"--plot: {tmp_path} is a directory")
+
+
+def test_acceptance_names_an_empty_value_a_profile_and_takes_a_preset_in_any_case(tmp_path):
+    """'' read as the working folder ('.: is a directory'), a calibration profile as a list
+    of unknown fields, and paper-MBPP was refused where --gpu H200 is not."""
+    from bole_cli.calibrate.acceptance import load_acceptance
+    from bole_cli.profiles import shipped_profiles_dir
+
+    args = ["calibrate", "--estimate", "--gpu", "h100", "--model", "9b", "--out", str(tmp_path / "p.yaml")]
+    bad(*args, "--acceptance", "", culprit="--acceptance: an empty value; give a preset")
+    shipped = shipped_profiles_dir() / "h100" / "Qwen3.5-9B.yaml"
+    bad(*args, "--acceptance", str(shipped),
+        culprit="is a calibration profile, not an acceptance file (it was calibrated with 'paper-mbpp')")
+    assert load_acceptance("PAPER-MBPP").describe() == load_acceptance("paper-mbpp").describe()
+
+
 def test_unwritable_out_is_refused_first(tmp_path, monkeypatch):
     import bole_cli.calibrate.sweep as sweep
 
@@ -387,6 +473,11 @@ E2E_TINY = ("bench", "e2e", "--tiny", "--device", "cpu")
 
 @pytest.mark.parametrize("args, culprit", [
     (("calibrate", "--gpu", "a100", "--model", "9b", "--batch", "1,,4"), "--batch: an empty item"),
+    # int() takes these; a user typing them meant something else (or nothing a shell shows)
+    (("calibrate", "--gpu", "a100", "--model", "9b", "--batch", "1_000"), "--batch: expected an integer"),
+    (("calibrate", "--gpu", "a100", "--model", "9b", "--batch", "+4"), "--batch: expected an integer"),
+    (("calibrate", "--gpu", "a100", "--model", "9b", "--kv", "\uff11\uff16"), "--kv: expected an integer"),
+    (("calibrate", "--gpu", "a100", "--model", "9b", "--batch", "-4"), "--batch: expected an integer >= 1"),
     (("calibrate", "--gpu", "a100", "--model", "9b", "--kv", "1024,"), "--kv: an empty item"),
     (("tune-kernels", "--dry-run", "--model", "9b,,27b"), "--model: an empty item"),
     (("tune-kernels", "--dry-run", "--nodes", ",16"), "--nodes: an empty item"),
@@ -467,6 +558,8 @@ def test_bench_e2e_context_batch_and_tree_are_bounded(option, value, culprit):
     (("--dry-run", "--profile", "k.yaml"), "--profile: only a real tuning run"),
     (("--dry-run", "--study-db", "s.db"), "--study-db: only a real tuning run"),
     (("--sample", "3"), "--sample: only a dry run"),
+    (("--max-minutes", "inf"), "--max-minutes: must be a number of minutes above 0, got inf"),
+    (("--max-minutes", "0"), "--max-minutes: must be a number of minutes above 0"),
     (("--study-db", "/proc/x.db"), "--study-db: cannot write"),
 ])
 def test_tune_kernels_options_that_do_not_apply_are_refused(tmp_path, extra, culprit):
@@ -474,6 +567,28 @@ def test_tune_kernels_options_that_do_not_apply_are_refused(tmp_path, extra, cul
         extra = ("--study-db", str(tmp_path))  # a folder where a file goes
         culprit = "--study-db"
     bad("tune-kernels", *extra, culprit=culprit, env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+def test_tune_kernels_checks_its_profile_before_the_gpu(tmp_path):
+    """--profile is merged into after each tuned bucket: a name that is not YAML, a file
+    that does not read as a profile, or a shipped profile must fail before any tuning (on
+    this CPU machine, before the missing GPU is reported), not after the first bucket."""
+    from bole_cli.profiles import shipped_profiles_dir
+    from bole_cli.tuning.tables import check_kernels_profile
+
+    env = {"BOLE_CACHE_DIR": str(tmp_path)}
+    bad("tune-kernels", "--profile", str(tmp_path / "k.txt"), culprit="--profile: ", env=env)
+    broken = tmp_path / "k.yaml"
+    broken.write_text("kernels: [unclosed\n")
+    bad("tune-kernels", "--profile", str(broken), culprit="; it is not overwritten", env=env)
+    bad("tune-kernels", "--profile", str(shipped_profiles_dir() / "h200" / "kernels.yaml"),
+        culprit="is in the shipped profiles", env=env)
+    # once the GPU is known: another GPU's file is refused before the first bucket
+    other = shipped_profiles_dir() / "h100" / "Qwen3.5-9B.yaml"
+    with pytest.raises(InputError, match="holds gpu 'h100', not this GPU's 'h200'"):
+        check_kernels_profile(other, "--profile", "h200")
+    check_kernels_profile(other, "--profile", "h100")
+    check_kernels_profile(tmp_path / "new.yaml", "--profile", "h200")
 
 
 def test_the_default_results_folder_is_named_when_the_cache_cannot_take_it(tmp_path):

@@ -320,6 +320,12 @@ def test_tree_budget_sweep_reports_the_best_budget():
     assert row["best"]["bole"]["expected"] == fastest["expected_accepted"]
     assert trees[1]["expected_accepted"] > trees[0]["expected_accepted"]  # a larger budget keeps more nodes
     assert "ceiling" not in row  # no ReplaySSM chain in this run: no gain over it either
+    # each budget is named by the option that gave it, every one of them in the summary
+    assert trees[0]["budget_source"] == "--tree-budgets 4"
+    from bole_cli.bench.e2e.report import notes
+
+    line = next(x for x in notes(data) if x.startswith("budgets at batch 2: "))
+    assert line.startswith("budgets at batch 2: --tree-budgets 4; --tree-budgets 12; --tree-budgets 500; ")
 
 
 def test_greedy_exactness_needs_two_decoders_and_says_so_at_once():

@@ -93,6 +93,9 @@ def test_plan_checks_before_any_sweep(tmp_path):
     from bole_cli.calibrate.defaults import DEFAULT_GRID
 
     _plan(tmp_path, batches=[1], points=list(DEFAULT_GRID))  # its big points are for big batches
+    # a batch past the default grid blames --batch, the option the user gave, not --grid
+    with pytest.raises(InputError, match=r"--batch: 2000 is above the default grid's largest N \(1024"):
+        _plan(tmp_path, batches=[2000], points=list(DEFAULT_GRID))
     plan = _plan(tmp_path)
     assert not plan.measured and plan.label == "ESTIMATED (roofline model, --estimate)"
     assert plan.command.endswith("--estimate") and plan.path == tmp_path / "p.yaml"
@@ -177,3 +180,99 @@ def test_the_estimate_lists_a_verify_that_does_not_fit_as_the_measurement_did(tm
     assert any("N 768" in w for w in result.warnings)
     assert max(result.profile["configs"][0]["n"]) == 512
     assert load_profile(out)["provenance"]["failures"] == failures
+
+
+def test_cells_that_do_not_fit_are_rows_of_the_table_and_few_warnings(tmp_path):
+    """A sweep over cells that do not fit the GPU: each failed cell keeps a row, marked
+    failed, and the warnings show three failures and count the rest (a bad-input sweep
+    found 60 unwrapped lines of 240 characters, and the cells missing from the table)."""
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from bole_cli import cli
+
+    out = tmp_path / "p.yaml"
+    argv = ["calibrate", "--estimate", "--gpu", "h100", "--model", "27b", "--batch", "1,16,32",
+            "--kv", "16384,32768", "--no-plot", "--out", str(out)]
+    r = CliRunner().invoke(cli.app, argv + ["--json"])
+    doc = _json.loads(r.stdout)
+    failures = doc["profile"]["provenance"]["failures"]
+    assert r.exit_code == 0 and len(failures) == 4  # batch 16 at 16k (N 768), 32 at both, 16 at 32k
+    assert [w for w in doc["warnings"] if w.startswith("failed: ")] == [f"failed: {f}" for f in failures[:3]]
+    assert doc["warnings"][-1] == "... and 1 more failure: all in the profile's provenance.failures"
+    wide = CliRunner().invoke(cli.app, argv, env={"COLUMNS": "80"}, terminal_width=80)
+    rows = {tuple(line.split()[:2]): line for line in wide.stdout.splitlines()
+            if line.strip() and line.split()[0].isdigit()}
+    assert set(rows) == {(b, kv) for b in ("1", "16", "32") for kv in ("16384", "32768")}
+    failed = sorted(k for k, line in rows.items() if " failed " in f"{line} ")
+    assert failed == [("16", "32768"), ("32", "16384"), ("32", "32768")]
+    assert "failed: the cell's decode step failed" in " ".join(wide.stdout.split())
+    assert all(len(line) <= 80 for line in wide.stdout.splitlines())
+
+
+def test_a_model_given_as_a_checkpoint_folder_is_served_by_that_folder(tmp_path, monkeypatch):
+    """The profile of a config.json outside the catalogue is served by the path the user
+    gave (SGLang loads the folder), not by the config's file stem, a hub id that does not
+    exist; a config file of another name cannot be loaded by SGLang and is refused."""
+    import json as _json
+
+    from bole_cli import serving
+
+    config = _json.loads((Path(__file__).parent / "data" / "configs" / "qwen3_5_9b.json").read_text())
+    config.pop("_name_or_path", None)
+    folder = tmp_path / "my-finetune"
+    folder.mkdir()
+    (folder / "config.json").write_text(_json.dumps(config))
+    monkeypatch.setenv("BOLE_CACHE_DIR", str(tmp_path / "cache"))
+    plan = _plan(tmp_path, model=str(folder), draft_vocab=32768)
+    assert plan.serve_model == str(folder) and plan.model_spec.short_name == "my-finetune"
+    assert run_calibration(plan, plot=False).serve_command[:4] == ["bole", "serve", "--model", str(folder)]
+    monkeypatch.setattr(serving, "sglang_status", lambda: {
+        "installed": False, "version": None, "pinned": "0.5.23", "plugin_registered": False})
+    for given in (folder, folder / "config.json"):
+        report = serving.plan_serve(str(given), profile=plan.path, dry_run=True).report
+        at = report["command"].index("--model-path")
+        assert report["command"][at + 1] == str(folder)
+    other = tmp_path / "qwen.json"
+    other.write_text(_json.dumps(config))
+    with pytest.raises(InputError, match="--model: .*qwen.json is a config file, not a checkpoint"):
+        serving.plan_serve(str(other), profile=plan.path, dry_run=True)
+
+
+def test_a_model_without_an_mtp_layer_is_calibrated_with_a_warning(tmp_path):
+    """Its own MTP head does not exist: the decision still prices a head of its width (an
+    EAGLE draft model's cost is close), and the warning says how it is served."""
+    import json as _json
+
+    config = _json.loads((Path(__file__).parent / "data" / "configs" / "qwen3_5_9b.json").read_text())
+    config["text_config"]["mtp_num_hidden_layers"] = 0
+    path = tmp_path / "config.json"
+    path.write_text(_json.dumps(config))
+    result = run_calibration(_plan(tmp_path, model=str(path)), plot=False)
+    assert result.warnings[0].endswith("has no MTP layer (its config's mtp_num_hidden_layers): the "
+                                       "drafter priced is an MTP-style head of its width; `bole serve` "
+                                       "speculates with --draft-model (EAGLE)")
+    plain = _plan(tmp_path, out=tmp_path / "catalogue.yaml")
+    assert not any("MTP" in w for w in run_calibration(plain, plot=False).warnings)
+
+
+def test_a_long_estimate_shows_its_progress_and_a_short_one_does_not(tmp_path, monkeypatch):
+    """An estimate of thousands of cells ran for minutes without a word (a bad-input sweep):
+    past ESTIMATE_PROGRESS_STEPS it reports each step, as the measured sweep does."""
+    from contextlib import contextmanager
+
+    import bole_cli.calibrate.pipeline as pipeline
+
+    seen: list[int] = []
+
+    @contextmanager
+    def progress(total):
+        seen.append(total)
+        yield lambda _desc: seen.append(-1)
+
+    run_calibration(_plan(tmp_path), progress=progress, plot=False)
+    assert seen == []
+    monkeypatch.setattr(pipeline, "ESTIMATE_PROGRESS_STEPS", 5)
+    run_calibration(_plan(tmp_path), progress=progress, plot=False)
+    assert seen[0] > 5 and seen.count(-1) == seen[0]

@@ -161,15 +161,22 @@ def test_dry_run_panel_shows_settings_and_command(no_sglang):
         assert part in text, part
 
 
-def test_eagle_with_a_draft_model_and_extra_args_override(no_sglang):
-    r = invoke("--model", "9b", "--gpu", "h200", "--draft-model", "/ckpt/eagle", "--port", "31000",
+def test_eagle_with_a_draft_model_and_extra_args_override(no_sglang, tmp_path):
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    # a local path that does not exist is refused before launch (a hub id goes as given)
+    r = invoke("--model", "9b", "--gpu", "h200", "--draft-model", str(tmp_path / "nowhere"), "--dry-run")
+    assert r.exit_code == 2 and "--draft-model: " in r.stderr and "no such folder" in r.stderr
+    r = invoke("--model", "9b", "--gpu", "h200", "--draft-model", "org/eagle-head", "--dry-run", "--json")
+    assert r.exit_code == 0 and flag(json.loads(r.stdout)["command"], "--speculative-draft-model-path") == "org/eagle-head"
+    r = invoke("--model", "9b", "--gpu", "h200", "--draft-model", str(eagle), "--port", "31000",
                "--dry-run", "--json", "--", "--mem-fraction-static", "0.8",
                "--max-running-requests=32", "--speculative-num-steps", "5")
     assert r.exit_code == 0, r.stderr
     res = json.loads(r.stdout)
     argv = res["command"]
     assert flag(argv, "--speculative-algorithm") == "EAGLE"
-    assert flag(argv, "--speculative-draft-model-path") == "/ckpt/eagle"
+    assert flag(argv, "--speculative-draft-model-path") == str(eagle)
     assert flag(argv, "--port") == "31000"
     assert argv[-5:] == ["--mem-fraction-static", "0.8", "--max-running-requests=32",
                          "--speculative-num-steps", "5"]

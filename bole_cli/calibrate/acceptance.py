@@ -438,8 +438,12 @@ def measured_document(name: str, counts: list[list[int]], trials: list[int],
 
 def load_acceptance(spec: str) -> AcceptanceModel:
     """A preset name (paper-mbpp, ...) or a YAML/JSON file."""
-    if spec in PRESET_TARGETS:
-        return preset(spec)
+    presets = {name.lower(): name for name in PRESET_TARGETS}
+    if spec.strip().lower() in presets and not os.path.lexists(spec):  # as --gpu: any case
+        return preset(presets[spec.strip().lower()])
+    if not spec.strip():
+        raise InputError(f"--acceptance: an empty value; give a preset ({', '.join(PRESET_TARGETS)}) "
+                         "or a file")
     path = Path(spec)
     if not os.path.lexists(path):
         raise InputError(
@@ -449,7 +453,13 @@ def load_acceptance(spec: str) -> AcceptanceModel:
     # a binary or oversized file, and a hostile YAML fail as one line naming the file
     from bole_cli.files import load_structured
 
+    data = None
     try:
-        return from_data(load_structured(path), spec)
+        data = load_structured(path)
+        return from_data(data, spec)
     except InputError as exc:
+        if isinstance(data, dict) and "bole_profile" in data:  # the likeliest wrong file
+            used = (data.get("acceptance") or {}).get("name") if isinstance(data.get("acceptance"), dict) else None
+            raise InputError(f"--acceptance: {spec} is a calibration profile, not an acceptance file"
+                             + (f" (it was calibrated with {used!r})" if used else "")) from None
         raise InputError(f"--acceptance: {exc}") from None

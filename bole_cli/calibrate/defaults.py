@@ -16,3 +16,6 @@ MAX_BATCH = MAX_BATCH_REQUESTS
 MAX_KV_LEN = MAX_CONTEXT_TOKENS
 MAX_GRID_POINT = 1 << 20
 MAX_EPS = 10.0
+# The estimate prices a step in microseconds: a progress bar only past this many steps
+# (about a second of pricing); the measured sweep always shows one.
+ESTIMATE_PROGRESS_STEPS = 20_000

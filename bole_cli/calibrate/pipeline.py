@@ -19,7 +19,7 @@ from typing import Any, Callable, ContextManager, Optional, Sequence
 
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_GRID, DEFAULT_KV_LENS,
-                                        DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_EPS)
+                                        DEFAULT_REPEATS, DEFAULT_WARMUP, ESTIMATE_PROGRESS_STEPS, MAX_EPS)
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_TREE_NODES
 from bole_cli.parsing import check_draft_vocab, check_int
@@ -47,7 +47,6 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
     model's profile, and for an estimate (not `measured`) a measured profile, which
     `bole serve` would otherwise stop using without a word."""
     from bole_cli.console import check_name_lengths, check_writable
-    from bole_cli.profiles import shipped_profiles_dir
 
     check_name_lengths(path, what)
     if path.is_dir():
@@ -56,15 +55,7 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
         raise InputError(f"{what}: {path} is the plot's name; give a .yaml file path")
     if path.suffix.lower() not in PROFILE_SUFFIXES:
         raise InputError(f"{what}: {path}: a profile is YAML; give a .yaml or .yml file path")
-    shipped = shipped_profiles_dir().resolve()
-    try:
-        inside = path.resolve().is_relative_to(shipped)
-    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
-        raise InputError(f"{what}: cannot resolve {path} ({exc})") from None
-    if inside:
-        raise InputError(f"{what}: {path} is in the shipped profiles ({shipped}); write the "
-                         "profile elsewhere and copy it there by hand once reviewed")
-    check_writable(path, what)
+    check_writable(path, what)  # also refuses the repository's records (shipped profiles)
     partial = partial_path(path)  # where a cut sweep goes when this file holds a profile
     check_name_lengths(partial, what)
     if path.exists() and partial.exists():
@@ -173,10 +164,19 @@ class CalibrationPlan:
     note: str
     #: the drafter's hot-token vocabulary (SGLang's --speculative-token-map); None: the full one
     draft_vocab: Optional[int] = None
+    #: --model as given: what `bole serve --model` takes for a model outside the catalogue
+    model_given: str = ""
 
     @property
     def measured(self) -> bool:
         return self.detected is not None
+
+    @property
+    def serve_model(self) -> str:
+        """The --model of the `bole serve` command that serves this profile."""
+        if self.model_spec.source == "catalogue" or not self.model_given:
+            return self.model_spec.short_name
+        return self.model_given
 
 
 @dataclass
@@ -203,7 +203,7 @@ def served_instead(plan: "CalibrationPlan") -> tuple[Optional[str], Optional[lis
 
     hot = plan.draft_vocab
     found = find_profile(plan.gpu_spec, plan.model_spec, draft_vocab=hot)
-    serve = ["bole", "serve", "--model", plan.model_spec.short_name]
+    serve = ["bole", "serve", "--model", plan.serve_model]
     with_map = ["--", "--speculative-token-map", "FILE"] if hot else []
     if found is not None and found.resolve() == plan.path.resolve():
         if not hot:
@@ -244,8 +244,8 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
                          f"got {eps:g}")
     if measure and estimate:
         raise InputError("--measure and --estimate exclude each other")
-    if repeats < 1 or warmup < 0:
-        raise InputError("--repeats must be >= 1 and --warmup >= 0")
+    check_int(repeats, "--repeats")
+    check_int(warmup, "--warmup", minimum=0)
     check_int(layers_sample, "--layers-sample")
     measuring_options = [flag for flag, given in (("--repeats", repeats != DEFAULT_REPEATS),
                                                   ("--warmup", warmup != DEFAULT_WARMUP),
@@ -257,6 +257,10 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     acc = load_acceptance(acceptance)
     draft_vocab = check_draft_vocab(draft_vocab, model_spec.vocab, acc.top_k)
     unreachable = [b for b in batches if b > max(points)]
+    if unreachable and tuple(points) == DEFAULT_GRID:  # the user gave no --grid: blame --batch
+        raise InputError(f"--batch: {unreachable[0]} is above the default grid's largest N "
+                         f"({max(points)} tree tokens, one a request at least); add --grid "
+                         f"with points up to {unreachable[0]} or more")
     if unreachable:
         raise InputError(f"--grid: no point reaches batch {unreachable[0]} (largest N is {max(points)}); "
                          "N counts tree tokens of the whole batch, at least one per request")
@@ -287,19 +291,21 @@ def plan_calibration(*, gpu: str, model: str, batches: list[int], kvs: list[int]
     return CalibrationPlan(gpu_spec=gpu_spec, model_spec=model_spec, acceptance=acc,
                            batches=batches, kvs=kvs, points=points, eps=eps, path=path,
                            detected=detected, timing=timing, layers_sample=layers_sample,
-                           label=label, command=command, note=note, draft_vocab=draft_vocab)
+                           label=label, command=command, note=note, draft_vocab=draft_vocab,
+                           model_given=model)
 
 
 def _check_fits_at_all(model: str, model_spec: Any, gpu_spec: Any, batch: int, kv_len: int,
                        points: Sequence[int], acceptance: Any) -> None:
     """Refuse an estimate none of whose cells fits the GPU's memory: the smallest cell's
     smallest verify (the draft head beside it) does not fit, so no cell would have an entry.
-    The weights alone (a model served across several GPUs) blame --model, else the cell's
-    cache blames --batch / --kv. Cells that do not fit among ones that do are the sweep's
-    to report (RooflineForward's check_memory)."""
+    The weights alone (a model served across several GPUs) blame --model; else --batch where
+    the parts that grow with the batch alone (states, activations) do not fit beside the
+    weights, else --kv at batch 1 and --batch/--kv above. Cells that do not fit among ones
+    that do are the sweep's to report (RooflineForward's check_memory)."""
     from bole_cli.calibrate.costmodel import RooflineForward
     from bole_cli.calibrate.sweep import feasible_points
-    from bole_cli.memory import format_bytes
+    from bole_cli.footprint import largest_parts, need_and_available
 
     roof = RooflineForward(model_spec, gpu_spec)
     n = min(feasible_points(points, batch, sweep_extras(acceptance)), default=0)
@@ -308,13 +314,17 @@ def _check_fits_at_all(model: str, model_spec: Any, gpu_spec: Any, batch: int, k
     if need["total"] <= has:
         return
     fixed = need["weights"] + need.get("draft_head", 0) + need["workspace"]
-    gpu = f"one {gpu_spec.name} has ({format_bytes(has)}); Bole calibrates one GPU"
+    by_context = need["kv_cache"] + need.get("draft_kv", 0) + need.get("attention_bias", 0)
+    total, available = need_and_available(need["total"], has)
     if fixed > has:
-        raise InputError(f"--model {model}: its weights need {format_bytes(fixed)} with the draft head, "
-                         f"more than {gpu}")
-    raise InputError(f"--batch/--kv: the smallest cell, batch {batch} over {kv_len:,} tokens, needs "
-                     f"{format_bytes(need['total'])} to verify {n} tree tokens (KV cache "
-                     f"{format_bytes(need['kv_cache'])}, weights {format_bytes(need['weights'])}), more than {gpu}")
+        fixed_s, _ = need_and_available(fixed, has)
+        raise InputError(f"--model {model}: its weights need {fixed_s} with the draft head; one "
+                         f"{gpu_spec.name} has {available}, and Bole calibrates one GPU")
+    option = ("--batch" if need["total"] - by_context > has else "--kv" if batch == 1
+              else "--batch/--kv")
+    tokens = f"{kv_len:,} cached token{'s' if kv_len != 1 else ''}"
+    raise InputError(f"{option}: the smallest cell, batch {batch} over {tokens}, needs {total} to verify "
+                     f"{n} tree tokens ({largest_parts(need)}); one {gpu_spec.name} has {available}")
 
 
 def make_forward(plan: CalibrationPlan) -> Any:
@@ -355,7 +365,7 @@ def sweep_extras(acceptance: Any) -> Any:
 def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str], None]] = None,
                     progress: Optional[Progress] = None, plot: bool = True) -> CalibrationResult:
     """Build the StepTimer, `announce` the label, sweep (reporting each step to `progress`
-    when measuring), build and write the profile (keeping the file's kernels section),
+    when measuring, or when an estimate is long), build and write the profile (keeping the file's kernels section),
     and plot it beside the profile."""
     from bole_cli.calibrate.sweep import build_profile, run_sweep, sweep_steps, write_profile
     from bole_cli.interrupts import held, released
@@ -369,7 +379,8 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
     with held() as section:  # after the sweep, Ctrl-C must not discard it: finish, then stop
         try:
             with released():  # ... but during the sweep it stops the sweep
-                with (progress(steps) if plan.measured and progress else nullcontext()) as on_step:
+                shown = progress and (plan.measured or steps > ESTIMATE_PROGRESS_STEPS)
+                with (progress(steps) if shown else nullcontext()) as on_step:
                     sweep = run_sweep(forward, plan.batches, plan.kvs, plan.points,
                                       plan.timing, on_step=on_step, extras=extras,
                                       eps=plan.eps, acceptance=plan.acceptance)
@@ -391,6 +402,10 @@ def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str],
             note="; ".join(x for x in ((plan.label if not plan.measured else ""), plan.note)
                            if x),
             extra_provenance=_provenance_extra(plan, forward))
+        if plan.model_spec.mtp_layers < 1:  # the decision is still sound for an EAGLE head
+            warnings.insert(0, f"{plan.model_spec.name} has no MTP layer (its config's "
+                               "mtp_num_hidden_layers): the drafter priced is an MTP-style head "
+                               "of its width; `bole serve` speculates with --draft-model (EAGLE)")
         # what its draft_level prices (profiles/schema.py); written even when None, so a
         # full-vocabulary run over a hot-token profile does not keep the old head's field
         profile["draft_vocab"] = plan.draft_vocab

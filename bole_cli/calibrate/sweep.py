@@ -18,7 +18,7 @@ from bole_cli.calibrate.acceptance import AcceptanceModel
 from bole_cli.calibrate.selection import select_b_ver
 from bole_cli.errors import BoleError
 from bole_cli.limits import MAX_TREE_NODES
-from bole_cli.profiles.schema import failure_cell
+from bole_cli.profiles.schema import decode_failure, failure_cell
 
 
 @runtime_checkable
@@ -68,6 +68,8 @@ class Timing:
 
 
 EXACT = Timing(warmup=0, repeats=1, spread_tol=float("inf"), max_rounds=1)  # cost model
+#: Failed points shown as warnings; the rest are counted (the profile keeps them all).
+MAX_FAILURE_WARNINGS = 3
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int]
                 try:
                     dec = measure(lambda: forward.time_decode(b, kv), timing)
                 except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
-                    result.failures.append(f"{failure_cell(b, kv)}, decode: {_why(exc)}")
+                    result.failures.append(decode_failure(b, kv, _why(exc)))
                     for _ in range(1 + len(points) + per_config):
                         step(f"batch {b}, kv {kv}: skipped")
                     continue
@@ -352,7 +354,12 @@ def build_profile(*, gpu_key: str, model_name: str, kind: str, sweep: SweepResul
     }
     if sweep.failures:
         provenance["failures"] = list(sweep.failures)
-        warnings += [f"failed: {f}" for f in sweep.failures]
+        shown = sweep.failures[:MAX_FAILURE_WARNINGS]
+        warnings += [f"failed: {f}" for f in shown]
+        if len(sweep.failures) > len(shown):
+            more = len(sweep.failures) - len(shown)
+            warnings.append(f"... and {more} more failure{'s' if more > 1 else ''}: all in the "
+                            "profile's provenance.failures")
     provenance.update(extra_provenance or {})
     profile: dict[str, Any] = {
         "bole_profile": PROFILE_VERSION,

@@ -85,14 +85,35 @@ def known_gpu_names() -> list[str]:
 
 
 def resolve_gpu(name: str) -> GpuSpec:
-    """A catalogue GPU by key, name or alias (case-insensitive); InputError lists the known."""
+    """A catalogue GPU by key, name or alias (case-insensitive), or a device name as torch
+    reports it ("NVIDIA H100 80GB HBM3"). InputError lists the known, and refuses a name
+    of another part of a catalogue family (another memory size, a PCIe or NVL card): its
+    figures would be the catalogue part's, and its memory check wrong."""
     spec = _INDEX.get(str(name).strip().lower())
+    if spec is not None:
+        return spec
+    spec = match_gpu(str(name))  # also accept a device name: "NVIDIA H200"
     if spec is None:
-        spec = match_gpu(str(name))  # also accept a device name: "NVIDIA H200"
-    if spec is None:
-        known = ", ".join(f"{g.key} ({g.name})" for g in CATALOGUE)
-        raise InputError(f"unknown GPU {name!r}; known: {known}")
+        known = ", ".join(g.key for g in CATALOGUE)
+        raise InputError(f"--gpu: unknown GPU {name!r}; known: {known} (`bole hardware`)")
+    other = _other_part(str(name), spec)
+    if other:
+        raise InputError(f"--gpu: {name!r} is {other}; the catalogue's {spec.key} is the "
+                         f"{spec.name}, whose figures would not apply")
     return spec
+
+
+def _other_part(name: str, spec: GpuSpec) -> str:
+    """What a name says that differs from the catalogue part of its family ('' if nothing):
+    a PCIe or NVL form factor, or another memory size written as "40GB"."""
+    words = [w for w in ("PCIe", "NVL") if re.search(rf"\b{w}\b", name, re.I)]
+    if words:
+        return f"{'an' if words[0] == 'NVL' else 'a'} {'/'.join(words)} card"
+    sizes = {int(m) for m in re.findall(r"(\d+)\s*GB\b", name, re.I)}
+    catalogue_gb = round(spec.memory_bytes / 1e9)
+    if sizes and catalogue_gb not in sizes:
+        return f"a {min(sizes)} GB card"
+    return ""
 
 
 def match_gpu(device_name: str) -> Optional[GpuSpec]:

@@ -43,8 +43,10 @@ def _table(profile: dict, title: str):
 
     from bole_cli.calibrate.summary import summary_rows
     from bole_cli.console import add_columns
+    from bole_cli.profiles.schema import failed_cells
 
     rows = summary_rows(profile)
+    failed = failed_cells(profile)
     acc = (profile.get("acceptance") or {}).get("name", "none")
     notes = [f"B_ver: largest N with T_ver(N) <= (1 + {profile['eps']:g}) T_dec (Eq. 12, the "
              "paper's rule); *: the decision is not a tree of B_ver tokens.",
@@ -55,12 +57,19 @@ def _table(profile: dict, title: str):
         notes.append("!: no grid point met the threshold; B_ver is the smallest.")
     if any(r["decision"] is None for r in rows):
         notes.append("-: no decision (no drafter costs or acceptance model in the profile).")
+    if failed:
+        notes.append("failed: the cell's decode step failed (it does not fit the GPU's memory, "
+                     "say); the profile's provenance.failures says why.")
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
               pad_edge=False, collapse_padding=True, caption_justify="left",
               caption=escape(" ".join(notes)))
     add_columns(t, ("batch", "kv", "T_dec\nms", "B_ver", "decision", "tok\n/step", "step\nms", "vs AR",
                     "runner-up"), text=("decision", "runner-up"))
-    for r in rows:
+    failed_rows = [{"batch": b, "kv_len": kv, "failed": True} for b, kv, _why in failed]
+    for r in sorted(rows + failed_rows, key=lambda r: (r["batch"], r["kv_len"])):
+        if r.get("failed"):
+            t.add_row(str(r["batch"]), str(r["kv_len"]), "-", "-", "[red]failed[/]", "-", "-", "-", "-")
+            continue
         b_ver = (str(r["b_ver"]) + ("*" if r["differs"] else "")
                  + (" [yellow]![/]" if r["below_threshold"] else ""))
         cells = [str(r["batch"]), str(r["kv_len"]), _ms(r["t_dec"]), b_ver]

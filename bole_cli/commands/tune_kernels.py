@@ -11,6 +11,7 @@ this module parses the options and renders.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -94,8 +95,9 @@ def tune_kernels(
     check_int(trials, "--trials", maximum=MAX_TRIALS)
     if sampler not in ("tpe", "grid"):
         raise InputError(f"--sampler: expected tpe or grid, got {sampler!r}")
-    if max_minutes is not None and not max_minutes > 0:
-        raise InputError(f"--max-minutes: must be > 0, got {max_minutes:g}")
+    if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
+        raise InputError(f"--max-minutes: must be a number of minutes above 0, got {max_minutes:g}; "
+                         "leave it out for no limit")
     check_int(sample, "--sample", maximum=MAX_DRY_RUN_SAMPLE)
     if not dry_run:
         from bole_cli.console import check_writable
@@ -105,6 +107,10 @@ def tune_kernels(
         for flag, path in (("--profile", profile), ("--report", report), ("--study-db", study_db)):
             if path is not None:
                 check_writable(path, flag)
+        if profile is not None:
+            from bole_cli.tuning.tables import check_kernels_profile
+
+            check_kernels_profile(profile, "--profile")
     if dry_run:
         for flag, given in (("--report", report is not None), ("--profile", profile is not None),
                             ("--study-db", study_db is not None), ("--fresh", fresh),

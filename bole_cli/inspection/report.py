@@ -67,6 +67,12 @@ def check_options(*, tree_file: Optional[Path], sglang: Optional[Path], syntheti
             for flag, value in options.items():
                 if value is not None:
                     raise InputError(f"{flag} only applies with {needed}")
+    if plot is not None:  # a folder before its suffix (it has none to name); a long name first
+        from bole_cli.console import check_name_lengths
+
+        check_name_lengths(plot, "--plot")
+        if plot.is_dir():
+            raise InputError(f"--plot: {plot} is a directory; give a .png, .svg or .pdf file path")
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise InputError(f"--plot {plot}: unsupported file type {plot.suffix or '(none)'!r}; "
                          "use .png, .svg or .pdf")

@@ -140,6 +140,8 @@ def run_acceptance(opts: AcceptanceOptions, progress: Optional[Callable] = None,
     out = Path(opts.out) if opts.out is not None else acceptance_dir() / f"acceptance-{ckpt.path.name}.yaml"
     what = "--out" if opts.out is not None else default_named("acceptance file")
     check_writable(out, what)
+    if opts.plot:  # its plot, before the measurement is spent on a file that cannot be drawn
+        check_writable(out.with_suffix(".png"), f"{what} (its plot)")
     if out.exists():  # replace a measured acceptance file, never some other file of the user's
         from bole_cli.files import load_structured
 

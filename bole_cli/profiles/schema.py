@@ -55,6 +55,7 @@ first problem raises InputError naming the file and the field:
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Optional
 
 from bole_cli.errors import InputError, brief
@@ -156,6 +157,23 @@ def failure_cell(batch: int, kv_len: Optional[int] = None) -> str:
     """How provenance.failures names a cell, the start of each entry ("batch 16, kv 4096");
     the sweep writes it, a lookup matches the cell asked for against it."""
     return f"batch {batch}" if kv_len is None else f"batch {batch}, kv {kv_len}"
+
+
+def decode_failure(batch: Any, kv_len: Any, why: str) -> str:
+    """provenance.failures' entry of a cell whose decode step failed (no entry in configs)."""
+    return f"{failure_cell(batch, kv_len)}, decode: {why}"
+
+
+def failed_cells(profile: dict) -> list[tuple[int, int, str]]:
+    """(batch, kv_len, why) of each cell whose decode step failed in the sweep (out of
+    memory, say): no entry in `configs`, only its line in provenance.failures."""
+    head = re.compile("^" + decode_failure(r"(\d+)", r"(\d+)", ""))
+    cells = []
+    for line in (profile.get("provenance") or {}).get("failures") or []:
+        m = head.match(str(line))
+        if m:
+            cells.append((int(m.group(1)), int(m.group(2)), str(line)[m.end():]))
+    return cells
 
 
 def draft_vocab_of(profile: dict, vocab: Optional[int] = None) -> Optional[int]:

@@ -132,14 +132,15 @@ def tune(specs: Sequence, kernels: Sequence[str], batches: Sequence[int], nodes:
     from bole_cli.tuning.gpu import GpuEvaluator
     from bole_cli.tuning.study import (TuneSettings, builtin_configs, default_storage_path, estimate_seconds,
                                        import_optuna, open_storage, run_tuning)
-    from bole_cli.tuning.tables import held_configs, new_kernels_profile, record_entries
+    from bole_cli.tuning.tables import check_kernels_profile, held_configs, new_kernels_profile, record_entries
 
     optuna = import_optuna()
     device_name = torch.cuda.get_device_name()
     gpu_key = gpu_key_for(device_name)
     profile_path = Path(profile) if profile is not None else kernels_profile_path(user_profiles_dir(), gpu_key)
-    check_writable(profile_path, "--profile" if profile is not None else
-                   default_named("kernels profile"))
+    what = "--profile" if profile is not None else default_named("kernels profile")
+    check_writable(profile_path, what)
+    check_kernels_profile(profile_path, what, gpu_key)
     storage, storage_path, storage_kind = open_storage(optuna, study_db or default_storage_path())
     run = TuneRun(device_name, gpu_key, triton.__version__, str(torch.__version__), profile_path, storage_path,
                   storage_kind, TuneSettings(trials=trials, sampler=sampler, seed=seed), buckets,

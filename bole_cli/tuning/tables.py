@@ -50,6 +50,26 @@ def new_kernels_profile(gpu_key: str, device_name: str, *, torch_version: Option
     }
 
 
+def check_kernels_profile(path: "str | os.PathLike[str]", what: str, gpu_key: Optional[str] = None) -> None:
+    """Refuse, before any bucket is tuned, a profile the merge (record_entries) would refuse
+    after the first one: not named .yaml/.yml, unreadable as a profile, or (once the GPU is
+    known) another GPU's. Writability and the repository's records: console.check_writable."""
+    from bole_cli.profiles.io import load_profile
+
+    path = Path(path)
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise InputError(f"{what}: {path}: a kernels profile is YAML; give a .yaml file path")
+    if not path.is_file():
+        return
+    try:
+        data = load_profile(path)
+    except InputError as exc:
+        raise InputError(f"{what}: {exc}; it is not overwritten") from None
+    if gpu_key is not None and data.get("gpu") != gpu_key:
+        raise InputError(f"{what}: {path} holds gpu {data.get('gpu')!r}, not this GPU's {gpu_key!r}; "
+                         "choose another file")
+
+
 def record_entries(path: "str | os.PathLike[str]", device_name: str, triton_version: str,
                    entries: Mapping[str, dict], *, create: Optional[dict] = None) -> dict:
     """Merge tuned entries {bucket key: entry} into the profile's kernels section for

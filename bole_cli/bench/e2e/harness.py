@@ -166,6 +166,7 @@ class E2EBench:
         self.q = self.acceptance.rows(depth, topk)
         self.layout = build_layout(depth, topk, self.q)
         self.budget_policy = budget
+        self.budget_flag = "--budget"  # the option a numeric policy came from (the sweep sets it)
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
         self._check_weights_fit()
@@ -281,7 +282,8 @@ class E2EBench:
     def plan(self, batch: int, budget: Optional[int] = None, source: str = "") -> TreePlan:
         if budget is None:
             budget, source = resolve_budget(self.budget_policy, self.spec, self.device_name, batch,
-                                            self.context, self.layout.n_nodes, self.drafter.hot_vocab)
+                                            self.context, self.layout.n_nodes, self.drafter.hot_vocab,
+                                            flag=self.budget_flag)
         key = (batch, budget) + self.shape
         if key not in self._plans:
             self._plans[key] = plan_trees(self.layout, batch, budget, source, q=self.q)

@@ -243,12 +243,14 @@ def notes(data: dict) -> list[str]:
         verdict = "target met" if row["target_met"] else "TARGET MISSED"
         out.append(f"batch {row['batch']}: Bole's best over the best ReplaySSM chain {row['bole_over_replayssm']:.2f}x, "
                    f"ceiling {row['ceiling']:.2f}x ({verdict})")
-    budgets = {}
+    budgets: dict[int, list[str]] = {}
     for r in data["results"]:
         if r["budget_source"] and not r.get("chain_depth"):
-            budgets[r["batch"]] = r["budget_source"]
-    for b, src in budgets.items():
-        out.append(f"budget at batch {b}: {src}")
+            seen = budgets.setdefault(r["batch"], [])
+            if r["budget_source"] not in seen:  # every budget a --tree-budgets sweep ran
+                seen.append(r["budget_source"])
+    for b, sources in budgets.items():
+        out.append(f"budget{'s' if len(sources) > 1 else ''} at batch {b}: {'; '.join(sources)}")
     mb = data["max_batch_probe"]
     if data.get("max_batch_skipped"):
         out.append(f"largest-batch search {data['max_batch_skipped']}")

@@ -66,6 +66,8 @@ def run_sweep(cfg: E2EConfig, bench: E2EBench, progress: Callable[[str], None]) 
             replayssm_error = f"SGLang's ReplaySSM kernels did not load: {exc}"
             replayssm_desc = "not run (" + replayssm_error + ")"
     budgets = tuple(cfg.tree_budgets) or (cfg.budget,)
+    if cfg.tree_budgets:
+        bench.budget_flag = "--tree-budgets"
     shapes = tuple(cfg.tree_shapes) or ((cfg.depth, cfg.topk),)
     trees = [(shape, n) for shape in shapes for n in budgets]
     for b in cfg.batches:  # budget, shape and depth errors before any timing

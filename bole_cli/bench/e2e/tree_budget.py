@@ -21,12 +21,14 @@ from bole_cli.catalog.models import ModelSpec
 
 
 def resolve_budget(policy: "str | int", spec: ModelSpec, device_name: str, batch: int, context: int,
-                   per_request_cap: int, draft_vocab: Optional[int] = None) -> tuple[int, str]:
+                   per_request_cap: int, draft_vocab: Optional[int] = None,
+                   flag: str = "--budget") -> tuple[int, str]:
     """(N, where it came from): tree tokens verified per step over the whole batch; from the
-    profile of the drafter that runs (`draft_vocab` hot tokens, None for all)."""
+    profile of the drafter that runs (`draft_vocab` hot tokens, None for all). `flag`: the
+    option that gave a number (--budget, or one of --tree-budgets)."""
     if isinstance(policy, int):
-        check_budget_covers_batch(policy, batch)
-        n, src = policy, f"--budget {policy}"
+        check_budget_covers_batch(policy, batch, flag)
+        n, src = policy, f"{flag} {policy}"
     else:
         from bole_cli.catalog.hardware import match_gpu
         from bole_cli.profiles import drafter_words, find_profile, load_profile, lookup_budget
