@@ -85,21 +85,24 @@ def check_name_lengths(path: Path, what: str) -> None:
 
 
 def check_not_a_record(path: Path, what: str) -> None:
-    """Refuse to write over the repository's records (bole_cli.paths.repository_records):
-    anything in its shipped profiles/ (a shipped profile is replaced by hand after review),
-    and an existing file in its experiments/ (a new record there is the team's to add). A
-    user's run goes to the user's space."""
-    from bole_cli.paths import repository_records
+    """Refuse to write over the repository's records: anything in the shipped profiles
+    (profiles.io.shipped_profiles_dir, a checkout's or an installed wheel's: a shipped
+    profile is replaced by hand after review), and an existing file in a checkout's
+    experiments/ (paths.repository_experiments: a new record there is the team's to add).
+    A user's run goes to the user's space."""
+    from bole_cli.paths import repository_experiments
+    from bole_cli.profiles.io import shipped_profiles_dir
 
-    profiles, experiments = repository_records()
     try:
         resolved = path.resolve()
+        profiles = shipped_profiles_dir().resolve()
     except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
         raise InputError(f"{what}: cannot resolve {path} ({exc})") from None
-    if profiles is not None and resolved.is_relative_to(profiles):
+    if resolved.is_relative_to(profiles):
         raise InputError(f"{what}: {path} is in the shipped profiles ({profiles}); write it "
                          "elsewhere and copy it there by hand once reviewed")
-    if experiments is not None and resolved.is_relative_to(experiments) and resolved.exists():
+    experiments = repository_experiments()
+    if experiments is not None and resolved.is_relative_to(experiments.resolve()) and resolved.exists():
         raise InputError(f"{what}: {path} is one of the repository's records ({experiments}); "
                          "write elsewhere, or under a new name")
 

@@ -38,15 +38,12 @@ def results_dir() -> Path:
     return cache_dir() / "results"
 
 
-def repository_records() -> tuple[Optional[Path], Optional[Path]]:
-    """In a checkout (an editable install), the repository's own records: its shipped
-    profiles/ and its experiments/ (docs/design.md §5, experiments/README.md); (None, None)
-    for an installed wheel, whose shipped profiles live under sys.prefix, read-only."""
+def repository_experiments() -> Optional[Path]:
+    """In a checkout (an editable install), the repository's experiments/: its records
+    (experiments/README.md); None for an installed wheel, which has none."""
     root = Path(__file__).resolve().parents[1]
-    if not (root / "pyproject.toml").is_file():
-        return None, None
-    profiles, experiments = root / "profiles", root / "experiments"
-    return (profiles if profiles.is_dir() else None, experiments if experiments.is_dir() else None)
+    folder = root / "experiments"
+    return folder if (root / "pyproject.toml").is_file() and folder.is_dir() else None
 
 
 #: The word a cut run's file takes after a dash (NAME-partial.yaml, e2e-...-partial.json),

@@ -510,9 +510,9 @@ def sglang_model_path(model: str, model_spec: Any) -> str:
         return model
     if model_spec.source == "catalogue":
         return model_spec.name
-    given = Path(model).expanduser()
+    given = Path(model).expanduser()  # SGLang does not expand ~
     if given.is_dir():
-        return model
+        return str(given)
     if given.name == "config.json":
         return str(given.parent)
     raise InputError(f"--model: {model} is a config file, not a checkpoint; SGLang loads a "

@@ -68,7 +68,7 @@ def main() -> None:
         if profiles[model] is None or profiles[model]["provenance"]["kind"] != "measured":
             ap.error(f"--gpu {args.gpu}: no measured profile profiles/{gpu}/{model}.yaml")
     if args.efficiency_from:
-        donor = resolve_gpu(args.efficiency_from).key
+        donor = resolve_gpu(args.efficiency_from, "--efficiency-from").key
         own = costmodel.efficiency_for(resolve_gpu(gpu))
         costmodel.EFFICIENCY[gpu] = dataclasses.replace(costmodel.EFFICIENCY[donor], l2_bytes=own.l2_bytes)
     rows = [r for m in MODELS for r in compare(gpu, m, profiles[m])]

@@ -303,8 +303,13 @@ def test_a_gpu_named_as_another_part_of_a_catalogue_family_is_refused(tmp_path):
     assert "would not apply" in line and not (tmp_path / "p.yaml").exists()
     # the names torch reports for the catalogue parts themselves still resolve
     for name, key in (("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-80GB", "a100"),
-                      ("NVIDIA H200", "h200"), ("NVIDIA GB10", "gb10"), ("h200-sxm", "h200")):
+                      ("NVIDIA H200", "h200"), ("NVIDIA GB10", "gb10"), ("h200-sxm", "h200"),
+                      ("NVIDIA B200", "b200"), ("B200 192GB", "b200"),  # 192 quoted, 180 usable
+                      ("NVIDIA H200 141GB HBM3e", "h200"),
+                      ("NVIDIA A100-SXM4-80GB MIG 3g.40gb", "a100")):  # a MIG slice's size
         assert resolve_gpu(name).key == key
+    with pytest.raises(InputError, match="--efficiency-from: 'A100 40GB' is a 40 GB card"):
+        resolve_gpu("A100 40GB", "--efficiency-from")
 
 
 # ---- output paths --------------------------------------------------------------------
@@ -314,12 +319,13 @@ def test_no_command_writes_over_the_repositorys_records(tmp_path, monkeypatch):
     bad-input sweep found the tracked calibrate PNG overwritten), and anything under the
     shipped profiles/ is refused, whichever command writes it."""
     import bole_cli.calibrate.sweep as sweep
-    from bole_cli.paths import repository_records
+    from bole_cli.paths import repository_experiments
+    from bole_cli.profiles import shipped_profiles_dir
 
     monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: (_ for _ in ()).throw(
         AssertionError("the sweep ran")))
-    profiles, experiments = repository_records()
-    assert profiles is not None and experiments is not None  # the tests run in a checkout
+    profiles, experiments = shipped_profiles_dir(), repository_experiments()
+    assert experiments is not None  # the tests run in a checkout
     record = experiments / "results" / "calibrate-h200-qwen3.5-9b.png"
     assert record.is_file()
     before = record.read_bytes()
@@ -335,9 +341,28 @@ def test_no_command_writes_over_the_repositorys_records(tmp_path, monkeypatch):
         "--plot", str(profiles / "tree.png"), culprit="is in the shipped profiles")
     assert not fresh.exists() and not (profiles / "tree.png").exists()
     # a new file in experiments/ is the team's to add (bench's --out-dir experiments/results)
-    from bole_cli.console import check_writable
+    from bole_cli.console import check_not_a_record, check_writable
 
     check_writable(experiments / "results" / "a-new-record.json", "--out-dir")
+    # bench's own names: the device names the stem, checked before any timing
+    tiny = experiments / "results" / "e2e-cpu-tiny.json"
+    assert tiny.is_file()
+    before = tiny.read_bytes()
+    r = runner.invoke(cli.app, ["bench", "e2e", "--tiny", "--device", "cpu", "--out-dir",
+                                str(experiments / "results")])
+    assert r.exit_code == 2 and "--out-dir: " in r.stderr and "e2e-cpu-tiny.json is one of the" in r.stderr
+    r = runner.invoke(cli.app, ["bench", "e2e", "--tiny", "--device", "cpu", "--out-dir",
+                                str(experiments / "results"), "--tag", "e2e-cpu-tiny"])
+    assert r.exit_code == 2 and "--tag: " in r.stderr
+    assert tiny.read_bytes() == before
+    # an installed wheel's shipped profiles (under sys.prefix, writable in a venv) too
+    wheel = tmp_path / "share" / "bole" / "profiles"
+    (wheel / "h100").mkdir(parents=True)
+    import bole_cli.profiles.io as io
+
+    monkeypatch.setattr(io, "shipped_profiles_dir", lambda: wheel)
+    with pytest.raises(InputError, match="is in the shipped profiles"):
+        check_not_a_record(wheel / "h100" / "Qwen3.5-9B.yaml", "--out")
 
 
 def test_timing_options_and_a_plot_folder_are_named_with_their_value(tmp_path):
@@ -360,6 +385,25 @@ def test_acceptance_names_an_empty_value_a_profile_and_takes_a_preset_in_any_cas
     bad(*args, "--acceptance", str(shipped),
         culprit="is a calibration profile, not an acceptance file (it was calibrated with 'paper-mbpp')")
     assert load_acceptance("PAPER-MBPP").describe() == load_acceptance("paper-mbpp").describe()
+
+
+def test_a_presets_name_in_the_working_folder_does_not_shadow_the_preset(tmp_path, monkeypatch):
+    """`--acceptance paper-mbpp` is the default: a folder or file of that name in the
+    working folder must not break a run that never gave the option (a preset wins over a
+    file of its name, as a catalogue model does); any case still finds the preset, and the
+    end-to-end bench reads the preset as calibrate does (its top-1 row included)."""
+    from bole_cli.bench.e2e.simulated_acceptance import load_e2e_acceptance
+    from bole_cli.calibrate.acceptance import load_acceptance
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "paper-mbpp").mkdir()
+    (tmp_path / "paper-cnndm").write_text("x: 1\n")
+    assert load_acceptance("paper-mbpp").describe()["name"] == "paper-mbpp"
+    assert load_acceptance("paper-cnndm").describe()["name"] == "paper-cnndm"
+    assert load_e2e_acceptance("PAPER-MBPP") == load_e2e_acceptance("paper-mbpp")
+    r = runner.invoke(cli.app, ["calibrate", "--estimate", "--gpu", "h100", "--model", "9b", "--batch", "1",
+                                "--kv", "1024", "--no-plot", "--out", str(tmp_path / "p.yaml"), "--json"])
+    assert r.exit_code == 0, r.stderr
 
 
 def test_unwritable_out_is_refused_first(tmp_path, monkeypatch):

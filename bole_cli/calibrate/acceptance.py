@@ -436,11 +436,22 @@ def measured_document(name: str, counts: list[list[int]], trials: list[int],
     return doc
 
 
+def canonical_preset(spec: str) -> Optional[str]:
+    """The preset `spec` names, or None: its exact name first (a preset wins over a file of
+    its name, as a catalogue model does), else a file or folder there, else the name in any
+    case (paper-MBPP, as --gpu takes H200)."""
+    if spec in PRESET_TARGETS:
+        return spec
+    if os.path.lexists(spec):
+        return None
+    return {p.lower(): p for p in PRESET_TARGETS}.get(spec.strip().lower())
+
+
 def load_acceptance(spec: str) -> AcceptanceModel:
     """A preset name (paper-mbpp, ...) or a YAML/JSON file."""
-    presets = {name.lower(): name for name in PRESET_TARGETS}
-    if spec.strip().lower() in presets and not os.path.lexists(spec):  # as --gpu: any case
-        return preset(presets[spec.strip().lower()])
+    name = canonical_preset(spec)
+    if name is not None:
+        return preset(name)
     if not spec.strip():
         raise InputError(f"--acceptance: an empty value; give a preset ({', '.join(PRESET_TARGETS)}) "
                          "or a file")

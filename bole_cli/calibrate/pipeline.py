@@ -301,8 +301,9 @@ def _check_fits_at_all(model: str, model_spec: Any, gpu_spec: Any, batch: int, k
     smallest verify (the draft head beside it) does not fit, so no cell would have an entry.
     The weights alone (a model served across several GPUs) blame --model; else --batch where
     the parts that grow with the batch alone (states, activations) do not fit beside the
-    weights, else --kv at batch 1 and --batch/--kv above. Cells that do not fit among ones
-    that do are the sweep's to report (RooflineForward's check_memory)."""
+    weights, else --batch/--kv; at batch 1 only --kv can still shrink the cell. Cells that
+    do not fit among ones that do are the sweep's to report (RooflineForward's
+    check_memory)."""
     from bole_cli.calibrate.costmodel import RooflineForward
     from bole_cli.calibrate.sweep import feasible_points
     from bole_cli.footprint import largest_parts, need_and_available
@@ -315,12 +316,12 @@ def _check_fits_at_all(model: str, model_spec: Any, gpu_spec: Any, batch: int, k
         return
     fixed = need["weights"] + need.get("draft_head", 0) + need["workspace"]
     by_context = need["kv_cache"] + need.get("draft_kv", 0) + need.get("attention_bias", 0)
-    total, available = need_and_available(need["total"], has)
     if fixed > has:
-        fixed_s, _ = need_and_available(fixed, has)
+        fixed_s, available = need_and_available(fixed, has)
         raise InputError(f"--model {model}: its weights need {fixed_s} with the draft head; one "
                          f"{gpu_spec.name} has {available}, and Bole calibrates one GPU")
-    option = ("--batch" if need["total"] - by_context > has else "--kv" if batch == 1
+    total, available = need_and_available(need["total"], has)
+    option = ("--kv" if batch == 1 else "--batch" if need["total"] - by_context > has
               else "--batch/--kv")
     tokens = f"{kv_len:,} cached token{'s' if kv_len != 1 else ''}"
     raise InputError(f"{option}: the smallest cell, batch {batch} over {tokens}, needs {total} to verify "

@@ -84,23 +84,31 @@ def known_gpu_names() -> list[str]:
     return [g.key for g in CATALOGUE]
 
 
-def resolve_gpu(name: str) -> GpuSpec:
+def resolve_gpu(name: str, option: str = "--gpu") -> GpuSpec:
     """A catalogue GPU by key, name or alias (case-insensitive), or a device name as torch
-    reports it ("NVIDIA H100 80GB HBM3"). InputError lists the known, and refuses a name
-    of another part of a catalogue family (another memory size, a PCIe or NVL card): its
-    figures would be the catalogue part's, and its memory check wrong."""
+    reports it ("NVIDIA H100 80GB HBM3"). InputError (naming `option`) lists the known, and
+    refuses a name of another part of a catalogue family (another memory size, a PCIe or
+    NVL card): its figures would be the catalogue part's, and its memory check wrong."""
     spec = _INDEX.get(str(name).strip().lower())
     if spec is not None:
         return spec
     spec = match_gpu(str(name))  # also accept a device name: "NVIDIA H200"
     if spec is None:
         known = ", ".join(g.key for g in CATALOGUE)
-        raise InputError(f"--gpu: unknown GPU {name!r}; known: {known} (`bole hardware`)")
+        raise InputError(f"{option}: unknown GPU {name!r}; known: {known} (`bole hardware`)")
     other = _other_part(str(name), spec)
     if other:
-        raise InputError(f"--gpu: {name!r} is {other}; the catalogue's {spec.key} is the "
-                         f"{spec.name}, whose figures would not apply")
+        raise InputError(f"{option}: {name!r} is {other}; the catalogue's {spec.key} is the "
+                         f"{spec.name}, whose figures would not apply ({option} {spec.key} "
+                         "takes them anyway)")
     return spec
+
+
+#: A memory size in a device name ("80GB", "141GB"), not a MIG slice's ("3g.20gb").
+_NAMED_SIZE = re.compile(r"(?<![.\d])(\d+)\s*GB\b", re.I)
+#: A size within this fraction of the catalogue's names the same part (B200: 180 GB usable,
+#: 192 GB quoted).
+_SIZE_TOLERANCE = 0.1
 
 
 def _other_part(name: str, spec: GpuSpec) -> str:
@@ -109,10 +117,10 @@ def _other_part(name: str, spec: GpuSpec) -> str:
     words = [w for w in ("PCIe", "NVL") if re.search(rf"\b{w}\b", name, re.I)]
     if words:
         return f"{'an' if words[0] == 'NVL' else 'a'} {'/'.join(words)} card"
-    sizes = {int(m) for m in re.findall(r"(\d+)\s*GB\b", name, re.I)}
-    catalogue_gb = round(spec.memory_bytes / 1e9)
-    if sizes and catalogue_gb not in sizes:
-        return f"a {min(sizes)} GB card"
+    sizes = [int(m) for m in _NAMED_SIZE.findall(name)]
+    catalogue_gb = spec.memory_bytes / 1e9
+    if sizes and abs(sizes[0] - catalogue_gb) > _SIZE_TOLERANCE * catalogue_gb:
+        return f"a {sizes[0]} GB card"
     return ""
 
 
@@ -152,9 +160,9 @@ class DetectedGpu:
 
 
 def _mismatch(name: str, memory_bytes: int, spec: GpuSpec) -> str:
-    words = [w for w in ("PCIe", "NVL") if re.search(rf"\b{w}\b", name, re.I)]
-    if words:
-        return f"{name} is a {'/'.join(words)} part; catalogue figures are for the {spec.name}"
+    other = _other_part(name, spec)
+    if other:
+        return f"{name} is {other}; catalogue figures are for the {spec.name}"
     if abs(memory_bytes - spec.memory_bytes) > 0.15 * spec.memory_bytes:
         return (f"{memory_bytes / 1e9:.0f} GB of memory differs from the catalogue "
                 f"{spec.name} ({spec.memory_bytes / 1e9:.0f} GB)")

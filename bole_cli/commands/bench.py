@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from bole_cli.bench.e2e import options as e2e
-from bole_cli.bench.results import check_outputs, result_stem, write_results
+from bole_cli.bench.results import check_outputs, check_stem_free, result_stem, write_results
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
 from bole_cli.commands import DRAFT_VOCAB_HELP, path_value
 from bole_cli.errors import BoleError, InputError
@@ -87,6 +87,10 @@ def kernels_cmd(
     if precision not in ("auto",) + VERIFY_PRECISIONS:
         raise InputError(f"--precision: expected auto or one of {', '.join(VERIFY_PRECISIONS)}, got {precision!r}")
     _need_cuda("bole bench kernels needs a CUDA GPU (timings on CPU would mean nothing)")
+    import torch
+
+    device_name = "" if tag else torch.cuda.get_device_name()  # a --tag is the stem itself
+    check_stem_free(out_dir, result_stem(tag, "kernels", device_name, spec.name), "--tag" if tag else "--out-dir")
     from bole_cli.bench import kernel_report
     from bole_cli.bench.kernel_bench import run_kernel_bench
 
@@ -197,6 +201,13 @@ def e2e_cmd(
     if device == "cuda":
         _need_cuda("bole bench e2e needs a CUDA GPU (timings on CPU would mean nothing); "
                    "for a smoke run use --device cpu --tiny")
+        import torch
+
+        device_name = "" if tag else torch.cuda.get_device_name()  # a --tag is the stem itself
+    else:
+        device_name = "cpu"
+    check_stem_free(out_dir, result_stem(tag, "e2e", device_name, "tiny" if tiny else cfg.spec.name),
+                    "--tag" if tag else "--out-dir")
     from bole_cli.bench.e2e.sweep import run_e2e
     from bole_cli.bench.e2e.report import notes, plot, tables
 

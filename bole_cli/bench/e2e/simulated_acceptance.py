@@ -75,10 +75,11 @@ def load_e2e_acceptance(spec: str) -> Acceptance:
     if spec == GREEDY:
         base = load_e2e_acceptance(acc_mod.DEFAULT_PRESET)
         return Acceptance(GREEDY, f"tree shape and budget from {base.name}", base.q, True, base.top1_depth1)
-    if spec in acc_mod.PRESET_TARGETS:  # the preset calibrate and serve read, unchanged
-        model = acc_mod.preset(spec)
-        return Acceptance(spec, model.source, tuple(tuple(r) for r in model.q), False,
-                          acc_mod.preset_top1(spec))
+    name = acc_mod.canonical_preset(spec)
+    if name is not None:  # the preset calibrate and serve read, unchanged
+        model = acc_mod.preset(name)
+        return Acceptance(name, model.source, tuple(tuple(r) for r in model.q), False,
+                          acc_mod.preset_top1(name))
     model = acc_mod.load_acceptance(spec)  # InputError for an unknown name or a bad file
     if model.q is None:
         raise InputError(f"--acceptance {spec}: bole bench e2e needs per-depth acceptance "
