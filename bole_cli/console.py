@@ -86,12 +86,11 @@ def check_name_lengths(path: Path, what: str) -> None:
 
 def check_not_a_record(path: Path, what: str) -> None:
     """Refuse to write over the repository's records: anything in the shipped profiles
-    (profiles.io.shipped_profiles_dir, a checkout's or an installed wheel's: a shipped
+    (paths.shipped_profiles_dir, a checkout's or an installed wheel's: a shipped
     profile is replaced by hand after review), and an existing file in a checkout's
     experiments/ (paths.repository_experiments: a new record there is the team's to add).
     A user's run goes to the user's space."""
-    from bole_cli.paths import repository_experiments
-    from bole_cli.profiles.io import shipped_profiles_dir
+    from bole_cli.paths import repository_experiments, shipped_profiles_dir
 
     try:
         resolved = path.resolve()

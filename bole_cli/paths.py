@@ -4,6 +4,7 @@ bench results, measured acceptance."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +37,15 @@ def results_dir() -> Path:
     cache, never the working directory (in a checkout that would overwrite the
     repository's own records in experiments/results/)."""
     return cache_dir() / "results"
+
+
+def shipped_profiles_dir() -> Path:
+    """The shipped profiles: the repository's profiles/ in a checkout or editable install,
+    else where the wheel puts them (<sys.prefix>/share/bole/profiles)."""
+    repo = Path(__file__).resolve().parents[1] / "profiles"
+    if repo.is_dir():
+        return repo
+    return Path(sys.prefix) / "share" / "bole" / "profiles"
 
 
 def repository_experiments() -> Optional[Path]:

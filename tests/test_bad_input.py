@@ -358,9 +358,9 @@ def test_no_command_writes_over_the_repositorys_records(tmp_path, monkeypatch):
     # an installed wheel's shipped profiles (under sys.prefix, writable in a venv) too
     wheel = tmp_path / "share" / "bole" / "profiles"
     (wheel / "h100").mkdir(parents=True)
-    import bole_cli.profiles.io as io
+    import bole_cli.paths as paths
 
-    monkeypatch.setattr(io, "shipped_profiles_dir", lambda: wheel)
+    monkeypatch.setattr(paths, "shipped_profiles_dir", lambda: wheel)
     with pytest.raises(InputError, match="is in the shipped profiles"):
         check_not_a_record(wheel / "h100" / "Qwen3.5-9B.yaml", "--out")
 

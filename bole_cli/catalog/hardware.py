@@ -114,14 +114,20 @@ _SIZE_TOLERANCE = 0.1
 def _other_part(name: str, spec: GpuSpec) -> str:
     """What a name says that differs from the catalogue part of its family ('' if nothing):
     a PCIe or NVL form factor, or another memory size written as "40GB"."""
-    words = [w for w in ("PCIe", "NVL") if re.search(rf"\b{w}\b", name, re.I)]
-    if words:
-        return f"{'an' if words[0] == 'NVL' else 'a'} {'/'.join(words)} card"
+    form = _form_factor(name)
+    if form:
+        return form
     sizes = [int(m) for m in _NAMED_SIZE.findall(name)]
     catalogue_gb = spec.memory_bytes / 1e9
     if sizes and abs(sizes[0] - catalogue_gb) > _SIZE_TOLERANCE * catalogue_gb:
         return f"a {sizes[0]} GB card"
     return ""
+
+
+def _form_factor(name: str) -> str:
+    """'a PCIe card' / 'an NVL card' where the name says so (the catalogue holds SXM parts)."""
+    words = [w for w in ("PCIe", "NVL") if re.search(rf"\b{w}\b", name, re.I)]
+    return f"{'an' if words[0] == 'NVL' else 'a'} {'/'.join(words)} card" if words else ""
 
 
 def match_gpu(device_name: str) -> Optional[GpuSpec]:
@@ -160,9 +166,9 @@ class DetectedGpu:
 
 
 def _mismatch(name: str, memory_bytes: int, spec: GpuSpec) -> str:
-    other = _other_part(name, spec)
-    if other:
-        return f"{name} is {other}; catalogue figures are for the {spec.name}"
+    form = _form_factor(name)  # the size: the memory measured says it, below
+    if form:
+        return f"{name} is {form}; catalogue figures are for the {spec.name}"
     if abs(memory_bytes - spec.memory_bytes) > 0.15 * spec.memory_bytes:
         return (f"{memory_bytes / 1e9:.0f} GB of memory differs from the catalogue "
                 f"{spec.name} ({spec.memory_bytes / 1e9:.0f} GB)")

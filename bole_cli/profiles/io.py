@@ -6,7 +6,6 @@ import contextlib
 import math
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -27,12 +26,10 @@ def user_profiles_dir() -> Path:
 
 
 def shipped_profiles_dir() -> Path:
-    """The shipped profiles: the repository's profiles/ in a checkout or editable install,
-    else where the wheel puts them (<sys.prefix>/share/bole/profiles)."""
-    repo = Path(__file__).resolve().parents[2] / "profiles"
-    if repo.is_dir():
-        return repo
-    return Path(sys.prefix) / "share" / "bole" / "profiles"
+    """The shipped profiles (bole_cli.paths.shipped_profiles_dir, their one home)."""
+    from bole_cli.paths import shipped_profiles_dir as home
+
+    return home()
 
 
 def default_search_dirs() -> list[Path]:
