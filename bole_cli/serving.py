@@ -423,8 +423,9 @@ def memory_summary(spec: Any, settings: ServeSettings,
 
 def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str],
                     draft_vocab: Optional[int] = None):
-    """(gpu spec or None, model spec or None, profile path, profile dict, gpu note, notes: the
-    unreadable profiles passed over in the search, a user's own included). `draft_vocab`: the
+    """(gpu spec or None, model spec or None, profile path, profile dict, gpu note, notes: a
+    detected card that is another part of its catalogue family (a PCIe card), the unreadable
+    profiles passed over in the search, a user's own included). `draft_vocab`: the
     served token map's size; the search takes that head's profile first where there is one."""
     from bole_cli.catalog.hardware import detect_gpu, known_gpu_names, resolve_gpu
     from bole_cli.catalog.models import resolve_model
@@ -438,7 +439,7 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
                 f"--model {model!r} is neither a catalogue model nor a config.json; give its "
                 "calibration profile with --profile FILE (see `bole models`)") from None
         model_spec = None
-    gpu_note, skipped = "", []
+    gpu_note, skipped, mismatch = "", [], []
     if gpu is not None:
         gpu_spec = resolve_gpu(gpu)
         gpu_note = "--gpu"
@@ -452,6 +453,7 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
                              f"({', '.join(known_gpu_names())})")
         gpu_spec = detected.spec
         gpu_note = f"detected {detected.name}"
+        mismatch = [detected.mismatch] if detected.mismatch else []  # another part of its family
     if profile_file is not None:
         path = Path(profile_file)
         try:
@@ -472,8 +474,8 @@ def resolve_profile(model: str, profile_file: Optional[Path], gpu: Optional[str]
                 f"no profile for {model_spec.name} on {gpu_spec.key} (looked in {dirs}){unreadable}; make "
                 f"one with `bole calibrate --gpu {gpu_spec.key} --model {short}` or pass --profile FILE")
         profile = load_profile(path)
-    return gpu_spec, model_spec, path, profile, gpu_note, [f"passed over an unreadable profile: {why}"
-                                                           for why in skipped]
+    return gpu_spec, model_spec, path, profile, gpu_note, mismatch + [
+        f"passed over an unreadable profile: {why}" for why in skipped]
 
 
 def _catalogue_name(name: Any) -> Optional[str]:

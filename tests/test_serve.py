@@ -263,6 +263,21 @@ def test_no_gpu_needs_gpu_option(no_sglang, monkeypatch):
     assert "no CUDA GPU detected" in _one_line(r.stderr) and "--gpu" in r.stderr
 
 
+def test_a_detected_card_of_another_part_is_served_with_a_note(no_sglang, monkeypatch):
+    """An H100 PCIe is detected as the h100 family: served from the SXM card's profile, and
+    the notes say its figures are another part's (`--gpu "NVIDIA H100 PCIe"` is refused)."""
+    import bole_cli.catalog.hardware as hw
+
+    spec = hw.resolve_gpu("h100")
+    card = hw.DetectedGpu("NVIDIA H100 PCIe", 80 * 2**30, 114, (9, 0), spec=spec,
+                          mismatch=hw._mismatch("NVIDIA H100 PCIe", 80 * 2**30, spec))
+    monkeypatch.setattr(hw, "detect_gpu", lambda index=None: card)
+    r = invoke("--model", "9b", "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    notes = json.loads(r.stdout)["notes"]
+    assert "NVIDIA H100 PCIe is a PCIe card; catalogue figures are for the H100 SXM" in notes
+
+
 def test_unknown_model_without_profile_is_input_error(no_sglang):
     r = invoke("--model", "someone/other-model", "--gpu", "h200", "--dry-run")
     assert r.exit_code == 2 and "--profile" in _one_line(r.stderr)
