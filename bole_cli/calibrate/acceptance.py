@@ -470,7 +470,8 @@ def load_acceptance(spec: str) -> AcceptanceModel:
         return from_data(data, spec)
     except InputError as exc:
         if isinstance(data, dict) and "bole_profile" in data:  # the likeliest wrong file
-            used = (data.get("acceptance") or {}).get("name") if isinstance(data.get("acceptance"), dict) else None
+            block = data.get("acceptance")
+            used = block.get("name") if isinstance(block, dict) else None
             raise InputError(f"--acceptance: {spec} is a calibration profile, not an acceptance file"
                              + (f" (it was calibrated with {used!r})" if used else "")) from None
         raise InputError(f"--acceptance: {exc}") from None

@@ -366,8 +366,8 @@ def sweep_extras(acceptance: Any) -> Any:
 def run_calibration(plan: CalibrationPlan, *, announce: Optional[Callable[[str], None]] = None,
                     progress: Optional[Progress] = None, plot: bool = True) -> CalibrationResult:
     """Build the StepTimer, `announce` the label, sweep (reporting each step to `progress`
-    when measuring, or when an estimate is long), build and write the profile (keeping the file's kernels section),
-    and plot it beside the profile."""
+    when measuring, or when an estimate is long), build and write the profile (keeping the
+    file's kernels section), and plot it beside the profile."""
     from bole_cli.calibrate.sweep import build_profile, run_sweep, sweep_steps, write_profile
     from bole_cli.interrupts import held, released
 
