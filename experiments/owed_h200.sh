@@ -87,7 +87,7 @@
 # starts (901 s of the budget), then an H100 (S35-a): the 32k head's check at 9B cnndm batch 16 and
 # 27B cnndm batch 1 / 4 (185, 248, 178 s); still owed on an H100: 27B batch 16, both presets
 # (CHECK_MODEL=27B CHECK_PRESET=P CHECK_DRAFT_VOCAB=32768 CHECK_BATCH=16); every H200 figure above.
-# Thirty-sixth session: no command ran (thirteen calls over two hours, each refused or turned away
+# Thirty-sixth session: no command ran (seventeen calls over two hours, each refused or turned away
 # in a cooling window, 1426 s of the budget; the last 374 s could not start a machine). All of the
 # above still owed, in the order below.
 # Run the rest in this order (a
