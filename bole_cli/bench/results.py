@@ -44,14 +44,16 @@ def check_outputs(out_dir: Optional[Path], tag: Optional[str]) -> Path:
     return folder
 
 
-def check_stem_free(out_dir: Path, stem: str, what: str) -> None:
-    """Once the stem is known (the device names it) and before any timing: refuse a stem
-    whose JSON or plot would replace one of the repository's records (--out-dir inside its
-    experiments/: a record is never re-written by a run, the new run takes a new --tag)."""
+def check_stem_free(out_dir: Path, tag: Optional[str], kind: str, device: str, model: str) -> None:
+    """Once the stem is known (result_stem: the device names it) and before any timing:
+    refuse a stem whose JSON or plot would replace one of the repository's records
+    (--out-dir inside its experiments/: a record is never re-written by a run, the new run
+    takes a new --tag)."""
     from bole_cli.console import check_not_a_record
 
+    stem = result_stem(tag, kind, device, model)
     for suffix in (".json", ".png"):
-        check_not_a_record(out_dir / f"{stem}{suffix}", what)
+        check_not_a_record(out_dir / f"{stem}{suffix}", "--tag" if tag else "--out-dir")
 
 
 def result_stem(tag: Optional[str], kind: str, device: str, model: str, *, incomplete: str = "") -> str:

@@ -90,7 +90,7 @@ def kernels_cmd(
     import torch
 
     device_name = "" if tag else torch.cuda.get_device_name()  # a --tag is the stem itself
-    check_stem_free(out_dir, result_stem(tag, "kernels", device_name, spec.name), "--tag" if tag else "--out-dir")
+    check_stem_free(out_dir, tag, "kernels", device_name, spec.name)
     from bole_cli.bench import kernel_report
     from bole_cli.bench.kernel_bench import run_kernel_bench
 
@@ -206,8 +206,7 @@ def e2e_cmd(
         device_name = "" if tag else torch.cuda.get_device_name()  # a --tag is the stem itself
     else:
         device_name = "cpu"
-    check_stem_free(out_dir, result_stem(tag, "e2e", device_name, "tiny" if tiny else cfg.spec.name),
-                    "--tag" if tag else "--out-dir")
+    check_stem_free(out_dir, tag, "e2e", device_name, "tiny" if tiny else cfg.spec.name)
     from bole_cli.bench.e2e.sweep import run_e2e
     from bole_cli.bench.e2e.report import notes, plot, tables
 
