@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkabl
 
 from bole_cli import __version__
 from bole_cli.calibrate.acceptance import AcceptanceModel
+from bole_cli.calibrate.decision import BucketCosts
 from bole_cli.calibrate.selection import select_b_ver
 from bole_cli.errors import BoleError
 from bole_cli.limits import MAX_TREE_NODES
@@ -260,10 +261,8 @@ def run_sweep(forward: StepTimer, batches: Sequence[int], kv_lens: Sequence[int]
 
 
 # ---- from curves to a profile -------------------------------------------------------------
-def bucket_costs(curve: ConfigCurve) -> Optional["BucketCosts"]:
+def bucket_costs(curve: ConfigCurve) -> Optional[BucketCosts]:
     """The decision's inputs for one configuration (None without drafter or sample costs)."""
-    from bole_cli.calibrate.decision import BucketCosts
-
     if not curve.draft_level or curve.sample is None:
         return None
     return BucketCosts(curve.batch, curve.kv_len, curve.t_dec, list(curve.n), list(curve.t_ver),
