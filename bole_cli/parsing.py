@@ -13,7 +13,7 @@ from bole_cli.errors import InputError
 INT_OPTION_MAX = 1 << 40
 
 
-def _shown(text: str, width: int = 24) -> str:
+def quoted(text: str, width: int = 24) -> str:
     """A user's value quoted for a message, cut so a huge one stays one short line."""
     return repr(text) if len(text) <= width else repr(text[:width]) + f"... ({len(text)} chars)"
 
@@ -47,16 +47,26 @@ def check_draft_vocab(value: Optional[int], vocab: int, top_k: int = 1) -> Optio
 _DECIMAL = re.compile(r"-?[0-9]+")
 
 
+#: The most characters an integer option reads: int() of thousands of digits is slow or
+#: refused outright, and no option takes a number this long (INT_OPTION_MAX has 13 digits).
+MAX_INT_CHARS = 24
+
+
+def is_decimal(text: str) -> bool:
+    """Whether `text` is an integer as a user types one (int() also takes '1_000', '+4'
+    and full-width digits), of at most MAX_INT_CHARS characters."""
+    return len(text) <= MAX_INT_CHARS and _DECIMAL.fullmatch(text) is not None
+
+
 def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> list[int]:
     """'1,2,4' -> [1, 2, 4]: positive, distinct, sorted, at most `maximum` (default
     INT_OPTION_MAX); InputError names the option and the value (a repeated one too: check_once)."""
     cap = INT_OPTION_MAX if maximum is None else maximum
     values = []
     for x in _items(text, option, "list of positive integers"):
-        if len(x) > 24:  # int() of thousands of digits is slow or refused outright
-            raise InputError(f"{expected_int(option, 1, cap)}, got {_shown(x)}")
-        if not _DECIMAL.fullmatch(x):  # int() also takes '1_000', '+4' and full-width digits
-            raise InputError(f"{expected_int(option, 1, maximum)}, got {_shown(x)}")
+        if not is_decimal(x):
+            too_long = len(x) > MAX_INT_CHARS
+            raise InputError(f"{expected_int(option, 1, cap if too_long else maximum)}, got {quoted(x)}")
         v = int(x)
         check_int(v, option, minimum=1, maximum=maximum if v >= 1 else None)
         check_int(v, option, minimum=1, maximum=cap)
@@ -70,7 +80,7 @@ def parse_name_list(text: str, option: str) -> list[str]:
     empty list or item, or a name given twice (check_once)."""
     items = _items(text, option, "list")
     for i, x in enumerate(items):
-        check_once(x, items[:i], option, text, _shown(x))
+        check_once(x, items[:i], option, text, quoted(x))
     return items
 
 
@@ -78,7 +88,7 @@ def check_once(value, earlier, option: str, text, shown: str) -> None:
     """InputError naming the option when `value` of the list `text` is among `earlier`: a
     repeat is more often a typo ('1,4,4' for '1,4,16') than a wish to run it twice."""
     if value in earlier:
-        raise InputError(f"{option}: {shown} appears twice in {_shown(str(text))}; give each value once")
+        raise InputError(f"{option}: {shown} appears twice in {quoted(str(text))}; give each value once")
 
 
 def _items(text: str, option: str, what: str) -> list[str]:
@@ -88,5 +98,5 @@ def _items(text: str, option: str, what: str) -> list[str]:
     if not any(items):
         raise InputError(f"{option}: expected a comma-separated {what}")
     if not all(items):
-        raise InputError(f"{option}: an empty item in {_shown(str(text))}; expected a comma-separated {what}")
+        raise InputError(f"{option}: an empty item in {quoted(str(text))}; expected a comma-separated {what}")
     return items

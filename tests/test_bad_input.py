@@ -532,6 +532,41 @@ def test_a_stray_comma_is_refused_naming_the_option(tmp_path, args, culprit):
     bad(*args, culprit=culprit, env={"BOLE_CACHE_DIR": str(tmp_path)})
 
 
+@pytest.mark.parametrize("value", ["1_0", "+4", "\uff14", "4.0", "0x4", "9" * 30])
+@pytest.mark.parametrize("args, option", [
+    (("inspect-tree", "--synthetic"), "--depth"),
+    (("calibrate", "--gpu", "a100", "--model", "9b"), "--layers-sample"),
+    (("serve", "--model", "9b", "--gpu", "h100", "--dry-run"), "--batch"),
+    (E2E_TINY, "--steps"),
+])
+def test_an_integer_option_takes_what_the_list_options_take(tmp_path, args, option, value):
+    line = bad(*args, option, value, culprit=f"'{option}': expected an integer",
+               env={"BOLE_CACHE_DIR": str(tmp_path)})
+    assert value[:24] in line
+
+
+def test_every_integer_option_is_read_as_the_list_options_read_theirs():
+    """An integer parameter declared with typer.Option (whose int takes '1_000' and '+4')
+    instead of commands.int_option is a slip: this lists them."""
+    import ast
+
+    import bole_cli.commands as commands
+
+    slips = []
+    for path in sorted(Path(commands.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            args = node.args.args[len(node.args.args) - len(node.args.defaults):]
+            for arg, default in zip(args, node.args.defaults):
+                kind = ast.unparse(arg.annotation) if arg.annotation else ""
+                call = ast.unparse(default.func) if isinstance(default, ast.Call) else ""
+                if kind in ("int", "Optional[int]", "int | None") and call != "int_option":
+                    slips.append(f"{path.name}: {node.name}({arg.arg}) uses {call or 'no option'}")
+    assert not slips, slips
+    assert any("int_option(" in p.read_text() for p in Path(commands.__file__).parent.glob("*.py"))
+
+
 @pytest.mark.parametrize("extra, culprit", [
     (("--model", "27b"), "--model 27b: --tiny builds its own"),
     (("--tree-budgets", "8", "--budget", "16"), "--budget: --tree-budgets sweeps"),

@@ -15,7 +15,7 @@ from typing import ContextManager, Optional
 
 import typer
 
-from bole_cli.commands import path_value
+from bole_cli.commands import int_option, path_value
 from bole_cli.mtp.run import DEFAULT_DEPTH, DEFAULT_MAX_NEW, DEFAULT_TOPK
 
 
@@ -75,9 +75,9 @@ def acceptance(
                               "(Qwen3.5 / Qwen3-Next, with its mtp.* weights and tokenizer)."),
     prompts: str = typer.Option(..., "--prompts", help="JSON lines: {\"prompt\": ...} or "
                                 "{\"messages\": [...]} per line."),
-    depth: int = typer.Option(DEFAULT_DEPTH, "--depth", help="Draft depths to measure."),
-    topk: int = typer.Option(DEFAULT_TOPK, "--topk", help="Ranks per depth (the tree's top-k)."),
-    max_new: int = typer.Option(DEFAULT_MAX_NEW, "--max-new",
+    depth: int = int_option(DEFAULT_DEPTH, "--depth", help="Draft depths to measure."),
+    topk: int = int_option(DEFAULT_TOPK, "--topk", help="Ranks per depth (the tree's top-k)."),
+    max_new: int = int_option(DEFAULT_MAX_NEW, "--max-new",
                                 help="Greedy continuation tokens per prompt."),
     device: Optional[str] = typer.Option(None, "--device",
                                          help="cuda or cpu (default: cuda when present)."),

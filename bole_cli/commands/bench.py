@@ -15,7 +15,7 @@ import typer
 from bole_cli.bench.e2e import options as e2e
 from bole_cli.bench.results import check_outputs, check_stem_free, result_stem, write_results
 from bole_cli.calibrate.acceptance import DEFAULT_PRESET, PRESET_TARGETS
-from bole_cli.commands import DRAFT_VOCAB_HELP, path_value
+from bole_cli.commands import DRAFT_VOCAB_HELP, int_option, path_value
 from bole_cli.errors import BoleError, InputError
 from bole_cli.memory import FLOAT_DTYPES
 from bole_cli.limits import (KERNEL_STATE_DTYPES, MAX_BATCH_REQUESTS, MAX_TREE_NODES, SERVED_VERIFY_PRECISION,
@@ -138,7 +138,7 @@ def e2e_cmd(
     model: str = typer.Option(e2e.MODEL, "--model", "-m", help="Model whose shapes to build (random weights)."),
     batch: Optional[str] = typer.Option(None, "--batch",
                                         help=f"Batch sizes, comma-separated {e2e.default_note('batch')}."),
-    context: Optional[int] = typer.Option(None, "--context", help="Committed tokens per request (KV cache) "
+    context: Optional[int] = int_option(None, "--context", help="Committed tokens per request (KV cache) "
                                                                   f"{e2e.default_note('context')}."),
     budget: str = typer.Option(e2e.BUDGET, "--budget",
                                help="Tree tokens verified per step over the whole batch: 'profile' (the tree "
@@ -148,13 +148,13 @@ def e2e_cmd(
                                    help=f"SIMULATED acceptance: {', '.join(PRESET_TARGETS)}, a per-depth "
                                         "acceptance file, or 'greedy' (accept iff the draft equals the target's "
                                         "argmax)."),
-    depth: Optional[int] = typer.Option(None, "--depth",
+    depth: Optional[int] = int_option(None, "--depth",
                                         help=f"Draft tree depth (drafter passes) {e2e.default_note('depth')}."),
-    topk: Optional[int] = typer.Option(None, "--topk", help="Drafts per expanded node (beam width) "
+    topk: Optional[int] = int_option(None, "--topk", help="Drafts per expanded node (beam width) "
                                                             f"{e2e.default_note('topk')}."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Timed steps per decoder and batch "
+    steps: Optional[int] = int_option(None, "--steps", help="Timed steps per decoder and batch "
                                                               f"{e2e.default_note('steps')}."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed steps first (graph capture) "
+    warmup: Optional[int] = int_option(None, "--warmup", help="Untimed steps first (graph capture) "
                                                                 f"{e2e.default_note('warmup')}."),
     decoders: Optional[str] = typer.Option(None, "--decoders", help=e2e.decoders_help()),
     chain_depths: Optional[str] = typer.Option(None, "--chain-depths",
@@ -166,13 +166,13 @@ def e2e_cmd(
     tree_shapes: Optional[str] = typer.Option(None, "--tree-shapes", metavar="DxK,...",
                                               help="Draft tree shapes (depth x top-k) the tree decoders "
                                                    "sweep, best reported [--depth x --topk]."),
-    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", help=DRAFT_VOCAB_HELP),
+    draft_vocab: Optional[int] = int_option(None, "--draft-vocab", help=DRAFT_VOCAB_HELP),
     snapshot_engine: str = typer.Option(e2e.SNAPSHOT_ENGINE, "--snapshot-engine",
                                         help="Snapshot verify: auto (SGLang's kernels where they load), "
                                              "sglang, torch."),
-    max_batch: int = typer.Option(e2e.MAX_BATCH, "--max-batch", help="Upper end of the largest-batch search."),
-    max_probes: int = typer.Option(e2e.MAX_PROBES, "--max-probes", help="Batches tried per decoder in that search."),
-    probe_nodes: Optional[int] = typer.Option(None, "--probe-nodes",
+    max_batch: int = int_option(e2e.MAX_BATCH, "--max-batch", help="Upper end of the largest-batch search."),
+    max_probes: int = int_option(e2e.MAX_PROBES, "--max-probes", help="Batches tried per decoder in that search."),
+    probe_nodes: Optional[int] = int_option(None, "--probe-nodes",
                                               help="Tree tokens per request in that search (default: the "
                                                    "per-request tree at the smallest --batch)."),
     no_max_batch: bool = typer.Option(False, "--no-max-batch", help="Skip the largest-batch search."),
@@ -182,7 +182,7 @@ def e2e_cmd(
     device: str = typer.Option(e2e.DEVICE, "--device", help="cuda, or cpu with --tiny (a smoke run)."),
     tiny: bool = typer.Option(False, "--tiny", help="A tiny 8-layer hybrid model instead of --model (smoke runs)."),
     no_graphs: bool = typer.Option(False, "--no-graphs", help="Run eagerly (no CUDA graphs)."),
-    seed: int = typer.Option(e2e.SEED, "--seed", help="Weights, prompts and the acceptance draws."),
+    seed: int = int_option(e2e.SEED, "--seed", help="Weights, prompts and the acceptance draws."),
     out_dir: Optional[Path] = typer.Option(None, "--out-dir", parser=path_value, metavar="DIR", help=OUT_DIR_HELP),
     tag: Optional[str] = typer.Option(None, "--tag", help="File name stem (default: e2e-<gpu>-<model>)."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),

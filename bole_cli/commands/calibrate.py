@@ -20,7 +20,7 @@ from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_G
                                         DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_BATCH, MAX_GRID_POINT,
                                         MAX_KV_LEN)
 from bole_cli.calibrate.pipeline import int_list_text
-from bole_cli.commands import DRAFT_VOCAB_HELP, path_value
+from bole_cli.commands import DRAFT_VOCAB_HELP, int_option, path_value
 from bole_cli.parsing import parse_int_list
 
 
@@ -108,10 +108,10 @@ def calibrate(
         help=f"Acceptance statistics for the decision: a preset ({', '.join(PRESET_TARGETS)}), "
              "or a YAML/JSON file: per-depth acceptance, `bole acceptance`'s measurement, or "
              "an accepted-length histogram a server reported."),
-    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", help=DRAFT_VOCAB_HELP),
-    repeats: int = typer.Option(DEFAULT_REPEATS, "--repeats", help="Timed runs per point (measured path)."),
-    warmup: int = typer.Option(DEFAULT_WARMUP, "--warmup", help="Untimed runs per point (measured path)."),
-    layers_sample: Optional[int] = typer.Option(
+    draft_vocab: Optional[int] = int_option(None, "--draft-vocab", help=DRAFT_VOCAB_HELP),
+    repeats: int = int_option(DEFAULT_REPEATS, "--repeats", help="Timed runs per point (measured path)."),
+    warmup: int = int_option(DEFAULT_WARMUP, "--warmup", help="Untimed runs per point (measured path)."),
+    layers_sample: Optional[int] = int_option(
         None, "--layers-sample", metavar="K",
         help="Measured path: time K blocks of four layers and scale to the full depth."),
     note: str = typer.Option("", "--note", help="Free text stored as provenance.note."),

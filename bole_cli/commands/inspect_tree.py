@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from bole_cli.commands import int_option
 from bole_cli.inspection.report import MIN_PER_REQUEST, STATE_DTYPE, SYNTHETIC_DEFAULTS
 from bole_cli.memory import FLOAT_DTYPES
 
@@ -31,34 +32,34 @@ def inspect_tree(
              "or 'log_probs' (1-D for one request, \\[bs, n] for a batch)."),
     synthetic: bool = typer.Option(
         False, "--synthetic", help="A synthetic EAGLE-style beam tree instead of a file."),
-    depth: Optional[int] = typer.Option(
+    depth: Optional[int] = int_option(
         None, "--depth", show_default=False,
         help=f"--synthetic: draft levels below the verified token. \\[default: {SYNTHETIC_DEFAULTS['depth']}]"),
-    topk: Optional[int] = typer.Option(
+    topk: Optional[int] = int_option(
         None, "--topk", show_default=False,
         help=f"--synthetic: drafts per expansion. \\[default: {SYNTHETIC_DEFAULTS['topk']}]"),
-    seed: Optional[int] = typer.Option(
+    seed: Optional[int] = int_option(
         None, "--seed", show_default=False,
         help=f"--synthetic: random seed. \\[default: {SYNTHETIC_DEFAULTS['seed']}]"),
-    requests: Optional[int] = typer.Option(
+    requests: Optional[int] = int_option(
         None, "--requests", show_default=False,
         help=f"--synthetic: number of requests, seeds SEED, SEED+1, ... \\[default: {SYNTHETIC_DEFAULTS['requests']}]"),
-    budget: Optional[int] = typer.Option(
+    budget: Optional[int] = int_option(
         None, "--budget", "-N", show_default=False,
         help="Keep the N highest-scoring nodes of the whole batch; the rest show as pruned."),
-    min_per_request: Optional[int] = typer.Option(
+    min_per_request: Optional[int] = int_option(
         None, "--min-per-request", show_default=False,
         help=f"With --budget: nodes of its best path every request keeps. \\[default: {MIN_PER_REQUEST}]"),
-    max_per_request: Optional[int] = typer.Option(
+    max_per_request: Optional[int] = int_option(
         None, "--max-per-request", show_default=False,
         help="With --budget: the most nodes one request may keep."),
     model: Optional[str] = typer.Option(
         None, "--model", "-m", show_default=False,
         help="Show transient verify memory for this catalogue model (e.g. 9b) or config.json."),
-    batch: Optional[int] = typer.Option(
+    batch: Optional[int] = int_option(
         None, "--batch", "-b", show_default=False,
         help="With --model: requests in flight. \\[default: the requests given]"),
-    nodes: Optional[int] = typer.Option(
+    nodes: Optional[int] = int_option(
         None, "--nodes", "-T", show_default=False,
         help="With --model: draft nodes per request. \\[default: the most any request "
              "verifies, after the budget]"),

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperCommand
 
-from bole_cli.commands import path_value
+from bole_cli.commands import int_option, path_value
 from bole_cli.serving import CHAIN_VERIFIERS, DEFAULT_BATCH, DEFAULT_KV_LEN, DEFAULT_PORT, ServeSettings
 
 
@@ -109,15 +109,15 @@ def serve(
                                            help="Calibration profile to use instead of the search."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU whose profile to use (default: "
                                       "the detected one; needed without a GPU, e.g. --dry-run)."),
-    batch: int = typer.Option(DEFAULT_BATCH, "--batch", help="Expected concurrent requests: the "
+    batch: int = int_option(DEFAULT_BATCH, "--batch", help="Expected concurrent requests: the "
                               "budget is read at this batch size; also --max-running-requests."),
-    kv_len: int = typer.Option(DEFAULT_KV_LEN, "--kv-len", "--context", help="Expected context length (KV bucket); --context as in bole bench e2e."),
+    kv_len: int = int_option(DEFAULT_KV_LEN, "--kv-len", "--context", help="Expected context length (KV bucket); --context as in bole bench e2e."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="EAGLE draft model "
                                               "(default: NEXTN with the model's own MTP head)."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Draft depth (default: the profile's decision)."),
-    topk: Optional[int] = typer.Option(None, "--topk", help="Drafts per expansion; 1 is a chain "
+    steps: Optional[int] = int_option(None, "--steps", help="Draft depth (default: the profile's decision)."),
+    topk: Optional[int] = int_option(None, "--topk", help="Drafts per expansion; 1 is a chain "
                                        "(default: the profile's decision)."),
-    draft_tokens: Optional[int] = typer.Option(None, "--draft-tokens",
+    draft_tokens: Optional[int] = int_option(None, "--draft-tokens",
                                                help="Tree tokens per request (default: the "
                                                     "profile's decision)."),
     chain_verify: Optional[str] = typer.Option(None, "--chain-verify", metavar="|".join(CHAIN_VERIFIERS),
@@ -125,7 +125,7 @@ def serve(
                                                     "ReplaySSM (default: the profile's decision, else "
                                                     f"{CHAIN_VERIFIERS[0]})."),
     host: Optional[str] = typer.Option(None, "--host", help="Passed to SGLang (its default: 127.0.0.1)."),
-    port: int = typer.Option(DEFAULT_PORT, "--port", help="Passed to SGLang."),
+    port: int = int_option(DEFAULT_PORT, "--port", help="Passed to SGLang."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the settings and command; start nothing."),
     json_out: bool = typer.Option(False, "--json", help="Print the settings and command as JSON."),
     extra: Optional[list[str]] = typer.Argument(

@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from bole_cli.commands import path_value
+from bole_cli.commands import int_option, path_value
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_NODES
 from bole_cli.parsing import check_int, parse_int_list, parse_name_list
@@ -59,7 +59,7 @@ def tune_kernels(
                               help="Model(s) whose GDN shapes to tune, comma-separated (e.g. 4b,9b,27b)."),
     nodes: str = typer.Option("16,64,128,192,256", "--nodes", help="Tree nodes per request, comma-separated."),
     batch: str = typer.Option("1,4,16,64", "--batch", help="Batch sizes, comma-separated."),
-    trials: int = typer.Option(12, "--trials", help="Candidates evaluated per bucket (the default included)."),
+    trials: int = int_option(12, "--trials", help="Candidates evaluated per bucket (the default included)."),
     sampler: str = typer.Option("tpe", "--sampler", help="tpe (Optuna's TPE) or grid (capped at --trials)."),
     kernels: str = typer.Option(DEFAULT_KERNELS, "--kernels", help="Kernels to tune, comma-separated."),
     profile: Optional[Path] = typer.Option(
@@ -71,10 +71,10 @@ def tune_kernels(
     fresh: bool = typer.Option(False, "--fresh", help="Discard earlier studies of these buckets."),
     max_minutes: Optional[float] = typer.Option(
         None, "--max-minutes", help="Time budget; shared out over the buckets (each keeps its default)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the samplers and the random inputs."),
+    seed: int = int_option(0, "--seed", help="Seed of the samplers and the random inputs."),
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print the search space and check sampled candidates on a tiny shape (no GPU)."),
-    sample: Optional[int] = typer.Option(None, "--sample",
+    sample: Optional[int] = int_option(None, "--sample",
                                          help=f"Dry run: candidates checked per kernel, at most {MAX_DRY_RUN_SAMPLE} "
                                               "(each takes about 0.5 s in the Triton interpreter) "
                                               f"\\[{DRY_RUN_SAMPLE}]."),
