@@ -47,15 +47,34 @@ def check_draft_vocab(value: Optional[int], vocab: int, top_k: int = 1) -> Optio
 _DECIMAL = re.compile(r"-?[0-9]+")
 
 
-#: The most characters an integer option reads: int() of thousands of digits is slow or
-#: refused outright, and no option takes a number this long (INT_OPTION_MAX has 13 digits).
-MAX_INT_CHARS = 24
+#: The most digits an integer option reads as a number: int() of thousands of digits is slow
+#: or refused outright, and no option takes a number this long (INT_OPTION_MAX has 13 digits).
+MAX_INT_DIGITS = 24
 
 
 def is_decimal(text: str) -> bool:
     """Whether `text` is an integer as a user types one (int() also takes '1_000', '+4'
-    and full-width digits), of at most MAX_INT_CHARS characters."""
-    return len(text) <= MAX_INT_CHARS and _DECIMAL.fullmatch(text) is not None
+    and full-width digits)."""
+    return _DECIMAL.fullmatch(text) is not None
+
+
+def read_decimal(text: str) -> int:
+    """An integer as a user types one (is_decimal) as a number; one of more than
+    MAX_INT_DIGITS digits as +-10^MAX_INT_DIGITS, out of every option's range (check_int
+    names it "a larger number")."""
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        return -(10**MAX_INT_DIGITS) if text.startswith("-") else 10**MAX_INT_DIGITS
+    return int(text)
+
+
+#: A decimal number as a user types one ('0.05', '.5', '1e-3'), finite (an exponent of two
+#: digits at most); float() also takes '1_0', 'inf', 'nan' and full-width digits.
+_DECIMAL_NUMBER = re.compile(r"-?([0-9]{1,40}\.?[0-9]{0,40}|\.[0-9]{1,40})([eE][-+]?[0-9]{1,2})?")
+
+
+def is_decimal_number(text: str) -> bool:
+    """Whether `text` is a finite number as a user types one."""
+    return _DECIMAL_NUMBER.fullmatch(text) is not None
 
 
 def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> list[int]:
@@ -65,9 +84,8 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
     values = []
     for x in _items(text, option, "list of positive integers"):
         if not is_decimal(x):
-            too_long = len(x) > MAX_INT_CHARS
-            raise InputError(f"{expected_int(option, 1, cap if too_long else maximum)}, got {quoted(x)}")
-        v = int(x)
+            raise InputError(f"{expected_int(option, 1, maximum)}, got {quoted(x)}")
+        v = read_decimal(x)
         check_int(v, option, minimum=1, maximum=maximum if v >= 1 else None)
         check_int(v, option, minimum=1, maximum=cap)
         check_once(v, values, option, text, f"{v:,}")

@@ -22,14 +22,13 @@ def int_value(text: "str | int") -> int:
     command's to check, by name."""
     import typer
 
-    from bole_cli.parsing import MAX_INT_CHARS, is_decimal, quoted
+    from bole_cli.parsing import is_decimal, quoted, read_decimal
 
     if isinstance(text, int):  # a default
         return text
     if not is_decimal(text.strip()):
-        too_long = len(text.strip()) > MAX_INT_CHARS
-        raise typer.BadParameter(f"expected an integer{' below 10^24' if too_long else ''}, got {quoted(text)}")
-    return int(text)
+        raise typer.BadParameter(f"expected an integer, got {quoted(text)}")
+    return read_decimal(text.strip())
 
 
 def int_option(default: Any, *decls: str, metavar: str = "INTEGER", **kwargs: Any) -> Any:
@@ -38,6 +37,27 @@ def int_option(default: Any, *decls: str, metavar: str = "INTEGER", **kwargs: An
     import typer
 
     return typer.Option(default, *decls, parser=int_value, metavar=metavar, **kwargs)
+
+
+def float_value(text: "str | float") -> float:
+    """A number option's value (typer's `parser=`, metavar NUMBER): digits, a point and an
+    exponent (bole_cli.parsing.is_decimal_number); the range is the command's to check."""
+    import typer
+
+    from bole_cli.parsing import is_decimal_number, quoted
+
+    if isinstance(text, (int, float)):  # a default
+        return float(text)
+    if not is_decimal_number(text.strip()):
+        raise typer.BadParameter(f"expected a number, got {quoted(text)}")
+    return float(text)
+
+
+def float_option(default: Any, *decls: str, metavar: str = "NUMBER", **kwargs: Any) -> Any:
+    """typer.Option for a number, read by float_value."""
+    import typer
+
+    return typer.Option(default, *decls, parser=float_value, metavar=metavar, **kwargs)
 
 
 def path_value(text: str) -> Path:

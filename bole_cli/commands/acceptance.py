@@ -78,7 +78,7 @@ def acceptance(
     depth: int = int_option(DEFAULT_DEPTH, "--depth", help="Draft depths to measure."),
     topk: int = int_option(DEFAULT_TOPK, "--topk", help="Ranks per depth (the tree's top-k)."),
     max_new: int = int_option(DEFAULT_MAX_NEW, "--max-new",
-                                help="Greedy continuation tokens per prompt."),
+                              help="Greedy continuation tokens per prompt."),
     device: Optional[str] = typer.Option(None, "--device",
                                          help="cuda or cpu (default: cuda when present)."),
     out: Optional[Path] = typer.Option(None, "--out", parser=path_value, metavar="FILE", help="Acceptance file to write "

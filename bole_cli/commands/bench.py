@@ -139,7 +139,7 @@ def e2e_cmd(
     batch: Optional[str] = typer.Option(None, "--batch",
                                         help=f"Batch sizes, comma-separated {e2e.default_note('batch')}."),
     context: Optional[int] = int_option(None, "--context", help="Committed tokens per request (KV cache) "
-                                                                  f"{e2e.default_note('context')}."),
+                                                                f"{e2e.default_note('context')}."),
     budget: str = typer.Option(e2e.BUDGET, "--budget",
                                help="Tree tokens verified per step over the whole batch: 'profile' (the tree "
                                     "budget of the decision in this GPU and model's calibration profile; "
@@ -149,13 +149,13 @@ def e2e_cmd(
                                         "acceptance file, or 'greedy' (accept iff the draft equals the target's "
                                         "argmax)."),
     depth: Optional[int] = int_option(None, "--depth",
-                                        help=f"Draft tree depth (drafter passes) {e2e.default_note('depth')}."),
+                                      help=f"Draft tree depth (drafter passes) {e2e.default_note('depth')}."),
     topk: Optional[int] = int_option(None, "--topk", help="Drafts per expanded node (beam width) "
-                                                            f"{e2e.default_note('topk')}."),
+                                                          f"{e2e.default_note('topk')}."),
     steps: Optional[int] = int_option(None, "--steps", help="Timed steps per decoder and batch "
-                                                              f"{e2e.default_note('steps')}."),
+                                                            f"{e2e.default_note('steps')}."),
     warmup: Optional[int] = int_option(None, "--warmup", help="Untimed steps first (graph capture) "
-                                                                f"{e2e.default_note('warmup')}."),
+                                                              f"{e2e.default_note('warmup')}."),
     decoders: Optional[str] = typer.Option(None, "--decoders", help=e2e.decoders_help()),
     chain_depths: Optional[str] = typer.Option(None, "--chain-depths",
                                                help="Depths the chain decoders sweep, best reported "
@@ -173,8 +173,8 @@ def e2e_cmd(
     max_batch: int = int_option(e2e.MAX_BATCH, "--max-batch", help="Upper end of the largest-batch search."),
     max_probes: int = int_option(e2e.MAX_PROBES, "--max-probes", help="Batches tried per decoder in that search."),
     probe_nodes: Optional[int] = int_option(None, "--probe-nodes",
-                                              help="Tree tokens per request in that search (default: the "
-                                                   "per-request tree at the smallest --batch)."),
+                                            help="Tree tokens per request in that search (default: the "
+                                                 "per-request tree at the smallest --batch)."),
     no_max_batch: bool = typer.Option(False, "--no-max-batch", help="Skip the largest-batch search."),
     dtype: str = typer.Option(e2e.DTYPE, "--dtype",
                               help=f"Activations: auto ({e2e.AUTO_DTYPE['cuda']} on CUDA, {e2e.AUTO_DTYPE['cpu']} "

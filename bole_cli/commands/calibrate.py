@@ -20,7 +20,7 @@ from bole_cli.calibrate.defaults import (DEFAULT_BATCHES, DEFAULT_EPS, DEFAULT_G
                                         DEFAULT_REPEATS, DEFAULT_WARMUP, MAX_BATCH, MAX_GRID_POINT,
                                         MAX_KV_LEN)
 from bole_cli.calibrate.pipeline import int_list_text
-from bole_cli.commands import DRAFT_VOCAB_HELP, int_option, path_value
+from bole_cli.commands import DRAFT_VOCAB_HELP, float_option, int_option, path_value
 from bole_cli.parsing import parse_int_list
 
 
@@ -94,7 +94,7 @@ def calibrate(
     grid: str = typer.Option(int_list_text(DEFAULT_GRID), "--grid", show_default=False,
                              help="Tree-token budgets N (whole batch) to time, comma-separated. "
                                   f"\\[default: {', '.join(map(str, DEFAULT_GRID))}]"),
-    eps: float = typer.Option(DEFAULT_EPS, "--eps", help="Eq. 12 tolerance: T_ver <= (1+eps) T_dec."),
+    eps: float = float_option(DEFAULT_EPS, "--eps", help="Eq. 12 tolerance: T_ver <= (1+eps) T_dec."),
     out: Optional[Path] = typer.Option(
         None, "--out", parser=path_value, metavar="FILE",
         help="Profile to write. Default: <gpu>/<model>.yaml in the cache's profiles folder "

@@ -110,16 +110,16 @@ def serve(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU whose profile to use (default: "
                                       "the detected one; needed without a GPU, e.g. --dry-run)."),
     batch: int = int_option(DEFAULT_BATCH, "--batch", help="Expected concurrent requests: the "
-                              "budget is read at this batch size; also --max-running-requests."),
+                            "budget is read at this batch size; also --max-running-requests."),
     kv_len: int = int_option(DEFAULT_KV_LEN, "--kv-len", "--context", help="Expected context length (KV bucket); --context as in bole bench e2e."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="EAGLE draft model "
                                               "(default: NEXTN with the model's own MTP head)."),
     steps: Optional[int] = int_option(None, "--steps", help="Draft depth (default: the profile's decision)."),
     topk: Optional[int] = int_option(None, "--topk", help="Drafts per expansion; 1 is a chain "
-                                       "(default: the profile's decision)."),
+                                     "(default: the profile's decision)."),
     draft_tokens: Optional[int] = int_option(None, "--draft-tokens",
-                                               help="Tree tokens per request (default: the "
-                                                    "profile's decision)."),
+                                             help="Tree tokens per request (default: the "
+                                                  "profile's decision)."),
     chain_verify: Optional[str] = typer.Option(None, "--chain-verify", metavar="|".join(CHAIN_VERIFIERS),
                                                help="Who verifies a chain: the Bole plug-in or SGLang's "
                                                     "ReplaySSM (default: the profile's decision, else "

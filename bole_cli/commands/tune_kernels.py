@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from bole_cli.commands import int_option, path_value
+from bole_cli.commands import float_option, int_option, path_value
 from bole_cli.errors import BoleError, InputError
 from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_NODES
 from bole_cli.parsing import check_int, parse_int_list, parse_name_list
@@ -69,15 +69,15 @@ def tune_kernels(
     study_db: Optional[Path] = typer.Option(
         None, "--study-db", parser=path_value, metavar="FILE", help="Optuna storage. Default: tune/studies.sqlite3 in the cache."),
     fresh: bool = typer.Option(False, "--fresh", help="Discard earlier studies of these buckets."),
-    max_minutes: Optional[float] = typer.Option(
+    max_minutes: Optional[float] = float_option(
         None, "--max-minutes", help="Time budget; shared out over the buckets (each keeps its default)."),
     seed: int = int_option(0, "--seed", help="Seed of the samplers and the random inputs."),
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Print the search space and check sampled candidates on a tiny shape (no GPU)."),
     sample: Optional[int] = int_option(None, "--sample",
-                                         help=f"Dry run: candidates checked per kernel, at most {MAX_DRY_RUN_SAMPLE} "
-                                              "(each takes about 0.5 s in the Triton interpreter) "
-                                              f"\\[{DRY_RUN_SAMPLE}]."),
+                                       help=f"Dry run: candidates checked per kernel, at most {MAX_DRY_RUN_SAMPLE} "
+                                            "(each takes about 0.5 s in the Triton interpreter) "
+                                            f"\\[{DRY_RUN_SAMPLE}]."),
     report: Optional[Path] = typer.Option(None, "--report", parser=path_value, metavar="FILE", help="Also write the JSON results to this file."),
     json_out: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
