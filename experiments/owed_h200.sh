@@ -120,6 +120,9 @@
 #   bash experiments/owed_h200.sh gemm     # ~9 min: the skinny GEMM against cuBLAS, 9B, 27B and 4B
 #   bash experiments/owed_h200.sh sanitize # ~2 min: tree_accept's garbage-table GPU test under memcheck
 #   bash experiments/owed_h200.sh tests    # ~7 min: python -m pytest -m gpu (after any kernel change)
+#   bash experiments/owed_h200.sh memory   # ~8 min, any card (new, thirty-seventh session): what calibrate --measure
+#                                          #   holds (graph pools, the context) against the estimate's count, 27B
+#                                          #   batch 16 and 9B batch 1 / 16 over 16384 (NOTES "The estimate's GPU memory")
 #   bash experiments/owed_h200.sh tune     # ~9 min: bole tune-kernels as served (the verify without its
 #                                          #   factors, the replay commit): the H200 table again
 #
@@ -135,7 +138,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=.  # the device has no install of the package (R-9 lost a sweep to it)
 PY=${PYTHON:-python3}
 OUT=${OUT:-out-owed}
-job=${1:?usage: bash experiments/owed_h200.sh attention|attention64|decode|tests|sanitize|gemm|whole|steps|knee|profiles|check|e2e|kernels|split|deferred|tune}
+job=${1:?usage: bash experiments/owed_h200.sh attention|attention64|decode|tests|sanitize|gemm|whole|steps|knee|profiles|check|e2e|kernels|split|deferred|tune|memory}
 dir="/tmp/owed/$job"
 mkdir -p "$dir" "$OUT"
 log="$dir/run.log"
@@ -248,6 +251,10 @@ case "$job" in
     run timeout 300 $PY -m bole_cli bench kernels --model 9b --trees chain --batch 1,4,16,64 --nodes 2,4,8 \
       --tag chains-deferred-$gpu --out-dir "$dir"
     run timeout 200 $PY -m pytest -q -m gpu tests/test_deferred_write.py -p no:cacheprovider ;;
+  memory)  # what calibrate --measure holds against the estimate's count, calibrate's own sweep (any card:
+           # the footprint is the card's; 27B's batch 16 over 16384 is the H100's one out-of-memory cell)
+    run timeout 300 $PY experiments/memory_fit.py --model 27b --batch 16 --kv 16384 --out "$dir/memory-$gpu-27b.json"
+    run timeout 200 $PY experiments/memory_fit.py --model 9b --batch 1,16 --kv 16384 --out "$dir/memory-$gpu-9b.json" ;;
   tune)
     run timeout 560 $PY -m bole_cli tune-kernels --model 4b,9b,27b --nodes 16,32,64 --trials 10 --max-minutes 8 \
       --profile "$dir/kernels.yaml" --report "$dir/tune-kernels-$gpu.json" ;;

@@ -546,3 +546,53 @@ def test_the_whole_step_bench_smoke_run_writes_its_record(tmp_path):
     assert [(r["batch"], r["draft_vocab"], r["rows"]) for r in doc["draft_levels"]] == [
         (b, v, k) for b in (1, 2) for v in (full, 64) for k in (1, 2)]
     assert full > 64
+
+
+def test_the_memory_fit_run_records_calibrates_own_sweep(tmp_path):
+    """memory_fit runs calibrate's sweep (decode, verify points, drafter levels, the sample line)
+    and records the estimate's and the runtime's counts beside each point; on the CPU there is
+    no device memory to record, so the summary is empty."""
+    doc = smoke_record(tmp_path, "memory_fit.py", "--smoke")
+    calls = [r["call"] for r in doc["rows"]]
+    assert set(calls) == {"decode", "verify", "draft_level", "sample"} and not doc["failures"]
+    assert calls.count("decode") == 2 and doc["summary"] == []
+    verify = next(r for r in doc["rows"] if r["call"] == "verify")
+    assert "draft_head" in verify["estimate"] and verify["runtime_count"]["total"] > 0  # the estimate counts the drafter
+    assert len({(r["call"], r["batch"], r["tokens"]) for r in doc["rows"]}) == len(doc["rows"])  # one row a point
+
+
+def test_the_memory_fit_run_records_a_failing_point_and_lets_the_sweep_list_it():
+    """A point that raises (out of memory on the device) is a row with its error and the
+    memory held as it failed, and the error goes on to the sweep, which lists it."""
+    import types
+
+    import torch
+
+    from bole_cli.calibrate.costmodel import RooflineForward
+    from bole_cli.calibrate.sweep import EXACT, run_sweep
+    from bole_cli.catalog.hardware import resolve_gpu
+    from bole_cli.catalog.models import tiny_spec
+
+    fit = experiment_module("memory_fit")
+    spec = tiny_spec(layers=4)
+
+    class Forward:
+        timer = types.SimpleNamespace(timed_spec=spec, dtype=torch.float32, path="bole")
+
+        def time_decode(self, b, kv):
+            return 1e-3
+
+        def time_verify(self, b, kv, n):
+            if n > 4:
+                raise RuntimeError("CUDA out of memory (a stand-in)")
+            return 2e-3
+
+        def time_sample(self, b, tokens):
+            return 1e-5
+
+    rec = fit.Recording(torch, Forward(), RooflineForward(spec, resolve_gpu("h100")), cuda=False)
+    result = run_sweep(rec, [1], [16], [2, 4, 8, 16], EXACT)  # no drafter levels (Extras' default)
+    assert [(r["call"], r["tokens"], "error" in r) for r in rec.rows] == [
+        ("decode", 1, False), ("verify", 2, False), ("verify", 4, False), ("verify", 8, True),
+        ("sample", 1, False), ("sample", 4, False)]
+    assert "out of memory" in rec.rows[3]["error"] and "N 8: RuntimeError" in result.failures[0]
