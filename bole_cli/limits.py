@@ -38,6 +38,10 @@ MAX_BATCH_REQUESTS = 4096
 #: that a typo fails at once instead of at an allocation.
 MAX_CONTEXT_TOKENS = 1 << 24
 
+#: The largest --seed any command takes: numpy's and Optuna's samplers take 32-bit seeds, and
+#: torch's generator a 64-bit one, so one range serves every command.
+MAX_SEED = 2**32 - 1
+
 #: The verify's dot precisions (Triton's input_precision, and "split": the readout at tf32,
 #: the products that make u exact to about float32 (~2^-21 relative), for trees of one
 #: tile, tf32x3 elsewhere; docs/design.md §9): the kernels' config= key and `bole bench

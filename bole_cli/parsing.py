@@ -3,6 +3,7 @@ wording for a value out of range: `--batch: expected an integer >= 1, got 0`."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Optional
 
@@ -11,6 +12,11 @@ from bole_cli.errors import InputError
 #: No list option takes a value this large; it keeps a 400-digit typo from reaching a
 #: sweep (or Python's int limits) and the message short. Callers may pass a lower cap.
 INT_OPTION_MAX = 1 << 40
+
+
+#: The most digits an integer option reads as a number: int() of thousands of digits is slow
+#: or refused outright, and no option takes a number this long (INT_OPTION_MAX has 13 digits).
+MAX_INT_DIGITS = 24
 
 
 def quoted(text: str, width: int = 24) -> str:
@@ -30,7 +36,8 @@ def check_int(value: Optional[int], option: str, *, minimum: int = 1,
     """`value` (None passes: the option was not given) within [minimum, maximum], else
     InputError naming the option, in the one wording."""
     if value is not None and (value < minimum or (maximum is not None and value > maximum)):
-        shown = f"{value:,}" if abs(value) < 10**24 else "a larger number"
+        shown = (f"{value:,}" if abs(value) < 10**MAX_INT_DIGITS
+                 else f"more than {MAX_INT_DIGITS} digits")
         raise InputError(f"{expected_int(option, minimum, maximum)}, got {shown}")
     return value
 
@@ -47,11 +54,6 @@ def check_draft_vocab(value: Optional[int], vocab: int, top_k: int = 1) -> Optio
 _DECIMAL = re.compile(r"-?[0-9]+")
 
 
-#: The most digits an integer option reads as a number: int() of thousands of digits is slow
-#: or refused outright, and no option takes a number this long (INT_OPTION_MAX has 13 digits).
-MAX_INT_DIGITS = 24
-
-
 def is_decimal(text: str) -> bool:
     """Whether `text` is an integer as a user types one (int() also takes '1_000', '+4'
     and full-width digits)."""
@@ -59,22 +61,23 @@ def is_decimal(text: str) -> bool:
 
 
 def read_decimal(text: str) -> int:
-    """An integer as a user types one (is_decimal) as a number; one of more than
-    MAX_INT_DIGITS digits as +-10^MAX_INT_DIGITS, out of every option's range (check_int
-    names it "a larger number")."""
+    """A list item typed as an integer (is_decimal) as a number; one of more than
+    MAX_INT_DIGITS digits as +-10^MAX_INT_DIGITS, past every list's cap, which check_int
+    then names by its size."""
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         return -(10**MAX_INT_DIGITS) if text.startswith("-") else 10**MAX_INT_DIGITS
     return int(text)
 
 
-#: A decimal number as a user types one ('0.05', '.5', '1e-3'), finite (an exponent of two
-#: digits at most); float() also takes '1_0', 'inf', 'nan' and full-width digits.
-_DECIMAL_NUMBER = re.compile(r"-?([0-9]{1,40}\.?[0-9]{0,40}|\.[0-9]{1,40})([eE][-+]?[0-9]{1,2})?")
+#: A decimal number as a user types one ('0.05', '.5', '1e-3'); float() also takes '1_0',
+#: 'inf', 'nan' and full-width digits.
+_DECIMAL_NUMBER = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
 
 
 def is_decimal_number(text: str) -> bool:
-    """Whether `text` is a finite number as a user types one."""
-    return _DECIMAL_NUMBER.fullmatch(text) is not None
+    """Whether `text` is a finite number as a user types one ('1e999' is not: float()
+    reads it as inf)."""
+    return _DECIMAL_NUMBER.fullmatch(text) is not None and math.isfinite(float(text))
 
 
 def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> list[int]:

@@ -19,7 +19,7 @@ the runtime calibrate measures, and after every timed point records
 
 Timings are kept short (one round of two): they are not what this run is for.
 
-    python experiments/memory_fit.py --model 27b --batch 16 --kv 16384 --out F.json
+    python experiments/memory_fit.py --model 27b --out F.json   # calibrate's batches and kv lengths
     python experiments/memory_fit.py --smoke --out /tmp/m.json   # CPU, tiny model: no device memory
 """
 
@@ -78,34 +78,45 @@ class Recording:
     def _record(self, call: str, batch: int, kv_len: int, tokens: int, fn) -> float:
         """fn's seconds; its memory beside the counts (a point that raises is recorded with its
         error, the memory held when it failed, and raises on: the sweep lists it)."""
-        from bole_cli.runtime.timer import estimate_memory
-
         key = (call, batch, kv_len, tokens)
         try:
-            seconds, error = fn(), None
+            seconds = fn()
         except Exception as exc:  # noqa: BLE001 - recorded, then the sweep's to list
-            seconds, error = None, exc
-        if key == self._last and error is None:  # a repeat of the same point (warm-up, rounds): its peaks
-            row, now = self.rows[-1]["memory"], device_memory(self.torch, self.cuda)
-            if now:
-                for k in ("peak_allocated", "peak_reserved", "peak_in_use"):
-                    now[k] = max(now[k], row[k])
-                self.rows[-1]["memory"] = now
-            return seconds
-        self._last = key
+            self._point(key)
+            self.rows[-1]["error"] = f"{type(exc).__name__}: {exc}"[:600]
+            raise  # bare: no name keeps the failed point's frames (and its tensors) alive
+        self._point(key)
+        return seconds
+
+    def _point(self, key: tuple) -> None:
+        """A new point's row, or a repeat of the last point (warm-up, rounds) merged into its
+        row: the memory now, the peaks over every call of the point."""
+        if key != self._last:
+            self._new_row(key)
+            self._last = key
+            return
+        row, now = self.rows[-1]["memory"], device_memory(self.torch, self.cuda)
+        if now:
+            for k in ("peak_allocated", "peak_reserved", "peak_in_use"):
+                now[k] = max(now[k], row[k])
+            self.rows[-1]["memory"] = now
+
+    def _new_row(self, key: tuple) -> None:
+        """A point's row: its memory now, the counts for it, and what else the runtime holds
+        (the drafters MeasuredForward keeps, one per row count; whether the step is graphed)."""
+        from bole_cli.runtime.timer import estimate_memory
+
+        call, batch, kv_len, tokens = key
         timer = self.forward.timer
         verify = tokens if call == "verify" else 0
-        row = {"call": call, "batch": batch, "kv_len": kv_len, "tokens": tokens,
-               "estimate": self.roof.memory(batch, kv_len, verify),
-               "runtime_count": estimate_memory(timer.timed_spec, timer.dtype, batch=batch, kv_len=kv_len,
-                                                n_tree_tokens=verify, path=timer.path),
-               "memory": device_memory(self.torch, self.cuda)}
-        if error is not None:
-            row["error"] = f"{type(error).__name__}: {error}"[:600]
-        self.rows.append(row)
-        if error is not None:
-            raise error
-        return seconds
+        self.rows.append({
+            "call": call, "batch": batch, "kv_len": kv_len, "tokens": tokens,
+            "estimate": self.roof.memory(batch, kv_len, verify),
+            "runtime_count": estimate_memory(timer.timed_spec, timer.dtype, batch=batch, kv_len=kv_len,
+                                             n_tree_tokens=verify, path=timer.path),
+            "drafters_held": len(getattr(self.forward, "_drafters", {})),
+            "graphs": getattr(timer, "use_graphs", None), "eager_reason": getattr(timer, "eager_reason", ""),
+            "memory": device_memory(self.torch, self.cuda)})
 
     def time_decode(self, batch, kv_len):
         return self._record("decode", batch, kv_len, batch, lambda: self.forward.time_decode(batch, kv_len))
@@ -143,11 +154,12 @@ def summary(rows: list[dict]) -> list[dict]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="27b")
-    ap.add_argument("--batch", default="16")
-    ap.add_argument("--kv", default="16384")
+    ap.add_argument("--batch", default=None, help="batch sizes (default: calibrate's)")
+    ap.add_argument("--kv", default=None, help="KV lengths (default: calibrate's)")
     ap.add_argument("--grid", default=None, help="tree-token budgets (default: calibrate's)")
     ap.add_argument("--acceptance", default="paper-mbpp")
-    ap.add_argument("--smoke", action="store_true", help="tiny model on CPU (a test: no device memory)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny model on CPU, its own small grid (a test: no device memory)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -160,12 +172,14 @@ def main(argv=None) -> None:
     from bole_cli.calibrate.sweep import Timing, run_sweep
     from bole_cli.catalog.hardware import detect_gpu, resolve_gpu
     from bole_cli.catalog.models import resolve_model, tiny_spec
-    from bole_cli.calibrate.defaults import DEFAULT_GRID
+    from bole_cli.calibrate.defaults import DEFAULT_BATCHES, DEFAULT_GRID, DEFAULT_KV_LENS
     from bole_cli.runtime.timer import HybridForwardTimer
 
     cuda = not args.smoke
-    batches = [int(b) for b in args.batch.split(",")]
-    kvs = [int(k) for k in args.kv.split(",")]
+    # calibrate's grid by default: the drafters and graphs of earlier cells are held when it
+    # reaches the big ones, as in a real run
+    batches = [int(b) for b in args.batch.split(",")] if args.batch else list(DEFAULT_BATCHES)
+    kvs = [int(k) for k in args.kv.split(",")] if args.kv else list(DEFAULT_KV_LENS)
     grid = [int(n) for n in args.grid.split(",")] if args.grid else list(DEFAULT_GRID)
     if args.smoke:
         spec, dtype, device, batches, kvs, grid = tiny_spec(layers=4), torch.float32, "cpu", [1, 2], [16], [2, 4]
@@ -173,7 +187,11 @@ def main(argv=None) -> None:
     else:
         spec, dtype, device = resolve_model(args.model), torch.bfloat16, "cuda:0"
         detected = detect_gpu()
-        gpu = detected.spec if detected is not None and detected.spec is not None else resolve_gpu("h100")
+        gpu = detected.spec if detected is not None and detected.spec is not None else None
+        if gpu is None:
+            print(f"note: {torch.cuda.get_device_name()} is not in the catalogue; the estimate's count is "
+                  "the H100's (the count is the card's own: only catalogue_memory_bytes is the H100's)")
+            gpu = resolve_gpu("h100")
     doc = {"device": torch.cuda.get_device_name() if cuda else "cpu (smoke)",
            "versions": {"torch": torch.__version__, "python": platform.python_version()},
            "command": "python " + " ".join(sys.argv), "model": spec.name, "catalogue_gpu": gpu.key,

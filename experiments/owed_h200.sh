@@ -121,8 +121,8 @@
 #   bash experiments/owed_h200.sh sanitize # ~2 min: tree_accept's garbage-table GPU test under memcheck
 #   bash experiments/owed_h200.sh tests    # ~7 min: python -m pytest -m gpu (after any kernel change)
 #   bash experiments/owed_h200.sh memory   # ~8 min, any card (new, thirty-seventh session): what calibrate --measure
-#                                          #   holds (graph pools, the context) against the estimate's count, 27B
-#                                          #   batch 16 and 9B batch 1 / 16 over 16384 (NOTES "The estimate's GPU memory")
+#                                          #   holds (graph pools, the context) against the estimate's count: 27B on
+#                                          #   calibrate's grid, 9B batch 16 over 16384 (NOTES "The estimate's GPU memory")
 #   bash experiments/owed_h200.sh tune     # ~9 min: bole tune-kernels as served (the verify without its
 #                                          #   factors, the replay commit): the H200 table again
 #
@@ -253,8 +253,9 @@ case "$job" in
     run timeout 200 $PY -m pytest -q -m gpu tests/test_deferred_write.py -p no:cacheprovider ;;
   memory)  # what calibrate --measure holds against the estimate's count, calibrate's own sweep (any card:
            # the footprint is the card's; 27B's batch 16 over 16384 is the H100's one out-of-memory cell)
-    run timeout 300 $PY experiments/memory_fit.py --model 27b --batch 16 --kv 16384 --out "$dir/memory-$gpu-27b.json"
-    run timeout 200 $PY experiments/memory_fit.py --model 9b --batch 1,16 --kv 16384 --out "$dir/memory-$gpu-9b.json" ;;
+    # 27B over calibrate's whole grid (its drafters and graphs held as a real run holds them), then 9B's biggest cell
+    run timeout 400 $PY experiments/memory_fit.py --model 27b --out "$dir/memory-$gpu-27b.json"
+    run timeout 140 $PY experiments/memory_fit.py --model 9b --batch 16 --kv 16384 --out "$dir/memory-$gpu-9b.json" ;;
   tune)
     run timeout 560 $PY -m bole_cli tune-kernels --model 4b,9b,27b --nodes 16,32,64 --trials 10 --max-minutes 8 \
       --profile "$dir/kernels.yaml" --report "$dir/tune-kernels-$gpu.json" ;;

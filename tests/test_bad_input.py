@@ -545,7 +545,24 @@ def test_an_integer_option_takes_what_the_list_options_take(tmp_path, args, opti
     assert value[:24] in line and len(line) < 200
 
 
-@pytest.mark.parametrize("value", ["1_0", "+1", "nan", "inf", "1e999", "0x1", "\uff10.5", "1,5"])
+@pytest.mark.parametrize("args, option", [
+    (("inspect-tree", "--synthetic"), "--seed"),
+    (("serve", "--model", "9b", "--gpu", "h100", "--dry-run"), "--port"),
+    (E2E_TINY, "--depth"),
+])
+def test_an_integer_past_24_digits_is_refused_not_read_as_another(tmp_path, args, option):
+    bad(*args, option, "9" * 25, culprit=f"'{option}': expected an integer of at most 24 digits",
+        env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+@pytest.mark.parametrize("args", [("inspect-tree", "--synthetic"), E2E_TINY, ("tune-kernels", "--dry-run")])
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_a_seed_is_a_32_bit_one_in_every_command(tmp_path, args, seed):
+    bad(*args, "--seed", seed, culprit=f"--seed: expected an integer from 0 to 4,294,967,295, got {int(seed):,}",
+        env={"BOLE_CACHE_DIR": str(tmp_path)})
+
+
+@pytest.mark.parametrize("value", ["1_0", "+1", "nan", "inf", "1e999", "0x1", "\uff10.5", "1,5", "1e"])
 @pytest.mark.parametrize("args, option", [
     (("calibrate", "--gpu", "a100", "--model", "9b"), "--eps"),
     (("tune-kernels", "--dry-run"), "--max-minutes"),
@@ -556,7 +573,7 @@ def test_a_number_option_takes_digits_a_point_and_an_exponent(tmp_path, args, op
 
 
 @pytest.mark.parametrize("text, number", [("0.05", 0.05), (".5", 0.5), ("5.", 5.0), ("1e-2", 0.01),
-                                          ("2E+1", 20.0), ("-3", -3.0), (" 7 ", 7.0)])
+                                          ("2E+1", 20.0), ("-3", -3.0), (" 7 ", 7.0), ("1e-300", 1e-300)])
 def test_a_number_as_a_user_types_one_is_read(text, number):
     from bole_cli.commands import float_value, int_value
 

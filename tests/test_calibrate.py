@@ -589,6 +589,29 @@ def test_the_real_runtime_timer_drives_the_sweep_on_cpu():
     validate_profile(profile, "tiny.yaml")
 
 
+def test_the_measured_forward_holds_no_drafter_beside_a_verify():
+    """The drafters, their cache and the sample's logits of one configuration are dropped
+    before the next decode or verify (the biggest verify must not pay for them), and a head
+    rebuilt after that has the same weights."""
+    torch = pytest.importorskip("torch")
+    timer_mod = pytest.importorskip("bole_cli.runtime.timer")
+    from bole_cli.runtime.model import tiny_spec
+
+    from bole_cli.calibrate.measured import MeasuredForward
+
+    fwd = MeasuredForward(timer_mod.HybridForwardTimer(tiny_spec(), "cpu", torch.float32, serving_step=True))
+    fwd.time_draft_level(1, 16, 2)
+    fwd.time_sample(1, 4)
+    weights = {k: v.clone() for k, v in fwd._drafter(2).w.items()}
+    assert fwd._drafters and fwd._graphs and fwd._logits
+    fwd.time_verify(1, 16, 2)
+    assert not fwd._drafters and not fwd._graphs and not fwd._logits
+    fwd.time_draft_level(1, 16, 2)
+    fwd.time_decode(1, 16)
+    assert not fwd._drafters and not fwd._graphs
+    assert all(torch.equal(fwd._drafter(2).w[k], w) for k, w in weights.items())
+
+
 def fit_preset_a1(target: float, lo: float = 0.05, hi: float = 0.9999) -> float:
     """Top-1 acceptance at depth 1 that makes the beam tree (depth 8, top-k 4) at budget
     128 commit `target` tokens per step, by bisection (how the presets were made)."""

@@ -596,3 +596,61 @@ def test_the_memory_fit_run_records_a_failing_point_and_lets_the_sweep_list_it()
         ("decode", 1, False), ("verify", 2, False), ("verify", 4, False), ("verify", 8, True),
         ("sample", 1, False), ("sample", 4, False)]
     assert "out of memory" in rec.rows[3]["error"] and "N 8: RuntimeError" in result.failures[0]
+
+
+def test_the_memory_fit_run_reads_the_device_memory_of_each_point_and_its_repeats():
+    """With a stand-in torch.cuda (a GPU's counters, kept by hand): each point's row holds the
+    peak over all its calls, a repeat's spike included, and not the next point's; the pools
+    outside the default one are the private ones; the summary compares peak use with the count."""
+    import types
+
+    import torch
+
+    from bole_cli.calibrate.costmodel import RooflineForward
+    from bole_cli.calibrate.sweep import Timing, run_sweep
+    from bole_cli.catalog.hardware import resolve_gpu
+    from bole_cli.catalog.models import tiny_spec
+
+    fit = experiment_module("memory_fit")
+    gib = 2**30
+    st = {"alloc": 0, "res": 0, "peak_a": 0, "peak_r": 0}
+
+    def spike(n):  # n GiB allocated and freed again: only the peaks remember it
+        st["res"] = max(st["res"], n * gib)
+        st["peak_a"], st["peak_r"] = max(st["peak_a"], n * gib), max(st["peak_r"], st["res"])
+
+    cuda = types.SimpleNamespace(
+        mem_get_info=lambda: (100 * gib - st["res"] - gib, 100 * gib),  # 1 GiB outside torch
+        memory_reserved=lambda: st["res"], memory_allocated=lambda: st["alloc"],
+        max_memory_allocated=lambda: st["peak_a"], max_memory_reserved=lambda: st["peak_r"],
+        memory_snapshot=lambda: [{"segment_pool_id": (0, 1), "total_size": 3 * gib, "allocated_size": 2 * gib},
+                                 {"segment_pool_id": (0, 0), "total_size": 7 * gib, "allocated_size": gib}],
+        reset_peak_memory_stats=lambda: st.update(peak_a=st["alloc"], peak_r=st["res"]))
+    spec = tiny_spec(layers=4)
+    calls = []
+
+    class Forward:
+        timer = types.SimpleNamespace(timed_spec=spec, dtype=torch.float32, path="bole")
+
+        def time_decode(self, b, kv):
+            return 1e-3
+
+        def time_verify(self, b, kv, n):
+            calls.append(n)
+            if n == 4 and calls.count(4) == 3:  # the last timed call of N 4
+                spike(40)
+            return 2e-3
+
+        def time_sample(self, b, tokens):
+            return 1e-5
+
+    rec = fit.Recording(types.SimpleNamespace(cuda=cuda), Forward(), RooflineForward(spec, resolve_gpu("h100")),
+                        cuda=True)
+    run_sweep(rec, [1], [16], [2, 4, 8], Timing(warmup=1, repeats=2, max_rounds=1))
+    peaks = {(r["call"], r["tokens"]): r["memory"]["peak_reserved"] // gib for r in rec.rows}
+    assert peaks[("verify", 4)] == 40 and peaks[("verify", 8)] == 40 and peaks[("verify", 2)] == 0
+    row = rec.rows[0]["memory"]
+    assert row["private_reserved"] == 3 * gib and row["private_allocated"] == 2 * gib
+    assert row["outside_torch"] == gib
+    (v4,) = [s for s in fit.summary(rec.rows) if s["tokens"] == 4]
+    assert v4["peak_in_use_gib"] == 41 and v4["over_estimate_gib"] == 41 - v4["estimate_gib"]

@@ -31,7 +31,7 @@ WORDING = re.compile(r"^error: (--[a-z-]+): expected an integer (>= [\d,]+|from 
     (["inspect-tree", "--synthetic", "--depth", "0"], "--depth"),
     (["inspect-tree", "--synthetic", "--requests", "0"], "--requests"),
     (["inspect-tree", "--synthetic", "--model", "9b", "--nodes",
-      "9999999999999999999999999"], "--nodes"),
+      "999999999999999999999"], "--nodes"),
     (["inspect-tree", "--synthetic", "--model", "9b", "--batch", "5000"], "--batch"),
     (["serve", "--gpu", "h200", "--model", "9b", "--dry-run", "--topk", "1", "--steps",
       "1000"], "--steps"),

@@ -32,10 +32,22 @@ class MeasuredForward:
         self._graphs: dict[tuple, Any] = {}
         self._logits: dict[int, Any] = {}
 
+    def release(self) -> None:
+        """Drop the drafters, their graph and cache, and the sample's logits. The sweep times
+        them after a configuration's verify points; held on, they would sit beside the next
+        configuration's biggest verify (at 27B, four heads of 0.79 GiB and 0.5 GiB of logits,
+        where the estimate counts one head: experiments/NOTES.md "The estimate's GPU memory").
+        The heads are rebuilt from the same seed: the same weights."""
+        self._graphs.clear()
+        self._drafters.clear()
+        self._logits.clear()
+
     def time_decode(self, batch: int, kv_len: int) -> float:
+        self.release()
         return self.timer.time_decode(batch, kv_len)
 
     def time_verify(self, batch: int, kv_len: int, n_tree_tokens: int) -> float:
+        self.release()
         return self.timer.time_verify(batch, kv_len, n_tree_tokens)
 
     def _drafter(self, rows: int) -> Any:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkabl
 
 from bole_cli import __version__
 from bole_cli.calibrate.acceptance import AcceptanceModel
-from bole_cli.calibrate.decision import BucketCosts
+from bole_cli.calibrate.decision import BucketCosts, chain_points
 from bole_cli.calibrate.selection import select_b_ver
 from bole_cli.errors import BoleError
 from bole_cli.limits import MAX_TREE_NODES
@@ -138,8 +138,6 @@ class Extras:
 def feasible_points(grid: Sequence[int], batch: int, extras: Extras = Extras()) -> list[int]:
     """Points a batch verifies: grid points from its roots (one token per request) up to
     `per_request_cap` tokens per request, and the chains' sizes."""
-    from bole_cli.calibrate.decision import chain_points
-
     points = {n for n in grid if batch <= n <= batch * extras.per_request_cap}
     points.update(chain_points(batch, extras.chain_depth) if extras.chain_depth else ())
     return sorted(points)

@@ -18,17 +18,21 @@ DRAFT_VOCAB_HELP = "Draft over N hot tokens (SGLang's --speculative-token-map); 
 
 def int_value(text: "str | int") -> int:
     """An integer option's value (typer's `parser=`, metavar INTEGER): ASCII digits and a
-    sign, as the list options take (bole_cli.parsing.is_decimal); the range is the
-    command's to check, by name."""
+    minus sign, as the list options take (bole_cli.parsing.is_decimal), at most
+    MAX_INT_DIGITS of them (no option takes more; a seed or a port would be read wrong);
+    the range is the command's to check, by name."""
     import typer
 
-    from bole_cli.parsing import is_decimal, quoted, read_decimal
+    from bole_cli.parsing import MAX_INT_DIGITS, is_decimal, quoted
 
     if isinstance(text, int):  # a default
         return text
-    if not is_decimal(text.strip()):
+    value = text.strip()
+    if not is_decimal(value):
         raise typer.BadParameter(f"expected an integer, got {quoted(text)}")
-    return read_decimal(text.strip())
+    if len(value.lstrip("-")) > MAX_INT_DIGITS:
+        raise typer.BadParameter(f"expected an integer of at most {MAX_INT_DIGITS} digits, got {quoted(text)}")
+    return int(value)
 
 
 def int_option(default: Any, *decls: str, metavar: str = "INTEGER", **kwargs: Any) -> Any:

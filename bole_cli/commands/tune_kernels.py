@@ -19,7 +19,7 @@ import typer
 
 from bole_cli.commands import float_option, int_option, path_value
 from bole_cli.errors import BoleError, InputError
-from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_NODES
+from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_SEED, MAX_TREE_NODES
 from bole_cli.parsing import check_int, parse_int_list, parse_name_list
 
 DEFAULT_KERNELS = "tree_verify,tree_commit_replay,tree_conv"  # the served kernels (tree_commit: opt-in)
@@ -93,6 +93,7 @@ def tune_kernels(
     batches = parse_int_list(batch, "--batch", maximum=MAX_BATCH_REQUESTS)
     node_list = parse_int_list(nodes, "--nodes", maximum=MAX_TREE_NODES)
     check_int(trials, "--trials", maximum=MAX_TRIALS)
+    check_int(seed, "--seed", minimum=0, maximum=MAX_SEED)
     if sampler not in ("tpe", "grid"):
         raise InputError(f"--sampler: expected tpe or grid, got {sampler!r}")
     if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):

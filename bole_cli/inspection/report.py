@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from bole_cli.errors import InputError
-from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_TREE_DRAFTS, MAX_TREE_NODES
+from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_SEED, MAX_TREE_DRAFTS, MAX_TREE_NODES
 from bole_cli.parsing import check_int
 
 MASK_MAX_NODES = 32  # the ancestor mask is reported for trees up to this size
@@ -78,6 +78,7 @@ def check_options(*, tree_file: Optional[Path], sglang: Optional[Path], syntheti
                          "use .png, .svg or .pdf")
     check_int(synthetic_options.get("--depth"), "--depth", maximum=MAX_TREE_DRAFTS)
     check_int(synthetic_options.get("--topk"), "--topk", maximum=MAX_TREE_DRAFTS)
+    check_int(synthetic_options.get("--seed"), "--seed", minimum=0, maximum=MAX_SEED)
     check_int(budget, "--budget")
     check_int(budget_options.get("--min-per-request"), "--min-per-request", minimum=0)
     check_int(budget_options.get("--max-per-request"), "--max-per-request")

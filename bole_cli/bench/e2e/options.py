@@ -17,7 +17,7 @@ from bole_cli.calibrate.acceptance import DEFAULT_PRESET
 from bole_cli.catalog.models import ModelSpec, resolve_model, tiny_spec
 from bole_cli.errors import InputError, brief
 from bole_cli.memory import FLOAT_DTYPES
-from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, REPLAYSSM_MIN_KEY_DIM
+from bole_cli.limits import MAX_BATCH_REQUESTS, MAX_CONTEXT_TOKENS, MAX_SEED, REPLAYSSM_MIN_KEY_DIM
 from bole_cli.parsing import check_draft_vocab, check_int, check_once, parse_int_list, parse_name_list
 from bole_cli.trees.generators import check_beam_tree_size
 
@@ -150,7 +150,8 @@ def check_options(*, model: str, tiny: bool, batch: Optional[str], context: Opti
     check_int(use["context"], "--context", maximum=MAX_CONTEXT_TOKENS)
     for name, value, low, high in (("--depth", use["depth"], 1, None), ("--topk", use["topk"], 1, None),
                                    ("--steps", use["steps"], 1, MAX_STEPS), ("--warmup", use["warmup"], 0, MAX_STEPS),
-                                   ("--max-batch", max_batch, 1, None), ("--max-probes", max_probes, 1, None)):
+                                   ("--max-batch", max_batch, 1, None), ("--max-probes", max_probes, 1, None),
+                                   ("--seed", seed, 0, MAX_SEED)):
         check_int(value, name, minimum=low, maximum=high)
     check_beam_tree_size(use["depth"], use["topk"], f"--depth {use['depth']} with --topk {use['topk']}")
     check_int(probe_nodes, "--probe-nodes")
