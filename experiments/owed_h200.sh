@@ -90,7 +90,9 @@
 # Thirty-sixth session: no command ran (seventeen calls over two hours, each refused or turned away
 # in a cooling window, 1426 s of the budget; the last 374 s could not start a machine). All of the
 # above still owed, in the order below. Thirty-seventh session: one refused start (181 s of the
-# budget), then loans were paused for the rest of the session; all of the above still owed.
+# budget), then loans were paused for the rest of the session; all of the above still owed, and a new job,
+# memory (any card; calibrate's measured forward now drops its drafters before each verify: NOTES "The
+# estimate's GPU memory"), before the estimate's memory check is changed.
 # Run the rest in this order (a
 # session's 30 device minutes hold about the first three; minutes are the jobs' timeouts, each call also pays the
 # machine's start, and a refused start costs 1.5-3.5 minutes):
