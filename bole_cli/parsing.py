@@ -60,15 +60,6 @@ def is_decimal(text: str) -> bool:
     return _DECIMAL.fullmatch(text) is not None
 
 
-def read_decimal(text: str) -> int:
-    """A list item typed as an integer (is_decimal) as a number; one of more than
-    MAX_INT_DIGITS digits as +-10^MAX_INT_DIGITS, past every list's cap, which check_int
-    then names by its size."""
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        return -(10**MAX_INT_DIGITS) if text.startswith("-") else 10**MAX_INT_DIGITS
-    return int(text)
-
-
 #: A decimal number as a user types one ('0.05', '.5', '1e-3'); float() also takes '1_0',
 #: 'inf', 'nan' and full-width digits.
 _DECIMAL_NUMBER = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
@@ -88,7 +79,9 @@ def parse_int_list(text: str, option: str, *, maximum: Optional[int] = None) -> 
     for x in _items(text, option, "list of positive integers"):
         if not is_decimal(x):
             raise InputError(f"{expected_int(option, 1, maximum)}, got {quoted(x)}")
-        v = read_decimal(x)
+        if len(x.lstrip("-")) > MAX_INT_DIGITS:
+            raise InputError(f"{expected_int(option, 1, cap)}, got more than {MAX_INT_DIGITS} digits")
+        v = int(x)
         check_int(v, option, minimum=1, maximum=maximum if v >= 1 else None)
         check_int(v, option, minimum=1, maximum=cap)
         check_once(v, values, option, text, f"{v:,}")

@@ -189,14 +189,14 @@ def main(argv=None) -> None:
         detected = detect_gpu()
         gpu = detected.spec if detected is not None and detected.spec is not None else None
         if gpu is None:
-            print(f"note: {torch.cuda.get_device_name()} is not in the catalogue; the estimate's count is "
-                  "the H100's (the count is the card's own: only catalogue_memory_bytes is the H100's)")
+            print(f"note: {torch.cuda.get_device_name()} is not in the catalogue; catalogue_memory_bytes "
+                  "is the H100's (the counts do not depend on the card)")
             gpu = resolve_gpu("h100")
     doc = {"device": torch.cuda.get_device_name() if cuda else "cpu (smoke)",
            "versions": {"torch": torch.__version__, "python": platform.python_version()},
            "command": "python " + " ".join(sys.argv), "model": spec.name, "catalogue_gpu": gpu.key,
            "catalogue_memory_bytes": gpu.memory_bytes, "batches": batches, "kv_lens": kvs, "grid": grid,
-           "acceptance": args.acceptance, "start": {}, "rows": [], "failures": [], "summary": []}
+           "acceptance": args.acceptance, "start": {}, "failures": [], "summary": []}
     if cuda:
         import triton
 
@@ -211,15 +211,16 @@ def main(argv=None) -> None:
 
     timer = HybridForwardTimer(spec, device, dtype, serving_step=True)
     rec = Recording(torch, MeasuredForward(timer), RooflineForward(spec, gpu), cuda)
+    doc["rows"] = rec.rows  # the recorder's own list: every save writes the points so far
     doc["after_weights"] = device_memory(torch, cuda)
     extras = sweep_extras(load_acceptance(args.acceptance))
     timing = Timing(warmup=1, repeats=2, max_rounds=1)
     try:
         result = run_sweep(rec, batches, kvs, grid, timing, extras=extras,
-                           on_step=lambda _desc: (doc.__setitem__("rows", rec.rows), save()))
+                           on_step=lambda _desc: save())
         doc["failures"], doc["interrupted"] = result.failures, result.interrupted
     finally:
-        doc["rows"], doc["summary"] = rec.rows, summary(rec.rows)
+        doc["summary"] = summary(rec.rows)
         save()
     if cuda:
         print(f"{doc['device']}: capacity {doc['start']['capacity'] / GIB:.2f} GiB, outside torch at start "

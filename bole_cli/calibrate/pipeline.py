@@ -34,10 +34,6 @@ def int_list_text(values: Sequence[int]) -> str:
     return ",".join(map(str, values))
 
 
-#: the names a profile file may take (a profile is YAML)
-PROFILE_SUFFIXES = (".yaml", ".yml")
-
-
 def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--out",
                    plot: bool = False, measured: bool = True) -> None:
     """Refuse an --out that cannot take this profile (or its plot) before a sweep is spent
@@ -47,6 +43,7 @@ def check_out_path(path: Path, gpu_key: str, model_name: str, *, what: str = "--
     model's profile, and for an estimate (not `measured`) a measured profile, which
     `bole serve` would otherwise stop using without a word."""
     from bole_cli.console import check_name_lengths, check_writable
+    from bole_cli.profiles.io import PROFILE_SUFFIXES
 
     check_name_lengths(path, what)
     if path.is_dir():

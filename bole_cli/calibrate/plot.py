@@ -9,8 +9,10 @@ from pathlib import Path
 
 def plot_path_for(profile_path: Path) -> Path:
     """profile.yaml -> profile.png beside it (a dotted model name keeps its dots)."""
+    from bole_cli.profiles.io import PROFILE_SUFFIXES
+
     stem = profile_path.name
-    for suffix in (".yaml", ".yml"):
+    for suffix in PROFILE_SUFFIXES:
         stem = stem.removesuffix(suffix)
     return profile_path.with_name(stem + ".png")
 

@@ -11,7 +11,6 @@ this module parses the options and renders.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Optional
 
@@ -96,7 +95,7 @@ def tune_kernels(
     check_int(seed, "--seed", minimum=0, maximum=MAX_SEED)
     if sampler not in ("tpe", "grid"):
         raise InputError(f"--sampler: expected tpe or grid, got {sampler!r}")
-    if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
+    if max_minutes is not None and max_minutes <= 0:  # finite: float_option's reader
         raise InputError(f"--max-minutes: must be a number of minutes above 0, got {max_minutes:g}; "
                          "leave it out for no limit")
     check_int(sample, "--sample", maximum=MAX_DRY_RUN_SAMPLE)

@@ -12,9 +12,13 @@ from typing import Any, Callable, Iterator, Optional
 from bole_cli.console import atomic_write_text
 from bole_cli.errors import InputError
 from bole_cli.files import dump_yaml
+from bole_cli.paths import shipped_profiles_dir
 from bole_cli.profiles.schema import PROFILE_VERSION, validate_profile
 
 _SIG_DIGITS = 5
+
+#: The names a profile file may take (a profile is YAML): calibrate's and tune-kernels' files.
+PROFILE_SUFFIXES = (".yaml", ".yml")
 
 
 def user_profiles_dir() -> Path:
@@ -23,13 +27,6 @@ def user_profiles_dir() -> Path:
     from bole_cli.paths import cache_dir
 
     return cache_dir() / "profiles"
-
-
-def shipped_profiles_dir() -> Path:
-    """The shipped profiles (bole_cli.paths.shipped_profiles_dir, their one home)."""
-    from bole_cli.paths import shipped_profiles_dir as home
-
-    return home()
 
 
 def default_search_dirs() -> list[Path]:

@@ -54,10 +54,10 @@ def check_kernels_profile(path: "str | os.PathLike[str]", what: str, gpu_key: Op
     """Refuse, before any bucket is tuned, a profile the merge (record_entries) would refuse
     after the first one: not named .yaml/.yml, unreadable as a profile, or (once the GPU is
     known) another GPU's. Writability and the repository's records: console.check_writable."""
-    from bole_cli.profiles.io import load_profile
+    from bole_cli.profiles.io import PROFILE_SUFFIXES, load_profile
 
     path = Path(path)
-    if path.suffix.lower() not in (".yaml", ".yml"):
+    if path.suffix.lower() not in PROFILE_SUFFIXES:
         raise InputError(f"{what}: {path}: a kernels profile is YAML; give a .yaml file path")
     if not path.is_file():
         return
